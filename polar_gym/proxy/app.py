@@ -1,0 +1,186 @@
+"""The proxy's HTTP surface (FastAPI). Thin: every model route reads the raw body and hands it to the service;
+admin routes need the admin token (invariant 4: nothing administrative is open by default).
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+from polar_gym.proxy.detect import detect_provider, split_google_path
+from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.errors import AuthError, RequestError
+from polar_gym.proxy.providers.base import Route
+from polar_gym.proxy.service import ProxyService, Reply, SessionInfo, session_key
+
+__all__ = ["create_app"]
+
+_MODEL_ROUTES = {
+    "/v1/messages": "anthropic",
+    "/v1/chat/completions": "openai_chat",
+    "/chat/completions": "openai_chat",
+    "/v1/responses": "openai_responses",
+    "/responses": "openai_responses",
+}
+
+
+class SessionRegistration(BaseModel):
+    session_id: str
+    model_name: str | None = None
+    oracle: dict[str, Any] | None = None
+    metadata: dict[str, Any] = {}
+
+
+class UpstreamChange(BaseModel):
+    url: str
+
+
+class Resume(BaseModel):
+    policy_version: int | str | None = None
+
+
+def _to_response(reply: Reply) -> Response:
+    return Response(reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers)
+
+
+def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI:
+    app = FastAPI(title="polar_gym proxy", version="0.1.0")
+    app.state.service = service
+
+    def require_admin(request: Request) -> None:
+        given = request.headers.get("x-admin-token", "")
+        if admin_token is None or not hmac.compare_digest(given, admin_token):
+            raise AuthError("admin endpoints need the x-admin-token header")
+
+    @app.exception_handler(AuthError)
+    async def _auth_error(request: Request, exc: AuthError) -> Response:
+        return _to_response(service.error_reply(exc, "openai_chat"))
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError) -> Response:
+        return _to_response(service.error_reply(exc, "openai_chat"))
+
+    async def model_call(request: Request, provider: str, route: Route) -> Response:
+        raw = await request.body()
+        return _to_response(await service.handle(provider, raw, route, request.headers))
+
+    for path, provider in _MODEL_ROUTES.items():
+        async def endpoint(request: Request, _provider: str = provider) -> Response:
+            return await model_call(request, _provider, Route(request.url.path, query=request.query_params))
+
+        app.add_api_route(path, endpoint, methods=["POST"], include_in_schema=False)
+
+    @app.post("/v1/messages/count_tokens", include_in_schema=False)
+    async def count_tokens(request: Request) -> Response:
+        route = Route(request.url.path, query=request.query_params)
+        return _to_response(await service.count_tokens("anthropic", await request.body(), route, request.headers))
+
+    @app.post("/{version}/models/{rest:path}", include_in_schema=False)
+    async def google(request: Request, version: str, rest: str) -> Response:
+        split = split_google_path(request.url.path)
+        if split is None:
+            exc = RequestError(f"unsupported path {request.url.path}")
+            return _to_response(service.error_reply(exc, "google"))
+        model, action = split
+        route = Route(request.url.path, model=model, action=action, query=request.query_params)
+        if action == "countTokens":
+            return _to_response(await service.count_tokens("google", await request.body(), route, request.headers))
+        return await model_call(request, "google", route)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        pool = service.engine.pool
+        return {"status": "ok", "engine": service.engine.name, "paused": pool.paused,
+                "upstreams": [s.url for s in pool.servers()], "stats": service.stats}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        # One shape that both the OpenAI and the Anthropic SDKs parse.
+        data = [{"id": name, "object": "model", "type": "model", "created": 0, "created_at": "1970-01-01T00:00:00Z",
+                 "display_name": name, "owned_by": "polar_gym"} for name in service.model_names]
+        return {"object": "list", "data": data, "has_more": False,
+                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+    @app.get("/v1beta/models")
+    async def google_models() -> dict[str, Any]:
+        return {"models": [{"name": f"models/{name}", "displayName": name,
+                            "supportedGenerationMethods": ["generateContent", "streamGenerateContent"]}
+                           for name in service.model_names]}
+
+    @app.get("/sessions/{session_id}/completions")
+    async def completions(request: Request, session_id: str) -> Response:
+        key = session_key(request.headers, request.query_params)
+        is_admin = admin_token is not None and hmac.compare_digest(request.headers.get("x-admin-token", ""),
+                                                                   admin_token)
+        if key != session_id and not is_admin:
+            raise AuthError("a session's completions are readable with its own key or the admin token")
+        records = await service.completions(session_id)
+        return Response(orjson.dumps({"session_id": session_id, "completions": [r.model_dump() for r in records]}),
+                        media_type="application/json")
+
+    @app.post("/admin/sessions")
+    async def register(request: Request, body: SessionRegistration) -> dict[str, Any]:
+        require_admin(request)
+        service.sessions.register(SessionInfo(body.session_id, body.model_name, body.metadata))
+        if body.oracle is not None and isinstance(service.engine, OracleEngine):
+            service.engine.set_script(body.session_id, OracleScript(**body.oracle))
+        return {"registered": body.session_id}
+
+    @app.delete("/admin/sessions/{session_id}")
+    async def unregister(request: Request, session_id: str) -> dict[str, Any]:
+        require_admin(request)
+        service.engine.pool.forget(session_id)
+        return {"unregistered": service.sessions.unregister(session_id)}
+
+    @app.get("/admin/upstreams")
+    async def upstreams(request: Request) -> dict[str, Any]:
+        require_admin(request)
+        pool = service.engine.pool
+        return {"paused": pool.paused, "policy_version": pool.policy_version,
+                "servers": [vars(s) for s in pool.servers()]}
+
+    @app.post("/admin/upstreams")
+    async def add_upstream(request: Request, body: UpstreamChange) -> dict[str, Any]:
+        require_admin(request)
+        return {"added": service.engine.pool.add(body.url).url}
+
+    @app.post("/admin/upstreams/remove")
+    async def remove_upstream(request: Request, body: UpstreamChange) -> dict[str, Any]:
+        require_admin(request)
+        return {"removed": service.engine.pool.remove(body.url)}
+
+    @app.post("/admin/pause")
+    async def pause(request: Request) -> dict[str, Any]:
+        require_admin(request)
+        started = time.perf_counter()
+        await service.engine.pool.pause()
+        return {"paused": True, "drained_seconds": time.perf_counter() - started}
+
+    @app.post("/admin/resume")
+    async def resume(request: Request, body: Resume) -> dict[str, Any]:
+        require_admin(request)
+        service.engine.pool.resume(body.policy_version)
+        return {"paused": False, "policy_version": service.engine.pool.policy_version}
+
+    @app.post("/{path:path}", include_in_schema=False)
+    async def detected(request: Request, path: str) -> Response:
+        raw = await request.body()
+        try:
+            body = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            body = None
+        provider = detect_provider("/" + path, request.headers, body)
+        if provider is None:
+            return JSONResponse({"error": {"message": f"no provider protocol recognised for POST /{path}",
+                                           "type": "invalid_request_error", "param": None, "code": None}},
+                                status_code=404)
+        return _to_response(await service.handle(provider, raw, Route("/" + path, query=request.query_params),
+                                                 request.headers))
+
+    return app

@@ -1,0 +1,142 @@
+"""The one normalized form every front end translates to and from: an OpenAI-Chat-shaped request and a result.
+
+Providers never translate pairwise; each one maps its protocol onto :class:`ChatRequest` and maps a
+:class:`ChatResult` back. Engines only ever see a ChatRequest. Everything here is plain data (no I/O).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "ChatResult",
+    "ContentPart",
+    "FunctionCall",
+    "Tool",
+    "ToolCall",
+    "Usage",
+    "message_text",
+]
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ContentPart(_Data):
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: dict[str, Any] | None = None
+
+
+class FunctionCall(_Data):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(_Data):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Data):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class Tool(_Data):
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.function.get("name", ""))
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        params = self.function.get("parameters")
+        return params if isinstance(params, dict) else {}
+
+
+class ChatRequest(_Data):
+    """What an engine is asked. ``extra`` carries engine arguments (e.g. chat_template_kwargs) verbatim."""
+
+    model: str
+    messages: list[ChatMessage]
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI Chat body for an upstream (always non-streaming: streams are synthesized by the proxy)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.model_dump(exclude_none=True) for m in self.messages],
+            "stream": False,
+        }
+        if self.tools:
+            body["tools"] = [t.model_dump() for t in self.tools]
+        for name in ("tool_choice", "max_tokens", "temperature", "top_p", "top_k", "seed", "response_format",
+                     "parallel_tool_calls"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value
+        if self.stop:
+            body["stop"] = self.stop
+        body.update(self.extra)
+        return body
+
+
+class Usage(_Data):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class ChatResult(_Data):
+    """An engine's answer: the assistant message plus the exact token data behind it."""
+
+    message: ChatMessage
+    finish_reason: Literal["stop", "length", "tool_calls", "content_filter"] = "stop"
+    prompt_ids: list[int] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] = Field(default_factory=list)
+    token_faithful: bool = True
+    usage: Usage = Field(default_factory=Usage)
+    engine: str = ""
+    server: str | None = None
+    policy_version: int | str | None = None
+    raw: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return message_text(self.message)
+
+
+def message_text(message: ChatMessage) -> str:
+    """The text of a message, joining text parts (images are dropped)."""
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    return "".join(part.text or "" for part in message.content if part.type == "text")

@@ -1,0 +1,95 @@
+"""The engine interface: a normalized chat request in, the answer plus its exact token data out.
+
+HTTP engines share one shape: lease a server from the pool, build a body (pure), post it through the one injected
+``httpx.AsyncClient``, parse the answer (pure). Subclasses only supply ``build`` and ``parse``.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any, ClassVar
+
+import httpx
+import orjson
+
+from polar_gym.proxy.chat import ChatRequest, ChatResult
+from polar_gym.proxy.errors import UpstreamError, translate_upstream_errors
+from polar_gym.proxy.upstreams import UpstreamPool
+
+__all__ = ["Engine", "HttpEngine", "approx_token_count"]
+
+
+def approx_token_count(request: ChatRequest) -> int:
+    """A length-based estimate for engines that cannot tokenize (about four characters a token)."""
+    size = len(orjson.dumps(request.to_openai()["messages"]))
+    if request.tools:
+        size += len(orjson.dumps([t.function for t in request.tools]))
+    return max(1, size // 4)
+
+
+class Engine(abc.ABC):
+    name: ClassVar[str]
+    #: whether the engine reports the exact prompt and sampled token IDs
+    token_faithful: ClassVar[bool] = True
+
+    def __init__(self, pool: UpstreamPool | None = None) -> None:
+        self.pool = pool if pool is not None else UpstreamPool()
+
+    @abc.abstractmethod
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        """Answer one request, never streaming."""
+
+    async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
+        return approx_token_count(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class HttpEngine(Engine):
+    #: path appended to the server URL
+    path: ClassVar[str] = "/v1/chat/completions"
+
+    def __init__(self, pool: UpstreamPool | None = None, client: httpx.AsyncClient | None = None,
+                 timeout: float = 600.0) -> None:
+        super().__init__(pool)
+        self._own_client = client is None
+        self.client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0),
+                                                  limits=httpx.Limits(max_connections=1024,
+                                                                      max_keepalive_connections=256))
+
+    @abc.abstractmethod
+    def build(self, request: ChatRequest) -> dict[str, Any]:
+        """The upstream body for ``request``."""
+
+    @abc.abstractmethod
+    def parse(self, body: dict[str, Any]) -> ChatResult:
+        """A ChatResult from the upstream's JSON answer; raise ValueError / KeyError on a malformed one."""
+
+    async def post(self, server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        with translate_upstream_errors(server_url):
+            resp = await self.client.post(server_url + path, content=orjson.dumps(body),
+                                          headers={"content-type": "application/json"})
+            if resp.status_code >= 400:
+                raise UpstreamError(f"upstream {server_url} answered {resp.status_code}: {resp.text[:500]}")
+            data = orjson.loads(resp.content)
+            if not isinstance(data, dict):
+                raise ValueError("upstream answer is not a JSON object")
+            return data
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        body = self.build(request)
+        async with self.pool.lease(session_id) as server:
+            started = time.perf_counter()
+            data = await self.post(server.url, self.path, body)
+            with translate_upstream_errors(server.url):
+                result = self.parse(data)
+            result.server = server.url
+            result.policy_version = self.pool.policy_version
+            result.raw["upstream_seconds"] = time.perf_counter() - started
+        return result
+
+    async def aclose(self) -> None:
+        if self._own_client:
+            await self.client.aclose()

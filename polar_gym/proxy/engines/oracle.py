@@ -1,0 +1,189 @@
+"""The oracle: a deterministic, scripted policy for validating a pipeline without a GPU. It is not a model.
+
+For each call it renders the prompt with a real tokenizer's chat template (so prompt IDs are what a Qwen-class
+engine would see), then plays the session's reference solution one command per call through whatever shell-like
+tool the harness offers, filling that tool's own argument schema, and finally answers in text. Its "sampled"
+tokens are the canonical encoding of a Qwen-style assistant turn, or, when ``drift_every`` is set, a deliberately
+non-canonical encoding of the same text, so that retokenization drift downstream is exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FunctionCall, Tool, ToolCall, Usage
+from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.tokenizer import ChatTokenizer, template_messages
+from polar_gym.proxy.upstreams import UpstreamPool
+
+__all__ = ["OracleEngine", "OracleScript", "find_shell_tool", "shell_arguments"]
+
+#: tool names harnesses give their shell tool, most specific first
+SHELL_TOOL_NAMES = ("bash", "Bash", "shell", "run_shell_command", "exec_command", "shell_command", "local_shell",
+                    "execute_command", "run_command", "terminal", "execute_bash", "cmd")
+ORACLE_SERVER = "oracle://local"
+_COMMAND_KEYS = ("command", "cmd", "script", "commands")
+
+
+@dataclass
+class OracleScript:
+    """A task's reference solution: shell commands to run in order, then a final text answer."""
+
+    commands: list[str] = field(default_factory=list)
+    final_answer: str = "Done."
+
+
+def _command_key(tool: Tool) -> str | None:
+    props = tool.parameters.get("properties") or {}
+    for key in _COMMAND_KEYS:
+        if key in props:
+            return key
+    return None
+
+
+def find_shell_tool(tools: list[Tool] | None) -> Tool | None:
+    """The harness's shell tool: by a known name first, else any tool with a ``command``-like parameter."""
+    tools = tools or []
+    by_name = {t.name: t for t in tools}
+    for name in SHELL_TOOL_NAMES:
+        tool = by_name.get(name)
+        if tool is not None and _command_key(tool):
+            return tool
+    for tool in tools:
+        if _command_key(tool):
+            return tool
+    return None
+
+
+def _default_for(name: str, schema: dict[str, Any]) -> Any:
+    if "default" in schema:
+        return schema["default"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "boolean":
+        return False
+    if kind in ("integer", "number"):
+        return 120000 if "timeout" in name.lower() else schema.get("minimum", 1)
+    if kind == "array":
+        return []
+    if kind == "object":
+        return {}
+    return "Run a step of the reference solution" if "desc" in name.lower() else "."
+
+
+def shell_arguments(tool: Tool, command: str) -> dict[str, Any]:
+    """Arguments for ``tool`` that run ``command``, matching its schema (string or argv array, other required
+    parameters filled with their defaults)."""
+    params = tool.parameters
+    props: dict[str, Any] = params.get("properties") or {}
+    key = _command_key(tool) or "command"
+    schema = props.get(key) or {}
+    kind = schema.get("type")
+    args: dict[str, Any] = {key: ["bash", "-lc", command] if kind == "array" else command}
+    for name in params.get("required") or []:
+        if name not in args:
+            args[name] = _default_for(name, props.get(name) or {})
+    return args
+
+
+def _logprob(seed: str, i: int) -> float:
+    digest = hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=4).digest()
+    return -(int.from_bytes(digest, "little") % 2000) / 1000.0
+
+
+class OracleEngine(Engine):
+    name = "oracle"
+
+    def __init__(self, tokenizer: ChatTokenizer, pool: UpstreamPool | None = None, *,
+                 default_script: OracleScript | None = None, drift_every: int = 0, think: bool = True) -> None:
+        super().__init__(pool)
+        if not self.pool.servers():
+            self.pool.add(ORACLE_SERVER)
+        self.tokenizer = tokenizer
+        self.scripts: dict[str, OracleScript] = {}
+        self.default_script = default_script or OracleScript()
+        self.drift_every = drift_every
+        self.think = think
+        self._calls = 0
+
+    def set_script(self, session_id: str, script: OracleScript) -> None:
+        self.scripts[session_id] = script
+
+    def next_message(self, request: ChatRequest, session_id: str) -> ChatMessage:
+        """The scripted reply: the next unplayed command through the shell tool, else the final answer."""
+        script = self.scripts.get(session_id, self.default_script)
+        done = sum(1 for m in request.messages if m.role == "tool")
+        tool = find_shell_tool(request.tools)
+        step = done + 1
+        if tool is not None and done < len(script.commands) and request.tool_choice != "none":
+            command = script.commands[done]
+            call = ToolCall(id=f"call_oracle_{step}_{hashlib.sha1(command.encode()).hexdigest()[:8]}",
+                            function=FunctionCall(name=tool.name,
+                                                  arguments=json.dumps(shell_arguments(tool, command))))
+            reasoning = f"Step {step}: run `{command}`." if self.think else None
+            return ChatMessage(role="assistant", content="", reasoning_content=reasoning, tool_calls=[call])
+        reasoning = "The reference solution is complete." if self.think else None
+        return ChatMessage(role="assistant", content=script.final_answer, reasoning_content=reasoning)
+
+    def render_reply(self, message: ChatMessage) -> str:
+        """The assistant turn as a Qwen-style model writes it (without the end-of-turn token)."""
+        text = ""
+        if message.reasoning_content is not None:
+            text += f"<think>\n{message.reasoning_content}\n</think>\n\n"
+        text += message.content if isinstance(message.content, str) else ""
+        for call in message.tool_calls or []:
+            payload = {"name": call.function.name, "arguments": json.loads(call.function.arguments)}
+            text += ("\n" if text and not text.endswith("\n") else "") + "<tool_call>\n"
+            text += json.dumps(payload, ensure_ascii=False) + "\n</tool_call>"
+        return text
+
+    def encode_reply(self, text: str, drift: bool) -> list[int]:
+        if not drift or len(text) < 4:
+            return self.tokenizer.encode(text)
+        # A split inside the text decodes to the same string through different tokens than the canonical ones.
+        cut = len(text) // 2
+        return self.tokenizer.encode(text[:cut]) + self.tokenizer.encode(text[cut:])
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        async with self.pool.lease(session_id) as server:
+            # Chat-template rendering is CPU work: keep it off the event loop.
+            result = await asyncio.to_thread(self.complete_sync, request, session_id)
+            result.server = server.url
+            return result
+
+    def complete_sync(self, request: ChatRequest, session_id: str) -> ChatResult:
+        self._calls += 1
+        messages, tools = template_messages(request)
+        prompt_ids = self.tokenizer.render(messages, tools)
+        message = self.next_message(request, session_id)
+        drift = bool(self.drift_every) and self._calls % self.drift_every == 0
+        response_ids = self.encode_reply(self.render_reply(message), drift) + self.tokenizer.end_of_turn_ids[:1]
+        finish = "tool_calls" if message.tool_calls else "stop"
+        if request.max_tokens is not None and len(response_ids) > request.max_tokens:
+            response_ids = response_ids[: request.max_tokens]
+            message = ChatMessage(role="assistant", content=self.tokenizer.decode(response_ids))
+            finish = "length"
+        seed = f"{session_id}:{len(prompt_ids)}"
+        return ChatResult(
+            message=message,
+            finish_reason=finish,
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_logprobs=[_logprob(seed, i) for i in range(len(response_ids))],
+            usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(response_ids)),
+            engine=self.name,
+            policy_version=self.pool.policy_version,
+            raw={"drift": drift},
+        )
+
+    async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
+        messages, tools = template_messages(request)
+        return len(self.tokenizer.render(messages, tools))
+

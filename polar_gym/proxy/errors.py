@@ -1,0 +1,151 @@
+"""Proxy errors and their provider-shaped rendering.
+
+    ProxyError                       (500)
+    ├── RequestError                 (400) malformed JSON, wrong types, unknown fields in strict mode
+    │   ├── PayloadTooLarge          (413)
+    │   └── UnsupportedRoute         (404)
+    ├── AuthError                    (401) missing or unknown session key
+    └── UpstreamError                (502) the engine answered garbage or an error
+        ├── UpstreamUnavailable      (503) no server, connection refused, paused past the wait limit
+        └── UpstreamTimeout          (504)
+
+Handlers raise these; ``error_response`` is the one place that turns one into the body and status a harness of the
+given provider expects, so an SDK surfaces a readable error instead of a parse failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pydantic
+
+__all__ = [
+    "AuthError",
+    "PayloadTooLarge",
+    "ProxyError",
+    "RequestError",
+    "UnsupportedRoute",
+    "UpstreamError",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+    "error_body",
+    "translate_upstream_errors",
+    "validation_message",
+]
+
+
+class ProxyError(Exception):
+    status = 500
+    kind = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class RequestError(ProxyError):
+    status = 400
+    kind = "invalid_request"
+
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    kind = "too_large"
+
+
+class UnsupportedRoute(RequestError):
+    status = 404
+    kind = "not_found"
+
+
+class AuthError(ProxyError):
+    status = 401
+    kind = "authentication"
+
+
+class UpstreamError(ProxyError):
+    status = 502
+    kind = "upstream"
+
+
+class UpstreamUnavailable(UpstreamError):
+    status = 503
+    kind = "unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    kind = "timeout"
+
+
+_ANTHROPIC_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "too_large": "request_too_large",
+    "not_found": "not_found_error",
+    "authentication": "authentication_error",
+    "upstream": "api_error",
+    "unavailable": "overloaded_error",
+    "timeout": "api_error",
+    "internal": "api_error",
+}
+_OPENAI_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "too_large": "invalid_request_error",
+    "not_found": "invalid_request_error",
+    "authentication": "authentication_error",
+    "upstream": "api_error",
+    "unavailable": "server_error",
+    "timeout": "timeout",
+    "internal": "server_error",
+}
+_GOOGLE_STATUS = {
+    "invalid_request": "INVALID_ARGUMENT",
+    "too_large": "INVALID_ARGUMENT",
+    "not_found": "NOT_FOUND",
+    "authentication": "UNAUTHENTICATED",
+    "upstream": "INTERNAL",
+    "unavailable": "UNAVAILABLE",
+    "timeout": "DEADLINE_EXCEEDED",
+    "internal": "INTERNAL",
+}
+
+
+def error_body(exc: ProxyError, provider: str) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of ``exc`` in the error shape of ``provider``."""
+    if provider == "anthropic":
+        return exc.status, {"type": "error", "error": {"type": _ANTHROPIC_TYPES[exc.kind], "message": exc.message}}
+    if provider == "google":
+        return exc.status, {
+            "error": {"code": exc.status, "message": exc.message, "status": _GOOGLE_STATUS[exc.kind]}
+        }
+    code = "invalid_api_key" if isinstance(exc, AuthError) else None
+    return exc.status, {
+        "error": {"message": exc.message, "type": _OPENAI_TYPES[exc.kind], "param": None, "code": code}
+    }
+
+
+def validation_message(exc: pydantic.ValidationError) -> str:
+    """A one-line, field-addressed summary of a pydantic error, for a 400 a person can act on."""
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+@contextlib.contextmanager
+def translate_upstream_errors(server: str) -> Iterator[None]:
+    """Map transport and decoding failures of an upstream call onto the UpstreamError tree."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeout(f"upstream {server} timed out: {exc.__class__.__name__}") from exc
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        raise UpstreamUnavailable(f"upstream {server} unreachable: {exc}") from exc
+    except (json.JSONDecodeError, ValueError, KeyError, TypeError, pydantic.ValidationError) as exc:
+        raise UpstreamError(f"upstream {server} returned an unusable response: {exc}") from exc

@@ -1,0 +1,180 @@
+"""OpenAI Chat Completions <-> the normalized chat form. Pure: no I/O, no SDK imports.
+
+The normalized form is Chat-shaped already, so this front end mostly validates, folds legacy fields
+(``functions``, ``max_completion_tokens``, ``reasoning``) into their current names, and renders chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, ContentPart, FunctionCall, Tool, ToolCall
+from polar_gym.proxy.errors import RequestError
+from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
+from polar_gym.proxy.providers.openai_chat.protocol import KNOWN_IGNORED, ChatCompletionRequest, InMessage
+
+__all__ = ["OpenAIChatProvider", "content_parts", "tool_calls_in", "tools_in"]
+
+
+def content_parts(content: str | list[dict[str, Any]] | None, where: str) -> str | list[ContentPart] | None:
+    """Chat content (a string or typed parts) as normalized content; unknown part types are a 400."""
+    if content is None or isinstance(content, str):
+        return content
+    parts: list[ContentPart] = []
+    for i, part in enumerate(content):
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text"):
+            if not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}.content.{i}.text: must be a string")
+            parts.append(ContentPart(type="text", text=part["text"]))
+        elif kind == "image_url":
+            image = part.get("image_url")
+            image = {"url": image} if isinstance(image, str) else image
+            if not isinstance(image, dict) or not isinstance(image.get("url"), str):
+                raise RequestError(f"{where}.content.{i}.image_url: needs a url")
+            parts.append(ContentPart(type="image_url", image_url=image))
+        else:
+            raise RequestError(f"{where}.content.{i}.type: unsupported content part type {kind!r}")
+    if all(p.type == "text" for p in parts):
+        return "".join(p.text or "" for p in parts)
+    return parts
+
+
+def tool_calls_in(calls: list[dict[str, Any]], where: str) -> list[ToolCall]:
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"{where}.tool_calls.{i}.function.name: required")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str):
+            args = orjson.dumps(args).decode()
+        out.append(ToolCall(id=str(call.get("id") or f"call_{i}"), function=FunctionCall(name=fn["name"],
+                                                                                          arguments=args)))
+    return out
+
+
+def tools_in(tools: list[dict[str, Any]] | None, functions: list[dict[str, Any]] | None) -> list[Tool] | None:
+    specs = [t.get("function") if t.get("type", "function") == "function" else None for t in tools or []]
+    specs += list(functions or [])
+    out = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise RequestError(f"tools.{i}.function.name: required (only function tools are supported)")
+        out.append(Tool(function=spec))
+    return out or None
+
+
+def _message_in(msg: InMessage, i: int) -> ChatMessage:
+    where = f"messages.{i}"
+    if msg.role == "function":
+        return ChatMessage(role="tool", content=content_parts(msg.content, where), tool_call_id=msg.name)
+    calls = tool_calls_in(msg.tool_calls, where) if msg.tool_calls else None
+    if msg.function_call and not calls:
+        calls = tool_calls_in([{"id": f"call_{i}", "function": msg.function_call}], where)
+    content = content_parts(msg.content, where)
+    if msg.role == "tool" and isinstance(content, list):
+        raise RequestError(f"{where}.content: tool results carry text only")
+    return ChatMessage(
+        role=msg.role,
+        content=content,
+        reasoning_content=msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning,
+        tool_calls=calls,
+        tool_call_id=msg.tool_call_id,
+        name=msg.name if msg.role in ("user", "system", "developer") else None,
+    )
+
+
+def _message_out(result: ChatResult) -> dict[str, Any]:
+    msg = result.message
+    out: dict[str, Any] = {"role": "assistant", "content": result.text if msg.content is not None else None}
+    if msg.reasoning_content:
+        out["reasoning_content"] = msg.reasoning_content
+    if msg.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in msg.tool_calls]
+    return out
+
+
+class OpenAIChatProvider(Provider):
+    name = "openai_chat"
+    conversation_field = "messages"
+
+    def parse(self, body: dict[str, Any], route: Route) -> Inbound:
+        req = parse_model(ChatCompletionRequest, body)
+        extras = set(req.model_extra or ())
+        stop = [req.stop] if isinstance(req.stop, str) else req.stop
+        extra: dict[str, Any] = {}
+        if req.chat_template_kwargs:
+            extra["chat_template_kwargs"] = req.chat_template_kwargs
+        chat = ChatRequest(
+            model=req.model,
+            messages=[_message_in(m, i) for i, m in enumerate(req.messages)],
+            tools=tools_in(req.tools, req.functions),
+            tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls,
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            stop=stop or None,
+            seed=req.seed,
+            response_format=req.response_format,
+            extra=extra,
+        )
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return Inbound(
+            provider=self.name,
+            model=req.model,
+            stream=req.stream,
+            chat=chat,
+            ignored_fields=sorted(extras - KNOWN_IGNORED),
+            options={"include_usage": include_usage},
+        )
+
+    def render(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> dict[str, Any]:
+        return {
+            "id": ctx.response_id,
+            "object": "chat.completion",
+            "created": ctx.created,
+            "model": inbound.model,
+            "choices": [{"index": 0, "message": _message_out(result), "logprobs": None,
+                         "finish_reason": result.finish_reason}],
+            "usage": _usage(result),
+        }
+
+    def stream(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> Iterator[SSEEvent]:
+        include_usage = inbound.options.get("include_usage", False)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> SSEEvent:
+            body: dict[str, Any] = {
+                "id": ctx.response_id, "object": "chat.completion.chunk", "created": ctx.created,
+                "model": inbound.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            }
+            if include_usage:
+                body["usage"] = None
+            return SSEEvent(body)
+
+        msg = result.message
+        yield chunk({"role": "assistant", "content": ""})
+        if msg.reasoning_content:
+            yield chunk({"reasoning_content": msg.reasoning_content})
+        if result.text:
+            yield chunk({"content": result.text})
+        for i, call in enumerate(msg.tool_calls or []):
+            yield chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                                         "function": {"name": call.function.name, "arguments": ""}}]})
+            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": call.function.arguments}}]})
+        yield chunk({}, result.finish_reason)
+        if include_usage:
+            yield SSEEvent({"id": ctx.response_id, "object": "chat.completion.chunk", "created": ctx.created,
+                            "model": inbound.model, "choices": [], "usage": _usage(result)})
+        yield SSEEvent("[DONE]")
+
+
+def _usage(result: ChatResult) -> dict[str, int]:
+    return {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
+            "total_tokens": result.usage.total_tokens}

@@ -1,0 +1,214 @@
+"""The proxy's request path: authenticate, parse, ask the engine, journal, render. Framework-free: handlers get
+bytes and return a :class:`Reply`, which the FastAPI app maps onto a response.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.errors import (
+    AuthError,
+    PayloadTooLarge,
+    ProxyError,
+    RequestError,
+    UpstreamError,
+    error_body,
+)
+from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, encode_sse
+from polar_gym.registry import PROVIDERS
+from polar_gym.schema import CompletionRecord
+
+__all__ = ["ProxyService", "Reply", "SessionInfo", "SessionRegistry", "new_admin_token", "session_key"]
+
+log = logging.getLogger("polar_gym.proxy")
+
+_ID_PREFIX = {"anthropic": "msg_", "openai_chat": "chatcmpl-", "openai_responses": "resp_", "google": ""}
+_ERROR_STYLE = {"anthropic": "anthropic", "google": "google"}
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    media_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SessionInfo:
+    session_id: str
+    model_name: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def session_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    """The caller's key, wherever its SDK put it: Bearer, x-api-key, x-goog-api-key or ``?key=``."""
+    auth = headers.get("authorization")
+    if auth and auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return headers.get("x-api-key") or headers.get("x-goog-api-key") or query.get("key") or None
+
+
+class SessionRegistry:
+    """Which keys are served. A gateway registers each session before its harness starts; in ad-hoc mode
+    (standalone proxy) any key opens a session of that name."""
+
+    def __init__(self, allow_adhoc: bool = False) -> None:
+        self.allow_adhoc = allow_adhoc
+        self._sessions: dict[str, SessionInfo] = {}
+
+    def register(self, info: SessionInfo) -> None:
+        self._sessions[info.session_id] = info
+
+    def unregister(self, session_id: str) -> bool:
+        return self._sessions.pop(session_id, None) is not None
+
+    def get(self, session_id: str) -> SessionInfo | None:
+        return self._sessions.get(session_id)
+
+    def ids(self) -> list[str]:
+        return sorted(self._sessions)
+
+    def resolve(self, key: str | None) -> SessionInfo:
+        if not key:
+            raise AuthError("missing API key: the key is the polar_gym session id")
+        info = self._sessions.get(key)
+        if info is None:
+            if not self.allow_adhoc:
+                raise AuthError("unknown API key: no session with this id is registered")
+            info = self._sessions[key] = SessionInfo(session_id=key)
+        return info
+
+
+class ProxyService:
+    def __init__(self, engine: Engine, journal: CaptureJournal | None = None,
+                 sessions: SessionRegistry | None = None, *, strict: bool = False,
+                 max_body_bytes: int = 32 * 1024 * 1024, model_names: list[str] | None = None) -> None:
+        self.engine = engine
+        self.journal = journal or CaptureJournal()
+        self.sessions = sessions or SessionRegistry(allow_adhoc=True)
+        self.strict = strict
+        self.max_body_bytes = max_body_bytes
+        self.model_names = model_names or ["policy"]
+        self.providers: dict[str, Provider] = {}
+        self.stats = {"requests": 0, "errors": 0, "prompt_tokens": 0, "response_tokens": 0}
+
+    def provider(self, name: str) -> Provider:
+        provider = self.providers.get(name)
+        if provider is None:
+            provider = self.providers[name] = PROVIDERS.get(name)()
+        return provider
+
+    def error_reply(self, exc: ProxyError, provider: str) -> Reply:
+        status, body = error_body(exc, _ERROR_STYLE.get(provider, "openai"))
+        return Reply(status, orjson.dumps(body))
+
+    def _read_body(self, raw: bytes) -> Any:
+        if len(raw) > self.max_body_bytes:
+            raise PayloadTooLarge(f"request body of {len(raw)} bytes exceeds the limit of {self.max_body_bytes}")
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise RequestError(f"malformed JSON body: {exc}") from exc
+
+    def _parse(self, provider: Provider, body: Any, route: Route) -> Inbound:
+        if not isinstance(body, dict):
+            raise RequestError(f"request body must be a JSON object, got {type(body).__name__}")
+        inbound = provider.parse(body, route)
+        if inbound.ignored_fields:
+            if self.strict:
+                raise RequestError(f"unknown fields: {', '.join(inbound.ignored_fields)}")
+            log.info("%s request: ignoring unknown fields %s", provider.name, inbound.ignored_fields)
+        return inbound
+
+    async def handle(self, provider_name: str, raw: bytes, route: Route, headers: Mapping[str, str]) -> Reply:
+        """One model call, start to finish. Every failure becomes a provider-shaped error reply."""
+        self.stats["requests"] += 1
+        try:
+            provider = self.provider(provider_name)
+            info = self.sessions.resolve(session_key(headers, route.query))
+            body = self._read_body(raw)
+            inbound = self._parse(provider, body, route)
+            return await self._complete(provider, inbound, body, info)
+        except ProxyError as exc:
+            self.stats["errors"] += 1
+            return self.error_reply(exc, provider_name)
+
+    async def _complete(self, provider: Provider, inbound: Inbound, body: dict[str, Any],
+                        info: SessionInfo) -> Reply:
+        started = time.time()
+        t0 = time.perf_counter()
+        record = CompletionRecord(
+            completion_id=uuid.uuid4().hex, session_id=info.session_id, index=-1, provider=provider.name,
+            engine=self.engine.name, model=inbound.model, stream=inbound.stream,
+            side_request=info.model_name is not None and inbound.model != info.model_name,
+            request=body, normalized_request=inbound.chat.model_dump(exclude_none=True),
+            normalizations=inbound.normalizations, started_at=started,
+            token_faithful=self.engine.token_faithful,
+        )
+        try:
+            result = await self.engine.complete(inbound.chat, info.session_id)
+        except ProxyError as exc:
+            record.status, record.error = "error", f"{exc.__class__.__name__}: {exc.message}"
+            record.token_faithful = False
+            record.total_seconds = time.perf_counter() - t0
+            await self.journal.append(record)
+            raise
+        except Exception as exc:  # an engine bug must not take the proxy down or vanish from the journal
+            log.exception("engine %s failed", self.engine.name)
+            record.status, record.error = "error", f"{exc.__class__.__name__}: {exc}"
+            record.token_faithful = False
+            await self.journal.append(record)
+            raise UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}") from exc
+        ctx = RenderContext(response_id=_ID_PREFIX.get(provider.name, "") + uuid.uuid4().hex[:24],
+                            created=int(started))
+        if inbound.stream:
+            events = provider.stream(result, inbound, ctx)
+            reply = Reply(200, b"".join(encode_sse(e) for e in events), "text/event-stream",
+                          {"cache-control": "no-cache"})
+        else:
+            reply = Reply(200, orjson.dumps(provider.render(result, inbound, ctx)))
+        record.response = {"id": ctx.response_id, "message": result.message.model_dump(exclude_none=True),
+                            "usage": result.usage.model_dump()}
+        record.prompt_ids, record.response_ids = result.prompt_ids, result.response_ids
+        record.response_logprobs = result.response_logprobs
+        record.finish_reason = result.finish_reason
+        record.token_faithful = result.token_faithful
+        record.server, record.policy_version = result.server, result.policy_version
+        record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))
+        record.total_seconds = time.perf_counter() - t0
+        await self.journal.append(record)
+        self.stats["prompt_tokens"] += len(result.prompt_ids)
+        self.stats["response_tokens"] += len(result.response_ids)
+        return reply
+
+    async def count_tokens(self, provider_name: str, raw: bytes, route: Route,
+                           headers: Mapping[str, str]) -> Reply:
+        try:
+            provider = self.provider(provider_name)
+            info = self.sessions.resolve(session_key(headers, route.query))
+            body = self._read_body(raw)
+            if not isinstance(body, dict):
+                raise RequestError("request body must be a JSON object")
+            inbound = provider.parse_count(body, route)  # type: ignore[attr-defined]
+            count = await self.engine.count_tokens(inbound.chat, info.session_id)
+            return Reply(200, orjson.dumps(provider.render_count(count)))  # type: ignore[attr-defined]
+        except ProxyError as exc:
+            return self.error_reply(exc, provider_name)
+
+    async def completions(self, session_id: str) -> list[CompletionRecord]:
+        return await self.journal.records(session_id)
+
+
+def new_admin_token() -> str:
+    return secrets.token_urlsafe(24)

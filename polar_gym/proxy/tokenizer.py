@@ -1,0 +1,71 @@
+"""The tokenizer seam: render a chat with the model's own chat template, encode, decode.
+
+``HFChatTokenizer`` wraps a transformers tokenizer saved in a directory (the test set-up builds one from the Qwen2
+vocabulary and the Qwen3 chat template). Tests of pure logic use the round-tripping fake in ``tests/_fakes.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from polar_gym.proxy.chat import ChatMessage, ChatRequest, message_text
+
+__all__ = ["ChatTokenizer", "HFChatTokenizer", "template_messages"]
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    end_of_turn_ids: list[int]
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Prompt token IDs for ``messages`` with the generation prompt appended."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def template_messages(request: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Messages and tools as chat templates expect them: text content, ``developer`` folded into ``system``."""
+    out: list[dict[str, Any]] = []
+    for msg in request.messages:
+        out.append(_template_message(msg))
+    tools = [t.model_dump() for t in request.tools] if request.tools else None
+    return out, tools
+
+
+def _template_message(msg: ChatMessage) -> dict[str, Any]:
+    role = "system" if msg.role == "developer" else msg.role
+    item: dict[str, Any] = {"role": role, "content": message_text(msg)}
+    if msg.reasoning_content:
+        item["reasoning_content"] = msg.reasoning_content
+    if msg.tool_calls:
+        item["tool_calls"] = [c.model_dump() for c in msg.tool_calls]
+    if msg.tool_call_id:
+        item["tool_call_id"] = msg.tool_call_id
+    return item
+
+
+class HFChatTokenizer:
+    """A transformers tokenizer plus its chat template, loaded from a local directory (never from a hub)."""
+
+    def __init__(self, path: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.path = Path(path)
+        self._tok = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+        ends = [self._tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+        self.end_of_turn_ids = [int(t) for t in ends if isinstance(t, int) and t >= 0]
+        if self._tok.eos_token_id is not None and self._tok.eos_token_id not in self.end_of_turn_ids:
+            self.end_of_turn_ids.append(int(self._tok.eos_token_id))
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        text = self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=False))

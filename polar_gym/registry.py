@@ -1,0 +1,74 @@
+"""One registry mechanism for every pluggable kind (providers, engines, builders, runtimes, harnesses, evaluators).
+
+Entries are lazy ``"module:attribute"`` strings, so naming a plug-in costs no import until it is used. A name that
+is not registered may itself be a dotted path (``pkg.module:Class``), which is how users extend any kind without
+touching this package. The same names appear in Hydra YAML, in TaskRequest JSON and here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Generic, TypeVar
+
+__all__ = ["ENGINES", "PROVIDERS", "Registry", "RegistryError", "load_dotted"]
+
+T = TypeVar("T")
+
+
+class RegistryError(LookupError):
+    pass
+
+
+def load_dotted(path: str) -> Any:
+    """Import ``pkg.module:attr`` (or ``pkg.module.attr``)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise RegistryError(f"not a dotted path: {path!r} (expected 'package.module:Name')")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RegistryError(f"cannot import {module_name!r} for {path!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise RegistryError(f"{module_name!r} has no attribute {attr!r}") from exc
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, entries: dict[str, str] | None = None) -> None:
+        self.kind = kind
+        self._entries: dict[str, str | T] = dict(entries or {})
+
+    def register(self, name: str, target: str | T) -> None:
+        self._entries[name] = target
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str) -> T:
+        target = self._entries.get(name)
+        if target is None:
+            if ":" in name:
+                return load_dotted(name)  # type: ignore[no-any-return]
+            raise RegistryError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+        if isinstance(target, str):
+            target = load_dotted(target)
+            self._entries[name] = target
+        return target  # type: ignore[return-value]
+
+
+PROVIDERS: Registry[Any] = Registry("provider", {
+    "anthropic": "polar_gym.proxy.providers.anthropic:AnthropicProvider",
+    "openai_chat": "polar_gym.proxy.providers.openai_chat:OpenAIChatProvider",
+    "openai_responses": "polar_gym.proxy.providers.openai_responses:OpenAIResponsesProvider",
+    "google": "polar_gym.proxy.providers.google:GoogleProvider",
+})
+
+ENGINES: Registry[Any] = Registry("engine", {
+    "vllm": "polar_gym.proxy.engines.vllm:VLLMEngine",
+    "sglang": "polar_gym.proxy.engines.sglang:SGLangEngine",
+    "openai": "polar_gym.proxy.engines.openai:OpenAIEngine",
+    "oracle": "polar_gym.proxy.engines.oracle:OracleEngine",
+})

