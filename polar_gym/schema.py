@@ -193,6 +193,8 @@ class CompletionRecord(_Model):
     model: str | None = None
     stream: bool = False
     side_request: bool = False
+    #: the path and query string the harness called, e.g. ``/v1/messages?beta=true``
+    path: str | None = None
     request: dict[str, Any] = Field(default_factory=dict)
     normalized_request: dict[str, Any] = Field(default_factory=dict)
     normalizations: list[str] = Field(default_factory=list)

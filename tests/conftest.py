@@ -18,13 +18,13 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _fakes import ByteTokenizer  # noqa: E402
+from _fakes import ByteTokenizer
 
-from polar_gym.proxy.app import create_app  # noqa: E402
-from polar_gym.proxy.capture import CaptureJournal  # noqa: E402
-from polar_gym.proxy.engines.base import Engine  # noqa: E402
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript  # noqa: E402
-from polar_gym.proxy.service import ProxyService, SessionRegistry  # noqa: E402
+from polar_gym.proxy.app import create_app
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.service import ProxyService, SessionRegistry
 
 ADMIN = "test-admin-token"
 SCRIPT = OracleScript(commands=["echo hello > out.txt", "cat out.txt"], final_answer="All done: out.txt holds hello.")

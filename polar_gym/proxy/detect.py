@@ -44,7 +44,7 @@ def detect_provider(path: str, headers: Mapping[str, str], body: Any) -> str | N
         if "input" in body and "messages" not in body:
             return "openai_responses"
         if "messages" in body:
-            anthropic_shaped = "system" in body and not isinstance(body.get("system"), type(None)) or any(
+            anthropic_shaped = ("system" in body and not isinstance(body.get("system"), type(None))) or any(
                 isinstance(m, dict) and isinstance(m.get("content"), list)
                 and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result", "thinking")
                         for b in m["content"])

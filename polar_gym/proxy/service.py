@@ -139,19 +139,20 @@ class ProxyService:
             info = self.sessions.resolve(session_key(headers, route.query))
             body = self._read_body(raw)
             inbound = self._parse(provider, body, route)
-            return await self._complete(provider, inbound, body, info)
+            return await self._complete(provider, inbound, body, info, route)
         except ProxyError as exc:
             self.stats["errors"] += 1
             return self.error_reply(exc, provider_name)
 
     async def _complete(self, provider: Provider, inbound: Inbound, body: dict[str, Any],
-                        info: SessionInfo) -> Reply:
+                        info: SessionInfo, route: Route) -> Reply:
         started = time.time()
         t0 = time.perf_counter()
         record = CompletionRecord(
             completion_id=uuid.uuid4().hex, session_id=info.session_id, index=-1, provider=provider.name,
             engine=self.engine.name, model=inbound.model, stream=inbound.stream,
             side_request=info.model_name is not None and inbound.model != info.model_name,
+            path=route.path + ("?" + "&".join(f"{k}={v}" for k, v in route.query.items()) if route.query else ""),
             request=body, normalized_request=inbound.chat.model_dump(exclude_none=True),
             normalizations=inbound.normalizations, started_at=started,
             token_faithful=self.engine.token_faithful,

@@ -11,7 +11,15 @@ from typing import Any
 
 import orjson
 
-from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, ContentPart, FunctionCall, Tool, ToolCall
+from polar_gym.proxy.chat import (
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    ContentPart,
+    FunctionCall,
+    Tool,
+    ToolCall,
+)
 from polar_gym.proxy.errors import RequestError
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
 from polar_gym.proxy.providers.openai_chat.protocol import KNOWN_IGNORED, ChatCompletionRequest, InMessage
