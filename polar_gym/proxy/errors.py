@@ -16,7 +16,6 @@ given provider expects, so an SDK surfaces a readable error instead of a parse f
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,5 +146,5 @@ def translate_upstream_errors(server: str) -> Iterator[None]:
         raise UpstreamTimeout(f"upstream {server} timed out: {exc.__class__.__name__}") from exc
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
         raise UpstreamUnavailable(f"upstream {server} unreachable: {exc}") from exc
-    except (json.JSONDecodeError, ValueError, KeyError, TypeError, pydantic.ValidationError) as exc:
+    except (ValueError, LookupError, TypeError, AttributeError, pydantic.ValidationError) as exc:
         raise UpstreamError(f"upstream {server} returned an unusable response: {exc}") from exc

@@ -1,0 +1,1 @@
+"""apptainer (arrives with its issue)."""

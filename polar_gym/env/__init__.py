@@ -1,0 +1,1 @@
+"""env (arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""evaluate (arrives with its issue)."""

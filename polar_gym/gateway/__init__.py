@@ -1,0 +1,1 @@
+"""gateway (arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""merge (arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""The model-API proxy: front ends for four provider protocols, engines, capture."""

@@ -1,0 +1,85 @@
+"""Standalone proxy.
+
+    python -m polar_gym.proxy --engine {vllm,sglang,openai,oracle} --upstream URL [URL ...]
+        --host 127.0.0.1 --port N --capture-dir DIR [--tokenizer DIR]
+
+Standalone mode serves any key as an ad-hoc session (``--registered-only`` turns that off); the admin token for
+``/admin/*`` is printed at start unless given with ``--admin-token`` or ``POLAR_ADMIN_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from polar_gym.proxy.app import create_app
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.service import ProxyService, SessionRegistry, new_admin_token
+from polar_gym.proxy.upstreams import UpstreamPool
+from polar_gym.registry import ENGINES
+
+__all__ = ["build_engine", "main", "parse_args"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m polar_gym.proxy", description="polar_gym's token-capturing proxy")
+    p.add_argument("--engine", default="vllm", help="vllm, sglang, openai, oracle, or a dotted path")
+    p.add_argument("--upstream", nargs="*", default=[], help="inference server base URLs (not for oracle)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--capture-dir", type=Path, default=None, help="journal directory (default: in memory)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (oracle engine)")
+    p.add_argument("--oracle-script", type=Path, default=None, help="JSON {commands: [...], final_answer: ...}")
+    p.add_argument("--drift-every", type=int, default=0, help="oracle: non-canonical tokens every N calls")
+    p.add_argument("--model-name", action="append", default=None, help="served model name(s) for /v1/models")
+    p.add_argument("--policy-version", default=None)
+    p.add_argument("--admin-token", default=os.environ.get("POLAR_ADMIN_TOKEN"))
+    p.add_argument("--registered-only", action="store_true", help="serve only keys registered via /admin")
+    p.add_argument("--strict", action="store_true", help="reject unknown request fields instead of logging them")
+    p.add_argument("--fsync", action="store_true", help="fsync every journal write")
+    p.add_argument("--upstream-timeout", type=float, default=600.0)
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def build_engine(args: argparse.Namespace) -> Engine:
+    pool = UpstreamPool(list(args.upstream), policy_version=args.policy_version)
+    if args.engine == "oracle":
+        from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+        if args.tokenizer is None:
+            raise SystemExit("--engine oracle needs --tokenizer DIR (python -m polar_gym.assets paths shows one)")
+        script = OracleScript(**json.loads(args.oracle_script.read_text())) if args.oracle_script else None
+        return OracleEngine(HFChatTokenizer(args.tokenizer), pool, default_script=script,
+                            drift_every=args.drift_every)
+    if not args.upstream:
+        raise SystemExit(f"--engine {args.engine} needs at least one --upstream URL")
+    engine_cls = ENGINES.get(args.engine)
+    return engine_cls(pool, timeout=args.upstream_timeout)  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    admin_token = args.admin_token or new_admin_token()
+    if not args.admin_token:
+        print(f"admin token: {admin_token}", file=sys.stderr, flush=True)
+    service = ProxyService(build_engine(args), CaptureJournal(args.capture_dir, fsync=args.fsync),
+                           SessionRegistry(allow_adhoc=not args.registered_only), strict=args.strict,
+                           model_names=args.model_name)
+    uvicorn.run(create_app(service, admin_token), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False)
+    service.journal.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Front ends, one folder per provider protocol."""

@@ -1,0 +1,1 @@
+"""runtime (arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""server (arrives with its issue)."""

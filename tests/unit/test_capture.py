@@ -1,0 +1,155 @@
+"""The capture journal reads back exactly, shares prefixes, survives restarts and torn writes, and keeps order."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polar_gym.proxy.capture import CaptureJournal, common_prefix, read_session
+from polar_gym.schema import CompletionRecord
+
+
+def record(session: str, prompt: list[int], response: list[int],
+           messages: list[dict] | None = None) -> CompletionRecord:
+    messages = messages or [{"role": "user", "content": str(len(prompt))}]
+    return CompletionRecord(
+        completion_id=f"c{len(prompt)}-{len(response)}", session_id=session, index=-1, provider="anthropic",
+        engine="oracle", request={"model": "m", "messages": messages, "max_tokens": 5},
+        normalized_request={"model": "m", "messages": messages}, prompt_ids=prompt, response_ids=response,
+        response_logprobs=[-0.25 * (i % 5) - 1e-9 * i for i in range(len(response))], finish_reason="stop",
+    )
+
+
+def test_common_prefix():
+    from array import array
+
+    a, b = array("I", [1, 2, 3, 4]), array("I", [1, 2, 9])
+    assert common_prefix(a, b) == 2
+    assert common_prefix(a, a) == 4
+    assert common_prefix(array("I"), a) == 0
+
+
+def conversation(turns: int, seed: int = 0) -> list[CompletionRecord]:
+    """An append-only chat: each prompt is the previous prompt + response + a new user tail."""
+    rng = random.Random(seed)
+    out, prompt, messages = [], [rng.randrange(150000) for _ in range(50)], [{"role": "system", "content": "s"}]
+    for turn in range(turns):
+        messages = [*messages, {"role": "user", "content": f"turn {turn}"}]
+        response = [rng.randrange(150000) for _ in range(rng.randrange(1, 30))]
+        out.append(record("chat", list(prompt), response, messages))
+        messages = [*messages, {"role": "assistant", "content": f"answer {turn}"}]
+        prompt = prompt + response + [rng.randrange(150000) for _ in range(rng.randrange(1, 20))]
+    return out
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+async def test_reads_back_exactly(tmp_path: Path, on_disk: bool):
+    journal = CaptureJournal(tmp_path if on_disk else None)
+    originals = conversation(30)
+    for rec in originals:
+        await journal.append(rec.model_copy(deep=True))
+    back = await journal.records("chat")
+    assert [r.index for r in back] == list(range(30))
+    for orig, got in zip(originals, back, strict=True):
+        assert got.model_dump(exclude={"index"}) == orig.model_dump(exclude={"index"})
+    journal.close()
+
+
+async def test_storage_grows_with_unique_tokens(tmp_path: Path):
+    journal = CaptureJournal(tmp_path)
+    records = conversation(200, seed=1)
+    for rec in records:
+        await journal.append(rec)
+    unique = len(records[-1].prompt_ids) + len(records[-1].response_ids)
+    naive = sum(len(r.prompt_ids) + len(r.response_ids) for r in records)
+    token_bytes = (tmp_path / "chat" / "tokens.bin").stat().st_size
+    assert token_bytes == 4 * unique  # every token stored once
+    assert naive > 50 * unique  # what a per-call copy would have cost
+    journal.close()
+
+
+async def test_branches_and_retries_share_what_they_can(tmp_path: Path):
+    journal = CaptureJournal(tmp_path)
+    base = list(range(1000))
+    await journal.append(record("b", base, [5000, 5001]))
+    await journal.append(record("b", base, [6000]))  # a retry of the same prompt
+    await journal.append(record("b", [*base, 5000, 5001, 7], [8]))  # continues the first attempt
+    await journal.append(record("b", [42, 43], [44]))  # a sub-agent with its own prompt
+    back = await journal.records("b")
+    assert [r.prompt_ids for r in back] == [base, base, [*base, 5000, 5001, 7], [42, 43]]
+    assert (tmp_path / "b" / "tokens.bin").stat().st_size == 4 * (1000 + 2 + 1 + 1 + 1 + 2 + 1)
+    journal.close()
+
+
+async def test_restart_resumes_the_journal(tmp_path: Path):
+    records = conversation(6)
+    first = CaptureJournal(tmp_path)
+    for rec in records[:3]:
+        await first.append(rec)
+    first.close()
+    second = CaptureJournal(tmp_path)
+    for rec in records[3:]:
+        await second.append(rec)
+    back = await second.records("chat")
+    assert [r.index for r in back] == list(range(6))
+    assert [r.prompt_ids for r in back] == [r.prompt_ids for r in records]
+    second.close()
+
+
+async def test_torn_tail_loses_only_the_unfinished_record(tmp_path: Path):
+    journal = CaptureJournal(tmp_path)
+    for rec in conversation(4):
+        await journal.append(rec)
+    journal.close()
+    tokens = tmp_path / "chat" / "tokens.bin"
+    tokens.write_bytes(tokens.read_bytes()[:-4])  # the last record's binary data is incomplete
+    back = read_session(tmp_path / "chat")
+    assert [r.index for r in back] == [0, 1, 2]
+
+
+async def test_concurrent_appends_keep_order_and_lose_nothing(tmp_path: Path):
+    journal = CaptureJournal(tmp_path, max_pending=2)
+    recs = [record("c", [i, i + 1], [i]) for i in range(60)]
+    await asyncio.gather(*(journal.append(r) for r in recs))
+    back = await journal.records("c")
+    assert [r.index for r in back] == list(range(60))
+    assert sorted(r.prompt_ids[0] for r in back) == list(range(60))
+    journal.close()
+
+
+async def test_session_ids_are_safe_directory_names(tmp_path: Path):
+    journal = CaptureJournal(tmp_path)
+    await journal.append(record("../escape", [1], [2]))
+    assert not (tmp_path.parent / "escape").exists()
+    assert (await journal.records("../escape"))[0].session_id == "../escape"
+    journal.close()
+
+
+prompts = st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.integers(0, 10), prompts, prompts), min_size=1, max_size=12))
+def test_any_branching_history_reads_back(steps):
+    """Prompts built by extending or truncating any earlier record read back exactly."""
+
+    async def run() -> None:
+        journal = CaptureJournal()
+        fulls: list[list[int]] = []
+        originals = []
+        for pick, tail, response in steps:
+            base = fulls[pick % len(fulls)][: len(tail) * 3] if fulls else []
+            rec = record("h", base + tail, response)
+            originals.append(rec.model_copy(deep=True))
+            await journal.append(rec)
+            fulls.append(rec.prompt_ids + rec.response_ids)
+        back = await journal.records("h")
+        assert [(r.prompt_ids, r.response_ids, r.response_logprobs) for r in back] == [
+            (r.prompt_ids, r.response_ids, r.response_logprobs) for r in originals]
+
+    asyncio.run(run())

@@ -1,0 +1,187 @@
+"""Bad input and upstream faults: each gets a clear, provider-shaped error; the proxy stays up; nothing captured
+is lost or marked successful by mistake. Also session isolation and the admin surface."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import orjson
+import pytest
+from _fakes import FakeVLLM
+
+from polar_gym.proxy.app import create_app
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.vllm import VLLMEngine
+from polar_gym.proxy.errors import AuthError, RequestError, UpstreamTimeout, error_body
+from polar_gym.proxy.service import ProxyService, SessionInfo, SessionRegistry
+from polar_gym.proxy.upstreams import UpstreamPool
+
+ADMIN = "admin-secret"
+CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def make(handler, *, strict: bool = False, adhoc: bool = True, max_body: int = 1 << 20):
+    transport = httpx.MockTransport(handler)
+    engine = VLLMEngine(UpstreamPool(["http://engine"]), client=httpx.AsyncClient(transport=transport))
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=adhoc), strict=strict,
+                           max_body_bytes=max_body)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service, ADMIN)), base_url="http://proxy")
+    return service, client
+
+
+def key(k: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {k}"}
+
+
+async def post(client, body, k="s1", path="/v1/chat/completions"):
+    content = body if isinstance(body, bytes) else orjson.dumps(body)
+    return await client.post(path, content=content, headers={**key(k), "content-type": "application/json"})
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    (b"{not json", "malformed JSON"),
+    (b"[1, 2]", "JSON object"),
+    ({"model": "policy", "messages": "hi"}, "messages"),
+    ({"model": "policy", "messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ({"model": "policy", "messages": [{"role": "user", "content": [{"type": "video", "v": 1}]}]}, "video"),
+    ({"model": "policy", "messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+    ({**CHAT, "temperature": "hot"}, "temperature"),
+    ({**CHAT, "n": 3}, "n"),
+])
+async def test_bad_requests_are_openai_shaped_400s(body, needle):
+    fake = FakeVLLM()
+    _, client = make(fake.handler)
+    resp = await post(client, body)
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["type"] == "invalid_request_error" and needle in err["message"]
+    assert fake.requests == []  # nothing reached the engine
+    assert (await post(client, CHAT)).status_code == 200  # and the proxy is still serving
+
+
+async def test_unknown_fields_are_logged_by_default_and_rejected_when_strict(caplog):
+    _, lenient = make(FakeVLLM().handler)
+    with caplog.at_level("INFO", logger="polar_gym.proxy"):
+        assert (await post(lenient, {**CHAT, "frobnicate": 1})).status_code == 200
+    assert "frobnicate" in caplog.text
+    _, strict = make(FakeVLLM().handler, strict=True)
+    resp = await post(strict, {**CHAT, "frobnicate": 1})
+    assert resp.status_code == 400 and "frobnicate" in resp.json()["error"]["message"]
+    assert (await post(strict, {**CHAT, "user": "known-and-ignored"})).status_code == 200
+
+
+async def test_oversized_body_is_413():
+    _, client = make(FakeVLLM().handler, max_body=1000)
+    resp = await post(client, {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]})
+    assert resp.status_code == 413 and "exceeds" in resp.json()["error"]["message"]
+
+
+def failing(exc: Exception):
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc
+    return handler
+
+
+@pytest.mark.parametrize(("handler", "status", "needle"), [
+    (failing(httpx.ConnectError("refused")), 503, "unreachable"),
+    (failing(httpx.ReadTimeout("slow")), 504, "timed out"),
+    (FakeVLLM(garbage=b"<html>oops</html>").handler, 502, "unusable"),
+    (FakeVLLM(garbage=b'{"choices": []}').handler, 502, "unusable"),
+    (FakeVLLM(status=500).handler, 502, "500"),
+])
+async def test_engine_faults_are_recorded_as_errors(handler, status, needle):
+    service, client = make(handler)
+    resp = await post(client, CHAT, k="faulty")
+    assert resp.status_code == status
+    assert needle in resp.json()["error"]["message"]
+    records = await service.journal.records("faulty")
+    assert len(records) == 1
+    assert records[0].status == "error" and not records[0].token_faithful
+    assert records[0].request == CHAT and records[0].response_ids == []
+
+
+async def test_a_fault_does_not_touch_earlier_captures():
+    fake = FakeVLLM(reply="first")
+    service, client = make(fake.handler)
+    assert (await post(client, CHAT, k="mixed")).status_code == 200
+    fake.garbage = b"garbage"
+    assert (await post(client, CHAT, k="mixed")).status_code == 502
+    fake.garbage = None
+    assert (await post(client, CHAT, k="mixed")).status_code == 200
+    records = await service.journal.records("mixed")
+    assert [r.status for r in records] == ["ok", "error", "ok"]
+    assert records[0].response_ids == fake.tokenizer.encode("first") + [257]
+
+
+async def test_captured_tokens_are_the_engines():
+    fake = FakeVLLM(reply="tokens")
+    service, client = make(fake.handler)
+    resp = await post(client, CHAT, k="tok")
+    answer = fake.answer(fake.requests[0])
+    (rec,) = await service.journal.records("tok")
+    assert rec.prompt_ids == answer["prompt_token_ids"]
+    assert rec.response_ids == answer["choices"][0]["token_ids"]
+    assert rec.response_logprobs == [c["logprob"] for c in answer["choices"][0]["logprobs"]["content"]]
+    assert fake.requests[0]["return_token_ids"] is True and fake.requests[0]["stream"] is False
+    assert resp.json()["choices"][0]["message"]["content"] == "tokens"
+
+
+async def test_registered_only_sessions_and_isolation():
+    _, client = make(FakeVLLM().handler, adhoc=False)
+    resp = await post(client, CHAT, k="nobody")
+    assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 401  # no key at all
+    reg = await client.post("/admin/sessions", json={"session_id": "alice"}, headers={"x-admin-token": ADMIN})
+    assert reg.status_code == 200
+    assert (await post(client, CHAT, k="alice")).status_code == 200
+    # alice's completions: readable with her key or the admin token, not with another key
+    assert (await client.get("/sessions/alice/completions", headers=key("alice"))).status_code == 200
+    assert (await client.get("/sessions/alice/completions", headers=key("mallory"))).status_code == 401
+    got = await client.get("/sessions/alice/completions", headers={"x-admin-token": ADMIN})
+    assert len(got.json()["completions"]) == 1
+
+
+async def test_admin_endpoints_need_the_token():
+    _, client = make(FakeVLLM().handler)
+    for method, path in [("GET", "/admin/upstreams"), ("POST", "/admin/pause"), ("POST", "/admin/resume")]:
+        resp = await client.request(method, path, json={}, headers={"x-admin-token": "wrong"})
+        assert resp.status_code == 401, path
+    added = await client.post("/admin/upstreams", json={"url": "http://engine2/"}, headers={"x-admin-token": ADMIN})
+    assert added.json() == {"added": "http://engine2"}
+    listed = (await client.get("/admin/upstreams", headers={"x-admin-token": ADMIN})).json()
+    assert [s["url"] for s in listed["servers"]] == ["http://engine", "http://engine2"]
+
+
+async def test_pause_holds_requests_and_resume_stamps_the_new_policy_version():
+    service, client = make(FakeVLLM().handler)
+    admin = {"x-admin-token": ADMIN}
+    assert (await client.post("/admin/pause", headers=admin)).json()["paused"] is True
+    pending = asyncio.create_task(post(client, CHAT, k="paused"))
+    await asyncio.sleep(0.1)
+    assert not pending.done()  # waiting, not failing
+    await client.post("/admin/resume", json={"policy_version": 7}, headers=admin)
+    resp = await asyncio.wait_for(pending, 5)
+    assert resp.status_code == 200
+    (rec,) = await service.journal.records("paused")
+    assert rec.policy_version == 7
+
+
+def test_error_bodies_per_provider():
+    status, body = error_body(AuthError("no key"), "anthropic")
+    assert status == 401 and body == {"type": "error", "error": {"type": "authentication_error", "message": "no key"}}
+    status, body = error_body(UpstreamTimeout("slow"), "google")
+    assert status == 504 and body["error"]["status"] == "DEADLINE_EXCEEDED"
+    status, body = error_body(RequestError("bad"), "openai")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+
+
+def test_session_registry():
+    reg = SessionRegistry(allow_adhoc=False)
+    reg.register(SessionInfo("a", model_name="policy"))
+    assert reg.resolve("a").model_name == "policy"
+    with pytest.raises(AuthError):
+        reg.resolve("b")
+    with pytest.raises(AuthError):
+        reg.resolve(None)
