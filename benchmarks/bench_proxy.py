@@ -1,0 +1,258 @@
+"""Proxy overhead against going direct, on a fast local upstream, and the capture journal's storage cost.
+
+    .venv/bin/python benchmarks/bench_proxy.py [--quick] [--out benchmarks/results]
+
+For each front end (Anthropic, Chat, Responses, Google), plain and streaming, at concurrency 1, 16 and 64, the same
+~30 KB Claude-Code-sized conversation goes through the proxy (``python -m polar_gym.proxy --engine vllm``, capture
+on, to disk) to an upstream that answers instantly with ~2,000 prompt token IDs; the baseline is the equivalent Chat
+request sent straight to that upstream, in the same run. Printed: throughput and p50 / p99 latency, and ratios
+against direct. Targets (from the issue): at most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/8 of
+direct throughput. Then a 200-turn session growing to 32K-token contexts is journaled and its bytes compared with
+its unique tokens (target: within 1.2x) and with raw per-call JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from polar_gym.proxy.capture import CaptureJournal  # noqa: E402
+from polar_gym.schema import CompletionRecord  # noqa: E402
+
+CONCURRENCY = (1, 16, 64)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+# -- workloads -------------------------------------------------------------------------------------------------
+def claude_code_request() -> dict:
+    """The largest recorded Claude Code request if the harness data is present, else a synthetic one of that size."""
+    recorded = sorted((ROOT / "tests" / "data" / "harness" / "claude_code").glob("*.json"),
+                      key=lambda p: p.stat().st_size)
+    if recorded:
+        body = json.loads(recorded[-1].read_text())["body"]
+        body["stream"] = False
+        return body
+    rng = random.Random(0)
+    words = [f"w{rng.randrange(5000)}" for _ in range(4500)]
+    tools = [{"name": f"Tool{i}", "description": " ".join(words[i * 40:(i + 1) * 40]),
+              "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
+                               "required": ["command"]}} for i in range(16)]
+    return {"model": "policy", "max_tokens": 32000, "system": [{"type": "text", "text": " ".join(words[:3000])}],
+            "tools": tools, "messages": [{"role": "user", "content": "Fix the failing test."}]}
+
+
+def workloads() -> dict[str, tuple[str, dict]]:
+    """The same conversation in each front end's protocol (path, body)."""
+    anthropic = claude_code_request()
+    system = anthropic.get("system")
+    system_text = system if isinstance(system, str) else "\n".join(b.get("text", "") for b in system or [])
+    tools = anthropic.get("tools") or []
+    fn_tools = [{"name": t["name"], "description": t.get("description", ""),
+                 "parameters": t.get("input_schema", {"type": "object"})} for t in tools if "name" in t]
+    user_text = "Fix the failing test."
+    chat = {"model": "policy", "max_tokens": 1024,
+            "messages": [{"role": "system", "content": system_text}, {"role": "user", "content": user_text}],
+            "tools": [{"type": "function", "function": f} for f in fn_tools]}
+    responses = {"model": "policy", "max_output_tokens": 1024, "instructions": system_text,
+                 "input": [{"role": "user", "content": user_text}],
+                 "tools": [{"type": "function", **f} for f in fn_tools]}
+    google = {"systemInstruction": {"parts": [{"text": system_text}]},
+              "contents": [{"role": "user", "parts": [{"text": user_text}]}],
+              "tools": [{"functionDeclarations": [{"name": f["name"], "description": f["description"],
+                                                   "parametersJsonSchema": f["parameters"]} for f in fn_tools]}],
+              "generationConfig": {"maxOutputTokens": 1024}}
+    return {"direct": ("/v1/chat/completions", chat), "anthropic": ("/v1/messages", anthropic),
+            "openai_chat": ("/v1/chat/completions", chat), "openai_responses": ("/v1/responses", responses),
+            "google": ("/v1beta/models/policy:generateContent", google)}
+
+
+def streaming(name: str, path: str, body: dict) -> tuple[str, dict]:
+    if name == "google":
+        return path.replace(":generateContent", ":streamGenerateContent") + "?alt=sse", body
+    return path, {**body, "stream": True}
+
+
+# -- load ------------------------------------------------------------------------------------------------------
+async def run_cell(base: str, path: str, body: dict, concurrency: int, total: int) -> dict:
+    payload = json.dumps(body).encode()
+    headers = {"content-type": "application/json", "authorization": "Bearer bench", "x-api-key": "bench"}
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
+        async def one() -> None:
+            nonlocal errors
+            t0 = time.perf_counter()
+            resp = await client.post(path, content=payload, headers=headers)
+            await resp.aread()
+            latencies.append(time.perf_counter() - t0)
+            if resp.status_code != 200:
+                errors += 1
+
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                await one()
+
+        for _ in range(min(20, total)):  # warm-up: connections, caches
+            await one()
+        latencies.clear()
+        per = [total // concurrency + (1 if i < total % concurrency else 0) for i in range(concurrency)]
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(n) for n in per))
+        wall = time.perf_counter() - started
+    latencies.sort()
+    return {"rps": total / wall, "p50_ms": 1000 * statistics.median(latencies),
+            "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], "errors": errors}
+
+
+def bench_overhead(quick: bool, front_ends: list[str]) -> list[dict]:
+    up_port, proxy_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    capture = tempfile.mkdtemp(prefix="polar-bench-capture-")
+    upstream = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fast_upstream.py"), "--port",
+                                 str(up_port)], env=env)
+    proxy = subprocess.Popen([sys.executable, "-m", "polar_gym.proxy", "--engine", "vllm", "--upstream",
+                              f"http://127.0.0.1:{up_port}", "--port", str(proxy_port), "--capture-dir", capture,
+                              "--admin-token", "bench", "--log-level", "warning"], env=env)
+    rows = []
+    try:
+        wait_ready(f"http://127.0.0.1:{up_port}/")
+        wait_ready(f"http://127.0.0.1:{proxy_port}/health")
+        loads = workloads()
+        totals = {1: 150 if quick else 400, 16: 300 if quick else 1000, 64: 400 if quick else 1500}
+        for c in CONCURRENCY:
+            direct_path, direct_body = loads["direct"]
+            direct = asyncio.run(run_cell(f"http://127.0.0.1:{up_port}", direct_path, direct_body, c, totals[c]))
+            rows.append({"front_end": "direct", "mode": "plain", "concurrency": c, **direct})
+            print(f"c={c:<3} direct                    {direct['rps']:8.0f} req/s  p50 {direct['p50_ms']:6.2f} ms  "
+                  f"p99 {direct['p99_ms']:6.2f} ms", flush=True)
+            for name in front_ends:
+                for mode in ("plain", "stream"):
+                    path, body = loads[name]
+                    if mode == "stream":
+                        path, body = streaming(name, path, body)
+                    cell = asyncio.run(run_cell(f"http://127.0.0.1:{proxy_port}", path, body, c, totals[c]))
+                    row = {"front_end": name, "mode": mode, "concurrency": c, **cell,
+                           "rps_ratio": cell["rps"] / direct["rps"],
+                           "p50_added_ms": cell["p50_ms"] - direct["p50_ms"],
+                           "body_kb": len(json.dumps(body)) / 1024}
+                    rows.append(row)
+                    print(f"c={c:<3} {name:<17} {mode:<6} {cell['rps']:8.0f} req/s  p50 {cell['p50_ms']:6.2f} ms  "
+                          f"p99 {cell['p99_ms']:6.2f} ms  x{row['rps_ratio']:.2f} of direct  "
+                          f"+{row['p50_added_ms']:.2f} ms p50  errors {cell['errors']}", flush=True)
+    finally:
+        for proc in (proxy, upstream):
+            proc.terminate()
+            proc.wait(timeout=10)
+    return rows
+
+
+# -- storage ---------------------------------------------------------------------------------------------------
+def bench_storage(turns: int = 200, context: int = 32000) -> dict:
+    """A 200-turn append-only session whose context grows to ~32K tokens."""
+    rng = random.Random(7)
+    per_turn = context // turns
+    prompt = [rng.randrange(151000) for _ in range(1000)]
+    messages: list[dict] = [{"role": "system", "content": "x" * 4000}]
+    records, raw_bytes = [], 0
+    for turn in range(turns):
+        user = [rng.randrange(151000) for _ in range(per_turn // 2)]
+        prompt = prompt + user
+        messages = [*messages, {"role": "user", "content": " ".join(f"u{t}" for t in user)}]
+        response = [rng.randrange(151000) for _ in range(per_turn - len(user))]
+        rec = CompletionRecord(completion_id=f"c{turn}", session_id="long", index=turn, provider="anthropic",
+                               engine="vllm", request={"model": "policy", "messages": messages},
+                               normalized_request={"model": "policy", "messages": messages},
+                               prompt_ids=list(prompt), response_ids=response,
+                               response_logprobs=[-rng.random() for _ in response])
+        records.append(rec)
+        raw_bytes += len(rec.model_dump_json())
+        messages = [*messages, {"role": "assistant", "content": " ".join(f"a{t}" for t in response)}]
+        prompt = prompt + response
+
+    async def store() -> tuple[int, int, int]:
+        with tempfile.TemporaryDirectory() as tmp:
+            journal = CaptureJournal(tmp)
+            for rec in records:
+                await journal.append(rec)
+            journal.close()
+            d = Path(tmp) / "long"
+            sizes = {p.name: p.stat().st_size for p in d.iterdir()}
+            back = await CaptureJournal(tmp).records("long")
+            assert [r.prompt_ids for r in back] == [r.prompt_ids for r in records]
+            return sizes["tokens.bin"], sizes["logprobs.bin"], sizes["records.jsonl"]
+
+    tokens_b, logprobs_b, records_b = asyncio.run(store())
+    unique = len(prompt)
+    sampled = sum(len(r.response_ids) for r in records)
+    minimum = 4 * unique + 8 * sampled
+    return {"turns": turns, "final_context_tokens": unique, "unique_tokens": unique,
+            "token_and_logprob_bytes": tokens_b + logprobs_b, "record_bytes": records_b,
+            "minimum_bytes": minimum, "token_ratio": (tokens_b + logprobs_b) / minimum,
+            "total_ratio": (tokens_b + logprobs_b + records_b) / minimum,
+            "raw_per_call_json_bytes": raw_bytes, "raw_ratio": raw_bytes / minimum}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer requests per cell")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--front-ends", nargs="*", default=["anthropic", "openai_chat", "openai_responses", "google"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict = {}
+    if not args.skip_overhead:
+        rows = bench_overhead(args.quick, args.front_ends)
+        result["overhead"] = rows
+        c1 = [r for r in rows if r["concurrency"] == 1 and r["front_end"] != "direct"]
+        c64 = [r for r in rows if r["concurrency"] == 64 and r["front_end"] != "direct"]
+        worst_p50 = max(r["p50_added_ms"] for r in c1)
+        worst_ratio = min(r["rps_ratio"] for r in c64)
+        print(f"\nworst added p50 at c=1: +{worst_p50:.2f} ms (target <= +2 ms): "
+              f"{'MET' if worst_p50 <= 2 else 'MISSED'}")
+        print(f"worst throughput ratio at c=64: {worst_ratio:.3f} of direct (target >= 0.125): "
+              f"{'MET' if worst_ratio >= 0.125 else 'MISSED'}")
+    storage = bench_storage()
+    result["storage"] = storage
+    print(f"\nstorage, {storage['turns']}-turn session to {storage['final_context_tokens']} tokens: "
+          f"tokens+logprobs {storage['token_ratio']:.3f}x the minimum for its unique tokens (target <= 1.2x), "
+          f"with record metadata {storage['total_ratio']:.2f}x; raw per-call JSON would be {storage['raw_ratio']:.1f}x")
+    (args.out / "bench_proxy.json").write_text(json.dumps(result, indent=1))
+    print(f"results: {args.out / 'bench_proxy.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""A fast local upstream for benchmarks: answers every chat completion instantly, vLLM-style, with ~2,000 prompt
+token IDs, 50 sampled token IDs and their logprobs (a bare ASGI app, so it costs as little as possible).
+
+    python benchmarks/fast_upstream.py --port 8001 [--prompt-tokens 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import orjson
+import uvicorn
+
+__all__ = ["answer_body", "make_app"]
+
+
+def answer_body(prompt_tokens: int = 2000, sampled: int = 50) -> bytes:
+    ids = [(i * 7919) % 151000 for i in range(prompt_tokens)]
+    out = [(i * 104729) % 151000 for i in range(sampled - 1)] + [151645]
+    return orjson.dumps({
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "policy",
+        "prompt_token_ids": ids,
+        "choices": [{"index": 0, "finish_reason": "stop", "token_ids": out,
+                     "message": {"role": "assistant", "content": "word " * (sampled - 1), "reasoning_content": None},
+                     "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.125, "bytes": None,
+                                               "top_logprobs": []} for t in out]}}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sampled,
+                  "total_tokens": prompt_tokens + sampled},
+    })
+
+
+def make_app(prompt_tokens: int):
+    body = answer_body(prompt_tokens)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--prompt-tokens", type=int, default=2000)
+    args = parser.parse_args()
+    uvicorn.run(make_app(args.prompt_tokens), host="127.0.0.1", port=args.port, log_level="warning",
+                access_log=False, lifespan="off")
