@@ -145,11 +145,20 @@ class OracleEngine(Engine):
         return text
 
     def encode_reply(self, text: str, drift: bool) -> list[int]:
-        if not drift or len(text) < 4:
-            return self.tokenizer.encode(text)
-        # A split inside the text decodes to the same string through different tokens than the canonical ones.
-        cut = len(text) // 2
-        return self.tokenizer.encode(text[:cut]) + self.tokenizer.encode(text[cut:])
+        canonical = self.tokenizer.encode(text)
+        if not drift:
+            return canonical
+        # Split one multi-character token near the middle into smaller ones: the same text, other tokens.
+        order = sorted(range(len(canonical)), key=lambda i: abs(i - len(canonical) // 2))
+        for i in order:
+            piece = self.tokenizer.decode([canonical[i]])
+            if len(piece) < 2 or piece.startswith("<|"):
+                continue
+            split = self.tokenizer.encode(piece[:1]) + self.tokenizer.encode(piece[1:])
+            ids = canonical[:i] + split + canonical[i + 1:]
+            if ids != canonical and self.tokenizer.decode(ids) == text:
+                return ids
+        return canonical
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
         async with self.pool.lease(session_id) as server:

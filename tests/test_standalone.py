@@ -1,0 +1,65 @@
+"""`python -m polar_gym.proxy` as a user runs it: a real process, the oracle engine with the real Qwen tokenizer,
+a capture directory that holds the session afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import free_port
+
+from polar_gym.assets import tokenizer_dir
+from polar_gym.proxy.capture import read_session
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_standalone_proxy_serves_and_captures(tmp_path: Path):
+    if not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("the Qwen tokenizer asset is missing: run `bash scripts/setup.sh`")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"commands": ["ls"], "final_answer": "listed"}))
+    port = free_port()
+    log = (tmp_path / "proxy.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polar_gym.proxy", "--engine", "oracle", "--tokenizer", str(tokenizer_dir()),
+         "--oracle-script", str(script), "--port", str(port), "--capture-dir", str(tmp_path / "cap"),
+         "--admin-token", "t0ken", "--log-level", "warning"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=log, stdout=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                health = httpx.get(base + "/health", timeout=1).json()
+                break
+            except httpx.HTTPError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise AssertionError((tmp_path / "proxy.log").read_text()) from None
+                time.sleep(0.2)
+        assert health["engine"] == "oracle" and health["paused"] is False
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hello"}]}
+        resp = httpx.post(base + "/v1/chat/completions", json=body, headers={"authorization": "Bearer sess-1"})
+        assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "listed"
+        assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == "policy"
+        assert httpx.get(base + "/admin/upstreams").status_code == 401
+        assert httpx.get(base + "/admin/upstreams", headers={"x-admin-token": "t0ken"}).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+    (rec,) = read_session(tmp_path / "cap" / "sess-1")
+    assert rec.prompt_ids[:3] == [151644, 872, 198]  # <|im_start|>user\n
+    assert rec.response_ids[-1] == 151645 and rec.request == body
+
+
+def test_engine_without_upstream_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "polar_gym.proxy", "--engine", "vllm"], cwd=ROOT,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode != 0 and "needs at least one --upstream" in out.stderr

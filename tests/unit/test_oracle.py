@@ -1,0 +1,142 @@
+"""The oracle policy: finds each harness's shell tool, fills its schema, plays the script, renders real prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _fakes import ByteTokenizer
+
+from polar_gym.assets import tokenizer_dir
+from polar_gym.proxy.chat import ChatMessage, ChatRequest, FunctionCall, Tool, ToolCall
+from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript, find_shell_tool, shell_arguments
+
+
+def tool(name: str, props: dict, required: list[str]) -> Tool:
+    return Tool(function={"name": name, "description": "", "parameters": {
+        "type": "object", "properties": props, "required": required}})
+
+
+# The shell tools the six harnesses offer (argument schemas as they send them, abridged).
+HARNESS_SHELL_TOOLS = {
+    "claude_code": tool("Bash", {"command": {"type": "string"}, "timeout": {"type": "number"},
+                                 "description": {"type": "string"}, "run_in_background": {"type": "boolean"}},
+                        ["command"]),
+    "codex": tool("shell", {"command": {"type": "array", "items": {"type": "string"}},
+                            "workdir": {"type": "string"}, "timeout_ms": {"type": "number"}}, ["command"]),
+    "gemini_cli": tool("run_shell_command", {"command": {"type": "string"}, "description": {"type": "string"},
+                                             "directory": {"type": "string"}}, ["command"]),
+    "qwen_code": tool("run_shell_command", {"command": {"type": "string"}, "is_background": {"type": "boolean"},
+                                            "description": {"type": "string"}}, ["command", "is_background"]),
+    "opencode": tool("bash", {"command": {"type": "string"}, "timeout": {"type": "number"},
+                              "description": {"type": "string"}}, ["command", "description"]),
+    "pi": tool("bash", {"command": {"type": "string"}, "timeout": {"type": "number"}}, ["command"]),
+}
+DECOYS = [tool("Read", {"file_path": {"type": "string"}}, ["file_path"]),
+          tool("Grep", {"pattern": {"type": "string"}}, ["pattern"])]
+
+
+@pytest.mark.parametrize("harness", sorted(HARNESS_SHELL_TOOLS))
+def test_finds_and_fills_each_harness_shell_tool(harness):
+    shell = HARNESS_SHELL_TOOLS[harness]
+    found = find_shell_tool([*DECOYS, shell])
+    assert found is shell
+    args = shell_arguments(shell, "make test")
+    command = args.get("command")
+    assert command == (["bash", "-lc", "make test"] if harness == "codex" else "make test")
+    for name in shell.parameters["required"]:
+        assert name in args
+    assert args.get("is_background", False) is False
+
+
+def test_a_tool_with_cmd_parameter_and_no_known_name():
+    custom = tool("run_it", {"cmd": {"type": "string"}}, ["cmd"])
+    assert find_shell_tool([*DECOYS, custom]) is custom
+    assert shell_arguments(custom, "ls") == {"cmd": "ls"}
+    assert find_shell_tool(DECOYS) is None
+
+
+def request(messages: list[ChatMessage], tools: list[Tool] | None = None, **kw) -> ChatRequest:
+    return ChatRequest(model="policy", messages=messages, tools=tools, **kw)
+
+
+async def test_plays_the_script_then_answers():
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(["a", "b"], "finished"))
+    shell = HARNESS_SHELL_TOOLS["pi"]
+    msgs = [ChatMessage(role="user", content="go")]
+    commands = []
+    for _ in range(3):
+        result = await engine.complete(request(msgs, [shell]), "s")
+        msgs.append(result.message)
+        for call in result.message.tool_calls or []:
+            commands.append(json.loads(call.function.arguments)["command"])
+            msgs.append(ChatMessage(role="tool", tool_call_id=call.id, content="ok"))
+    assert commands == ["a", "b"]
+    assert result.finish_reason == "stop" and result.text == "finished"
+    assert result.response_ids[-1] == 257  # end of turn
+    assert len(result.response_logprobs) == len(result.response_ids)
+    assert all(lp <= 0 for lp in result.response_logprobs)
+
+
+async def test_without_a_shell_tool_it_answers_in_text():
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(["a"], "text only"))
+    result = await engine.complete(request([ChatMessage(role="user", content="title?")], DECOYS), "s")
+    assert result.message.tool_calls is None and result.text == "text only"
+
+
+async def test_per_session_scripts():
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(["default"]))
+    engine.set_script("special", OracleScript(["special-cmd"]))
+    shell = HARNESS_SHELL_TOOLS["opencode"]
+    msgs = [ChatMessage(role="user", content="go")]
+    a = await engine.complete(request(msgs, [shell]), "special")
+    b = await engine.complete(request(msgs, [shell]), "other")
+    assert json.loads(a.message.tool_calls[0].function.arguments)["command"] == "special-cmd"
+    assert json.loads(b.message.tool_calls[0].function.arguments)["command"] == "default"
+
+
+async def test_max_tokens_stops_by_length():
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript([], "a long final answer"))
+    result = await engine.complete(request([ChatMessage(role="user", content="x")], max_tokens=5), "s")
+    assert result.finish_reason == "length" and len(result.response_ids) == 5
+    assert 257 not in result.response_ids
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+    if not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("the Qwen tokenizer asset is missing: run `bash scripts/setup.sh`")
+    return HFChatTokenizer(tokenizer_dir())
+
+
+async def test_real_qwen_rendering_and_drift(qwen):
+    assert qwen.end_of_turn_ids[0] == 151645
+    canonical = OracleEngine(qwen, default_script=OracleScript(["echo hello world > greeting.txt"]))
+    drifting = OracleEngine(qwen, default_script=OracleScript(["echo hello world > greeting.txt"]), drift_every=1)
+    shell = HARNESS_SHELL_TOOLS["claude_code"]
+    req = request([ChatMessage(role="system", content="You are a coder."), ChatMessage(role="user", content="go")],
+                  [shell])
+    a = await canonical.complete(req, "s")
+    b = await drifting.complete(req, "s")
+    assert a.prompt_ids == b.prompt_ids
+    text = qwen.decode(a.prompt_ids)
+    assert text.startswith("<|im_start|>system\nYou are a coder.") and text.endswith("<|im_start|>assistant\n")
+    assert '"name": "Bash"' in text  # the tool was rendered by the Qwen3 template
+    assert a.response_ids != b.response_ids  # non-canonical on purpose...
+    assert qwen.decode(a.response_ids) == qwen.decode(b.response_ids)  # ...for the very same text
+    assert qwen.decode(a.response_ids).endswith("</tool_call><|im_end|>")
+    assert b.raw["drift"] is True and a.raw["drift"] is False
+
+    # The next turn's prompt starts with the previous prompt (append-only rendering of the Qwen3 template).
+    call = a.message.tool_calls[0]
+    nxt = request([*req.messages, a.message, ChatMessage(role="tool", tool_call_id=call.id, content="")], [shell])
+    c = await canonical.complete(nxt, "s")
+    assert c.prompt_ids[: len(a.prompt_ids)] == a.prompt_ids
+
+
+def test_tool_call_message_shape():
+    call = ToolCall(id="x", function=FunctionCall(name="bash", arguments='{"command": "ls"}'))
+    text = OracleEngine(ByteTokenizer()).render_reply(ChatMessage(role="assistant", content="", tool_calls=[call]))
+    assert text == '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
