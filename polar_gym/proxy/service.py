@@ -173,7 +173,11 @@ class ProxyService:
             raise UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}") from exc
         ctx = RenderContext(response_id=_ID_PREFIX.get(provider.name, "") + uuid.uuid4().hex[:24],
                             created=int(started))
-        if inbound.stream:
+        if inbound.stream and inbound.options.get("stream_json_array"):
+            # Google's streamGenerateContent without alt=sse: the same chunks, as one JSON array.
+            events = provider.stream(result, inbound, ctx)
+            reply = Reply(200, orjson.dumps([e.data for e in events]))
+        elif inbound.stream:
             events = provider.stream(result, inbound, ctx)
             reply = Reply(200, b"".join(encode_sse(e) for e in events), "text/event-stream",
                           {"cache-control": "no-cache"})
