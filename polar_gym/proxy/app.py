@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from polar_gym.proxy.detect import detect_provider, split_google_path
@@ -46,6 +46,9 @@ class Resume(BaseModel):
 
 
 def _to_response(reply: Reply) -> Response:
+    if reply.stream is not None:
+        return StreamingResponse(reply.stream, status_code=reply.status, media_type=reply.media_type,
+                                 headers=reply.headers)
     return Response(reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers)
 
 

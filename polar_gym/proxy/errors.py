@@ -32,6 +32,7 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnavailable",
     "error_body",
+    "error_event",
     "translate_upstream_errors",
     "validation_message",
 ]
@@ -125,6 +126,18 @@ def error_body(exc: ProxyError, provider: str) -> tuple[int, dict[str, Any]]:
     return exc.status, {
         "error": {"message": exc.message, "type": _OPENAI_TYPES[exc.kind], "param": None, "code": code}
     }
+
+
+def error_event(exc: ProxyError, provider: str) -> tuple[str | None, dict[str, Any]]:
+    """An error inside a stream that already answered 200 (SSE event name and data), in the provider's grammar."""
+    style = {"anthropic": "anthropic", "google": "google"}.get(provider, "openai")
+    _, body = error_body(exc, style)
+    if provider == "anthropic":
+        return "error", body
+    if provider == "openai_responses":
+        return "error", {"type": "error", "code": _OPENAI_TYPES[exc.kind], "message": exc.message, "param": None,
+                         "sequence_number": 0}
+    return None, body
 
 
 def validation_message(exc: pydantic.ValidationError) -> str:

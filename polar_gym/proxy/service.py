@@ -4,11 +4,12 @@ bytes and return a :class:`Reply`, which the FastAPI app maps onto a response.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +24,9 @@ from polar_gym.proxy.errors import (
     RequestError,
     UpstreamError,
     error_body,
+    error_event,
 )
-from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, encode_sse
+from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, encode_sse
 from polar_gym.registry import PROVIDERS
 from polar_gym.schema import CompletionRecord
 
@@ -38,10 +40,13 @@ _ERROR_STYLE = {"anthropic": "anthropic", "google": "google"}
 
 @dataclass
 class Reply:
+    """What a handler answers. ``stream`` (when set) is sent as the body instead of ``body``, chunk by chunk."""
+
     status: int
     body: bytes
     media_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    stream: AsyncIterator[bytes] | None = None
 
 
 @dataclass
@@ -93,14 +98,18 @@ class SessionRegistry:
 class ProxyService:
     def __init__(self, engine: Engine, journal: CaptureJournal | None = None,
                  sessions: SessionRegistry | None = None, *, strict: bool = False,
-                 max_body_bytes: int = 32 * 1024 * 1024, model_names: list[str] | None = None) -> None:
+                 max_body_bytes: int = 32 * 1024 * 1024, model_names: list[str] | None = None,
+                 keepalive_after: float | None = 5.0, keepalive_interval: float = 10.0) -> None:
         self.engine = engine
         self.journal = journal or CaptureJournal()
         self.sessions = sessions or SessionRegistry(allow_adhoc=True)
         self.strict = strict
         self.max_body_bytes = max_body_bytes
         self.model_names = model_names or ["policy"]
+        self.keepalive_after = keepalive_after
+        self.keepalive_interval = keepalive_interval
         self.providers: dict[str, Provider] = {}
+        self._background: set[asyncio.Future[Reply]] = set()
         self.stats = {"requests": 0, "errors": 0, "prompt_tokens": 0, "response_tokens": 0}
 
     def provider(self, name: str) -> Provider:
@@ -139,10 +148,42 @@ class ProxyService:
             info = self.sessions.resolve(session_key(headers, route.query))
             body = self._read_body(raw)
             inbound = self._parse(provider, body, route)
-            return await self._complete(provider, inbound, body, info, route)
+            work = self._complete(provider, inbound, body, info, route)
+            if inbound.stream and self.keepalive_after is not None and not inbound.options.get("stream_json_array"):
+                return await self._stream_with_keepalive(provider.name, work)
+            return await work
         except ProxyError as exc:
             self.stats["errors"] += 1
             return self.error_reply(exc, provider_name)
+
+    async def _stream_with_keepalive(self, provider_name: str, work: Any) -> Reply:
+        """A stream whose engine call is slow starts answering anyway: SSE comments keep the harness's idle timer
+        from firing while the one upstream call runs. A fast call (the usual case) is answered all at once, so its
+        errors still get a proper HTTP status; a late error is sent as the provider's in-stream error event."""
+        task: asyncio.Future[Reply] = asyncio.ensure_future(work)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self.keepalive_after)
+        except TimeoutError:
+            pass
+        self._background.add(task)  # the call completes and is journaled even if the harness hangs up
+        task.add_done_callback(self._background.discard)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            while True:
+                try:
+                    reply = await asyncio.wait_for(asyncio.shield(task), self.keepalive_interval)
+                except TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                except ProxyError as exc:
+                    self.stats["errors"] += 1
+                    event, data = error_event(exc, provider_name)
+                    yield encode_sse(SSEEvent(data, event))
+                    return
+                yield reply.body
+                return
+
+        return Reply(200, b"", "text/event-stream", {"cache-control": "no-cache"}, stream=chunks())
 
     async def _complete(self, provider: Provider, inbound: Inbound, body: dict[str, Any],
                         info: SessionInfo, route: Route) -> Reply:
