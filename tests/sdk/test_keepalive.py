@@ -1,0 +1,76 @@
+"""A slow engine call under a streaming request: the proxy starts the stream with SSE comments so the harness's idle
+timer does not fire; official SDKs ignore them and read the answer. A late failure arrives as the provider's own
+in-stream error event, and the failed call is still journaled."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+from _fakes import ByteTokenizer
+from conftest import SCRIPT, oracle_service, serve
+
+from polar_gym.proxy.chat import ChatRequest, ChatResult
+from polar_gym.proxy.engines.oracle import OracleEngine
+from polar_gym.proxy.errors import UpstreamUnavailable
+
+pytestmark = pytest.mark.sdk
+
+
+class SlowOracle(OracleEngine):
+    def __init__(self, delay: float, fail: bool = False) -> None:
+        super().__init__(ByteTokenizer(), default_script=SCRIPT)
+        self.delay, self.fail = delay, fail
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise UpstreamUnavailable("engine went away mid-generation")
+        return await super().complete(request, session_id)
+
+
+@pytest.fixture
+def slow_proxy(tmp_path: Path, request):
+    engine = SlowOracle(0.5, fail=getattr(request, "param", False))
+    service = oracle_service(tmp_path, engine=engine, keepalive_after=0.05, keepalive_interval=0.1)
+    yield from serve(service)
+
+
+def test_raw_stream_starts_with_keepalive_comments(slow_proxy):
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with httpx.stream("POST", slow_proxy.url + "/v1/chat/completions", json=body,
+                      headers={"authorization": "Bearer ka"}) as resp:
+        text = b"".join(resp.iter_raw()).decode()
+    assert resp.status_code == 200
+    assert text.startswith(": keepalive\n\n") and text.rstrip().endswith("data: [DONE]")
+
+
+def test_sdks_read_through_keepalives(slow_proxy):
+    chat = openai.OpenAI(base_url=slow_proxy.url + "/v1", api_key="ka-openai", max_retries=0)
+    chunks = list(chat.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
+                                               stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == SCRIPT.final_answer
+    claude = anthropic.Anthropic(base_url=slow_proxy.url, api_key="ka-anthropic", max_retries=0)
+    with claude.messages.stream(model="policy", max_tokens=100,
+                                messages=[{"role": "user", "content": "hi"}]) as stream:
+        message = stream.get_final_message()
+    assert message.content[-1].text == SCRIPT.final_answer
+
+
+@pytest.mark.parametrize("slow_proxy", [True], indirect=True)
+def test_late_failure_is_an_in_stream_error(slow_proxy):
+    chat = openai.OpenAI(base_url=slow_proxy.url + "/v1", api_key="ka-fail", max_retries=0)
+    with pytest.raises(openai.APIError, match="went away"):
+        list(chat.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
+                                          stream=True))
+    claude = anthropic.Anthropic(base_url=slow_proxy.url, api_key="ka-fail", max_retries=0)
+    with pytest.raises(anthropic.APIError, match="went away"):
+        with claude.messages.stream(model="policy", max_tokens=100,
+                                    messages=[{"role": "user", "content": "hi"}]) as stream:
+            stream.get_final_message()
+    records = slow_proxy.completions("ka-fail")
+    assert [r["status"] for r in records] == ["error", "error"]
