@@ -19,6 +19,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "Usage",
+    "collapse_parts",
     "message_text",
 ]
 
@@ -140,3 +141,10 @@ def message_text(message: ChatMessage) -> str:
     if isinstance(message.content, str):
         return message.content
     return "".join(part.text or "" for part in message.content if part.type == "text")
+
+
+def collapse_parts(parts: list[ContentPart]) -> str | list[ContentPart]:
+    """Content as a plain string when it is all text (what chat templates render best), else the parts."""
+    if all(p.type == "text" for p in parts):
+        return "".join(p.text or "" for p in parts)
+    return parts

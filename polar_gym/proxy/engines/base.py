@@ -2,6 +2,10 @@
 
 HTTP engines share one shape: lease a server from the pool, build a body (pure), post it through the one injected
 ``httpx.AsyncClient``, parse the answer (pure). Subclasses only supply ``build`` and ``parse``.
+
+An upstream's HTTP error is mapped by status: 400/413/422 mean the engine refused this request (a prompt longer than
+the context, say), which the harness must see as its own 400 rather than retry; 429/503 mean the server is
+momentarily unavailable; anything else is an upstream failure (502).
 """
 
 from __future__ import annotations
@@ -14,10 +18,23 @@ import httpx
 import orjson
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
-from polar_gym.proxy.errors import UpstreamError, translate_upstream_errors
+from polar_gym.proxy.errors import RequestError, UpstreamError, UpstreamUnavailable, translate_upstream_errors
 from polar_gym.proxy.upstreams import UpstreamPool
 
-__all__ = ["Engine", "HttpEngine", "approx_token_count"]
+__all__ = ["Engine", "HttpEngine", "approx_token_count", "upstream_status_error"]
+
+_REFUSED = {400, 413, 422}
+_BUSY = {429, 503}
+
+
+def upstream_status_error(server_url: str, status: int, text: str) -> UpstreamError | RequestError:
+    """The proxy error for an upstream's HTTP error answer (see the module docstring for the mapping)."""
+    detail = text[:500]
+    if status in _REFUSED:
+        return RequestError(f"the inference server refused the request ({status}): {detail}")
+    if status in _BUSY:
+        return UpstreamUnavailable(f"upstream {server_url} is busy ({status}): {detail}")
+    return UpstreamError(f"upstream {server_url} answered {status}: {detail}")
 
 
 def approx_token_count(request: ChatRequest) -> int:
@@ -52,8 +69,11 @@ class HttpEngine(Engine):
     path: ClassVar[str] = "/v1/chat/completions"
 
     def __init__(self, pool: UpstreamPool | None = None, client: httpx.AsyncClient | None = None,
-                 timeout: float = 600.0) -> None:
+                 timeout: float = 600.0, *, upstream_model: str | None = None) -> None:
         super().__init__(pool)
+        #: the model name the inference server serves; harnesses ask for their own names (claude-…, gemini-…),
+        #: which a server started with one ``--served-model-name`` would refuse
+        self.upstream_model = upstream_model
         self._own_client = client is None
         self.client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0),
                                                   limits=httpx.Limits(max_connections=1024,
@@ -67,24 +87,34 @@ class HttpEngine(Engine):
     def parse(self, body: dict[str, Any]) -> ChatResult:
         """A ChatResult from the upstream's JSON answer; raise ValueError / KeyError on a malformed one."""
 
+    async def prepare(self, request: ChatRequest) -> dict[str, Any]:
+        """The body to send; engines whose ``build`` is CPU-heavy (prompt rendering) move it off the loop."""
+        return self.build(request)
+
+    def parse_for(self, body: dict[str, Any], sent: dict[str, Any]) -> ChatResult:
+        """Parse ``body``, answering ``sent``; only engines whose answer does not echo the prompt need ``sent``."""
+        return self.parse(body)
+
     async def post(self, server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with translate_upstream_errors(server_url):
             resp = await self.client.post(server_url + path, content=orjson.dumps(body),
                                           headers={"content-type": "application/json"})
             if resp.status_code >= 400:
-                raise UpstreamError(f"upstream {server_url} answered {resp.status_code}: {resp.text[:500]}")
+                raise upstream_status_error(server_url, resp.status_code, resp.text)
             data = orjson.loads(resp.content)
             if not isinstance(data, dict):
                 raise ValueError("upstream answer is not a JSON object")
             return data
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
-        body = self.build(request)
+        body = await self.prepare(request)
+        if self.upstream_model is not None and "model" in body:
+            body["model"] = self.upstream_model
         async with self.pool.lease(session_id) as server:
             started = time.perf_counter()
             data = await self.post(server.url, self.path, body)
             with translate_upstream_errors(server.url):
-                result = self.parse(data)
+                result = self.parse_for(data, body)
             result.server = server.url
             result.policy_version = self.pool.policy_version
             result.raw["upstream_seconds"] = time.perf_counter() - started

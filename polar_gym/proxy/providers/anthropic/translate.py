@@ -29,7 +29,16 @@ from typing import Any
 
 import orjson
 
-from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, ContentPart, FunctionCall, Tool, ToolCall
+from polar_gym.proxy.chat import (
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    ContentPart,
+    FunctionCall,
+    Tool,
+    ToolCall,
+    collapse_parts,
+)
 from polar_gym.proxy.errors import RequestError
 from polar_gym.proxy.providers.anthropic.protocol import KNOWN_IGNORED, InMessage, MessagesRequest
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
@@ -198,11 +207,7 @@ def _content(parts: list[ContentPart]) -> str | list[ContentPart]:
             merged[-1] = ContentPart(type="text", text=f"{merged[-1].text}{part.text}")
         else:
             merged.append(part)
-    if not merged:
-        return ""
-    if all(p.type == "text" for p in merged):
-        return merged[0].text or ""
-    return merged
+    return collapse_parts(merged)
 
 
 def _tool_result(block: dict[str, Any], where: str) -> ChatMessage:

@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, ContentPart, FunctionCall, Tool, ToolCall
+from polar_gym.proxy.chat import (
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    ContentPart,
+    FunctionCall,
+    Tool,
+    ToolCall,
+    collapse_parts,
+)
 from polar_gym.proxy.errors import RequestError, UnsupportedRoute
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
 from polar_gym.proxy.providers.google.protocol import (
@@ -173,10 +182,7 @@ def _response_text(response: dict[str, Any] | None) -> str:
     return json.dumps(response, ensure_ascii=False)
 
 
-def _flatten(parts: list[ContentPart]) -> str | list[ContentPart]:
-    if all(p.type == "text" for p in parts):
-        return "".join(p.text or "" for p in parts)
-    return parts
+_flatten = collapse_parts
 
 
 def _user_content(content: Content, ci: int, conv: _Conversation) -> None:

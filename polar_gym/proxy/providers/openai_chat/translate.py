@@ -19,6 +19,7 @@ from polar_gym.proxy.chat import (
     FunctionCall,
     Tool,
     ToolCall,
+    collapse_parts,
 )
 from polar_gym.proxy.errors import RequestError
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
@@ -46,9 +47,7 @@ def content_parts(content: str | list[dict[str, Any]] | None, where: str) -> str
             parts.append(ContentPart(type="image_url", image_url=image))
         else:
             raise RequestError(f"{where}.content.{i}.type: unsupported content part type {kind!r}")
-    if all(p.type == "text" for p in parts):
-        return "".join(p.text or "" for p in parts)
-    return parts
+    return collapse_parts(parts)
 
 
 def tool_calls_in(calls: list[dict[str, Any]], where: str) -> list[ToolCall]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pydantic
 
-from polar_gym.proxy.chat import ChatMessage, ChatRequest, ContentPart, FunctionCall, Tool, ToolCall
+from polar_gym.proxy.chat import ChatMessage, ChatRequest, ContentPart, FunctionCall, Tool, ToolCall, collapse_parts
 from polar_gym.proxy.errors import RequestError, validation_message
 from polar_gym.proxy.providers.base import Inbound, parse_model
 from polar_gym.proxy.providers.openai_responses.protocol import (
@@ -225,9 +225,7 @@ def _content_in(content: str | list[dict[str, Any]], where: str) -> str | list[C
             parts.append(ContentPart(type="image_url", image_url=image))
         else:
             raise RequestError(f"{where}.content.{i}.type: unsupported content part type {kind!r}")
-    if all(p.type == "text" for p in parts):
-        return "".join(p.text or "" for p in parts)
-    return parts
+    return collapse_parts(parts)
 
 
 def _output_text(output: str | list[dict[str, Any]], where: str, notes: list[str]) -> str:
