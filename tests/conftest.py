@@ -1,82 +1,16 @@
-"""Shared fixtures. ``proxy_server`` runs the real proxy app under uvicorn on a loopback port, in a thread, so
-official SDKs talk to it over HTTP exactly as a harness would."""
+"""Shared fixtures; the helpers behind them live in ``_serving.py`` and ``_fakes.py``."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
-import uvicorn
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _fakes import ByteTokenizer
-
-from polar_gym.proxy.app import create_app
-from polar_gym.proxy.capture import CaptureJournal
-from polar_gym.proxy.engines.base import Engine
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
-from polar_gym.proxy.service import ProxyService, SessionRegistry
-
-ADMIN = "test-admin-token"
-SCRIPT = OracleScript(commands=["echo hello > out.txt", "cat out.txt"], final_answer="All done: out.txt holds hello.")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class RunningProxy:
-    url: str
-    service: ProxyService
-    admin_token: str
-
-    def completions(self, session_id: str) -> list[dict]:
-        resp = httpx.get(f"{self.url}/sessions/{session_id}/completions",
-                         headers={"authorization": f"Bearer {session_id}"})
-        resp.raise_for_status()
-        return resp.json()["completions"]
-
-
-class _Server(uvicorn.Server):
-    def install_signal_handlers(self) -> None:  # running in a thread
-        return None
-
-
-def serve(service: ProxyService, admin_token: str = ADMIN) -> Iterator[RunningProxy]:
-    port = free_port()
-    config = uvicorn.Config(create_app(service, admin_token), host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="off")
-    server = _Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.time() + 10
-    while not server.started:
-        if time.time() > deadline:
-            raise RuntimeError("proxy did not start")
-        time.sleep(0.01)
-    try:
-        yield RunningProxy(f"http://127.0.0.1:{port}", service, admin_token)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
-def oracle_service(tmp_path: Path | None = None, engine: Engine | None = None, **kwargs: object) -> ProxyService:
-    engine = engine or OracleEngine(ByteTokenizer(), default_script=SCRIPT)
-    journal = CaptureJournal(tmp_path) if tmp_path is not None else CaptureJournal()
-    return ProxyService(engine, journal, SessionRegistry(allow_adhoc=True), **kwargs)  # type: ignore[arg-type]
+from _serving import RunningProxy, oracle_service, serve
 
 
 @pytest.fixture

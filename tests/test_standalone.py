@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port
+from _serving import free_port
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.proxy.capture import read_session

@@ -96,6 +96,11 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
             return _to_response(await service.count_tokens("google", await request.body(), route, request.headers))
         return await model_call(request, "google", route)
 
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def root() -> dict[str, Any]:
+        # Harnesses probe connectivity with HEAD / (Claude Code does) before their first call.
+        return {"service": "polar_gym proxy"}
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         pool = service.engine.pool

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from _fakes import ByteTokenizer
-from conftest import SCRIPT, oracle_service, serve
+from _serving import SCRIPT, oracle_service, serve
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.oracle import OracleEngine

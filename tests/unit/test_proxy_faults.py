@@ -185,3 +185,12 @@ def test_session_registry():
         reg.resolve("b")
     with pytest.raises(AuthError):
         reg.resolve(None)
+
+
+async def test_connectivity_probe_and_unknown_routes():
+    _, client = make(FakeVLLM().handler)
+    assert (await client.head("/")).status_code == 200  # Claude Code probes HEAD / first
+    resp = await client.post("/v2/teleport", json={"x": 1}, headers=key("s"))
+    assert resp.status_code == 404 and "no provider protocol" in resp.json()["error"]["message"]
+    detected = await client.post("/custom/prefix/v1/chat/completions", json=CHAT, headers=key("s"))
+    assert detected.status_code == 200

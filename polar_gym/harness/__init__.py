@@ -1,0 +1,17 @@
+"""Harness adapters: pinned installs of agent CLIs, their config files, environment and run command.
+
+Exports resolve lazily, so ``python -m polar_gym.harness.install`` runs the module only once.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["PINS", "HarnessInstallError", "Pin", "cli_paths", "ensure_installed", "install_dir"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("polar_gym.harness.install"), name)
+    raise AttributeError(f"module 'polar_gym.harness' has no attribute {name!r}")

@@ -1,0 +1,146 @@
+"""Pinned installs of the harness CLIs from npm, into a cache directory outside the clone.
+
+One ``npm install`` (exact pins; ``npm ci`` fails on other platforms' optional dependencies) into
+``~/.cache/polar_gym/harness-npm-<hash of the pins>/``. A marker file written after a successful install makes the
+call idempotent; a different pin set gets a different directory. ``python -m polar_gym.harness.install [NAME...]``
+installs all pinned CLIs and prints the named ones' paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "PINS",
+    "HarnessInstallError",
+    "Pin",
+    "cli_paths",
+    "ensure_installed",
+    "install_dir",
+    "main",
+    "pins_hash",
+    "render_package_json",
+]
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One harness CLI: its npm package, the exact version and the binary it installs."""
+
+    package: str
+    version: str
+    binary: str
+
+
+#: the versions seen working on Node 20 (shared/REFERENCE.md, "Harness CLIs")
+PINS: dict[str, Pin] = {
+    "claude_code": Pin("@anthropic-ai/claude-code", "2.1.197", "claude"),
+    "codex": Pin("@openai/codex", "0.169.0", "codex"),
+    "qwen_code": Pin("@qwen-code/qwen-code", "0.15.10", "qwen"),
+    "gemini_cli": Pin("@google/gemini-cli", "0.61.0", "gemini"),
+    "opencode": Pin("opencode-ai", "1.18.33", "opencode"),
+    "pi": Pin("@mariozechner/pi-coding-agent", "0.73.1", "pi"),
+}
+
+_MARKER = ".polar_gym-installed"
+
+
+class HarnessInstallError(RuntimeError):
+    """npm failed, or a pinned CLI's binary is missing after the install."""
+
+
+def render_package_json(pins: Mapping[str, Pin] = PINS) -> str:
+    """The package.json that pins every CLI exactly (pure; the same pins give the same text)."""
+    deps = {pin.package: pin.version for pin in sorted(pins.values(), key=lambda p: p.package)}
+    doc = {"name": "polar-gym-harnesses", "version": "0.0.0", "private": True, "description":
+           "Pinned agent harness CLIs installed by polar_gym.harness.install", "dependencies": deps}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def pins_hash(pins: Mapping[str, Pin] = PINS) -> str:
+    """A short digest of the rendered package.json: the cache directory's identity."""
+    return hashlib.sha256(render_package_json(pins).encode()).hexdigest()[:12]
+
+
+def install_dir(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | None = None) -> Path:
+    root = Path(cache_root) if cache_root is not None else Path.home() / ".cache" / "polar_gym"
+    return root / f"harness-npm-{pins_hash(pins)}"
+
+
+def cli_paths(directory: Path, pins: Mapping[str, Pin] = PINS) -> dict[str, Path]:
+    """Where each harness's binary lives in an install directory (whether or not it exists yet)."""
+    return {name: directory / "node_modules" / ".bin" / pin.binary for name, pin in pins.items()}
+
+
+def _installed(directory: Path, pins: Mapping[str, Pin]) -> bool:
+    marker = directory / _MARKER
+    return (marker.exists() and marker.read_text() == render_package_json(pins)
+            and all(p.exists() for p in cli_paths(directory, pins).values()))
+
+
+def ensure_installed(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | None = None, *, npm: str = "npm",
+            timeout: float = 1800.0, quiet: bool = True) -> dict[str, Path]:
+    """Install the pinned CLIs (once) and return each harness's binary path. Safe to call concurrently."""
+    directory = install_dir(pins, cache_root)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _installed(directory, pins):
+            _run_npm(directory, pins, npm, timeout, quiet)
+    return cli_paths(directory, pins)
+
+
+def _run_npm(directory: Path, pins: Mapping[str, Pin], npm: str, timeout: float, quiet: bool) -> None:
+    (directory / _MARKER).unlink(missing_ok=True)
+    package_json = render_package_json(pins)
+    (directory / "package.json").write_text(package_json)
+    npm_path = shutil.which(npm)
+    if npm_path is None:
+        raise HarnessInstallError(f"{npm!r} is not on PATH: install Node.js and npm first")
+    cmd = [npm_path, "install", "--save-exact", "--no-audit", "--no-fund", "--no-update-notifier"]
+    env = {**os.environ, "npm_config_update_notifier": "false"}
+    try:
+        proc = subprocess.run(cmd, cwd=directory, env=env, timeout=timeout, text=True,
+                              capture_output=quiet, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise HarnessInstallError(f"npm install did not finish within {timeout:.0f} s in {directory}") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or "")[-4000:] if quiet else ""
+        raise HarnessInstallError(f"npm install failed with exit code {proc.returncode} in {directory}\n{tail}")
+    missing = [str(p) for p in cli_paths(directory, pins).values() if not p.exists()]
+    if missing:
+        raise HarnessInstallError(f"npm install finished but these binaries are missing: {', '.join(missing)}")
+    (directory / _MARKER).write_text(package_json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m polar_gym.harness.install", description=__doc__)
+    parser.add_argument("harness", nargs="*", help=f"harnesses to print (default: all of {', '.join(PINS)})")
+    parser.add_argument("--cache-root", help="parent of the harness-npm-<hash> directory (default ~/.cache/polar_gym)")
+    parser.add_argument("--verbose", action="store_true", help="show npm's output")
+    args = parser.parse_args(argv)
+    unknown = [h for h in args.harness if h not in PINS]
+    if unknown:
+        parser.error(f"unknown harness {', '.join(unknown)}; known: {', '.join(PINS)}")
+    try:
+        paths = ensure_installed(PINS, args.cache_root, quiet=not args.verbose)
+    except HarnessInstallError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name in args.harness or PINS:
+        print(f"{name}\t{PINS[name].package}@{PINS[name].version}\t{paths[name]}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
