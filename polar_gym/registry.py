@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Generic, TypeVar
 
-__all__ = ["ENGINES", "PROVIDERS", "Registry", "RegistryError", "load_dotted"]
+__all__ = ["BUILDERS", "ENGINES", "PROVIDERS", "Registry", "RegistryError", "load_dotted"]
 
 T = TypeVar("T")
 
@@ -71,4 +71,9 @@ ENGINES: Registry[Any] = Registry("engine", {
     "sglang": "polar_gym.proxy.engines.sglang:SGLangEngine",
     "openai": "polar_gym.proxy.engines.openai:OpenAIEngine",
     "oracle": "polar_gym.proxy.engines.oracle:OracleEngine",
+})
+
+BUILDERS: Registry[Any] = Registry("builder", {
+    "per_request": "polar_gym.merge.per_request:per_request",
+    "prefix_merging": "polar_gym.merge.prefix_merging:prefix_merging",
 })

@@ -1,1 +1,16 @@
-"""merge (arrives with its issue)."""
+"""Trajectory builders: pure functions CompletionSession -> Trajectory, chosen by name from one registry."""
+
+from __future__ import annotations
+
+from polar_gym.merge.base import QWEN_END_OF_TURN_IDS, MergeConfig
+from polar_gym.registry import BUILDERS
+from polar_gym.schema import BuilderSpec, CompletionSession, Trajectory
+
+__all__ = ["QWEN_END_OF_TURN_IDS", "MergeConfig", "build_trajectory"]
+
+
+def build_trajectory(session: CompletionSession, spec: BuilderSpec | str = "prefix_merging") -> Trajectory:
+    """Build ``session`` with the builder ``spec`` names (``spec.config`` holds MergeConfig fields)."""
+    spec = BuilderSpec(strategy=spec) if isinstance(spec, str) else spec
+    builder = BUILDERS.get(spec.strategy)
+    return builder(session, MergeConfig.from_dict(spec.config))  # type: ignore[no-any-return]

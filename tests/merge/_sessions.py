@@ -1,0 +1,50 @@
+"""Readable sessions for builder tests: token IDs that name what they are, and the invariants every trajectory must
+hold (DESIGN.md): mask-1 tokens are exactly sampled tokens; logprobs aligned; every completion accounted for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar_gym.schema import CompletionRecord, CompletionSession, Trace, Trajectory
+
+EOT = 99
+
+
+def rec(index: int, prompt: list[int], response: list[int], *, messages: list[Any] | None = None,
+        started: float | None = None, seconds: float = 1.0, **kw: Any) -> CompletionRecord:
+    fields: dict[str, Any] = {
+        "completion_id": f"c{index}", "session_id": "s", "index": index, "provider": "openai_chat",
+        "engine": "oracle", "normalized_request": {"model": "m", "messages": messages or []},
+        "prompt_ids": prompt, "response_ids": response,
+        "response_logprobs": [-0.01 * (t % 50) - 0.001 for t in response], "finish_reason": "stop",
+        "response": {"message": {"role": "assistant", "content": f"reply {index}"}},
+        "started_at": float(index * 10) if started is None else started, "total_seconds": seconds,
+    }
+    return CompletionRecord(**{**fields, **kw})
+
+
+def session(*records: CompletionRecord) -> CompletionSession:
+    return CompletionSession(session_id="s", completions=list(records))
+
+
+def check_invariants(sess: CompletionSession, traj: Trajectory) -> None:
+    by_id = {r.completion_id: r for r in sess.completions}
+    seen: list[str] = []
+    for trace in traj.traces:
+        Trace.model_validate(trace.model_dump())  # alignment validators
+        assert [lp.token_id for lp in trace.response_logprobs] == trace.response_ids
+        trained = [i for i, m in enumerate(trace.loss_mask) if m == 1]
+        covered: list[int] = []
+        for span in trace.metadata["spans"]:
+            r = by_id[span["completion_id"]]
+            assert trace.response_ids[span["start"]:span["end"]] == r.response_ids  # copied, never re-encoded
+            assert [lp.logprob for lp in trace.response_logprobs[span["start"]:span["end"]]] == r.response_logprobs
+            covered += range(span["start"], span["end"])
+        assert trained == covered  # mask 1 exactly on sampled tokens
+        first = by_id[trace.metadata["completion_ids"][0]]
+        assert trace.prompt_ids == first.prompt_ids
+        seen += trace.metadata["completion_ids"]
+    diag = traj.diagnostics
+    accounted = {*seen, *diag.get("superseded", []), *(c for ids in diag["excluded"].values() for c in ids)}
+    assert accounted == set(by_id), "every completion is in a trace or a diagnostic"
+    assert len(seen) == len(set(seen)), "no completion trained twice"
