@@ -16,6 +16,7 @@ __all__ = [
     "MergeConfig",
     "TraceBuilder",
     "partition",
+    "trajectory",
 ]
 
 #: ``<|im_end|>`` and ``<|endoftext|>`` of Qwen2/Qwen3 tokenizers
@@ -150,7 +151,8 @@ class TraceBuilder:
         )
 
 
-def trajectory(session: CompletionSession, builder: str, traces: list[Trace], diagnostics: dict[str, Any]) -> Trajectory:
+def trajectory(session: CompletionSession, builder: str, traces: list[Trace],
+               diagnostics: dict[str, Any]) -> Trajectory:
     trainable = sum(sum(t.loss_mask) for t in traces)
     total = sum(len(t.response_ids) for t in traces)
     diagnostics = {**diagnostics, "traces": len(traces), "trainable_tokens": trainable,
