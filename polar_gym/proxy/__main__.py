@@ -31,7 +31,8 @@ __all__ = ["build_engine", "main", "parse_args"]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m polar_gym.proxy", description="polar_gym's token-capturing proxy")
-    p.add_argument("--engine", default="vllm", help="vllm, sglang, openai, oracle, or a dotted path")
+    p.add_argument("--engine", default="vllm",
+                   help="vllm, sglang, sglang_generate, openai, oracle, or a dotted path (pkg.module:Class)")
     p.add_argument("--upstream", nargs="*", default=[], help="inference server base URLs (not for oracle)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
@@ -46,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strict", action="store_true", help="reject unknown request fields instead of logging them")
     p.add_argument("--fsync", action="store_true", help="fsync every journal write")
     p.add_argument("--upstream-timeout", type=float, default=600.0)
+    p.add_argument("--upstream-model", default=None,
+                   help="model name sent upstream (harnesses send their own, e.g. claude-*, which the server lacks)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -63,7 +66,14 @@ def build_engine(args: argparse.Namespace) -> Engine:
     if not args.upstream:
         raise SystemExit(f"--engine {args.engine} needs at least one --upstream URL")
     engine_cls = ENGINES.get(args.engine)
-    return engine_cls(pool, timeout=args.upstream_timeout)  # type: ignore[no-any-return]
+    kwargs = {"timeout": args.upstream_timeout, "upstream_model": args.upstream_model}
+    if args.engine == "sglang_generate":
+        from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+        if args.tokenizer is None:
+            raise SystemExit("--engine sglang_generate renders prompts itself: it needs --tokenizer DIR")
+        return engine_cls(HFChatTokenizer(args.tokenizer), pool, **kwargs)  # type: ignore[no-any-return]
+    return engine_cls(pool, **kwargs)  # type: ignore[no-any-return]
 
 
 def main(argv: list[str] | None = None) -> int:

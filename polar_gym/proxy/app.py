@@ -4,6 +4,7 @@ admin routes need the admin token (invariant 4: nothing administrative is open b
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from typing import Any
@@ -13,11 +14,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
+from polar_gym.merge import MergeConfig, build_trajectory
 from polar_gym.proxy.detect import detect_provider, split_google_path
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
 from polar_gym.proxy.errors import AuthError, RequestError
 from polar_gym.proxy.providers.base import Route
 from polar_gym.proxy.service import ProxyService, Reply, SessionInfo, session_key
+from polar_gym.registry import BUILDERS
+from polar_gym.schema import BuilderSpec, CompletionRecord, CompletionSession
 
 __all__ = ["create_app"]
 
@@ -50,6 +54,30 @@ def _to_response(reply: Reply) -> Response:
         return StreamingResponse(reply.stream, status_code=reply.status, media_type=reply.media_type,
                                  headers=reply.headers)
     return Response(reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers)
+
+
+def _builder_spec(builder: str, config: str | None, engine: object) -> BuilderSpec:
+    """The builder a trajectory request names: registered names only (a dotted path would import code chosen by the
+    caller); end-of-turn IDs default to the engine tokenizer's."""
+    if builder not in BUILDERS.names():
+        raise RequestError(f"unknown builder {builder!r}; known builders: {', '.join(BUILDERS.names())}")
+    try:
+        options = orjson.loads(config) if config else {}
+        if not isinstance(options, dict):
+            raise ValueError("config must be a JSON object")
+        eot = getattr(getattr(engine, "tokenizer", None), "end_of_turn_ids", None)
+        if eot and "end_of_turn_ids" not in options:
+            options["end_of_turn_ids"] = list(eot)
+        MergeConfig.from_dict(options)
+    except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise RequestError(f"invalid builder config: {exc}") from exc
+    return BuilderSpec(strategy=builder, config=options)
+
+
+def _trajectory_json(session_id: str, records: list[CompletionRecord], spec: BuilderSpec) -> bytes:
+    """CPU work (building and serializing), run in a thread so the event loop keeps serving model calls."""
+    traj = build_trajectory(CompletionSession(session_id=session_id, completions=records), spec)
+    return orjson.dumps(traj.model_dump())
 
 
 def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI:
@@ -131,6 +159,19 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
         records = await service.completions(session_id)
         return Response(orjson.dumps({"session_id": session_id, "completions": [r.model_dump() for r in records]}),
                         media_type="application/json")
+
+    @app.get("/sessions/{session_id}/trajectory")
+    async def trajectory(request: Request, session_id: str, builder: str = "prefix_merging",
+                         config: str | None = None) -> Response:
+        key = session_key(request.headers, request.query_params)
+        is_admin = admin_token is not None and hmac.compare_digest(request.headers.get("x-admin-token", ""),
+                                                                   admin_token)
+        if key != session_id and not is_admin:
+            raise AuthError("a session's trajectory is readable with its own key or the admin token")
+        spec = _builder_spec(builder, config, service.engine)
+        records = await service.completions(session_id)
+        body = await asyncio.to_thread(_trajectory_json, session_id, records, spec)
+        return Response(body, media_type="application/json")
 
     @app.post("/admin/sessions")
     async def register(request: Request, body: SessionRegistration) -> dict[str, Any]:

@@ -6,6 +6,7 @@ vocabulary and the Qwen3 chat template). Tests of pure logic use the round-tripp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,12 +28,25 @@ class ChatTokenizer(Protocol):
 
 
 def template_messages(request: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """Messages and tools as chat templates expect them: text content, ``developer`` folded into ``system``."""
-    out: list[dict[str, Any]] = []
-    for msg in request.messages:
-        out.append(_template_message(msg))
-    tools = [t.model_dump() for t in request.tools] if request.tools else None
+    """Messages and tools exactly as vLLM hands them to the chat template, so a prompt we render equals the
+    engine's: text content, ``developer`` folded into ``system``, tool-call arguments parsed into objects (anything
+    that is not a JSON object becomes ``{}``), and each tool as ``{type, function: {name, description,
+    parameters}}`` in that order with missing fields null."""
+    out = [_template_message(msg) for msg in request.messages]
+    tools = None
+    if request.tools:
+        tools = [{"type": "function", "function": {"name": t.name, "description": t.function.get("description"),
+                                                   "parameters": t.function.get("parameters")}}
+                 for t in request.tools]
     return out, tools
+
+
+def _arguments(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _template_message(msg: ChatMessage) -> dict[str, Any]:
@@ -41,7 +55,9 @@ def _template_message(msg: ChatMessage) -> dict[str, Any]:
     if msg.reasoning_content:
         item["reasoning_content"] = msg.reasoning_content
     if msg.tool_calls:
-        item["tool_calls"] = [c.model_dump() for c in msg.tool_calls]
+        item["tool_calls"] = [{"id": c.id, "type": "function",
+                               "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                              for c in msg.tool_calls]
     if msg.tool_call_id:
         item["tool_call_id"] = msg.tool_call_id
     return item
