@@ -34,18 +34,19 @@ __all__ = ["CaptureJournal", "SessionStore", "common_prefix", "read_session"]
 
 _RECENT = 16  # earlier records searched for a shared prefix
 _CONVERSATION_FIELDS = ("messages", "input", "contents")
+_TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_logprobs")
 
 
-def common_prefix(a: array, b: array) -> int:
-    """Length of the common prefix of two uint32 arrays, by binary search over memcmp'd byte views."""
-    n = min(len(a), len(b))
-    va, vb = memoryview(a).cast("B"), memoryview(b).cast("B")
-    if va[: 4 * n] == vb[: 4 * n]:
+def common_prefix(a: bytes, b: bytes) -> int:
+    """Number of shared leading uint32 tokens of two little-endian token byte strings. The usual case (one is a
+    prefix of the other) is a single memcmp; otherwise a binary search over slices."""
+    n = min(len(a), len(b)) // 4
+    if a.startswith(b[: 4 * n]):
         return n
     lo, hi = 0, n
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if va[: 4 * mid] == vb[: 4 * mid]:
+        if a[4 * lo: 4 * mid] == b[4 * lo: 4 * mid]:
             lo = mid
         else:
             hi = mid
@@ -64,7 +65,7 @@ def _list_prefix(a: list[Any], b: list[Any]) -> int:
 @dataclass
 class _Recent:
     index: int
-    tokens: array
+    tokens: bytes
     lists: dict[str, list[Any]] = field(default_factory=dict)
 
 
@@ -81,15 +82,19 @@ class SessionStore:
     def encode(self, record: CompletionRecord) -> tuple[bytes, bytes, bytes]:
         """(record line, token bytes, logprob bytes) for ``record``; updates the store's state."""
         prompt = array("I", record.prompt_ids)
+        prompt_bytes = prompt.tobytes()
         base, keep = -1, 0
         for recent in self._recent:
-            shared = common_prefix(prompt, recent.tokens)
+            if len(recent.tokens) // 4 <= keep:
+                continue  # cannot share more than the best so far
+            shared = common_prefix(prompt_bytes, recent.tokens)
             if shared > keep:
                 base, keep = recent.index, shared
         tail = prompt[keep:]
         response = array("I", record.response_ids)
         logprobs = array("d", record.response_logprobs)
-        data = record.model_dump(exclude={"prompt_ids", "response_ids", "response_logprobs"})
+        # The record's fields are plain JSON data already; copying them shallowly avoids walking the request tree.
+        data = {k: v for k, v in record.__dict__.items() if k not in _TOKEN_FIELDS}
         data["prompt_ids"] = {"base": base, "keep": keep, "off": self.token_count, "len": len(tail)}
         data["response_ids"] = {"off": self.token_count + len(tail), "len": len(response)}
         data["response_logprobs"] = {"off": self.logprob_count, "len": len(logprobs)}
@@ -100,9 +105,7 @@ class SessionStore:
                 lists[key] = conv
         self.token_count += len(tail) + len(response)
         self.logprob_count += len(logprobs)
-        full = prompt
-        full.extend(response)
-        self._recent.appendleft(_Recent(record.index, full, lists))
+        self._recent.appendleft(_Recent(record.index, prompt_bytes + response.tobytes(), lists))
         self.count += 1
         line = orjson.dumps(data) + b"\n"
         return line, tail.tobytes() + response.tobytes(), logprobs.tobytes()

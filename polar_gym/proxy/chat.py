@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 __all__ = [
     "ChatMessage",
@@ -84,23 +84,26 @@ class ChatRequest(_Data):
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
+    _dump: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def dump(self) -> dict[str, Any]:
+        """This request as plain JSON data (None fields left out), computed once: the journal records it and every
+        engine builds its upstream body from it, and walking a 30K-token conversation is not free."""
+        if self._dump is None:
+            self._dump = self.model_dump(exclude_none=True)
+        return self._dump
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI Chat body for an upstream (always non-streaming: streams are synthesized by the proxy)."""
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [m.model_dump(exclude_none=True) for m in self.messages],
-            "stream": False,
-        }
-        if self.tools:
-            body["tools"] = [t.model_dump() for t in self.tools]
-        for name in ("tool_choice", "max_tokens", "temperature", "top_p", "top_k", "seed", "response_format",
-                     "parallel_tool_calls"):
-            value = getattr(self, name)
-            if value is not None:
+        data = self.dump()
+        body: dict[str, Any] = {"model": self.model, "messages": data["messages"], "stream": False}
+        for name in ("tools", "tool_choice", "max_tokens", "temperature", "top_p", "top_k", "seed",
+                     "response_format", "parallel_tool_calls", "stop"):
+            value = data.get(name)
+            if value:
                 body[name] = value
-        if self.stop:
-            body["stop"] = self.stop
+            elif value is not None and name not in ("tools", "stop"):
+                body[name] = value
         body.update(self.extra)
         return body
 

@@ -194,7 +194,7 @@ class ProxyService:
             engine=self.engine.name, model=inbound.model, stream=inbound.stream,
             side_request=info.model_name is not None and inbound.model != info.model_name,
             path=route.path + ("?" + "&".join(f"{k}={v}" for k, v in route.query.items()) if route.query else ""),
-            request=body, normalized_request=inbound.chat.model_dump(exclude_none=True),
+            request=body, normalized_request=inbound.chat.dump(),
             normalizations=inbound.normalizations, started_at=started,
             token_faithful=self.engine.token_faithful,
         )

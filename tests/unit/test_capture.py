@@ -28,10 +28,13 @@ def record(session: str, prompt: list[int], response: list[int],
 def test_common_prefix():
     from array import array
 
-    a, b = array("I", [1, 2, 3, 4]), array("I", [1, 2, 9])
+    a, b = array("I", [1, 2, 3, 4]).tobytes(), array("I", [1, 2, 9]).tobytes()
     assert common_prefix(a, b) == 2
     assert common_prefix(a, a) == 4
-    assert common_prefix(array("I"), a) == 0
+    assert common_prefix(b"", a) == 0
+    assert common_prefix(array("I", [1, 2]).tobytes(), a) == 2
+    # tokens that differ only in a high byte are still different tokens
+    assert common_prefix(array("I", [5, 256 + 7]).tobytes(), array("I", [5, 7]).tobytes()) == 1
 
 
 def conversation(turns: int, seed: int = 0) -> list[CompletionRecord]:

@@ -19,6 +19,16 @@ def logprobs_in(choice: dict[str, Any], n_tokens: int) -> list[float]:
     return values
 
 
+def _ints(values: Any) -> list[int]:
+    """Token IDs as a list of ints. JSON arrays of integers decode to exactly that, so a list whose ends are ints
+    is taken as it is (a full scan costs more than the rest of the request path)."""
+    if not isinstance(values, list):
+        raise ValueError(f"token IDs must be a list, got {type(values).__name__}")
+    if values and not (type(values[0]) is int and type(values[-1]) is int):
+        return [int(v) for v in values]
+    return values
+
+
 class VLLMEngine(HttpEngine):
     name = "vllm"
 
@@ -41,8 +51,8 @@ class VLLMEngine(HttpEngine):
         return ChatResult(
             message=message,
             finish_reason=finish_reason_in(choice, bool(message.tool_calls)),
-            prompt_ids=[int(t) for t in prompt_ids],
-            response_ids=[int(t) for t in response_ids],
+            prompt_ids=_ints(prompt_ids),
+            response_ids=_ints(response_ids),
             response_logprobs=logprobs_in(choice, len(response_ids)),
             usage=usage_in(body, len(prompt_ids), len(response_ids)),
             engine=self.name,
