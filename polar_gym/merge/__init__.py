@@ -3,10 +3,43 @@
 from __future__ import annotations
 
 from polar_gym.merge.base import QWEN_END_OF_TURN_IDS, MergeConfig
+from polar_gym.merge.exports import (
+    ContiguityError,
+    NemoOutputItem,
+    SFTRecord,
+    SlimeSample,
+    TraceLine,
+    check_contiguity,
+    nemo_item_chains,
+    nemo_items,
+    sft_records,
+    slime_samples,
+    trace_lines,
+)
+from polar_gym.merge.rewards import RewardError, apply_rewards, session_weights, with_session_weights
 from polar_gym.registry import BUILDERS
 from polar_gym.schema import BuilderSpec, CompletionSession, Trajectory
 
-__all__ = ["QWEN_END_OF_TURN_IDS", "MergeConfig", "build_trajectory"]
+__all__ = [
+    "QWEN_END_OF_TURN_IDS",
+    "ContiguityError",
+    "MergeConfig",
+    "NemoOutputItem",
+    "RewardError",
+    "SFTRecord",
+    "SlimeSample",
+    "TraceLine",
+    "apply_rewards",
+    "build_trajectory",
+    "check_contiguity",
+    "nemo_item_chains",
+    "nemo_items",
+    "session_weights",
+    "sft_records",
+    "slime_samples",
+    "trace_lines",
+    "with_session_weights",
+]
 
 
 def build_trajectory(session: CompletionSession, spec: BuilderSpec | str = "prefix_merging") -> Trajectory:
