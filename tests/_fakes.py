@@ -51,8 +51,15 @@ class ByteTokenizer:
             text += "<|im_start|>system\n# Tools\n" + json.dumps(tools, sort_keys=True) + "<|im_end|>\n"
         for m in messages:
             body = m.get("content") or ""
-            if m.get("tool_calls"):
-                body += "".join(f"<tool_call>{json.dumps(c['function'])}</tool_call>" for c in m["tool_calls"])
+            if m["role"] == "assistant":
+                # Rendered like Qwen3's template renders a reply, so an oracle reply re-appears token for token.
+                if m.get("reasoning_content"):
+                    body = f"<think>\n{m['reasoning_content']}\n</think>\n\n{body}"
+                for i, call in enumerate(m.get("tool_calls") or []):
+                    fn = call["function"]
+                    payload = json.dumps({"name": fn["name"], "arguments": fn["arguments"]}, ensure_ascii=False)
+                    newline = "\n" if (i == 0 and m.get("content")) or i > 0 else ""
+                    body += f"{newline}<tool_call>\n{payload}\n</tool_call>"
             text += f"<|im_start|>{m['role']}\n{body}<|im_end|>\n"
         return text + "<|im_start|>assistant\n"
 

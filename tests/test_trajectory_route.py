@@ -108,11 +108,9 @@ def test_builder_config_and_an_unused_session(two_calls):
     assert empty.status_code == 200 and empty.json()["traces"] == []
 
 
-def test_a_template_that_drops_thinking_breaks_the_chain_unless_merge_is_asked(proxy_server):
-    """The default oracle thinks; the template drops past thinking, so the sampled reply is not in the next prompt."""
+def test_thinking_replies_re_render_exactly_and_merge(proxy_server):
+    """The default oracle thinks; its replies come back in the next prompt token for token, so one chain."""
     two_turns(proxy_server)
     traj = Trajectory.model_validate(get(proxy_server).json())
-    assert len(traj.traces) == 2 and traj.diagnostics["breaks"] == {"thinking_dropped": 1}
+    assert len(traj.traces) == 1 and traj.diagnostics["breaks"] == {}
     check_invariants(captured(proxy_server), traj)
-    merged = Trajectory.model_validate(get(proxy_server, config=json.dumps({"on_rerender": "merge"})).json())
-    assert len(merged.traces) == 1 and merged.diagnostics["rerender_merged"] == 1
