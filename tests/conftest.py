@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "merge"))  # _sessions: readable sessions and builder invariants
 
 from _serving import RunningProxy, oracle_service, serve
 

@@ -4,7 +4,6 @@ the session's own captures, readable with the session's key or the admin token o
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +11,6 @@ import httpx
 import pytest
 from _fakes import ByteTokenizer
 from _serving import SCRIPT, RunningProxy, oracle_service, serve
-
-sys.path.insert(0, str(Path(__file__).parent / "merge"))
-
 from _sessions import check_invariants
 
 from polar_gym.merge import check_contiguity, nemo_items

@@ -17,11 +17,15 @@ import anthropic
 import httpx
 import openai
 import pytest
+from _sessions import check_invariants
 from google import genai
 from google.genai import types
 
+from polar_gym.merge import MergeConfig
+from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.tokenizer import HFChatTokenizer, template_messages
+from polar_gym.schema import CompletionSession
 
 pytestmark = pytest.mark.engine
 
@@ -142,6 +146,16 @@ def test_openai_chat_multi_turn_with_tools_extends_the_prompt(engine_proxy, qwen
         assert later["prompt_ids"][: len(earlier["prompt_ids"])] == earlier["prompt_ids"]
         assert len(later["prompt_ids"]) > len(earlier["prompt_ids"])
     assert "run_shell_command" in qwen_tokenizer.decode(recs[0]["prompt_ids"])  # the tools reached the template
+
+    # Merged: random weights sample non-canonical, length-stopped replies, so the next prompt re-renders them
+    # differently (drift) and the default builder breaks there; every completion still lands in exactly one trace,
+    # and the paper's merge-anyway mode yields one chain. Mask-1 tokens are always the engine's own.
+    sess = CompletionSession.model_validate({"session_id": "e-chat-turns", "completions": recs})
+    for config in (MergeConfig(), MergeConfig(on_rerender="merge")):
+        traj = prefix_merging(sess, config)
+        check_invariants(sess, traj)
+        assert sum(len(t.metadata["completion_ids"]) for t in traj.traces) == 3
+    assert len(prefix_merging(sess, MergeConfig(on_rerender="merge")).traces) == 1
 
 
 def test_openai_chat_tool_call_history_renders_like_the_engine(engine_proxy, qwen_tokenizer):
