@@ -11,7 +11,15 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "AgentSpec",
@@ -227,18 +235,41 @@ class CompletionSession(_Model):
 
 
 class Trace(_Model):
-    """One training sequence (paper A.4): prompt, response with loss mask, aligned logprobs, reward."""
+    """One training sequence (paper A.4): prompt, response with loss mask, aligned logprobs, reward.
+
+    In Python ``response_logprobs`` is one float per response token (the token is ``response_ids[i]``): a long
+    chain holds ~10^5 of them, and an object per token made building and memory several times costlier. On the wire
+    it has the paper's shape, ``[{token, token_id, logprob}]``, and either shape is accepted as input.
+    """
 
     prompt_ids: list[int]
     response_ids: list[int]
     loss_mask: list[int]
-    response_logprobs: list[TokenLogprob] = Field(default_factory=list)
+    response_logprobs: list[float] = Field(default_factory=list)
     prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
     response_messages: list[dict[str, Any]] = Field(default_factory=list)
     tools: list[dict[str, Any]] = Field(default_factory=list)
     finish_reason: str | None = None
     reward: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("response_logprobs", mode="before")
+    @classmethod
+    def _floats(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, list) or not value or not isinstance(value[0], dict):
+            return value
+        ids = info.data.get("response_ids")
+        out = []
+        for i, item in enumerate(value):
+            entry = TokenLogprob.model_validate(item)
+            if ids is not None and i < len(ids) and entry.token_id != ids[i]:
+                raise ValueError(f"response_logprobs[{i}].token_id {entry.token_id} is not response_ids[{i}] {ids[i]}")
+            out.append(entry.logprob)
+        return out
+
+    @field_serializer("response_logprobs")
+    def _paper_shape(self, value: list[float]) -> list[dict[str, Any]]:
+        return [{"token": None, "token_id": t, "logprob": lp} for t, lp in zip(self.response_ids, value, strict=False)]
 
     @model_validator(mode="after")
     def _aligned(self) -> Trace:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from polar_gym.schema import CompletionRecord, CompletionSession, TokenLogprob, Trace, Trajectory
+from polar_gym.schema import CompletionRecord, CompletionSession, Trace, Trajectory
 
 __all__ = [
     "QWEN_END_OF_TURN_IDS",
@@ -140,8 +140,7 @@ class TraceBuilder:
             prompt_ids=self.first.prompt_ids,
             response_ids=self.response_ids,
             loss_mask=self.loss_mask,
-            response_logprobs=[TokenLogprob.model_construct(token=None, token_id=t, logprob=lp)
-                               for t, lp in zip(self.response_ids, self.logprobs, strict=True)],
+            response_logprobs=list(self.logprobs),
             prompt_messages=first_msgs,
             response_messages=response_messages,
             tools=tools,

@@ -130,7 +130,7 @@ def slime_samples(source: Source, task: TaskMetadata | Mapping[str, Any] | None 
         status, masked = sample_status(result.status, trace.finish_reason)
         reward = _reward(trace, result)
         n = len(trace.response_ids)
-        logprobs = [lp.logprob for lp in trace.response_logprobs] if trace.response_logprobs else [0.0] * n
+        logprobs = list(trace.response_logprobs) if trace.response_logprobs else [0.0] * n
         meta = trace.metadata
         samples.append(SlimeSample.model_construct(
             group_index=group_index, index=index_base + i, group_id=group_id, prompt=trace.prompt_messages,
@@ -190,7 +190,7 @@ def nemo_items(trace: Trace) -> list[NemoOutputItem]:
     Under ``on_rerender="merge"`` a later item's prompt holds the sampled tokens rather than the engine's re-rendered
     ones (the paper's approximation); with the default ``"break"`` it is exactly the prompt the engine saw.
     """
-    logprobs = [lp.logprob for lp in trace.response_logprobs] if trace.response_logprobs else None
+    logprobs = list(trace.response_logprobs) if trace.response_logprobs else None
     items = []
     for start, end, completion_id in _spans(trace):
         gen = trace.response_ids[start:end]

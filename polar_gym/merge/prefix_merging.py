@@ -47,7 +47,13 @@ def _messages(rec: CompletionRecord) -> list[Any]:
 
 
 def _starts_with(seq: list[Any], prefix: list[Any], at: int = 0) -> bool:
-    return len(seq) >= at + len(prefix) and seq[at:at + len(prefix)] == prefix
+    n = len(prefix)
+    if len(seq) < at + n:
+        return False
+    for i in (n - 1, n // 2) if n else ():  # O(1) rejection of unrelated chains before the O(n) slice comparison
+        if seq[at + i] is not prefix[i] and seq[at + i] != prefix[i]:
+            return False
+    return seq[at:at + n] == prefix
 
 
 @dataclass
@@ -102,7 +108,7 @@ def _classify_new(rec: CompletionRecord, chains: list[_Chain]) -> str:
     best, best_chain = 0, None
     for chain in chains:
         shared = common_prefix_len(q, chain.trace.last.prompt_ids)
-        if shared > best:
+        if shared >= best and shared > 0:
             best, best_chain = shared, chain
     if best_chain is None:
         return "new_context"
@@ -123,6 +129,26 @@ def _is_retry(chain: _Chain, rec: CompletionRecord) -> bool:
             and rec.started_at >= last.started_at + last.total_seconds)
 
 
+def _retried_chain(chains: list[_Chain], rec: CompletionRecord, later: list[CompletionRecord]) -> _Chain | None:
+    """The chain whose last answer ``rec`` retries. When twins share the prompt, it is the one whose answer no
+    later prompt goes on from: the other twin's answer was used, so it was not the one thrown away."""
+    found = [c for c in chains if _is_retry(c, rec)]
+    if len(found) > 1:
+        unused = [c for c in found if not any(
+            _starts_with(r.prompt_ids, c.trace.last.prompt_ids + c.trace.last.response_ids) for r in later)]
+        found = unused or found
+    return found[-1] if found else None
+
+
+def _rank(match: _Match, rec: CompletionRecord) -> tuple[int, bool, int, int]:
+    """Longest prefix first; then an exact re-rendering; then how much of the last reply the new prompt shows
+    (so a drifted twin is told from its sibling); then the latest chain."""
+    last = match.chain.trace.last
+    n, a = match.prefix, last.response_ids
+    overlap = len(a) if match.exact else common_prefix_len(rec.prompt_ids[n:n + len(a)], a)
+    return (n, match.exact, overlap, last.index)
+
+
 def prefix_merging(session: CompletionSession, config: MergeConfig | None = None) -> Trajectory:
     config = config or MergeConfig()
     eot = frozenset(config.end_of_turn_ids)
@@ -133,8 +159,8 @@ def prefix_merging(session: CompletionSession, config: MergeConfig | None = None
     rejected: Counter[str] = Counter()
     rerender_merged = 0
 
-    for rec in usable:
-        retry = next((c for c in reversed(chains) if _is_retry(c, rec)), None)
+    for position, rec in enumerate(usable):
+        retry = _retried_chain(chains, rec, usable[position + 1:])
         if retry is not None:
             discarded, bridge = retry.trace.pop()
             superseded.append(discarded)
@@ -151,8 +177,7 @@ def prefix_merging(session: CompletionSession, config: MergeConfig | None = None
                 continue
             if found is None:
                 continue
-            key = (found.prefix, found.exact, found.chain.trace.last.index)
-            if best is None or key > (best.prefix, best.exact, best.chain.trace.last.index):
+            if best is None or _rank(found, rec) > _rank(best, rec):
                 best = found
         if best is not None and best.exact and best.bridge is not None:
             best.chain.trace.add(rec, best.bridge)

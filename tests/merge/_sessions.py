@@ -32,13 +32,13 @@ def check_invariants(sess: CompletionSession, traj: Trajectory) -> None:
     seen: list[str] = []
     for trace in traj.traces:
         Trace.model_validate(trace.model_dump())  # alignment validators
-        assert [lp.token_id for lp in trace.response_logprobs] == trace.response_ids
+        assert len(trace.response_logprobs) == len(trace.response_ids)
         trained = [i for i, m in enumerate(trace.loss_mask) if m == 1]
         covered: list[int] = []
         for span in trace.metadata["spans"]:
             r = by_id[span["completion_id"]]
             assert trace.response_ids[span["start"]:span["end"]] == r.response_ids  # copied, never re-encoded
-            assert [lp.logprob for lp in trace.response_logprobs[span["start"]:span["end"]]] == r.response_logprobs
+            assert trace.response_logprobs[span["start"]:span["end"]] == r.response_logprobs
             covered += range(span["start"], span["end"])
         assert trained == covered  # mask 1 exactly on sampled tokens
         first = by_id[trace.metadata["completion_ids"][0]]

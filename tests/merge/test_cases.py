@@ -28,7 +28,7 @@ def test_01_paper_worked_example():
     assert t.prompt_ids == [1, 2, 3]
     assert t.response_ids == [10, 11, EOT, 50, 51, 20, 21, EOT]
     assert t.loss_mask == [1, 1, 1, 0, 0, 1, 1, 1]
-    assert [lp.logprob for lp in t.response_logprobs][3:5] == [0.0, 0.0]  # synthetic slots
+    assert t.response_logprobs[3:5] == [0.0, 0.0]  # synthetic slots
     assert traj.diagnostics["completions_merged"] == 1 and traj.diagnostics["breaks"] == {}
 
 

@@ -62,7 +62,7 @@ def test_slime_samples_are_aligned(builder):
         assert len(s.tokens) == len(t.prompt_ids) + s.response_length
         assert s.response_length == len(s.loss_mask) == len(s.rollout_log_probs) == len(t.response_ids)
         assert s.loss_mask == t.loss_mask
-        assert s.rollout_log_probs == [lp.logprob for lp in t.response_logprobs]
+        assert s.rollout_log_probs == t.response_logprobs
         assert (s.group_id, s.group_index, s.index, s.reward) == ("g7", 3, i, 1.0)
         assert s.metadata["weight"] == pytest.approx(1 / len(traj.traces))
         assert s.metadata["completion_ids"] == t.metadata["completion_ids"]

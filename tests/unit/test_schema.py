@@ -89,6 +89,16 @@ def test_bad_task_requests_name_the_field(change, where):
     assert where in str(info.value)
 
 
+def test_trace_logprobs_are_floats_in_python_and_the_papers_shape_on_the_wire():
+    trace = Trace.model_validate(TRACE)
+    assert trace.response_logprobs == [-0.1] * 8
+    wire = trace.model_dump(mode="json")["response_logprobs"]
+    assert wire[3] == {"token": None, "token_id": 50, "logprob": -0.1}
+    assert Trace.model_validate({**TRACE, "response_logprobs": [-0.1] * 8}) == trace
+    with pytest.raises(pydantic.ValidationError, match="token_id"):
+        Trace.model_validate({**TRACE, "response_logprobs": [{"token_id": 7, "logprob": 0.0}] * 8})
+
+
 def test_trace_rejects_misaligned_logprobs_and_masks():
     with pytest.raises(pydantic.ValidationError, match="loss_mask"):
         Trace.model_validate({**TRACE, "loss_mask": [1]})
