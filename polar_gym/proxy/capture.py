@@ -117,6 +117,8 @@ class SessionStore:
                 continue
             base, keep = -1, 0
             for recent in self._recent:
+                if len(recent.lists.get(key, ())) <= keep:
+                    continue  # cannot share more than the best so far
                 shared = _list_prefix(conv, recent.lists.get(key, []))
                 if shared > keep:
                     base, keep = recent.index, shared
