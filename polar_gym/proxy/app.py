@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from polar_gym.merge import MergeConfig, build_trajectory
 from polar_gym.proxy.detect import detect_provider, split_google_path
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
-from polar_gym.proxy.errors import AuthError, RequestError
+from polar_gym.proxy.errors import AuthError, PayloadTooLarge, RequestError
 from polar_gym.proxy.providers.base import Route
 from polar_gym.proxy.service import ProxyService, Reply, SessionInfo, session_key
 from polar_gym.registry import BUILDERS
@@ -97,8 +97,25 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
     async def _request_error(request: Request, exc: RequestError) -> Response:
         return _to_response(service.error_reply(exc, "openai_chat"))
 
+    async def read_body(request: Request) -> bytes:
+        """The body, refusing to buffer more than the limit (a declared or a streamed oversized body)."""
+        limit = service.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def model_call(request: Request, provider: str, route: Route) -> Response:
-        raw = await request.body()
+        try:
+            raw = await read_body(request)
+        except PayloadTooLarge as exc:
+            return _to_response(service.error_reply(exc, provider))
         return _to_response(await service.handle(provider, raw, route, request.headers))
 
     for path, provider in _MODEL_ROUTES.items():
@@ -110,7 +127,7 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
     @app.post("/v1/messages/count_tokens", include_in_schema=False)
     async def count_tokens(request: Request) -> Response:
         route = Route(request.url.path, query=request.query_params)
-        return _to_response(await service.count_tokens("anthropic", await request.body(), route, request.headers))
+        return _to_response(await service.count_tokens("anthropic", await read_body(request), route, request.headers))
 
     @app.post("/{version}/models/{rest:path}", include_in_schema=False)
     async def google(request: Request, version: str, rest: str) -> Response:
@@ -121,7 +138,7 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
         model, action = split
         route = Route(request.url.path, model=model, action=action, query=request.query_params)
         if action == "countTokens":
-            return _to_response(await service.count_tokens("google", await request.body(), route, request.headers))
+            return _to_response(await service.count_tokens("google", await read_body(request), route, request.headers))
         return await model_call(request, "google", route)
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
@@ -219,7 +236,7 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
 
     @app.post("/{path:path}", include_in_schema=False)
     async def detected(request: Request, path: str) -> Response:
-        raw = await request.body()
+        raw = await read_body(request)
         try:
             body = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:

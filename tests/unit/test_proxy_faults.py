@@ -77,6 +77,12 @@ async def test_oversized_body_is_413():
     resp = await post(client, {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]})
     assert resp.status_code == 413 and "exceeds" in resp.json()["error"]["message"]
 
+    async def chunked():  # no content-length: refused while streaming in, not after buffering it all
+        for _ in range(100):
+            yield b"x" * 100
+    resp = await client.post("/v1/messages", content=chunked(), headers=key("s"))
+    assert resp.status_code == 413 and resp.json()["error"]["type"] == "request_too_large"
+
 
 def failing(exc: Exception):
     def handler(request: httpx.Request) -> httpx.Response:
