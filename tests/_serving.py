@@ -56,7 +56,7 @@ def serve(service: ProxyService, admin_token: str = ADMIN) -> Iterator[RunningPr
     server = _Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
-    deadline = time.time() + 10
+    deadline = time.time() + 60  # generous: CI may be loaded
     while not server.started:
         if time.time() > deadline:
             raise RuntimeError("proxy did not start")
