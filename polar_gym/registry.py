@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Generic, TypeVar
 
-__all__ = ["BUILDERS", "ENGINES", "PROVIDERS", "Registry", "RegistryError", "load_dotted"]
+__all__ = ["BUILDERS", "ENGINES", "PROVIDERS", "RUNTIMES", "Registry", "RegistryError", "load_dotted"]
 
 T = TypeVar("T")
 
@@ -77,4 +77,10 @@ ENGINES: Registry[Any] = Registry("engine", {
 BUILDERS: Registry[Any] = Registry("builder", {
     "per_request": "polar_gym.merge.per_request:per_request",
     "prefix_merging": "polar_gym.merge.prefix_merging:prefix_merging",
+})
+
+RUNTIMES: Registry[Any] = Registry("runtime", {
+    "local": "polar_gym.runtime.local:LocalRuntime",
+    "docker": "polar_gym.runtime.docker:DockerRuntime",
+    "apptainer": "polar_gym.apptainer.runtime:ApptainerRuntime",
 })

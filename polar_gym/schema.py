@@ -85,7 +85,10 @@ class RuntimeSpec(_Model):
     prepare: list[PrepareAction] = Field(default_factory=list)
     cpus: float | None = None
     memory_mb: int | None = None
+    max_processes: int | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    #: backend-specific settings (e.g. the docker CLI to use, apptainer overlay size)
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class AgentSpec(_Model):

@@ -1,0 +1,140 @@
+"""The runtime interface: one isolated sandbox per session, which the gateway starts, prepares, runs commands in
+and tears down. The gateway depends on nothing else, so a task switches backend with one config value
+(``RuntimeSpec.backend``: ``local``, ``docker``, ``apptainer``, or a dotted path).
+
+Every backend mounts the session's host directory at :data:`SESSION_MOUNT` inside. Network modes:
+
+- ``none``: loopback only;
+- ``host``: the host's network (where a backend shares it, each sandbox gets its own loopback address,
+  :attr:`Runtime.loopback_ip`, so harnesses that bind ports do not collide);
+- ``gateway``: no network except the gateway's proxy, reachable inside at :attr:`Runtime.gateway_url` through a Unix
+  socket in the session directory and a small relay on each side.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from polar_gym.schema import RuntimeSpec
+
+__all__ = [
+    "GATEWAY_INNER_PORT",
+    "SESSION_MOUNT",
+    "ExecResult",
+    "ExecStatus",
+    "GatewayEndpoint",
+    "OutputCallback",
+    "Runtime",
+]
+
+#: where the per-session host directory appears inside every sandbox
+SESSION_MOUNT = "/polar"
+#: the port the gateway's proxy answers on inside a sandbox in ``gateway`` mode (127.0.0.1)
+GATEWAY_INNER_PORT = 18080
+
+OutputCallback = Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
+class GatewayEndpoint:
+    """Where the gateway's proxy listens on the host."""
+
+    host: str
+    port: int
+
+
+class ExecStatus(str, enum.Enum):
+    OK = "ok"  # exit code 0
+    FAILED = "failed"  # non-zero exit code
+    TIMEOUT = "timeout"  # killed at the timeout; output so far kept
+    CANCELLED = "cancelled"  # killed by cancel() or stop()
+    CRASHED = "crashed"  # the sandbox itself died or could not run the command
+
+
+class ExecResult(BaseModel):
+    status: ExecStatus
+    exit_code: int | None = None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    seconds: float = 0.0
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ExecStatus.OK
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode(errors="replace")
+
+
+class Runtime(abc.ABC):
+    """One sandbox. Use as ``async with backend(spec, session_dir) as rt: await rt.exec([...])``.
+
+    ``stop`` is idempotent and leaves no process, mount or container behind; ``cancel`` kills every running command
+    (whole process trees) but keeps the sandbox; a crashed sandbox is reported (ExecStatus.CRASHED or an error),
+    never hangs the caller.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, spec: RuntimeSpec, session_dir: str | Path, *, gateway: GatewayEndpoint | None = None,
+                 options: dict[str, Any] | None = None) -> None:
+        self.spec = spec
+        self.session_dir = Path(session_dir)
+        self.gateway = gateway
+        self.options = dict(options or {})
+        self.loopback_ip: str | None = None
+
+    @property
+    def gateway_url(self) -> str:
+        """The proxy's base URL as seen from inside the sandbox."""
+        if self.spec.network == "gateway":
+            return f"http://127.0.0.1:{GATEWAY_INNER_PORT}"
+        if self.gateway is None:
+            raise ValueError("this runtime was not given a gateway endpoint")
+        return f"http://{self.gateway.host}:{self.gateway.port}"
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Create the sandbox (and run nothing of the task yet)."""
+
+    @abc.abstractmethod
+    async def exec(self, command: list[str] | str, *, env: dict[str, str] | None = None, cwd: str | None = None,
+                   timeout: float | None = None, stdin: bytes | None = None,
+                   on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
+        """Run ``command`` (argv, or a string for ``sh -c``) inside; stream output to the callbacks as it comes."""
+
+    @abc.abstractmethod
+    async def upload(self, data: bytes | Path, dst: str) -> None:
+        """Write bytes, a host file or a host directory (recursively) to ``dst`` inside."""
+
+    @abc.abstractmethod
+    async def download(self, src: str, dst: Path) -> None:
+        """Copy the file or directory ``src`` inside to the host path ``dst``."""
+
+    @abc.abstractmethod
+    async def cancel(self) -> None:
+        """Kill every running command and its whole process tree; the sandbox stays usable."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Tear everything down. Idempotent; safe after a crash or a failed start."""
+
+    async def __aenter__(self) -> Runtime:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
