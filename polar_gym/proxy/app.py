@@ -84,10 +84,18 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
     app = FastAPI(title="polar_gym proxy", version="0.1.0")
     app.state.service = service
 
-    def require_admin(request: Request) -> None:
+    def is_admin(request: Request) -> bool:
         given = request.headers.get("x-admin-token", "")
-        if admin_token is None or not hmac.compare_digest(given, admin_token):
+        return admin_token is not None and hmac.compare_digest(given, admin_token)
+
+    def require_admin(request: Request) -> None:
+        if not is_admin(request):
             raise AuthError("admin endpoints need the x-admin-token header")
+
+    def require_session_or_admin(request: Request, session_id: str) -> None:
+        """A session's captures are readable with its own key or the admin token (invariant 4)."""
+        if session_key(request.headers, request.query_params) != session_id and not is_admin(request):
+            raise AuthError("a session's captures are readable with its own key or the admin token")
 
     @app.exception_handler(AuthError)
     async def _auth_error(request: Request, exc: AuthError) -> Response:
@@ -168,11 +176,7 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
 
     @app.get("/sessions/{session_id}/completions")
     async def completions(request: Request, session_id: str) -> Response:
-        key = session_key(request.headers, request.query_params)
-        is_admin = admin_token is not None and hmac.compare_digest(request.headers.get("x-admin-token", ""),
-                                                                   admin_token)
-        if key != session_id and not is_admin:
-            raise AuthError("a session's completions are readable with its own key or the admin token")
+        require_session_or_admin(request, session_id)
         records = await service.completions(session_id)
         return Response(orjson.dumps({"session_id": session_id, "completions": [r.model_dump() for r in records]}),
                         media_type="application/json")
@@ -180,11 +184,7 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
     @app.get("/sessions/{session_id}/trajectory")
     async def trajectory(request: Request, session_id: str, builder: str = "prefix_merging",
                          config: str | None = None) -> Response:
-        key = session_key(request.headers, request.query_params)
-        is_admin = admin_token is not None and hmac.compare_digest(request.headers.get("x-admin-token", ""),
-                                                                   admin_token)
-        if key != session_id and not is_admin:
-            raise AuthError("a session's trajectory is readable with its own key or the admin token")
+        require_session_or_admin(request, session_id)
         spec = _builder_spec(builder, config, service.engine)
         records = await service.completions(session_id)
         body = await asyncio.to_thread(_trajectory_json, session_id, records, spec)
