@@ -155,6 +155,11 @@ class ProxyService:
         except ProxyError as exc:
             self.stats["errors"] += 1
             return self.error_reply(exc, provider_name)
+        except Exception as exc:  # a bug of ours: still answer in the caller's shape, and keep serving
+            log.exception("%s request failed inside the proxy", provider_name)
+            self.stats["errors"] += 1
+            return self.error_reply(ProxyError(f"internal proxy error: {exc.__class__.__name__}: {exc}"),
+                                    provider_name)
 
     async def _stream_with_keepalive(self, provider_name: str, work: Any) -> Reply:
         """A stream whose engine call is slow starts answering anyway: SSE comments keep the harness's idle timer

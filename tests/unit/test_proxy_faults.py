@@ -200,3 +200,17 @@ async def test_connectivity_probe_and_unknown_routes():
     assert resp.status_code == 404 and "no provider protocol" in resp.json()["error"]["message"]
     detected = await client.post("/custom/prefix/v1/chat/completions", json=CHAT, headers=key("s"))
     assert detected.status_code == 200
+
+
+async def test_a_bug_in_translation_is_a_provider_shaped_500(monkeypatch):
+    service, client = make(FakeVLLM().handler)
+
+    def broken(*args, **kwargs):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(service.provider("anthropic"), "parse", broken)
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    resp = await client.post("/v1/messages", json=body, headers=key("s"))
+    assert resp.status_code == 500
+    assert resp.json()["type"] == "error" and "internal proxy error" in resp.json()["error"]["message"]
+    assert (await post(client, CHAT)).status_code == 200
