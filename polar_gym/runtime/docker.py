@@ -1,0 +1,637 @@
+"""The ``docker`` backend: one container per session, driven through a Docker-compatible CLI (docker, podman, …).
+
+Only the CLI is used, never an SDK, so the backend works wherever the CLI does and every command is a readable
+argv: :class:`DockerCommands` builds each one as a pure function (golden-tested), :class:`DockerRuntime` runs them.
+
+How the pieces fit:
+
+- PID 1 of the container is a small ``sh`` loop that exits on TERM (so ``rm -f`` is quick) and first writes a ready
+  marker into the session directory; in ``gateway`` mode the entrypoint is the relay binary (bind-mounted read-only),
+  which listens on 127.0.0.1:GATEWAY_INNER_PORT inside, forks its forwarder and then execs that loop.
+- ``exec`` starts a new session in the container (runc calls setsid), so the wrapper's pid is also its process group
+  and session id. The wrapper records that pid and the command's exit code under ``/polar/.polar-docker/exec``; a
+  timeout kills that session's tree from inside (``exec … sh -c KILL tree PID``), ``cancel`` kills every process
+  outside PID 1's session (``KILL all``), which spares PID 1 and the relay.
+- A missing pid file means the command never started (CRASHED); a missing exit-code file with the container gone
+  means the sandbox died under the command (CRASHED).
+- upload and download go through ``cp`` with tar streams, so parents are created and bytes round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import os
+import posixpath
+import re
+import secrets
+import shlex
+import shutil
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TextIO
+
+from polar_gym.runtime.base import (
+    RELAY_PATH,
+    SESSION_MOUNT,
+    ExecResult,
+    ExecStatus,
+    GatewayEndpoint,
+    OutputCallback,
+    Runtime,
+)
+from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.local import LoopbackAllocator
+from polar_gym.runtime.relay import GatewayRelay, helper_argv, relay_program
+from polar_gym.schema import RuntimeSpec
+
+__all__ = [
+    "EXEC_WRAPPER",
+    "INSTALL_HINT",
+    "KEEPALIVE",
+    "KILL_SCRIPT",
+    "LABEL",
+    "PRIVATE_DIR",
+    "DockerCommands",
+    "DockerRuntime",
+    "container_name",
+    "session_id_for",
+]
+
+#: the label every container of ours carries (value: the session id), for clean-up and leak checks
+LABEL = "polar_gym.session"
+#: our bookkeeping directory inside the session directory (pid and exit-code files, the ready marker)
+PRIVATE_DIR = ".polar-docker"
+INSTALL_HINT = ("install Docker (https://docs.docker.com/engine/install/) or Podman (Debian: apt-get install podman "
+                "runc) and point runtime.options.cli at it, e.g. {\"cli\": [\"podman\", \"--runtime\", \"runc\"]}")
+
+#: PID 1: create the workdir (``$2``; podman will not, unlike docker), mark the container ready (``$1``), then idle
+#: until TERM. A workdir that cannot be made ends the container, which start() reports with its logs.
+KEEPALIVE = ("trap 'exit 0' TERM INT HUP; [ -d \"$2\" ] || mkdir -p \"$2\" || exit 1; : > \"$1\"; "
+             "while :; do sleep 3600 & wait $!; done")
+#: runs every exec: ``$1`` is the path prefix for the pid and exit-code files, the rest is the command
+EXEC_WRAPPER = ('f=$1; shift; { echo $$ > "$f.pid"; } 2>/dev/null; "$@"; rc=$?; '
+                '{ echo $rc > "$f.rc"; } 2>/dev/null; exit $rc')
+#: ``tree PID``: kill PID, its process group and session, and its descendants; ``all``: kill every process outside
+#: PID 1's session (PID 1, its sleep and the relay stay). Shell builtins only, so it runs in any image with sh.
+KILL_SCRIPT = """mode=$1 root=$2 self=$$ keep=
+if [ "$mode" = all ]; then read -r l </proc/1/stat; set -- ${l##*) }; keep=$4; fi
+n=0
+while [ $n -lt 3 ]; do
+  n=$((n + 1)) v=" " grew=1
+  while [ $grew = 1 ]; do
+    grew=0
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      case "$v" in *" $p "*) continue ;; esac
+      if [ "$p" = 1 ] || [ "$p" = "$self" ]; then continue; fi
+      { read -r l <"$d/stat"; } 2>/dev/null || continue
+      set -- ${l##*) }
+      if [ "$mode" = all ]; then
+        [ "$4" = "$keep" ] && continue
+      elif [ "$p" != "$root" ] && [ "$3" != "$root" ] && [ "$4" != "$root" ]; then
+        case "$v" in *" $2 "*) ;; *) continue ;; esac
+      fi
+      v="$v$p " grew=1
+    done
+  done
+  [ "$v" = " " ] && exit 0
+  kill -9 $v 2>/dev/null
+done
+exit 0"""
+
+_DAEMON_DOWN = ("cannot connect to the docker daemon", "is the docker daemon running", "error during connect",
+                "cannot connect to podman")
+_NO_SUCH = ("no such container", "no container with name or id")
+_NOT_FOUND = ("no such file or directory", "could not find the file")
+
+
+def session_id_for(session_dir: Path, options: dict[str, Any]) -> str:
+    """The session id in names and labels: ``options["session_id"]``, else the directory name plus a path hash."""
+    raw = options.get("session_id")
+    if not raw:
+        digest = hashlib.sha1(str(session_dir.resolve()).encode()).hexdigest()[:8]
+        raw = f"{session_dir.name}-{digest}"
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", str(raw)).strip("-.") or "session"
+
+
+def container_name(session_id: str) -> str:
+    return f"polar-{session_id}"
+
+
+@dataclass(frozen=True)
+class DockerCommands:
+    """Every command line the backend runs, as pure functions of their inputs."""
+
+    cli: tuple[str, ...] = ("docker",)
+    run_args: tuple[str, ...] = ()
+    shell: str = "/bin/sh"
+
+    def run(self, *, name: str, session_id: str, image: str, session_dir: Path, workdir: str,
+            env: dict[str, str] | None = None, network: str = "none", cpus: float | None = None,
+            memory_mb: int | None = None, max_processes: int | None = None,
+            relay: Path | None = None) -> list[str]:
+        """``run -d``: the container idles in PID 1 until removed. ``relay`` (the helper binary on the host) makes
+        the entrypoint the relay, which opens the gateway port and then execs PID 1's loop."""
+        argv = [*self.cli, "run", "-d", "--name", name, "--label", f"{LABEL}={session_id}",
+                "-v", f"{session_dir}:{SESSION_MOUNT}",
+                "--network", "host" if network == "host" else "none"]
+        for key, value in (env or {}).items():
+            argv += ["-e", f"{key}={value}"]
+        if cpus is not None:
+            argv += ["--cpus", f"{cpus:g}"]
+        if memory_mb is not None:
+            argv += ["--memory", f"{memory_mb}m"]
+        if max_processes is not None:
+            argv += ["--pids-limit", str(max_processes)]
+        init = [self.shell, "-c", KEEPALIVE, "polar-init", f"{SESSION_MOUNT}/{PRIVATE_DIR}/ready", workdir]
+        if relay is not None:
+            argv += ["-v", f"{relay}:{RELAY_PATH}:ro"]
+            init = helper_argv(RELAY_PATH, init, gateway=True)
+        return [*argv, "--entrypoint", init[0], *self.run_args, image, *init[1:]]
+
+    def exec(self, name: str, command: Sequence[str], *, marker: str, env: dict[str, str] | None = None,
+             cwd: str | None = None) -> list[str]:
+        """``exec -i``: ``command`` under the wrapper that records its pid and exit code at ``marker``.{pid,rc}."""
+        argv = [*self.cli, "exec", "-i"]
+        for key, value in (env or {}).items():
+            argv += ["-e", f"{key}={value}"]
+        if cwd:
+            argv += ["-w", cwd]
+        return [*argv, name, self.shell, "-c", EXEC_WRAPPER, "polar-exec", marker, *command]
+
+    def kill_tree(self, name: str, pid: int) -> list[str]:
+        return [*self.cli, "exec", name, self.shell, "-c", KILL_SCRIPT, "polar-kill", "tree", str(pid)]
+
+    def kill_all(self, name: str) -> list[str]:
+        return [*self.cli, "exec", name, self.shell, "-c", KILL_SCRIPT, "polar-kill", "all", "0"]
+
+    def copy_in(self, name: str) -> list[str]:
+        """``cp - NAME:/``: a tar on stdin whose member names are absolute paths without the leading slash."""
+        return [*self.cli, "cp", "-", f"{name}:/"]
+
+    def copy_out(self, name: str, src: str) -> list[str]:
+        """``cp NAME:SRC -``: a tar on stdout whose one top-level member is ``basename(SRC)``."""
+        return [*self.cli, "cp", f"{name}:{src}", "-"]
+
+    def logs(self, name: str) -> list[str]:
+        return [*self.cli, "logs", name]
+
+    def is_running(self, name: str) -> list[str]:
+        return [*self.cli, "inspect", "-f", "{{.State.Running}}", name]
+
+    def list_session(self, session_id: str) -> list[str]:
+        return [*self.cli, "ps", "-a", "-q", "--filter", f"label={LABEL}={session_id}"]
+
+    def remove(self, names: Sequence[str]) -> list[str]:
+        return [*self.cli, "rm", "-f", *names]
+
+    def restart(self, name: str) -> list[str]:
+        """Cancel's last resort, when nothing can be started inside (the pids limit is used up)."""
+        return [*self.cli, "restart", "-t", "0", name]
+
+
+@dataclass
+class _Exec:
+    """A running ``exec``: its client process and, once decided, why it ended early."""
+
+    marker: Path  # host path prefix of the pid / exit-code files
+    proc: asyncio.subprocess.Process
+    outcome: ExecStatus | None = None
+    reason: str | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _as_command(command: list[str] | str) -> list[str]:
+    return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+def _reason(stderr: bytes) -> str:
+    text = stderr.decode(errors="replace").strip()
+    return text.splitlines()[-1] if text else ""
+
+
+def _pack(data: bytes | Path, dst: str) -> tuple[int, str]:
+    """Write a temporary tar that ``cp -`` extracts at ``/`` to put ``data`` at the absolute path ``dst``; returns
+    it opened for reading (fd, path)."""
+    if not isinstance(data, bytes) and not data.exists():
+        raise FileNotFoundError(f"upload source {data} does not exist")
+    arcname = dst.lstrip("/")
+    fd, out = tempfile.mkstemp(prefix="polar-upload-", suffix=".tar")
+    os.close(fd)
+    try:
+        _write_tar(data, arcname, out)
+    except BaseException:
+        os.unlink(out)
+        raise
+    return os.open(out, os.O_RDONLY), out
+
+
+def _write_tar(data: bytes | Path, arcname: str, out: str) -> None:
+    """Root-owned members (as ``docker cp`` makes them), a fresh mtime for bytes."""
+
+    def root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    with tarfile.open(out, "w") as tar:
+        if isinstance(data, bytes):
+            info = tarfile.TarInfo(arcname)
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(root_owned(info), io.BytesIO(data))
+        else:
+            source = data.resolve() if data.is_symlink() else data
+            tar.add(source, arcname=arcname, recursive=True, filter=root_owned)
+
+
+def _prepare_private(private: Path) -> None:
+    """Our bookkeeping directory, writable by any user inside (commands may not run as root)."""
+    (private / "exec").mkdir(parents=True, exist_ok=True)
+    for path in (private, private / "exec"):
+        path.chmod(0o1777)
+    (private / "ready").unlink(missing_ok=True)
+
+
+def _clean_private(session_dir: Path) -> None:
+    """Remove our bookkeeping and the relay's mount point (the session's own files stay)."""
+    shutil.rmtree(session_dir / PRIVATE_DIR, ignore_errors=True)
+    placeholder = session_dir / RELAY_PATH.removeprefix(f"{SESSION_MOUNT}/")
+    with contextlib.suppress(OSError):
+        placeholder.unlink()
+        placeholder.parent.rmdir()
+
+
+def _read_markers(marker: Path, consume: bool) -> tuple[bool, int | None, int | None]:
+    """(the wrapper started, its pid, the command's exit code) from the marker files; ``consume`` removes them."""
+    values: list[int | None] = []
+    started = marker.with_suffix(".pid").exists()
+    for suffix in (".pid", ".rc"):
+        path = marker.with_suffix(suffix)
+        try:
+            values.append(int(path.read_text().strip()))
+        except (OSError, ValueError):
+            values.append(None)
+        if consume:
+            path.unlink(missing_ok=True)
+    return started, values[0], values[1]
+
+
+def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """tarfile's ``tar`` filter (no escaping the destination), and no device nodes or fifos."""
+    if member.ischr() or member.isblk() or member.isfifo():
+        return None
+    return tarfile.tar_filter(member, path)
+
+
+def _unpack(archive: Path, dst: Path) -> None:
+    """Extract the one top-level member of ``archive`` at ``dst``: a directory merges into an existing one (as the
+    local backend does), anything else replaces what was there."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".polar-download-", dir=dst.parent))
+    try:
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            tops = {m.name.lstrip("/").split("/", 1)[0] for m in members}
+            if len(tops) != 1:
+                raise SandboxError(f"unexpected archive from cp: top-level entries {sorted(tops)}")
+            tar.extractall(staging, members=members, filter=_safe_member)
+        top = staging / tops.pop()
+        existing_dir = dst.is_dir() and not dst.is_symlink()
+        if existing_dir and top.is_dir() and not top.is_symlink():
+            shutil.copytree(top, dst, symlinks=True, dirs_exist_ok=True)
+            return
+        if existing_dir:
+            shutil.rmtree(dst)
+        elif dst.exists() or dst.is_symlink():
+            dst.unlink()
+        os.replace(top, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+class DockerRuntime(Runtime):
+    """A session in a container, through the Docker CLI.
+
+    ``options`` (from the spec, overridden by the constructor's): ``cli`` (argv or a string; else $POLAR_DOCKER_CLI,
+    else ``docker``), ``run_args`` (extra ``run`` arguments; else $POLAR_DOCKER_RUN_ARGS), ``shell`` (``/bin/sh``),
+    ``session_id`` (names the container; else the session directory's name and a hash of its path),
+    ``start_timeout`` (seconds, 120).
+    """
+
+    name: ClassVar[str] = "docker"
+    #: seconds a killed exec may take to end before its CLI client is killed too
+    KILL_GRACE: ClassVar[float] = 5.0
+
+    def __init__(self, spec: RuntimeSpec, session_dir: str | Path, *, gateway: GatewayEndpoint | None = None,
+                 options: dict[str, Any] | None = None) -> None:
+        super().__init__(spec, session_dir, gateway=gateway, options=options)
+        opts = {**spec.options, **self.options}
+        cli = opts.get("cli") or os.environ.get("POLAR_DOCKER_CLI") or "docker"
+        run_args = opts.get("run_args") or os.environ.get("POLAR_DOCKER_RUN_ARGS") or ()
+        self.commands = DockerCommands(cli=tuple(shlex.split(cli) if isinstance(cli, str) else cli),
+                                       run_args=tuple(shlex.split(run_args) if isinstance(run_args, str) else run_args),
+                                       shell=str(opts.get("shell") or "/bin/sh"))
+        self.start_timeout = float(opts.get("start_timeout") or 120.0)
+        self.session_id = session_id_for(self.session_dir, opts)
+        self.container = container_name(self.session_id)
+        self._private = self.session_dir / PRIVATE_DIR
+        self._execs: dict[str, _Exec] = {}
+        self._running = False
+        self._created = False
+        self._relay: GatewayRelay | None = None  # the host half of the gateway relay, while it serves
+        self._loopback: TextIO | None = None  # holds this sandbox's loopback address (network "host")
+
+    # -- CLI plumbing -------------------------------------------------------------------------------------------
+
+    async def _cli(self, argv: list[str], *, timeout: float = 60.0, stdin: Any = None,
+                   stdout: Any = asyncio.subprocess.PIPE) -> tuple[int, bytes, bytes]:
+        """Run one CLI command to completion; a missing CLI or a dead daemon raise SandboxUnavailable."""
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=stdin if stdin is not None else
+                                                        asyncio.subprocess.DEVNULL, stdout=stdout,
+                                                        stderr=asyncio.subprocess.PIPE, cwd=self._cli_cwd())
+        except FileNotFoundError as exc:
+            raise SandboxUnavailable(f"container CLI {argv[0]!r} not found: {INSTALL_HINT}") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
+        if proc.returncode and any(s in err.decode(errors="replace").lower() for s in _DAEMON_DOWN):
+            raise SandboxUnavailable(f"the container engine behind {argv[0]!r} is not reachable "
+                                     f"({_reason(err)}): {INSTALL_HINT}")
+        return proc.returncode or 0, out or b"", err
+
+    def _require_running(self) -> None:
+        if not self._running:
+            raise SandboxStateError(f"docker sandbox {self.container} is not running (start it first)")
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    def _cli_cwd(self) -> str | None:
+        """Run the CLI from the session directory: podman's conmon leaves files (an ``oom`` marker under a memory
+        limit) in its working directory, which must not be the caller's."""
+        return str(self.session_dir) if self.session_dir.is_dir() else None
+
+    async def start(self) -> None:
+        if self._running or self._created:
+            raise SandboxStateError(f"docker sandbox {self.container} was already started")
+        if shutil.which(self.commands.cli[0]) is None:
+            raise SandboxUnavailable(f"container CLI {self.commands.cli[0]!r} not found on PATH: {INSTALL_HINT}")
+        if not self.spec.image:
+            raise SandboxStartError("the docker backend needs runtime.image (an image name the CLI can run)")
+        session_dir = self.session_dir.resolve()
+        if ":" in str(session_dir):
+            raise SandboxStartError(f"session directory {session_dir} contains ':' and cannot be bind-mounted")
+        self._created = True  # from here on, stop() has something to clean up
+        try:
+            await asyncio.to_thread(_prepare_private, self._private)
+            if self.spec.network == "host":  # one 127.x.y.z per sandbox, from the pool the local backend uses too
+                self.loopback_ip, self._loopback = await asyncio.to_thread(LoopbackAllocator().acquire)
+            argv = self.commands.run(name=self.container, session_id=self.session_id, image=self.spec.image,
+                                     session_dir=session_dir, workdir=self.spec.workdir, env=self._env(),
+                                     network=self.spec.network, cpus=self.spec.cpus, memory_mb=self.spec.memory_mb,
+                                     max_processes=self.spec.max_processes,
+                                     relay=await self._start_relay() if self.spec.network == "gateway" else None)
+            code, _, err = await self._cli(argv, timeout=self.start_timeout)
+            if code != 0:
+                raise SandboxStartError(f"{self.commands.cli[0]} run failed (exit {code}): "
+                                        f"{err.decode(errors='replace').strip()}")
+            await self._wait_ready()
+        except BaseException:
+            with contextlib.suppress(SandboxError):
+                await self.stop()
+            raise
+        self._running = True
+
+    def _env(self) -> dict[str, str]:
+        """The container's environment: where things are (as the local backend sets it), then the spec's own."""
+        env = {"POLAR_SESSION_DIR": SESSION_MOUNT}
+        if self.loopback_ip is not None:
+            env["POLAR_LOOPBACK_IP"] = self.loopback_ip
+        if self.spec.network == "gateway" or (self.spec.network == "host" and self.gateway is not None):
+            env["POLAR_GATEWAY_URL"] = self.gateway_url
+        return {**env, **self.spec.env}
+
+    async def _wait_ready(self) -> None:
+        """PID 1 touches the ready marker once it runs (after the relay listens); a container that exits first is
+        a start error with its logs."""
+        ready = self._private / "ready"
+        deadline = time.monotonic() + self.start_timeout
+        while not await asyncio.to_thread(ready.exists):
+            if time.monotonic() > deadline:
+                raise SandboxStartError(f"{self.container} did not become ready in {self.start_timeout:g}s")
+            code, out, _ = await self._cli(self.commands.is_running(self.container))
+            if code != 0 or out.strip() != b"true":
+                _, logs, errs = await self._cli(self.commands.logs(self.container))
+                raise SandboxStartError(f"{self.container} exited during start: "
+                                        f"{(logs + errs).decode(errors='replace').strip()}")
+            await asyncio.sleep(0.02)
+
+    async def _start_relay(self) -> Path:
+        """Serve the gateway on ``<session>/gateway.sock`` (the shared host half); returns the helper to mount."""
+        if self.gateway is None:
+            raise SandboxStartError('network="gateway" needs the gateway endpoint (Runtime(..., gateway=...))')
+        program = await asyncio.to_thread(relay_program)  # may compile relay.c once
+        self._relay = GatewayRelay(self.session_dir.resolve(), self.gateway)
+        await self._relay.start()
+        return program
+
+    async def stop(self) -> None:
+        runs = list(self._execs.values())
+        for run in runs:
+            run.outcome = run.outcome or ExecStatus.CANCELLED
+            run.reason = run.reason or "sandbox stopped"
+        self._running = False
+        try:
+            if self._created:
+                await self._remove()
+            for run in runs:  # their commands died with the container: let each exec() return before we do
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(run.done.wait(), self.KILL_GRACE)
+        finally:
+            if self._relay is not None:
+                relay, self._relay = self._relay, None
+                await relay.stop()
+            await asyncio.to_thread(_clean_private, self.session_dir)
+            if self._loopback is not None:
+                LoopbackAllocator.release(self._loopback)
+                self._loopback = None
+
+    async def _remove(self) -> None:
+        """``rm -f`` our container and anything else labelled with this session (a leftover of an earlier run)."""
+        code, out, _ = await self._cli(self.commands.list_session(self.session_id))
+        ids = out.decode().split() if code == 0 else []
+        code, _, err = await self._cli(self.commands.remove([self.container, *ids]))
+        if code != 0 and not any(s in err.decode(errors="replace").lower() for s in _NO_SUCH):
+            raise SandboxError(f"could not remove {self.container}: {_reason(err)}")
+        self._created = False
+
+    async def cancel(self) -> None:
+        if not self._running:
+            return
+        runs = list(self._execs.values())
+        for run in runs:
+            run.outcome = run.outcome or ExecStatus.CANCELLED
+            run.reason = run.reason or "cancelled"
+        try:
+            code, _, _ = await self._cli(self.commands.kill_all(self.container), timeout=self.KILL_GRACE * 2)
+        except TimeoutError:
+            code = -1
+        if code != 0:  # the kill script could not run inside: restart the container (files stay, processes go)
+            await self._restart()
+        for run in runs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.done.wait(), self.KILL_GRACE * 2)
+
+    async def _restart(self) -> None:
+        await asyncio.to_thread((self._private / "ready").unlink, True)
+        code, _, err = await self._cli(self.commands.restart(self.container), timeout=self.start_timeout)
+        if code != 0:
+            self._running = False
+            raise SandboxError(f"could not restart {self.container} to cancel its commands: {_reason(err)}")
+        await self._wait_ready()
+
+    # -- exec ---------------------------------------------------------------------------------------------------
+
+    async def exec(self, command: list[str] | str, *, env: dict[str, str] | None = None, cwd: str | None = None,
+                   timeout: float | None = None, stdin: bytes | None = None,
+                   on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
+        self._require_running()
+        token = secrets.token_hex(8)
+        marker = f"{SESSION_MOUNT}/{PRIVATE_DIR}/exec/{token}"
+        argv = self.commands.exec(self.container, _as_command(command), marker=marker, env=env,
+                                  cwd=posixpath.join(self.spec.workdir, cwd or "."))
+        began = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
+                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                        cwd=self._cli_cwd())
+        except OSError as exc:
+            return ExecResult(status=ExecStatus.CRASHED, reason=f"cannot run {argv[0]!r}: {exc}",
+                              seconds=time.monotonic() - began)
+        run = _Exec(self._private / "exec" / token, proc)
+        self._execs[token] = run
+        out, err = bytearray(), bytearray()
+        work = asyncio.ensure_future(asyncio.gather(_pump(proc.stdout, out, on_stdout),
+                                                    _pump(proc.stderr, err, on_stderr), _feed(proc, stdin)))
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(work), timeout)
+            except TimeoutError:
+                run.outcome = run.outcome or ExecStatus.TIMEOUT
+                run.reason = run.reason or f"timed out after {timeout:g}s"
+                await self._kill(run, work)
+            await proc.wait()
+        except BaseException:  # the caller was cancelled, or an output callback raised
+            run.outcome = ExecStatus.CANCELLED
+            await asyncio.shield(self._kill(run, work))
+            raise
+        finally:
+            self._execs.pop(token, None)
+            run.done.set()
+        result = await self._result(run, bytes(out), bytes(err))
+        return result.model_copy(update={"seconds": time.monotonic() - began})
+
+    async def _kill(self, run: _Exec, work: asyncio.Future[Any]) -> None:
+        """Kill the exec's process tree inside; if its client still has not ended after a grace, kill the client."""
+        pid = None
+        for _ in range(100):  # the wrapper writes its pid first thing; wait briefly if it has not yet
+            started, pid, _ = await asyncio.to_thread(_read_markers, run.marker, False)
+            if started or run.proc.returncode is not None:
+                break
+            await asyncio.sleep(0.02)
+        if pid is not None:
+            with contextlib.suppress(SandboxError, TimeoutError):
+                await self._cli(self.commands.kill_tree(self.container, pid), timeout=self.KILL_GRACE)
+        try:
+            await asyncio.wait_for(asyncio.shield(work), self.KILL_GRACE)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                run.proc.kill()
+            await work
+
+    async def _result(self, run: _Exec, out: bytes, err: bytes) -> ExecResult:
+        code = run.proc.returncode
+        started, _, exit_code = await asyncio.to_thread(_read_markers, run.marker, True)
+        if run.outcome is not None:
+            return ExecResult(status=run.outcome, exit_code=None, stdout=out, stderr=err, reason=run.reason)
+        if not started:
+            return ExecResult(status=ExecStatus.CRASHED, exit_code=code, stdout=out, stderr=err,
+                              reason=_reason(err) or f"the command did not start (exit {code})")
+        if exit_code is not None:
+            code = exit_code
+        else:
+            found, state, _ = await self._cli(self.commands.is_running(self.container))
+            if found != 0 or state.strip() != b"true":
+                self._running = False
+                return ExecResult(status=ExecStatus.CRASHED, exit_code=code, stdout=out, stderr=err,
+                                  reason=f"the container {self.container} died while the command ran")
+        status = ExecStatus.OK if code == 0 else ExecStatus.FAILED
+        return ExecResult(status=status, exit_code=code, stdout=out, stderr=err)
+
+    # -- files --------------------------------------------------------------------------------------------------
+
+    async def upload(self, data: bytes | Path, dst: str) -> None:
+        self._require_running()
+        target = posixpath.normpath(posixpath.join(self.spec.workdir, dst))
+        if target == "/":
+            raise ValueError("cannot upload onto /")
+        fd, archive = await asyncio.to_thread(_pack, data, target)
+        try:
+            code, _, err = await self._cli(self.commands.copy_in(self.container), stdin=fd, timeout=3600)
+        finally:
+            os.close(fd)
+            await asyncio.to_thread(os.unlink, archive)
+        if code != 0:
+            raise SandboxError(f"upload to {target} failed: {_reason(err)}")
+
+    async def download(self, src: str, dst: Path) -> None:
+        self._require_running()
+        source = posixpath.normpath(posixpath.join(self.spec.workdir, src))
+        fd, name = await asyncio.to_thread(tempfile.mkstemp, prefix="polar-download-", suffix=".tar")
+        archive = Path(name)
+        try:
+            try:
+                code, _, err = await self._cli(self.commands.copy_out(self.container, source), stdout=fd,
+                                               timeout=3600)
+            finally:
+                os.close(fd)
+            if code != 0:
+                text = err.decode(errors="replace")
+                if any(s in text.lower() for s in _NOT_FOUND):
+                    raise FileNotFoundError(f"{source} does not exist in {self.container}: {_reason(err)}")
+                raise SandboxError(f"download of {source} failed: {_reason(err)}")
+            await asyncio.to_thread(_unpack, archive, Path(dst))
+        finally:
+            await asyncio.to_thread(os.unlink, archive)
+
+
+async def _pump(stream: asyncio.StreamReader | None, buf: bytearray, callback: OutputCallback | None) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        buf += chunk
+        if callback is not None:
+            callback(chunk)
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
+    if proc.stdin is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        if data:
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+    proc.stdin.close()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        await proc.stdin.wait_closed()

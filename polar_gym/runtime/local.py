@@ -1,0 +1,498 @@
+"""The ``local`` backend: a rootless bubblewrap sandbox that starts in milliseconds.
+
+Design: every exec is its own ``bwrap`` invocation over the same mounts; the sandbox's state lives in the session
+directory (``/polar``, the workdir, ``HOME=/polar/home``, ``/tmp``), so nothing has to stay alive between execs.
+Why not one long-lived sandbox that execs enter: each exec then gets its own pid namespace, and killing the outer
+bwrap (started in its own session; the inner one has ``--die-with-parent``) makes the kernel kill every process of
+that exec, including ones that called setsid or daemonized, with no cgroup needed. Entering a long-lived sandbox
+would need nsenter plus our own process tracking, and a crash would take every exec down at once. The price: a
+background process does not outlive the exec that started it, and each exec has its own loopback network (servers
+meant for later execs must be started in the same command).
+
+Isolation: user, mount, pid, ipc, uts (and cgroup where possible) namespaces; a network namespace in modes ``none``
+and ``gateway``; ``--die-with-parent`` and ``--new-session``. The root is read-only (the host's or an unpacked image
+directory, ``spec.image``); the environment is built from scratch (nothing of the host's leaks in).
+
+Limits (approximate, documented): ``max_processes`` is RLIMIT_NPROC set inside the sandbox by the helper, after the
+user namespace exists, so it counts this exec's processes; the kernel exempts host uid 0 from it, so when running as
+root a pids cgroup (v1, or v2 where pids is delegated) enforces it instead when one is writable. ``memory_mb`` is
+RLIMIT_DATA per process (heap and anonymous memory; not a total over the tree, not page cache). ``cpus`` pins the
+exec to ceil(cpus) CPUs by affinity (no fractional shares; a process may widen its own affinity again).
+
+Network ``host`` shares the host network and allocates a distinct 127.x.y.z per sandbox (``POLAR_LOOPBACK_IP``),
+advisory only. ``gateway`` relays 127.0.0.1:GATEWAY_INNER_PORT to the gateway's proxy (polar_gym/runtime/relay.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import itertools
+import json
+import logging
+import math
+import os
+import posixpath
+import random
+import shutil
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TextIO
+
+from polar_gym.runtime.base import (
+    RELAY_PATH,
+    ExecResult,
+    ExecStatus,
+    GatewayEndpoint,
+    OutputCallback,
+    Runtime,
+)
+from polar_gym.runtime.bwrap import (
+    SandboxLayout,
+    WorkdirError,
+    bwrap_argv,
+    cgroup_wrap,
+    list_root,
+    plan_workdir,
+    sandbox_env,
+)
+from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.relay import GatewayRelay, helper_argv, relay_program
+from polar_gym.schema import RuntimeSpec
+
+__all__ = ["LocalRuntime", "LoopbackAllocator", "PidsCgroup", "confine"]
+
+_CHUNK = 65536
+log = logging.getLogger(__name__)
+_cpu_counter = itertools.count()
+
+
+class LoopbackAllocator:
+    """Distinct 127.x.y.z addresses across sandboxes and processes, held by flock'ed files (freed on crash too)."""
+
+    def __init__(self, directory: Path | None = None, prefix: int = 77) -> None:
+        self.directory = directory or Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / f"polar_gym-lo-{os.getuid()}"
+        self.prefix = prefix
+
+    def acquire(self) -> tuple[str, TextIO]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        start = random.randrange(256 * 254)
+        for i in range(256 * 254):
+            n = (start + i) % (256 * 254)
+            ip = f"127.{self.prefix}.{n // 254}.{n % 254 + 1}"
+            handle = open(self.directory / ip, "a")  # held open (and locked) until release
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            return ip, handle
+        raise SandboxStartError("no free loopback address")
+
+    @staticmethod
+    def release(handle: TextIO) -> None:
+        handle.close()
+
+
+class PidsCgroup:
+    """A pids cgroup for one sandbox (used as root, where RLIMIT_NPROC does not apply)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, name: str, max_pids: int) -> PidsCgroup | None:
+        """None when no writable pids hierarchy exists (the limit then rests on RLIMIT_NPROC alone)."""
+        for base in _pids_bases():
+            try:
+                path = base / name
+                path.mkdir()
+                (path / "pids.max").write_text(str(max_pids))
+                return cls(path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    (base / name).rmdir()
+        return None
+
+    @property
+    def procs_file(self) -> str:
+        return str(self.path / "cgroup.procs")
+
+    def kill_all(self) -> None:
+        with contextlib.suppress(OSError):
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+    async def remove(self) -> None:
+        for _ in range(100):
+            self.kill_all()
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                await asyncio.sleep(0.02)
+
+
+def _pids_bases() -> list[Path]:
+    bases = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, rel = line.split(":", 2)
+            if "pids" in controllers.split(","):
+                bases.append(Path("/sys/fs/cgroup/pids") / rel.lstrip("/"))
+            elif controllers == "":
+                own = Path("/sys/fs/cgroup") / rel.lstrip("/")
+                with contextlib.suppress(OSError):
+                    if "pids" in (own / "cgroup.subtree_control").read_text().split():
+                        bases.append(own)
+    return bases
+
+
+def confine(areas: list[tuple[str, str]], inside: str, workdir: str) -> Path:
+    """Map a path inside the sandbox to its host path in a writable area, refusing anything that escapes one
+    (``..``, absolute paths elsewhere, symlinks pointing out of the area)."""
+    path = posixpath.normpath(posixpath.join(workdir, inside))
+    for prefix, host in areas:
+        if path == prefix or path.startswith(prefix + "/"):
+            rel = posixpath.relpath(path, prefix)
+            host_root = Path(host).resolve()
+            candidate = (host_root / rel).resolve() if rel != "." else host_root
+            if candidate != host_root and host_root not in candidate.parents:
+                raise SandboxError(f"{inside!r} leaves the sandbox's writable area {prefix}")
+            return candidate
+    raise SandboxError(f"{inside!r} is not in a writable area of the sandbox "
+                       f"({', '.join(prefix for prefix, _ in areas)})")
+
+
+@dataclass(eq=False)
+class _Running:
+    proc: asyncio.subprocess.Process
+    killed: ExecStatus | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _copy_in(data: bytes | Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, bytes):
+        target.write_bytes(data)
+    elif data.is_dir():
+        shutil.copytree(data, target, symlinks=True, dirs_exist_ok=True)
+    else:
+        shutil.copyfile(data, target)
+
+
+def _copy_out(source: Path, dst: Path) -> None:
+    if not source.exists():
+        raise FileNotFoundError(f"nothing at {source}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        shutil.copytree(source, dst, symlinks=True, dirs_exist_ok=True)
+    else:
+        shutil.copyfile(source, dst)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+class LocalRuntime(Runtime):
+    """bubblewrap sandbox; options: ``bwrap`` (binary), ``hostname``, ``ro_binds`` ({host: inside})."""
+
+    name: ClassVar[str] = "local"
+
+    def __init__(self, spec: RuntimeSpec, session_dir: str | Path, *, gateway: GatewayEndpoint | None = None,
+                 options: dict[str, Any] | None = None) -> None:
+        super().__init__(spec, session_dir, gateway=gateway, options={**spec.options, **(options or {})})
+        self._layout: SandboxLayout | None = None
+        self._running: set[_Running] = set()
+        self._relay: GatewayRelay | None = None
+        self._loopback: TextIO | None = None
+        self._cgroup: PidsCgroup | None = None
+        self._cpus: list[int] | None = None
+        self._stopped = False
+        self._bwrap = str(self.options.get("bwrap", "bwrap"))
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._stopped:
+            raise SandboxStateError("this sandbox was stopped; make a new one")
+        bwrap = shutil.which(self._bwrap)
+        if bwrap is None:
+            raise SandboxUnavailable("bubblewrap is not installed: apt-get install bubblewrap "
+                                     "(or bash scripts/setup.sh)")
+        self._bwrap = bwrap
+        root = Path(self.spec.image) if self.spec.image else Path("/")
+        if not root.is_dir():
+            raise SandboxStartError(f"the local backend needs an unpacked image directory, not {self.spec.image!r}")
+        self._layout = await asyncio.to_thread(self._prepare, root)
+        if self.spec.network == "gateway":
+            if self.gateway is None:
+                raise SandboxStartError("network 'gateway' needs a gateway endpoint")
+            self._relay = GatewayRelay(self.session_dir.resolve(), self.gateway)
+            await self._relay.start()
+        elif self.spec.network == "host":
+            self.loopback_ip, self._loopback = LoopbackAllocator().acquire()
+        if self.spec.max_processes is not None and os.geteuid() == 0:
+            self._cgroup = PidsCgroup.create(f"polar_gym-{uuid.uuid4().hex[:12]}", self.spec.max_processes)
+            if self._cgroup is None:  # uid 0 is exempt from RLIMIT_NPROC, so nothing would hold the limit
+                log.warning("max_processes=%s is not enforced: running as root without a writable pids cgroup",
+                            self.spec.max_processes)
+        if self.spec.cpus is not None:
+            available = sorted(os.sched_getaffinity(0))
+            n = max(1, min(len(available), math.ceil(self.spec.cpus)))
+            first = next(_cpu_counter)
+            self._cpus = sorted(available[(first + i) % len(available)] for i in range(n))
+
+    def _prepare(self, root: Path) -> SandboxLayout:
+        session = self.session_dir.resolve()
+        for sub in ("home", "tmp", ".bin"):
+            (session / sub).mkdir(parents=True, exist_ok=True)
+        entries = list_root(root)
+        try:
+            workdir_host = plan_workdir(self.spec.workdir, entries, root, str(session))
+        except WorkdirError as exc:
+            raise SandboxStartError(str(exc)) from exc
+        relay = None
+        if self._needs_helper():
+            relay = str(relay_program())
+            (session / ".bin" / "relay").touch()  # the mount point
+        extra = tuple((str(h), str(i)) for h, i in dict(self.options.get("ro_binds") or {}).items())
+        layout = SandboxLayout(root=str(root), entries=entries, session_dir=str(session),
+                             workdir=posixpath.normpath(self.spec.workdir), workdir_host=workdir_host,
+                             network=self.spec.network, relay=relay,
+                             hostname=str(self.options.get("hostname", "polar")), extra_ro=extra)
+        confine(layout.writable(), layout.workdir, "/").mkdir(parents=True, exist_ok=True)
+        return layout
+
+    def _needs_helper(self) -> bool:
+        s = self.spec
+        nproc_by_rlimit = s.max_processes is not None and os.geteuid() != 0
+        return s.network == "gateway" or nproc_by_rlimit or s.memory_mb is not None or s.cpus is not None
+
+    async def stop(self) -> None:
+        self._stopped = True
+        await self._kill_all(ExecStatus.CANCELLED)
+        if self._relay is not None:
+            await self._relay.stop()
+            self._relay = None
+        if self._loopback is not None:
+            LoopbackAllocator.release(self._loopback)
+            self._loopback = None
+        if self._cgroup is not None:
+            await self._cgroup.remove()
+            self._cgroup = None
+
+    async def cancel(self) -> None:
+        await self._kill_all(ExecStatus.CANCELLED)
+
+    async def _kill_all(self, status: ExecStatus) -> None:
+        running = list(self._running)
+        for r in running:
+            self._kill(r, status)
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+        for r in running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(r.done.wait(), 10)
+
+    @staticmethod
+    def _kill(r: _Running, status: ExecStatus) -> None:
+        """Kill the sandbox's pid 1 (the kernel then kills its whole pid namespace) so that the outer bwrap reaps
+        it and exits; then, in case it does not, the outer bwrap's process group (``--die-with-parent`` takes the
+        namespace down with it, but leaves pid 1 as a zombie for init to reap)."""
+        if r.killed is None:
+            r.killed = status
+        pid = r.proc.pid
+        try:
+            inner = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except OSError:
+            inner = []
+        for child in inner:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+
+        def outer() -> None:
+            if r.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+        if inner:
+            asyncio.get_running_loop().call_later(0.5, outer)
+        else:
+            outer()
+
+    # -- exec --------------------------------------------------------------------------------------------------
+
+    def command_argv(self, command: list[str] | str, *, cwd: str | None = None, status_fd: int | None = None
+                     ) -> list[str]:
+        """The host command line for one exec (bwrap, the helper, the command)."""
+        if self._layout is None:
+            raise SandboxStateError("the sandbox is not started")
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        if self._layout.relay is not None:
+            nproc = self.spec.max_processes if os.geteuid() != 0 else None
+            data = self.spec.memory_mb * 1024 * 1024 if self.spec.memory_mb is not None else None
+            argv = helper_argv(RELAY_PATH, argv, gateway=self.spec.network == "gateway", nproc=nproc,
+                               data_bytes=data, cpus=self._cpus)
+        inside_cwd = posixpath.normpath(posixpath.join(self._layout.workdir, cwd or "."))
+        full = bwrap_argv(self._layout, argv, cwd=inside_cwd, status_fd=status_fd, bwrap=self._bwrap)
+        if self._cgroup is not None:
+            full = cgroup_wrap(self._cgroup.procs_file, full)
+        return full
+
+    def command_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        url = self.gateway_url if self.spec.network == "gateway" or self.gateway is not None else None
+        return sandbox_env(self.spec.env, env, loopback_ip=self.loopback_ip, gateway_url=url)
+
+    async def exec(self, command: list[str] | str, *, env: dict[str, str] | None = None, cwd: str | None = None,
+                   timeout: float | None = None, stdin: bytes | None = None,
+                   on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
+        if self._stopped or self._layout is None:
+            raise SandboxStateError("the sandbox is not running")
+        started = time.monotonic()
+        status_r, status_w = os.pipe()
+        try:
+            argv = self.command_argv(command, cwd=cwd, status_fd=status_w)
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.command_env(env),
+                pass_fds=(status_w,), start_new_session=True)
+        except OSError as exc:
+            os.close(status_r)
+            return ExecResult(status=ExecStatus.CRASHED, reason=f"cannot start bwrap: {exc}",
+                              seconds=time.monotonic() - started)
+        finally:
+            os.close(status_w)
+        run = _Running(proc)
+        self._running.add(run)
+        out, err = bytearray(), bytearray()
+        readers = [asyncio.create_task(_read(proc.stdout, out, on_stdout)),
+                   asyncio.create_task(_read(proc.stderr, err, on_stderr))]
+        if stdin is not None:
+            readers.append(asyncio.create_task(_feed(proc, stdin)))
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                self._kill(run, ExecStatus.TIMEOUT)
+                await proc.wait()
+            status = _read_status(status_r)
+            if run.killed is None and status.get("exit-code") is None:
+                self._kill(run, ExecStatus.CRASHED)  # bwrap died on its own: make sure its namespace goes too
+            # all output is in once every sandbox process has closed the pipes (the kernel kills them with pid 1)
+            _, pending = await asyncio.wait(readers, timeout=10)
+            for task in pending:
+                task.cancel()
+            child = status.get("child-pid")
+            if isinstance(child, int):
+                for _ in range(500):
+                    if _gone(child):
+                        break
+                    await asyncio.sleep(0.01)
+        except BaseException:  # our caller was cancelled: take the sandbox down before letting go
+            self._kill(run, ExecStatus.CANCELLED)
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), 5)
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            raise
+        finally:
+            os.close(status_r)
+            self._running.discard(run)
+            run.done.set()
+        return _result(run, proc.returncode, status, bytes(out), bytes(err), time.monotonic() - started)
+
+    # -- files -------------------------------------------------------------------------------------------------
+
+    def host_path(self, inside: str) -> Path:
+        """The host path behind ``inside`` (relative paths are from the workdir); only writable areas."""
+        if self._layout is None:
+            raise SandboxStateError("the sandbox is not started")
+        return confine(self._layout.writable(), inside, self._layout.workdir)
+
+    async def upload(self, data: bytes | Path, dst: str) -> None:
+        if self._stopped:
+            raise SandboxStateError("the sandbox is not running")
+        await asyncio.to_thread(_copy_in, data, self.host_path(dst))
+
+    async def download(self, src: str, dst: Path) -> None:
+        if self._stopped:
+            raise SandboxStateError("the sandbox is not running")
+        await asyncio.to_thread(_copy_out, self.host_path(src), Path(dst))
+
+
+async def _read(stream: asyncio.StreamReader | None, sink: bytearray, callback: OutputCallback | None) -> None:
+    assert stream is not None
+    while chunk := await stream.read(_CHUNK):
+        sink += chunk
+        if callback is not None:
+            callback(chunk)
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+        proc.stdin.close()
+
+
+def _read_status(fd: int) -> dict[str, Any]:
+    """bwrap's --json-status-fd documents (child-pid, then exit-code), merged; written before bwrap exits."""
+    os.set_blocking(fd, False)
+    raw = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, _CHUNK):
+            raw += chunk
+    merged: dict[str, Any] = {}
+    decoder = json.JSONDecoder()
+    text, pos = raw.decode(errors="replace"), 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            break
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            break
+        if isinstance(obj, dict):
+            merged.update(obj)
+    return merged
+
+
+def _result(run: _Running, returncode: int | None, status: dict[str, Any], out: bytes, err: bytes,
+            seconds: float) -> ExecResult:
+    code = status.get("exit-code")
+    if run.killed in (ExecStatus.TIMEOUT, ExecStatus.CANCELLED):
+        reason = "timed out" if run.killed is ExecStatus.TIMEOUT else "cancelled"
+        return ExecResult(status=run.killed, stdout=out, stderr=err, seconds=seconds, reason=reason)
+    if isinstance(code, int):
+        return ExecResult(status=ExecStatus.OK if code == 0 else ExecStatus.FAILED, exit_code=code, stdout=out,
+                          stderr=err, seconds=seconds)
+    lines = [line for line in err.decode(errors="replace").splitlines() if line.startswith("bwrap: ")]
+    if lines and lines[-1].startswith("bwrap: execvp "):  # the sandbox is fine, the command does not exist
+        missing = "No such file" in lines[-1]
+        return ExecResult(status=ExecStatus.FAILED, exit_code=127 if missing else 126, stdout=out, stderr=err,
+                          seconds=seconds, reason=lines[-1].removeprefix("bwrap: "))
+    if returncode is not None and returncode < 0:
+        reason = f"the sandbox was killed by signal {-returncode}"
+    elif lines:
+        reason = lines[-1]
+    else:
+        reason = f"the sandbox exited with {returncode} without running the command to its end"
+    return ExecResult(status=ExecStatus.CRASHED, exit_code=None, stdout=out, stderr=err, seconds=seconds,
+                      reason=reason)

@@ -1,0 +1,244 @@
+/*
+ * polar_gym sandbox helper: applies resource limits, optionally starts the "gateway only" relay, then execs a command.
+ *
+ *   relay [-n NPROC] [-m DATA_BYTES] [-c CPU,CPU,...] [-l PORT -u SOCKET] -- CMD [ARGS...]
+ *
+ * Limits are set here, inside the sandbox (after its user namespace exists), so RLIMIT_NPROC counts the sandbox's
+ * own processes rather than every process of the user on the host. With -l/-u it listens on 127.0.0.1:PORT, forks
+ * a relay process that forwards every TCP connection to the Unix socket SOCKET (the gateway's proxy, reached through
+ * the session directory), and only then execs CMD, so the proxy is reachable the moment CMD starts. The relay lives
+ * in the sandbox's pid namespace and dies with it.
+ *
+ * The relay is one poll() loop with a fixed buffer per direction: any number of concurrent connections (up to the
+ * fd limit), half-close propagated with shutdown(SHUT_WR), no dependency beyond libc (built with -static).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define BUF 65536
+
+struct half {          /* one direction: bytes read from `from`, waiting to be written to `to` */
+    char buf[BUF];
+    size_t len, off;
+    int eof;           /* `from` reached EOF (or failed) */
+    int shut;          /* SHUT_WR already sent to `to` */
+};
+
+struct conn {
+    int fd[2];         /* 0: TCP client inside the sandbox, 1: Unix socket to the gateway */
+    struct half h[2];  /* h[0]: fd[0] -> fd[1], h[1]: fd[1] -> fd[0] */
+};
+
+static struct conn **conns;
+static size_t nconns, capconns;
+
+static void die(const char *what) {
+    fprintf(stderr, "polar relay: %s: %s\n", what, strerror(errno));
+    exit(126);
+}
+
+static void set_nonblock(int fd) {
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+static void close_conn(size_t i) {
+    close(conns[i]->fd[0]);
+    close(conns[i]->fd[1]);
+    free(conns[i]);
+    conns[i] = conns[--nconns];
+}
+
+static void accept_one(int lfd, const char *path) {
+    int c = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (c < 0) return;
+    int u = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    strncpy(sa.sun_path, path, sizeof sa.sun_path - 1);
+    if (u < 0 || connect(u, (struct sockaddr *)&sa, sizeof sa) < 0) {  /* blocking: a local socket answers at once */
+        if (u >= 0) close(u);
+        close(c);
+        return;
+    }
+    set_nonblock(u);
+    int one = 1;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (nconns == capconns) {
+        capconns = capconns ? capconns * 2 : 64;
+        conns = realloc(conns, capconns * sizeof *conns);
+        if (!conns) die("realloc");
+    }
+    struct conn *k = calloc(1, sizeof *k);
+    if (!k) die("calloc");
+    k->fd[0] = c;
+    k->fd[1] = u;
+    conns[nconns++] = k;
+}
+
+/* Move data for one direction; returns -1 when the connection must be dropped. */
+static int pump(struct conn *k, int d) {
+    struct half *h = &k->h[d];
+    int from = k->fd[d], to = k->fd[1 - d];
+    if (h->len == 0 && !h->eof) {
+        ssize_t n = read(from, h->buf, BUF);
+        if (n > 0) {
+            h->len = (size_t)n;
+            h->off = 0;
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            h->eof = 1;
+        }
+    }
+    while (h->len > 0) {
+        ssize_t n = send(to, h->buf + h->off, h->len, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) return 0;
+            return -1;
+        }
+        h->off += (size_t)n;
+        h->len -= (size_t)n;
+    }
+    if (h->eof && !h->shut) {
+        shutdown(to, SHUT_WR);
+        h->shut = 1;
+    }
+    return 0;
+}
+
+static void serve(int lfd, const char *path) {
+    struct pollfd *pfd = NULL;
+    size_t cap = 0;
+    for (;;) {
+        size_t need = 1 + 2 * nconns;
+        if (need > cap) {
+            cap = need * 2;
+            pfd = realloc(pfd, cap * sizeof *pfd);
+            if (!pfd) die("realloc");
+        }
+        pfd[0].fd = lfd;
+        pfd[0].events = POLLIN;
+        for (size_t i = 0; i < nconns; i++) {
+            struct conn *k = conns[i];
+            for (int s = 0; s < 2; s++) {
+                /* socket s: read when its outgoing buffer is empty, write when the other side's buffer has data */
+                short ev = 0;
+                if (!k->h[s].eof && k->h[s].len == 0) ev |= POLLIN;
+                if (k->h[1 - s].len > 0) ev |= POLLOUT;
+                pfd[1 + 2 * i + s].fd = k->fd[s];
+                pfd[1 + 2 * i + s].events = ev;
+            }
+        }
+        if (poll(pfd, need, -1) < 0) {
+            if (errno == EINTR) continue;
+            die("poll");
+        }
+        size_t count = nconns;  /* connections accepted below are polled next round */
+        for (size_t i = count; i-- > 0;) {
+            short r0 = pfd[1 + 2 * i].revents, r1 = pfd[2 + 2 * i].revents;
+            if (!r0 && !r1) continue;
+            struct conn *k = conns[i];
+            if (pump(k, 0) < 0 || pump(k, 1) < 0 || (k->h[0].shut && k->h[1].shut)) {
+                close_conn(i);
+                continue;
+            }
+            /* a reset peer that we can neither read from nor write to any more */
+            if (((r0 | r1) & (POLLERR | POLLNVAL)) && k->h[0].len == 0 && k->h[1].len == 0) close_conn(i);
+        }
+        if (pfd[0].revents & POLLIN) {
+            for (int j = 0; j < 64; j++) {
+                size_t before = nconns;
+                errno = 0;
+                accept_one(lfd, path);
+                if (nconns == before && errno == EAGAIN) break;
+            }
+        }
+    }
+}
+
+static void limit(int resource, const char *value) {
+    struct rlimit rl;
+    rl.rlim_cur = rl.rlim_max = (rlim_t)strtoull(value, NULL, 10);
+    if (setrlimit(resource, &rl) < 0) die("setrlimit");
+}
+
+static void affinity(const char *list) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    char *copy = strdup(list), *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) CPU_SET(atoi(tok), &set);
+    free(copy);
+    if (sched_setaffinity(0, sizeof set, &set) < 0) die("sched_setaffinity");
+}
+
+int main(int argc, char **argv) {
+    const char *port = NULL, *path = NULL;
+    int opt;
+    while ((opt = getopt(argc, argv, "+n:m:c:l:u:")) != -1) {
+        switch (opt) {
+        case 'n': limit(RLIMIT_NPROC, optarg); break;
+        case 'm': limit(RLIMIT_DATA, optarg); break;
+        case 'c': affinity(optarg); break;
+        case 'l': port = optarg; break;
+        case 'u': path = optarg; break;
+        default:
+            fprintf(stderr, "usage: relay [-n NPROC] [-m BYTES] [-c CPUS] [-l PORT -u SOCKET] -- CMD...\n");
+            return 2;
+        }
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "polar relay: no command\n");
+        return 2;
+    }
+    if (port && path) {
+        if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+            errno = ENAMETOOLONG;
+            die(path);
+        }
+        int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (lfd < 0) die("socket");
+        int one = 1;
+        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        struct sockaddr_in sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons((unsigned short)atoi(port));
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) < 0) die("bind 127.0.0.1");
+        if (listen(lfd, 1024) < 0) die("listen");
+        pid_t pid = fork();
+        if (pid < 0) die("fork");
+        if (pid == 0) {
+            signal(SIGPIPE, SIG_IGN);
+            int null = open("/dev/null", O_RDWR);
+            if (null >= 0) {
+                dup2(null, 0);
+                dup2(null, 1);
+                dup2(null, 2);
+                if (null > 2) close(null);
+            }
+            set_nonblock(lfd);
+            serve(lfd, path);
+            return 0;
+        }
+        close(lfd);
+    }
+    execvp(argv[optind], argv + optind);
+    int err = errno;
+    fprintf(stderr, "polar relay: cannot run %s: %s\n", argv[optind], strerror(err));
+    return err == ENOENT ? 127 : 126;
+}

@@ -1,0 +1,162 @@
+"""The two halves of "gateway only" networking, shared by every backend, and the in-sandbox helper that also applies
+resource limits.
+
+Host side, :class:`GatewayRelay` is an asyncio Unix-socket server in the session directory
+(``<session>/gateway.sock``, so ``/polar/gateway.sock`` inside) that forwards each connection to the gateway's TCP
+endpoint. Inside, the helper (``relay.c``, built statically; ``relay_fallback.py`` where gcc is missing) listens on
+``127.0.0.1:GATEWAY_INNER_PORT`` and forwards to that socket. A sandbox without a network namespace route to the host
+can then reach the proxy and nothing else. Backends mount the helper read-only at :data:`~base.RELAY_PATH`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from polar_gym.runtime.base import GATEWAY_INNER_PORT, SESSION_MOUNT, GatewayEndpoint
+
+__all__ = [
+    "GATEWAY_SOCKET",
+    "RELAY_FALLBACK",
+    "RELAY_SOURCE",
+    "GatewayRelay",
+    "build_relay",
+    "cache_dir",
+    "helper_argv",
+    "relay_program",
+]
+
+RELAY_SOURCE = Path(__file__).with_name("relay.c")
+RELAY_FALLBACK = Path(__file__).with_name("relay_fallback.py")
+#: the gateway socket's name in the session directory (``/polar/gateway.sock`` inside)
+GATEWAY_SOCKET = "gateway.sock"
+_SUN_PATH_MAX = 107
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar_gym")
+
+
+def _relay_target(cache: Path | None = None) -> Path:
+    digest = hashlib.sha256(RELAY_SOURCE.read_bytes()).hexdigest()[:16]
+    return (cache or cache_dir()) / f"relay-{digest}" / "relay"
+
+
+def build_relay(cache: Path | None = None, cc: str = "gcc") -> Path:
+    """Compile relay.c statically into ``<cache>/relay-<sha of source>/relay`` (once; keyed by the source).
+
+    Blocking (runs the compiler): call it from set-up or a thread. Raises ``FileNotFoundError`` without a compiler
+    and ``subprocess.CalledProcessError`` when the build fails.
+    """
+    target = _relay_target(cache)
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / "relay"
+        subprocess.run([cc, "-O2", "-static", "-o", str(out), str(RELAY_SOURCE)], check=True, capture_output=True)
+        out.chmod(0o755)
+        os.replace(out, target)  # atomic: concurrent builders never see a half-written binary
+    return target
+
+
+def relay_program(cache: Path | None = None) -> Path:
+    """The helper to mount into sandboxes: the compiled relay, built now if gcc is there, else the Python script."""
+    target = _relay_target(cache)
+    if target.is_file():
+        return target
+    if shutil.which("gcc"):
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            return build_relay(cache)
+    return RELAY_FALLBACK
+
+
+def helper_argv(helper: str, command: Sequence[str], *, gateway: bool = False, nproc: int | None = None,
+                data_bytes: int | None = None, cpus: Sequence[int] | None = None,
+                socket_path: str = f"{SESSION_MOUNT}/{GATEWAY_SOCKET}") -> list[str]:
+    """The in-sandbox command line: helper options, then ``--`` and the command."""
+    argv = [helper]
+    if nproc is not None:
+        argv += ["-n", str(nproc)]
+    if data_bytes is not None:
+        argv += ["-m", str(data_bytes)]
+    if cpus:
+        argv += ["-c", ",".join(str(c) for c in cpus)]
+    if gateway:
+        argv += ["-l", str(GATEWAY_INNER_PORT), "-u", socket_path]
+    return [*argv, "--", *command]
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (OSError, asyncio.IncompleteReadError):
+        writer.close()
+
+
+class GatewayRelay:
+    """Host half of the relay: ``<session_dir>/gateway.sock`` → the gateway's TCP endpoint."""
+
+    def __init__(self, session_dir: Path, endpoint: GatewayEndpoint) -> None:
+        self.path = session_dir / GATEWAY_SOCKET
+        self.endpoint = endpoint
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if len(str(self.path)) <= _SUN_PATH_MAX:
+                sock.bind(str(self.path))
+            else:  # too long for sun_path: bind through a short /proc/self/fd path to the directory
+                fd = os.open(self.path.parent, os.O_PATH)
+                try:
+                    sock.bind(f"/proc/self/fd/{fd}/{GATEWAY_SOCKET}")
+                finally:
+                    os.close(fd)
+        except OSError:
+            sock.close()
+            raise
+        self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=1024)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)  # type: ignore[arg-type]
+        try:
+            try:
+                up_r, up_w = await asyncio.open_connection(self.endpoint.host, self.endpoint.port)
+            except OSError:
+                return
+            try:
+                await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+            finally:
+                up_w.close()
+        finally:
+            writer.close()
+            self._tasks.discard(task)  # type: ignore[arg-type]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()

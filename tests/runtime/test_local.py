@@ -1,0 +1,268 @@
+"""The local (bubblewrap) backend beyond the conformance suite: golden command lines, the relay on its own (C and
+Python), an unpacked image as root, bwrap failures, and the command line's clean-up on signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import processes_with
+
+import polar_gym.runtime as runtime_pkg
+from polar_gym.runtime import bwrap as bwrap_mod
+from polar_gym.runtime import local as local_mod
+from polar_gym.runtime import relay as relay_mod
+from polar_gym.runtime.base import RELAY_PATH, ExecStatus
+from polar_gym.runtime.bwrap import RootEntry, SandboxLayout, WorkdirError, bwrap_argv, plan_workdir, sandbox_env
+from polar_gym.runtime.errors import SandboxError, SandboxStartError
+from polar_gym.runtime.local import LocalRuntime, LoopbackAllocator, confine
+from polar_gym.runtime.relay import build_relay, helper_argv
+from polar_gym.schema import RuntimeSpec
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+ROOT = Path(__file__).parents[2]
+ENTRIES = (RootEntry("bin", "symlink", "usr/bin"), RootEntry("etc", "dir"), RootEntry("usr", "dir"))
+
+
+def test_exports() -> None:
+    for module in (runtime_pkg, bwrap_mod, local_mod, relay_mod):
+        assert all(hasattr(module, name) for name in module.__all__)
+    assert RELAY_PATH == "/polar/.bin/relay"
+
+
+def test_bwrap_argv_golden() -> None:
+    layout = SandboxLayout(root="/", entries=ENTRIES, session_dir="/s", workdir="/workspace",
+                           workdir_host="/s/workspace", network="gateway", relay="/cache/relay")
+    assert bwrap_argv(layout, ["sh", "-c", "x"], cwd="/workspace/sub", status_fd=3, bwrap="/usr/bin/bwrap") == [
+        "/usr/bin/bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        "--unshare-net", "--die-with-parent", "--new-session", "--hostname", "polar",
+        "--symlink", "usr/bin", "/bin", "--ro-bind", "/etc", "/etc", "--ro-bind", "/usr", "/usr",
+        "--dev", "/dev", "--proc", "/proc", "--ro-bind-try", "/sys", "/sys",
+        "--bind", "/s/tmp", "/tmp", "--bind", "/s", "/polar", "--bind", "/s/workspace", "/workspace",
+        "--ro-bind", "/cache/relay", "/polar/.bin/relay",
+        "--remount-ro", "/", "--chdir", "/workspace/sub", "--json-status-fd", "3", "--", "sh", "-c", "x"]
+
+
+def test_bwrap_argv_host_network_and_image_root() -> None:
+    layout = SandboxLayout(root="/img", entries=ENTRIES[1:], session_dir="/s", workdir="/polar/work",
+                           workdir_host=None, network="host")
+    argv = bwrap_argv(layout, ["true"], cwd="/polar/work")
+    assert "--unshare-net" not in argv
+    assert argv[argv.index("--ro-bind") + 1: argv.index("--ro-bind") + 3] == ["/img/etc", "/etc"]
+    assert "/workspace" not in argv and RELAY_PATH not in argv
+
+
+def test_helper_argv_golden() -> None:
+    assert helper_argv("/polar/.bin/relay", ["sh", "-c", "x"], gateway=True, nproc=16, data_bytes=1024,
+                       cpus=[0, 1]) == ["/polar/.bin/relay", "-n", "16", "-m", "1024", "-c", "0,1", "-l", "18080",
+                                        "-u", "/polar/gateway.sock", "--", "sh", "-c", "x"]
+    assert helper_argv("r", ["true"]) == ["r", "--", "true"]
+
+
+def test_sandbox_env_starts_from_nothing() -> None:
+    env = sandbox_env({"A": "spec", "B": "spec"}, {"B": "exec"}, loopback_ip="127.77.0.9", gateway_url="http://g")
+    assert env == {"PATH": bwrap_mod.DEFAULT_PATH, "HOME": "/polar/home", "LANG": "C.UTF-8", "TERM": "dumb",
+                   "POLAR_SESSION_DIR": "/polar", "POLAR_LOOPBACK_IP": "127.77.0.9", "POLAR_GATEWAY_URL": "http://g",
+                   "A": "spec", "B": "exec"}
+
+
+def test_plan_workdir(tmp_path: Path) -> None:
+    (tmp_path / "etc" / "exists").mkdir(parents=True)
+    assert plan_workdir("/workspace", ENTRIES, tmp_path, "/s") == "/s/workspace"
+    assert plan_workdir("/polar/w", ENTRIES, tmp_path, "/s") is None
+    assert plan_workdir("/etc/exists", ENTRIES, tmp_path, "/s") == "/s/workspace"
+    for bad in ("/etc/missing", "relative", "/"):
+        with pytest.raises(WorkdirError):
+            plan_workdir(bad, ENTRIES, tmp_path, "/s")
+
+
+def test_confine(tmp_path: Path) -> None:
+    areas = [("/workspace", str(tmp_path / "w")), ("/polar", str(tmp_path))]
+    (tmp_path / "w").mkdir()
+    assert confine(areas, "a/b", "/workspace") == tmp_path / "w" / "a" / "b"
+    assert confine(areas, "/polar/x", "/workspace") == tmp_path / "x"
+    assert confine(areas, "/polar", "/workspace") == tmp_path
+    os.symlink("/etc", tmp_path / "w" / "out")
+    for bad in ("/etc/passwd", "../../etc", "out/passwd"):
+        with pytest.raises(SandboxError):
+            confine(areas, bad, "/workspace")
+
+
+def test_loopback_allocator_hands_out_distinct_addresses(tmp_path: Path) -> None:
+    alloc = LoopbackAllocator(tmp_path)
+    held = [alloc.acquire() for _ in range(20)]
+    assert len({ip for ip, _ in held}) == 20 and all(ip.startswith("127.77.") for ip, _ in held)
+    for _, handle in held:
+        LoopbackAllocator.release(handle)
+
+
+def test_build_relay_is_keyed_by_source(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    path = build_relay(tmp_path)
+    assert path.parent.name.startswith("relay-") and os.access(path, os.X_OK)
+    assert build_relay(tmp_path) == path
+
+
+# -- the relay on its own -----------------------------------------------------------------------------------------
+
+
+def _relay_programs() -> list[str]:
+    programs = [str(relay_mod.RELAY_FALLBACK)]
+    if shutil.which("gcc"):
+        programs.insert(0, str(build_relay()))
+    return programs
+
+
+@pytest.mark.parametrize("program", _relay_programs(), ids=lambda p: Path(p).name)
+async def test_relay_many_connections_and_half_close(program: str, tmp_path: Path) -> None:
+    """100 concurrent clients each send 200 KB then half-close; the Unix-side server answers after EOF."""
+    sock_path = str(tmp_path / "u.sock")
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        data = await reader.read()  # until the client's half-close arrives
+        writer.write(b"len=%d;" % len(data) + data[-16:])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(upstream, sock_path)
+    import socket as socket_mod
+
+    with socket_mod.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        program, "-l", str(port), "-u", sock_path, "--", "sleep", "60", start_new_session=True)
+    try:
+        async def client(i: int) -> bytes:
+            for _ in range(100):
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            payload = bytes([i % 256]) * 200_000
+            writer.write(payload)
+            await writer.drain()
+            writer.write_eof()
+            answer = await reader.read()
+            writer.close()
+            return answer
+
+        answers = await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(100))), 60)
+        assert answers == [b"len=200000;" + bytes([i % 256]) * 16 for i in range(100)]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the command and the relay it forked share the process group
+        await proc.wait()
+        server.close()
+
+
+# -- the backend --------------------------------------------------------------------------------------------------
+
+
+async def test_unpacked_image_directory_as_root(tmp_path: Path) -> None:
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("needs a busybox binary for the image")
+    image = tmp_path / "rootfs"
+    (image / "bin").mkdir(parents=True)
+    shutil.copy(busybox, image / "bin" / "busybox")
+    os.symlink("busybox", image / "bin" / "sh")
+    (image / "etc").mkdir()
+    (image / "etc" / "os-release").write_text("ID=polar-test\n")
+    (tmp_path / "s").mkdir()
+    async with LocalRuntime(RuntimeSpec(image=str(image), network="none"), tmp_path / "s") as rt:
+        result = await rt.exec("cat /etc/os-release; busybox ls /")
+        assert result.ok, result
+        lines = result.stdout.decode().split()
+        assert lines[0] == "ID=polar-test"
+        assert "usr" not in lines and {"bin", "etc", "polar", "tmp", "workspace"} <= set(lines)
+        assert (await rt.exec("busybox touch /etc/x")).status is ExecStatus.FAILED
+
+
+async def test_bad_image_and_bad_workdir_are_start_errors(tmp_path: Path) -> None:
+    with pytest.raises(SandboxStartError):
+        await LocalRuntime(RuntimeSpec(image=str(tmp_path / "nope"), network="none"), tmp_path).start()
+    with pytest.raises(SandboxStartError):
+        await LocalRuntime(RuntimeSpec(workdir="/etc/not-there", network="none"), tmp_path).start()
+    with pytest.raises(SandboxStartError):
+        await LocalRuntime(RuntimeSpec(network="gateway"), tmp_path).start()
+
+
+async def test_a_bwrap_failure_is_crashed_with_the_reason(tmp_path: Path) -> None:
+    spec = RuntimeSpec(network="none", options={"ro_binds": {str(tmp_path / "missing"): "/extra"}})
+    async with LocalRuntime(spec, tmp_path) as rt:
+        result = await rt.exec("true")
+    assert result.status is ExecStatus.CRASHED
+    assert result.reason is not None and "missing" in result.reason
+
+
+async def test_fallback_relay_serves_the_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_mod, "relay_program", lambda: relay_mod.RELAY_FALLBACK)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\nfallback")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    from polar_gym.runtime.base import GatewayEndpoint
+
+    try:
+        async with LocalRuntime(RuntimeSpec(network="gateway"), tmp_path,
+                                gateway=GatewayEndpoint("127.0.0.1", port)) as rt:
+            result = await rt.exec(f"busybox timeout 10 busybox wget -q -O - {rt.gateway_url}/")
+            assert result.stdout == b"fallback", result
+    finally:
+        server.close()
+
+
+async def test_limits_reach_the_sandbox(tmp_path: Path) -> None:
+    async with LocalRuntime(RuntimeSpec(network="none", cpus=1, memory_mb=256, max_processes=64), tmp_path) as rt:
+        result = await rt.exec("busybox nproc; ulimit -d")
+        assert result.ok, result
+        assert result.stdout.decode().split() == ["1", str(256 * 1024)]
+
+
+# -- the command line ---------------------------------------------------------------------------------------------
+
+
+def _cli(*args: str, **kwargs: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "polar_gym.runtime", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]
+
+
+def test_cli_runs_one_command_and_returns_its_exit_code() -> None:
+    proc = _cli("exec", "--backend", "local", "--network", "none", "--env", "X=42", "--", "sh", "-c",
+                "echo out $X; echo err >&2; exit 3")
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (3, b"out 42\n", b"err\n")
+
+
+def test_cli_timeout_exit_code() -> None:
+    proc = _cli("exec", "--timeout", "0.5", "--", "sh", "-c", "echo before; sleep 30")
+    out, _ = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (124, b"before\n")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_tears_the_sandbox_down_when_killed(sig: signal.Signals) -> None:
+    marker = f"climark{uuid.uuid4().hex[:10]}"
+    proc = _cli("exec", "--env", f"M={marker}", "--", "sh", "-c", f"busybox sleep 300 & echo up; wait # {marker}")
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"up\n"
+    assert len(processes_with(marker)) >= 3  # bwrap (outer and pid 1), sh, sleep
+    proc.send_signal(sig)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + sig
+    assert processes_with(marker) == []
