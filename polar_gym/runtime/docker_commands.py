@@ -1,0 +1,153 @@
+"""Pure command lines of the ``docker`` backend (golden-tested): every CLI call and in-container shell script
+:class:`polar_gym.runtime.docker.DockerRuntime` runs, built from data with no I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar_gym.runtime.base import RELAY_PATH, SESSION_MOUNT
+from polar_gym.runtime.relay import helper_argv
+
+__all__ = [
+    "EXEC_WRAPPER",
+    "INSTALL_HINT",
+    "KEEPALIVE",
+    "KILL_SCRIPT",
+    "LABEL",
+    "PRIVATE_DIR",
+    "DockerCommands",
+    "container_name",
+    "session_id_for",
+]
+
+#: the label every container of ours carries (value: the session id), for clean-up and leak checks
+LABEL = "polar_gym.session"
+#: our bookkeeping directory inside the session directory (pid and exit-code files, the ready marker)
+PRIVATE_DIR = ".polar-docker"
+INSTALL_HINT = ("install Docker (https://docs.docker.com/engine/install/) or Podman (Debian: apt-get install podman "
+                "runc) and point runtime.options.cli at it, e.g. {\"cli\": [\"podman\", \"--runtime\", \"runc\"]}")
+
+#: PID 1: create the workdir (``$2``; podman will not, unlike docker), mark the container ready (``$1``), then idle
+#: until TERM. A workdir that cannot be made ends the container, which start() reports with its logs.
+KEEPALIVE = ("trap 'exit 0' TERM INT HUP; [ -d \"$2\" ] || mkdir -p \"$2\" || exit 1; : > \"$1\"; "
+             "while :; do sleep 3600 & wait $!; done")
+#: runs every exec: ``$1`` is the path prefix for the pid and exit-code files, the rest is the command
+EXEC_WRAPPER = ('f=$1; shift; { echo $$ > "$f.pid"; } 2>/dev/null; "$@"; rc=$?; '
+                '{ echo $rc > "$f.rc"; } 2>/dev/null; exit $rc')
+#: ``tree PID``: kill PID, its process group and session, and its descendants; ``all``: kill every process outside
+#: PID 1's session (PID 1, its sleep and the relay stay). Shell builtins only, so it runs in any image with sh.
+KILL_SCRIPT = """mode=$1 root=$2 self=$$ keep=
+if [ "$mode" = all ]; then read -r l </proc/1/stat; set -- ${l##*) }; keep=$4; fi
+n=0
+while [ $n -lt 3 ]; do
+  n=$((n + 1)) v=" " grew=1
+  while [ $grew = 1 ]; do
+    grew=0
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      case "$v" in *" $p "*) continue ;; esac
+      if [ "$p" = 1 ] || [ "$p" = "$self" ]; then continue; fi
+      { read -r l <"$d/stat"; } 2>/dev/null || continue
+      set -- ${l##*) }
+      if [ "$mode" = all ]; then
+        [ "$4" = "$keep" ] && continue
+      elif [ "$p" != "$root" ] && [ "$3" != "$root" ] && [ "$4" != "$root" ]; then
+        case "$v" in *" $2 "*) ;; *) continue ;; esac
+      fi
+      v="$v$p " grew=1
+    done
+  done
+  [ "$v" = " " ] && exit 0
+  kill -9 $v 2>/dev/null
+done
+exit 0"""
+
+
+def session_id_for(session_dir: Path, options: dict[str, Any]) -> str:
+    """The session id in names and labels: ``options["session_id"]``, else the directory name plus a path hash."""
+    raw = options.get("session_id")
+    if not raw:
+        digest = hashlib.sha1(str(session_dir.resolve()).encode()).hexdigest()[:8]
+        raw = f"{session_dir.name}-{digest}"
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", str(raw)).strip("-.") or "session"
+
+
+def container_name(session_id: str) -> str:
+    return f"polar-{session_id}"
+
+
+@dataclass(frozen=True)
+class DockerCommands:
+    """Every command line the backend runs, as pure functions of their inputs."""
+
+    cli: tuple[str, ...] = ("docker",)
+    run_args: tuple[str, ...] = ()
+    shell: str = "/bin/sh"
+
+    def run(self, *, name: str, session_id: str, image: str, session_dir: Path, workdir: str,
+            env: dict[str, str] | None = None, network: str = "none", cpus: float | None = None,
+            memory_mb: int | None = None, max_processes: int | None = None,
+            relay: Path | None = None) -> list[str]:
+        """``run -d``: the container idles in PID 1 until removed. ``relay`` (the helper binary on the host) makes
+        the entrypoint the relay, which opens the gateway port and then execs PID 1's loop."""
+        argv = [*self.cli, "run", "-d", "--name", name, "--label", f"{LABEL}={session_id}",
+                "-v", f"{session_dir}:{SESSION_MOUNT}",
+                "--network", "host" if network == "host" else "none"]
+        for key, value in (env or {}).items():
+            argv += ["-e", f"{key}={value}"]
+        if cpus is not None:
+            argv += ["--cpus", f"{cpus:g}"]
+        if memory_mb is not None:
+            argv += ["--memory", f"{memory_mb}m"]
+        if max_processes is not None:
+            argv += ["--pids-limit", str(max_processes)]
+        init = [self.shell, "-c", KEEPALIVE, "polar-init", f"{SESSION_MOUNT}/{PRIVATE_DIR}/ready", workdir]
+        if relay is not None:
+            argv += ["-v", f"{relay}:{RELAY_PATH}:ro"]
+            init = helper_argv(RELAY_PATH, init, gateway=True)
+        return [*argv, "--entrypoint", init[0], *self.run_args, image, *init[1:]]
+
+    def exec(self, name: str, command: Sequence[str], *, marker: str, env: dict[str, str] | None = None,
+             cwd: str | None = None) -> list[str]:
+        """``exec -i``: ``command`` under the wrapper that records its pid and exit code at ``marker``.{pid,rc}."""
+        argv = [*self.cli, "exec", "-i"]
+        for key, value in (env or {}).items():
+            argv += ["-e", f"{key}={value}"]
+        if cwd:
+            argv += ["-w", cwd]
+        return [*argv, name, self.shell, "-c", EXEC_WRAPPER, "polar-exec", marker, *command]
+
+    def kill_tree(self, name: str, pid: int) -> list[str]:
+        return [*self.cli, "exec", name, self.shell, "-c", KILL_SCRIPT, "polar-kill", "tree", str(pid)]
+
+    def kill_all(self, name: str) -> list[str]:
+        return [*self.cli, "exec", name, self.shell, "-c", KILL_SCRIPT, "polar-kill", "all", "0"]
+
+    def copy_in(self, name: str) -> list[str]:
+        """``cp - NAME:/``: a tar on stdin whose member names are absolute paths without the leading slash."""
+        return [*self.cli, "cp", "-", f"{name}:/"]
+
+    def copy_out(self, name: str, src: str) -> list[str]:
+        """``cp NAME:SRC -``: a tar on stdout whose one top-level member is ``basename(SRC)``."""
+        return [*self.cli, "cp", f"{name}:{src}", "-"]
+
+    def logs(self, name: str) -> list[str]:
+        return [*self.cli, "logs", name]
+
+    def is_running(self, name: str) -> list[str]:
+        return [*self.cli, "inspect", "-f", "{{.State.Running}}", name]
+
+    def list_session(self, session_id: str) -> list[str]:
+        return [*self.cli, "ps", "-a", "-q", "--filter", f"label={LABEL}={session_id}"]
+
+    def remove(self, names: Sequence[str]) -> list[str]:
+        return [*self.cli, "rm", "-f", *names]
+
+    def restart(self, name: str) -> list[str]:
+        """Cancel's last resort, when nothing can be started inside (the pids limit is used up)."""
+        return [*self.cli, "restart", "-t", "0", name]
