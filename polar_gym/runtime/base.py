@@ -83,7 +83,10 @@ class Runtime(abc.ABC):
 
     ``stop`` is idempotent and leaves no process, mount or container behind; ``cancel`` kills every running command
     (whole process trees) but keeps the sandbox; a crashed sandbox is reported (ExecStatus.CRASHED or an error),
-    never hangs the caller.
+    never hangs the caller. State that outlives a command lives in files (the workdir, HOME, the session dir).
+    Whether a process a command leaves in the background outlives that command depends on the backend (``local``:
+    no, each exec has its own pid namespace; ``docker`` / ``apptainer``: yes, until ``cancel`` or ``stop``), so
+    callers must not rely on either.
     """
 
     name: ClassVar[str]
