@@ -10,7 +10,17 @@ from __future__ import annotations
 import importlib
 from typing import Any, Generic, TypeVar
 
-__all__ = ["BUILDERS", "ENGINES", "PROVIDERS", "RUNTIMES", "Registry", "RegistryError", "load_dotted"]
+__all__ = [
+    "BUILDERS",
+    "ENGINES",
+    "EVALUATORS",
+    "HARNESSES",
+    "PROVIDERS",
+    "RUNTIMES",
+    "Registry",
+    "RegistryError",
+    "load_dotted",
+]
 
 T = TypeVar("T")
 
@@ -83,4 +93,20 @@ RUNTIMES: Registry[Any] = Registry("runtime", {
     "local": "polar_gym.runtime.local:LocalRuntime",
     "docker": "polar_gym.runtime.docker:DockerRuntime",
     "apptainer": "polar_gym.apptainer.runtime:ApptainerRuntime",
+})
+
+HARNESSES: Registry[Any] = Registry("harness", {
+    "claude_code": "polar_gym.harness.claude_code:ClaudeCode",
+    "codex": "polar_gym.harness.codex:Codex",
+    "qwen_code": "polar_gym.harness.qwen_code:QwenCode",
+    "gemini_cli": "polar_gym.harness.gemini_cli:GeminiCli",
+    "opencode": "polar_gym.harness.opencode:OpenCode",
+    "pi": "polar_gym.harness.pi:Pi",
+    "shell": "polar_gym.harness.shell:ShellHarness",
+})
+
+EVALUATORS: Registry[Any] = Registry("evaluator", {
+    "session_completed": "polar_gym.evaluate.session_completed:SessionCompleted",
+    "test_on_output": "polar_gym.evaluate.test_on_output:TestOnOutput",
+    "swebench_harness": "polar_gym.evaluate.swebench_harness:SwebenchHarness",
 })

@@ -1,0 +1,39 @@
+"""The evaluator interface: score a finished session, in its live runtime or a fresh one.
+
+The gateway calls ``evaluate`` in POSTRUN with the built trajectory and the harness's result. An evaluator that
+wants a clean environment sets ``needs_fresh_runtime`` (or the task sets ``EvaluatorSpec.refresh_runtime``); the
+gateway then prepares that runtime while the harness still runs (prewarm) and hands it over in ``fresh_runtime``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from polar_gym.runtime.base import ExecResult, Runtime
+from polar_gym.schema import EvalResult, SessionSpec, Trajectory
+
+__all__ = ["EvalContext", "Evaluator"]
+
+
+@dataclass
+class EvalContext:
+    spec: SessionSpec
+    trajectory: Trajectory
+    harness_result: ExecResult | None  # None when the harness never ran (cancelled or failed before RUNNING)
+    runtime: Runtime | None  # the session's live runtime, after the harness
+    fresh_runtime: Runtime | None = None  # a freshly prepared runtime, when asked for
+    artifacts: dict[str, Any] = field(default_factory=dict)
+
+
+class Evaluator(abc.ABC):
+    name: ClassVar[str]
+    needs_fresh_runtime: ClassVar[bool] = False
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = dict(config or {})
+
+    @abc.abstractmethod
+    async def evaluate(self, ctx: EvalContext) -> EvalResult:
+        """The reward (and details) for this session."""

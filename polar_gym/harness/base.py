@@ -1,0 +1,57 @@
+"""The harness adapter interface: what it takes to run one unmodified agent CLI against the gateway.
+
+An adapter is a small class of attributes and pure methods (no protocol logic, no I/O): the config files and
+environment that point the CLI at the gateway with the session id as its API key, the non-interactive run command,
+and where its logs are. The gateway writes the files, runs the command in the session's runtime and collects the logs.
+A new harness is one small file registered in ``polar_gym.registry.HARNESSES``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["Harness", "HarnessContext"]
+
+
+@dataclass(frozen=True)
+class HarnessContext:
+    """Everything an adapter may use; paths are as seen inside the sandbox."""
+
+    session_id: str  # also the API key the harness sends
+    instruction: str
+    model_name: str  # the model name the harness is told to use
+    gateway_url: str  # the proxy's base URL inside the sandbox (no trailing /v1)
+    workdir: str
+    home: str
+    cli_path: str | None = None  # the CLI binary inside the sandbox (from the pinned install), when it has one
+    config: dict[str, Any] = field(default_factory=dict)  # AgentSpec.config: per-harness options
+
+
+class Harness(abc.ABC):
+    name: ClassVar[str]
+    #: the provider protocol it speaks by default (anthropic, openai_chat, openai_responses, google)
+    provider: ClassVar[str]
+    #: key into polar_gym.harness.install.PINS, or None for harnesses that need no npm package
+    pin: ClassVar[str | None] = None
+
+    def files(self, ctx: HarnessContext) -> dict[str, str]:
+        """Config files to write before the run: absolute path inside the sandbox -> content."""
+        return {}
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        """Environment of the run (on top of HOME, PATH and the runtime's own)."""
+        return {}
+
+    @abc.abstractmethod
+    def command(self, ctx: HarnessContext) -> list[str]:
+        """The non-interactive run command (argv)."""
+
+    def log_paths(self, ctx: HarnessContext) -> list[str]:
+        """Files or directories inside the sandbox to keep as the session's artifacts after the run."""
+        return []
+
+    def mcp_servers(self, ctx: HarnessContext, servers: dict[str, Any]) -> dict[str, str]:
+        """Extra config files that register MCP servers, for harnesses that support them (default: none)."""
+        return {}
