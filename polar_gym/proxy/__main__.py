@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--upstream-timeout", type=float, default=600.0)
     p.add_argument("--upstream-model", default=None,
                    help="model name sent upstream (harnesses send their own, e.g. claude-*, which the server lacks)")
+    p.add_argument("--max-tokens-cap", type=int, default=None, help="clamp every call's max_tokens to this")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"admin token: {admin_token}", file=sys.stderr, flush=True)
     service = ProxyService(build_engine(args), CaptureJournal(args.capture_dir, fsync=args.fsync),
                            SessionRegistry(allow_adhoc=not args.registered_only), strict=args.strict,
-                           model_names=args.model_name)
+                           model_names=args.model_name, max_tokens_cap=args.max_tokens_cap)
     uvicorn.run(create_app(service, admin_token), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)
     service.journal.close()

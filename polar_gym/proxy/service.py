@@ -99,13 +99,16 @@ class ProxyService:
     def __init__(self, engine: Engine, journal: CaptureJournal | None = None,
                  sessions: SessionRegistry | None = None, *, strict: bool = False,
                  max_body_bytes: int = 32 * 1024 * 1024, model_names: list[str] | None = None,
-                 keepalive_after: float | None = 5.0, keepalive_interval: float = 10.0) -> None:
+                 keepalive_after: float | None = 5.0, keepalive_interval: float = 10.0,
+                 max_tokens_cap: int | None = None) -> None:
         self.engine = engine
         self.journal = journal or CaptureJournal()
         self.sessions = sessions or SessionRegistry(allow_adhoc=True)
         self.strict = strict
         self.max_body_bytes = max_body_bytes
         self.model_names = model_names or ["policy"]
+        #: the most tokens any call may sample, whatever the harness asks (harnesses ask for 32K; rollouts need less)
+        self.max_tokens_cap = max_tokens_cap
         self.keepalive_after = keepalive_after
         self.keepalive_interval = keepalive_interval
         self.providers: dict[str, Provider] = {}
@@ -138,6 +141,10 @@ class ProxyService:
             if self.strict:
                 raise RequestError(f"unknown fields: {', '.join(inbound.ignored_fields)}")
             log.info("%s request: ignoring unknown fields %s", provider.name, inbound.ignored_fields)
+        cap = self.max_tokens_cap
+        if cap is not None and (inbound.chat.max_tokens is None or inbound.chat.max_tokens > cap):
+            inbound.normalizations.append(f"max_tokens {inbound.chat.max_tokens} capped at {cap}")
+            inbound.chat = inbound.chat.model_copy(update={"max_tokens": cap})
         return inbound
 
     async def handle(self, provider_name: str, raw: bytes, route: Route, headers: Mapping[str, str]) -> Reply:

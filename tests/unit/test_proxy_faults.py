@@ -214,3 +214,15 @@ async def test_a_bug_in_translation_is_a_provider_shaped_500(monkeypatch):
     assert resp.status_code == 500
     assert resp.json()["type"] == "error" and "internal proxy error" in resp.json()["error"]["message"]
     assert (await post(client, CHAT)).status_code == 200
+
+
+async def test_max_tokens_cap_clamps_what_the_engine_is_asked():
+    fake = FakeVLLM()
+    service, client = make(fake.handler)
+    service.max_tokens_cap = 16
+    assert (await post(client, {**CHAT, "max_tokens": 32000}, k="cap")).status_code == 200
+    assert (await post(client, CHAT, k="cap")).status_code == 200
+    assert (await post(client, {**CHAT, "max_tokens": 4}, k="cap")).status_code == 200
+    assert [r["max_tokens"] for r in fake.requests] == [16, 16, 4]
+    records = await service.journal.records("cap")
+    assert records[0].normalizations == ["max_tokens 32000 capped at 16"] and records[2].normalizations == []
