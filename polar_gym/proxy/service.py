@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.errors import (
     AuthError,
@@ -144,7 +145,7 @@ class ProxyService:
         cap = self.max_tokens_cap
         if cap is not None and (inbound.chat.max_tokens is None or inbound.chat.max_tokens > cap):
             inbound.normalizations.append(f"max_tokens {inbound.chat.max_tokens} capped at {cap}")
-            inbound.chat = inbound.chat.model_copy(update={"max_tokens": cap})
+            inbound.chat = ChatRequest.model_validate({**inbound.chat.model_dump(), "max_tokens": cap})
         return inbound
 
     async def handle(self, provider_name: str, raw: bytes, route: Route, headers: Mapping[str, str]) -> Reply:
