@@ -4,7 +4,8 @@ For each target (a harness, or pi with one of its four APIs) this starts the pro
 tokenizer, a file journal) on a loopback port, runs the pinned CLI once non-interactively in a temp working dir with
 HOME pointing at a temp dir that holds its config files, then reads the journal back and writes a few of the
 requests to ``tests/data/harness/<target>/NN.json`` (NN = the call's index in the session) plus a summary of every
-run to ``tests/data/harness/runs.json``.
+run to ``tests/data/harness/runs.json``. The files, environment and argv come from the harness adapters in
+``polar_gym/harness/``, so a recording is also a live test of the adapters.
 
 The whole recorder re-executes itself inside a fresh network namespace (``unshare --net``, loopback only), so the
 CLIs' telemetry and update checks fail fast instead of leaving the machine. Run as root, from the repository root:
@@ -38,11 +39,13 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from polar_gym.harness.base import Harness, HarnessContext  # noqa: E402
 from polar_gym.harness.install import PINS, ensure_installed  # noqa: E402
 from polar_gym.proxy.tokenizer import ChatTokenizer  # noqa: E402
+from polar_gym.registry import HARNESSES  # noqa: E402
 from polar_gym.schema import CompletionRecord  # noqa: E402
 
-__all__ = ["TARGETS", "Launch", "Target", "launch_for", "main", "record", "select_records"]
+__all__ = ["TARGETS", "Launch", "Target", "context_for", "launch_for", "main", "record", "select_records"]
 
 INSTRUCTION = "Create hello.txt containing hi, then reply done."
 COMMANDS = ["printf hi > hello.txt"]
@@ -84,76 +87,29 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
 
 @dataclass
 class Launch:
-    """How to run a harness: argv, extra environment, and files to write under HOME (relative path -> text)."""
+    """How to run a harness: argv, extra environment, files to write (absolute path -> text), side model names."""
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    side_models: list[str] = field(default_factory=list)
 
 
-def _json(doc: Any) -> str:
-    return json.dumps(doc, indent=2) + "\n"
+def context_for(target: Target, binary: str, gateway: str, key: str, home: str, workdir: str) -> HarnessContext:
+    """The adapter's view of one recording: the session key, the fixed instruction and model, pi's API."""
+    return HarnessContext(session_id=key, instruction=INSTRUCTION, model_name=MODEL, gateway_url=gateway,
+                          workdir=workdir, home=home, cli_path=binary,
+                          config={"api": target.pi_api} if target.pi_api else {})
 
 
-def launch_for(target: Target, binary: str, gateway: str, key: str, home: str) -> Launch:
-    """The command line, environment and config files that point ``target`` at ``gateway`` with ``key`` (pure)."""
-    if target.harness == "qwen_code":
-        settings = {"security": {"auth": {"selectedType": "openai"}}, "model": {"name": MODEL},
-                    "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
-                    "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}
-        return Launch([binary, "--approval-mode", "yolo", "--model", MODEL, INSTRUCTION],
-                      {"OPENAI_BASE_URL": f"{gateway}/v1", "OPENAI_API_KEY": key, "OPENAI_MODEL": MODEL},
-                      {".qwen/settings.json": _json(settings)})
-    if target.harness == "opencode":
-        config = {
-            "$schema": "https://opencode.ai/config.json",
-            "provider": {"polar": {"npm": "@ai-sdk/openai-compatible", "name": "polar_gym",
-                                   "options": {"baseURL": f"{gateway}/v1", "apiKey": key},
-                                   "models": {MODEL: {"name": MODEL}}}},
-            "model": f"polar/{MODEL}", "autoupdate": False, "share": "disabled",
-            "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
-        }
-        return Launch([binary, "run", "--model", f"polar/{MODEL}", INSTRUCTION],
-                      {"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
-                       "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"},
-                      {".config/opencode/opencode.json": _json(config)})
-    if target.harness == "pi":
-        base = {"openai-completions": f"{gateway}/v1", "openai-responses": f"{gateway}/v1",
-                "anthropic-messages": gateway, "google-generative-ai": f"{gateway}/v1beta"}[target.pi_api or ""]
-        models = {"providers": {"polar": {"baseUrl": base, "api": target.pi_api, "apiKey": key,
-                                          "models": [{"id": MODEL, "reasoning": True}]}}}
-        settings = {"enableInstallTelemetry": False}
-        return Launch([binary, "--no-session", "--offline", "-p", "--provider", "polar", "--model", MODEL,
-                       INSTRUCTION],
-                      {"PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0"},
-                      {".pi/agent/models.json": _json(models), ".pi/agent/settings.json": _json(settings)})
-    if target.harness == "claude_code":
-        return Launch([binary, "-p", INSTRUCTION, "--model", MODEL, "--dangerously-skip-permissions"],
-                      {"ANTHROPIC_BASE_URL": gateway, "ANTHROPIC_API_KEY": key, "IS_SANDBOX": "1",
-                       "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-                       "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"},
-                      {".claude.json": _json({"hasCompletedOnboarding": True})})
-    if target.harness == "codex":
-        config = "\n".join([
-            f'model = "{MODEL}"', 'model_provider = "polar"', 'approval_policy = "never"',
-            'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
-            "[model_providers.polar]", 'name = "polar_gym"', f'base_url = "{gateway}/v1"',
-            'env_key = "POLAR_API_KEY"', 'wire_api = "responses"', "request_max_retries = 0",
-            "stream_max_retries = 0", "", "[analytics]", "enabled = false", "",
-        ])
-        return Launch([binary, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-                       INSTRUCTION],
-                      {"CODEX_HOME": f"{home}/.codex", "POLAR_API_KEY": key},
-                      {".codex/config.toml": config})
-    if target.harness == "gemini_cli":
-        settings = {"security": {"auth": {"selectedType": "gemini-api-key"}},
-                    "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
-                    "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}
-        return Launch([binary, "--approval-mode", "yolo", "--model", MODEL, "-p", INSTRUCTION],
-                      {"GEMINI_API_KEY": key, "GOOGLE_GEMINI_BASE_URL": gateway,
-                       "GEMINI_CLI_TRUST_WORKSPACE": "true"},
-                      {".gemini/settings.json": _json(settings)})
-    raise ValueError(f"no launch recipe for harness {target.harness!r}")
+def launch_for(target: Target, binary: str, gateway: str, key: str, home: str, workdir: str) -> Launch:
+    """The command line, environment and config files that point ``target`` at ``gateway`` with ``key``, from the
+    harness adapter registered under ``target.harness`` (pure, as the adapters are)."""
+    adapter: Harness = HARNESSES.get(target.harness)()
+    ctx = context_for(target, binary, gateway, key, home, workdir)
+    if adapter.provider_for(ctx) != target.provider:
+        raise ValueError(f"{target.name}: adapter speaks {adapter.provider_for(ctx)}, target says {target.provider}")
+    return Launch(adapter.command(ctx), adapter.env(ctx), adapter.files(ctx), adapter.side_models(ctx))
 
 
 def select_records(records: list[CompletionRecord], limit: int) -> list[CompletionRecord]:
@@ -298,11 +254,15 @@ def record(target: Target, binary: Path, tokenizer: ChatTokenizer, out_dir: Path
         home, work, capture = root / "home", root / "work", root / "capture"
         for d in (home / "tmp", work):
             d.mkdir(parents=True)
-        with _proxy(tokenizer, capture, key) as (gateway, tap, _service):
-            launch = launch_for(target, str(binary), gateway, key, str(home))
-            for rel, text in launch.files.items():
-                (home / rel).parent.mkdir(parents=True, exist_ok=True)
-                (home / rel).write_text(text)
+        with _proxy(tokenizer, capture, key) as (gateway, tap, service):
+            launch = launch_for(target, str(binary), gateway, key, str(home), str(work))
+            service.model_names = [MODEL, *launch.side_models]  # what /v1/models lists, as a gateway would
+            for name, text in launch.files.items():
+                path = Path(name)
+                if root not in path.parents:
+                    raise ValueError(f"{target.name}: adapter wrote outside the run's temp dir: {path}")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
             code, out, err, seconds = _run(launch.argv, {**_base_env(home), **launch.env}, work, timeout)
             time.sleep(0.5)  # let in-flight journal writes land
         from polar_gym.proxy.capture import read_session

@@ -4,6 +4,12 @@ An adapter is a small class of attributes and pure methods (no protocol logic, n
 environment that point the CLI at the gateway with the session id as its API key, the non-interactive run command,
 and where its logs are. The gateway writes the files, runs the command in the session's runtime and collects the logs.
 A new harness is one small file registered in ``polar_gym.registry.HARNESSES``.
+
+Side requests: harnesses make calls of their own (titles, summaries, memory scans). The proxy flags a call as a side
+request when its model name differs from the session's ``model_name``, so adapters configure the CLI's side calls to
+use another name where the CLI allows it, and :meth:`Harness.side_models` names them (for the gateway's model list).
+Extra config (``AgentSpec.config``): ``mcp_servers`` ({name: {command, args, env}}) and ``skills`` ({name: SKILL.md
+text}) are folded into :meth:`Harness.files` by the adapters that support them.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ class Harness(abc.ABC):
     #: key into polar_gym.harness.install.PINS, or None for harnesses that need no npm package
     pin: ClassVar[str | None] = None
 
+    def provider_for(self, ctx: HarnessContext) -> str:
+        """The provider this session speaks (differs from ``provider`` only for harnesses configured per session)."""
+        return self.provider
+
     def files(self, ctx: HarnessContext) -> dict[str, str]:
         """Config files to write before the run: absolute path inside the sandbox -> content."""
         return {}
@@ -53,5 +63,15 @@ class Harness(abc.ABC):
         return []
 
     def mcp_servers(self, ctx: HarnessContext, servers: dict[str, Any]) -> dict[str, str]:
-        """Extra config files that register MCP servers, for harnesses that support them (default: none)."""
+        """Config files that register MCP servers, for harnesses that support them (default: none). Each returned
+        file is complete (the harness's settings plus the servers), so it replaces a same-path file of files()."""
         return {}
+
+    def skills(self, ctx: HarnessContext, skills: dict[str, str]) -> dict[str, str]:
+        """Files that install skills ({name: SKILL.md text}), for harnesses that load them (default: none)."""
+        return {}
+
+    def side_models(self, ctx: HarnessContext) -> list[str]:
+        """Model names the harness uses for its own side calls (titles, summaries), all different from
+        ``ctx.model_name``; empty when its side calls cannot be told apart by name."""
+        return []

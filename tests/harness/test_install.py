@@ -84,7 +84,7 @@ def test_main_prints_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
 
 
 def test_package_exports() -> None:
-    assert sorted(harness.__all__) == ["HarnessInstallError", "PINS", "Pin", "cli_paths", "ensure_installed",
-                                       "install_dir"]
+    assert sorted(harness.__all__) == ["Harness", "HarnessContext", "HarnessInstallError", "PINS", "Pin",
+                                       "cli_paths", "ensure_installed", "install_dir"]
     for name in harness.__all__:
         assert getattr(harness, name) is not None
