@@ -1,1 +1,18 @@
-"""evaluate (arrives with its issue)."""
+"""Evaluators: score a finished session (session_completed, test_on_output, swebench_harness, or a user's own class
+by dotted path). Heavy evaluators are imported only when named, through the registry."""
+
+from polar_gym.evaluate.base import EvalContext, Evaluator
+from polar_gym.evaluate.errors import EvaluationError, EvaluatorConfigError, MissingRuntimeError, SandboxFailure
+from polar_gym.evaluate.registry import evaluator_class, load_evaluator, register_evaluator
+
+__all__ = [
+    "EvalContext",
+    "EvaluationError",
+    "Evaluator",
+    "EvaluatorConfigError",
+    "MissingRuntimeError",
+    "SandboxFailure",
+    "evaluator_class",
+    "load_evaluator",
+    "register_evaluator",
+]

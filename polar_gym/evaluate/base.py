@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from polar_gym.runtime.base import ExecResult, Runtime
-from polar_gym.schema import EvalResult, SessionSpec, Trajectory
+from polar_gym.schema import EvalResult, EvaluatorSpec, SessionSpec, Trajectory
 
 __all__ = ["EvalContext", "Evaluator"]
 
@@ -33,6 +33,11 @@ class Evaluator(abc.ABC):
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = dict(config or {})
+
+    def wants_fresh_runtime(self, spec: EvaluatorSpec | None = None) -> bool:
+        """Whether the gateway must hand over a freshly prepared runtime: the class's default, the task's
+        ``refresh_runtime`` flag, or (in subclasses) the evaluator's own config."""
+        return self.needs_fresh_runtime or bool(spec is not None and spec.refresh_runtime)
 
     @abc.abstractmethod
     async def evaluate(self, ctx: EvalContext) -> EvalResult:

@@ -1,0 +1,7 @@
+"""Built-in tasks: the demo task set (tiny git repositories with a failing test and a reference solution) and the
+interpreter of a RuntimeSpec's prepare actions."""
+
+from polar_gym.tasks.demo import DEMO_TASKS, TEST_COMMAND, DemoTask, demo_task, demo_tasks
+from polar_gym.tasks.prepare import PrepareError, run_prepare
+
+__all__ = ["DEMO_TASKS", "TEST_COMMAND", "DemoTask", "PrepareError", "demo_task", "demo_tasks", "run_prepare"]
