@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
@@ -80,8 +81,11 @@ def _trajectory_json(session_id: str, records: list[CompletionRecord], spec: Bui
     return orjson.dumps(traj.model_dump())
 
 
-def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI:
-    app = FastAPI(title="polar_gym proxy", version="0.1.0")
+def create_app(service: ProxyService, admin_token: str | None = None, *,
+               routers: Sequence[APIRouter] = (), title: str = "polar_gym proxy") -> FastAPI:
+    """The proxy app. ``routers`` (e.g. the gateway's session API) are mounted before the model routes, so the
+    catch-all ``POST /{path}`` provider detection cannot shadow them; they share the auth error handlers."""
+    app = FastAPI(title=title, version="0.1.0")
     app.state.service = service
 
     def is_admin(request: Request) -> bool:
@@ -104,6 +108,9 @@ def create_app(service: ProxyService, admin_token: str | None = None) -> FastAPI
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> Response:
         return _to_response(service.error_reply(exc, "openai_chat"))
+
+    for router in routers:
+        app.include_router(router)
 
     async def read_body(request: Request) -> bytes:
         """The body, refusing to buffer more than the limit (a declared or a streamed oversized body)."""

@@ -114,6 +114,8 @@ class ProxyService:
         self.keepalive_interval = keepalive_interval
         self.providers: dict[str, Provider] = {}
         self._background: set[asyncio.Future[Reply]] = set()
+        self._inflight: dict[str, int] = {}  # model calls per session not yet journaled (see wait_idle)
+        self._idle: dict[str, asyncio.Event] = {}
         self.stats = {"requests": 0, "errors": 0, "prompt_tokens": 0, "response_tokens": 0}
 
     def provider(self, name: str) -> Provider:
@@ -156,7 +158,7 @@ class ProxyService:
             info = self.sessions.resolve(session_key(headers, route.query))
             body = self._read_body(raw)
             inbound = self._parse(provider, body, route)
-            work = self._complete(provider, inbound, body, info, route)
+            work = self._counted(info.session_id, self._complete(provider, inbound, body, info, route))
             if inbound.stream and self.keepalive_after is not None and not inbound.options.get("stream_json_array"):
                 return await self._stream_with_keepalive(provider.name, work)
             return await work
@@ -168,6 +170,32 @@ class ProxyService:
             self.stats["errors"] += 1
             return self.error_reply(ProxyError(f"internal proxy error: {exc.__class__.__name__}: {exc}"),
                                     provider_name)
+
+    async def _counted(self, session_id: str, work: Any) -> Reply:
+        """Count the call as in flight until it is journaled, even when it finishes after the harness hung up."""
+        self._inflight[session_id] = self._inflight.get(session_id, 0) + 1
+        try:
+            return await work  # type: ignore[no-any-return]
+        finally:
+            self._inflight[session_id] -= 1
+            if self._inflight[session_id] <= 0:
+                del self._inflight[session_id]
+                idle = self._idle.pop(session_id, None)
+                if idle is not None:
+                    idle.set()
+
+    async def wait_idle(self, session_id: str, timeout: float | None = None) -> bool:
+        """Wait until no model call of the session is in flight, so its journal is complete (a gateway calls this
+        after the harness ends and before building). False when calls are still running at ``timeout``."""
+        if not self._inflight.get(session_id):
+            return True
+        idle = self._idle.setdefault(session_id, asyncio.Event())
+        try:
+            async with asyncio.timeout(timeout):
+                await idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _stream_with_keepalive(self, provider_name: str, work: Any) -> Reply:
         """A stream whose engine call is slow starts answering anyway: SSE comments keep the harness's idle timer

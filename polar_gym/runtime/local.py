@@ -174,8 +174,16 @@ def confine(areas: list[tuple[str, str]], inside: str, workdir: str) -> Path:
 @dataclass(eq=False)
 class _Running:
     proc: asyncio.subprocess.Process
+    status_fd: int = -1
     killed: ExecStatus | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    status_raw: bytearray = field(default_factory=bytearray)
+
+    def status(self) -> dict[str, Any]:
+        """bwrap's status documents so far (child-pid as soon as the sandbox exists, exit-code at the end)."""
+        if self.status_fd >= 0:
+            self.status_raw += _drain(self.status_fd)
+        return _parse_status(bytes(self.status_raw))
 
 
 def _copy_in(data: bytes | Path, target: Path) -> None:
@@ -216,6 +224,7 @@ class LocalRuntime(Runtime):
         super().__init__(spec, session_dir, gateway=gateway, options={**spec.options, **(options or {})})
         self._layout: SandboxLayout | None = None
         self._running: set[_Running] = set()
+        self._kill_epoch = 0
         self._relay: GatewayRelay | None = None
         self._loopback: TextIO | None = None
         self._cgroup: PidsCgroup | None = None
@@ -298,6 +307,7 @@ class LocalRuntime(Runtime):
         await self._kill_all(ExecStatus.CANCELLED)
 
     async def _kill_all(self, status: ExecStatus) -> None:
+        self._kill_epoch += 1  # execs still starting see this and kill themselves once they exist
         running = list(self._running)
         for r in running:
             self._kill(r, status)
@@ -332,6 +342,12 @@ class LocalRuntime(Runtime):
             asyncio.get_running_loop().call_later(0.5, outer)
         else:
             outer()
+        # A kill that lands while the outer bwrap is still creating the sandbox finds no child yet, and the inner
+        # bwrap (its own session) may outlive the outer one. bwrap reports the sandbox's pid on the status fd as
+        # soon as it exists: look again shortly and kill that pid too.
+        loop = asyncio.get_running_loop()
+        for delay in (0.02, 0.1, 0.3, 1.0, 2.0):
+            loop.call_later(delay, _kill_reported_child, r)
 
     # -- exec --------------------------------------------------------------------------------------------------
 
@@ -362,6 +378,7 @@ class LocalRuntime(Runtime):
         if self._stopped or self._layout is None:
             raise SandboxStateError("the sandbox is not running")
         started = time.monotonic()
+        epoch = self._kill_epoch
         status_r, status_w = os.pipe()
         try:
             argv = self.command_argv(command, cwd=cwd, status_fd=status_w)
@@ -375,8 +392,10 @@ class LocalRuntime(Runtime):
                               seconds=time.monotonic() - started)
         finally:
             os.close(status_w)
-        run = _Running(proc)
+        run = _Running(proc, status_r)
         self._running.add(run)
+        if self._kill_epoch != epoch:  # cancel() or stop() ran while this exec was starting
+            self._kill(run, ExecStatus.CANCELLED)
         out, err = bytearray(), bytearray()
         readers = [asyncio.create_task(_read(proc.stdout, out, on_stdout)),
                    asyncio.create_task(_read(proc.stderr, err, on_stderr))]
@@ -388,7 +407,7 @@ class LocalRuntime(Runtime):
             except TimeoutError:
                 self._kill(run, ExecStatus.TIMEOUT)
                 await proc.wait()
-            status = _read_status(status_r)
+            status = run.status()
             if run.killed is None and status.get("exit-code") is None:
                 self._kill(run, ExecStatus.CRASHED)  # bwrap died on its own: make sure its namespace goes too
             # all output is in once every sandbox process has closed the pipes (the kernel kills them with pid 1)
@@ -410,6 +429,8 @@ class LocalRuntime(Runtime):
             await asyncio.gather(*readers, return_exceptions=True)
             raise
         finally:
+            run.status()
+            run.status_fd = -1
             os.close(status_r)
             self._running.discard(run)
             run.done.set()
@@ -450,13 +471,25 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
         proc.stdin.close()
 
 
-def _read_status(fd: int) -> dict[str, Any]:
-    """bwrap's --json-status-fd documents (child-pid, then exit-code), merged; written before bwrap exits."""
+def _drain(fd: int) -> bytes:
+    """Whatever is readable on the status pipe now (never blocks)."""
     os.set_blocking(fd, False)
     raw = b""
-    with contextlib.suppress(BlockingIOError):
+    with contextlib.suppress(BlockingIOError, OSError):
         while chunk := os.read(fd, _CHUNK):
             raw += chunk
+    return raw
+
+
+def _kill_reported_child(run: _Running) -> None:
+    child = run.status().get("child-pid") if run.status_fd >= 0 else None
+    if isinstance(child, int) and not _gone(child):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
+
+
+def _parse_status(raw: bytes) -> dict[str, Any]:
+    """bwrap's --json-status-fd documents (child-pid, then exit-code), merged; written before bwrap exits."""
     merged: dict[str, Any] = {}
     decoder = json.JSONDecoder()
     text, pos = raw.decode(errors="replace"), 0

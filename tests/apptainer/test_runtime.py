@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FakeApptainer, make_fake
+from _apptainer_kit import FakeApptainer, make_fake
 
 from polar_gym.apptainer.runtime import ApptainerRuntime
 from polar_gym.registry import RUNTIMES

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Backend
+from _runtime_kit import Backend
 
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.runtime.docker import LABEL, DockerRuntime

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Backend, mounts_with, processes_with
+from _runtime_kit import Backend, mounts_with, processes_with
 
 from polar_gym.runtime.base import ExecStatus, GatewayEndpoint, Runtime
 from polar_gym.runtime.errors import SandboxError

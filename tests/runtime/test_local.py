@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import processes_with
+from _runtime_kit import processes_with
 
 import polar_gym.runtime as runtime_pkg
 from polar_gym.runtime import bwrap as bwrap_mod

@@ -1,0 +1,131 @@
+"""The gateway's HTTP surface: the session API, mounted on the proxy's app so harnesses, the rollout server and
+trainers talk to one server. Routes are thin: parse, call the node, map its errors to a status.
+
+    POST /sessions                 dispatch a SessionSpec (admin; 409 duplicate id, 503 draining)
+    GET  /sessions/{id}            status, stage, timings, history (admin or the session's key)
+    GET  /sessions/{id}/result     the SessionResult (202 while not finished; ``?wait=S`` long-polls)
+    POST /sessions/{id}/cancel     (admin)
+    GET  /gateway/health           stage metrics: counts per stage, queue depths, slots busy, latencies
+    POST /gateway/drain            stop accepting, finish in-flight sessions (admin; ``?wait=true`` blocks)
+    ...                            the proxy's routes (model APIs, /sessions/{id}/completions, /admin/*)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from polar_gym.gateway.config import GatewayConfig
+from polar_gym.gateway.errors import DuplicateSession, GatewayClosed, UnknownSession
+from polar_gym.gateway.node import GatewayNode
+from polar_gym.gateway.sandbox import SandboxStages
+from polar_gym.proxy.app import create_app
+from polar_gym.proxy.errors import AuthError
+from polar_gym.proxy.service import ProxyService, session_key
+from polar_gym.schema import SessionSpec
+
+__all__ = ["build_gateway", "create_gateway_app", "gateway_router"]
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+
+
+def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
+    router = APIRouter()
+
+    def is_admin(request: Request) -> bool:
+        given = request.headers.get("x-admin-token", "")
+        return admin_token is not None and hmac.compare_digest(given, admin_token)
+
+    def require_admin(request: Request) -> None:
+        if not is_admin(request):
+            raise AuthError("gateway admin endpoints need the x-admin-token header")
+
+    def require_session_or_admin(request: Request, session_id: str) -> None:
+        if session_key(request.headers, request.query_params) != session_id and not is_admin(request):
+            raise AuthError("a session is readable with its own key or the admin token")
+
+    @router.post("/sessions")
+    async def dispatch(request: Request, spec: SessionSpec) -> Response:
+        require_admin(request)
+        try:
+            session = node.submit(spec)
+        except DuplicateSession as exc:
+            return _error(409, "duplicate_session", str(exc))
+        except GatewayClosed as exc:
+            return _error(503, "gateway_closed", str(exc))
+        return JSONResponse(session.describe(), status_code=201)
+
+    @router.get("/sessions/{session_id}")
+    async def status(request: Request, session_id: str) -> Response:
+        require_session_or_admin(request, session_id)
+        try:
+            return JSONResponse(node.get(session_id).describe())
+        except UnknownSession as exc:
+            return _error(404, "unknown_session", str(exc))
+
+    @router.get("/sessions/{session_id}/result")
+    async def result(request: Request, session_id: str, wait: float = 0.0) -> Response:
+        require_session_or_admin(request, session_id)
+        try:
+            session = node.get(session_id)
+        except UnknownSession as exc:
+            return _error(404, "unknown_session", str(exc))
+        if session.result is None and wait > 0:
+            try:
+                await asyncio.wait_for(session.done.wait(), min(wait, 600.0))
+            except TimeoutError:
+                pass
+        if session.result is None:
+            return JSONResponse(session.describe(), status_code=202)
+        return Response(session.result.model_dump_json(), media_type="application/json")
+
+    @router.post("/sessions/{session_id}/cancel")
+    async def cancel(request: Request, session_id: str) -> Response:
+        require_admin(request)
+        try:
+            cancelled = node.cancel(session_id, "cancelled through the API")
+            return JSONResponse({"cancelled": cancelled, **node.get(session_id).describe()})
+        except UnknownSession as exc:
+            return _error(404, "unknown_session", str(exc))
+
+    @router.get("/gateway/health")
+    async def health() -> dict[str, Any]:
+        return node.health()
+
+    @router.post("/gateway/drain")
+    async def drain(request: Request, wait: bool = False) -> dict[str, Any]:
+        require_admin(request)
+        if wait:
+            await node.drain()
+        else:
+            node.accepting, node.draining = False, True
+            task = asyncio.create_task(node.drain())
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+        return node.health()
+
+    return router
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def create_gateway_app(node: GatewayNode, service: ProxyService, admin_token: str | None) -> FastAPI:
+    """The proxy's app with the session API in front of its catch-all route."""
+    app = create_app(service, admin_token, routers=[gateway_router(node, admin_token)], title="polar_gym gateway")
+    app.state.node = node
+    return app
+
+
+def build_gateway(service: ProxyService, config: GatewayConfig, admin_token: str | None) -> tuple[GatewayNode, FastAPI]:
+    """A node with the real stage functions, and its app. The service must serve registered keys only."""
+    if service.sessions.allow_adhoc:
+        raise ValueError("a gateway serves registered sessions only: use SessionRegistry(allow_adhoc=False)")
+    node = GatewayNode(SandboxStages(service, config), config)
+    return node, create_gateway_app(node, service, admin_token)

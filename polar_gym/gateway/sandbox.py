@@ -1,0 +1,236 @@
+"""The real stage functions: runtimes from ``RUNTIMES``, harness adapters from ``HARNESSES``, the proxy's journal,
+builders from ``BUILDERS`` and evaluators from ``EVALUATORS``.
+
+Per session, under ``<workdir>/<session id>/``: ``sandbox/`` (the runtime's session directory, ``/polar`` inside),
+``eval/`` (the fresh evaluation runtime's, when prewarmed) and ``artifacts/`` (harness stdout/stderr, its logs,
+``result.json``), which the sandbox cannot write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+from pathlib import Path
+
+from polar_gym.evaluate.base import EvalContext, Evaluator
+from polar_gym.gateway.config import GatewayConfig
+from polar_gym.gateway.errors import PrepareFailed, StageError
+from polar_gym.gateway.session import Session
+from polar_gym.gateway.stages import Stages
+from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.merge import apply_rewards, build_trajectory
+from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.service import ProxyService, SessionInfo
+from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
+from polar_gym.runtime.base import SESSION_MOUNT, Runtime
+from polar_gym.schema import BuilderSpec, CompletionSession, PrepareAction, SessionResult, SessionSpec, Trajectory
+
+__all__ = ["SandboxStages", "safe_name"]
+
+log = logging.getLogger("polar_gym.gateway")
+
+#: where HOME is inside every sandbox (the session mount keeps it writable and per-session)
+HOME = f"{SESSION_MOUNT}/home"
+_TAIL = 2000
+
+
+def safe_name(session_id: str) -> str:
+    """A directory name for a session id (ids are caller-chosen: no path tricks)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id).lstrip(".")
+    return safe[:128] or "session"
+
+
+def _tail(data: bytes) -> str:
+    return data[-_TAIL:].decode(errors="replace").strip()
+
+
+class SandboxStages(Stages):
+    def __init__(self, service: ProxyService, config: GatewayConfig) -> None:
+        self.service = service
+        self.config = config
+        self._live: set[Runtime] = set()
+
+    # -- plug-ins ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _harness(spec: SessionSpec) -> Harness:
+        try:
+            return HARNESSES.get(spec.agent.harness)()  # type: ignore[no-any-return]
+        except RegistryError as exc:
+            raise StageError("init", str(exc)) from exc
+
+    @staticmethod
+    def _evaluator_cls(spec: SessionSpec) -> type[Evaluator]:
+        try:
+            return EVALUATORS.get(spec.evaluator.strategy)  # type: ignore[no-any-return]
+        except RegistryError as exc:
+            raise StageError("init", str(exc)) from exc
+
+    def _builder_spec(self, spec: SessionSpec) -> BuilderSpec:
+        """The spec's builder, with end-of-turn IDs defaulting to the engine tokenizer's (as the proxy's route)."""
+        options = dict(spec.builder.config)
+        eot = getattr(getattr(self.service.engine, "tokenizer", None), "end_of_turn_ids", None)
+        if eot and "end_of_turn_ids" not in options:
+            options["end_of_turn_ids"] = list(eot)
+        return BuilderSpec(strategy=spec.builder.strategy, config=options)
+
+    def _runtime(self, spec: SessionSpec, directory: Path) -> Runtime:
+        backend = RUNTIMES.get(spec.runtime.backend)
+        runtime: Runtime = backend(spec.runtime, directory, gateway=self.config.endpoint,
+                                   options=dict(self.config.runtime_options) or None)
+        return runtime
+
+    async def _start(self, runtime: Runtime) -> None:
+        self._live.add(runtime)  # before start: a start cut short by cancellation is still stopped at teardown
+        await runtime.start()
+
+    def live_runtimes(self) -> int:
+        return len(self._live)
+
+    # -- INIT --------------------------------------------------------------------------------------------------
+
+    async def init(self, s: Session) -> None:
+        spec = s.spec
+        harness = self._harness(spec)
+        s.scratch["evaluator_cls"] = self._evaluator_cls(spec)
+        s.scratch["harness"] = harness
+        s.session_dir = self.config.workdir / safe_name(spec.session_id)
+        artifacts = s.session_dir / "artifacts"
+        await asyncio.to_thread(_make_dirs, s.session_dir / "sandbox", artifacts)
+        s.artifacts["dir"] = str(artifacts)
+        s.runtime = self._runtime(spec, s.session_dir / "sandbox")
+        await self._start(s.runtime)
+        await self._prepare(s.runtime, spec.runtime.prepare, s)
+        ctx = HarnessContext(session_id=spec.session_id, instruction=spec.instruction,
+                             model_name=spec.agent.model_name, gateway_url=s.runtime.gateway_url,
+                             workdir=spec.runtime.workdir, home=HOME, cli_path=spec.agent.config.get("cli_path"),
+                             config=dict(spec.agent.config))
+        s.scratch["harness_ctx"] = ctx
+        for path, content in harness.files(ctx).items():
+            await s.runtime.upload(content.encode(), path)
+
+    async def _prepare(self, runtime: Runtime, actions: list[PrepareAction], s: Session) -> None:
+        for i, action in enumerate(actions):
+            what = f"prepare action {i} ({action.type})"
+            if action.type == "exec":
+                assert action.command is not None
+                timeout = s.remaining() if action.timeout_seconds is None else min(action.timeout_seconds,
+                                                                                   s.remaining())
+                result = await runtime.exec(action.command, env={"HOME": HOME}, timeout=timeout)
+                if not result.ok:
+                    detail = _tail(result.stderr) or _tail(result.stdout) or result.reason or ""
+                    code = f"exit code {result.exit_code}" if result.exit_code is not None else result.status.value
+                    raise PrepareFailed("init", f"{what} {action.command!r} failed ({code}): {detail}")
+            else:
+                assert action.dst is not None
+                data: bytes | Path = action.content.encode() if action.content is not None else Path(str(action.src))
+                if isinstance(data, Path) and not await asyncio.to_thread(data.exists):
+                    raise PrepareFailed("init", f"{what}: {data} does not exist on the gateway host")
+                await runtime.upload(data, action.dst)
+
+    # -- RUNNING -----------------------------------------------------------------------------------------------
+
+    def wants_prewarm(self, s: Session) -> bool:
+        cls = s.scratch.get("evaluator_cls")
+        return bool(s.spec.evaluator.refresh_runtime or getattr(cls, "needs_fresh_runtime", False))
+
+    async def prewarm(self, s: Session) -> None:
+        assert s.session_dir is not None
+        await asyncio.to_thread(_make_dirs, s.session_dir / "eval")
+        s.eval_runtime = self._runtime(s.spec, s.session_dir / "eval")
+        await self._start(s.eval_runtime)
+        await self._prepare(s.eval_runtime, s.spec.runtime.prepare, s)
+
+    def _register(self, spec: SessionSpec) -> None:
+        metadata = spec.metadata.model_dump()
+        self.service.sessions.register(SessionInfo(spec.session_id, spec.agent.model_name, metadata))
+        oracle = metadata.get("oracle")
+        if isinstance(oracle, dict) and isinstance(self.service.engine, OracleEngine):
+            self.service.engine.set_script(spec.session_id, OracleScript(**oracle))
+
+    def _unregister(self, session_id: str) -> None:
+        self.service.sessions.unregister(session_id)
+        engine = self.service.engine
+        engine.pool.forget(session_id)
+        if isinstance(engine, OracleEngine):
+            engine.scripts.pop(session_id, None)
+
+    async def run(self, s: Session) -> None:
+        assert s.runtime is not None and s.session_dir is not None
+        harness: Harness = s.scratch["harness"]
+        ctx: HarnessContext = s.scratch["harness_ctx"]
+        self._register(s.spec)
+        env = {"HOME": HOME, **harness.env(ctx)}
+        s.harness_result = result = await s.runtime.exec(harness.command(ctx), env=env, timeout=s.remaining())
+        artifacts = s.session_dir / "artifacts"
+        await asyncio.to_thread(_write_outputs, artifacts, result.stdout, result.stderr)
+        kept, missing = [], []
+        for path in harness.log_paths(ctx):
+            target = artifacts / "logs" / safe_name(posixpath.normpath(path).strip("/").replace("/", "__"))
+            try:
+                async with asyncio.timeout(self.config.log_collect_timeout_seconds):
+                    await s.runtime.download(path, target)
+                kept.append(str(target))
+            except Exception as exc:  # a missing log is worth noting, not worth failing the session
+                missing.append(f"{path}: {exc.__class__.__name__}: {exc}")
+        s.artifacts["logs"] = kept
+        if missing:
+            s.artifacts["missing_logs"] = missing
+
+    # -- POSTRUN -----------------------------------------------------------------------------------------------
+
+    async def build(self, s: Session) -> None:
+        self._unregister(s.session_id)  # no new model calls count once the harness is done
+        # a call the harness made just before it ended (or was killed) may still be on its way to the journal
+        if not await self.service.wait_idle(s.session_id, self.config.settle_timeout_seconds):
+            s.artifacts["unsettled_calls"] = "model calls were still in flight when the trajectory was built"
+        records = await self.service.journal.records(s.session_id)
+        session = CompletionSession(session_id=s.session_id, completions=records,
+                                    metadata={"task_id": s.spec.task_id, "sample_index": s.spec.sample_index})
+        s.artifacts["completions"] = len(records)
+        s.trajectory = await asyncio.to_thread(build_trajectory, session, self._builder_spec(s.spec))
+
+    async def evaluate(self, s: Session) -> None:
+        assert s.trajectory is not None
+        cls = s.scratch.get("evaluator_cls") or self._evaluator_cls(s.spec)
+        evaluator = cls(s.spec.evaluator.config.model_dump())
+        ctx = EvalContext(spec=s.spec, trajectory=s.trajectory, harness_result=s.harness_result, runtime=s.runtime,
+                          fresh_runtime=s.eval_runtime, artifacts=s.artifacts)
+        s.evaluation = evaluation = await evaluator.evaluate(ctx)
+        trajectory: Trajectory = s.trajectory
+        s.trajectory = await asyncio.to_thread(apply_rewards, trajectory, evaluation)
+
+    async def teardown(self, s: Session) -> None:
+        self._unregister(s.session_id)
+        for runtime in (s.runtime, s.eval_runtime):
+            if runtime is None:
+                continue
+            try:
+                await runtime.stop()
+            except Exception:
+                log.exception("stopping a runtime of session %s failed", s.session_id)
+            finally:
+                self._live.discard(runtime)
+
+    async def finished(self, s: Session, result: SessionResult) -> None:
+        if s.session_dir is not None:
+            body = result.model_dump_json(indent=1)
+            await asyncio.to_thread(_write_text, s.session_dir / "artifacts" / "result.json", body)
+
+
+def _make_dirs(*paths: Path) -> None:
+    for path in paths:
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def _write_outputs(artifacts: Path, stdout: bytes, stderr: bytes) -> None:
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / "harness.stdout").write_bytes(stdout)
+    (artifacts / "harness.stderr").write_bytes(stderr)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+

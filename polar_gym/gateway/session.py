@@ -1,0 +1,108 @@
+"""One session's state on the node: its spec, where it is, what it holds, and how it ends.
+
+Stage functions (:mod:`polar_gym.gateway.stages`) read and fill the working fields (runtime, harness result,
+trajectory, evaluation); the node alone moves ``status`` and keeps the shared deadline, the timings and the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polar_gym.runtime.base import ExecResult, Runtime
+from polar_gym.schema import EvalResult, SessionResult, SessionSpec, SessionStatus, Trajectory
+
+__all__ = ["STAGE_OF", "Session", "stage_of"]
+
+#: the stage (pool) a status belongs to, as reported by GET /sessions/{id} and the health endpoint
+STAGE_OF: dict[SessionStatus, str] = {
+    SessionStatus.REGISTERED: "queued",
+    SessionStatus.INITIALIZING: "init",
+    SessionStatus.READY: "ready",
+    SessionStatus.RUNNING: "run",
+    SessionStatus.POST_RUN: "postrun",
+    SessionStatus.BUILDING: "postrun",
+    SessionStatus.EVALUATING: "postrun",
+}
+
+
+def stage_of(status: SessionStatus) -> str:
+    return STAGE_OF.get(status, "done")
+
+
+@dataclass(eq=False)
+class Session:
+    spec: SessionSpec
+    status: SessionStatus = SessionStatus.REGISTERED
+    history: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    #: loop time at which the shared deadline passes; set when INIT starts
+    deadline: float | None = None
+    # -- working fields, filled by the stage functions
+    session_dir: Path | None = None
+    runtime: Runtime | None = None
+    eval_runtime: Runtime | None = None
+    harness_result: ExecResult | None = None
+    trajectory: Trajectory | None = None
+    evaluation: EvalResult | None = None
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    #: anything a stage implementation wants to carry between its stages
+    scratch: dict[str, Any] = field(default_factory=dict)
+    # -- outcome
+    timed_out: bool = False
+    problem: str | None = None  # a non-fatal failure (crashed harness) that makes the final status ERROR
+    reason: str | None = None
+    cancel_reason: str | None = None
+    result: SessionResult | None = None
+    task: asyncio.Task[None] | None = None
+    driving: bool = False  # the driver task has started (and will tear down if cancelled)
+    prewarm_task: asyncio.Task[None] | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    created: float = field(default_factory=time.time)
+
+    @property
+    def session_id(self) -> str:
+        return self.spec.session_id
+
+    @property
+    def stage(self) -> str:
+        return stage_of(self.status)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_reason is not None
+
+    def start_deadline(self) -> None:
+        self.deadline = asyncio.get_running_loop().time() + self.spec.timeout_seconds
+
+    def remaining(self) -> float:
+        """Seconds left of the shared deadline (the full timeout before INIT started); never negative."""
+        if self.deadline is None:
+            return self.spec.timeout_seconds
+        return max(0.0, self.deadline - asyncio.get_running_loop().time())
+
+    def describe(self) -> dict[str, Any]:
+        """What GET /sessions/{id} answers."""
+        return {"session_id": self.session_id, "task_id": self.spec.task_id, "status": self.status.value,
+                "stage": self.stage, "reason": self.reason, "remaining_seconds": self.remaining(),
+                "timings": dict(self.timings), "history": list(self.history)}
+
+    def to_result(self) -> SessionResult:
+        harness = self.harness_result
+        metadata: dict[str, Any] = {
+            "sample_index": self.spec.sample_index,
+            "status_history": list(self.history),
+            "task_metadata": self.spec.metadata.model_dump(),
+            "artifacts": {k: v for k, v in self.artifacts.items() if isinstance(v, str | int | float | list | dict)},
+        }
+        if harness is not None:
+            metadata["harness"] = {"status": harness.status.value, "exit_code": harness.exit_code,
+                                   "seconds": harness.seconds, "reason": harness.reason}
+        if self.session_dir is not None:
+            metadata["session_dir"] = str(self.session_dir)
+        return SessionResult(session_id=self.session_id, task_id=self.spec.task_id, status=self.status,
+                             reason=self.reason, trajectory=self.trajectory, evaluation=self.evaluation,
+                             timings=dict(self.timings), metadata=metadata)
