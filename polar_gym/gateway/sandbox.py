@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import posixpath
 from pathlib import Path
 
@@ -104,7 +105,7 @@ class SandboxStages(Stages):
         await self._prepare(s.runtime, spec.runtime.prepare, s)
         ctx = HarnessContext(session_id=spec.session_id, instruction=spec.instruction,
                              model_name=spec.agent.model_name, gateway_url=s.runtime.gateway_url,
-                             workdir=spec.runtime.workdir, home=HOME, cli_path=spec.agent.config.get("cli_path"),
+                             workdir=spec.runtime.workdir, home=HOME, cli_path=_cli_path(harness, spec),
                              config=dict(spec.agent.config))
         s.scratch["harness_ctx"] = ctx
         for path, content in harness.files(ctx).items():
@@ -217,6 +218,18 @@ class SandboxStages(Stages):
         if s.session_dir is not None:
             body = result.model_dump_json(indent=1)
             await asyncio.to_thread(_write_text, s.session_dir / "artifacts" / "result.json", body)
+
+
+def _cli_path(harness: Harness, spec: SessionSpec) -> str | None:
+    """The harness binary: ``agent.config["cli_path"]`` if given; in the ``local`` sandbox (which sees the host's
+    filesystem read-only) the pinned install from set-up; elsewhere None (the image has it on PATH)."""
+    given = spec.agent.config.get("cli_path")
+    if given or spec.runtime.backend != "local" or harness.pin is None:
+        return str(given) if given else None
+    from polar_gym.harness.install import cli_paths, install_dir
+
+    path = cli_paths(install_dir(cache_root=os.environ.get("POLAR_CACHE")))[harness.pin]
+    return str(path) if path.exists() else None
 
 
 def _make_dirs(*paths: Path) -> None:

@@ -16,6 +16,7 @@ from polar_gym.proxy.errors import RequestError, UnsupportedRoute
 from polar_gym.proxy.providers.base import RenderContext, Route
 from polar_gym.proxy.providers.google import GoogleProvider, protocol, translate
 from polar_gym.proxy.providers.google.translate import derived_call_id, lower_schema
+from polar_gym.proxy.providers.reasoning import encode_signature
 
 P = GoogleProvider()
 CTX = RenderContext(response_id="r-1", created=0)
@@ -406,14 +407,15 @@ def test_render_text_thoughts_calls_and_usage():
     res = result("Hi", reasoning="hmm", calls=[("f", '{"a": 1}')], finish="tool_calls")
     body = P.render(res, _inbound(include_thoughts=True), CTX)
     cand = body["candidates"][0]
+    sig = encode_signature("hmm")  # the reasoning rides back on the first call's thought signature
     assert cand["content"] == {"role": "model", "parts": [
         {"text": "hmm", "thought": True}, {"text": "Hi"}, {"functionCall": {"name": "f", "args": {"a": 1},
-                                                                            "id": "c0"}}]}
+                                                                            "id": "c0"}, "thoughtSignature": sig}]}
     assert cand["finishReason"] == "STOP" and cand["index"] == 0
     assert body["usageMetadata"] == {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}
     assert (body["modelVersion"], body["responseId"]) == ("gemini-2.5-pro", "r-1")
     hidden = P.render(res, _inbound(call_ids=False), CTX)["candidates"][0]["content"]["parts"]
-    assert hidden == [{"text": "Hi"}, {"functionCall": {"name": "f", "args": {"a": 1}}}]
+    assert hidden == [{"text": "Hi"}, {"functionCall": {"name": "f", "args": {"a": 1}}, "thoughtSignature": sig}]
 
 
 def test_render_edge_cases():
@@ -427,14 +429,27 @@ def test_render_edge_cases():
                      "totalTokenCount": 15}
 
 
+def test_thought_signature_brings_dropped_thoughts_back():
+    """A client that does not echo thought parts still returns the signature: the reasoning is restored."""
+    sig = encode_signature("step 1: look around")
+    model = {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}, "thoughtSignature": sig}]}
+    inbound = parse({"contents": [user(), model, user({"functionResponse": {"name": "f", "response": {}}})]})
+    assistant = next(m for m in inbound.chat.messages if m.role == "assistant")
+    assert assistant.reasoning_content == "step 1: look around"
+    foreign = {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}},
+                                           "thoughtSignature": "skip_thought_signature_validator"}]}
+    inbound = parse({"contents": [user(), foreign, user({"functionResponse": {"name": "f", "response": {}}})]})
+    assert next(m for m in inbound.chat.messages if m.role == "assistant").reasoning_content is None
+
+
 def test_stream_chunk_sequence():
     res = result("Hi", reasoning="hmm", calls=[("f", "{}"), ("g", "{}")], finish="tool_calls")
     chunks = [e.data for e in P.stream(res, _inbound(include_thoughts=True), CTX)]
     assert all(isinstance(c, dict) for c in chunks)
     assert [c["candidates"][0]["content"]["parts"] for c in chunks] == [  # type: ignore[index]
         [{"text": "hmm", "thought": True}], [{"text": "Hi"}],
-        [{"functionCall": {"name": "f", "args": {}, "id": "c0"}}, {"functionCall": {"name": "g", "args": {},
-                                                                                   "id": "c1"}}]]
+        [{"functionCall": {"name": "f", "args": {}, "id": "c0"}, "thoughtSignature": encode_signature("hmm")},
+         {"functionCall": {"name": "g", "args": {}, "id": "c1"}}]]
     assert [c["candidates"][0].get("finishReason") for c in chunks] == [None, None, "STOP"]  # type: ignore[index]
     assert ["usageMetadata" in c for c in chunks] == [False, False, True]  # type: ignore[operator]
     assert all(e.event is None for e in P.stream(res, _inbound(), CTX))

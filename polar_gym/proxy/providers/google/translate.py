@@ -38,6 +38,7 @@ from polar_gym.proxy.providers.google.protocol import (
     Part,
     ToolSpec,
 )
+from polar_gym.proxy.providers.reasoning import decode_signature, encode_signature
 
 __all__ = [
     "GoogleProvider",
@@ -241,6 +242,9 @@ def _model_content(content: Content, ci: int, conv: _Conversation, merge: bool) 
             text += _code_text(part, at, conv)
         elif part.inline_data is not None or part.file_data is not None:
             raise RequestError(f"{at}: media in a 'model' content is not supported (text-only model)")
+    if not reasoning:  # thoughts are not sent back, but our signature carries them (see response_parts)
+        signed = [decode_signature(p.thought_signature) for p in content.parts if p.thought_signature]
+        reasoning = next((text for text in signed if text), "")
     prev = conv.messages[-1] if merge and conv.messages else None
     if prev is not None and prev.role == "assistant":
         prev.content = (prev.content if isinstance(prev.content, str) else "") + text
@@ -397,7 +401,13 @@ def response_parts(result: ChatResult, include_thoughts: bool, call_ids: bool) -
         calls.append({"functionCall": fc})
     if calls:
         groups.append(calls)
-    return groups or [[{"text": ""}]]
+    groups = groups or [[{"text": ""}]]
+    if msg.reasoning_content:
+        # Gemini clients send a thought signature back on the part it came with (the first function call, else
+        # the last part); ours carries the reasoning, so the next prompt renders it exactly as it was sampled.
+        target = calls[0] if calls else groups[-1][-1]
+        target["thoughtSignature"] = encode_signature(msg.reasoning_content)
+    return groups
 
 
 def usage_metadata(result: ChatResult) -> dict[str, int]:

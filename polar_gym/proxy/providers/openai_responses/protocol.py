@@ -7,11 +7,11 @@ they received, and none of it changes the prompt. Sets of field and type names d
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from polar_gym.proxy.providers.reasoning import ENCRYPTED_PREFIX, decode_reasoning, encode_reasoning
 
 __all__ = [
     "ENCRYPTED_PREFIX",
@@ -57,26 +57,6 @@ SKIPPED_ITEM_TYPES = frozenset({
     "mcp_approval_response", "mcp_call", "compaction", "compaction_summary", "compaction_trigger",
     "context_compaction", "ghost_snapshot",
 })
-
-#: marks reasoning text we encoded ourselves; anything else in ``encrypted_content`` is a foreign, opaque blob
-ENCRYPTED_PREFIX = "pgr1:"
-
-
-def encode_reasoning(text: str) -> str:
-    """Our ``encrypted_content``: the reasoning text, recoverable on the way back, so the next prompt carries the
-    exact reasoning the model sampled (a stateless proxy has nowhere else to keep it)."""
-    return ENCRYPTED_PREFIX + base64.b64encode(text.encode()).decode()
-
-
-def decode_reasoning(blob: str | None) -> str | None:
-    """The text inside one of our ``encrypted_content`` blobs, or None for a foreign or damaged blob."""
-    if not blob or not blob.startswith(ENCRYPTED_PREFIX):
-        return None
-    try:
-        return base64.b64decode(blob[len(ENCRYPTED_PREFIX):], validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-
 
 class _Item(BaseModel):
     model_config = ConfigDict(extra="allow")

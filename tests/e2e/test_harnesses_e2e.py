@@ -1,0 +1,94 @@
+"""End to end with real, unmodified harness CLIs: the gateway (oracle engine with the real Qwen tokenizer) runs each
+of the six pinned CLIs in the local sandbox with nothing but the gateway reachable, on a demo task whose test fails.
+The oracle plays the reference solution through the harness's own shell tool; the evaluator runs the task's tests.
+Every session must reach reward 1.0, merge into fewer traces than per_request, and hold the fidelity invariant."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import uvicorn
+from _serving import free_port
+from _sessions import check_invariants
+
+from polar_gym.assets import tokenizer_dir
+from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
+from polar_gym.harness.install import cli_paths, install_dir
+from polar_gym.merge import MergeConfig
+from polar_gym.merge.per_request import per_request
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.oracle import OracleEngine
+from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.runtime.base import GatewayEndpoint
+from polar_gym.schema import BuilderSpec, CompletionSession, RuntimeSpec, SessionSpec, SessionStatus
+from polar_gym.tasks import demo_task
+
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
+
+HARNESSES = ["claude_code", "codex", "qwen_code", "gemini_cli", "opencode", "pi"]
+
+
+class _Server(uvicorn.Server):
+    def install_signal_handlers(self) -> None:
+        return None
+
+
+@pytest_asyncio.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[tuple[GatewayNode, ProxyService]]:
+    from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+    if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
+    missing = [name for name, path in cli_paths(install_dir()).items() if not path.exists()]
+    if missing:
+        pytest.fail(f"harness CLIs not installed ({missing}): run `bash scripts/setup.sh`")
+    port = free_port()
+    service = ProxyService(OracleEngine(HFChatTokenizer(tokenizer_dir())), CaptureJournal(tmp_path / "capture"),
+                           SessionRegistry(allow_adhoc=False))
+    config = GatewayConfig(workdir=tmp_path / "gateway", endpoint=GatewayEndpoint("127.0.0.1", port),
+                           init_workers=2, ready_buffer=2, run_slots=2, postrun_workers=2)
+    node, app = build_gateway(service, config, "admin")
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
+        await asyncio.sleep(0.01)
+    try:
+        yield node, service
+    finally:
+        await node.stop()
+        server.should_exit = True
+        await task
+        service.journal.close()
+        assert node.stages.live_runtimes() == 0
+
+
+def session_for(harness: str, task_id: str = "demo-calc-add") -> SessionSpec:
+    request = demo_task(task_id).to_request(
+        harness=harness, runtime=RuntimeSpec(backend="local", network="gateway", workdir="/workspace"),
+        builder=BuilderSpec(strategy="prefix_merging"), timeout_seconds=240)
+    return SessionSpec.from_task(request, 0)
+
+
+async def test_six_real_harnesses_solve_a_demo_task_through_the_gateway(gateway):
+    node, service = gateway
+    specs = [session_for(name) for name in HARNESSES]
+    results = await asyncio.wait_for(node.run(specs), 900)
+    failures = {spec.agent.harness: (r.status, r.reason, (r.evaluation.details if r.evaluation else None))
+                for spec, r in zip(specs, results, strict=True)
+                if r.status is not SessionStatus.COMPLETED or r.evaluation is None or r.evaluation.reward != 1.0}
+    assert failures == {}
+    for spec, result in zip(specs, results, strict=True):
+        records = await service.journal.records(spec.session_id)
+        session = CompletionSession(session_id=spec.session_id, completions=records)
+        trajectory = result.trajectory
+        assert trajectory is not None and trajectory.builder == "prefix_merging"
+        check_invariants(session, trajectory)  # mask-1 tokens are sampled tokens; nothing lost
+        assert all(t.reward == 1.0 for t in trajectory.traces)
+        flat = per_request(session, MergeConfig())
+        assert len(trajectory.traces) < len(flat.traces), (spec.agent.harness, trajectory.diagnostics)
+        assert result.timings, "every stage is timed"
