@@ -53,7 +53,7 @@ def tiny_model_dir() -> Path:
 
 
 def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name: str = TINY_MODEL_NAME,
-                        max_model_len: int = 16384, host: str = "127.0.0.1") -> list[str]:
+                        max_model_len: int = 65536, host: str = "127.0.0.1") -> list[str]:
     """The command that serves the tiny model with vLLM's CPU build. ``python -m ...api_server``, because the
     ``vllm serve`` entry point crashes in this build; the hermes tool parser and ``--enable-auto-tool-choice``
     because vLLM refuses ``tools`` with the default ``tool_choice`` of "auto" without them; the qwen3 reasoning

@@ -4,12 +4,14 @@ HTTP exactly as a harness would. A plain module rather than a conftest, so any t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -72,3 +74,28 @@ def oracle_service(tmp_path: Path | None = None, engine: Engine | None = None, *
     engine = engine or OracleEngine(ByteTokenizer(), default_script=SCRIPT)
     journal = CaptureJournal(tmp_path) if tmp_path is not None else CaptureJournal()
     return ProxyService(engine, journal, SessionRegistry(allow_adhoc=True), **kwargs)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def served_gateway(service: ProxyService, workdir: Path, **config: Any) -> AsyncIterator[Any]:
+    """A gateway node on this event loop, its app served on a loopback port; stopped (and checked to leave no
+    runtime behind) on exit. Yields the GatewayNode."""
+    from polar_gym.gateway import GatewayConfig, build_gateway
+    from polar_gym.runtime.base import GatewayEndpoint
+
+    port = free_port()
+    cfg = GatewayConfig(workdir=workdir, endpoint=GatewayEndpoint("127.0.0.1", port), **config)
+    node, app = build_gateway(service, cfg, ADMIN)
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield node
+    finally:
+        await node.stop()
+        server.should_exit = True
+        await task
+        assert node.stages.live_runtimes() == 0

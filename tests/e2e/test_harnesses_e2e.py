@@ -12,30 +12,23 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import uvicorn
-from _serving import free_port
+from _serving import served_gateway
 from _sessions import check_invariants
 
 from polar_gym.assets import tokenizer_dir
-from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
+from polar_gym.gateway import GatewayNode
 from polar_gym.harness.install import cli_paths, install_dir
 from polar_gym.merge import MergeConfig
 from polar_gym.merge.per_request import per_request
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
-from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.schema import BuilderSpec, CompletionSession, RuntimeSpec, SessionSpec, SessionStatus
 from polar_gym.tasks import demo_task
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 HARNESSES = ["claude_code", "codex", "qwen_code", "gemini_cli", "opencode", "pi"]
-
-
-class _Server(uvicorn.Server):
-    def install_signal_handlers(self) -> None:
-        return None
 
 
 @pytest_asyncio.fixture
@@ -47,24 +40,12 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[GatewayNode, ProxyServi
     missing = [name for name, path in cli_paths(install_dir()).items() if not path.exists()]
     if missing:
         pytest.fail(f"harness CLIs not installed ({missing}): run `bash scripts/setup.sh`")
-    port = free_port()
     service = ProxyService(OracleEngine(HFChatTokenizer(tokenizer_dir())), CaptureJournal(tmp_path / "capture"),
                            SessionRegistry(allow_adhoc=False))
-    config = GatewayConfig(workdir=tmp_path / "gateway", endpoint=GatewayEndpoint("127.0.0.1", port),
-                           init_workers=2, ready_buffer=2, run_slots=2, postrun_workers=2)
-    node, app = build_gateway(service, config, "admin")
-    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for this
-        await asyncio.sleep(0.01)
-    try:
+    async with served_gateway(service, tmp_path / "gateway", init_workers=2, ready_buffer=2, run_slots=2,
+                              postrun_workers=2) as node:
         yield node, service
-    finally:
-        await node.stop()
-        server.should_exit = True
-        await task
-        service.journal.close()
-        assert node.stages.live_runtimes() == 0
+    service.journal.close()
 
 
 def session_for(harness: str, task_id: str = "demo-calc-add") -> SessionSpec:

@@ -198,8 +198,8 @@ def test_openai_chat_forced_tool_call_mirrors_the_engine(engine_proxy, qwen_toke
 def test_engine_refusal_is_a_400_the_harness_can_read(engine_proxy):
     c = chat_client(engine_proxy, "e-chat-too-long")
     with pytest.raises(openai.BadRequestError) as info:
-        c.chat.completions.create(model="policy", max_tokens=4,
-                                  messages=[{"role": "user", "content": "hello " * 17000}])
+        c.chat.completions.create(model="policy", max_tokens=200_000,  # more than the model's context
+                                  messages=[{"role": "user", "content": "hello"}])
     assert "refused" in info.value.message
     (call,) = engine_proxy.exchanges
     assert call.status == 400
