@@ -73,3 +73,51 @@ async def test_six_real_harnesses_solve_a_demo_task_through_the_gateway(gateway)
         flat = per_request(session, MergeConfig())
         assert len(trajectory.traces) < len(flat.traces), (spec.agent.harness, trajectory.diagnostics)
         assert result.timings, "every stage is timed"
+
+
+def _with_script(spec: SessionSpec, commands: list[str], timeout: float) -> SessionSpec:
+    metadata = spec.metadata.model_copy(update={"oracle": {"commands": commands, "final_answer": "done"}})
+    return spec.model_copy(update={"metadata": metadata, "timeout_seconds": timeout})
+
+
+def _sandbox_processes(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_a_real_harness_killed_by_the_deadline_keeps_its_partial_traces(gateway):
+    node, service = gateway
+    marker = "polar-e2e-deadline-marker"
+    spec = _with_script(session_for("pi"), ["printf hi > first.txt", f"sleep 300 # {marker}"], timeout=20)
+    (result,) = await asyncio.wait_for(node.run([spec]), 300)
+    assert result.status is SessionStatus.TIMEOUT, (result.status, result.reason)
+    records = await service.journal.records(spec.session_id)
+    assert len(records) >= 2  # the first command's call and the call that started the long one
+    assert result.trajectory is not None and result.trajectory.traces
+    check_invariants(CompletionSession(session_id=spec.session_id, completions=records), result.trajectory)
+    await asyncio.sleep(1)
+    assert _sandbox_processes(marker) == []
+
+
+async def test_a_real_harness_cancelled_while_running_leaves_nothing_behind(gateway):
+    node, _ = gateway
+    marker = "polar-e2e-cancel-marker"
+    spec = _with_script(session_for("claude_code"), [f"sleep 300 # {marker}"], timeout=300)
+    session = node.submit(spec)
+    for _ in range(600):  # until the harness has made its call and started the command
+        if _sandbox_processes(marker):
+            break
+        await asyncio.sleep(0.1)
+    assert _sandbox_processes(marker), "the harness never ran the command"
+    assert node.cancel(spec.session_id)
+    result = await asyncio.wait_for(node.wait(spec.session_id), 120)
+    assert result.status is SessionStatus.CANCELLED and session.spec.session_id == result.session_id
+    await asyncio.sleep(1)
+    assert _sandbox_processes(marker) == []
