@@ -23,7 +23,7 @@ pytestmark = pytest.mark.engine
 
 
 async def test_real_harnesses_on_a_real_engine_record_the_engines_tokens(vllm_server, tmp_path: Path):
-    from conftest import RecordingTransport  # tests/engine/conftest.py: keeps every raw upstream answer
+    from _engine_kit import RecordingTransport  # keeps every raw upstream answer
 
     transport = RecordingTransport()
     client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(120.0, connect=5.0))
