@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -21,9 +20,8 @@ import uvicorn
 
 from polar_gym.gateway.api import build_gateway
 from polar_gym.gateway.config import GatewayConfig
-from polar_gym.proxy.__main__ import build_engine
-from polar_gym.proxy.capture import CaptureJournal
-from polar_gym.proxy.service import ProxyService, SessionRegistry, new_admin_token
+from polar_gym.proxy.__main__ import add_proxy_arguments, build_service
+from polar_gym.proxy.service import new_admin_token
 from polar_gym.runtime.base import GatewayEndpoint
 
 __all__ = ["config_from_args", "main", "parse_args"]
@@ -31,32 +29,16 @@ __all__ = ["config_from_args", "main", "parse_args"]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m polar_gym.gateway", description="polar_gym's gateway node")
-    p.add_argument("--engine", default="vllm",
-                   help="vllm, sglang, sglang_generate, openai, oracle, or a dotted path (pkg.module:Class)")
-    p.add_argument("--upstream", nargs="*", default=[], help="inference server base URLs (not for oracle)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
+    add_proxy_arguments(p)
     p.add_argument("--advertise-host", default=None,
                    help="the host runtimes use to reach this node (default: --host, or 127.0.0.1 for 0.0.0.0)")
-    p.add_argument("--capture-dir", type=Path, default=None, help="journal directory (default: in memory)")
     p.add_argument("--workdir", type=Path, default=Path("polar_gym-gateway"), help="per-session directories")
-    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (oracle engine)")
-    p.add_argument("--oracle-script", type=Path, default=None, help="JSON {commands: [...], final_answer: ...}")
-    p.add_argument("--drift-every", type=int, default=0, help="oracle: non-canonical tokens every N calls")
-    p.add_argument("--model-name", action="append", default=None, help="served model name(s) for /v1/models")
-    p.add_argument("--policy-version", default=None)
-    p.add_argument("--admin-token", default=os.environ.get("POLAR_ADMIN_TOKEN"))
-    p.add_argument("--strict", action="store_true", help="reject unknown request fields instead of logging them")
-    p.add_argument("--fsync", action="store_true", help="fsync every journal write")
-    p.add_argument("--upstream-timeout", type=float, default=600.0)
-    p.add_argument("--upstream-model", default=None, help="model name sent upstream")
     p.add_argument("--init-workers", type=int, default=4)
     p.add_argument("--ready-buffer", type=int, default=4)
     p.add_argument("--run-slots", type=int, default=8)
     p.add_argument("--postrun-workers", type=int, default=4)
     p.add_argument("--prewarm-workers", type=int, default=2)
     p.add_argument("--postrun-grace", type=float, default=300.0, help="seconds POSTRUN may run past the deadline")
-    p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
 
@@ -69,8 +51,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 
 async def _serve(args: argparse.Namespace, admin_token: str) -> None:  # pragma: no cover - process glue
-    service = ProxyService(build_engine(args), CaptureJournal(args.capture_dir, fsync=args.fsync),
-                           SessionRegistry(allow_adhoc=False), strict=args.strict, model_names=args.model_name)
+    service = build_service(args, allow_adhoc=False)
     node, app = build_gateway(service, config_from_args(args), admin_token)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=False, lifespan="off"))

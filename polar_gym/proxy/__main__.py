@@ -26,11 +26,11 @@ from polar_gym.proxy.service import ProxyService, SessionRegistry, new_admin_tok
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.registry import ENGINES
 
-__all__ = ["build_engine", "main", "parse_args"]
+__all__ = ["add_proxy_arguments", "build_engine", "build_service", "main", "parse_args"]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m polar_gym.proxy", description="polar_gym's token-capturing proxy")
+def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every process that hosts the proxy takes (the standalone proxy and the gateway node)."""
     p.add_argument("--engine", default="vllm",
                    help="vllm, sglang, sglang_generate, openai, oracle, or a dotted path (pkg.module:Class)")
     p.add_argument("--upstream", nargs="*", default=[], help="inference server base URLs (not for oracle)")
@@ -43,7 +43,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-name", action="append", default=None, help="served model name(s) for /v1/models")
     p.add_argument("--policy-version", default=None)
     p.add_argument("--admin-token", default=os.environ.get("POLAR_ADMIN_TOKEN"))
-    p.add_argument("--registered-only", action="store_true", help="serve only keys registered via /admin")
     p.add_argument("--strict", action="store_true", help="reject unknown request fields instead of logging them")
     p.add_argument("--fsync", action="store_true", help="fsync every journal write")
     p.add_argument("--upstream-timeout", type=float, default=600.0)
@@ -51,6 +50,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="model name sent upstream (harnesses send their own, e.g. claude-*, which the server lacks)")
     p.add_argument("--max-tokens-cap", type=int, default=None, help="clamp every call's max_tokens to this")
     p.add_argument("--log-level", default="info")
+    return p
+
+
+def build_service(args: argparse.Namespace, *, allow_adhoc: bool) -> ProxyService:
+    """The proxy service those options describe."""
+    return ProxyService(build_engine(args), CaptureJournal(args.capture_dir, fsync=args.fsync),
+                        SessionRegistry(allow_adhoc=allow_adhoc), strict=args.strict, model_names=args.model_name,
+                        max_tokens_cap=args.max_tokens_cap)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m polar_gym.proxy", description="polar_gym's token-capturing proxy")
+    add_proxy_arguments(p)
+    p.add_argument("--registered-only", action="store_true", help="serve only keys registered via /admin")
     return p.parse_args(argv)
 
 
@@ -83,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     admin_token = args.admin_token or new_admin_token()
     if not args.admin_token:
         print(f"admin token: {admin_token}", file=sys.stderr, flush=True)
-    service = ProxyService(build_engine(args), CaptureJournal(args.capture_dir, fsync=args.fsync),
-                           SessionRegistry(allow_adhoc=not args.registered_only), strict=args.strict,
-                           model_names=args.model_name, max_tokens_cap=args.max_tokens_cap)
+    service = build_service(args, allow_adhoc=not args.registered_only)
     uvicorn.run(create_app(service, admin_token), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)
     service.journal.close()
