@@ -1,0 +1,49 @@
+"""``python -m polar_gym.launch``: compose conf/ with Hydra, validate it against the wire types, hand the job to the
+configured launcher (``launcher._target_``) and exit non-zero if any session errored.
+
+    python -m polar_gym.launch                                   # pi on the demo tasks, oracle engine, local sandbox
+    python -m polar_gym.launch +harness=codex +builder=prefix_merging num_samples=2 out_dir=runs/codex
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from polar_gym.launch.config import ConfigError, InferenceSettings, LaunchJob, TaskTemplate, build_job, load_target
+
+__all__ = ["CONF_DIR", "ConfigError", "InferenceSettings", "LaunchJob", "TaskTemplate", "build_job", "main", "run"]
+
+#: the Hydra config directory (conf/ at the repository root; the project runs from its clone)
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def run(cfg: DictConfig) -> int:
+    """Validate ``cfg``, build its launcher and run the job; the process exit code."""
+    try:
+        job = build_job(cfg)
+        launcher_cls, params = load_target(dict(cfg.launcher), "launcher")
+        launcher = launcher_cls(**params)
+    except (ConfigError, TypeError) as exc:
+        print(f"polar_gym.launch: configuration error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return int(launcher.launch(job))
+    except ConfigError as exc:
+        print(f"polar_gym.launch: configuration error: {exc}", file=sys.stderr)
+        return 2
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:  # pragma: no cover - process glue
+    code = run(cfg)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:  # pragma: no cover - process glue
+    """The console entry point (Hydra parses sys.argv)."""
+    _hydra_main()

@@ -1,0 +1,96 @@
+"""The run's files: trajectories.jsonl (one line per trace), results.jsonl (SessionResults without trajectories),
+summary.md (a table per session plus totals) and the resolved config."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
+
+__all__ = ["SessionOutcome", "summary_rows", "write_outputs"]
+
+
+@dataclass
+class SessionOutcome:
+    """One finished session with what the launcher measured around it."""
+
+    spec: SessionSpec
+    result: SessionResult
+    completions: int
+    seconds: float
+
+    @property
+    def reward(self) -> float | None:
+        return self.result.evaluation.reward if self.result.evaluation is not None else None
+
+    @property
+    def traces(self) -> int:
+        return len(self.result.trajectory.traces) if self.result.trajectory is not None else 0
+
+
+def _trace_lines(o: SessionOutcome) -> list[str]:
+    if o.result.trajectory is None:
+        return []
+    head = {"session_id": o.spec.session_id, "task_id": o.spec.task_id, "sample_index": o.spec.sample_index,
+            "harness": o.spec.agent.harness, "builder": o.result.trajectory.builder, "status": o.result.status.value,
+            "session_reward": o.reward}
+    return [json.dumps({**head, "trace_index": i, **trace.model_dump(mode="json")})
+            for i, trace in enumerate(o.result.trajectory.traces)]
+
+
+def _result_line(o: SessionOutcome) -> str:
+    data: dict[str, Any] = o.result.model_dump(mode="json", exclude={"trajectory"})
+    data.update(harness=o.spec.agent.harness, traces=o.traces, completions=o.completions, seconds=round(o.seconds, 3))
+    if o.result.trajectory is not None:
+        data["trajectory_diagnostics"] = o.result.trajectory.diagnostics
+    return json.dumps(data)
+
+
+def summary_rows(outcomes: list[SessionOutcome]) -> list[list[str]]:
+    """One row per session: task, sample, harness, status, reward, traces, completions, seconds."""
+    return [[o.spec.task_id, str(o.spec.sample_index), o.spec.agent.harness, o.result.status.value,
+             "-" if o.reward is None else f"{o.reward:g}", str(o.traces), str(o.completions), f"{o.seconds:.1f}"]
+            for o in outcomes]
+
+
+def _totals(outcomes: list[SessionOutcome], wall: float) -> dict[str, Any]:
+    rewards = [o.reward for o in outcomes if o.reward is not None]
+    return {"sessions": len(outcomes),
+            "completed": sum(o.result.status is SessionStatus.COMPLETED for o in outcomes),
+            "errored": sum(o.result.status is SessionStatus.ERROR for o in outcomes),
+            "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+            "traces": sum(o.traces for o in outcomes), "completions": sum(o.completions for o in outcomes),
+            "wall_seconds": wall}
+
+
+def _summary_md(outcomes: list[SessionOutcome], wall: float) -> str:
+    header = ["task", "sample", "harness", "status", "reward", "traces", "completions", "seconds"]
+    lines = ["# polar_gym launch summary", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in summary_rows(outcomes)]
+    t = _totals(outcomes, wall)
+    mean = "-" if t["mean_reward"] is None else f"{t['mean_reward']:.3f}"
+    lines += [f"| **total** ({t['sessions']} sessions) | | | {t['completed']} completed, {t['errored']} errored "
+              f"| mean {mean} | {t['traces']} | {t['completions']} | {wall:.1f} wall |", ""]
+    problems = [o for o in outcomes if o.result.status is not SessionStatus.COMPLETED]
+    if problems:
+        lines += ["## Sessions that did not complete", ""]
+        lines += [f"- `{o.spec.session_id}` ({o.result.status.value}): {o.result.reason}" for o in problems]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float) -> dict[str, Any]:
+    """Write trajectories.jsonl, results.jsonl and summary.md under ``out_dir``; returns the totals."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "trajectories.jsonl").open("w") as f:
+        for o in outcomes:
+            for line in _trace_lines(o):
+                f.write(line + "\n")
+    with (out_dir / "results.jsonl").open("w") as f:
+        for o in outcomes:
+            f.write(_result_line(o) + "\n")
+    (out_dir / "summary.md").write_text(_summary_md(outcomes, wall))
+    return _totals(outcomes, wall)

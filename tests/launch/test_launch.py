@@ -1,0 +1,135 @@
+"""The Hydra launch: configs compose with overrides (the design card's `+harness=codex +builder=prefix_merging`
+included), bad configs fail with clear errors, and one real `python -m polar_gym.launch` run of the default harness
+on two demo tasks writes its files with reward 1.0."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from polar_gym.assets import tokenizer_dir
+from polar_gym.launch import CONF_DIR, ConfigError, build_job, run
+from polar_gym.launch.local import LocalLauncher
+from polar_gym.schema import SessionStatus
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def composed(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_the_embedded_default_is_pi_on_every_demo_task_locally_with_the_oracle(tmp_path):
+    cfg = composed(f"out_dir={tmp_path}")
+    job = build_job(cfg)
+    assert {r.agent.harness for r in job.requests} == {"pi"}
+    assert {r.runtime.backend for r in job.requests} == {"local"}
+    assert {r.builder.strategy for r in job.requests} == {"prefix_merging"}
+    assert len(job.requests) >= 4 and job.inference.engine == "oracle"
+    # the demo task's own test command survives the evaluator group
+    assert all(r.evaluator.config.model_dump()["command"] for r in job.requests)
+    assert cfg.launcher._target_ == "polar_gym.launch.local:LocalLauncher"
+    assert job.out_dir == tmp_path and "harness:" in job.resolved_config
+
+
+def test_the_design_card_command_composes():
+    cfg = composed("+harness=codex", "+builder=prefix_merging")
+    job = build_job(cfg)
+    assert {r.agent.harness for r in job.requests} == {"codex"}
+    assert {r.builder.strategy for r in job.requests} == {"prefix_merging"}
+    assert str(job.out_dir).startswith("outputs/")
+
+
+@pytest.mark.parametrize("harness", ["claude_code", "codex", "qwen_code", "gemini_cli", "opencode", "pi", "shell"])
+def test_every_harness_option_composes(harness):
+    (request, *_) = build_job(composed(f"+harness={harness}", "+builder=per_request")).requests
+    assert request.agent.harness == harness and request.builder.strategy == "per_request"
+
+
+def test_every_group_option_validates_and_any_field_overrides():
+    for runtime in ("local", "docker", "apptainer"):
+        assert build_job(composed(f"runtime={runtime}")).requests[0].runtime.backend == runtime
+    for evaluator in ("test_on_output", "session_completed", "swebench_harness"):
+        assert build_job(composed(f"evaluator={evaluator}")).requests[0].evaluator.strategy == evaluator
+    for engine in ("oracle", "vllm", "sglang", "openai"):
+        assert build_job(composed(f"inference={engine}")).inference.engine == engine
+    job = build_job(composed("num_samples=3", "timeout_seconds=42", "runtime.cpus=2", "tasks.ids=[demo-slugify]",
+                             "+harness.config.reasoning=low", "+evaluator.config.timeout=7",
+                             "inference=vllm", "inference.upstreams=[http://10.0.0.1:8000]",
+                             "inference.max_tokens_cap=512"))
+    (request,) = job.requests
+    assert (request.task_id, request.num_samples, request.timeout_seconds) == ("demo-slugify", 3, 42)
+    assert request.runtime.cpus == 2 and request.agent.config == {"reasoning": "low"}
+    assert request.evaluator.config.model_dump()["timeout"] == 7
+    assert job.inference.upstreams == ["http://10.0.0.1:8000"] and job.inference.max_tokens_cap == 512
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["harness.name=codx"], "harness.name: unknown harness 'codx'; known: claude_code"),
+    (["builder.strategy=nope"], "builder.strategy: unknown builder 'nope'"),
+    (["runtime.network=wifi"], "runtime.network"),
+    (["num_samples=0"], "run.num_samples"),
+    (["runtime.cpus=lots"], "runtime.cpus"),
+    (["inference.engine=tgi"], "inference.engine: unknown engine 'tgi'"),
+    (["inference=vllm", "inference.upstreams=[]"], "engine 'vllm' needs at least one upstream URL"),
+    (["tasks.ids=[demo-nope]"], "unknown demo task(s) ['demo-nope']"),
+    (["tasks._target_=polar_gym.nowhere:tasks"], "tasks._target_: cannot import 'polar_gym.nowhere'"),
+    (["harness.name=polar_gym.nowhere:Harness"], "harness.name: cannot import"),
+])
+def test_bad_configs_fail_with_the_path_in_the_message(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        build_job(composed(*overrides))
+    assert message in str(info.value)
+
+
+def test_unknown_keys_and_groups_are_refused_by_hydra():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="harness"):
+        composed("+harness=nope")
+    with pytest.raises(ConfigCompositionException):
+        composed("runtime.colour=red")  # struct mode: not a RuntimeSpec field
+
+
+def test_run_reports_config_errors_with_exit_code_2(capsys):
+    assert run(composed("harness.name=codx")) == 2
+    assert "configuration error" in capsys.readouterr().err
+    assert run(composed("launcher.run_slots=0")) == 2  # GatewayConfig refuses it when the launcher starts
+
+
+def test_the_launcher_takes_only_its_own_keys():
+    with pytest.raises(TypeError):
+        LocalLauncher(colour="red")  # type: ignore[call-arg]
+
+
+@pytest.mark.slow
+def test_python_m_polar_gym_launch_runs_two_demo_tasks_to_reward_one(tmp_path):
+    if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "tasks.ids=[demo-calc-add,demo-slugify]",
+                           f"out_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "160"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in results] == ["demo-calc-add", "demo-slugify"]
+    assert all(r["status"] == SessionStatus.COMPLETED.value and r["evaluation"]["reward"] == 1.0 for r in results)
+    assert all("trajectory" not in r and r["traces"] >= 1 and r["completions"] >= 1 for r in results)
+    traces = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert {t["session_id"] for t in traces} == {r["session_id"] for r in results}
+    assert all(t["reward"] == 1.0 and t["task_id"] and t["response_ids"] and len(t["loss_mask"]) ==
+               len(t["response_ids"]) for t in traces)
+    summary = (out / "summary.md").read_text()
+    assert "| task | sample | harness | status | reward | traces | completions | seconds |" in summary
+    assert "| demo-calc-add | 0 | pi | COMPLETED | 1 |" in summary and "2 completed, 0 errored" in summary
+    assert "name: pi" in (out / "config.yaml").read_text()
+    assert "2/2 completed" in proc.stderr
