@@ -6,6 +6,7 @@ trainers talk to one server. Routes are thin: parse, call the node, map its erro
     GET  /sessions/{id}/result     the SessionResult (202 while not finished; ``?wait=S`` long-polls)
     POST /sessions/{id}/cancel     (admin)
     GET  /gateway/health           stage metrics: counts per stage, queue depths, slots busy, latencies
+    GET  /metrics                  the same, with tokens captured and errors, in Prometheus text format
     POST /gateway/drain            stop accepting, finish in-flight sessions (admin; ``?wait=true`` blocks)
     ...                            the proxy's routes (model APIs, /sessions/{id}/completions, /admin/*)
 """
@@ -27,8 +28,9 @@ from polar_gym.proxy.app import create_app
 from polar_gym.proxy.errors import AuthError
 from polar_gym.proxy.service import ProxyService, session_key
 from polar_gym.schema import SessionSpec
+from polar_gym.server.metrics import PROMETHEUS_CONTENT_TYPE, gateway_metrics
 
-__all__ = ["build_gateway", "create_gateway_app", "gateway_router"]
+__all__ = ["build_gateway", "create_gateway_app", "gateway_router", "metrics_router"]
 
 
 def _error(status: int, kind: str, message: str) -> JSONResponse:
@@ -116,9 +118,21 @@ def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
 _background: set[asyncio.Task[None]] = set()
 
 
+def metrics_router(node: GatewayNode, service: ProxyService) -> APIRouter:
+    """GET /metrics for a cluster's Prometheus: stage counts and latencies, queue depths, tokens, errors."""
+    router = APIRouter()
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gateway_metrics(node.health(), service.stats), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    return router
+
+
 def create_gateway_app(node: GatewayNode, service: ProxyService, admin_token: str | None) -> FastAPI:
     """The proxy's app with the session API in front of its catch-all route."""
-    app = create_app(service, admin_token, routers=[gateway_router(node, admin_token)], title="polar_gym gateway")
+    app = create_app(service, admin_token, routers=[gateway_router(node, admin_token), metrics_router(node, service)],
+                     title="polar_gym gateway")
     app.state.node = node
     return app
 

@@ -1,1 +1,14 @@
-"""server (arrives with its issue)."""
+"""The rollout server: trainers submit tasks, gateways run their sessions, results come back (and by callback).
+
+Modules: ``store`` (SQLite state), ``fleet`` (gateways and the least-loaded choice), ``core`` (dispatch, watch,
+re-dispatch, callbacks), ``app`` (HTTP API), ``metrics`` (Prometheus text), ``client`` (trainer-side helpers).
+"""
+
+from polar_gym.server.app import create_server_app
+from polar_gym.server.client import CallbackReceiver, RolloutClient
+from polar_gym.server.core import RolloutServer, ServerError
+from polar_gym.server.fleet import Fleet, GatewayRegistration
+from polar_gym.server.store import Store
+
+__all__ = ["CallbackReceiver", "Fleet", "GatewayRegistration", "RolloutClient", "RolloutServer", "ServerError",
+           "Store", "create_server_app"]

@@ -1,0 +1,191 @@
+"""The rollout server's HTTP API. Routes are thin: check the token, parse, call the RolloutServer, map its
+ServerError to a status. Everything but /metrics, /health and the OpenAPI docs needs the admin token.
+
+    POST /tasks                    submit a TaskRequest (201 created, 200 when the task_id exists)
+    GET  /tasks, /tasks/{id}       list; status with per-session status, results and an aggregate
+    POST /tasks/{id}/cancel        cancel every session of a task
+    GET  /tasks/{id}/events        server-sent events of status changes
+    GET  /sessions/{id}/result     the SessionResult (202 while running; ``?wait=S`` long-polls)
+    POST /sessions/{id}/cancel
+    POST /gateways/register, GET /gateways, POST /gateways/{id}/heartbeat, POST /gateways/{id}/drain
+    GET/POST/DELETE /backends, POST /backends/pause, /backends/resume   forwarded to every gateway's proxy
+    GET  /metrics                  Prometheus text
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from polar_gym.schema import TaskRequest
+from polar_gym.server.core import RolloutServer, ServerError
+from polar_gym.server.fleet import GatewayRegistration
+from polar_gym.server.metrics import PROMETHEUS_CONTENT_TYPE, server_metrics
+
+__all__ = ["create_server_app"]
+
+
+class Backend(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str
+
+
+class Resume(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy_version: int | str | None = None
+
+
+def _error(status: int, kind: str, message: Any) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+
+
+def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecycle: bool = True) -> FastAPI:
+    """The app; with ``manage_lifecycle`` its lifespan starts and stops the server's loops."""
+    if not admin_token:
+        raise ValueError("the rollout server needs an admin token")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await server.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await server.stop()
+
+    app = FastAPI(title="polar_gym rollout server", lifespan=lifespan)
+    app.state.server = server
+
+    async def admin(request: Request) -> None:
+        given = request.headers.get("x-admin-token", "")
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            given = given or auth[7:]
+        if not hmac.compare_digest(given.encode(), admin_token.encode()):
+            raise ServerError(401, "unauthorized", "this endpoint needs the admin token (x-admin-token header)")
+
+    @app.exception_handler(ServerError)
+    async def server_error(request: Request, exc: ServerError) -> JSONResponse:
+        return _error(exc.status, exc.kind, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "invalid_request", json.loads(json.dumps(exc.errors(), default=str)))
+
+    auth = [Depends(admin)]
+
+    @app.post("/tasks", dependencies=auth)
+    async def submit(task: TaskRequest) -> JSONResponse:
+        view, created = await server.submit(task)
+        return JSONResponse({**view, "created": created}, status_code=201 if created else 200)
+
+    @app.get("/tasks", dependencies=auth)
+    async def list_tasks(limit: int = 1000, offset: int = 0) -> dict[str, Any]:
+        return {"tasks": await server.store.task_ids(limit, offset)}
+
+    @app.get("/tasks/{task_id}", dependencies=auth)
+    async def task(task_id: str) -> dict[str, Any]:
+        return await server.task_view(task_id)
+
+    @app.post("/tasks/{task_id}/cancel", dependencies=auth)
+    async def cancel_task(task_id: str) -> dict[str, Any]:
+        return await server.cancel_task(task_id)
+
+    @app.get("/tasks/{task_id}/events", dependencies=auth)
+    async def events(task_id: str) -> StreamingResponse:
+        await server.task_view(task_id)  # 404 before the stream starts
+
+        async def stream() -> AsyncIterator[str]:
+            async for event in server.events(task_id):
+                yield f"event: {event['event']}\ndata: {json.dumps(event)}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.get("/sessions/{session_id}/result", dependencies=auth)
+    async def result(session_id: str, wait: float = 0.0) -> Response:
+        row = await server.result(session_id, wait)
+        if row.result is None:
+            return JSONResponse({"session_id": session_id, "task_id": row.task_id, "status": row.status.value,
+                                 "gateway_id": row.gateway_id, "attempts": row.attempts, "reason": row.reason},
+                                status_code=202)
+        return Response(row.result.model_dump_json(), media_type="application/json")
+
+    @app.post("/sessions/{session_id}/cancel", dependencies=auth)
+    async def cancel_session(session_id: str) -> dict[str, Any]:
+        row = await server.cancel_session(session_id)
+        return {"session_id": session_id, "task_id": row.task_id, "cancel_requested": True}
+
+    @app.post("/gateways/register", dependencies=auth)
+    async def register(reg: GatewayRegistration) -> JSONResponse:
+        return JSONResponse((await server.register(reg)).describe(), status_code=201)
+
+    @app.get("/gateways", dependencies=auth)
+    async def gateways() -> dict[str, Any]:
+        return {"gateways": [g.describe() for g in server.fleet.gateways.values()]}
+
+    @app.post("/gateways/{gateway_id}/heartbeat", dependencies=auth)
+    async def heartbeat(gateway_id: str, request: Request) -> dict[str, Any]:
+        try:
+            health = await request.json() if await request.body() else {}
+        except ValueError as exc:
+            raise ServerError(400, "invalid_json", f"the heartbeat body is not JSON: {exc}") from exc
+        if not isinstance(health, dict):
+            raise ServerError(400, "invalid_heartbeat", "the heartbeat body is the gateway's health object")
+        return (await server.heartbeat(gateway_id, health)).describe()
+
+    @app.post("/gateways/{gateway_id}/drain", dependencies=auth)
+    async def drain(gateway_id: str) -> dict[str, Any]:
+        return (await server.drain(gateway_id)).describe()
+
+    @app.get("/backends", dependencies=auth)
+    async def backends() -> dict[str, Any]:
+        return {"backends": server.backends, "gateways": await server.fanout("GET", "/admin/upstreams")}
+
+    @app.post("/backends", dependencies=auth)
+    async def add_backend(body: Backend) -> dict[str, Any]:
+        if body.url not in server.backends:
+            server.backends.append(body.url)
+        return {"backends": server.backends,
+                "gateways": await server.fanout("POST", "/admin/upstreams", {"url": body.url})}
+
+    @app.delete("/backends", dependencies=auth)
+    async def remove_backend(url: str | None = None) -> dict[str, Any]:
+        """Remove one backend, or all of them (no ``url``) on a checkpoint swap."""
+        urls = [url] if url else list(server.backends)
+        results = {}
+        for each in urls:
+            if each in server.backends:
+                server.backends.remove(each)
+            results[each] = await server.fanout("POST", "/admin/upstreams/remove", {"url": each})
+        return {"backends": server.backends, "removed": results}
+
+    @app.post("/backends/pause", dependencies=auth)
+    async def pause() -> dict[str, Any]:
+        return {"gateways": await server.fanout("POST", "/admin/pause")}
+
+    @app.post("/backends/resume", dependencies=auth)
+    async def resume(body: Resume) -> dict[str, Any]:
+        return {"gateways": await server.fanout("POST", "/admin/resume", body.model_dump())}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "gateways": len(server.fleet.live())}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        sessions, tasks = await server.store.counts()
+        text = server_metrics(sessions, tasks, [g.describe() for g in server.fleet.gateways.values()],
+                              server.dispatch_latency[0], server.dispatch_latency[1], server.redispatched,
+                              server.errors, server.callbacks)
+        return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,411 @@
+"""The rollout server's engine: expands tasks into sessions, dispatches them to gateways, watches their results,
+re-dispatches the sessions of a gateway that stops answering, and delivers callbacks. State lives in the Store, so
+every step is resumable after a restart; in-memory maps are only caches of who runs what."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import httpx
+
+from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest, TaskStatus
+from polar_gym.server.fleet import DEAD, DRAINING, HEALTHY, Fleet, GatewayRegistration, GatewayState
+from polar_gym.server.store import SessionRow, Store
+
+__all__ = ["RolloutServer", "ServerError"]
+
+log = logging.getLogger(__name__)
+S = SessionStatus
+
+
+class ServerError(Exception):
+    """A request the server refuses: ``status`` is the HTTP status the API answers with."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def task_state(rows: list[SessionRow], cancelled: bool) -> SessionStatus:
+    """One status for a task: running until every session ended, then completed unless none completed."""
+    statuses = [r.status for r in rows]
+    if not all(s.terminal for s in statuses):
+        return S.REGISTERED if all(s == S.REGISTERED for s in statuses) else S.RUNNING
+    if cancelled or all(s == S.CANCELLED for s in statuses):
+        return S.CANCELLED
+    return S.COMPLETED if S.COMPLETED in statuses else S.ERROR
+
+
+class RolloutServer:
+    def __init__(self, store: Store, *, heartbeat_interval: float = 2.0, dead_after: float = 10.0,
+                 max_attempts: int = 3, result_wait: float = 10.0, callback_attempts: int = 8,
+                 callback_backoff: float = 0.5, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.store = store
+        self.fleet = Fleet()
+        self.heartbeat_interval, self.dead_after = heartbeat_interval, dead_after
+        self.max_attempts, self.result_wait = max_attempts, result_wait
+        self.callback_attempts, self.callback_backoff = callback_attempts, callback_backoff
+        self._transport = transport
+        self.http: httpx.AsyncClient | None = None
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._subscribers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = collections.defaultdict(set)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.backends: list[str] = []
+        # metrics
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.dispatch_latency = [0, 0.0]  # count, total seconds from submission to dispatch
+        self.dispatched = 0
+        self.redispatched = 0
+        self.callbacks: collections.Counter[str] = collections.Counter()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Reload gateways and in-flight sessions from the store, then run the loops."""
+        self.http = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(30.0, connect=5.0))
+        for row in await self.store.gateways():
+            self.fleet.restore(row)  # heartbeat clock restarts now: each gets dead_after to answer
+        for row in await self.store.in_flight():
+            gw = self.fleet.gateways.get(row.gateway_id or "")
+            if gw is None or gw.row.state == DEAD:
+                await self._lost(row, "its gateway is gone after a server restart")
+            else:
+                gw.sessions.add(row.session_id)
+                self._spawn(self._watch(row.session_id, gw))
+        for task_id in await self.store.pending_callbacks():
+            self._spawn(self._deliver(task_id))
+        self._spawn(self._dispatch_loop())
+        self._spawn(self._monitor_loop())
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.http is not None:
+            await self.http.aclose()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self.http is None:
+            raise RuntimeError("the rollout server is not started")
+        return self.http
+
+    # -- tasks -----------------------------------------------------------------------------------------------
+
+    async def submit(self, task: TaskRequest) -> tuple[dict[str, Any], bool]:
+        """Store the task and its sessions; resubmitting a task_id returns the existing task (created False)."""
+        specs = [SessionSpec.from_task(task, i) for i in range(task.num_samples)]
+        created = await self.store.add_task(task, specs)
+        if created:
+            await self._notify(task.task_id, {"event": "submitted", "sessions": [s.session_id for s in specs]})
+            self._wake.set()
+        return await self.task_view(task.task_id), created
+
+    async def task_view(self, task_id: str) -> dict[str, Any]:
+        """TaskStatus plus an aggregate: counts by status and the mean reward of the evaluated sessions."""
+        task = await self.store.task(task_id)
+        if task is None:
+            raise ServerError(404, "unknown_task", f"no task {task_id!r}")
+        rows = await self.store.sessions_of(task_id)
+        status = TaskStatus(task_id=task_id, status=task_state(rows, task.cancelled),
+                            sessions={r.session_id: r.status for r in rows},
+                            results=[r.result for r in rows if r.result is not None])
+        rewards = [r.result.evaluation.reward for r in rows if r.result and r.result.evaluation]
+        counts = collections.Counter(r.status.value for r in rows)
+        return {**status.model_dump(mode="json"), "aggregate": {
+            "counts": dict(counts), "num_sessions": len(rows), "finished": sum(r.status.terminal for r in rows),
+            "mean_reward": sum(rewards) / len(rewards) if rewards else None},
+            "gateways": {r.session_id: r.gateway_id for r in rows},
+            "callback": {"state": task.callback_state, "error": task.callback_error}}
+
+    async def cancel_task(self, task_id: str) -> dict[str, Any]:
+        if await self.store.task(task_id) is None:
+            raise ServerError(404, "unknown_task", f"no task {task_id!r}")
+        await self.store.mark_task_cancelled(task_id)
+        for row in await self.store.sessions_of(task_id):
+            await self.cancel_session(row.session_id)
+        return await self.task_view(task_id)
+
+    async def cancel_session(self, session_id: str) -> SessionRow:
+        row = await self.store.session(session_id)
+        if row is None:
+            raise ServerError(404, "unknown_session", f"no session {session_id!r}")
+        if row.status.terminal:
+            return row
+        gw = self.fleet.owner(session_id)
+        if gw is not None and gw.row.state != DEAD:
+            try:
+                resp = await self.client.post(f"{gw.url}/sessions/{session_id}/cancel", headers=gw.headers)
+                if resp.status_code == 200:
+                    return row  # the watcher stores the gateway's CANCELLED result
+            except httpx.HTTPError as exc:
+                self.errors["cancel_failed"] += 1
+                log.warning("cancel of %s on %s failed: %s", session_id, gw.gateway_id, exc)
+        await self._finish(self._result(row, S.CANCELLED, "cancelled through the rollout server"), gw)
+        return row
+
+    async def result(self, session_id: str, wait: float = 0.0) -> SessionRow:
+        row = await self.store.session(session_id)
+        if row is None:
+            raise ServerError(404, "unknown_session", f"no session {session_id!r}")
+        deadline = time.monotonic() + min(wait, 600.0)
+        while row is not None and not row.status.terminal and time.monotonic() < deadline:
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), deadline - time.monotonic())
+            row = await self.store.session(session_id)
+        assert row is not None
+        return row
+
+    async def events(self, task_id: str) -> AsyncIterator[dict[str, Any]]:
+        """Status changes of one task: a snapshot first, then each change, ending when every session ended."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._subscribers[task_id].add(queue)
+        try:
+            view = await self.task_view(task_id)
+            yield {"event": "snapshot", "status": view["status"], "sessions": view["sessions"]}
+            while view["status"] not in ("COMPLETED", "ERROR", "CANCELLED"):
+                yield await queue.get()
+                view = await self.task_view(task_id)
+            while not queue.empty():  # changes stored before the final view was read
+                yield queue.get_nowait()
+            yield {"event": "task_finished", "status": view["status"], "aggregate": view["aggregate"]}
+        finally:
+            self._subscribers[task_id].discard(queue)
+            if not self._subscribers[task_id]:
+                del self._subscribers[task_id]
+
+    async def _notify(self, task_id: str, event: dict[str, Any]) -> None:
+        for queue in self._subscribers.get(task_id, ()):
+            queue.put_nowait({"task_id": task_id, "time": time.time(), **event})
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- gateways --------------------------------------------------------------------------------------------
+
+    async def register(self, reg: GatewayRegistration) -> GatewayState:
+        gw = self.fleet.register(reg)
+        await self.store.save_gateway(gw.row)
+        for url in self.backends:  # a new gateway gets the fleet's current LLM backends
+            with contextlib.suppress(httpx.HTTPError):
+                await self.client.post(f"{gw.url}/admin/upstreams", json={"url": url}, headers=gw.headers)
+        self._wake.set()
+        return gw
+
+    def gateway(self, gateway_id: str) -> GatewayState:
+        gw = self.fleet.gateways.get(gateway_id)
+        if gw is None:
+            raise ServerError(404, "unknown_gateway", f"no gateway {gateway_id!r}")
+        return gw
+
+    async def heartbeat(self, gateway_id: str, health: dict[str, Any]) -> GatewayState:
+        gw = self.gateway(gateway_id)
+        if gw.row.state == DEAD:
+            raise ServerError(410, "gateway_dead", f"{gateway_id} was declared dead; register it again")
+        gw.last_seen, gw.health = time.monotonic(), health
+        return gw
+
+    async def drain(self, gateway_id: str) -> GatewayState:
+        """No new sessions go to a draining gateway; the ones it runs finish there."""
+        gw = self.gateway(gateway_id)
+        if gw.row.state == HEALTHY:
+            gw.row.state = DRAINING
+            await self.store.save_gateway(gw.row)
+        return gw
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._probe(gw) for gw in self.fleet.live()))
+            now = time.monotonic()
+            for gw in self.fleet.live():
+                if now - gw.last_seen > self.dead_after:
+                    await self._declare_dead(gw)
+            await asyncio.sleep(self.heartbeat_interval)
+
+    async def _probe(self, gw: GatewayState) -> None:
+        """Gateways need not push heartbeats: a health answer counts as one."""
+        try:
+            resp = await self.client.get(f"{gw.url}/gateway/health", timeout=max(self.heartbeat_interval, 1.0))
+            if resp.status_code == 200:
+                gw.last_seen, gw.health, gw.suspect = time.monotonic(), resp.json(), False
+        except (httpx.HTTPError, ValueError):
+            self.errors["heartbeat_failed"] += 1
+
+    async def _declare_dead(self, gw: GatewayState) -> None:
+        log.warning("gateway %s (%s) missed heartbeats: re-dispatching %d sessions", gw.gateway_id, gw.url,
+                    len(gw.sessions))
+        self.errors["gateway_dead"] += 1
+        gw.row.state = DEAD
+        await self.store.save_gateway(gw.row)
+        lost, gw.sessions = list(gw.sessions), set()
+        for session_id in lost:
+            row = await self.store.session(session_id)
+            if row is not None and not row.status.terminal:
+                await self._lost(row, f"gateway {gw.gateway_id} ({gw.url}) stopped answering")
+        self._wake.set()
+
+    async def _lost(self, row: SessionRow, why: str) -> None:
+        """Re-queue a session whose gateway lost it, or fail it with the reason after max_attempts."""
+        if row.attempts >= self.max_attempts:
+            await self._finish(self._result(row, S.ERROR, f"{why}; gave up after {row.attempts} attempts"), None)
+            return
+        self.redispatched += 1
+        await self.store.requeue(row.session_id, why)
+        await self._notify(row.task_id, {"event": "requeued", "session_id": row.session_id, "reason": why})
+        self._wake.set()
+
+    # -- dispatch and watch ----------------------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            waiting = await self.store.undispatched()
+            for row in waiting:
+                gw = self.fleet.pick()
+                if gw is None:
+                    break
+                await self._dispatch(row, gw)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+
+    async def _dispatch(self, row: SessionRow, gw: GatewayState) -> None:
+        attempt = await self.store.assign(row.session_id, gw.gateway_id)
+        if attempt is None:
+            return  # cancelled while waiting
+        gw.sessions.add(row.session_id)
+        try:
+            resp = await self.client.post(f"{gw.url}/sessions", content=row.spec.model_dump_json(),
+                                          headers={**gw.headers, "content-type": "application/json"})
+        except httpx.HTTPError as exc:
+            self.errors["dispatch_unreachable"] += 1
+            gw.sessions.discard(row.session_id)
+            gw.suspect = True  # not picked again until a health probe answers
+            unreached = isinstance(exc, httpx.ConnectError)  # it never got there: the try does not count
+            row.attempts = attempt - 1 if unreached else attempt
+            if unreached:
+                await self.store.refund_attempt(row.session_id)
+            await self._lost(row, f"dispatch to {gw.gateway_id} failed: {exc!r}")
+            return
+        if resp.status_code not in (201, 409):  # 409: it already runs there (a dispatch before a restart)
+            self.errors[f"dispatch_http_{resp.status_code}"] += 1
+            gw.sessions.discard(row.session_id)
+            if resp.status_code == 503:
+                gw.row.state = DRAINING
+                await self.store.save_gateway(gw.row)
+            row.attempts = attempt
+            await self._lost(row, f"{gw.gateway_id} refused the session ({resp.status_code}): {resp.text[:300]}")
+            return
+        self.dispatched += 1
+        self.dispatch_latency[0] += 1
+        self.dispatch_latency[1] += max(0.0, time.time() - row.created)
+        await self._notify(row.task_id, {"event": "dispatched", "session_id": row.session_id,
+                                         "gateway_id": gw.gateway_id, "attempt": attempt})
+        self._spawn(self._watch(row.session_id, gw))
+
+    async def _watch(self, session_id: str, gw: GatewayState) -> None:
+        """Long-poll the gateway for the result; stop when the session left this gateway (declared dead)."""
+        last: str | None = None
+        while session_id in gw.sessions and gw.row.state != DEAD:
+            try:
+                resp = await self.client.get(f"{gw.url}/sessions/{session_id}/result",
+                                             params={"wait": self.result_wait}, headers=gw.headers,
+                                             timeout=self.result_wait + 30.0)
+            except httpx.HTTPError:
+                self.errors["result_poll_failed"] += 1
+                await asyncio.sleep(min(1.0, self.heartbeat_interval))
+                continue
+            if session_id not in gw.sessions:
+                return
+            if resp.status_code == 200:
+                await self._finish(SessionResult.model_validate_json(resp.content), gw)
+                return
+            if resp.status_code == 202:
+                status = resp.json().get("status")
+                if status != last and status in S.__members__ and not S(status).terminal:
+                    last = status
+                    await self.store.set_status(session_id, S(status))
+                    row = await self.store.session(session_id)
+                    if row is not None:
+                        await self._notify(row.task_id, {"event": "status", "session_id": session_id,
+                                                         "status": status})
+                continue
+            self.errors[f"result_http_{resp.status_code}"] += 1
+            if resp.status_code >= 500:  # a gateway shutting down or overloaded: ask again, heartbeats decide
+                await asyncio.sleep(min(1.0, self.heartbeat_interval))
+                continue
+            gw.sessions.discard(session_id)
+            row = await self.store.session(session_id)
+            if row is not None and not row.status.terminal:
+                await self._lost(row, f"{gw.gateway_id} answered {resp.status_code} for the result")
+            return
+
+    def _result(self, row: SessionRow, status: SessionStatus, reason: str) -> SessionResult:
+        return SessionResult(session_id=row.session_id, task_id=row.task_id, status=status, reason=reason)
+
+    async def _finish(self, result: SessionResult, gw: GatewayState | None) -> None:
+        if gw is not None:
+            gw.sessions.discard(result.session_id)
+        await self.store.finish(result)
+        await self._notify(result.task_id, {"event": "finished", "session_id": result.session_id,
+                                            "status": result.status.value, "reason": result.reason})
+        self._wake.set()
+        rows = await self.store.sessions_of(result.task_id)
+        if all(r.status.terminal for r in rows):
+            task = await self.store.task(result.task_id)
+            if task is not None and task.request.callback_url and await self.store.claim_callback(result.task_id):
+                self._spawn(self._deliver(result.task_id))
+
+    # -- callbacks -------------------------------------------------------------------------------------------
+
+    async def _deliver(self, task_id: str) -> None:
+        """POST the finished task to its callback_url until a 2xx, with exponential backoff; the idempotency key
+        lets the receiver drop repeats (delivery is at least once)."""
+        task = await self.store.task(task_id)
+        if task is None or not task.request.callback_url:
+            return
+        body = await self.task_view(task_id)
+        headers = {"idempotency-key": f"polar-task-{task_id}", "content-type": "application/json"}
+        error = "no attempt made"
+        for attempt in range(self.callback_attempts):
+            try:
+                resp = await self.client.post(task.request.callback_url, json=body, headers=headers)
+                if 200 <= resp.status_code < 300:
+                    self.callbacks["delivered"] += 1
+                    await self.store.set_callback(task_id, "delivered")
+                    return
+                error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            except httpx.HTTPError as exc:
+                error = repr(exc)
+            self.callbacks["retried"] += 1
+            self.errors["callback_failed"] += 1
+            await asyncio.sleep(self.callback_backoff * 2**attempt)
+        self.callbacks["failed"] += 1
+        await self.store.set_callback(task_id, "failed", error)
+
+    # -- LLM backends across the fleet -----------------------------------------------------------------------
+
+    async def fanout(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Send one admin call to every live gateway; answers (or errors) by gateway id."""
+
+        async def one(gw: GatewayState) -> tuple[str, Any]:
+            try:
+                resp = await self.client.request(method, f"{gw.url}{path}", json=body, headers=gw.headers,
+                                                 timeout=120.0)
+                return gw.gateway_id, {"status": resp.status_code, "body": resp.json()}
+            except (httpx.HTTPError, ValueError) as exc:
+                self.errors["backend_fanout_failed"] += 1
+                return gw.gateway_id, {"status": None, "error": repr(exc)}
+
+        return dict(await asyncio.gather(*(one(gw) for gw in self.fleet.live())))

@@ -1,0 +1,100 @@
+"""The gateways the rollout server dispatches to: their capacity, liveness and load. Why its own module: choosing
+a gateway (least loaded among the healthy, accepting ones) is a pure decision that tests read without HTTP."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_gym.server.store import GatewayRow
+
+__all__ = ["Fleet", "GatewayRegistration", "GatewayState"]
+
+HEALTHY, DRAINING, DEAD = "healthy", "draining", "dead"
+
+
+class GatewayRegistration(BaseModel):
+    """POST /gateways/register: where the gateway is, how many sessions it takes at once, its admin token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(pattern=r"^https?://")
+    capacity: int = Field(ge=1)
+    admin_token: str | None = None
+
+
+@dataclass
+class GatewayState:
+    row: GatewayRow
+    last_seen: float = field(default_factory=time.monotonic)
+    health: dict[str, Any] = field(default_factory=dict)
+    #: session ids this server has handed to the gateway and not seen finish
+    sessions: set[str] = field(default_factory=set)
+    #: a dispatch could not connect: skipped until the next health answer
+    suspect: bool = False
+
+    @property
+    def gateway_id(self) -> str:
+        return self.row.gateway_id
+
+    @property
+    def url(self) -> str:
+        return self.row.url.rstrip("/")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-admin-token": self.row.admin_token} if self.row.admin_token else {}
+
+    @property
+    def load(self) -> float:
+        return len(self.sessions) / self.row.capacity
+
+    def describe(self) -> dict[str, Any]:
+        return {"gateway_id": self.gateway_id, "url": self.url, "capacity": self.row.capacity,
+                "state": self.row.state, "suspect": self.suspect, "in_flight": len(self.sessions), "load": self.load,
+                "seconds_since_heartbeat": time.monotonic() - self.last_seen, "health": self.health}
+
+
+class Fleet:
+    """In-memory view of the gateways; the store keeps the registrations across restarts."""
+
+    def __init__(self) -> None:
+        self.gateways: dict[str, GatewayState] = {}
+
+    def register(self, reg: GatewayRegistration) -> GatewayState:
+        """Registering a known URL again refreshes it (a restarted gateway comes back healthy)."""
+        url = reg.url.rstrip("/")
+        for gw in self.gateways.values():
+            if gw.url == url:
+                gw.row.capacity, gw.row.admin_token, gw.row.state = reg.capacity, reg.admin_token, HEALTHY
+                gw.last_seen = time.monotonic()
+                return gw
+        gw = GatewayState(GatewayRow(f"gw-{uuid.uuid4().hex[:10]}", url, reg.capacity, reg.admin_token, HEALTHY))
+        self.gateways[gw.gateway_id] = gw
+        return gw
+
+    def restore(self, row: GatewayRow) -> GatewayState:
+        gw = GatewayState(row)
+        self.gateways[row.gateway_id] = gw
+        return gw
+
+    def live(self) -> list[GatewayState]:
+        return [g for g in self.gateways.values() if g.row.state != DEAD]
+
+    def pick(self) -> GatewayState | None:
+        """The least-loaded healthy gateway with a free slot (ties go to the larger capacity)."""
+        free = [g for g in self.gateways.values()
+                if g.row.state == HEALTHY and not g.suspect and len(g.sessions) < g.row.capacity]
+        if not free:
+            return None
+        return min(free, key=lambda g: (g.load, -g.row.capacity, g.gateway_id))
+
+    def owner(self, session_id: str) -> GatewayState | None:
+        for gw in self.gateways.values():
+            if session_id in gw.sessions:
+                return gw
+        return None

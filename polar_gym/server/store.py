@@ -1,0 +1,220 @@
+"""The rollout server's durable state in SQLite: tasks, their sessions (status, gateway, attempts, result) and the
+registered gateways. Why SQLite: one file survives a restart and needs no service; the stdlib driver is run in a
+worker thread (``asyncio.to_thread``) behind one lock, so the event loop never blocks on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest
+
+__all__ = ["GatewayRow", "SessionRow", "Store", "TaskRow"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY, request TEXT NOT NULL, created REAL NOT NULL,
+    cancelled INTEGER NOT NULL DEFAULT 0, callback_state TEXT, callback_error TEXT);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, sample_index INTEGER NOT NULL, spec TEXT NOT NULL,
+    status TEXT NOT NULL, gateway_id TEXT, attempts INTEGER NOT NULL DEFAULT 0, reason TEXT, result TEXT,
+    created REAL NOT NULL, dispatched REAL, finished REAL);
+CREATE INDEX IF NOT EXISTS sessions_task ON sessions(task_id);
+CREATE INDEX IF NOT EXISTS sessions_status ON sessions(status);
+CREATE TABLE IF NOT EXISTS gateways (
+    gateway_id TEXT PRIMARY KEY, url TEXT NOT NULL UNIQUE, capacity INTEGER NOT NULL, admin_token TEXT,
+    state TEXT NOT NULL);
+"""
+
+
+@dataclass
+class TaskRow:
+    request: TaskRequest
+    created: float
+    cancelled: bool
+    callback_state: str | None
+    callback_error: str | None
+
+
+@dataclass
+class SessionRow:
+    spec: SessionSpec
+    status: SessionStatus
+    gateway_id: str | None
+    attempts: int
+    reason: str | None
+    result: SessionResult | None
+    created: float
+    dispatched: float | None
+
+    @property
+    def session_id(self) -> str:
+        return self.spec.session_id
+
+    @property
+    def task_id(self) -> str:
+        return self.spec.task_id
+
+
+@dataclass
+class GatewayRow:
+    gateway_id: str
+    url: str
+    capacity: int
+    admin_token: str | None
+    state: str
+
+
+def _session(row: sqlite3.Row) -> SessionRow:
+    return SessionRow(
+        spec=SessionSpec.model_validate_json(row["spec"]), status=SessionStatus(row["status"]),
+        gateway_id=row["gateway_id"], attempts=row["attempts"], reason=row["reason"],
+        result=SessionResult.model_validate_json(row["result"]) if row["result"] else None,
+        created=row["created"], dispatched=row["dispatched"])
+
+
+class Store:
+    """Every method is a coroutine that runs its SQL in a thread; the lock serializes the one connection."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+
+    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    async def _q(self, sql: str, *args: Any) -> list[Any]:
+        return await asyncio.to_thread(self._run, sql, args)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- tasks -----------------------------------------------------------------------------------------------
+
+    async def add_task(self, task: TaskRequest, specs: list[SessionSpec]) -> bool:
+        """Insert a task and its sessions in one transaction; False when the task_id already exists."""
+
+        def run() -> bool:
+            now = time.time()
+            with self._lock:
+                try:
+                    with self._db:
+                        self._db.execute("BEGIN")
+                        self._db.execute("INSERT INTO tasks(task_id, request, created) VALUES (?, ?, ?)",
+                                         (task.task_id, task.model_dump_json(), now))
+                        self._db.executemany(
+                            "INSERT INTO sessions(session_id, task_id, sample_index, spec, status, created) "
+                            "VALUES (?, ?, ?, ?, ?, ?)",
+                            [(s.session_id, s.task_id, s.sample_index, s.model_dump_json(),
+                              SessionStatus.REGISTERED.value, now) for s in specs])
+                except sqlite3.IntegrityError:
+                    return False
+            return True
+
+        return await asyncio.to_thread(run)
+
+    async def task(self, task_id: str) -> TaskRow | None:
+        rows = await self._q("SELECT * FROM tasks WHERE task_id = ?", task_id)
+        if not rows:
+            return None
+        r = rows[0]
+        return TaskRow(TaskRequest.model_validate_json(r["request"]), r["created"], bool(r["cancelled"]),
+                       r["callback_state"], r["callback_error"])
+
+    async def task_ids(self, limit: int = 1000, offset: int = 0) -> list[str]:
+        rows = await self._q("SELECT task_id FROM tasks ORDER BY created, task_id LIMIT ? OFFSET ?", limit, offset)
+        return [r["task_id"] for r in rows]
+
+    async def mark_task_cancelled(self, task_id: str) -> None:
+        await self._q("UPDATE tasks SET cancelled = 1 WHERE task_id = ?", task_id)
+
+    async def set_callback(self, task_id: str, state: str, error: str | None = None) -> None:
+        await self._q("UPDATE tasks SET callback_state = ?, callback_error = ? WHERE task_id = ?",
+                      state, error, task_id)
+
+    async def claim_callback(self, task_id: str) -> bool:
+        """Mark a finished task's callback pending, once: concurrent finishers race here and one wins."""
+        rows = await self._q("UPDATE tasks SET callback_state = 'pending' WHERE task_id = ? AND callback_state IS NULL "
+                             "RETURNING task_id", task_id)
+        return bool(rows)
+
+    async def pending_callbacks(self) -> list[str]:
+        rows = await self._q("SELECT task_id FROM tasks WHERE callback_state = 'pending'")
+        return [r["task_id"] for r in rows]
+
+    # -- sessions --------------------------------------------------------------------------------------------
+
+    async def sessions_of(self, task_id: str) -> list[SessionRow]:
+        rows = await self._q("SELECT * FROM sessions WHERE task_id = ? ORDER BY sample_index", task_id)
+        return [_session(r) for r in rows]
+
+    async def session(self, session_id: str) -> SessionRow | None:
+        rows = await self._q("SELECT * FROM sessions WHERE session_id = ?", session_id)
+        return _session(rows[0]) if rows else None
+
+    async def undispatched(self, limit: int = 1000) -> list[SessionRow]:
+        rows = await self._q("SELECT * FROM sessions WHERE gateway_id IS NULL AND status = ? ORDER BY created "
+                             "LIMIT ?", SessionStatus.REGISTERED.value, limit)
+        return [_session(r) for r in rows]
+
+    async def in_flight(self) -> list[SessionRow]:
+        """Sessions handed to a gateway and not finished: watched again after a restart."""
+        terminal = [s.value for s in SessionStatus if s.terminal]
+        rows = await self._q(f"SELECT * FROM sessions WHERE gateway_id IS NOT NULL AND status NOT IN "
+                             f"({','.join('?' * len(terminal))})", *terminal)
+        return [_session(r) for r in rows]
+
+    async def assign(self, session_id: str, gateway_id: str) -> int | None:
+        """Claim a waiting session for a gateway; None when it is no longer waiting (cancelled meanwhile).
+        Returns the attempt number."""
+        rows = await self._q("UPDATE sessions SET gateway_id = ?, attempts = attempts + 1, dispatched = ?, "
+                             "status = ? WHERE session_id = ? AND gateway_id IS NULL AND status = ? "
+                             "RETURNING attempts", gateway_id, time.time(), SessionStatus.INITIALIZING.value,
+                             session_id, SessionStatus.REGISTERED.value)
+        return int(rows[0][0]) if rows else None
+
+    async def refund_attempt(self, session_id: str) -> None:
+        await self._q("UPDATE sessions SET attempts = MAX(attempts - 1, 0) WHERE session_id = ?", session_id)
+
+    async def requeue(self, session_id: str, reason: str) -> None:
+        await self._q("UPDATE sessions SET gateway_id = NULL, status = ?, reason = ? WHERE session_id = ?",
+                      SessionStatus.REGISTERED.value, reason, session_id)
+
+    async def set_status(self, session_id: str, status: SessionStatus) -> None:
+        await self._q("UPDATE sessions SET status = ? WHERE session_id = ?", status.value, session_id)
+
+    async def finish(self, result: SessionResult) -> None:
+        await self._q("UPDATE sessions SET status = ?, reason = ?, result = ?, finished = ? WHERE session_id = ?",
+                      result.status.value, result.reason, result.model_dump_json(), time.time(), result.session_id)
+
+    async def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Sessions by status, and tasks by whether every session has finished (for /metrics)."""
+        sessions = {r[0]: r[1] for r in await self._q("SELECT status, COUNT(*) FROM sessions GROUP BY status")}
+        terminal = [s.value for s in SessionStatus if s.terminal]
+        open_ = await self._q(f"SELECT COUNT(DISTINCT task_id) FROM sessions WHERE status NOT IN "
+                              f"({','.join('?' * len(terminal))})", *terminal)
+        total = await self._q("SELECT COUNT(*) FROM tasks")
+        return sessions, {"open": open_[0][0], "finished": total[0][0] - open_[0][0]}
+
+    # -- gateways --------------------------------------------------------------------------------------------
+
+    async def save_gateway(self, gw: GatewayRow) -> None:
+        await self._q("INSERT INTO gateways(gateway_id, url, capacity, admin_token, state) VALUES (?, ?, ?, ?, ?) "
+                      "ON CONFLICT(gateway_id) DO UPDATE SET url = excluded.url, capacity = excluded.capacity, "
+                      "admin_token = excluded.admin_token, state = excluded.state",
+                      gw.gateway_id, gw.url, gw.capacity, gw.admin_token, gw.state)
+
+    async def gateways(self) -> list[GatewayRow]:
+        rows = await self._q("SELECT * FROM gateways")
+        return [GatewayRow(r["gateway_id"], r["url"], r["capacity"], r["admin_token"], r["state"]) for r in rows]

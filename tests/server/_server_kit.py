@@ -1,0 +1,191 @@
+"""Fixtures for the rollout server tests: real gateways (oracle engine, curl harness in bubblewrap sandboxes) and
+the real server app, all served by uvicorn on loopback inside the test's event loop. A gateway can be stopped
+mid-test (its HTTP server first, so the rollout server sees it vanish) and the server restarted on the same db."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import uvicorn
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "gateway"))
+
+from _fakes import ByteTokenizer
+from _gateway_kit import DOUBLES, no_processes_with
+from _serving import ADMIN, free_port
+
+from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.runtime.base import GatewayEndpoint
+from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
+from polar_gym.server import RolloutServer, Store, create_server_app
+
+__all__ = ["SERVER_TOKEN", "Harness", "RunningGateway", "RunningServer", "harness", "make_task",
+           "wait_for"]
+
+SERVER_TOKEN = "server-admin-token"
+MARKER = f"polarsrv{uuid.uuid4().hex[:12]}"
+
+
+class _Server(uvicorn.Server):
+    def install_signal_handlers(self) -> None:
+        return None
+
+
+async def _serve(app: Any, port: int, lifespan: str = "off") -> tuple[_Server, asyncio.Task[None]]:
+    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan,
+                                    timeout_graceful_shutdown=1))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    return server, task
+
+
+def make_task(task_id: str, num_samples: int = 1, *, sleep: float = 0, calls: int = 1,
+              callback_url: str | None = None) -> TaskRequest:
+    """A task of the curl harness, scored by the pass evaluator; its sandboxes carry this module's marker."""
+    return TaskRequest(
+        task_id=task_id, instruction="say hello", num_samples=num_samples, timeout_seconds=120,
+        runtime=RuntimeSpec(backend="local", network="gateway", env={"POLAR_TEST_MARKER": MARKER}),
+        agent=AgentSpec(harness=f"{DOUBLES}:CurlHarness", config={"calls": calls, "sleep": sleep}),
+        builder=BuilderSpec(strategy="per_request"), evaluator=EvaluatorSpec(strategy=f"{DOUBLES}:PassEvaluator"),
+        callback_url=callback_url)
+
+
+@dataclass
+class RunningGateway:
+    node: GatewayNode
+    service: ProxyService
+    url: str
+    server: _Server
+    task: asyncio.Task[None]
+    stopped: bool = False
+
+    async def stop(self) -> None:
+        """Die: the HTTP server goes first (clients see refused connections), then the sessions are torn down."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self.server.should_exit = True
+        await self.task
+        await self.node.stop()
+        await asyncio.sleep(0.2)
+        self.service.journal.close()
+        assert self.node.stages.live_runtimes() == 0
+
+
+@dataclass
+class RunningServer:
+    core: RolloutServer
+    store: Store
+    url: str
+    server: _Server
+    task: asyncio.Task[None]
+    http: httpx.AsyncClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.http = httpx.AsyncClient(base_url=self.url, headers={"x-admin-token": SERVER_TOKEN}, timeout=30)
+
+    async def stop(self) -> None:
+        await self.http.aclose()
+        self.server.should_exit = True
+        await self.task
+        self.store.close()
+
+    async def register(self, gw: RunningGateway, capacity: int) -> str:
+        resp = await self.http.post("/gateways/register", json={"url": gw.url, "capacity": capacity,
+                                                                 "admin_token": ADMIN})
+        assert resp.status_code == 201, resp.text
+        return str(resp.json()["gateway_id"])
+
+    async def wait_task(self, task_id: str, timeout: float = 60) -> dict[str, Any]:
+        async def done() -> dict[str, Any] | None:
+            view = (await self.http.get(f"/tasks/{task_id}")).json()
+            return view if view["status"] in ("COMPLETED", "ERROR", "CANCELLED") else None
+
+        return await wait_for(done, timeout, f"task {task_id} to finish")
+
+
+async def wait_for(probe: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@dataclass
+class Harness:
+    """Makes gateways and servers for one test and stops them all afterwards."""
+
+    tmp: Path
+    gateways: list[RunningGateway] = field(default_factory=list)
+    servers: list[RunningServer] = field(default_factory=list)
+
+    async def gateway(self, run_slots: int = 4) -> RunningGateway:
+        port = free_port()
+        engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(commands=["echo hi"], final_answer="ok"))
+        service = ProxyService(engine, CaptureJournal(self.tmp / f"capture-{port}"),
+                               SessionRegistry(allow_adhoc=False))
+        cfg = GatewayConfig(workdir=self.tmp / f"gw-{port}", endpoint=GatewayEndpoint("127.0.0.1", port),
+                            run_slots=run_slots, init_workers=run_slots, ready_buffer=run_slots)
+        node, app = build_gateway(service, cfg, ADMIN)
+        server, task = await _serve(app, port)
+        gw = RunningGateway(node, service, f"http://127.0.0.1:{port}", server, task)
+        self.gateways.append(gw)
+        return gw
+
+    async def server(self, db: Path | None = None, **knobs: Any) -> RunningServer:
+        store = Store(db or self.tmp / "server.sqlite")
+        knobs = {"heartbeat_interval": 0.2, "dead_after": 1.5, "result_wait": 2.0, "callback_backoff": 0.05,
+                 **knobs}
+        core = RolloutServer(store, **knobs)
+        port = free_port()
+        server, task = await _serve(create_server_app(core, SERVER_TOKEN), port, lifespan="on")
+        running = RunningServer(core, store, f"http://127.0.0.1:{port}", server, task)
+        self.servers.append(running)
+        return running
+
+    async def close(self) -> None:
+        for srv in self.servers:
+            if not srv.server.should_exit:
+                await srv.stop()
+        for gw in self.gateways:
+            await gw.stop()
+        left = await no_processes_with(MARKER)
+        for line in left:  # fail the test, but leave nothing behind on the host
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        assert left == []
+
+
+@pytest_asyncio.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    made = Harness(tmp_path)
+    try:
+        yield made
+    finally:
+        await made.close()

@@ -1,0 +1,87 @@
+"""The pure parts of the rollout server: gateway choice, task status, Prometheus rendering, the store's claims."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import polar_gym.server as server_pkg
+from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus, TaskRequest
+from polar_gym.server.core import task_state
+from polar_gym.server.fleet import DEAD, DRAINING, Fleet, GatewayRegistration
+from polar_gym.server.metrics import render
+from polar_gym.server.store import SessionRow, Store
+
+S = SessionStatus
+
+
+def test_exports() -> None:
+    assert sorted(server_pkg.__all__) == server_pkg.__all__
+    for name in server_pkg.__all__:
+        assert hasattr(server_pkg, name)
+
+
+def test_pick_prefers_least_loaded_healthy_gateways() -> None:
+    fleet = Fleet()
+    a = fleet.register(GatewayRegistration(url="http://a", capacity=1))
+    b = fleet.register(GatewayRegistration(url="http://b/", capacity=3))
+    assert fleet.pick() is b  # tie at zero load: the larger one
+    b.sessions.add("s1")
+    assert fleet.pick() is a
+    a.sessions.add("s2")
+    assert fleet.pick() is b
+    b.suspect = True
+    assert fleet.pick() is None
+    b.suspect, b.row.state = False, DRAINING
+    assert fleet.pick() is None
+    assert fleet.register(GatewayRegistration(url="http://b", capacity=5)) is b  # same URL: refreshed
+    assert b.row.state == "healthy" and b.row.capacity == 5
+    a.row.state = DEAD
+    assert fleet.live() == [b] and fleet.owner("s1") is b and fleet.owner("zz") is None
+    with pytest.raises(ValueError):
+        GatewayRegistration(url="a.example", capacity=1)
+
+
+def _rows(*statuses: SessionStatus) -> list[SessionRow]:
+    spec = SessionSpec(task_id="t", instruction="x", agent=AgentSpec(harness="h"))
+    return [SessionRow(spec, s, None, 0, None, None, 0.0, None) for s in statuses]
+
+
+@pytest.mark.parametrize(("statuses", "cancelled", "expected"), [
+    ((S.REGISTERED, S.REGISTERED), False, S.REGISTERED),
+    ((S.REGISTERED, S.RUNNING), False, S.RUNNING),
+    ((S.COMPLETED, S.ERROR), False, S.COMPLETED),
+    ((S.ERROR, S.TIMEOUT), False, S.ERROR),
+    ((S.CANCELLED, S.CANCELLED), False, S.CANCELLED),
+    ((S.COMPLETED, S.CANCELLED), True, S.CANCELLED),
+])
+def test_task_state(statuses: tuple[SessionStatus, ...], cancelled: bool, expected: SessionStatus) -> None:
+    assert task_state(_rows(*statuses), cancelled) == expected
+
+
+def test_render_escapes_labels() -> None:
+    text = render([("x_total", "counter", "Things.", [({"cause": 'a "b"\n'}, 2), ({}, 0.5)])])
+    assert text == '# HELP x_total Things.\n# TYPE x_total counter\nx_total{cause="a \\"b\\"\\n"} 2\nx_total 0.5\n'
+
+
+async def test_store_is_idempotent_and_claims_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    task = TaskRequest(task_id="t", instruction="x", num_samples=2, agent=AgentSpec(harness="h"))
+    specs = [SessionSpec.from_task(task, i) for i in range(2)]
+    assert await store.add_task(task, specs) is True
+    assert await store.add_task(task, [SessionSpec.from_task(task, 0)]) is False
+    assert len(await store.sessions_of("t")) == 2
+    first = specs[0].session_id
+    assert await store.assign(first, "gw") == 1
+    assert await store.assign(first, "gw2") is None  # already claimed
+    await store.requeue(first, "lost")
+    assert await store.assign(first, "gw2") == 2
+    await store.finish(SessionResult(session_id=specs[1].session_id, task_id="t", status=S.CANCELLED))
+    assert await store.assign(specs[1].session_id, "gw") is None  # finished sessions are never dispatched
+    assert [r.session_id for r in await store.in_flight()] == [first]
+    assert await store.claim_callback("t") is True and await store.claim_callback("t") is False
+    assert await store.pending_callbacks() == ["t"]
+    sessions, tasks = await store.counts()
+    assert sessions == {"INITIALIZING": 1, "CANCELLED": 1} and tasks == {"open": 1, "finished": 0}
+    store.close()
