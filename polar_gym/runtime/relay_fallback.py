@@ -31,9 +31,16 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 async def _serve(listener: socket.socket, path: str) -> None:
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.open_unix_connection(path)
-        except OSError:
+        for attempt in range(100):
+            try:
+                up_r, up_w = await asyncio.open_unix_connection(path)
+                break
+            except BlockingIOError:  # the Unix side's accept backlog is full (EAGAIN): wait, as relay.c's connect does
+                await asyncio.sleep(0.01 * min(attempt + 1, 10))
+            except OSError:
+                client_w.close()
+                return
+        else:
             client_w.close()
             return
         await asyncio.gather(_pipe(client_r, up_w), _pipe(up_r, client_w))

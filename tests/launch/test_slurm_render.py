@@ -1,0 +1,87 @@
+"""The sbatch scripts under slurm/ are the renderer's output, document their variables and are valid bash."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polar_gym.launch.slurm import SbatchResources, render_all, render_gateway, render_server, render_sglang, write_all
+
+SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
+
+DOCUMENTED = {
+    "gateway.sbatch": ["POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN", "POLAR_ENGINE", "POLAR_UPSTREAM", "MODEL_PATH", "PORT",
+                       "POLAR_CAPACITY", "POLAR_WORKDIR", "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
+    "server.sbatch": ["POLAR_ADMIN_TOKEN", "PORT", "POLAR_DB", "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
+    "sglang.sbatch": ["MODEL_PATH", "PORT", "TP_SIZE", "SGLANG_ARGS", "POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN",
+                      "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(render_all()))
+def test_committed_file_is_rendered_output(name: str) -> None:
+    committed = SLURM_DIR / name
+    assert committed.read_text() == render_all()[name], f"regenerate with `python -m polar_gym.launch.slurm`: {name}"
+
+
+def test_renderers_are_pure() -> None:
+    assert render_all() == render_all()
+    assert render_gateway() == render_all()["gateway.sbatch"]
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_header_documents_every_variable_it_reads(name: str) -> None:
+    text = render_all()[name]
+    header = text.split("\nset -euo pipefail", 1)[0]
+    assert header.startswith("#!/bin/bash\n#SBATCH --job-name=")
+    for var in DOCUMENTED[name]:
+        assert re.search(rf"^#   {var}\s+\S", header, re.M), f"{name} does not document {var}"
+    body = text.split("\nset -euo pipefail", 1)[1]
+    read = set(re.findall(r"\$\{(POLAR_[A-Z_]+|MODEL_PATH|PORT|TP_SIZE|SGLANG_ARGS)\b", body))
+    assert read <= set(DOCUMENTED[name]), f"undocumented: {read - set(DOCUMENTED[name])}"
+
+
+def test_gateway_golden_details() -> None:
+    text = render_gateway()
+    assert "#SBATCH --output=polar-gateway-%j.out" in text
+    assert '"$PY" -m polar_gym.gateway "${args[@]}" "$@" &' in text
+    assert '/gateway/health" 300 "$child"' in text
+    assert '"/gateways/register"' in text and "x-admin-token" in text
+
+
+def test_server_and_sglang_golden_details() -> None:
+    assert '"$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$DB" "$@" &' in render_server()
+    sglang = render_sglang()
+    assert "#SBATCH --gres=gpu:1" in sglang
+    assert ': "${MODEL_PATH:?MODEL_PATH must name the model to serve}"' in sglang
+    assert '"${POLAR_SERVER_URL%/}/backends"' in sglang
+
+
+def test_resources_render_into_the_header() -> None:
+    text = render_server(SbatchResources("srv", cpus=2, mem="1G", time="1:00:00", gpus=2, extra=("--partition=h100",)))
+    lines = text.splitlines()
+    for expected in ("#SBATCH --job-name=srv", "#SBATCH --cpus-per-task=2", "#SBATCH --mem=1G",
+                     "#SBATCH --time=1:00:00", "#SBATCH --gres=gpu:2", "#SBATCH --partition=h100",
+                     "#SBATCH --output=srv-%j.out"):
+        assert expected in lines
+
+
+def test_write_all(tmp_path: Path) -> None:
+    paths = write_all(tmp_path / "out")
+    assert sorted(p.name for p in paths) == sorted(render_all())
+    for p in paths:
+        assert p.read_text() == render_all()[p.name]
+        assert p.stat().st_mode & 0o111
+
+
+@pytest.mark.parametrize("name", sorted(render_all()))
+def test_valid_bash(name: str, tmp_path: Path) -> None:
+    path = tmp_path / name
+    path.write_text(render_all()[name])
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    if shutil.which("shellcheck"):
+        subprocess.run(["shellcheck", str(path)], check=True)
