@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from _procs import processes_with
 from _serving import served_gateway
 from _sessions import check_invariants
 
@@ -81,15 +82,7 @@ def _with_script(spec: SessionSpec, commands: list[str], timeout: float) -> Sess
 
 
 def _sandbox_processes(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return [int(line.split(":", 1)[0]) for line in processes_with(marker)]
 
 
 async def test_a_real_harness_killed_by_the_deadline_keeps_its_partial_traces(gateway):

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import uvicorn
+from _procs import processes_with
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -61,23 +62,6 @@ class LiveGateway:
 class _Server(uvicorn.Server):
     def install_signal_handlers(self) -> None:
         return None
-
-
-def processes_with(marker: str) -> list[str]:
-    """Live processes whose argv or environment carries ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline or marker.encode() in environ:
-            argv = cmdline.replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry}: {argv[:200]}")
-    return found
 
 
 async def no_processes_with(marker: str, wait: float = 5.0) -> list[str]:

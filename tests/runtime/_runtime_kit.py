@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from _procs import processes_with
 
 from polar_gym.runtime.base import GatewayEndpoint, Runtime
 from polar_gym.schema import RuntimeSpec
@@ -78,24 +79,6 @@ _FACTORIES: dict[str, Callable[[], Backend]] = {"local": local_backend, "docker"
 @pytest.fixture(params=BACKENDS, scope="session")
 def backend(request: pytest.FixtureRequest) -> Backend:
     return _FACTORIES[request.param]()
-
-
-def processes_with(marker: str) -> list[str]:
-    """Every live process on the host whose argv or environment carries ``marker`` (zombies have neither)."""
-    found = []
-    needle = marker.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if needle in cmdline or needle in environ:
-            argv = cmdline.replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry}: {argv[:200]}")
-    return found
 
 
 def mounts_with(text: str) -> list[str]:
