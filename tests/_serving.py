@@ -46,7 +46,9 @@ class RunningProxy:
         return resp.json()["completions"]
 
 
-class _Server(uvicorn.Server):
+class QuietServer(uvicorn.Server):
+    """uvicorn on a test's own event loop or thread: the test runner keeps its signal handlers."""
+
     def install_signal_handlers(self) -> None:  # running in a thread
         return None
 
@@ -55,7 +57,7 @@ def serve(service: ProxyService, admin_token: str = ADMIN) -> Iterator[RunningPr
     port = free_port()
     config = uvicorn.Config(create_app(service, admin_token), host="127.0.0.1", port=port, log_level="warning",
                             lifespan="off")
-    server = _Server(config)
+    server = QuietServer(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     deadline = time.time() + 60  # generous: CI may be loaded
@@ -86,7 +88,7 @@ async def served_gateway(service: ProxyService, workdir: Path, **config: Any) ->
     port = free_port()
     cfg = GatewayConfig(workdir=workdir, endpoint=GatewayEndpoint("127.0.0.1", port), **config)
     node, app = build_gateway(service, cfg, ADMIN)
-    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

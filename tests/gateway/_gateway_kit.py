@@ -22,7 +22,7 @@ from _procs import processes_with
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _fakes import ByteTokenizer
-from _serving import ADMIN, free_port
+from _serving import ADMIN, QuietServer, free_port
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
 from polar_gym.proxy.capture import CaptureJournal
@@ -59,11 +59,6 @@ class LiveGateway:
         )
 
 
-class _Server(uvicorn.Server):
-    def install_signal_handlers(self) -> None:
-        return None
-
-
 async def no_processes_with(marker: str, wait: float = 5.0) -> list[str]:
     """The processes left with ``marker`` after up to ``wait`` seconds (killed trees take a moment to vanish)."""
     loop = asyncio.get_running_loop()
@@ -85,7 +80,7 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[MakeGateway]:
 
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
-    made: list[tuple[LiveGateway, _Server, asyncio.Task[None]]] = []
+    made: list[tuple[LiveGateway, QuietServer, asyncio.Task[None]]] = []
 
     async def make(**config: Any) -> LiveGateway:
         port = free_port()
@@ -95,7 +90,7 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[MakeGateway]:
         workdir = tmp_path / f"gw-{port}"
         cfg = GatewayConfig(workdir=workdir, endpoint=GatewayEndpoint("127.0.0.1", port), **config)
         node, app = build_gateway(service, cfg, ADMIN)
-        server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+        server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
                                         timeout_graceful_shutdown=5))
         task = asyncio.create_task(server.serve())
         while not server.started:

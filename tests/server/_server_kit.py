@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "gateway"))
 
 from _fakes import ByteTokenizer
 from _gateway_kit import DOUBLES, no_processes_with
-from _serving import ADMIN, free_port
+from _serving import ADMIN, QuietServer, free_port
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
 from polar_gym.proxy.capture import CaptureJournal
@@ -42,13 +42,8 @@ SERVER_TOKEN = "server-admin-token"
 MARKER = f"polarsrv{uuid.uuid4().hex[:12]}"
 
 
-class _Server(uvicorn.Server):
-    def install_signal_handlers(self) -> None:
-        return None
-
-
-async def _serve(app: Any, port: int, lifespan: str = "off") -> tuple[_Server, asyncio.Task[None]]:
-    server = _Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan,
+async def _serve(app: Any, port: int, lifespan: str = "off") -> tuple[QuietServer, asyncio.Task[None]]:
+    server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan,
                                     timeout_graceful_shutdown=1))
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -74,7 +69,7 @@ class RunningGateway:
     node: GatewayNode
     service: ProxyService
     url: str
-    server: _Server
+    server: QuietServer
     task: asyncio.Task[None]
     stopped: bool = False
 
@@ -96,7 +91,7 @@ class RunningServer:
     core: RolloutServer
     store: Store
     url: str
-    server: _Server
+    server: QuietServer
     task: asyncio.Task[None]
     http: httpx.AsyncClient = field(init=False)
 
