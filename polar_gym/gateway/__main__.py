@@ -3,9 +3,11 @@
     python -m polar_gym.gateway --engine {vllm,sglang,openai,oracle} [--upstream URL ...] --port N
         --capture-dir DIR --workdir DIR [--init-workers N --ready-buffer N --run-slots N --postrun-workers N]
 
-Only registered sessions are served. The admin token (for POST /sessions, cancel, drain, /admin/*) is printed at
-start unless given with ``--admin-token`` or ``POLAR_ADMIN_TOKEN``. On SIGINT/SIGTERM the server stops and every
-live session is cancelled and torn down; POST /gateway/drain?wait=true first for a graceful end.
+With ``--server-url`` the node registers with a rollout server once it listens, pushes its stage metrics as
+heartbeats and registers again if the server forgot it. Only registered sessions are served. The admin token (for
+POST /sessions, cancel, drain, /admin/*) is printed at start unless given with ``--admin-token`` or
+``POLAR_ADMIN_TOKEN``. On SIGINT/SIGTERM the server stops and every live session is cancelled and torn down; POST
+/gateway/drain?wait=true first for a graceful end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import uvicorn
 
 from polar_gym.gateway.api import build_gateway
 from polar_gym.gateway.config import GatewayConfig
+from polar_gym.gateway.registration import ServerLink
 from polar_gym.proxy.__main__ import add_proxy_arguments, build_service
 from polar_gym.proxy.service import new_admin_token
 from polar_gym.runtime.base import GatewayEndpoint
@@ -39,6 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--postrun-workers", type=int, default=4)
     p.add_argument("--prewarm-workers", type=int, default=2)
     p.add_argument("--postrun-grace", type=float, default=300.0, help="seconds POSTRUN may run past the deadline")
+    p.add_argument("--server-url", default=os.environ.get("POLAR_SERVER_URL"),
+                   help="rollout server to register with and heartbeat to (default: $POLAR_SERVER_URL, else none)")
+    p.add_argument("--server-token", default=os.environ.get("POLAR_SERVER_TOKEN"),
+                   help="the rollout server's admin token (default: $POLAR_SERVER_TOKEN, else this node's token)")
+    p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats to the server")
     return p.parse_args(argv)
 
 
@@ -52,12 +61,31 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 async def _serve(args: argparse.Namespace, admin_token: str) -> None:  # pragma: no cover - process glue
     service = build_service(args, allow_adhoc=False)
-    node, app = build_gateway(service, config_from_args(args), admin_token)
+    config = config_from_args(args)
+    node, app = build_gateway(service, config, admin_token)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=False, lifespan="off"))
+    link = None
+    if args.server_url:
+        link = ServerLink(args.server_url, f"http://{config.endpoint.host}:{args.port}", args.run_slots,
+                          server_token=args.server_token or admin_token, gateway_token=admin_token,
+                          health=node.health, interval=args.heartbeat)
+    serving = asyncio.create_task(server.serve())
+    heartbeats = None
     try:
-        await server.serve()
+        while not server.started:
+            if serving.done():  # could not listen: the await below raises why
+                break
+            await asyncio.sleep(0.05)
+        if link is not None and server.started:
+            heartbeats = asyncio.create_task(link.run())
+        await serving
     finally:
+        if heartbeats is not None:
+            heartbeats.cancel()
+            await asyncio.gather(heartbeats, return_exceptions=True)
+        if link is not None:
+            await link.drain_and_close()
         await node.stop("gateway shut down")
         service.journal.close()
 

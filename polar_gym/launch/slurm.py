@@ -60,16 +60,6 @@ while time.monotonic() < deadline:
     time.sleep(0.5)
 sys.exit(f"{url} did not answer within {limit:.0f} s")"""
 
-# Registers this gateway with the rollout server: argv = server_url, gateway_url, capacity (token from env).
-_REGISTER_PY = """import json, os, sys, urllib.request
-server, url, capacity = sys.argv[1].rstrip("/"), sys.argv[2], int(sys.argv[3])
-token = os.environ["POLAR_ADMIN_TOKEN"]
-body = json.dumps({"url": url, "capacity": capacity, "admin_token": token}).encode()
-req = urllib.request.Request(server + "/gateways/register", data=body, method="POST",
-                             headers={"content-type": "application/json", "x-admin-token": token})
-with urllib.request.urlopen(req, timeout=30) as r:
-    print("registered:", r.read().decode())"""
-
 # Adds an inference backend to the rollout server: argv = server_url/backends, backend_url (token from env).
 _ADD_BACKEND_PY = """import json, os, sys, urllib.request
 token = os.environ["POLAR_ADMIN_TOKEN"]
@@ -104,7 +94,7 @@ def render_gateway(resources: SbatchResources | None = None) -> str:
     """``slurm/gateway.sbatch``: one gateway node, registered with the rollout server when POLAR_SERVER_URL is set."""
     resources = resources or SbatchResources("polar-gateway", cpus=8, mem="16G")
     doc = _doc("polar_gym gateway node (python -m polar_gym.gateway) as a Slurm job.", [
-        ("POLAR_SERVER_URL", "rollout server to register with once healthy (unset: no registration)"),
+        ("POLAR_SERVER_URL", "rollout server the gateway registers and heartbeats with (unset: none)"),
         ("POLAR_ADMIN_TOKEN", "admin token of the gateway and the server (unset: a fresh one, printed)"),
         ("POLAR_ENGINE", "vllm, sglang, sglang_generate, openai or oracle (default: sglang)"),
         ("POLAR_UPSTREAM", "space-separated inference base URLs (required except for oracle)"),
@@ -130,6 +120,9 @@ if [ -n "${POLAR_UPSTREAM:-}" ]; then
   read -r -a upstreams <<< "$POLAR_UPSTREAM"
   args+=(--upstream "${upstreams[@]}")
 fi
+if [ -n "${POLAR_SERVER_URL:-}" ]; then
+  args+=(--server-url "$POLAR_SERVER_URL")
+fi
 if [ -n "${MODEL_PATH:-}" ]; then
   args+=(--tokenizer "$MODEL_PATH")
 elif [ "$ENGINE" = oracle ] || [ "$ENGINE" = sglang_generate ]; then
@@ -141,10 +134,7 @@ child=$!
 URL="http://$HOST:$PORT"
 wait_http "http://127.0.0.1:$PORT/gateway/health" 300 "$child"
 echo "gateway up: $URL"
-if [ -n "${POLAR_SERVER_URL:-}" ]; then
-  "$PY" -c '@SNIPPET@' "$POLAR_SERVER_URL" "$URL" "$CAPACITY"
-fi
-run_child""".replace("@SNIPPET@", _REGISTER_PY)
+run_child"""
     return _script(resources, doc, body)
 
 

@@ -50,7 +50,7 @@ def test_gateway_golden_details() -> None:
     assert "#SBATCH --output=polar-gateway-%j.out" in text
     assert '"$PY" -m polar_gym.gateway "${args[@]}" "$@" &' in text
     assert '/gateway/health" 300 "$child"' in text
-    assert '"/gateways/register"' in text and "x-admin-token" in text
+    assert 'args+=(--server-url "$POLAR_SERVER_URL")' in text  # the gateway registers and heartbeats itself
 
 
 def test_server_and_sglang_golden_details() -> None:

@@ -1,0 +1,79 @@
+"""A gateway's link to its rollout server: register once it serves, push its stage metrics as heartbeats, register
+again when the server forgot it (a restarted server with a fresh db, or one that declared it dead), and ask to be
+drained on a graceful shutdown. Why push and not only be probed: a gateway behind NAT or a busy health route still
+shows up, and the server learns the stage metrics without polling every node."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+__all__ = ["ServerLink"]
+
+log = logging.getLogger(__name__)
+
+
+class ServerLink:
+    """Keeps one gateway registered with one rollout server while :meth:`run` runs."""
+
+    def __init__(self, server_url: str, gateway_url: str, capacity: int, *, server_token: str,
+                 gateway_token: str | None, health: Callable[[], dict[str, Any]], interval: float = 2.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.server_url = server_url.rstrip("/")
+        self.gateway_url, self.capacity = gateway_url.rstrip("/"), capacity
+        self.gateway_token, self.health, self.interval = gateway_token, health, interval
+        self.http = httpx.AsyncClient(base_url=self.server_url, headers={"x-admin-token": server_token},
+                                      transport=transport, timeout=httpx.Timeout(30.0, connect=5.0))
+        self.gateway_id: str | None = None
+        self.registered = asyncio.Event()
+        self.registrations = 0
+        self.heartbeats = 0
+
+    async def register(self) -> str:
+        resp = await self.http.post("/gateways/register", json={
+            "url": self.gateway_url, "capacity": self.capacity, "admin_token": self.gateway_token})
+        resp.raise_for_status()
+        self.gateway_id = str(resp.json()["gateway_id"])
+        self.registrations += 1
+        self.registered.set()
+        log.info("registered with %s as %s", self.server_url, self.gateway_id)
+        return self.gateway_id
+
+    async def beat(self) -> None:
+        """One heartbeat; a server that does not know this gateway (404, 410) gets a new registration."""
+        if self.gateway_id is None:
+            await self.register()
+            return
+        resp = await self.http.post(f"/gateways/{self.gateway_id}/heartbeat", json=self.health())
+        if resp.status_code in (404, 410):
+            log.warning("the rollout server answered %d to a heartbeat: registering again", resp.status_code)
+            self.gateway_id = None
+            await self.register()
+            return
+        resp.raise_for_status()
+        self.heartbeats += 1
+
+    async def run(self) -> None:
+        """Heartbeat until cancelled; errors are logged and retried (the server may start after the gateway)."""
+        failures = 0
+        while True:
+            try:
+                await self.beat()
+                failures = 0
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning("rollout server %s unreachable (%d tries): %r", self.server_url, failures, exc)
+            await asyncio.sleep(self.interval if failures == 0 else min(self.interval * failures, 10.0))
+
+    async def drain_and_close(self) -> None:
+        """Tell the server to stop sending sessions here (best effort), then close the client."""
+        if self.gateway_id is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                await self.http.post(f"/gateways/{self.gateway_id}/drain", timeout=5.0)
+        await self.http.aclose()
