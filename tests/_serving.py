@@ -17,6 +17,7 @@ import httpx
 import uvicorn
 from _fakes import ByteTokenizer
 
+from polar_gym.launch.local import EmbeddedServer
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
@@ -46,11 +47,8 @@ class RunningProxy:
         return resp.json()["completions"]
 
 
-class QuietServer(uvicorn.Server):
+class QuietServer(EmbeddedServer):
     """uvicorn on a test's own event loop or thread: the test runner keeps its signal handlers."""
-
-    def install_signal_handlers(self) -> None:  # running in a thread
-        return None
 
 
 def serve(service: ProxyService, admin_token: str = ADMIN) -> Iterator[RunningProxy]:

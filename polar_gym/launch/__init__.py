@@ -7,6 +7,7 @@ configured launcher (``launcher._target_``) and exit non-zero if any session err
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 def run(cfg: DictConfig) -> int:
     """Validate ``cfg``, build its launcher and run the job; the process exit code."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll would drown the live display
     try:
         job = build_job(cfg)
         launcher_cls, params = load_target(dict(cfg.launcher), "launcher")
@@ -32,6 +34,10 @@ def run(cfg: DictConfig) -> int:
         return 2
     try:
         return int(launcher.launch(job))
+    except KeyboardInterrupt:
+        print(f"polar_gym.launch: interrupted; the unfinished tasks were cancelled (files so far in {job.out_dir})",
+              file=sys.stderr)
+        return 130
     except ConfigError as exc:
         print(f"polar_gym.launch: configuration error: {exc}", file=sys.stderr)
         return 2

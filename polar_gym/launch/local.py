@@ -1,37 +1,41 @@
-"""``launcher=local``: the proxy and a gateway node in this process, served on loopback (sandboxed harnesses reach
-the proxy through it), the tasks submitted to the node directly, a rich live display while they run."""
+"""``launcher=local``: a rollout server and a gateway node (the proxy plus staged sandboxes) in this process, each
+served on loopback; the gateway registers with the server like a remote one, the tasks go through the server's API
+and a rich live display shows the fleet while they run."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextlib
+import json
 import secrets
 import socket
-import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console
 from rich.table import Table
 
 from polar_gym.assets import tokenizer_dir
-from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
+from polar_gym.gateway import GatewayConfig, build_gateway
+from polar_gym.gateway.registration import ServerLink
 from polar_gym.launch.config import ConfigError, InferenceSettings, LaunchJob
+from polar_gym.launch.driver import RunDriver
 from polar_gym.launch.outputs import SessionOutcome, summary_rows, write_outputs
 from polar_gym.proxy.__main__ import build_engine
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.runtime.base import GatewayEndpoint
-from polar_gym.schema import SessionSpec, SessionStatus
+from polar_gym.schema import SessionStatus
+from polar_gym.server import RolloutServer, Store, create_server_app
+from polar_gym.server.client import RolloutClient
 
-__all__ = ["LocalLauncher", "make_engine"]
+__all__ = ["EmbeddedServer", "LocalLauncher", "make_engine", "print_summary", "rollout_server", "serving",
+           "write_server_info"]
 
-_STAGES = ["queued", "init", "ready", "run", "postrun"]
 _FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
 
 
@@ -56,20 +60,59 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-class _Server(uvicorn.Server):
-    def install_signal_handlers(self) -> None:  # Ctrl-C stays with asyncio.run, which cancels the run
-        return None
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn inside someone else's event loop: Ctrl-C stays with the owner (asyncio.run cancels the run, which
+    then cancels its tasks on the rollout server) instead of stopping this server first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, host: str, port: int) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on ``host:port`` inside this event loop while the block runs; yields its URL."""
+    server = EmbeddedServer(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                    timeout_graceful_shutdown=5))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError(f"could not listen on {host}:{port}")
+            await asyncio.sleep(0.01)
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@contextlib.asynccontextmanager
+async def rollout_server(db: Path, host: str, port: int, admin_token: str,
+                         heartbeat: float = 1.0) -> AsyncIterator[str]:
+    """A rollout server (SQLite store at ``db``) served on ``host:port`` while the block runs; yields its URL."""
+    store = Store(db)
+    server = RolloutServer(store, heartbeat_interval=heartbeat, dead_after=max(10.0, heartbeat * 5))
+    await server.start()
+    try:
+        async with serving(create_server_app(server, admin_token, manage_lifecycle=False), host, port) as url:
+            yield url
+    finally:
+        await server.stop()
+        store.close()
 
 
 class LocalLauncher:
-    """Run every session of a job on one in-process gateway node; returns the exit code (1 if any session
-    ended ERROR or CANCELLED)."""
+    """Run a job on this machine the way a cluster runs it: a rollout server and one gateway node (proxy + staged
+    sandboxes) in this process, each on its own loopback port; the gateway registers and heartbeats like a remote
+    one and the tasks go through the server's API. Returns the exit code (1 if any session ended ERROR or
+    CANCELLED)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, init_workers: int = 4, ready_buffer: int = 4,
-                 run_slots: int = 4, postrun_workers: int = 4, prewarm_workers: int = 2,
-                 postrun_grace_seconds: float = 300.0, progress: bool = True) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, server_port: int = 0, init_workers: int = 4,
+                 ready_buffer: int = 4, run_slots: int = 4, postrun_workers: int = 4, prewarm_workers: int = 2,
+                 postrun_grace_seconds: float = 300.0, heartbeat_seconds: float = 1.0, progress: bool = True) -> None:
         self.host = host
-        self.port = port
+        self.port, self.server_port = port, server_port
         self.pools = {"init_workers": init_workers, "ready_buffer": ready_buffer, "run_slots": run_slots,
                       "postrun_workers": postrun_workers, "prewarm_workers": prewarm_workers,
                       "postrun_grace_seconds": postrun_grace_seconds}
@@ -77,6 +120,9 @@ class LocalLauncher:
             GatewayConfig(**self.pools)  # type: ignore[arg-type]
         except ValueError as exc:
             raise ConfigError(f"launcher: {exc}") from None
+        if heartbeat_seconds <= 0:
+            raise ConfigError("launcher.heartbeat_seconds: must be positive")
+        self.heartbeat = heartbeat_seconds
         self.progress = progress
         self.console = Console(stderr=True)
 
@@ -85,7 +131,7 @@ class LocalLauncher:
         (job.out_dir / "config.yaml").write_text(job.resolved_config)
         outcomes, wall = asyncio.run(self._run(job))
         totals = write_outputs(job.out_dir, outcomes, wall)
-        self._print_summary(outcomes, totals, job.out_dir)
+        print_summary(self.console, outcomes, totals, job.out_dir)
         return 1 if any(o.result.status in _FAILED for o in outcomes) else 0
 
     async def _run(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
@@ -95,75 +141,52 @@ class LocalLauncher:
         port = self.port or _free_port(self.host)
         config = GatewayConfig(workdir=job.out_dir / "gateway", endpoint=GatewayEndpoint(self.host, port),
                                **self.pools)  # type: ignore[arg-type]
-        node, app = build_gateway(service, config, secrets.token_urlsafe(24))
-        server = _Server(uvicorn.Config(app, host=self.host, port=port, log_level="warning", lifespan="off"))
-        serving = asyncio.create_task(server.serve())
+        gateway_token, server_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        node, app = build_gateway(service, config, gateway_token)
+        link: ServerLink | None = None
+        heartbeats: asyncio.Task[None] | None = None
         try:
-            while not server.started:
-                if serving.done():
-                    serving.result()
-                    raise RuntimeError(f"the gateway could not listen on {self.host}:{port}")
-                await asyncio.sleep(0.01)
-            return await self._sessions(job, node, service)
+            async with (serving(app, self.host, port) as gateway_url,
+                        rollout_server(job.out_dir / "server.sqlite", self.host,
+                                       self.server_port or _free_port(self.host), server_token,
+                                       self.heartbeat) as server_url):
+                write_server_info(job.out_dir, server_url, server_token)
+                self.console.print(f"rollout server {server_url} (token in {job.out_dir / 'server.json'}), "
+                                   f"gateway {gateway_url}")
+                link = ServerLink(server_url, gateway_url, config.run_slots, server_token=server_token,
+                                  gateway_token=gateway_token, health=node.health, interval=self.heartbeat)
+                heartbeats = asyncio.create_task(link.run())
+                await asyncio.wait_for(link.registered.wait(), 60.0)
+                async with RolloutClient(server_url, server_token) as client:
+                    return await RunDriver(client, self.console, progress=self.progress).run(job.requests)
         finally:
+            if heartbeats is not None:
+                heartbeats.cancel()
+                await asyncio.gather(heartbeats, return_exceptions=True)
+            if link is not None:
+                await link.drain_and_close()
             await node.stop("launch finished")
-            server.should_exit = True
-            await serving
             service.journal.close()
             await engine.aclose()
 
-    async def _sessions(self, job: LaunchJob, node: GatewayNode,
-                        service: ProxyService) -> tuple[list[SessionOutcome], float]:
-        specs = [SessionSpec.from_task(r, i) for r in job.requests for i in range(r.num_samples)]
-        started = time.monotonic()
-        submitted = {}
-        for spec in specs:
-            node.submit(spec)
-            submitted[spec.session_id] = time.monotonic()
-        outcomes: dict[str, SessionOutcome] = {}
 
-        async def finish(spec: SessionSpec) -> None:
-            result = await node.wait(spec.session_id)
-            records = await service.journal.records(spec.session_id)
-            outcomes[spec.session_id] = SessionOutcome(spec, result, len(records),
-                                                       time.monotonic() - submitted[spec.session_id])
+def write_server_info(out_dir: Path, url: str, admin_token: str) -> Path:
+    """``server.json`` (mode 600): where the run's rollout server listens and its token, for a trainer or curl."""
+    path = out_dir / "server.json"
+    path.touch(mode=0o600)
+    path.write_text(json.dumps({"url": url, "admin_token": admin_token}) + "\n")
+    return path
 
-        bar = Progress(TextColumn("[bold]sessions"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       console=self.console)
-        bar_task = bar.add_task("sessions", total=len(specs))
-        waiters = [asyncio.create_task(finish(spec)) for spec in specs]
-        live = Live(self._view(bar, node, outcomes, started), console=self.console, refresh_per_second=4)
-        with live if self.progress else contextlib.nullcontext():
-            pending = set(waiters)
-            while pending:
-                done, pending = await asyncio.wait(pending, timeout=0.25)
-                for task in done:
-                    task.result()
-                bar.update(bar_task, completed=len(outcomes))
-                live.update(self._view(bar, node, outcomes, started))
-        return [outcomes[s.session_id] for s in specs], time.monotonic() - started
 
-    @staticmethod
-    def _view(bar: Progress, node: GatewayNode, outcomes: dict[str, SessionOutcome], started: float) -> Group:
-        stages = collections.Counter(s.stage for s in node.sessions() if s.stage != "done")
-        statuses = collections.Counter(o.result.status.value for o in outcomes.values())
-        rewards = [o.reward for o in outcomes.values() if o.reward is not None]
-        elapsed = max(time.monotonic() - started, 1e-9)
-        done = ", ".join(f"{k.lower()} {v}" for k, v in sorted(statuses.items())) or "none yet"
-        mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
-        stage_line = "stages: " + " · ".join(f"{name} [bold]{stages.get(name, 0)}[/]" for name in _STAGES)
-        result_line = (f"finished: {done} · mean reward [bold]{mean}[/] · "
-                       f"{len(outcomes) / elapsed * 60:.1f} sessions/min")
-        return Group(bar, stage_line, result_line)
-
-    def _print_summary(self, outcomes: list[SessionOutcome], totals: dict[str, object], out_dir: Path) -> None:
-        table = Table(title="polar_gym launch")
-        for column in ["task", "sample", "harness", "status", "reward", "traces", "completions", "seconds"]:
-            table.add_column(column)
-        for row in summary_rows(outcomes):
-            table.add_row(*row)
-        self.console.print(table)
-        mean = totals["mean_reward"]
-        self.console.print(f"{totals['completed']}/{totals['sessions']} completed, mean reward "
-                           f"{'-' if mean is None else f'{mean:.3f}'}, {totals['traces']} traces, "
-                           f"{totals['completions']} completions in {totals['wall_seconds']:.1f}s; files in {out_dir}")
+def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict[str, Any], out_dir: Path) -> None:
+    """The per-session table and the totals line at the end of a launch."""
+    table = Table(title="polar_gym launch")
+    for column in ["task", "sample", "harness", "status", "reward", "traces", "completions", "seconds"]:
+        table.add_column(column)
+    for row in summary_rows(outcomes):
+        table.add_row(*row)
+    console.print(table)
+    mean = totals["mean_reward"]
+    console.print(f"{totals['completed']}/{totals['sessions']} completed, mean reward "
+                  f"{'-' if mean is None else f'{mean:.3f}'}, {totals['traces']} traces, "
+                  f"{totals['completions']} completions in {totals['wall_seconds']:.1f}s; files in {out_dir}")

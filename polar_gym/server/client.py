@@ -51,6 +51,12 @@ class RolloutClient:
         resp.raise_for_status()
         return dict(resp.json())
 
+    async def gateways(self) -> list[dict[str, Any]]:
+        """The registered gateways with their state, load and last heartbeat's health."""
+        resp = await self.http.get("/gateways")
+        resp.raise_for_status()
+        return list(resp.json()["gateways"])
+
     async def wait(self, task_id: str, timeout: float = 3600.0, poll: float = 0.5) -> dict[str, Any]:
         """Poll until every session of the task ended; TimeoutError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout

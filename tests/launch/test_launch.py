@@ -4,14 +4,20 @@ on two demo tasks writes its files with reward 1.0."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
+from _procs import processes_with
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -133,3 +139,45 @@ def test_python_m_polar_gym_launch_runs_two_demo_tasks_to_reward_one(tmp_path):
     assert "| demo-calc-add | 0 | pi | COMPLETED | 1 |" in summary and "2 completed, 0 errored" in summary
     assert "name: pi" in (out / "config.yaml").read_text()
     assert "2/2 completed" in proc.stderr
+    # the sessions went through the rollout server: its store has both tasks and the gateway that ran them
+    info = json.loads((out / "server.json").read_text())
+    assert info["url"].startswith("http://127.0.0.1:") and info["admin_token"]
+    assert (out / "server.json").stat().st_mode & 0o077 == 0
+    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
+        rows = db.execute("SELECT task_id, status, gateway_id, attempts FROM sessions ORDER BY task_id").fetchall()
+        gateways = db.execute("SELECT url FROM gateways").fetchall()
+    assert [(t, s, a) for t, s, _, a in rows] == [("demo-calc-add", "COMPLETED", 1), ("demo-slugify", "COMPLETED", 1)]
+    assert len(gateways) == 1 and all(g for _, _, g, _ in rows)
+    assert "HTTP Request" not in proc.stdout + proc.stderr  # the client's request log stays quiet
+
+
+def test_ctrl_c_cancels_the_run_on_the_server_and_leaves_no_sandbox(tmp_path):
+    if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
+    marker = f"polarlaunch{uuid.uuid4().hex[:10]}"
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "polar_gym.launch", "num_samples=6", "launcher.run_slots=1",
+                             "launcher.progress=false", f"++runtime.env.POLAR_TEST_MARKER={marker}",
+                             f"out_dir={out}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def sandboxed() -> list[str]:  # the launch's own argv carries the marker too
+        return [p for p in processes_with(marker) if not p.startswith(f"{proc.pid}:")]
+
+    try:
+        deadline = time.monotonic() + 120
+        while not sandboxed():  # a harness is running in its sandbox
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert not processes_with(marker)
+    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
+        statuses = [s for (s,) in db.execute("SELECT status FROM sessions")]
+        cancelled = db.execute("SELECT cancelled FROM tasks").fetchall()
+    assert len(statuses) == 24 and "CANCELLED" in statuses, statuses
+    assert all(flag == 1 for (flag,) in cancelled) or "COMPLETED" in statuses
+    assert not {"REGISTERED", "RUNNING"} & set(statuses), statuses  # nothing left pending on the server

@@ -1,0 +1,114 @@
+"""The part every launcher shares: submit a job's tasks to a rollout server, show a live view of the fleet while
+they run (sessions by stage from the gateways' heartbeats, rewards, throughput), and gather one SessionOutcome per
+session. Why through the server even on one machine: the local run then exercises exactly the path a cluster run
+takes (dispatch, heartbeats, durable store), and its API stays open for a trainer or a curious user."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from polar_gym.launch.outputs import SessionOutcome
+from polar_gym.schema import SessionResult, SessionSpec, TaskRequest
+from polar_gym.server.client import RolloutClient
+
+__all__ = ["RunDriver", "outcome_of"]
+
+_STAGES = ["queued", "init", "ready", "run", "postrun"]
+_FINISHED = {"COMPLETED", "ERROR", "CANCELLED", "TIMEOUT"}
+
+
+def outcome_of(request: TaskRequest, result: SessionResult, waited: float) -> SessionOutcome:
+    """A SessionOutcome from a server-side result: the spec is rebuilt from the task (with the real session id),
+    the completion count comes from the gateway's artifacts and the seconds from its own total timing."""
+    sample_index = int(result.metadata.get("sample_index", 0))
+    spec = SessionSpec.from_task(request, sample_index).model_copy(update={"session_id": result.session_id})
+    artifacts = result.metadata.get("artifacts") or {}
+    completions = artifacts.get("completions", 0) if isinstance(artifacts, dict) else 0
+    return SessionOutcome(spec, result, int(completions or 0), float(result.timings.get("total", waited)))
+
+
+class RunDriver:
+    """Submit, watch and gather through one RolloutClient. ``run`` can be called again (a datagen retry round)."""
+
+    def __init__(self, client: RolloutClient, console: Console | None = None, *, progress: bool = True,
+                 poll_seconds: float = 0.5) -> None:
+        self.client = client
+        self.console = console or Console(stderr=True)
+        self.progress = progress
+        self.poll_seconds = poll_seconds
+        self.stages: dict[str, int] = {}
+        self.gateways = 0
+
+    async def run(self, requests: list[TaskRequest]) -> tuple[list[SessionOutcome], float]:
+        """Every session of ``requests`` finished (in request then sample order) and the wall time. On
+        cancellation (Ctrl-C) the tasks still running are cancelled on the server before the error propagates."""
+        started = time.monotonic()
+        by_id = {r.task_id: r for r in requests}
+        for request in requests:
+            await self.client.submit(request)
+        total = sum(r.num_samples for r in requests)
+        outcomes: dict[str, list[SessionOutcome]] = {}
+        bar = Progress(TextColumn("[bold]sessions"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=self.console)
+        bar_task = bar.add_task("sessions", total=total)
+        live = Live(self._view(bar, outcomes, started), console=self.console, refresh_per_second=4)
+        try:
+            with live if self.progress else contextlib.nullcontext():
+                while len(outcomes) < len(requests):
+                    for task_id in [t for t in by_id if t not in outcomes]:
+                        view = await self.client.status(task_id)
+                        if view["status"] in _FINISHED:
+                            outcomes[task_id] = self._outcomes(by_id[task_id], view, time.monotonic() - started)
+                    await self._fleet()
+                    bar.update(bar_task, completed=sum(len(o) for o in outcomes.values()))
+                    live.update(self._view(bar, outcomes, started))
+                    pending = len(requests) - len(outcomes)
+                    if pending:  # one status call per pending task per round: slow down for big runs
+                        await asyncio.sleep(max(self.poll_seconds, pending * 0.002))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            await asyncio.shield(self._cancel([t for t in by_id if t not in outcomes]))
+            raise
+        ordered = [o for r in requests for o in sorted(outcomes[r.task_id], key=lambda o: o.spec.sample_index)]
+        return ordered, time.monotonic() - started
+
+    @staticmethod
+    def _outcomes(request: TaskRequest, view: dict[str, Any], waited: float) -> list[SessionOutcome]:
+        return [outcome_of(request, SessionResult.model_validate(r), waited) for r in view["results"]]
+
+    async def _cancel(self, task_ids: list[str]) -> None:
+        for task_id in task_ids:
+            with contextlib.suppress(Exception):
+                await self.client.cancel(task_id)
+
+    async def _fleet(self) -> None:
+        """Sessions by stage, summed over the gateways' last heartbeats (best effort: the view is cosmetic)."""
+        try:
+            gateways = await self.client.gateways()
+        except Exception:
+            return
+        stages: collections.Counter[str] = collections.Counter()
+        for gw in gateways:
+            if gw.get("state") != "dead":
+                stages.update((gw.get("health") or {}).get("stages") or {})
+        self.stages, self.gateways = dict(stages), sum(g.get("state") != "dead" for g in gateways)
+
+    def _view(self, bar: Progress, outcomes: dict[str, list[SessionOutcome]], started: float) -> Group:
+        done = [o for group in outcomes.values() for o in group]
+        statuses = collections.Counter(o.result.status.value for o in done)
+        rewards = [o.reward for o in done if o.reward is not None]
+        elapsed = max(time.monotonic() - started, 1e-9)
+        finished = ", ".join(f"{k.lower()} {v}" for k, v in sorted(statuses.items())) or "none yet"
+        mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+        stage_line = (f"gateways [bold]{self.gateways}[/] · stages: "
+                      + " · ".join(f"{name} [bold]{self.stages.get(name, 0)}[/]" for name in _STAGES))
+        rate = len(done) / elapsed * 60
+        result_line = f"finished: {finished} · mean reward [bold]{mean}[/] · {rate:.1f} sessions/min"
+        return Group(bar, stage_line, result_line)
