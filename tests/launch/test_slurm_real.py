@@ -107,7 +107,8 @@ def test_server_and_gateway_sbatch_register_and_cancel_cleanly(slurm_env: dict[s
 
         _wait_for(registered, 120, "the gateway job to register with the server job")
         gateway_out = (tmp_path / f"polar-gateway-{gateway_job}.out").read_text()
-        assert "registered:" in gateway_out
+        # the gateway registers itself (--server-url) since 252b5d6; gateway.sbatch no longer prints "registered:"
+        assert f"registered with {server_url}" in gateway_out
         assert f"POLAR_SERVER_URL=http://127.0.0.1:{server_port}" in (tmp_path / f"polar-server-{server_job}.out")\
             .read_text()
     finally:
@@ -119,3 +120,36 @@ def test_server_and_gateway_sbatch_register_and_cancel_cleanly(slurm_env: dict[s
             return s.connect_ex(("127.0.0.1", port)) != 0
 
     _wait_for(lambda: port_closed(server_port) and port_closed(gateway_port), 30, "services to stop after scancel")
+
+
+def _sacct_states(env: dict[str, str], job_ids: list[str]) -> dict[str, str]:
+    """Job id -> accounting state (first word: sacct says "CANCELLED by 0")."""
+    out = subprocess.run(["sacct", "-j", ",".join(job_ids), "-o", "JobID,State", "-n", "-X", "--parsable2"],
+                         env=env, capture_output=True, text=True, timeout=30)
+    states = {}
+    for line in out.stdout.splitlines():
+        if "|" in line:
+            job, state = line.split("|", 1)
+            states[job] = state.split()[0] if state.strip() else ""
+    return states
+
+
+def test_accounting_reports_job_states(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """slurmdbd records jobs: sacct (and so submitit's job.state) sees COMPLETED and CANCELLED, not UNKNOWN."""
+    def submit(command: str) -> str:
+        out = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=1", "--mem=64M", "--output=/dev/null",
+                              "--wrap", command], cwd=tmp_path, env=slurm_env, capture_output=True, text=True,
+                             check=True, timeout=60)
+        return out.stdout.strip().split(";")[0]
+
+    short, long = submit("true"), submit("sleep 300")
+    try:
+        _wait_for(lambda: _sacct_states(slurm_env, [long]).get(long) == "RUNNING", 60,
+                  f"sacct to report job {long} RUNNING")
+    finally:
+        subprocess.run(["scancel", long], env=slurm_env, timeout=30)
+    expected = {short: "COMPLETED", long: "CANCELLED"}
+    try:
+        _wait_for(lambda: _sacct_states(slurm_env, [short, long]) == expected, 60, f"sacct to report {expected}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last seen {_sacct_states(slurm_env, [short, long])}") from None
