@@ -93,6 +93,7 @@ async def _serve(args: argparse.Namespace, admin_token: str) -> None:  # pragma:
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process glue
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per heartbeat
     admin_token = args.admin_token or new_admin_token()
     if not args.admin_token:
         print(f"admin token: {admin_token}", file=sys.stderr, flush=True)

@@ -67,8 +67,12 @@ class ServerLink:
                 failures = 0
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 failures += 1
+                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401, 403):
+                    why = "refused this gateway's server token (--server-token / POLAR_SERVER_TOKEN)"
+                else:
+                    why = f"could not be reached: {exc!r}"
                 if failures in (1, 10) or failures % 100 == 0:
-                    log.warning("rollout server %s unreachable (%d tries): %r", self.server_url, failures, exc)
+                    log.warning("rollout server %s %s (%d tries)", self.server_url, why, failures)
             await asyncio.sleep(self.interval if failures == 0 else min(self.interval * failures, 10.0))
 
     async def drain_and_close(self) -> None:

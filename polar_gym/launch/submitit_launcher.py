@@ -1,0 +1,239 @@
+"""``launcher=slurm``: the run's fleet as Slurm jobs through submitit.
+
+Order: the rollout server (in this process, or a job with ``server=job``), then the inference jobs (optional; their
+URLs join ``inference.upstreams``), then the gateway jobs, which register with the server and heartbeat. Once the
+wanted number of gateways is healthy the tasks go through the server's API exactly as with ``launcher=local``.
+Every job this launcher submitted is cancelled when it ends, also on Ctrl-C or SIGTERM, and it waits until Slurm
+reports them finished; ``jobs.json`` in the output folder lists them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from polar_gym.launch.config import ConfigError, LaunchJob
+from polar_gym.launch.driver import RunDriver
+from polar_gym.launch.jobs import (
+    GatewayJobSettings,
+    InferenceJobSettings,
+    free_port,
+    gateway_argv,
+    run_gateway_job,
+    run_inference_job,
+    run_server_job,
+)
+from polar_gym.launch.local import print_summary, rollout_server, write_server_info
+from polar_gym.launch.outputs import SessionOutcome, write_outputs
+from polar_gym.schema import SessionStatus
+from polar_gym.server.client import RolloutClient
+
+__all__ = ["SlurmLauncher"]
+
+_FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
+_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+          "DEADLINE", "INTERRUPTED", "FINISHED", "NO"}  # the last two: submitit's local executor
+
+
+class SlurmLauncher:
+    """Submit the fleet, run the job's tasks through it, cancel the fleet. Returns the exit code (1 if any session
+    ended ERROR or CANCELLED)."""
+
+    def __init__(self, gateways: int = 1, gateway: dict[str, Any] | None = None,
+                 inference_jobs: dict[str, Any] | None = None, server: str = "local", server_host: str | None = None,
+                 server_port: int = 0, advertise_host: str | None = None, cluster: str = "slurm",
+                 partition: str | None = None, account: str | None = None, qos: str | None = None,
+                 additional_parameters: dict[str, Any] | None = None, register_timeout_seconds: float = 600.0,
+                 heartbeat_seconds: float = 2.0, progress: bool = True) -> None:
+        if gateways < 1:
+            raise ConfigError("launcher.gateways: at least one gateway job")
+        if server not in ("local", "job"):
+            raise ConfigError("launcher.server: 'local' (in this process) or 'job' (its own Slurm job)")
+        try:
+            self.gateway = GatewayJobSettings.model_validate(gateway or {})
+            self.inference_jobs = InferenceJobSettings.model_validate(inference_jobs or {})
+        except ValueError as exc:
+            raise ConfigError(f"launcher: {exc}") from None
+        self.gateways, self.server_mode = gateways, server
+        self.server_host, self.server_port, self.advertise_host = server_host, server_port, advertise_host
+        self.cluster = cluster
+        self.slurm = {k: v for k, v in (("slurm_partition", partition), ("slurm_account", account),
+                                        ("slurm_qos", qos)) if v}
+        if additional_parameters:
+            self.slurm["slurm_additional_parameters"] = dict(additional_parameters)
+        self.register_timeout, self.heartbeat = register_timeout_seconds, heartbeat_seconds
+        self.progress = progress
+        self.console = Console(stderr=True)
+        self.jobs: list[Any] = []
+        self.names: dict[str, str] = {}
+
+    def launch(self, job: LaunchJob) -> int:
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        (job.out_dir / "config.yaml").write_text(job.resolved_config)
+        outcomes, wall = asyncio.run(self._main(job))
+        totals = write_outputs(job.out_dir, outcomes, wall)
+        print_summary(self.console, outcomes, totals, job.out_dir)
+        return 1 if any(o.result.status in _FAILED for o in outcomes) else 0
+
+    async def _main(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+        assert main is not None
+        loop.add_signal_handler(signal.SIGTERM, main.cancel)  # scancel of a launcher running as a job
+        try:
+            return await self._run(job)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            await asyncio.shield(asyncio.to_thread(self._cancel_all, job.out_dir))
+
+    async def _run(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
+        token = secrets.token_urlsafe(24)
+        async with self._server(job, token) as server_url:
+            upstreams = list(job.inference.upstreams) + await self._start_inference(job)
+            self._start_gateways(job, server_url, upstreams, token)
+            async with RolloutClient(server_url, token) as client:
+                await self._wait_for_gateways(client)
+                return await RunDriver(client, self.console, progress=self.progress).run(job.requests)
+
+    # -- the pieces ----------------------------------------------------------------------------------------------
+
+    def _executor(self, job: LaunchJob, name: str, **resources: Any) -> Any:
+        import submitit
+
+        executor = submitit.AutoExecutor(folder=job.out_dir / "slurm" / "%j", cluster=self.cluster)
+        executor.update_parameters(name=name, nodes=1, tasks_per_node=1, **resources, **self.slurm)
+        return executor
+
+    def _submit(self, executor: Any, name: str, fn: Any, *args: Any, out_dir: Path) -> Any:
+        submitted = executor.submit(fn, *args)
+        self.jobs.append(submitted)
+        self.names[submitted.job_id] = name
+        (out_dir / "jobs.json").write_text(json.dumps([{"job_id": j.job_id, "name": self.names[j.job_id]}
+                                                       for j in self.jobs], indent=1) + "\n")
+        self.console.print(f"submitted {name} job {submitted.job_id}")
+        return submitted
+
+    @contextlib.asynccontextmanager
+    async def _server(self, job: LaunchJob, token: str) -> AsyncIterator[str]:
+        if self.server_mode == "local":
+            host = self.server_host or socket.getfqdn()
+            port = self.server_port or free_port()
+            async with rollout_server(job.out_dir / "server.sqlite", "0.0.0.0", port, token, self.heartbeat):
+                url = f"http://{host}:{port}"
+                write_server_info(job.out_dir, url, token)
+                self.console.print(f"rollout server {url} (token in {job.out_dir / 'server.json'})")
+                yield url
+            return
+        info = job.out_dir / "server-job.json"
+        info.unlink(missing_ok=True)
+        executor = self._executor(job, "polar-server", cpus_per_task=4, mem_gb=8,
+                                  timeout_min=self.gateway.timeout_min)
+        submitted = self._submit(executor, "polar-server", run_server_job, str(job.out_dir / "server.sqlite"),
+                                 token, str(info), self.server_host, self.heartbeat, out_dir=job.out_dir)
+        url = (await self._wait_for_file(info, submitted, self.register_timeout))["url"]
+        write_server_info(job.out_dir, url, token)
+        self.console.print(f"rollout server job {submitted.job_id} at {url}")
+        yield url
+
+    async def _start_inference(self, job: LaunchJob) -> list[str]:
+        settings = self.inference_jobs
+        if settings.count == 0:
+            return []
+        executor = self._executor(job, "polar-inference", cpus_per_task=settings.cpus_per_task,
+                                  mem_gb=settings.mem_gb, timeout_min=settings.timeout_min,
+                                  **({"gpus_per_node": settings.gpus_per_node} if settings.gpus_per_node else {}))
+        waits = []
+        for i in range(settings.count):
+            info = job.out_dir / f"inference-{i}.json"
+            info.unlink(missing_ok=True)
+            submitted = self._submit(executor, f"polar-inference-{i}", run_inference_job, settings.model_dump(),
+                                     str(info), self.advertise_host, out_dir=job.out_dir)
+            waits.append(self._wait_for_file(info, submitted, settings.ready_timeout_seconds + 600))
+        urls = [info["url"] for info in await asyncio.gather(*waits)]
+        self.console.print(f"inference servers ready: {', '.join(urls)}")
+        return urls
+
+    def _start_gateways(self, job: LaunchJob, server_url: str, upstreams: list[str], token: str) -> None:
+        if job.inference.engine != "oracle" and not upstreams:
+            raise ConfigError("inference.upstreams: the gateways need an upstream (or launcher.inference_jobs.count)")
+        pools = self.gateway
+        executor = self._executor(job, "polar-gateway", cpus_per_task=pools.cpus_per_task, mem_gb=pools.mem_gb,
+                                  timeout_min=pools.timeout_min)
+        for i in range(self.gateways):
+            argv = gateway_argv(job.inference, pools, upstreams, server_url=server_url,
+                                workdir=job.out_dir / "gateways" / f"gateway-{i}", heartbeat=self.heartbeat)
+            self._submit(executor, f"polar-gateway-{i}", run_gateway_job, argv, self.advertise_host, token,
+                         out_dir=job.out_dir)
+
+    async def _wait_for_gateways(self, client: RolloutClient) -> None:
+        deadline = time.monotonic() + self.register_timeout
+        gateway_jobs = self.jobs[-self.gateways:]
+        while True:
+            healthy = [g for g in await client.gateways() if g["state"] == "healthy"]
+            if len(healthy) >= self.gateways:
+                self.console.print(f"{len(healthy)} gateway(s) registered")
+                return
+            for submitted in gateway_jobs:
+                problem = await asyncio.to_thread(_ended, submitted)
+                if problem:
+                    raise RuntimeError(f"gateway job {submitted.job_id} {problem}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(healthy)}/{self.gateways} gateways registered after "
+                                   f"{self.register_timeout:.0f} s")
+            await asyncio.sleep(1.0)
+
+    async def _wait_for_file(self, path: Path, submitted: Any, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while not await asyncio.to_thread(path.exists):
+            problem = await asyncio.to_thread(_ended, submitted)
+            if problem:
+                raise RuntimeError(f"job {submitted.job_id} {problem}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {submitted.job_id} did not write {path.name} within {timeout:.0f} s")
+            await asyncio.sleep(1.0)
+        return dict(json.loads(await asyncio.to_thread(path.read_text)))
+
+    def _cancel_all(self, out_dir: Path, timeout: float = 120.0) -> None:
+        """scancel every job this launcher submitted and wait until Slurm no longer lists them as live."""
+        for submitted in self.jobs:
+            with contextlib.suppress(Exception):
+                submitted.cancel(check=False)
+        deadline = time.monotonic() + timeout
+        live = list(self.jobs)
+        while live and time.monotonic() < deadline:
+            live = [j for j in live if _state(j) not in _ENDED]
+            if live:
+                time.sleep(1.0)
+        if live:
+            self.console.print(f"[yellow]jobs still listed after cancel: {[j.job_id for j in live]}[/]")
+        elif self.jobs:
+            self.console.print(f"cancelled {len(self.jobs)} job(s): {' '.join(j.job_id for j in self.jobs)}")
+
+
+def _state(submitted: Any) -> str:
+    """The job's Slurm state ('UNKNOWN' without accounting), first word only ('CANCELLED by 0' -> CANCELLED)."""
+    try:
+        return str(submitted.state).split()[0].upper()
+    except Exception:
+        return "UNKNOWN"
+
+
+def _ended(submitted: Any) -> str | None:
+    """Why a service job is gone (it should run until cancelled), with the tail of its log; None while it lives."""
+    state = _state(submitted)
+    if state not in _ENDED:
+        return None
+    tail = ""
+    with contextlib.suppress(Exception):
+        tail = (submitted.stderr() or "")[-3000:]
+    return f"ended ({state}) before it was ready:\n{tail}"
