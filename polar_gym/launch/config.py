@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from polar_gym.datagen.export import DatagenConfig
 from polar_gym.registry import BUILDERS, ENGINES, EVALUATORS, HARNESSES, RUNTIMES, Registry, RegistryError, load_dotted
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 
@@ -71,6 +72,8 @@ class LaunchJob:
     out_dir: Path
     #: the resolved config as YAML, written next to the results
     resolved_config: str
+    #: offline data generation (``+datagen=sft``): one retry of empty generations, then the SFT export
+    datagen: DatagenConfig | None = None
 
 
 def section(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -133,8 +136,10 @@ def build_job(cfg: DictConfig) -> LaunchJob:
     template = _template(cfg)
     inference = _validate(InferenceSettings, section(cfg, "inference"), "inference")
     _check_name(ENGINES, inference.engine, "inference.engine")
-    if inference.engine not in ("oracle",) and not inference.upstreams:
-        raise ConfigError(f"inference.upstreams: engine {inference.engine!r} needs at least one upstream URL")
+    launched = OmegaConf.select(cfg, "launcher.inference_jobs.count", default=0) or 0  # launcher=slurm starts them
+    if inference.engine not in ("oracle",) and not inference.upstreams and not launched:
+        raise ConfigError(f"inference.upstreams: engine {inference.engine!r} needs at least one upstream URL "
+                          "(or launcher=slurm with launcher.inference_jobs.count)")
     source, params = load_target(section(cfg, "tasks"), "tasks")
     try:
         requests = source(template, **params)
@@ -149,5 +154,8 @@ def build_job(cfg: DictConfig) -> LaunchJob:
     out_dir = cfg.get("out_dir")
     if not out_dir:
         raise ConfigError("out_dir: must be set (a directory for the run's files)")
+    datagen = None
+    if cfg.get("datagen") is not None:
+        datagen = _validate(DatagenConfig, section(cfg, "datagen"), "datagen")
     return LaunchJob(requests=list(requests), inference=inference, out_dir=Path(str(out_dir)),
-                     resolved_config=OmegaConf.to_yaml(cfg, resolve=True))
+                     resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen)

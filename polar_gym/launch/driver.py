@@ -15,11 +15,12 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from polar_gym.launch.config import LaunchJob
 from polar_gym.launch.outputs import SessionOutcome
 from polar_gym.schema import SessionResult, SessionSpec, TaskRequest
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["RunDriver", "outcome_of"]
+__all__ = ["RunDriver", "outcome_of", "run_job"]
 
 _STAGES = ["queued", "init", "ready", "run", "postrun"]
 _FINISHED = {"COMPLETED", "ERROR", "CANCELLED", "TIMEOUT"}
@@ -112,3 +113,17 @@ class RunDriver:
         rate = len(done) / elapsed * 60
         result_line = f"finished: {finished} · mean reward [bold]{mean}[/] · {rate:.1f} sessions/min"
         return Group(bar, stage_line, result_line)
+
+
+async def run_job(driver: RunDriver, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
+    """Every task of the job; for a datagen run, the empty generations once more (paper §4.2: one retry)."""
+    outcomes, wall = await driver.run(job.requests)
+    if job.datagen is not None and job.datagen.retry_empty:
+        from polar_gym.datagen import retry_plan, retry_requests
+
+        retries = retry_requests(retry_plan([o.result for o in outcomes]), job.requests)
+        if retries:
+            driver.console.print(f"datagen: retrying {sum(r.num_samples for r in retries)} empty generation(s) once")
+            more, extra = await driver.run(retries)
+            outcomes, wall = outcomes + more, wall + extra
+    return outcomes, wall

@@ -16,27 +16,22 @@ from typing import Any
 
 import uvicorn
 from rich.console import Console
-from rich.table import Table
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayConfig, build_gateway
 from polar_gym.gateway.registration import ServerLink
 from polar_gym.launch.config import ConfigError, InferenceSettings, LaunchJob
-from polar_gym.launch.driver import RunDriver
-from polar_gym.launch.outputs import SessionOutcome, summary_rows, write_outputs
+from polar_gym.launch.driver import RunDriver, run_job
+from polar_gym.launch.outputs import SessionOutcome, finish
 from polar_gym.proxy.__main__ import build_engine
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.runtime.base import GatewayEndpoint
-from polar_gym.schema import SessionStatus
 from polar_gym.server import RolloutServer, Store, create_server_app
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["EmbeddedServer", "LocalLauncher", "make_engine", "print_summary", "rollout_server", "serving",
-           "write_server_info"]
-
-_FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
+__all__ = ["EmbeddedServer", "LocalLauncher", "make_engine", "rollout_server", "serving", "write_server_info"]
 
 
 def make_engine(settings: InferenceSettings) -> Engine:
@@ -130,9 +125,7 @@ class LocalLauncher:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         (job.out_dir / "config.yaml").write_text(job.resolved_config)
         outcomes, wall = asyncio.run(self._run(job))
-        totals = write_outputs(job.out_dir, outcomes, wall)
-        print_summary(self.console, outcomes, totals, job.out_dir)
-        return 1 if any(o.result.status in _FAILED for o in outcomes) else 0
+        return finish(self.console, job, outcomes, wall)
 
     async def _run(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
         engine = make_engine(job.inference)
@@ -158,7 +151,7 @@ class LocalLauncher:
                 heartbeats = asyncio.create_task(link.run())
                 await asyncio.wait_for(link.registered.wait(), 60.0)
                 async with RolloutClient(server_url, server_token) as client:
-                    return await RunDriver(client, self.console, progress=self.progress).run(job.requests)
+                    return await run_job(RunDriver(client, self.console, progress=self.progress), job)
         finally:
             if heartbeats is not None:
                 heartbeats.cancel()
@@ -176,17 +169,3 @@ def write_server_info(out_dir: Path, url: str, admin_token: str) -> Path:
     path.touch(mode=0o600)
     path.write_text(json.dumps({"url": url, "admin_token": admin_token}) + "\n")
     return path
-
-
-def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict[str, Any], out_dir: Path) -> None:
-    """The per-session table and the totals line at the end of a launch."""
-    table = Table(title="polar_gym launch")
-    for column in ["task", "sample", "harness", "status", "reward", "traces", "completions", "seconds"]:
-        table.add_column(column)
-    for row in summary_rows(outcomes):
-        table.add_row(*row)
-    console.print(table)
-    mean = totals["mean_reward"]
-    console.print(f"{totals['completed']}/{totals['sessions']} completed, mean reward "
-                  f"{'-' if mean is None else f'{mean:.3f}'}, {totals['traces']} traces, "
-                  f"{totals['completions']} completions in {totals['wall_seconds']:.1f}s; files in {out_dir}")

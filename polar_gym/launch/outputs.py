@@ -1,16 +1,24 @@
 """The run's files: trajectories.jsonl (one line per trace), results.jsonl (SessionResults without trajectories),
-summary.md (a table per session plus totals) and the resolved config."""
+summary.md (a table per session plus totals), the resolved config and, for a datagen run, the SFT dataset."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
 
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
 
-__all__ = ["SessionOutcome", "summary_rows", "write_outputs"]
+if TYPE_CHECKING:
+    from polar_gym.launch.config import LaunchJob
+
+__all__ = ["SessionOutcome", "finish", "print_summary", "summary_rows", "write_outputs"]
+
+_FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
 
 
 @dataclass
@@ -94,3 +102,33 @@ def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float) ->
             f.write(_result_line(o) + "\n")
     (out_dir / "summary.md").write_text(_summary_md(outcomes, wall))
     return _totals(outcomes, wall)
+
+
+def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict[str, Any], out_dir: Path) -> None:
+    """The per-session table and the totals line at the end of a launch."""
+    table = Table(title="polar_gym launch")
+    for column in ["task", "sample", "harness", "status", "reward", "traces", "completions", "seconds"]:
+        table.add_column(column)
+    for row in summary_rows(outcomes):
+        table.add_row(*row)
+    console.print(table)
+    mean = totals["mean_reward"]
+    console.print(f"{totals['completed']}/{totals['sessions']} completed, mean reward "
+                  f"{'-' if mean is None else f'{mean:.3f}'}, {totals['traces']} traces, "
+                  f"{totals['completions']} completions in {totals['wall_seconds']:.1f}s; files in {out_dir}")
+
+
+def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wall: float) -> int:
+    """Write the run's files (and the datagen export), print the summary; the exit code: 1 if any session ended
+    ERROR or CANCELLED (a datagen run counts only what it kept, so its empty generations do not fail the run)."""
+    totals = write_outputs(job.out_dir, outcomes, wall)
+    print_summary(console, outcomes, totals, job.out_dir)
+    if job.datagen is None:
+        return 1 if any(o.result.status in _FAILED for o in outcomes) else 0
+    from polar_gym.datagen import write_dataset
+
+    summary = write_dataset(job.out_dir / "datagen", [o.result for o in outcomes], job.requests, job.datagen)
+    console.print(f"datagen: {summary.passed}/{summary.samples} samples passed ({summary.empty} empty, "
+                  f"{summary.retried} retried), {summary.sft_records.get('train', 0)} train / "
+                  f"{summary.sft_records.get('test', 0)} test SFT records in {job.out_dir / 'datagen'}")
+    return 0 if summary.kept else 1

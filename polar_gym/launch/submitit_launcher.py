@@ -15,6 +15,7 @@ import json
 import secrets
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from polar_gym.launch.config import ConfigError, LaunchJob
-from polar_gym.launch.driver import RunDriver
+from polar_gym.launch.driver import RunDriver, run_job
 from polar_gym.launch.jobs import (
     GatewayJobSettings,
     InferenceJobSettings,
@@ -33,14 +34,12 @@ from polar_gym.launch.jobs import (
     run_inference_job,
     run_server_job,
 )
-from polar_gym.launch.local import print_summary, rollout_server, write_server_info
-from polar_gym.launch.outputs import SessionOutcome, write_outputs
-from polar_gym.schema import SessionStatus
+from polar_gym.launch.local import rollout_server, write_server_info
+from polar_gym.launch.outputs import SessionOutcome, finish
 from polar_gym.server.client import RolloutClient
 
 __all__ = ["SlurmLauncher"]
 
-_FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
 _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
           "DEADLINE", "INTERRUPTED", "FINISHED", "NO"}  # the last two: submitit's local executor
 
@@ -81,9 +80,7 @@ class SlurmLauncher:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         (job.out_dir / "config.yaml").write_text(job.resolved_config)
         outcomes, wall = asyncio.run(self._main(job))
-        totals = write_outputs(job.out_dir, outcomes, wall)
-        print_summary(self.console, outcomes, totals, job.out_dir)
-        return 1 if any(o.result.status in _FAILED for o in outcomes) else 0
+        return finish(self.console, job, outcomes, wall)
 
     async def _main(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
         loop = asyncio.get_running_loop()
@@ -103,7 +100,7 @@ class SlurmLauncher:
             self._start_gateways(job, server_url, upstreams, token)
             async with RolloutClient(server_url, token) as client:
                 await self._wait_for_gateways(client)
-                return await RunDriver(client, self.console, progress=self.progress).run(job.requests)
+                return await run_job(RunDriver(client, self.console, progress=self.progress), job)
 
     # -- the pieces ----------------------------------------------------------------------------------------------
 
@@ -211,13 +208,25 @@ class SlurmLauncher:
         deadline = time.monotonic() + timeout
         live = list(self.jobs)
         while live and time.monotonic() < deadline:
-            live = [j for j in live if _state(j) not in _ENDED]
+            queued = _in_squeue([j.job_id for j in live]) if self.cluster == "slurm" else set()
+            # CANCELLED shows in sacct at once; a job is gone only when squeue no longer lists it (COMPLETING)
+            live = [j for j in live if _state(j) not in _ENDED or j.job_id in queued]
             if live:
                 time.sleep(1.0)
         if live:
             self.console.print(f"[yellow]jobs still listed after cancel: {[j.job_id for j in live]}[/]")
         elif self.jobs:
             self.console.print(f"cancelled {len(self.jobs)} job(s): {' '.join(j.job_id for j in self.jobs)}")
+
+
+def _in_squeue(job_ids: list[str]) -> set[str]:
+    """The ids squeue still lists (any state, COMPLETING included); empty if squeue cannot be asked."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {line.strip() for line in out.stdout.splitlines() if line.strip()}
 
 
 def _state(submitted: Any) -> str:

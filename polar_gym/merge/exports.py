@@ -274,8 +274,10 @@ def _content(content: Any) -> Any:
 
 
 def openai_message(message: Mapping[str, Any], include_reasoning: bool = True) -> dict[str, Any]:
-    """A normalized chat message in OpenAI Chat shape, without empty fields."""
-    out: dict[str, Any] = {"role": message.get("role"), "content": _content(message.get("content"))}
+    """A normalized chat message in OpenAI Chat shape, without empty fields. A ``developer`` message becomes
+    ``system``: that is how the chat template rendered it for the model (polar_gym.proxy.tokenizer)."""
+    role = "system" if message.get("role") == "developer" else message.get("role")
+    out: dict[str, Any] = {"role": role, "content": _content(message.get("content"))}
     if include_reasoning and message.get("reasoning_content"):
         out["reasoning_content"] = message["reasoning_content"]
     if message.get("tool_calls"):
