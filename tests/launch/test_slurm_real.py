@@ -5,9 +5,12 @@ Skips only when the daemons cannot start (no root / no apt); with CI set it fail
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_gym.assets import tokenizer_dir
+from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_python
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -153,3 +156,120 @@ def test_accounting_reports_job_states(slurm_env: dict[str, str], tmp_path: Path
         _wait_for(lambda: _sacct_states(slurm_env, [short, long]) == expected, 60, f"sacct to report {expected}")
     except AssertionError as e:
         raise AssertionError(f"{e}; last seen {_sacct_states(slurm_env, [short, long])}") from None
+
+
+# -- launcher=slurm (submitit) -------------------------------------------------------------------------------------
+
+LAUNCH_SMALL = ["launcher=slurm", "launcher.server_host=127.0.0.1", "launcher.advertise_host=127.0.0.1",
+                "launcher.progress=false", "launcher.gateway.cpus_per_task=1", "launcher.gateway.mem_gb=1",
+                "launcher.gateway.run_slots=2", "launcher.heartbeat_seconds=1", "launcher.register_timeout_seconds=180"]
+
+
+def _launch(env: dict[str, str], out: Path, *overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "polar_gym.launch", *LAUNCH_SMALL, *overrides, f"out_dir={out}"],
+                            cwd=ROOT, env={**env, "COLUMNS": "160"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _job_ids(out: Path) -> dict[str, str]:
+    """name -> job id of every job the launcher submitted (its jobs.json)."""
+    return {j["name"]: j["job_id"] for j in json.loads((out / "jobs.json").read_text())}
+
+
+def _assert_no_job_left(env: dict[str, str], ids: list[str]) -> None:
+    assert ids
+    assert not _squeue(env, ids), f"jobs left in the queue: {_squeue(env, ids)}"
+    states = _sacct_states(env, ids)
+    assert set(states) == set(ids) and all(s == "CANCELLED" for s in states.values()), states
+
+
+def _results(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def _needs_tokenizer() -> None:
+    if not (tokenizer_dir() / ".complete").exists():
+        pytest.fail(f"the oracle engine's tokenizer {tokenizer_dir()} is not built (bash scripts/setup.sh)")
+
+
+def test_launcher_slurm_runs_demo_tasks_on_gateway_jobs_and_cancels_them(slurm_env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    _needs_tokenizer()
+    out = tmp_path / "run"
+    proc = _launch(slurm_env, out, "launcher.gateways=2", "num_samples=2")
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-4000:]
+    jobs = _job_ids(out)
+    assert sorted(jobs) == ["polar-gateway-0", "polar-gateway-1"]
+    results = _results(out)
+    assert len(results) == 8 and all(r["status"] == "COMPLETED" and r["evaluation"]["reward"] == 1.0  # type: ignore[index]
+                                     for r in results)
+    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
+        used = {g for (g,) in db.execute("SELECT DISTINCT gateway_id FROM sessions")}
+        gateways = db.execute("SELECT COUNT(*) FROM gateways").fetchone()[0]
+    assert gateways == 2 and len(used) == 2, "both gateway jobs registered and ran sessions"
+    # the gateways' sandboxes ran inside the jobs: their session directories are under the run's folder
+    assert len(list((out / "gateways").glob("gateway-*/*/artifacts"))) == 8
+    _wait_for(lambda: not _squeue(slurm_env, list(jobs.values())), 60, "the gateway jobs to leave the queue")
+    _wait_for(lambda: set(_sacct_states(slurm_env, list(jobs.values())).values()) == {"CANCELLED"}, 60,
+              "sacct to record the cancelled gateway jobs")
+    _assert_no_job_left(slurm_env, list(jobs.values()))
+
+
+def test_cancelling_the_launch_leaves_no_job_behind(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    _needs_tokenizer()
+    out = tmp_path / "run"
+    proc = _launch(slurm_env, out, "launcher.server=job", "num_samples=20", "launcher.gateway.run_slots=1")
+    try:
+        def running() -> bool:
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            if not (out / "server.sqlite").exists():
+                return False
+            with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
+                return db.execute("SELECT COUNT(*) FROM sessions WHERE status='COMPLETED'").fetchone()[0] > 0
+
+        _wait_for(running, 300, "the first session to finish on the Slurm fleet")
+        jobs = _job_ids(out)
+        assert sorted(jobs) == ["polar-gateway-0", "polar-server"]  # the rollout server ran as a job too
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-4000:]
+    assert "interrupted" in stderr
+    _wait_for(lambda: set(_sacct_states(slurm_env, list(jobs.values())).values()) == {"CANCELLED"}, 60,
+              "sacct to record every job cancelled")
+    _assert_no_job_left(slurm_env, list(jobs.values()))
+
+
+def test_inference_job_serves_the_gateways(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """The SGLang-on-H100 path with vLLM's CPU build and the tiny Qwen3 in its place: the inference job starts,
+    announces its URL, the gateway job uses it as its upstream and the recorded tokens come from it."""
+    if os.environ.get("POLAR_SKIP_ENGINE") == "1":
+        pytest.skip("POLAR_SKIP_ENGINE=1: the real vLLM engine tier is skipped on purpose")
+    if not vllm_python().exists() or not (tiny_model_dir() / ".complete").exists():
+        pytest.fail("vLLM's CPU venv or the tiny model is missing: run `bash scripts/setup.sh --engine`")
+    out = tmp_path / "run"
+    proc = _launch(slurm_env, out, "inference=vllm", "inference.upstreams=[]",
+                   f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=24",
+                   "launcher.inference_jobs.count=1", "launcher.inference_jobs.kind=tiny_vllm",
+                   "launcher.inference_jobs.gpus_per_node=0", "launcher.inference_jobs.cpus_per_task=2",
+                   "launcher.inference_jobs.mem_gb=6", "launcher.inference_jobs.ready_timeout_seconds=600",
+                   "tasks.ids=[demo-calc-add]", "timeout_seconds=300")
+    _, stderr = proc.communicate(timeout=1200)
+    jobs = _job_ids(out)
+    assert sorted(jobs) == ["polar-gateway-0", "polar-inference-0"]
+    url = json.loads((out / "inference-0.json").read_text())["url"]
+    assert url.startswith("http://127.0.0.1:")
+    assert proc.returncode in (0, 1), stderr[-4000:]  # a random model may fail the task; the session must finish
+    results = _results(out)
+    assert len(results) == 1 and results[0]["status"] in ("COMPLETED", "ERROR"), results
+    assert results[0]["completions"] >= 1  # type: ignore[operator]
+    traces = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert traces and all(t["response_ids"] and len(t["response_logprobs"]) == len(t["response_ids"])
+                          for t in traces)
+    assert all(t["metadata"]["engine"] == "vllm" for t in traces)
+    _wait_for(lambda: set(_sacct_states(slurm_env, list(jobs.values())).values()) == {"CANCELLED"}, 60,
+              "sacct to record every job cancelled")
+    _assert_no_job_left(slurm_env, list(jobs.values()))
