@@ -53,6 +53,7 @@ class RolloutServer:
         self.callback_attempts, self.callback_backoff = callback_attempts, callback_backoff
         self._transport = transport
         self.http: httpx.AsyncClient | None = None
+        self.polls: httpx.AsyncClient | None = None
         self._wake = asyncio.Event()
         self._changed = asyncio.Condition()
         self._subscribers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = collections.defaultdict(set)
@@ -70,17 +71,24 @@ class RolloutServer:
     async def start(self) -> None:
         """Reload gateways and in-flight sessions from the store, then run the loops."""
         self.http = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(30.0, connect=5.0))
+        # Result long polls get their own pool: in the shared one (100 connections) a thousand watchers queued ahead
+        # of dispatches and health probes, whose 2 s timeouts then expired and got live gateways declared dead.
+        self.polls = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(30.0, connect=5.0),
+                                       limits=httpx.Limits(max_connections=2048, max_keepalive_connections=512))
         for row in await self.store.gateways():
             self.fleet.restore(row)  # heartbeat clock restarts now: each gets dead_after to answer
+        watch: list[tuple[str, GatewayState]] = []
         for row in await self.store.in_flight():
             gw = self.fleet.gateways.get(row.gateway_id or "")
             if gw is None or gw.row.state == DEAD:
                 await self._lost(row, "its gateway is gone after a server restart")
             else:
                 gw.sessions.add(row.session_id)
-                self._spawn(self._watch(row.session_id, gw))
+                watch.append((row.session_id, gw))
         for task_id in await self.store.pending_callbacks():
             self._spawn(self._deliver(task_id))
+        for session_id, gw in watch:  # spawned last: a thousand first polls at once would hold up the awaits above
+            self._spawn(self._watch(session_id, gw))
         self._spawn(self._dispatch_loop())
         self._spawn(self._monitor_loop())
 
@@ -88,8 +96,9 @@ class RolloutServer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.http is not None:
-            await self.http.aclose()
+        for client in (self.http, self.polls):
+            if client is not None:
+                await client.aclose()
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -268,23 +277,56 @@ class RolloutServer:
 
     # -- dispatch and watch ----------------------------------------------------------------------------------
 
+    def _free_slots(self) -> int:
+        return sum(max(0, g.row.capacity - len(g.sessions)) for g in self.fleet.gateways.values()
+                   if g.row.state == HEALTHY and not g.suspect)
+
     async def _dispatch_loop(self) -> None:
+        """Each round claims a batch of waiting sessions in one store transaction and posts them concurrently.
+        Why batches: one store round trip and one gateway POST awaited per session, on a loop busy with watchers,
+        held dispatch to ~100 sessions/s and let the queue (and scheduling latency) grow with every submit."""
         while True:
             self._wake.clear()
-            waiting = await self.store.undispatched()
-            for row in waiting:
-                gw = self.fleet.pick()
-                if gw is None:
-                    break
-                await self._dispatch(row, gw)
+            limit = min(self._free_slots(), 1000)
+            waiting = await self.store.undispatched(limit) if limit else []  # a full fleet reloads nothing
+            if await self._dispatch_batch(waiting) and len(waiting) == limit:
+                continue  # maybe more waiting: another round before sleeping
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 1.0)
 
-    async def _dispatch(self, row: SessionRow, gw: GatewayState) -> None:
-        attempt = await self.store.assign(row.session_id, gw.gateway_id)
-        if attempt is None:
-            return  # cancelled while waiting
-        gw.sessions.add(row.session_id)
+    async def _dispatch_batch(self, waiting: list[SessionRow]) -> int:
+        """Pick a gateway for each waiting session (as many as have a free slot), claim them, post them."""
+        plan: list[tuple[SessionRow, GatewayState]] = []
+        for row in waiting:
+            gw = self.fleet.pick()
+            if gw is None:
+                break
+            gw.sessions.add(row.session_id)  # so the next pick() counts it; undone below, before any await
+            plan.append((row, gw))
+        for row, gw in plan:
+            gw.sessions.discard(row.session_id)
+        if not plan:
+            return 0
+        attempts = await self.store.assign_many([(r.session_id, g.gateway_id) for r, g in plan])
+        claimed = [(r, g, attempts[r.session_id]) for r, g in plan if r.session_id in attempts]
+        for row, gw, _ in claimed:  # the others were cancelled while waiting
+            gw.sessions.add(row.session_id)
+        sem = asyncio.Semaphore(64)  # a 1000-session burst would only queue in the HTTP pool
+        await asyncio.gather(*(self._post_claimed(sem, *c) for c in claimed))
+        return len(plan)
+
+    async def _post_claimed(self, sem: asyncio.Semaphore, row: SessionRow, gw: GatewayState, attempt: int) -> None:
+        async with sem:
+            if gw.row.state == HEALTHY and not gw.suspect:
+                await self._post(row, gw, attempt)
+                return
+        # the gateway stopped accepting after the plan (drained, or a dispatch to it failed): as if never picked
+        gw.sessions.discard(row.session_id)
+        await self.store.release(row.session_id, gw.gateway_id)
+        self._wake.set()
+
+    async def _post(self, row: SessionRow, gw: GatewayState, attempt: int) -> None:
+        """Hand a claimed session (already counted in ``gw.sessions``) to its gateway; re-queue it on failure."""
         try:
             resp = await self.client.post(f"{gw.url}/sessions", content=row.spec.model_dump_json(),
                                           headers={**gw.headers, "content-type": "application/json"})
@@ -319,7 +361,8 @@ class RolloutServer:
         last: str | None = None
         while session_id in gw.sessions and gw.row.state != DEAD:
             try:
-                resp = await self.client.get(f"{gw.url}/sessions/{session_id}/result",
+                assert self.polls is not None
+                resp = await self.polls.get(f"{gw.url}/sessions/{session_id}/result",
                                              params={"wait": self.result_wait}, headers=gw.headers,
                                              timeout=self.result_wait + 30.0)
             except httpx.HTTPError:
@@ -361,8 +404,7 @@ class RolloutServer:
         await self._notify(result.task_id, {"event": "finished", "session_id": result.session_id,
                                             "status": result.status.value, "reason": result.reason})
         self._wake.set()
-        rows = await self.store.sessions_of(result.task_id)
-        if all(r.status.terminal for r in rows):
+        if await self.store.unfinished(result.task_id) == 0:
             task = await self.store.task(result.task_id)
             if task is not None and task.request.callback_url and await self.store.claim_callback(result.task_id):
                 self._spawn(self._deliver(result.task_id))
