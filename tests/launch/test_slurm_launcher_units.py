@@ -1,0 +1,93 @@
+"""launcher=slurm without Slurm: its config validates, and the commands its jobs run are built right."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from polar_gym.assets import tokenizer_dir
+from polar_gym.launch import CONF_DIR, ConfigError, InferenceSettings, build_job, load_target
+from polar_gym.launch.jobs import GatewayJobSettings, InferenceJobSettings, gateway_argv, inference_command
+from polar_gym.launch.submitit_launcher import SlurmLauncher
+
+
+def _launcher(*overrides: str) -> SlurmLauncher:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["launcher=slurm", *overrides])
+    cls, params = load_target(OmegaConf.to_container(cfg.launcher), "launcher")  # type: ignore[arg-type]
+    return cls(**params)  # type: ignore[no-any-return]
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_the_slurm_launcher_config_composes_with_its_defaults() -> None:
+    launcher = _launcher("launcher.gateways=3", "launcher.partition=cpu", "+launcher.additional_parameters.qos=high")
+    assert launcher.gateways == 3 and launcher.server_mode == "local" and launcher.cluster == "slurm"
+    assert launcher.slurm == {"slurm_partition": "cpu", "slurm_additional_parameters": {"qos": "high"}}
+    assert launcher.gateway.run_slots == 8 and launcher.inference_jobs.count == 0
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("launcher.gateways=0", "at least one gateway job"),
+    ("launcher.server=elsewhere", "'local' (in this process) or 'job'"),
+    ("+launcher.gateway.colour=red", "colour"),
+    ("launcher.inference_jobs.kind=tgi", "kind"),
+    ("launcher.gateway.run_slots=0", "run_slots"),
+])
+def test_bad_slurm_launcher_settings_are_config_errors(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _launcher(override)
+
+
+def test_inference_jobs_stand_in_for_upstreams_in_validation(tmp_path: Path) -> None:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        without = compose("config", overrides=["launcher=slurm", "inference=vllm", "inference.upstreams=[]",
+                                               f"out_dir={tmp_path}"])
+        with_jobs = compose("config", overrides=["launcher=slurm", "inference=vllm", "inference.upstreams=[]",
+                                                 "launcher.inference_jobs.count=2", f"out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="needs at least one upstream URL"):
+        build_job(without)
+    assert build_job(with_jobs).inference.engine == "vllm"
+
+
+def test_gateway_argv_carries_the_engine_pools_server_and_upstreams(tmp_path: Path) -> None:
+    inference = InferenceSettings(engine="vllm", upstreams=["http://a:8000"], upstream_model="m",
+                                  max_tokens_cap=64, policy_version=3)
+    pools = GatewayJobSettings(run_slots=16, init_workers=6)
+    argv = gateway_argv(inference, pools, ["http://a:8000", "http://b:30000"], server_url="http://srv:8700",
+                        workdir=tmp_path / "gw", heartbeat=1.5)
+    assert _flag(argv, "--engine") == "vllm" and _flag(argv, "--server-url") == "http://srv:8700"
+    assert argv[argv.index("--upstream") + 1:argv.index("--upstream") + 3] == ["http://a:8000", "http://b:30000"]
+    assert (_flag(argv, "--run-slots"), _flag(argv, "--init-workers"), _flag(argv, "--heartbeat")) == ("16", "6", "1.5")
+    assert (_flag(argv, "--upstream-model"), _flag(argv, "--max-tokens-cap"), _flag(argv, "--policy-version")) == \
+        ("m", "64", "3")
+    assert _flag(argv, "--capture-dir") == str(tmp_path / "gw" / "capture") and _flag(argv, "--host") == "0.0.0.0"
+    assert "--tokenizer" not in argv and "--port" not in argv  # the port is picked on the node
+
+
+def test_the_oracle_gateway_gets_the_built_tokenizer(tmp_path: Path) -> None:
+    argv = gateway_argv(InferenceSettings(), GatewayJobSettings(), [], server_url="http://s:1", workdir=tmp_path,
+                        heartbeat=2.0)
+    assert _flag(argv, "--tokenizer") == str(tokenizer_dir()) and "--upstream" not in argv
+
+
+def test_inference_commands() -> None:
+    sglang, env = inference_command(InferenceJobSettings(kind="sglang", model_path="/m", gpus_per_node=4,
+                                                         python="/opt/sg/bin/python", args=["--mem-fraction", "0.8"],
+                                                         env={"NCCL_DEBUG": "WARN"}), 30000)
+    assert sglang[:3] == ["/opt/sg/bin/python", "-m", "sglang.launch_server"]
+    assert (_flag(sglang, "--model-path"), _flag(sglang, "--port"), _flag(sglang, "--tp-size")) == ("/m", "30000", "4")
+    assert sglang[-2:] == ["--mem-fraction", "0.8"] and env == {"NCCL_DEBUG": "WARN"}
+    vllm, _ = inference_command(InferenceJobSettings(kind="vllm", model_path="/m", gpus_per_node=2), 8000)
+    assert "vllm.entrypoints.openai.api_server" in vllm and _flag(vllm, "--tensor-parallel-size") == "2"
+    tiny, tiny_env = inference_command(InferenceJobSettings(kind="tiny_vllm"), 8001)
+    assert _flag(tiny, "--port") == "8001" and _flag(tiny, "--host") == "0.0.0.0"
+    assert tiny_env["HF_HUB_OFFLINE"] == "1" and "PYTHONPATH" not in tiny_env
+    with pytest.raises(ValueError, match="model_path is required"):
+        inference_command(InferenceJobSettings(kind="sglang"), 1)
