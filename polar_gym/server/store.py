@@ -185,14 +185,10 @@ class Store:
     async def assign(self, session_id: str, gateway_id: str) -> int | None:
         """Claim a waiting session for a gateway; None when it is no longer waiting (cancelled meanwhile).
         Returns the attempt number."""
-        rows = await self._q("UPDATE sessions SET gateway_id = ?, attempts = attempts + 1, dispatched = ?, "
-                             "status = ? WHERE session_id = ? AND gateway_id IS NULL AND status = ? "
-                             "RETURNING attempts", gateway_id, time.time(), SessionStatus.INITIALIZING.value,
-                             session_id, SessionStatus.REGISTERED.value)
-        return int(rows[0][0]) if rows else None
+        return (await self.assign_many([(session_id, gateway_id)])).get(session_id)
 
     async def assign_many(self, claims: list[tuple[str, str]]) -> dict[str, int]:
-        """``assign`` for a batch of (session_id, gateway_id) in one transaction: one thread hop and one commit
+        """Claim a batch of (session_id, gateway_id) in one transaction: one thread hop and one commit
         instead of one per session, which bounded the dispatch rate. Sessions no longer waiting are left out."""
 
         def run() -> dict[str, int]:
