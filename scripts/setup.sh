@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything polar_gym needs on a fresh Debian 12 machine, idempotently, with caches outside the clone.
 #   bash scripts/setup.sh            main venv + test assets (tokenizer)
-#   bash scripts/setup.sh --engine   also the vLLM CPU venv and the tiny Qwen3 model (about 4 min the first time)
+#   bash scripts/setup.sh --engine   also the vLLM CPU venv and the tiny Qwen3 model (about 4 min the first time),
+#                                    and the NeMo Gym 0.7.0 venv on Python 3.13 (about 1 min the first time)
 # Caches live under $POLAR_CACHE (default ~/.cache/polar_gym), keyed by pinned versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,8 +81,9 @@ log "venv ready: .venv -> $VENV"
 "$VENV/bin/python" -m polar_gym.harness.install >/dev/null
 log "harness CLIs ready"
 
-# 4. Optionally the real engine: vLLM's CPU build and a tiny random Qwen3.
+# 4. Optionally the real engine: vLLM's CPU build and a tiny random Qwen3; and NeMo Gym (the `gym` CLI) in its own venv.
 if [ "$WITH_ENGINE" = 1 ]; then
   "$VENV/bin/python" -m polar_gym.assets vllm
+  "$VENV/bin/python" -m polar_gym.assets nemo_gym
 fi
 log "done"
