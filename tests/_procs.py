@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
-__all__ = ["processes_with"]
+__all__ = ["processes_with", "take_ctrl_c"]
+
+
+def take_ctrl_c() -> None:
+    """``preexec_fn`` for a child that must take SIGINT as Ctrl-C: a test run started in the background (bash
+    ignores SIGINT in background jobs, as CI may) passes the ignore on to every child it starts."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def processes_with(marker: str) -> list[str]:

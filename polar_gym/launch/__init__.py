@@ -7,6 +7,7 @@ configured launcher (``launcher._target_``) and exit non-zero if any session err
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def run(cfg: DictConfig) -> int:
         return 2
     try:
         return int(launcher.launch(job))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM
         print(f"polar_gym.launch: interrupted; the unfinished tasks were cancelled (files so far in {job.out_dir})",
               file=sys.stderr)
         return 130

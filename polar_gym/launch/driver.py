@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console, Group
@@ -20,10 +22,23 @@ from polar_gym.launch.outputs import SessionOutcome
 from polar_gym.schema import SessionResult, SessionSpec, TaskRequest
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["RunDriver", "outcome_of", "run_job"]
+__all__ = ["RunDriver", "outcome_of", "run_job", "sigterm_cancels_run"]
 
 _STAGES = ["queued", "init", "ready", "run", "postrun"]
 _FINISHED = {"COMPLETED", "ERROR", "CANCELLED", "TIMEOUT"}
+
+
+@contextlib.contextmanager
+def sigterm_cancels_run() -> Iterator[None]:
+    """SIGTERM (kill, scancel of a launcher running as a job) cancels the running task like Ctrl-C does, so the
+    run's tasks are cancelled on the server and its gateways and jobs are stopped before the process ends."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def outcome_of(request: TaskRequest, result: SessionResult, waited: float) -> SessionOutcome:
@@ -53,8 +68,6 @@ class RunDriver:
         cancellation (Ctrl-C) the tasks still running are cancelled on the server before the error propagates."""
         started = time.monotonic()
         by_id = {r.task_id: r for r in requests}
-        for request in requests:
-            await self.client.submit(request)
         total = sum(r.num_samples for r in requests)
         outcomes: dict[str, list[SessionOutcome]] = {}
         bar = Progress(TextColumn("[bold]sessions"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -62,6 +75,8 @@ class RunDriver:
         bar_task = bar.add_task("sessions", total=total)
         live = Live(self._view(bar, outcomes, started), console=self.console, refresh_per_second=4)
         try:
+            for request in requests:  # inside the try: a Ctrl-C while submitting cancels what was submitted
+                await self.client.submit(request)
             with live if self.progress else contextlib.nullcontext():
                 while len(outcomes) < len(requests):
                     for task_id in [t for t in by_id if t not in outcomes]:

@@ -21,7 +21,7 @@ from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayConfig, build_gateway
 from polar_gym.gateway.registration import ServerLink
 from polar_gym.launch.config import ConfigError, InferenceSettings, LaunchJob
-from polar_gym.launch.driver import RunDriver, run_job
+from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.outputs import SessionOutcome, finish
 from polar_gym.proxy.__main__ import build_engine
 from polar_gym.proxy.capture import CaptureJournal
@@ -128,6 +128,10 @@ class LocalLauncher:
         return finish(self.console, job, outcomes, wall)
 
     async def _run(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
+        with sigterm_cancels_run():
+            return await self._fleet(job)
+
+    async def _fleet(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
         engine = make_engine(job.inference)
         service = ProxyService(engine, CaptureJournal(job.out_dir / "capture"), SessionRegistry(allow_adhoc=False),
                                max_tokens_cap=job.inference.max_tokens_cap)

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import signal
 import socket
 import subprocess
 import time
@@ -24,7 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from polar_gym.launch.config import ConfigError, LaunchJob
-from polar_gym.launch.driver import RunDriver, run_job
+from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.jobs import (
     GatewayJobSettings,
     InferenceJobSettings,
@@ -83,14 +82,10 @@ class SlurmLauncher:
         return finish(self.console, job, outcomes, wall)
 
     async def _main(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
-        loop = asyncio.get_running_loop()
-        main = asyncio.current_task()
-        assert main is not None
-        loop.add_signal_handler(signal.SIGTERM, main.cancel)  # scancel of a launcher running as a job
         try:
-            return await self._run(job)
+            with sigterm_cancels_run():
+                return await self._run(job)
         finally:
-            loop.remove_signal_handler(signal.SIGTERM)
             await asyncio.shield(asyncio.to_thread(self._cancel_all, job.out_dir))
 
     async def _run(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:

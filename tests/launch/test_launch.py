@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _procs import processes_with
+from _procs import processes_with, take_ctrl_c
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -151,14 +151,16 @@ def test_python_m_polar_gym_launch_runs_two_demo_tasks_to_reward_one(tmp_path):
     assert "HTTP Request" not in proc.stdout + proc.stderr  # the client's request log stays quiet
 
 
-def test_ctrl_c_cancels_the_run_on_the_server_and_leaves_no_sandbox(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_cancels_the_run_on_the_server_and_leaves_no_sandbox(tmp_path, stop):
     if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
         pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
     marker = f"polarlaunch{uuid.uuid4().hex[:10]}"
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "polar_gym.launch", "num_samples=6", "launcher.run_slots=1",
                              "launcher.progress=false", f"++runtime.env.POLAR_TEST_MARKER={marker}",
-                             f"out_dir={out}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             f"out_dir={out}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=take_ctrl_c)
 
     def sandboxed() -> list[str]:  # the launch's own argv carries the marker too
         return [p for p in processes_with(marker) if not p.startswith(f"{proc.pid}:")]
@@ -168,12 +170,12 @@ def test_ctrl_c_cancels_the_run_on_the_server_and_leaves_no_sandbox(tmp_path):
         while not sandboxed():  # a harness is running in its sandbox
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=120)
+        proc.send_signal(stop)
+        _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0
+    assert proc.returncode == 130 and "interrupted; the unfinished tasks were cancelled" in stderr, stderr[-3000:]
     assert not processes_with(marker)
     with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
         statuses = [s for (s,) in db.execute("SELECT status FROM sessions")]

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _procs import take_ctrl_c
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_python
 
@@ -168,7 +169,7 @@ LAUNCH_SMALL = ["launcher=slurm", "launcher.server_host=127.0.0.1", "launcher.ad
 def _launch(env: dict[str, str], out: Path, *overrides: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "polar_gym.launch", *LAUNCH_SMALL, *overrides, f"out_dir={out}"],
                             cwd=ROOT, env={**env, "COLUMNS": "160"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=take_ctrl_c)
 
 
 def _job_ids(out: Path) -> dict[str, str]:
