@@ -31,7 +31,8 @@ from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.server import RolloutServer, Store, create_server_app
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["EmbeddedServer", "LocalLauncher", "make_engine", "rollout_server", "serving", "write_server_info"]
+__all__ = ["EmbeddedServer", "LocalLauncher", "local_fleet", "make_engine", "rollout_server", "serving",
+           "write_server_info"]
 
 
 def make_engine(settings: InferenceSettings) -> Engine:
@@ -132,39 +133,50 @@ class LocalLauncher:
             return await self._fleet(job)
 
     async def _fleet(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
-        engine = make_engine(job.inference)
-        service = ProxyService(engine, CaptureJournal(job.out_dir / "capture"), SessionRegistry(allow_adhoc=False),
-                               max_tokens_cap=job.inference.max_tokens_cap)
-        port = self.port or _free_port(self.host)
-        config = GatewayConfig(workdir=job.out_dir / "gateway", endpoint=GatewayEndpoint(self.host, port),
-                               **self.pools)  # type: ignore[arg-type]
-        gateway_token, server_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-        node, app = build_gateway(service, config, gateway_token)
-        link: ServerLink | None = None
-        heartbeats: asyncio.Task[None] | None = None
-        try:
-            async with (serving(app, self.host, port) as gateway_url,
-                        rollout_server(job.out_dir / "server.sqlite", self.host,
-                                       self.server_port or _free_port(self.host), server_token,
-                                       self.heartbeat) as server_url):
-                write_server_info(job.out_dir, server_url, server_token)
-                self.console.print(f"rollout server {server_url} (token in {job.out_dir / 'server.json'}), "
-                                   f"gateway {gateway_url}")
-                link = ServerLink(server_url, gateway_url, config.run_slots, server_token=server_token,
-                                  gateway_token=gateway_token, health=node.health, interval=self.heartbeat)
-                heartbeats = asyncio.create_task(link.run())
-                await asyncio.wait_for(link.registered.wait(), 60.0)
-                async with RolloutClient(server_url, server_token) as client:
-                    return await run_job(RunDriver(client, self.console, progress=self.progress), job)
-        finally:
-            if heartbeats is not None:
-                heartbeats.cancel()
-                await asyncio.gather(heartbeats, return_exceptions=True)
-            if link is not None:
-                await link.drain_and_close()
-            await node.stop("launch finished")
-            service.journal.close()
-            await engine.aclose()
+        async with local_fleet(job.out_dir, job.inference, host=self.host, gateway_port=self.port,
+                               server_port=self.server_port, heartbeat=self.heartbeat,
+                               **self.pools) as (server_url, server_token):
+            self.console.print(f"rollout server {server_url} (token in {job.out_dir / 'server.json'})")
+            async with RolloutClient(server_url, server_token) as client:
+                return await run_job(RunDriver(client, self.console, progress=self.progress), job)
+
+
+@contextlib.asynccontextmanager
+async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str = "127.0.0.1", gateway_port: int = 0,
+                      server_port: int = 0, heartbeat: float = 1.0,
+                      **pools: Any) -> AsyncIterator[tuple[str, str]]:
+    """A rollout server and one registered gateway node (proxy + sandboxes) in this event loop, on ``host``;
+    yields the server's URL and admin token (also written to ``out_dir/server.json``). Everything is stopped and
+    torn down when the block ends. Used by launcher=local, ``python -m polar_gym.env serve`` and trainer tests."""
+    await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
+    engine = make_engine(inference)
+    service = ProxyService(engine, CaptureJournal(out_dir / "capture"), SessionRegistry(allow_adhoc=False),
+                           max_tokens_cap=inference.max_tokens_cap)
+    port = gateway_port or _free_port(host)
+    config = GatewayConfig(workdir=out_dir / "gateway", endpoint=GatewayEndpoint(host, port), **pools)
+    gateway_token, server_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    node, app = build_gateway(service, config, gateway_token)
+    link: ServerLink | None = None
+    heartbeats: asyncio.Task[None] | None = None
+    try:
+        async with (serving(app, host, port) as gateway_url,
+                    rollout_server(out_dir / "server.sqlite", host, server_port or _free_port(host), server_token,
+                                   heartbeat) as server_url):
+            write_server_info(out_dir, server_url, server_token)
+            link = ServerLink(server_url, gateway_url, config.run_slots, server_token=server_token,
+                              gateway_token=gateway_token, health=node.health, interval=heartbeat)
+            heartbeats = asyncio.create_task(link.run())
+            await asyncio.wait_for(link.registered.wait(), 60.0)
+            yield server_url, server_token
+    finally:
+        if heartbeats is not None:
+            heartbeats.cancel()
+            await asyncio.gather(heartbeats, return_exceptions=True)
+        if link is not None:
+            await link.drain_and_close()
+        await node.stop("fleet stopped")
+        service.journal.close()
+        await engine.aclose()
 
 
 def write_server_info(out_dir: Path, url: str, admin_token: str) -> Path:

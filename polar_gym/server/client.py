@@ -1,20 +1,30 @@
-"""Trainer-side helpers: submit tasks to the rollout server and wait for them, and a tiny callback receiver that
-drops repeated deliveries by idempotency key (the server delivers at least once, so repeats are expected)."""
+"""Trainer-side helpers for any trainer: submit tasks to the rollout server, iterate session results (and their
+token-faithful traces) as they finish, or receive them by callback with a tiny receiver that drops repeated
+deliveries by idempotency key (the server delivers at least once, so repeats are expected).
+
+    async with RolloutClient(url, token) as client:
+        await client.submit_all(tasks)
+        async for result in client.results([t.task_id for t in tasks]):
+            for trace in traces_of(result):
+                train_on(trace.prompt_ids, trace.response_ids, trace.loss_mask, trace.response_logprobs, trace.reward)
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from polar_gym.schema import TaskRequest
+from polar_gym.schema import SessionResult, SessionStatus, TaskRequest, Trace
 
-__all__ = ["CallbackReceiver", "RolloutClient"]
+__all__ = ["CallbackReceiver", "RolloutClient", "traces_of"]
 
 _DONE = {"COMPLETED", "ERROR", "CANCELLED", "TIMEOUT"}
 
@@ -57,6 +67,28 @@ class RolloutClient:
         resp.raise_for_status()
         return list(resp.json()["gateways"])
 
+    async def submit_all(self, tasks: Iterable[TaskRequest]) -> list[dict[str, Any]]:
+        return [await self.submit(task) for task in tasks]
+
+    async def results(self, task_ids: Iterable[str], *, timeout: float = 3600.0,
+                      poll: float = 0.5) -> AsyncIterator[SessionResult]:
+        """Every session's SessionResult as it finishes (each once), across ``task_ids``, until all ended."""
+        pending, seen = list(dict.fromkeys(task_ids)), set()
+        deadline = time.monotonic() + timeout
+        while pending:
+            for task_id in list(pending):
+                view = await self.status(task_id)
+                for data in view["results"]:
+                    if data["session_id"] not in seen:
+                        seen.add(data["session_id"])
+                        yield SessionResult.model_validate(data)
+                if view["status"] in _DONE:
+                    pending.remove(task_id)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"tasks {pending} not finished after {timeout} s")
+                await asyncio.sleep(poll)
+
     async def wait(self, task_id: str, timeout: float = 3600.0, poll: float = 0.5) -> dict[str, Any]:
         """Poll until every session of the task ended; TimeoutError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
@@ -69,6 +101,14 @@ class RolloutClient:
             await asyncio.sleep(poll)
 
 
+def traces_of(result: SessionResult, *, completed_only: bool = True) -> list[Trace]:
+    """The traces a trainer should learn from: those of a COMPLETED session (others are partial; a trainer that
+    wants them masked uses the Slime or NeMo exports, which keep them with a zero loss mask)."""
+    if result.trajectory is None or (completed_only and result.status is not SessionStatus.COMPLETED):
+        return []
+    return list(result.trajectory.traces)
+
+
 class CallbackReceiver:
     """A FastAPI app receiving task callbacks: each idempotency key is handed to ``on_task`` once; repeats are
     acknowledged (200) and dropped. ``received`` keeps the first body per key; ``deliveries`` counts every POST."""
@@ -78,6 +118,7 @@ class CallbackReceiver:
         self.received: dict[str, dict[str, Any]] = {}
         self.deliveries = 0
         self.arrived = asyncio.Event()
+        self._changed = asyncio.Condition()
         self.app = FastAPI(title="polar_gym callback receiver")
         self.app.post("/callback")(self._receive)
 
@@ -95,4 +136,26 @@ class CallbackReceiver:
                 await out
         self.received[key] = body  # recorded only once handled: a failing handler gets the retry
         self.arrived.set()
+        async with self._changed:
+            self._changed.notify_all()
         return JSONResponse({"duplicate": False, "key": key})
+
+    async def wait_for(self, task_id: str, timeout: float = 3600.0) -> dict[str, Any]:
+        """The callback body of ``task_id`` (a task view with every SessionResult) once it arrived."""
+        key = f"polar-task-{task_id}"
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: key in self.received), timeout)
+        return self.received[key]
+
+    @contextlib.asynccontextmanager
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> AsyncIterator[str]:
+        """Serve the receiver on ``host:port`` in this event loop while the block runs; yields the callback_url
+        to put in TaskRequests (``advertise`` is the host the rollout server uses to reach this process)."""
+        from polar_gym.launch.local import serving
+
+        if not port:
+            with socket.socket() as sock:
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+        async with serving(self.app, host, port):
+            yield f"http://{advertise or host}:{port}/callback"
