@@ -6,6 +6,7 @@ ServerError to a status. Everything but /metrics, /health and the OpenAPI docs n
     POST /tasks/{id}/cancel        cancel every session of a task
     GET  /tasks/{id}/events        server-sent events of status changes
     GET  /sessions/{id}/result     the SessionResult (202 while running; ``?wait=S`` long-polls)
+    GET  /sessions/{id}/nemo       the same session as NeMo Gym token items per chain (polar_gym.env.nemo)
     POST /sessions/{id}/cancel
     POST /gateways/register, GET /gateways, POST /gateways/{id}/heartbeat, POST /gateways/{id}/drain
     GET/POST/DELETE /backends, POST /backends/pause, /backends/resume   forwarded to every gateway's proxy
@@ -25,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
+from polar_gym.env.nemo import session_nemo_payload
 from polar_gym.schema import TaskRequest
 from polar_gym.server.core import RolloutServer, ServerError
 from polar_gym.server.fleet import GatewayRegistration
@@ -118,6 +120,14 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
                                  "gateway_id": row.gateway_id, "attempts": row.attempts, "reason": row.reason},
                                 status_code=202)
         return Response(row.result.model_dump_json(), media_type="application/json")
+
+    @app.get("/sessions/{session_id}/nemo", dependencies=auth)
+    async def nemo(session_id: str, wait: float = 0.0) -> Response:
+        row = await server.result(session_id, wait)
+        if row.result is None:
+            return JSONResponse({"session_id": session_id, "status": row.status.value, "reason": row.reason},
+                                status_code=202)
+        return JSONResponse(session_nemo_payload(row.result))
 
     @app.post("/sessions/{session_id}/cancel", dependencies=auth)
     async def cancel_session(session_id: str) -> dict[str, Any]:

@@ -1,0 +1,76 @@
+"""``python -m polar_gym.env``: the Polar side of the NeMo Gym plugin (the Gym side lives in this folder's
+``responses_api_agents/`` and ``resources_servers/``, see README.md here).
+
+    serve     a rollout server + one local gateway until SIGINT / SIGTERM (the agent starts it when no
+              polar_server_url is configured); writes {"url", "admin_token", "pid"} to --info-file
+    request   rows' ``polar_task`` objects (JSON lines on stdin) to TaskRequest JSON lines on stdout; a row that
+              cannot be one gives {"error": "..."} on its line
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+__all__ = ["main"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from polar_gym.env.serve import serve
+    from polar_gym.launch.config import InferenceSettings
+
+    inference = InferenceSettings(engine=args.engine, upstreams=args.upstream, tokenizer=args.tokenizer,
+                                  upstream_model=args.upstream_model)
+    out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="polar_gym_env_serve_"))
+    asyncio.run(serve(out_dir, inference, info_file=Path(args.info_file) if args.info_file else None,
+                      host=args.host, server_port=args.port, run_slots=args.run_slots, parent_pid=args.parent_pid))
+    return 0
+
+
+def _request(args: argparse.Namespace) -> int:
+    from polar_gym.env.tasks import EnvTemplate, task_request
+
+    template = EnvTemplate.model_validate(json.loads(args.template)) if args.template else EnvTemplate()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            out = task_request(json.loads(line), template).model_dump_json()
+        except (ValueError, ValidationError) as exc:
+            out = json.dumps({"error": str(exc)})
+        sys.stdout.write(out + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m polar_gym.env", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="a rollout server + one local gateway, until SIGINT / SIGTERM")
+    serve.add_argument("--out-dir", help="store, captures and sandboxes (default: a new temporary directory)")
+    serve.add_argument("--info-file", help="write {url, admin_token, pid} here once the gateway is registered")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=0, help="rollout server port (0: a free one)")
+    serve.add_argument("--engine", default="oracle", help="proxy engine: oracle, vllm, sglang, openai, ...")
+    serve.add_argument("--upstream", action="append", default=[], help="inference server URL (repeatable)")
+    serve.add_argument("--upstream-model", default=None)
+    serve.add_argument("--tokenizer", default=None)
+    serve.add_argument("--run-slots", type=int, default=4)
+    serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process is gone")
+    serve.set_defaults(func=_serve)
+    request = sub.add_parser("request", help="polar_task JSON lines (stdin) to TaskRequest JSON lines (stdout)")
+    request.add_argument("--template", default=None, help="JSON of polar_gym.env.tasks.EnvTemplate")
+    request.set_defaults(func=_request)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
