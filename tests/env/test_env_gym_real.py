@@ -1,0 +1,114 @@
+"""The plugin under the real NeMo Gym 0.7.0 (its own venv, Python 3.13): discovery, `gym env start` of the agent +
+resources server (+ the declared legacy relay), and `gym eval run --no-serve` collecting demo-task rollouts through
+a `polar_gym.env serve` child the agent starts (oracle engine, pi harness). Every process is stopped afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _env_kit import AGENT_DIR, ENV_DIR, gym_venv_or_skip, nemo_rl_contiguity
+from _procs import processes_with, take_ctrl_c  # tests/ is on sys.path (tests/conftest.py)
+
+pytestmark = pytest.mark.slow
+
+AGENT_CONFIG = "responses_api_agents/polar_gym_agent/configs/polar_gym_agent.yaml"
+RESOURCES_CONFIG = "resources_servers/polar_gym_resources/configs/polar_gym_resources.yaml"
+SERVERS = ["responses_api_agents/polar_gym_agent", "resources_servers/polar_gym_resources",
+           "environment_servers/legacy_agent"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_gym_lists_the_agent(tmp_path: Path) -> None:
+    gym = gym_venv_or_skip() / "bin" / "gym"
+    out = subprocess.run([str(gym), "--json", "list", "agents", "--search-dir", str(ENV_DIR)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    agents = {a["name"]: a for a in json.loads(out[out.index("["):])}
+    assert "polar_gym_agent" in agents and agents["polar_gym_agent"]["description"]
+    assert not agents["polar_gym_agent"]["self_contained"]
+
+
+@pytest.fixture
+def gym_env(tmp_path: Path) -> Iterator[dict]:
+    """`gym env start` of the plugin in tmp_path (venvs are symlinks to the prebuilt one, a pinned head port);
+    yields what `gym eval run` needs; stops everything with SIGINT and checks nothing is left (by a marker)."""
+    venv = gym_venv_or_skip()
+    for server in SERVERS:
+        (tmp_path / "venvs" / server).mkdir(parents=True)
+        (tmp_path / "venvs" / server / ".venv").symlink_to(venv)
+    marker = f"polar-gym-env-test-{uuid.uuid4().hex}"
+    env = {**os.environ, "POLAR_PYTHON": sys.executable, "POLAR_ENV_TEST_MARKER": marker}
+    env.pop("VIRTUAL_ENV", None)
+    port = _free_port()
+    argv = [str(venv / "bin" / "gym"), "env", "start", "--search-dir", str(ENV_DIR), "--config", AGENT_CONFIG,
+            "--config", RESOURCES_CONFIG, "+skip_venv_if_present=true", f"+uv_venv_dir={tmp_path / 'venvs'}",
+            f"+head_server.port={port}"]
+    log = tmp_path / "env_start.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=take_ctrl_c)
+    try:
+        deadline = time.monotonic() + 120
+        while "servers ready!" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"gym env start did not come up:\n{log.read_text(errors='replace')[-4000:]}")
+            time.sleep(0.5)
+        yield {"gym": venv / "bin" / "gym", "env": env, "port": port, "cwd": tmp_path, "log": log}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        leftovers: list[str] = []
+        for _ in range(100):  # Ray's and the servers' last processes may take a moment to exit
+            leftovers = processes_with(marker)
+            if not leftovers:
+                break
+            time.sleep(0.2)
+        for line in leftovers:
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        for ray_dir in Path("/tmp/ray").glob(f"session_*_{proc.pid}"):  # this run's Ray session files
+            shutil.rmtree(ray_dir, ignore_errors=True)
+        assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def test_eval_run_collects_demo_rollouts_through_polar(gym_env: dict) -> None:
+    cwd: Path = gym_env["cwd"]
+    rows = (AGENT_DIR / "data" / "example.jsonl").read_text().splitlines()[:2]
+    (cwd / "in.jsonl").write_text("\n".join(rows) + "\n")
+    argv = [str(gym_env["gym"]), "eval", "run", "--no-serve", "--agent", "polar_gym_agent", "--input",
+            str(cwd / "in.jsonl"), "--output", str(cwd / "out" / "rollouts.jsonl"),
+            f"+head_server.port={gym_env['port']}"]
+    done = subprocess.run(argv, cwd=cwd, env=gym_env["env"], capture_output=True, text=True, timeout=180,
+                          preexec_fn=take_ctrl_c)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [json.loads(t) for t in (cwd / "out" / "rollouts.jsonl").read_text().splitlines() if t.strip()]
+    assert sorted(line["polar_task"]["demo"] for line in lines) == sorted(json.loads(r)["polar_task"]["demo"]
+                                                                          for r in rows)
+    for line in lines:
+        assert line["reward"] == 1.0 and not line["mask_sample"], line.get("failure_reason")
+        assert line["polar"]["status"] == "COMPLETED" and line["polar"]["extra_chains"] == 0
+        output = line["response"]["output"]
+        trained = [item for item in output if item["type"] == "message"]
+        assert trained, "no training items"
+        for item in trained:
+            assert item["prompt_token_ids"] and item["generation_token_ids"]
+            assert len(item["generation_log_probs"]) == len(item["generation_token_ids"])
+        nemo_rl_contiguity(output)
+    assert "DEPRECATED" not in gym_env["log"].read_text(errors="replace")  # the relay is declared, not generated
