@@ -83,9 +83,17 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
     def _python(self) -> str | None:
         return self.config.polar_python or os.environ.get("POLAR_PYTHON")
 
+    def _policy_urls(self) -> list[str]:
+        value = self.config.policy_base_url or self.server_client.global_config_dict.get("policy_base_url")
+        urls = backend_urls(value)
+        if not urls:
+            raise PolarError("register_policy_backend is set but no policy_base_url is known")
+        return urls
+
     async def _client(self) -> PolarClient:
         """The Polar server (configured, or a `serve` child started now) with the policy backend registered."""
         async with self._lock:
+            register = self.config.register_policy_backend
             if self._polar is None:
                 url = self.config.polar_server_url or os.environ.get("POLAR_SERVER_URL")
                 token = self.config.polar_admin_token or os.environ.get("POLAR_ADMIN_TOKEN") or ""
@@ -94,16 +102,16 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
                     if not python:
                         raise PolarError("no Polar server: set polar_server_url (or $POLAR_SERVER_URL), or "
                                          "polar_python (or $POLAR_PYTHON) so the agent can start one")
-                    self._serve = ServeProcess(python, self.config.serve_args, self.config.serve_dir)
+                    args = list(self.config.serve_args)
+                    if register:  # an engine like vllm needs its upstream from the start
+                        args += [a for u in self._policy_urls() for a in ("--upstream", u)]
+                    self._serve = ServeProcess(python, args, self.config.serve_dir)
                     atexit.register(self._serve.stop)
                     url, token = await asyncio.to_thread(self._serve.start, self.config.serve_start_timeout_seconds)
+                    self._backends_registered = register
                 self._polar = PolarClient(url, token)
-            if self.config.register_policy_backend and not self._backends_registered:
-                value = self.config.policy_base_url or self.server_client.global_config_dict.get("policy_base_url")
-                urls = backend_urls(value)
-                if not urls:
-                    raise PolarError("register_policy_backend is set but no policy_base_url is known")
-                await self._polar.register_backends(urls)
+            if register and not self._backends_registered:
+                await self._polar.register_backends(self._policy_urls())
                 self._backends_registered = True
             return self._polar
 
