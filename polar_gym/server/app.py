@@ -6,7 +6,7 @@ ServerError to a status. Everything but /metrics, /health and the OpenAPI docs n
     POST /tasks/{id}/cancel        cancel every session of a task
     GET  /tasks/{id}/events        server-sent events of status changes
     GET  /sessions/{id}/result     the SessionResult (202 while running; ``?wait=S`` long-polls)
-    GET  /sessions/{id}/nemo       the same session as NeMo Gym token items per chain (polar_gym.env.nemo)
+    GET  /sessions/{id}/nemo       the same session as NeMo Gym token items per chain (polar_gym.merge.nemo_payload)
     POST /sessions/{id}/cancel
     POST /gateways/register, GET /gateways, POST /gateways/{id}/heartbeat, POST /gateways/{id}/drain
     GET/POST/DELETE /backends, POST /backends/pause, /backends/resume   forwarded to every gateway's proxy
@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from polar_gym.env.nemo import session_nemo_payload
+from polar_gym.merge.nemo_payload import session_nemo_payload
 from polar_gym.schema import TaskRequest
 from polar_gym.server.core import RolloutServer, ServerError
 from polar_gym.server.fleet import GatewayRegistration
