@@ -34,6 +34,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def test_the_agents_own_gym_layout_tests_pass_in_gyms_interpreter() -> None:
+    venv = gym_venv_or_skip()
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "unittest", "discover", "-s", "tests", "-t", ".", "-v"],
+                          cwd=AGENT_DIR, env={**os.environ, "PYTHONPATH": str(AGENT_DIR)}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Ran 4 tests" in proc.stderr and "OK" in proc.stderr
+
+
 def test_gym_lists_the_agent(tmp_path: Path) -> None:
     gym = gym_venv_or_skip() / "bin" / "gym"
     out = subprocess.run([str(gym), "--json", "list", "agents", "--search-dir", str(ENV_DIR)], cwd=tmp_path,
