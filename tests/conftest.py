@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "merge"))  # _sessions: readable sessions and builder invariants
 
 from _serving import RunningProxy, oracle_service, serve
+from _vllm import vllm_server  # noqa: F401  (one real vLLM per session, for every folder that asks)
 
 
 @pytest.fixture

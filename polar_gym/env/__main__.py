@@ -26,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     from polar_gym.launch.config import InferenceSettings
 
     inference = InferenceSettings(engine=args.engine, upstreams=args.upstream, tokenizer=args.tokenizer,
-                                  upstream_model=args.upstream_model)
+                                  upstream_model=args.upstream_model, max_tokens_cap=args.max_tokens_cap)
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="polar_gym_env_serve_"))
     asyncio.run(serve(out_dir, inference, info_file=Path(args.info_file) if args.info_file else None,
                       host=args.host, server_port=args.port, run_slots=args.run_slots, parent_pid=args.parent_pid))
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--upstream", action="append", default=[], help="inference server URL (repeatable)")
     serve.add_argument("--upstream-model", default=None)
     serve.add_argument("--tokenizer", default=None)
+    serve.add_argument("--max-tokens-cap", type=int, default=None, help="clamp every call's max_tokens to this")
     serve.add_argument("--run-slots", type=int, default=4)
     serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process is gone")
     serve.set_defaults(func=_serve)

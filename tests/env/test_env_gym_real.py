@@ -4,6 +4,7 @@ a `polar_gym.env serve` child the agent starts (oracle engine, pi harness). Ever
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,6 +20,10 @@ from pathlib import Path
 import pytest
 from _env_kit import AGENT_DIR, ENV_DIR, gym_venv_or_skip, nemo_rl_contiguity
 from _procs import processes_with, take_ctrl_c  # tests/ is on sys.path (tests/conftest.py)
+from _vllm import VLLMServer
+
+from polar_gym.merge.cli import find_journals
+from polar_gym.proxy.capture import read_session
 
 pytestmark = pytest.mark.slow
 
@@ -52,10 +57,11 @@ def test_gym_lists_the_agent(tmp_path: Path) -> None:
     assert not agents["polar_gym_agent"]["self_contained"]
 
 
-@pytest.fixture
-def gym_env(tmp_path: Path) -> Iterator[dict]:
-    """`gym env start` of the plugin in tmp_path (venvs are symlinks to the prebuilt one, a pinned head port);
-    yields what `gym eval run` needs; stops everything with SIGINT and checks nothing is left (by a marker)."""
+@contextlib.contextmanager
+def gym_started(tmp_path: Path, *overrides: str) -> Iterator[dict]:
+    """`gym env start` of the plugin in tmp_path (venvs are symlinks to the prebuilt one, a pinned head port, any
+    extra Hydra ``overrides``); yields what `gym eval run` needs; stops everything with SIGINT and checks nothing is
+    left (by a marker)."""
     venv = gym_venv_or_skip()
     for server in SERVERS:
         (tmp_path / "venvs" / server).mkdir(parents=True)
@@ -66,7 +72,7 @@ def gym_env(tmp_path: Path) -> Iterator[dict]:
     port = _free_port()
     argv = [str(venv / "bin" / "gym"), "env", "start", "--search-dir", str(ENV_DIR), "--config", AGENT_CONFIG,
             "--config", RESOURCES_CONFIG, "+skip_venv_if_present=true", f"+uv_venv_dir={tmp_path / 'venvs'}",
-            f"+head_server.port={port}"]
+            f"+head_server.port={port}", *overrides]
     log = tmp_path / "env_start.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -97,17 +103,28 @@ def gym_env(tmp_path: Path) -> Iterator[dict]:
         assert not leftovers, f"processes left behind: {leftovers}"
 
 
-def test_eval_run_collects_demo_rollouts_through_polar(gym_env: dict) -> None:
+
+@pytest.fixture
+def gym_env(tmp_path: Path) -> Iterator[dict]:
+    with gym_started(tmp_path) as started:
+        yield started
+
+
+def _eval_run(gym_env: dict, rows: list[str]) -> list[dict]:
     cwd: Path = gym_env["cwd"]
-    rows = (AGENT_DIR / "data" / "example.jsonl").read_text().splitlines()[:2]
     (cwd / "in.jsonl").write_text("\n".join(rows) + "\n")
     argv = [str(gym_env["gym"]), "eval", "run", "--no-serve", "--agent", "polar_gym_agent", "--input",
             str(cwd / "in.jsonl"), "--output", str(cwd / "out" / "rollouts.jsonl"),
             f"+head_server.port={gym_env['port']}"]
-    done = subprocess.run(argv, cwd=cwd, env=gym_env["env"], capture_output=True, text=True, timeout=180,
+    done = subprocess.run(argv, cwd=cwd, env=gym_env["env"], capture_output=True, text=True, timeout=600,
                           preexec_fn=take_ctrl_c)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = [json.loads(t) for t in (cwd / "out" / "rollouts.jsonl").read_text().splitlines() if t.strip()]
+    return [json.loads(t) for t in (cwd / "out" / "rollouts.jsonl").read_text().splitlines() if t.strip()]
+
+
+def test_eval_run_collects_demo_rollouts_through_polar(gym_env: dict) -> None:
+    rows = (AGENT_DIR / "data" / "example.jsonl").read_text().splitlines()[:2]
+    lines = _eval_run(gym_env, rows)
     assert sorted(line["polar_task"]["demo"] for line in lines) == sorted(json.loads(r)["polar_task"]["demo"]
                                                                           for r in rows)
     for line in lines:
@@ -121,3 +138,25 @@ def test_eval_run_collects_demo_rollouts_through_polar(gym_env: dict) -> None:
             assert len(item["generation_log_probs"]) == len(item["generation_token_ids"])
         nemo_rl_contiguity(output)
     assert "DEPRECATED" not in gym_env["log"].read_text(errors="replace")  # the relay is declared, not generated
+
+
+def test_the_policy_server_becomes_the_gateways_upstream(tmp_path: Path, vllm_server: VLLMServer) -> None:
+    """NeMo RL's policy is a vLLM HTTP server named by Gym's global ``policy_base_url``: with
+    register_policy_backend the agent hands it to the Polar fleet it starts, and the session's tokens are sampled
+    there (the real vLLM CPU server, tiny random Qwen3, in place of NeMo RL's)."""
+    agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
+    serve_dir = tmp_path / "serve"
+    overrides = [f"++policy_base_url={vllm_server.url}/v1", f"{agent}.register_policy_backend=true",
+                 f"{agent}.serve_dir={serve_dir}", f"{agent}.session_timeout_seconds=600",
+                 f"{agent}.serve_args=[--engine,vllm,--upstream-model,{vllm_server.model},--max-tokens-cap,24]"]
+    with gym_started(tmp_path, *overrides) as started:
+        row = json.dumps({"responses_create_params": {"input": "fix calc.py"}, "polar_task": {"demo": "demo-calc-add"}})
+        (line,) = _eval_run(started, [row])
+    # a random tiny model does not fix the bug: the session completes, the evaluator scores it 0 through verify
+    assert line["polar"]["status"] == "COMPLETED" and line["reward"] == 0.0 and not line["mask_sample"], line["polar"]
+    calls = [r for journal in find_journals([serve_dir]) for r in read_session(journal)]
+    assert calls and {(c.engine, c.server) for c in calls} == {("vllm", vllm_server.url)}
+    trained = [item for item in line["response"]["output"] if item["type"] == "message"]
+    sampled = sorted((tuple(c.response_ids) for c in calls if not c.side_request), key=len)
+    assert trained and sorted((tuple(i["generation_token_ids"]) for i in trained), key=len) == sampled
+    nemo_rl_contiguity(line["response"]["output"])

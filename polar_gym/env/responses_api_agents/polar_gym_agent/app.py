@@ -28,7 +28,7 @@ from nemo_gym.openai_utils import (
 from nemo_gym.server_utils import get_response_json, raise_for_status
 from polar_client import PolarClient, PolarError, ServeProcess, to_task_requests
 from polar_convert import backend_urls, rollout_parts, task_id_for
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 ITEM_CLASSES = {"message": NeMoGymResponseOutputMessageForTraining, "function_call": NeMoGymResponseFunctionToolCall,
                 "function_call_output": NeMoGymResponseFunctionCallOutput}
@@ -56,6 +56,12 @@ class PolarGymAgentConfig(BaseResponsesAPIAgentConfig):
     register_policy_backend: bool = False
     #: the policy server(s); null: the global `policy_base_url` (what NeMo RL sets to its vLLM HTTP servers)
     policy_base_url: str | list[str] | None = None
+
+    @field_validator("serve_args", mode="before")
+    @classmethod
+    def _words(cls, value: Any) -> Any:
+        """Hydra turns `[--max-tokens-cap, 24]` into a number: command-line words are strings either way."""
+        return [str(v) for v in value] if isinstance(value, list | tuple) else value
 
 
 class PolarGymRunRequest(BaseRunRequest):

