@@ -87,6 +87,9 @@ class Store:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a commit survives a crash of the server process (what a restart needs); only a power loss
+        # can lose the last commits. FULL fsynced every submit and result.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
 
     def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
