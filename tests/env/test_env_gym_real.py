@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from _vllm import VLLMServer
 
 from polar_gym.merge.cli import find_journals
 from polar_gym.proxy.capture import read_session
+from polar_gym.tasks import DEMO_TASKS
 
 pytestmark = pytest.mark.slow
 
@@ -160,3 +162,34 @@ def test_the_policy_server_becomes_the_gateways_upstream(tmp_path: Path, vllm_se
     sampled = sorted((tuple(c.response_ids) for c in calls if not c.side_request), key=len)
     assert trained and sorted((tuple(i["generation_token_ids"]) for i in trained), key=len) == sampled
     nemo_rl_contiguity(line["response"]["output"])
+
+
+def test_a_configured_remote_rollout_server_runs_the_sessions(tmp_path: Path) -> None:
+    """polar_server_url set: the agent starts nothing and submits to that server (here a `polar_gym.env serve`
+    this test started, standing in for a cluster's rollout server)."""
+    info, fleet = tmp_path / "polar.json", tmp_path / "fleet"
+    serve = subprocess.Popen([sys.executable, "-m", "polar_gym.env", "serve", "--out-dir", str(fleet), "--info-file",
+                              str(info)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=take_ctrl_c)
+    try:
+        deadline = time.monotonic() + 120
+        while not info.exists():
+            assert serve.poll() is None and time.monotonic() < deadline, "polar_gym.env serve did not come up"
+            time.sleep(0.2)
+        polar = json.loads(info.read_text())
+        agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
+        with gym_started(tmp_path / "gym", f"{agent}.polar_server_url={polar['url']}",
+                         f"{agent}.polar_admin_token={polar['admin_token']}") as started:
+            row = json.dumps({"responses_create_params": {"input": "fix it"},
+                              "polar_task": {"task_request": DEMO_TASKS["demo-slugify"].to_request(
+                                  harness="pi", model_name="policy").model_dump(mode="json")}})
+            (line,) = _eval_run(started, [row])
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(60)
+    assert line["reward"] == 1.0 and line["polar"]["status"] == "COMPLETED"
+    with contextlib.closing(sqlite3.connect(fleet / "server.sqlite")) as db:
+        (status,) = db.execute("SELECT status FROM sessions WHERE session_id = ?", (line["polar"]["session_id"],))\
+            .fetchone()
+    assert status == "COMPLETED"  # it ran on the configured server, not on a fleet the agent started
+    assert not list((tmp_path / "gym").glob("**/serve.json"))
+    assert not info.exists()  # serve removes its info file when it stops
