@@ -5,9 +5,9 @@ sessions posted straight to those gateways, and restart recovery with 10,000 sto
         [--concurrency 32] [--delay 0] [--stored 10000] [--inflight 1000] [--out benchmarks/results]
 
 Fake gateways: bare ASGI apps, one uvicorn process each on loopback, with exactly the routes the server uses
-(POST /sessions 201 or 409, GET /sessions/{id}/result?wait=S 200 or 202, POST /sessions/{id}/cancel,
-GET /gateway/health); a session finishes COMPLETED ``--delay`` seconds after it arrived. The HTTP cost is real; the
-sandbox cost is zero, so what is left is the server's own cost.
+(POST /sessions 201 or 409, POST /sessions/poll, POST /sessions/{id}/cancel, GET /gateway/health; and
+GET /sessions/{id}/result?wait=S 200 or 202 for the baseline); a session finishes COMPLETED ``--delay`` seconds
+after it arrived. The HTTP cost is real; the sandbox cost is zero, so what is left is the server's own cost.
 
 - ``server``: the real rollout server as a process (``python -m polar_gym.server``, SQLite store in a temp dir),
   the gateways registered through its API; ``--concurrency`` trainer workers submit the tasks (``--samples``
@@ -78,9 +78,26 @@ def gateway_app(delay: float) -> Callable[..., Awaitable[None]]:
                              "status": status.get(session_id, "COMPLETED"), "reason": None,
                              "evaluation": {"reward": 1.0, "passed": True}, "timings": {"run": delay}})
 
+    finished = [asyncio.Event()]  # replaced on every finish: what a batch poll waits on
+
     def finish(session_id: str) -> None:
         status.setdefault(session_id, "COMPLETED")
         done[session_id].set()
+        finished[0].set()
+        finished[0] = asyncio.Event()
+
+    async def poll(ids: list[str], wait: float) -> bytes:
+        deadline = time.monotonic() + min(wait, 600.0)
+        while True:
+            ready = [i for i in ids if i not in done or done[i].is_set()]
+            remaining = deadline - time.monotonic()
+            if ready or remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished[0].wait(), remaining)
+        results = b",".join(result(i) for i in ready)
+        statuses = {i: "RUNNING" for i in ids if i not in ready}
+        return b'{"results":[' + results + b'],"statuses":' + orjson.dumps(statuses) + b',"unknown":[]}'
 
     async def app(scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
                   send: Callable[..., Awaitable[None]]) -> None:
@@ -106,6 +123,9 @@ def gateway_app(delay: float) -> Callable[..., Awaitable[None]]:
                 else:
                     finish(sid)
                 code, out = 201, orjson.dumps({"session_id": sid, "status": "INITIALIZING"})
+        elif method == "POST" and path == "/sessions/poll":
+            request = orjson.loads(body)
+            code, out = 200, await poll(request["session_ids"], float(request.get("wait", 0.0)))
         elif method == "GET" and len(parts) == 3 and parts[0] == "sessions" and parts[2] == "result":
             sid = parts[1]
             event = done.get(sid)

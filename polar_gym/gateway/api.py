@@ -5,6 +5,7 @@ trainers talk to one server. Routes are thin: parse, call the node, map its erro
     GET  /sessions/{id}            status, stage, timings, history (admin or the session's key)
     GET  /sessions/{id}/result     the SessionResult (202 while not finished; ``?wait=S`` long-polls)
     POST /sessions/{id}/cancel     (admin)
+    POST /sessions/poll            many sessions in one long poll: finished results, statuses, unknown ids (admin)
     GET  /gateway/health           stage metrics: counts per stage, queue depths, slots busy, latencies
     GET  /metrics                  the same, with tokens captured and errors, in Prometheus text format
     POST /gateway/drain            stop accepting, finish in-flight sessions (admin; ``?wait=true`` blocks)
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import DuplicateSession, GatewayClosed, UnknownSession
@@ -35,6 +38,15 @@ __all__ = ["build_gateway", "create_gateway_app", "gateway_router", "metrics_rou
 
 def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
+
+
+class SessionPoll(BaseModel):
+    """POST /sessions/poll: the sessions to watch and how long to wait for one of them to finish."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_ids: list[str] = Field(max_length=100_000)
+    wait: float = Field(default=0.0, ge=0.0, le=600.0)
 
 
 def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
@@ -62,6 +74,16 @@ def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
         except GatewayClosed as exc:
             return _error(503, "gateway_closed", str(exc))
         return JSONResponse(session.describe(), status_code=201)
+
+    @router.post("/sessions/poll")
+    async def poll(request: Request, body: SessionPoll) -> Response:
+        """Many sessions in one long poll (the rollout server's watch): finished results, other statuses, unknown
+        ids; answers as soon as one of them finished, else after ``wait`` seconds."""
+        require_admin(request)
+        results, statuses, unknown = await node.wait_any(body.session_ids, body.wait)
+        payload = b'{"results":[' + b",".join(r.model_dump_json().encode() for r in results) + b"],"
+        payload += f'"statuses":{json.dumps(statuses)},"unknown":{json.dumps(unknown)}}}'.encode()
+        return Response(payload, media_type="application/json")
 
     @router.get("/sessions/{session_id}")
     async def status(request: Request, session_id: str) -> Response:

@@ -57,6 +57,8 @@ class GatewayNode:
         self.accepting = True
         self.draining = False
         self._sessions: dict[str, Session] = {}
+        #: set (and replaced) whenever a session finishes: what a batch poll waits on
+        self._any_finished = asyncio.Event()
         self._finished_order: collections.deque[str] = collections.deque()
         self._client: httpx.AsyncClient | None = None
 
@@ -88,6 +90,27 @@ class GatewayNode:
 
     def sessions(self) -> list[Session]:
         return list(self._sessions.values())
+
+    async def wait_any(self, session_ids: list[str], wait: float) -> tuple[list[SessionResult], dict[str, str],
+                                                                          list[str]]:
+        """One long poll for many sessions (the rollout server's watch): returns as soon as one of them has a
+        result, or after ``wait`` seconds: the finished results, the others' statuses and the ids not known here.
+        Why batched: one request per gateway instead of one open long-poll per session."""
+        deadline = time.monotonic() + min(max(wait, 0.0), 600.0)
+        while True:
+            known = [s for s in (self._sessions.get(i) for i in session_ids) if s is not None]
+            results = [s.result for s in known if s.result is not None]
+            remaining = deadline - time.monotonic()
+            if results or remaining <= 0 or not known:
+                break
+            finished = self._any_finished
+            try:
+                await asyncio.wait_for(finished.wait(), remaining)
+            except TimeoutError:
+                break
+        statuses = {s.session_id: s.status.value for s in known if s.result is None}
+        unknown = [i for i in session_ids if i not in self._sessions]
+        return results, statuses, unknown
 
     async def wait(self, session_id: str, timeout: float | None = None) -> SessionResult:
         session = self.get(session_id)
@@ -310,6 +333,8 @@ class GatewayNode:
             log.exception("stages.finished failed for session %s", s.session_id)
         s.result = result
         s.done.set()
+        self._any_finished.set()
+        self._any_finished = asyncio.Event()
         self.finished_counts[s.status.value] += 1
         self._finished_order.append(s.session_id)
         while len(self._finished_order) > self.config.max_finished:

@@ -44,7 +44,7 @@ def task_state(rows: list[SessionRow], cancelled: bool) -> SessionStatus:
 
 class RolloutServer:
     def __init__(self, store: Store, *, heartbeat_interval: float = 2.0, dead_after: float = 10.0,
-                 max_attempts: int = 3, result_wait: float = 10.0, callback_attempts: int = 8,
+                 max_attempts: int = 3, result_wait: float = 2.0, callback_attempts: int = 8,
                  callback_backoff: float = 0.5, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.store = store
         self.fleet = Fleet()
@@ -77,18 +77,17 @@ class RolloutServer:
                                        limits=httpx.Limits(max_connections=2048, max_keepalive_connections=512))
         for row in await self.store.gateways():
             self.fleet.restore(row)  # heartbeat clock restarts now: each gets dead_after to answer
-        watch: list[tuple[str, GatewayState]] = []
         for row in await self.store.in_flight():
             gw = self.fleet.gateways.get(row.gateway_id or "")
             if gw is None or gw.row.state == DEAD:
                 await self._lost(row, "its gateway is gone after a server restart")
             else:
                 gw.sessions.add(row.session_id)
-                watch.append((row.session_id, gw))
         for task_id in await self.store.pending_callbacks():
             self._spawn(self._deliver(task_id))
-        for session_id, gw in watch:  # spawned last: a thousand first polls at once would hold up the awaits above
-            self._spawn(self._watch(session_id, gw))
+        for gw in self.fleet.live():
+            if gw.sessions:
+                self._ensure_watcher(gw)
         self._spawn(self._dispatch_loop())
         self._spawn(self._monitor_loop())
 
@@ -354,45 +353,67 @@ class RolloutServer:
         self.dispatch_latency[1] += max(0.0, time.time() - row.created)
         await self._notify(row.task_id, {"event": "dispatched", "session_id": row.session_id,
                                          "gateway_id": gw.gateway_id, "attempt": attempt})
-        self._spawn(self._watch(row.session_id, gw))
+        self._ensure_watcher(gw)
 
-    async def _watch(self, session_id: str, gw: GatewayState) -> None:
-        """Long-poll the gateway for the result; stop when the session left this gateway (declared dead)."""
-        last: str | None = None
-        while session_id in gw.sessions and gw.row.state != DEAD:
+    def _ensure_watcher(self, gw: GatewayState) -> None:
+        """One watcher per gateway (not one long poll per session: a thousand of those starved the event loop and
+        the HTTP pool after a restart); a new session wakes it."""
+        gw.added.set()
+        if gw.watcher is None or gw.watcher.done():
+            gw.watcher = asyncio.ensure_future(self._watch_gateway(gw))
+            self._tasks.add(gw.watcher)
+            gw.watcher.add_done_callback(self._tasks.discard)
+
+    async def _watch_gateway(self, gw: GatewayState) -> None:
+        """Batch long polls (POST /sessions/poll) for every session this server handed to ``gw``, until the
+        gateway is declared dead; sessions dispatched meanwhile join the next poll (a poll waits at most
+        ``result_wait`` seconds)."""
+        last: dict[str, str] = {}
+        while gw.row.state != DEAD:
+            gw.added.clear()
+            ids = list(gw.sessions)
+            if not ids:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gw.added.wait(), 60.0)
+                continue
             try:
                 assert self.polls is not None
-                resp = await self.polls.get(f"{gw.url}/sessions/{session_id}/result",
-                                             params={"wait": self.result_wait}, headers=gw.headers,
-                                             timeout=self.result_wait + 30.0)
-            except httpx.HTTPError:
+                resp = await self.polls.post(f"{gw.url}/sessions/poll", json={"session_ids": ids,
+                                                                              "wait": self.result_wait},
+                                             headers=gw.headers, timeout=self.result_wait + 30.0)
+                body = resp.json() if resp.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
                 self.errors["result_poll_failed"] += 1
                 await asyncio.sleep(min(1.0, self.heartbeat_interval))
                 continue
-            if session_id not in gw.sessions:
-                return
-            if resp.status_code == 200:
-                await self._finish(SessionResult.model_validate_json(resp.content), gw)
-                return
-            if resp.status_code == 202:
-                status = resp.json().get("status")
-                if status != last and status in S.__members__ and not S(status).terminal:
-                    last = status
-                    await self.store.set_status(session_id, S(status))
-                    row = await self.store.session(session_id)
-                    if row is not None:
-                        await self._notify(row.task_id, {"event": "status", "session_id": session_id,
-                                                         "status": status})
-                continue
-            self.errors[f"result_http_{resp.status_code}"] += 1
-            if resp.status_code >= 500:  # a gateway shutting down or overloaded: ask again, heartbeats decide
+            if body is None:  # a gateway shutting down or overloaded: ask again, heartbeats decide
+                self.errors[f"result_http_{resp.status_code}"] += 1
                 await asyncio.sleep(min(1.0, self.heartbeat_interval))
                 continue
-            gw.sessions.discard(session_id)
-            row = await self.store.session(session_id)
-            if row is not None and not row.status.terminal:
-                await self._lost(row, f"{gw.gateway_id} answered {resp.status_code} for the result")
-            return
+            for data in body.get("results", []):
+                result = SessionResult.model_validate(data)
+                last.pop(result.session_id, None)
+                if result.session_id in gw.sessions:
+                    await self._finish(result, gw)
+            for session_id, status in body.get("statuses", {}).items():
+                if session_id in gw.sessions and status != last.get(session_id) and status in S.__members__ \
+                        and not S(status).terminal:
+                    last[session_id] = status
+                    await self._status(session_id, S(status))
+            for session_id in body.get("unknown", []):
+                if session_id in gw.sessions:
+                    self.errors["result_http_404"] += 1
+                    gw.sessions.discard(session_id)
+                    last.pop(session_id, None)
+                    row = await self.store.session(session_id)
+                    if row is not None and not row.status.terminal:
+                        await self._lost(row, f"{gw.gateway_id} does not know the session any more")
+
+    async def _status(self, session_id: str, status: SessionStatus) -> None:
+        await self.store.set_status(session_id, status)
+        row = await self.store.session(session_id)
+        if row is not None:
+            await self._notify(row.task_id, {"event": "status", "session_id": session_id, "status": status.value})
 
     def _result(self, row: SessionRow, status: SessionStatus, reason: str) -> SessionResult:
         return SessionResult(session_id=row.session_id, task_id=row.task_id, status=status, reason=reason)

@@ -3,6 +3,7 @@ a gateway (least loaded among the healthy, accepting ones) is a pure decision th
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ class GatewayState:
     sessions: set[str] = field(default_factory=set)
     #: a dispatch could not connect: skipped until the next health answer
     suspect: bool = False
+    #: the batch watcher of this gateway's sessions (RolloutServer._watch_gateway) and its wake-up
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+    added: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
     def gateway_id(self) -> str:

@@ -116,3 +116,30 @@ def test_cli_arguments_become_the_config(tmp_path: object) -> None:
     assert config.endpoint is not None and (config.endpoint.host, config.endpoint.port) == ("127.0.0.1", 9123)
     assert (config.run_slots, config.init_workers, config.ready_buffer, config.postrun_workers) == (3, 5, 0, 2)
     assert isinstance(GatewayNode(SandboxStages(ProxyService.__new__(ProxyService), config), config), GatewayNode)
+
+
+async def test_one_poll_watches_many_sessions(make_gateway: MakeGateway) -> None:
+    """POST /sessions/poll (the rollout server's watch): it answers when the first of its sessions finished, with
+    that result, the others' statuses and the ids the gateway does not know; else after ``wait``."""
+    gw = await make_gateway(run_slots=2)
+    admin = {"x-admin-token": gw.admin}
+    gw.node.submit(gw.spec("quick", sleep=0.5))
+    gw.node.submit(gw.spec("slow", sleep=60))
+    async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
+        ids = ["quick", "slow", "elsewhere"]
+        assert (await client.post("/sessions/poll", json={"session_ids": ids, "wait": 1})).status_code == 401
+        assert (await client.post("/sessions/poll", json={"session_ids": ids, "wait": -1},
+                                  headers=admin)).status_code == 422
+        answered = await client.post("/sessions/poll", json={"session_ids": ids, "wait": 50}, headers=admin)
+        body = answered.json()
+        assert [r["session_id"] for r in body["results"]] == ["quick"]
+        assert SessionResult.model_validate(body["results"][0]).status.value == "COMPLETED"
+        assert list(body["statuses"]) == ["slow"] and body["unknown"] == ["elsewhere"]
+        timed_out = (await client.post("/sessions/poll", json={"session_ids": ["slow"], "wait": 0.5},
+                                       headers=admin)).json()
+        assert timed_out["results"] == [] and timed_out["statuses"] == {"slow": gw.node.get("slow").status.value}
+        gw.node.cancel("slow", "test over")
+        cancelled = (await client.post("/sessions/poll", json={"session_ids": ["slow"], "wait": 30},
+                                       headers=admin)).json()
+        assert [r["status"] for r in cancelled["results"]] == ["CANCELLED"]
+    assert await no_processes_with(gw.marker) == []
