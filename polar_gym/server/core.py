@@ -71,10 +71,10 @@ class RolloutServer:
     async def start(self) -> None:
         """Reload gateways and in-flight sessions from the store, then run the loops."""
         self.http = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(30.0, connect=5.0))
-        # Result long polls get their own pool: in the shared one (100 connections) a thousand watchers queued ahead
-        # of dispatches and health probes, whose 2 s timeouts then expired and got live gateways declared dead.
+        # The watchers' long polls (one per gateway) get their own pool, so they never queue ahead of dispatches and
+        # health probes, whose short timeouts would then expire and get live gateways declared dead.
         self.polls = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(30.0, connect=5.0),
-                                       limits=httpx.Limits(max_connections=2048, max_keepalive_connections=512))
+                                       limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
         for row in await self.store.gateways():
             self.fleet.restore(row)  # heartbeat clock restarts now: each gets dead_after to answer
         for row in await self.store.in_flight():
