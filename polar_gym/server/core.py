@@ -390,11 +390,12 @@ class RolloutServer:
                 self.errors[f"result_http_{resp.status_code}"] += 1
                 await asyncio.sleep(min(1.0, self.heartbeat_interval))
                 continue
-            for data in body.get("results", []):
-                result = SessionResult.model_validate(data)
+            finished = [SessionResult.model_validate(data) for data in body.get("results", [])]
+            for result in finished:
                 last.pop(result.session_id, None)
-                if result.session_id in gw.sessions:
-                    await self._finish(result, gw)
+            mine = [r for r in finished if r.session_id in gw.sessions]
+            for start in range(0, len(mine), 64):  # concurrently: each finish waits on the store and callbacks
+                await asyncio.gather(*(self._finish(r, gw) for r in mine[start:start + 64]))
             for session_id, status in body.get("statuses", {}).items():
                 if session_id in gw.sessions and status != last.get(session_id) and status in S.__members__ \
                         and not S(status).terminal:
