@@ -26,7 +26,8 @@ def _serve(args: argparse.Namespace) -> int:
     from polar_gym.launch.config import InferenceSettings
 
     inference = InferenceSettings(engine=args.engine, upstreams=args.upstream, tokenizer=args.tokenizer,
-                                  upstream_model=args.upstream_model, max_tokens_cap=args.max_tokens_cap)
+                                  upstream_model=args.upstream_model, max_tokens_cap=args.max_tokens_cap,
+                                  await_upstreams=args.await_upstreams)
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="polar_gym_env_serve_"))
     asyncio.run(serve(out_dir, inference, info_file=Path(args.info_file) if args.info_file else None,
                       host=args.host, server_port=args.port, run_slots=args.run_slots, parent_pid=args.parent_pid))
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--engine", default="oracle", help="proxy engine: oracle, vllm, sglang, openai, ...")
     serve.add_argument("--upstream", action="append", default=[], help="inference server URL (repeatable)")
     serve.add_argument("--upstream-model", default=None)
+    serve.add_argument("--await-upstreams", action="store_true",
+                       help="start without an upstream: the policy arrives through POST /backends (the agent's "
+                            "register_policy_backend)")
     serve.add_argument("--tokenizer", default=None)
     serve.add_argument("--max-tokens-cap", type=int, default=None, help="clamp every call's max_tokens to this")
     serve.add_argument("--run-slots", type=int, default=4)

@@ -41,6 +41,8 @@ class InferenceSettings(BaseModel):
 
     engine: str = "oracle"
     upstreams: list[str] = Field(default_factory=list)
+    #: start without upstreams; they arrive later through the rollout server's /backends (a trainer's policy)
+    await_upstreams: bool = False
     tokenizer: str | None = None
     upstream_model: str | None = None
     upstream_timeout: float = Field(default=600.0, gt=0)
@@ -137,9 +139,10 @@ def build_job(cfg: DictConfig) -> LaunchJob:
     inference = _validate(InferenceSettings, section(cfg, "inference"), "inference")
     _check_name(ENGINES, inference.engine, "inference.engine")
     launched = OmegaConf.select(cfg, "launcher.inference_jobs.count", default=0) or 0  # launcher=slurm starts them
-    if inference.engine not in ("oracle",) and not inference.upstreams and not launched:
+    if inference.engine not in ("oracle",) and not inference.upstreams and not launched \
+            and not inference.await_upstreams:
         raise ConfigError(f"inference.upstreams: engine {inference.engine!r} needs at least one upstream URL "
-                          "(or launcher=slurm with launcher.inference_jobs.count)")
+                          "(or launcher=slurm with launcher.inference_jobs.count, or inference.await_upstreams=true)")
     source, params = load_target(section(cfg, "tasks"), "tasks")
     try:
         requests = source(template, **params)

@@ -74,6 +74,8 @@ def gateway_argv(inference: InferenceSettings, pools: GatewayJobSettings, upstre
             "--drift-every", str(inference.drift_every)]
     if upstreams:
         argv += ["--upstream", *upstreams]
+    if inference.await_upstreams:
+        argv.append("--await-upstreams")
     tokenizer = inference.tokenizer
     if tokenizer is None and inference.engine in ("oracle", "sglang_generate"):
         from polar_gym.assets import tokenizer_dir

@@ -46,6 +46,7 @@ def make_engine(settings: InferenceSettings) -> Engine:
     args = argparse.Namespace(engine=settings.engine, upstream=settings.upstreams, tokenizer=tokenizer,
                               oracle_script=None, drift_every=settings.drift_every,
                               policy_version=settings.policy_version, upstream_timeout=settings.upstream_timeout,
+                              await_upstreams=settings.await_upstreams,
                               upstream_model=settings.upstream_model)
     return build_engine(args)
 

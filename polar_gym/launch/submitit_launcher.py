@@ -156,7 +156,7 @@ class SlurmLauncher:
         return urls
 
     def _start_gateways(self, job: LaunchJob, server_url: str, upstreams: list[str], token: str) -> None:
-        if job.inference.engine != "oracle" and not upstreams:
+        if job.inference.engine != "oracle" and not upstreams and not job.inference.await_upstreams:
             raise ConfigError("inference.upstreams: the gateways need an upstream (or launcher.inference_jobs.count)")
         pools = self.gateway
         executor = self._executor(job, "polar-gateway", cpus_per_task=pools.cpus_per_task, mem_gb=pools.mem_gb,

@@ -34,6 +34,9 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--engine", default="vllm",
                    help="vllm, sglang, sglang_generate, openai, oracle, or a dotted path (pkg.module:Class)")
     p.add_argument("--upstream", nargs="*", default=[], help="inference server base URLs (not for oracle)")
+    p.add_argument("--await-upstreams", action="store_true",
+                   help="start without an upstream: calls wait (bounded) until one is added through /admin/upstreams "
+                        "(or the rollout server's /backends), e.g. a trainer's policy server that starts later")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--capture-dir", type=Path, default=None, help="journal directory (default: in memory)")
@@ -77,8 +80,8 @@ def build_engine(args: argparse.Namespace) -> Engine:
         script = OracleScript(**json.loads(args.oracle_script.read_text())) if args.oracle_script else None
         return OracleEngine(HFChatTokenizer(args.tokenizer), pool, default_script=script,
                             drift_every=args.drift_every)
-    if not args.upstream:
-        raise SystemExit(f"--engine {args.engine} needs at least one --upstream URL")
+    if not args.upstream and not getattr(args, "await_upstreams", False):
+        raise SystemExit(f"--engine {args.engine} needs at least one --upstream URL (or --await-upstreams)")
     engine_cls = ENGINES.get(args.engine)
     kwargs = {"timeout": args.upstream_timeout, "upstream_model": args.upstream_model}
     if args.engine == "sglang_generate":

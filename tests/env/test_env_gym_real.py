@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from _env_kit import AGENT_DIR, ENV_DIR, gym_venv_or_skip, nemo_rl_contiguity
 from _procs import processes_with, take_ctrl_c  # tests/ is on sys.path (tests/conftest.py)
@@ -164,31 +165,65 @@ def test_the_policy_server_becomes_the_gateways_upstream(tmp_path: Path, vllm_se
     nemo_rl_contiguity(line["response"]["output"])
 
 
-def test_a_configured_remote_rollout_server_runs_the_sessions(tmp_path: Path) -> None:
-    """polar_server_url set: the agent starts nothing and submits to that server (here a `polar_gym.env serve`
-    this test started, standing in for a cluster's rollout server)."""
-    info, fleet = tmp_path / "polar.json", tmp_path / "fleet"
-    serve = subprocess.Popen([sys.executable, "-m", "polar_gym.env", "serve", "--out-dir", str(fleet), "--info-file",
-                              str(info)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=take_ctrl_c)
+@contextlib.contextmanager
+def polar_serve(out: Path, *args: str) -> Iterator[dict]:
+    """`python -m polar_gym.env serve` started by the test (standing in for a cluster's rollout server + gateways);
+    yields its url and admin_token; stopped with SIGINT afterwards."""
+    info = out / "polar.json"
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "polar_gym.env", "serve", "--out-dir", str(out / "fleet"),
+                             "--info-file", str(info), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            preexec_fn=take_ctrl_c)
     try:
         deadline = time.monotonic() + 120
         while not info.exists():
-            assert serve.poll() is None and time.monotonic() < deadline, "polar_gym.env serve did not come up"
+            assert proc.poll() is None and time.monotonic() < deadline, "polar_gym.env serve did not come up"
             time.sleep(0.2)
-        polar = json.loads(info.read_text())
-        agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
-        with gym_started(tmp_path / "gym", f"{agent}.polar_server_url={polar['url']}",
-                         f"{agent}.polar_admin_token={polar['admin_token']}") as started:
-            row = json.dumps({"responses_create_params": {"input": "fix it"},
-                              "polar_task": {"task_request": DEMO_TASKS["demo-slugify"].to_request(
-                                  harness="pi", model_name="policy").model_dump(mode="json")}})
-            (line,) = _eval_run(started, [row])
+        yield json.loads(info.read_text())
     finally:
-        serve.send_signal(signal.SIGINT)
-        serve.wait(60)
-    assert line["reward"] == 1.0 and line["polar"]["status"] == "COMPLETED"
-    with contextlib.closing(sqlite3.connect(fleet / "server.sqlite")) as db:
-        (status,) = db.execute("SELECT status FROM sessions WHERE session_id = ?", (line["polar"]["session_id"],))\
-            .fetchone()
-    assert status == "COMPLETED"  # it ran on the configured server, not on a fleet the agent started
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
     assert not info.exists()  # serve removes its info file when it stops
+
+
+def _session_status(fleet: Path, session_id: str) -> str:
+    with contextlib.closing(sqlite3.connect(fleet / "server.sqlite")) as db:
+        (status,) = db.execute("SELECT status FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    return str(status)
+
+
+def test_a_configured_remote_rollout_server_runs_the_sessions(tmp_path: Path) -> None:
+    """polar_server_url set: the agent starts nothing and submits to that server."""
+    agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
+    with polar_serve(tmp_path / "polar") as polar, \
+            gym_started(tmp_path / "gym", f"{agent}.polar_server_url={polar['url']}",
+                        f"{agent}.polar_admin_token={polar['admin_token']}") as started:
+        row = json.dumps({"responses_create_params": {"input": "fix it"},
+                          "polar_task": {"task_request": DEMO_TASKS["demo-slugify"].to_request(
+                              harness="pi", model_name="policy").model_dump(mode="json")}})
+        (line,) = _eval_run(started, [row])
+    assert line["reward"] == 1.0 and line["polar"]["status"] == "COMPLETED"
+    # it ran on the configured server, not on a fleet the agent started
+    assert _session_status(tmp_path / "polar" / "fleet", line["polar"]["session_id"]) == "COMPLETED"
+
+
+def test_the_policy_is_registered_with_a_remote_fleet_started_without_one(tmp_path: Path,
+                                                                           vllm_server: VLLMServer) -> None:
+    """The NeMo RL arrangement: the Polar fleet runs before the policy exists (vllm engine, no upstream); the agent
+    POSTs Gym's policy_base_url to the rollout server's /backends, which every gateway's proxy then samples from."""
+    agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
+    with polar_serve(tmp_path / "polar", "--engine", "vllm", "--await-upstreams", "--upstream-model",
+                     vllm_server.model, "--max-tokens-cap", "24") as polar:
+        overrides = [f"++policy_base_url={vllm_server.url}/v1", f"{agent}.polar_server_url={polar['url']}",
+                     f"{agent}.polar_admin_token={polar['admin_token']}", f"{agent}.register_policy_backend=true",
+                     f"{agent}.session_timeout_seconds=600"]
+        with gym_started(tmp_path / "gym", *overrides) as started:
+            row = json.dumps({"responses_create_params": {"input": "fix it"}, "polar_task": {"demo": "demo-calc-add"}})
+            (line,) = _eval_run(started, [row])
+        backends = httpx.get(f"{polar['url']}/backends", headers={"x-admin-token": polar["admin_token"]}).json()
+    assert backends["backends"] == [vllm_server.url]
+    assert line["polar"]["status"] == "COMPLETED" and line["reward"] == 0.0  # a random model does not fix the bug
+    calls = [r for journal in find_journals([tmp_path / "polar" / "fleet"]) for r in read_session(journal)]
+    assert calls and {(c.engine, c.server) for c in calls} == {("vllm", vllm_server.url)}
+    trained = [item for item in line["response"]["output"] if item["type"] == "message"]
+    assert [i["generation_token_ids"] for i in trained] == [c.response_ids for c in calls if not c.side_request]

@@ -69,6 +69,10 @@ def test_gateway_argv_carries_the_engine_pools_server_and_upstreams(tmp_path: Pa
         ("m", "64", "3")
     assert _flag(argv, "--capture-dir") == str(tmp_path / "gw" / "capture") and _flag(argv, "--host") == "0.0.0.0"
     assert "--tokenizer" not in argv and "--port" not in argv  # the port is picked on the node
+    assert "--await-upstreams" not in argv
+    waiting = gateway_argv(InferenceSettings(engine="vllm", await_upstreams=True), pools, [],
+                           server_url="http://srv:8700", workdir=tmp_path, heartbeat=1.0)
+    assert "--await-upstreams" in waiting and "--upstream" not in waiting
 
 
 def test_the_oracle_gateway_gets_the_built_tokenizer(tmp_path: Path) -> None:
