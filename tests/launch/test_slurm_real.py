@@ -172,6 +172,26 @@ def _launch(env: dict[str, str], out: Path, *overrides: str) -> subprocess.Popen
                             text=True, preexec_fn=take_ctrl_c)
 
 
+def _finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """The launch's output once it exited; if it does not within ``timeout``, it gets Ctrl-C (so it still cancels
+    its Slurm jobs), then SIGKILL, and the test fails."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
 def _job_ids(out: Path) -> dict[str, str]:
     """name -> job id of every job the launcher submitted (its jobs.json)."""
     return {j["name"]: j["job_id"] for j in json.loads((out / "jobs.json").read_text())}
@@ -198,7 +218,7 @@ def test_launcher_slurm_runs_demo_tasks_on_gateway_jobs_and_cancels_them(slurm_e
     _needs_tokenizer()
     out = tmp_path / "run"
     proc = _launch(slurm_env, out, "launcher.gateways=2", "num_samples=2")
-    _, stderr = proc.communicate(timeout=600)
+    _, stderr = _finish(proc, 600)
     assert proc.returncode == 0, stderr[-4000:]
     jobs = _job_ids(out)
     assert sorted(jobs) == ["polar-gateway-0", "polar-gateway-1"]
@@ -227,16 +247,18 @@ def test_cancelling_the_launch_leaves_no_job_behind(slurm_env: dict[str, str], t
             if not (out / "server.sqlite").exists():
                 return False
             with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
-                return db.execute("SELECT COUNT(*) FROM sessions WHERE status='COMPLETED'").fetchone()[0] > 0
+                try:
+                    return db.execute("SELECT COUNT(*) FROM sessions WHERE status='COMPLETED'").fetchone()[0] > 0
+                except sqlite3.OperationalError:  # the server job created the file but not its tables yet
+                    return False
 
         _wait_for(running, 300, "the first session to finish on the Slurm fleet")
         jobs = _job_ids(out)
         assert sorted(jobs) == ["polar-gateway-0", "polar-server"]  # the rollout server ran as a job too
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=300)
+        _, stderr = _finish(proc, 300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _stop(proc)
     assert proc.returncode == 130, stderr[-4000:]
     assert "interrupted" in stderr
     _wait_for(lambda: set(_sacct_states(slurm_env, list(jobs.values())).values()) == {"CANCELLED"}, 60,
@@ -258,7 +280,7 @@ def test_inference_job_serves_the_gateways(slurm_env: dict[str, str], tmp_path: 
                    "launcher.inference_jobs.gpus_per_node=0", "launcher.inference_jobs.cpus_per_task=2",
                    "launcher.inference_jobs.mem_gb=6", "launcher.inference_jobs.ready_timeout_seconds=600",
                    "tasks.ids=[demo-calc-add]", "timeout_seconds=300")
-    _, stderr = proc.communicate(timeout=1200)
+    _, stderr = _finish(proc, 1200)
     jobs = _job_ids(out)
     assert sorted(jobs) == ["polar-gateway-0", "polar-inference-0"]
     url = json.loads((out / "inference-0.json").read_text())["url"]
