@@ -71,19 +71,15 @@ async def _serve(args: argparse.Namespace, admin_token: str) -> None:  # pragma:
                           server_token=args.server_token or admin_token, gateway_token=admin_token,
                           health=node.health, interval=args.heartbeat)
     serving = asyncio.create_task(server.serve())
-    heartbeats = None
     try:
         while not server.started:
             if serving.done():  # could not listen: the await below raises why
                 break
             await asyncio.sleep(0.05)
         if link is not None and server.started:
-            heartbeats = asyncio.create_task(link.run())
+            link.start()
         await serving
     finally:
-        if heartbeats is not None:
-            heartbeats.cancel()
-            await asyncio.gather(heartbeats, return_exceptions=True)
         if link is not None:
             await link.drain_and_close()
         await node.stop("gateway shut down")

@@ -33,6 +33,7 @@ class ServerLink:
         self.registered = asyncio.Event()
         self.registrations = 0
         self.heartbeats = 0
+        self._task: asyncio.Task[None] | None = None
 
     async def register(self) -> str:
         resp = await self.http.post("/gateways/register", json={
@@ -75,8 +76,16 @@ class ServerLink:
                     log.warning("rollout server %s %s (%d tries)", self.server_url, why, failures)
             await asyncio.sleep(self.interval if failures == 0 else min(self.interval * failures, 10.0))
 
+    def start(self) -> None:
+        """Run :meth:`run` in the background (once the gateway listens); :meth:`drain_and_close` stops it."""
+        if self._task is None:
+            self._task = asyncio.create_task(self.run())
+
     async def drain_and_close(self) -> None:
-        """Tell the server to stop sending sessions here (best effort), then close the client."""
+        """Stop heartbeating, tell the server to stop sending sessions here (best effort), close the client."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
         if self.gateway_id is not None:
             with contextlib.suppress(httpx.HTTPError):
                 await self.http.post(f"/gateways/{self.gateway_id}/drain", timeout=5.0)

@@ -158,7 +158,6 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
     gateway_token, server_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     node, app = build_gateway(service, config, gateway_token)
     link: ServerLink | None = None
-    heartbeats: asyncio.Task[None] | None = None
     try:
         async with (serving(app, host, port) as gateway_url,
                     rollout_server(out_dir / "server.sqlite", host, server_port or _free_port(host), server_token,
@@ -166,13 +165,10 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
             write_server_info(out_dir, server_url, server_token)
             link = ServerLink(server_url, gateway_url, config.run_slots, server_token=server_token,
                               gateway_token=gateway_token, health=node.health, interval=heartbeat)
-            heartbeats = asyncio.create_task(link.run())
+            link.start()
             await asyncio.wait_for(link.registered.wait(), 60.0)
             yield server_url, server_token
     finally:
-        if heartbeats is not None:
-            heartbeats.cancel()
-            await asyncio.gather(heartbeats, return_exceptions=True)
         if link is not None:
             await link.drain_and_close()
         await node.stop("fleet stopped")
