@@ -316,6 +316,9 @@ class LocalRuntime(Runtime):
         for r in running:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(r.done.wait(), 10)
+            # the delayed looks scheduled by _kill never run if the process exits right after this (a launcher
+            # stopping on Ctrl-C): an inner bwrap created while the kill landed would then outlive everything
+            _kill_reported_child(r)
 
     @staticmethod
     def _kill(r: _Running, status: ExecStatus) -> None:

@@ -272,3 +272,33 @@ def test_cli_tears_the_sandbox_down_when_killed(sig: signal.Signals) -> None:
     proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig
     assert processes_with(marker) == []
+
+
+_CANCEL_THEN_EXIT = """
+import asyncio, sys
+from polar_gym.runtime.local import LocalRuntime
+from polar_gym.schema import RuntimeSpec
+
+async def main(delay: float) -> None:
+    runtime = LocalRuntime(RuntimeSpec(network="none", env={"POLAR_TEST_MARKER": sys.argv[2]}), sys.argv[3])
+    await runtime.start()
+    running = asyncio.create_task(runtime.exec(["sleep", "300"]))
+    await asyncio.sleep(delay)
+    await runtime.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    # and the process ends right here: no event loop left to run delayed kills
+
+asyncio.run(main(float(sys.argv[1])))
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.001, 0.003, 0.006, 0.01, 0.02, 0.05])
+def test_a_cancel_while_the_sandbox_starts_leaves_nothing_even_if_the_process_exits_at_once(tmp_path: Path,
+                                                                                             delay: float) -> None:
+    """A cancel that lands while bwrap is still creating the sandbox, in a process that exits right after
+    (a launcher stopping on Ctrl-C): the inner bwrap must not outlive it."""
+    marker = f"polarcancelrace{uuid.uuid4().hex[:10]}"
+    proc = subprocess.run([sys.executable, "-c", _CANCEL_THEN_EXIT, str(delay), marker, str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert processes_with(marker) == []
