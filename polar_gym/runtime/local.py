@@ -433,6 +433,10 @@ class LocalRuntime(Runtime):
             raise
         finally:
             run.status()
+            # whatever ended the exec (a cancel of our caller, bwrap killed from outside, e.g. by scancel's SIGTERM),
+            # the sandbox's pid 1 must not outlive it: the delayed looks _kill scheduled may never run if this
+            # process exits next, and the inner bwrap (its own session) ignores a SIGTERM sent to the job
+            _kill_reported_child(run)
             run.status_fd = -1
             os.close(status_r)
             self._running.discard(run)
