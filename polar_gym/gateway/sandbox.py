@@ -22,7 +22,7 @@ from polar_gym.gateway.stages import Stages
 from polar_gym.harness.base import Harness, HarnessContext
 from polar_gym.merge import apply_rewards, build_trajectory
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
-from polar_gym.proxy.service import ProxyService, SessionInfo
+from polar_gym.proxy.service import CallFailures, ProxyService, SessionInfo
 from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
 from polar_gym.runtime.base import SESSION_MOUNT, Runtime
 from polar_gym.schema import BuilderSpec, CompletionSession, PrepareAction, SessionResult, SessionSpec, Trajectory
@@ -187,6 +187,7 @@ class SandboxStages(Stages):
         if not await self.service.wait_idle(s.session_id, self.config.settle_timeout_seconds):
             s.artifacts["unsettled_calls"] = "model calls were still in flight when the trajectory was built"
         records = await self.service.journal.records(s.session_id)
+        _note_call_failures(s, self.service.take_call_failures(s.session_id))
         session = CompletionSession(session_id=s.session_id, completions=records,
                                     metadata={"task_id": s.spec.task_id, "sample_index": s.spec.sample_index})
         s.artifacts["completions"] = len(records)
@@ -194,6 +195,8 @@ class SandboxStages(Stages):
 
     async def evaluate(self, s: Session) -> None:
         assert s.trajectory is not None
+        if "error_cause" in s.artifacts:  # the model never answered: a score would read as the policy's
+            return
         cls = s.scratch.get("evaluator_cls") or self._evaluator_cls(s.spec)
         evaluator = cls(s.spec.evaluator.config.model_dump())
         ctx = EvalContext(spec=s.spec, trajectory=s.trajectory, harness_result=s.harness_result, runtime=s.runtime,
@@ -204,6 +207,7 @@ class SandboxStages(Stages):
 
     async def teardown(self, s: Session) -> None:
         self._unregister(s.session_id)
+        self.service.take_call_failures(s.session_id)  # a session cancelled before POSTRUN: forget its count
         for runtime in (s.runtime, s.eval_runtime):
             if runtime is None:
                 continue
@@ -218,6 +222,22 @@ class SandboxStages(Stages):
         if s.session_dir is not None:
             body = result.model_dump_json(indent=1)
             await asyncio.to_thread(_write_text, s.session_dir / "artifacts" / "result.json", body)
+
+
+def _note_call_failures(s: Session, failures: CallFailures | None) -> None:
+    """Model calls that failed for infrastructure reasons (upstream unreachable, 5xx, timeout) go into the result's
+    artifacts (``model_call_failures``). The rule: when no call succeeded after the last such failure, the harness
+    ran without a model, so the session ends ERROR with the cause first in its reason (``error_cause`` names it)
+    and is not scored; a failure the harness got past (a later call succeeded) only counts."""
+    if failures is None:
+        return
+    s.artifacts["model_call_failures"] = failures.summary()
+    if failures.recovered:
+        return
+    s.artifacts["error_cause"] = failures.last_cause
+    problem = (f"{failures.last_error} ({failures.failed} model call(s) failed for infrastructure reasons, "
+               f"none succeeded after the last)")
+    s.problem = problem if s.problem is None else f"{problem}; {s.problem}"
 
 
 def _cli_path(harness: Harness, spec: SessionSpec) -> str | None:

@@ -1,6 +1,10 @@
 """``python -m polar_gym.launch``: compose conf/ with Hydra, validate it against the wire types, hand the job to the
 configured launcher (``launcher._target_``) and exit non-zero if any session errored.
 
+Exit codes: 0 every session completed; 1 a session ended ERROR or CANCELLED; 2 a configuration error; 3 an
+infrastructure failure: an inference upstream failed the check before the first session (the message names the URL
+and what it answered), or a session's model calls failed for infrastructure reasons (see ``outputs.INFRA_CAUSES``).
+
     python -m polar_gym.launch                                   # pi on the demo tasks, oracle engine, local sandbox
     python -m polar_gym.launch +harness=codex +builder=prefix_merging num_samples=2 out_dir=runs/codex
 """
@@ -16,8 +20,10 @@ import hydra
 from omegaconf import DictConfig
 
 from polar_gym.launch.config import ConfigError, InferenceSettings, LaunchJob, TaskTemplate, build_job, load_target
+from polar_gym.launch.preflight import UpstreamCheckFailed
 
-__all__ = ["CONF_DIR", "ConfigError", "InferenceSettings", "LaunchJob", "TaskTemplate", "build_job", "main", "run"]
+__all__ = ["CONF_DIR", "ConfigError", "InferenceSettings", "LaunchJob", "TaskTemplate", "UpstreamCheckFailed",
+           "build_job", "main", "run"]
 
 #: the Hydra config directory (conf/ at the repository root; the project runs from its clone)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -42,6 +48,9 @@ def run(cfg: DictConfig) -> int:
     except ConfigError as exc:
         print(f"polar_gym.launch: configuration error: {exc}", file=sys.stderr)
         return 2
+    except UpstreamCheckFailed as exc:
+        print(f"polar_gym.launch: {exc}", file=sys.stderr)
+        return 3
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -49,6 +49,12 @@ class InferenceSettings(BaseModel):
     policy_version: str | int | None = None
     max_tokens_cap: int | None = Field(default=None, ge=1)
     drift_every: int = Field(default=0, ge=0)
+    #: probe every upstream (GET /v1/models) before the first session; a bad one stops the launch (exit code 3)
+    preflight: bool = True
+    #: seconds one probe may take
+    preflight_timeout: float = Field(default=10.0, gt=0)
+    #: with ``await_upstreams``: how long the launch waits for its upstreams before the first session
+    upstream_wait_seconds: float = Field(default=600.0, ge=0)
 
 
 class TaskTemplate(BaseModel):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import secrets
 import socket
@@ -23,6 +24,7 @@ from polar_gym.gateway.registration import ServerLink
 from polar_gym.launch.config import ConfigError, InferenceSettings, LaunchJob
 from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.outputs import SessionOutcome, finish
+from polar_gym.launch.preflight import ensure_upstreams, rollout_backends
 from polar_gym.proxy.__main__ import build_engine
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
@@ -134,11 +136,17 @@ class LocalLauncher:
             return await self._fleet(job)
 
     async def _fleet(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
-        async with local_fleet(job.out_dir, job.inference, host=self.host, gateway_port=self.port,
+        settings = job.inference
+        if not settings.await_upstreams:  # a wrong URL stops the launch before anything starts
+            await ensure_upstreams(settings, settings.upstreams, self.console)
+        async with local_fleet(job.out_dir, settings, host=self.host, gateway_port=self.port,
                                server_port=self.server_port, heartbeat=self.heartbeat,
                                **self.pools) as (server_url, server_token):
             self.console.print(f"rollout server {server_url} (token in {job.out_dir / 'server.json'})")
             async with RolloutClient(server_url, server_token) as client:
+                if settings.await_upstreams:  # the policy may start after the fleet: wait for it (bounded)
+                    await ensure_upstreams(settings, settings.upstreams, self.console,
+                                           backends=functools.partial(rollout_backends, client))
                 return await run_job(RunDriver(client, self.console, progress=self.progress), job)
 
 

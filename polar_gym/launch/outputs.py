@@ -3,12 +3,15 @@ summary.md (a table per session plus totals), the resolved config and, for a dat
 
 from __future__ import annotations
 
+import collections
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
@@ -16,9 +19,62 @@ from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
 if TYPE_CHECKING:
     from polar_gym.launch.config import LaunchJob
 
-__all__ = ["SessionOutcome", "finish", "print_summary", "summary_rows", "write_outputs"]
+__all__ = ["INFRA_CAUSES", "SessionOutcome", "error_cause", "errors_by_cause", "finish", "print_summary",
+           "summary_rows", "write_outputs"]
 
 _FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
+#: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
+INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error"})
+_STAGES = {"queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm"}
+_CAUSE = re.compile(r"([a-z_]+): ")
+
+
+def error_cause(result: SessionResult) -> str | None:
+    """Why a session did not complete cleanly, as one short word (None: it did). The gateway names model-call
+    failures (``artifacts.error_cause``: upstream_unreachable, upstream_timeout, upstream_error, engine_error);
+    other errors are named by the stage that failed (``init_failed``), or by their status (timeout, cancelled)."""
+    artifacts = result.metadata.get("artifacts")
+    cause = artifacts.get("error_cause") if isinstance(artifacts, dict) else None
+    if cause:
+        return str(cause)
+    if result.status is SessionStatus.COMPLETED:
+        return None
+    if result.status is not SessionStatus.ERROR:
+        return result.status.value.lower()
+    match = _CAUSE.match(result.reason or "")
+    if match and match.group(1) in INFRA_CAUSES:
+        return match.group(1)
+    if match and match.group(1) in _STAGES:
+        return f"{match.group(1)}_failed"
+    return "error"
+
+
+def errors_by_cause(outcomes: list[SessionOutcome]) -> dict[str, tuple[int, str]]:
+    """cause -> (sessions, the first one's reason), most frequent first."""
+    counts: collections.Counter[str] = collections.Counter()
+    example: dict[str, str] = {}
+    for o in outcomes:
+        cause = error_cause(o.result)
+        if cause is not None:
+            counts[cause] += 1
+            example.setdefault(cause, o.result.reason or "")
+    return {cause: (n, example[cause]) for cause, n in counts.most_common()}
+
+
+def _failed_calls(outcomes: list[SessionOutcome]) -> tuple[int, int]:
+    """Model calls that failed for infrastructure reasons in all, and in how many sessions."""
+    per = []
+    for o in outcomes:
+        artifacts = o.result.metadata.get("artifacts")
+        failures = artifacts.get("model_call_failures") if isinstance(artifacts, dict) else None
+        if isinstance(failures, dict):
+            per.append(int(failures.get("failed", 0)))
+    return sum(per), len(per)
+
+
+def _excerpt(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 @dataclass
@@ -51,7 +107,8 @@ def _trace_lines(o: SessionOutcome) -> list[str]:
 
 def _result_line(o: SessionOutcome) -> str:
     data: dict[str, Any] = o.result.model_dump(mode="json", exclude={"trajectory"})
-    data.update(harness=o.spec.agent.harness, traces=o.traces, completions=o.completions, seconds=round(o.seconds, 3))
+    data.update(harness=o.spec.agent.harness, traces=o.traces, completions=o.completions, seconds=round(o.seconds, 3),
+                error_cause=error_cause(o.result))
     if o.result.trajectory is not None:
         data["trajectory_diagnostics"] = o.result.trajectory.diagnostics
     return json.dumps(data)
@@ -70,6 +127,8 @@ def _totals(outcomes: list[SessionOutcome], wall: float) -> dict[str, Any]:
             "completed": sum(o.result.status is SessionStatus.COMPLETED for o in outcomes),
             "errored": sum(o.result.status is SessionStatus.ERROR for o in outcomes),
             "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+            "errors_by_cause": {cause: n for cause, (n, _) in errors_by_cause(outcomes).items()},
+            "failed_model_calls": _failed_calls(outcomes)[0],
             "traces": sum(o.traces for o in outcomes), "completions": sum(o.completions for o in outcomes),
             "wall_seconds": wall}
 
@@ -82,6 +141,15 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float) -> str:
     mean = "-" if t["mean_reward"] is None else f"{t['mean_reward']:.3f}"
     lines += [f"| **total** ({t['sessions']} sessions) | | | {t['completed']} completed, {t['errored']} errored "
               f"| mean {mean} | {t['traces']} | {t['completions']} | {wall:.1f} wall |", ""]
+    causes = errors_by_cause(outcomes)
+    if causes:
+        lines += ["## Errors by cause", "", "| cause | sessions | first reason |", "|---|---|---|"]
+        lines += [f"| {cause} | {n} | {_excerpt(reason).replace('|', '/')} |" for cause, (n, reason) in causes.items()]
+        lines.append("")
+    calls, sessions = _failed_calls(outcomes)
+    if calls:
+        lines += [f"{calls} model call(s) failed for infrastructure reasons, in {sessions} session(s); "
+                  "see `model_call_failures` in results.jsonl.", ""]
     problems = [o for o in outcomes if o.result.status is not SessionStatus.COMPLETED]
     if problems:
         lines += ["## Sessions that did not complete", ""]
@@ -116,14 +184,30 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
     console.print(f"{totals['completed']}/{totals['sessions']} completed, mean reward "
                   f"{'-' if mean is None else f'{mean:.3f}'}, {totals['traces']} traces, "
                   f"{totals['completions']} completions in {totals['wall_seconds']:.1f}s; files in {out_dir}")
+    causes = errors_by_cause(outcomes)
+    if causes:
+        console.print("errors by cause:")
+        for cause, (n, reason) in causes.items():
+            style = "bold red" if cause in INFRA_CAUSES else "yellow"
+            console.print(f"  [{style}]{cause}[/]: {n} session(s), e.g. {escape(_excerpt(reason))}", highlight=False)
+    calls, sessions = _failed_calls(outcomes)
+    if calls:
+        console.print(f"{calls} model call(s) failed for infrastructure reasons, in {sessions} session(s)")
 
 
 def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wall: float) -> int:
-    """Write the run's files (and the datagen export), print the summary; the exit code: 1 if any session ended
-    ERROR or CANCELLED (a datagen run counts only what it kept, so its empty generations do not fail the run)."""
+    """Write the run's files (and the datagen export), print the summary; the exit code: 3 if a session failed for
+    infrastructure reasons (its model calls did not reach a working upstream), else 1 if any session ended ERROR or
+    CANCELLED (a datagen run counts only what it kept, so its empty generations do not fail the run)."""
     totals = write_outputs(job.out_dir, outcomes, wall)
     print_summary(console, outcomes, totals, job.out_dir)
+    infra = sorted(set(totals["errors_by_cause"]) & INFRA_CAUSES)
+    if infra:
+        console.print(f"[bold red]sessions failed for infrastructure reasons ({', '.join(infra)}): the rewards of "
+                      "this run do not measure the policy[/]")
     if job.datagen is None:
+        if infra:
+            return 3
         return 1 if any(o.result.status in _FAILED for o in outcomes) else 0
     from polar_gym.datagen import write_dataset
 
@@ -131,4 +215,4 @@ def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wal
     console.print(f"datagen: {summary.passed}/{summary.samples} samples passed ({summary.empty} empty, "
                   f"{summary.retried} retried), {summary.sft_records.get('train', 0)} train / "
                   f"{summary.sft_records.get('test', 0)} test SFT records in {job.out_dir / 'datagen'}")
-    return 0 if summary.kept else 1
+    return 3 if infra else 0 if summary.kept else 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import secrets
 import socket
@@ -35,6 +36,7 @@ from polar_gym.launch.jobs import (
 )
 from polar_gym.launch.local import rollout_server, write_server_info
 from polar_gym.launch.outputs import SessionOutcome, finish
+from polar_gym.launch.preflight import ensure_upstreams, rollout_backends
 from polar_gym.server.client import RolloutClient
 
 __all__ = ["SlurmLauncher"]
@@ -90,11 +92,20 @@ class SlurmLauncher:
 
     async def _run(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
         token = secrets.token_urlsafe(24)
+        settings = job.inference
+        if not settings.await_upstreams:  # a wrong URL stops the launch before any job is submitted
+            await ensure_upstreams(settings, settings.upstreams, self.console)
         async with self._server(job, token) as server_url:
-            upstreams = list(job.inference.upstreams) + await self._start_inference(job)
+            started = await self._start_inference(job)
+            if not settings.await_upstreams:
+                await ensure_upstreams(settings, started, self.console)
+            upstreams = list(settings.upstreams) + started
             self._start_gateways(job, server_url, upstreams, token)
             async with RolloutClient(server_url, token) as client:
                 await self._wait_for_gateways(client)
+                if settings.await_upstreams:  # the policy may start after the fleet: wait for it (bounded)
+                    await ensure_upstreams(settings, upstreams, self.console,
+                                           backends=functools.partial(rollout_backends, client))
                 return await run_job(RunDriver(client, self.console, progress=self.progress), job)
 
     # -- the pieces ----------------------------------------------------------------------------------------------

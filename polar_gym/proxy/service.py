@@ -5,6 +5,7 @@ bytes and return a :class:`Reply`, which the FastAPI app maps onto a response.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import secrets
 import time
@@ -24,6 +25,8 @@ from polar_gym.proxy.errors import (
     ProxyError,
     RequestError,
     UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
     error_body,
     error_event,
 )
@@ -31,7 +34,8 @@ from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Rou
 from polar_gym.registry import PROVIDERS
 from polar_gym.schema import CompletionRecord
 
-__all__ = ["ProxyService", "Reply", "SessionInfo", "SessionRegistry", "new_admin_token", "session_key"]
+__all__ = ["CallFailures", "ProxyService", "Reply", "SessionInfo", "SessionRegistry", "failure_cause",
+           "new_admin_token", "session_key"]
 
 log = logging.getLogger("polar_gym.proxy")
 
@@ -55,6 +59,38 @@ class SessionInfo:
     session_id: str
     model_name: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def failure_cause(exc: ProxyError) -> str | None:
+    """The cause of a model call that failed for infrastructure reasons, or None when the harness's own request was
+    refused (a 4xx: bad JSON, unknown key, a prompt the server refuses), which is the policy's business."""
+    if isinstance(exc, UpstreamTimeout):
+        return "upstream_timeout"
+    if isinstance(exc, UpstreamUnavailable):
+        return "upstream_unreachable"
+    if isinstance(exc, UpstreamError):
+        return "upstream_error"
+    return None
+
+
+@dataclass
+class CallFailures:
+    """A session's model calls that failed for infrastructure reasons (see :func:`failure_cause`)."""
+
+    by_cause: dict[str, int] = field(default_factory=dict)
+    #: the last such failure, as ``cause: message`` (the message names the upstream URL)
+    last_error: str = ""
+    last_cause: str = ""
+    #: a model call succeeded after the last failure (a blip the harness got past)
+    recovered: bool = False
+
+    @property
+    def failed(self) -> int:
+        return sum(self.by_cause.values())
+
+    def summary(self) -> dict[str, Any]:
+        return {"failed": self.failed, "by_cause": dict(self.by_cause), "last_error": self.last_error,
+                "recovered": self.recovered}
 
 
 def session_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
@@ -117,6 +153,10 @@ class ProxyService:
         self._inflight: dict[str, int] = {}  # model calls per session not yet journaled (see wait_idle)
         self._idle: dict[str, asyncio.Event] = {}
         self.stats = {"requests": 0, "errors": 0, "prompt_tokens": 0, "response_tokens": 0}
+        #: per session, model calls that failed for infrastructure reasons; a gateway takes them when it builds the
+        #: session's result (bounded: the oldest entries go first in a standalone proxy nobody takes them from)
+        self.call_failures: collections.OrderedDict[str, CallFailures] = collections.OrderedDict()
+        self.max_tracked_failures = 10_000
 
     def provider(self, name: str) -> Provider:
         provider = self.providers.get(name)
@@ -184,6 +224,27 @@ class ProxyService:
                 if idle is not None:
                     idle.set()
 
+    def _note_call(self, session_id: str, exc: ProxyError | None, cause: str | None = None) -> None:
+        """Count a finished model call: infrastructure failures by cause, and whether a success came after them."""
+        entry = self.call_failures.get(session_id)
+        if exc is None:
+            if entry is not None:
+                entry.recovered = True
+            return
+        cause = cause or failure_cause(exc)
+        if cause is None:
+            return
+        if entry is None:
+            entry = self.call_failures[session_id] = CallFailures()
+            while len(self.call_failures) > self.max_tracked_failures:
+                self.call_failures.popitem(last=False)
+        entry.by_cause[cause] = entry.by_cause.get(cause, 0) + 1
+        entry.last_cause, entry.last_error, entry.recovered = cause, f"{cause}: {exc.message}", False
+
+    def take_call_failures(self, session_id: str) -> CallFailures | None:
+        """The session's infrastructure failures (None: there were none), forgotten here once taken."""
+        return self.call_failures.pop(session_id, None)
+
     async def wait_idle(self, session_id: str, timeout: float | None = None) -> bool:
         """Wait until no model call of the session is in flight, so its journal is complete (a gateway calls this
         after the harness ends and before building). False when calls are still running at ``timeout``."""
@@ -246,13 +307,16 @@ class ProxyService:
             record.token_faithful = False
             record.total_seconds = time.perf_counter() - t0
             await self.journal.append(record)
+            self._note_call(info.session_id, exc)
             raise
         except Exception as exc:  # an engine bug must not take the proxy down or vanish from the journal
             log.exception("engine %s failed", self.engine.name)
             record.status, record.error = "error", f"{exc.__class__.__name__}: {exc}"
             record.token_faithful = False
             await self.journal.append(record)
-            raise UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}") from exc
+            failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
+            self._note_call(info.session_id, failure, "engine_error")
+            raise failure from exc
         ctx = RenderContext(response_id=_ID_PREFIX.get(provider.name, "") + uuid.uuid4().hex[:24],
                             created=int(started))
         if inbound.stream and inbound.options.get("stream_json_array"):
@@ -275,6 +339,7 @@ class ProxyService:
         record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))
         record.total_seconds = time.perf_counter() - t0
         await self.journal.append(record)
+        self._note_call(info.session_id, None)
         self.stats["prompt_tokens"] += len(result.prompt_ids)
         self.stats["response_tokens"] += len(result.response_ids)
         return reply
