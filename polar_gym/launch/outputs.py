@@ -189,7 +189,8 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
         console.print("errors by cause:")
         for cause, (n, reason) in causes.items():
             style = "bold red" if cause in INFRA_CAUSES else "yellow"
-            console.print(f"  [{style}]{cause}[/]: {n} session(s), e.g. {escape(_excerpt(reason))}", highlight=False)
+            detail = reason.removeprefix(f"{cause}: ")
+            console.print(f"  [{style}]{cause}[/]: {n} session(s), e.g. {escape(_excerpt(detail))}", highlight=False)
     calls, sessions = _failed_calls(outcomes)
     if calls:
         console.print(f"{calls} model call(s) failed for infrastructure reasons, in {sessions} session(s)")
