@@ -10,20 +10,22 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from pathlib import Path
+
+from rich.console import Console
 
 from polar_gym.launch.config import InferenceSettings
 from polar_gym.launch.local import local_fleet
+from polar_gym.launch.preflight import UpstreamCheckFailed, ensure_upstreams
+from polar_gym.proxy.__main__ import write_secret
 
 __all__ = ["serve"]
 
 
 def _write_info(info_file: Path, url: str, token: str) -> None:
     """Atomically (rename) and privately (mode 600): the reader polls for the file and must never see half of it."""
-    tmp = info_file.with_suffix(".tmp")
-    tmp.touch(mode=0o600)
-    tmp.write_text(json.dumps({"url": url, "admin_token": token, "pid": os.getpid()}))
-    tmp.replace(info_file)
+    write_secret(info_file, json.dumps({"url": url, "admin_token": token, "pid": os.getpid()}))
 
 
 def _remove(path: Path) -> None:
@@ -48,7 +50,15 @@ async def _parent_gone(parent_pid: int | None) -> None:
 async def serve(out_dir: Path, inference: InferenceSettings, *, info_file: Path | None = None,
                 host: str = "127.0.0.1", server_port: int = 0, run_slots: int = 4, heartbeat: float = 1.0,
                 parent_pid: int | None = None) -> None:
-    """Run the fleet until SIGINT / SIGTERM / parent death; the info file is removed on the way out."""
+    """Run the fleet until SIGINT / SIGTERM / parent death; the info file is removed on the way out. Without
+    ``await_upstreams``, every inference upstream is probed first: a bad one ends the process (exit code 3) with a
+    message naming the URL and what it answered, instead of sessions that fail one by one."""
+    if not inference.await_upstreams:
+        try:
+            await ensure_upstreams(inference, inference.upstreams, Console(stderr=True))
+        except UpstreamCheckFailed as exc:
+            print(f"polar_gym.env serve: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(3) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

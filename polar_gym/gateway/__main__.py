@@ -5,9 +5,10 @@
 
 With ``--server-url`` the node registers with a rollout server once it listens, pushes its stage metrics as
 heartbeats and registers again if the server forgot it. Only registered sessions are served. The admin token (for
-POST /sessions, cancel, drain, /admin/*) is printed at start unless given with ``--admin-token`` or
-``POLAR_ADMIN_TOKEN``. On SIGINT/SIGTERM the server stops and every live session is cancelled and torn down; POST
-/gateway/drain?wait=true first for a graceful end.
+POST /sessions, cancel, drain, /admin/*) comes from ``--admin-token`` or ``POLAR_ADMIN_TOKEN``; otherwise a fresh
+one is written to ``--admin-token-file`` (default ``WORKDIR/admin-token``, mode 600) and only that path is printed,
+so the token never lands in a job log other users can read. On SIGINT/SIGTERM the server stops and every live
+session is cancelled and torn down; POST /gateway/drain?wait=true first for a graceful end.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import argparse
 import asyncio
 import logging
 import os
-import sys
 from pathlib import Path
 
 import uvicorn
@@ -24,8 +24,7 @@ import uvicorn
 from polar_gym.gateway.api import build_gateway
 from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.registration import ServerLink
-from polar_gym.proxy.__main__ import add_proxy_arguments, build_service
-from polar_gym.proxy.service import new_admin_token
+from polar_gym.proxy.__main__ import add_proxy_arguments, admin_token_from, build_service
 from polar_gym.runtime.base import GatewayEndpoint
 
 __all__ = ["config_from_args", "main", "parse_args"]
@@ -90,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per heartbeat
-    admin_token = args.admin_token or new_admin_token()
-    if not args.admin_token:
-        print(f"admin token: {admin_token}", file=sys.stderr, flush=True)
+    admin_token = admin_token_from(args, args.workdir)
     asyncio.run(_serve(args, admin_token))
     return 0
 

@@ -95,7 +95,8 @@ def render_gateway(resources: SbatchResources | None = None) -> str:
     resources = resources or SbatchResources("polar-gateway", cpus=8, mem="16G")
     doc = _doc("polar_gym gateway node (python -m polar_gym.gateway) as a Slurm job.", [
         ("POLAR_SERVER_URL", "rollout server the gateway registers and heartbeats with (unset: none)"),
-        ("POLAR_ADMIN_TOKEN", "admin token of the gateway and the server (unset: a fresh one, printed)"),
+        ("POLAR_ADMIN_TOKEN", "admin token of gateway and server (unset: a fresh one in POLAR_ADMIN_TOKEN_FILE)"),
+        ("POLAR_ADMIN_TOKEN_FILE", "where a fresh token is written, mode 600 (default: $WORKDIR/admin-token)"),
         ("POLAR_ENGINE", "vllm, sglang, sglang_generate, openai or oracle (default: sglang)"),
         ("POLAR_UPSTREAM", "space-separated inference base URLs (required except for oracle)"),
         ("MODEL_PATH", "tokenizer directory for oracle / sglang_generate (default: polar_gym's built one)"),
@@ -109,13 +110,11 @@ def render_gateway(resources: SbatchResources | None = None) -> str:
 PORT="${PORT:-8100}"
 CAPACITY="${POLAR_CAPACITY:-8}"
 WORKDIR="${POLAR_WORKDIR:-polar-gateway-${SLURM_JOB_ID:-local}}"
-if [ -z "${POLAR_ADMIN_TOKEN:-}" ]; then
-  POLAR_ADMIN_TOKEN="$("$PY" -c 'import secrets; print(secrets.token_urlsafe(24))')"
-  echo "admin token: $POLAR_ADMIN_TOKEN"
-fi
-export POLAR_ADMIN_TOKEN
 args=(--engine "$ENGINE" --host 0.0.0.0 --port "$PORT" --advertise-host "$HOST" --workdir "$WORKDIR"
       --capture-dir "$WORKDIR/capture" --run-slots "$CAPACITY")
+if [ -n "${POLAR_ADMIN_TOKEN_FILE:-}" ]; then  # without POLAR_ADMIN_TOKEN the gateway writes its fresh token there
+  args+=(--admin-token-file "$POLAR_ADMIN_TOKEN_FILE")
+fi
 if [ -n "${POLAR_UPSTREAM:-}" ]; then
   read -r -a upstreams <<< "$POLAR_UPSTREAM"
   args+=(--upstream "${upstreams[@]}")
@@ -142,7 +141,8 @@ def render_server(resources: SbatchResources | None = None) -> str:
     """``slurm/server.sbatch``: the rollout server with its SQLite store."""
     resources = resources or SbatchResources("polar-server", cpus=4, mem="8G", time="7-00:00:00")
     doc = _doc("polar_gym rollout server (python -m polar_gym.server) as a Slurm job.", [
-        ("POLAR_ADMIN_TOKEN", "admin token for /tasks, /gateways, /backends (unset: a fresh one, printed)"),
+        ("POLAR_ADMIN_TOKEN", "admin token of /tasks, /gateways, /backends (unset: fresh, in POLAR_ADMIN_TOKEN_FILE)"),
+        ("POLAR_ADMIN_TOKEN_FILE", "where a fresh token goes, mode 600 (default: polar-server-$SLURM_JOB_ID.token)"),
         ("PORT", "listening port (default: 8700)"),
         ("POLAR_DB", "SQLite store; reuse it to resume a run (default: polar-server.sqlite)"),
         ("POLAR_ADVERTISE_HOST", "host gateways and trainers use to reach it (default: $(hostname))"),
@@ -150,9 +150,11 @@ def render_server(resources: SbatchResources | None = None) -> str:
     ])
     body = """PORT="${PORT:-8700}"
 DB="${POLAR_DB:-polar-server.sqlite}"
-if [ -z "${POLAR_ADMIN_TOKEN:-}" ]; then
-  POLAR_ADMIN_TOKEN="$("$PY" -c 'import secrets; print(secrets.token_urlsafe(24))')"
-  echo "admin token: $POLAR_ADMIN_TOKEN"
+if [ -z "${POLAR_ADMIN_TOKEN:-}" ]; then  # never echoed: the job log may be readable by others
+  TOKEN_FILE="${POLAR_ADMIN_TOKEN_FILE:-polar-server-${SLURM_JOB_ID:-local}.token}"
+  (umask 077 && rm -f "$TOKEN_FILE" && "$PY" -c 'import secrets; print(secrets.token_urlsafe(24))' > "$TOKEN_FILE")
+  POLAR_ADMIN_TOKEN="$(cat "$TOKEN_FILE")"
+  echo "admin token written to $TOKEN_FILE (mode 600)"
 fi
 export POLAR_ADMIN_TOKEN
 "$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$DB" "$@" &

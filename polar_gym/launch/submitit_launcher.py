@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import secrets
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,10 @@ from polar_gym.launch.jobs import (
 from polar_gym.launch.local import rollout_server, write_server_info
 from polar_gym.launch.outputs import SessionOutcome, finish
 from polar_gym.launch.preflight import ensure_upstreams, rollout_backends
+from polar_gym.proxy.__main__ import write_secret
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["SlurmLauncher"]
+__all__ = ["SlurmLauncher", "private_umask"]
 
 _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
           "DEADLINE", "INTERRUPTED", "FINISHED", "NO"}  # the last two: submitit's local executor
@@ -79,7 +81,7 @@ class SlurmLauncher:
 
     def launch(self, job: LaunchJob) -> int:
         job.out_dir.mkdir(parents=True, exist_ok=True)
-        (job.out_dir / "config.yaml").write_text(job.resolved_config)
+        write_secret(job.out_dir / "config.yaml", job.resolved_config)  # it may hold a key (runtime.env, ...)
         outcomes, wall = asyncio.run(self._main(job))
         return finish(self.console, job, outcomes, wall)
 
@@ -113,12 +115,16 @@ class SlurmLauncher:
     def _executor(self, job: LaunchJob, name: str, **resources: Any) -> Any:
         import submitit
 
-        executor = submitit.AutoExecutor(folder=job.out_dir / "slurm" / "%j", cluster=self.cluster)
+        folder = job.out_dir / "slurm"  # pickles of the jobs' arguments (tokens among them) and the jobs' logs
+        folder.mkdir(mode=0o700, exist_ok=True)
+        folder.chmod(0o700)
+        executor = submitit.AutoExecutor(folder=folder / "%j", cluster=self.cluster)
         executor.update_parameters(name=name, nodes=1, tasks_per_node=1, **resources, **self.slurm)
         return executor
 
     def _submit(self, executor: Any, name: str, fn: Any, *args: Any, out_dir: Path) -> Any:
-        submitted = executor.submit(fn, *args)
+        with private_umask():  # the pickles submitit writes, and (through sbatch's SLURM_UMASK) the jobs' files
+            submitted = executor.submit(fn, *args)
         self.jobs.append(submitted)
         self.names[submitted.job_id] = name
         (out_dir / "jobs.json").write_text(json.dumps([{"job_id": j.job_id, "name": self.names[j.job_id]}
@@ -223,6 +229,16 @@ class SlurmLauncher:
             self.console.print(f"[yellow]jobs still listed after cancel: {[j.job_id for j in live]}[/]")
         elif self.jobs:
             self.console.print(f"cancelled {len(self.jobs)} job(s): {' '.join(j.job_id for j in self.jobs)}")
+
+
+@contextlib.contextmanager
+def private_umask() -> Iterator[None]:
+    """Files created in the block are readable by their owner only (umask 077; process-wide, so kept short)."""
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 def _in_squeue(job_ids: list[str]) -> set[str]:

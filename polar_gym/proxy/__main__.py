@@ -3,8 +3,10 @@
     python -m polar_gym.proxy --engine {vllm,sglang,openai,oracle} --upstream URL [URL ...]
         --host 127.0.0.1 --port N --capture-dir DIR [--tokenizer DIR]
 
-Standalone mode serves any key as an ad-hoc session (``--registered-only`` turns that off); the admin token for
-``/admin/*`` is printed at start unless given with ``--admin-token`` or ``POLAR_ADMIN_TOKEN``.
+Standalone mode serves any key as an ad-hoc session (``--registered-only`` turns that off). The admin token for
+``/admin/*`` comes from ``--admin-token`` or ``POLAR_ADMIN_TOKEN``; otherwise a fresh one is written to a file only
+its owner reads (``--admin-token-file``, default ``CAPTURE_DIR/admin-token`` or a private temporary directory) and
+that file's path is printed: a token never goes to a log other users may read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import uvicorn
@@ -26,7 +29,8 @@ from polar_gym.proxy.service import ProxyService, SessionRegistry, new_admin_tok
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.registry import ENGINES
 
-__all__ = ["add_proxy_arguments", "build_engine", "build_service", "main", "parse_args"]
+__all__ = ["add_proxy_arguments", "admin_token_from", "build_engine", "build_service", "main", "parse_args",
+           "write_secret"]
 
 
 def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -46,6 +50,8 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model-name", action="append", default=None, help="served model name(s) for /v1/models")
     p.add_argument("--policy-version", default=None)
     p.add_argument("--admin-token", default=os.environ.get("POLAR_ADMIN_TOKEN"))
+    p.add_argument("--admin-token-file", type=Path, default=None,
+                   help="without --admin-token: write the generated token here, mode 600 (its path is printed)")
     p.add_argument("--strict", action="store_true", help="reject unknown request fields instead of logging them")
     p.add_argument("--fsync", action="store_true", help="fsync every journal write")
     p.add_argument("--upstream-timeout", type=float, default=600.0)
@@ -54,6 +60,33 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-cap", type=int, default=None, help="clamp every call's max_tokens to this")
     p.add_argument("--log-level", default="info")
     return p
+
+
+def write_secret(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by its owner only: mode 600 also when the file existed with a wider one,
+    and atomically (a reader polling for the file never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file left behind by a crash
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def admin_token_from(args: argparse.Namespace, default_dir: Path | None) -> str:
+    """The admin token of a proxy or gateway process: the given one, or a fresh one written to a private file whose
+    path (never the token) is printed to stderr."""
+    if args.admin_token:
+        return str(args.admin_token)
+    token = new_admin_token()
+    path = args.admin_token_file
+    if path is None:
+        path = (default_dir if default_dir is not None else Path(tempfile.mkdtemp(prefix="polar_gym-"))) / "admin-token"
+    write_secret(path, token + "\n")
+    print(f"admin token written to {path} (mode 600)", file=sys.stderr, flush=True)
+    return token
 
 
 def build_service(args: argparse.Namespace, *, allow_adhoc: bool) -> ProxyService:
@@ -96,9 +129,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    admin_token = args.admin_token or new_admin_token()
-    if not args.admin_token:
-        print(f"admin token: {admin_token}", file=sys.stderr, flush=True)
+    admin_token = admin_token_from(args, args.capture_dir)
     service = build_service(args, allow_adhoc=not args.registered_only)
     uvicorn.run(create_app(service, admin_token), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=False)

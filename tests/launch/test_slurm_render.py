@@ -14,9 +14,11 @@ from polar_gym.launch.slurm import SbatchResources, render_all, render_gateway, 
 SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
 
 DOCUMENTED = {
-    "gateway.sbatch": ["POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN", "POLAR_ENGINE", "POLAR_UPSTREAM", "MODEL_PATH", "PORT",
-                       "POLAR_CAPACITY", "POLAR_WORKDIR", "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
-    "server.sbatch": ["POLAR_ADMIN_TOKEN", "PORT", "POLAR_DB", "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
+    "gateway.sbatch": ["POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN", "POLAR_ADMIN_TOKEN_FILE", "POLAR_ENGINE",
+                       "POLAR_UPSTREAM", "MODEL_PATH", "PORT", "POLAR_CAPACITY", "POLAR_WORKDIR",
+                       "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
+    "server.sbatch": ["POLAR_ADMIN_TOKEN", "POLAR_ADMIN_TOKEN_FILE", "PORT", "POLAR_DB", "POLAR_ADVERTISE_HOST",
+                      "POLAR_PYTHON"],
     "sglang.sbatch": ["MODEL_PATH", "PORT", "TP_SIZE", "SGLANG_ARGS", "POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN",
                       "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
 }
