@@ -231,6 +231,16 @@ def test_launcher_slurm_runs_demo_tasks_on_gateway_jobs_and_cancels_them(slurm_e
     assert gateways == 2 and len(used) == 2, "both gateway jobs registered and ran sessions"
     # the gateways' sandboxes ran inside the jobs: their session directories are under the run's folder
     assert len(list((out / "gateways").glob("gateway-*/*/artifacts"))) == 8
+    # issue 11 fault 3: the submitit folder (its pickles carry the server token) is 700, every file holding the
+    # token is 600, and the gateway jobs wrote their own fresh tokens to 600 files instead of their logs
+    token = json.loads((out / "server.json").read_text())["admin_token"]
+    assert (out / "slurm").stat().st_mode & 0o777 == 0o700
+    holders = [p for p in out.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert any(p.suffix == ".pkl" for p in holders) and [p for p in holders if p.stat().st_mode & 0o077] == []
+    for i in range(2):
+        gateway_token = (out / "gateways" / f"gateway-{i}" / "admin-token").read_text().strip()
+        assert (out / "gateways" / f"gateway-{i}" / "admin-token").stat().st_mode & 0o077 == 0
+        assert not [p for p in (out / "slurm").rglob("*") if p.is_file() and gateway_token.encode() in p.read_bytes()]
     _wait_for(lambda: not _squeue(slurm_env, list(jobs.values())), 60, "the gateway jobs to leave the queue")
     _wait_for(lambda: set(_sacct_states(slurm_env, list(jobs.values())).values()) == {"CANCELLED"}, 60,
               "sacct to record the cancelled gateway jobs")
