@@ -22,10 +22,20 @@ from _serving import free_port
 from rich.console import Console
 
 from polar_gym.assets import tokenizer_dir
-from polar_gym.launch.config import InferenceSettings
-from polar_gym.launch.outputs import error_cause
+from polar_gym.datagen.export import DatagenConfig
+from polar_gym.launch.config import InferenceSettings, LaunchJob, TaskTemplate
+from polar_gym.launch.outputs import SessionOutcome, error_cause, finish
 from polar_gym.launch.preflight import UpstreamCheckFailed, check_upstreams, describe, ensure_upstreams
-from polar_gym.schema import SessionResult, SessionStatus
+from polar_gym.launch.tasks import demo_requests
+from polar_gym.schema import (
+    AgentSpec,
+    BuilderSpec,
+    EvaluatorSpec,
+    RuntimeSpec,
+    SessionResult,
+    SessionSpec,
+    SessionStatus,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = json.dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]}).encode()
@@ -186,3 +196,55 @@ def test_error_causes_of_other_failures() -> None:
     assert error_cause(result(SessionStatus.CANCELLED, "cancelled (in run)")) == "cancelled"
     assert error_cause(result(SessionStatus.ERROR, "init: prepare action 0 failed")) == "init_failed"
     assert error_cause(result(SessionStatus.ERROR, "the harness's sandbox crashed: oom")) == "error"
+
+
+def test_the_slurm_launcher_checks_before_it_submits_any_job(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "run"
+    proc = launch("launcher=slurm", "launcher.cluster=local", "inference=vllm", f"inference.upstreams=[{dead}]",
+                  out=out)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert f"  {dead}: connection refused" in proc.stderr
+    assert not (out / "jobs.json").exists() and not (out / "slurm").exists()
+
+
+def test_env_serve_with_a_dead_upstream_exits_3_naming_it(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    info = tmp_path / "info.json"
+    proc = subprocess.run([sys.executable, "-m", "polar_gym.env", "serve", "--engine", "vllm", "--upstream", dead,
+                           "--out-dir", str(tmp_path / "serve"), "--info-file", str(info)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert f"  {dead}: connection refused" in proc.stderr and not info.exists()
+
+
+def _outcome(status: SessionStatus, reason: str | None = None, **artifacts: object) -> SessionOutcome:
+    request = demo_requests(TaskTemplate(agent=AgentSpec(harness="pi"), runtime=RuntimeSpec(), builder=BuilderSpec(),
+                                         evaluator=EvaluatorSpec(strategy="session_completed")),
+                            ids=["demo-calc-add"])[0]
+    spec = SessionSpec.from_task(request, 0)
+    result = SessionResult(session_id=spec.session_id, task_id=spec.task_id, status=status, reason=reason,
+                           metadata={"artifacts": artifacts})
+    return SessionOutcome(spec, result, 0, 1.0)
+
+
+@pytest.mark.parametrize(("datagen", "codes"), [(False, (0, 1, 3)), (True, (1, 1, 3))])
+def test_exit_codes_say_whether_the_infrastructure_failed(tmp_path: Path, datagen: bool,
+                                                          codes: tuple[int, int, int]) -> None:
+    """0 all completed, 1 a session errored on its own, 3 a session's model calls never reached an upstream (a
+    datagen run counts what it kept: nothing passed here, so 1, and still 3 for the infrastructure)."""
+    infra = _outcome(SessionStatus.ERROR, "upstream_unreachable: upstream http://h:1 unreachable (1 model call(s))",
+                     error_cause="upstream_unreachable", model_call_failures={"failed": 1})
+    runs = [[_outcome(SessionStatus.COMPLETED)], [_outcome(SessionStatus.ERROR, "init: prepare failed")],
+            [_outcome(SessionStatus.COMPLETED), infra]]
+    for i, (outcomes, code) in enumerate(zip(runs, codes, strict=True)):
+        out = tmp_path / str(i)
+        job = LaunchJob(requests=[], inference=InferenceSettings(), out_dir=out, resolved_config="",
+                        datagen=DatagenConfig() if datagen else None)
+        console = Console(record=True, file=io.StringIO(), width=200)
+        assert finish(console, job, outcomes, 1.0) == code
+        lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        assert [r["error_cause"] for r in lines] == [error_cause(o.result) for o in outcomes]
+    text = console.export_text()
+    assert "errors by cause:\n  upstream_unreachable: 1 session(s), e.g. upstream http://h:1 unreachable" in text
+    assert "| upstream_unreachable | 1 | upstream_unreachable: upstream http://h:1" in (out / "summary.md").read_text()
