@@ -1,5 +1,12 @@
 """The run's files: trajectories.jsonl (one line per trace), results.jsonl (SessionResults without trajectories),
-summary.md (a table per session plus totals), the resolved config and, for a datagen run, the SFT dataset."""
+summary.md (a table per session plus totals), the resolved config and, for a datagen run, the SFT dataset.
+
+Errors are reported by cause (a line per cause with its count, in the console and summary.md; ``error_cause`` on
+every line of results.jsonl), so a broken upstream is not mistaken for a policy that scores 0. The gateway's rule
+for model calls that fail for infrastructure reasons (upstream unreachable, 5xx, timeout; a 4xx the server answers
+to the harness's own request does not count): if no call succeeded after the last such failure the session ends
+ERROR, unscored, with the cause first in its reason; a failure the harness got past keeps the session's status and
+is counted (``model_call_failures``). Either way a run with an infrastructure cause exits 3."""
 
 from __future__ import annotations
 
