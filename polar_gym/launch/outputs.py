@@ -6,7 +6,7 @@ every line of results.jsonl), so a broken upstream is not mistaken for a policy 
 for model calls that fail for infrastructure reasons (upstream unreachable, 5xx, timeout; a 4xx the server answers
 to the harness's own request does not count): if no call succeeded after the last such failure the session ends
 ERROR, unscored, with the cause first in its reason; a failure the harness got past keeps the session's status and
-is counted (``model_call_failures``). Either way a run with an infrastructure cause exits 3."""
+is counted (``model_call_failures``). The launch exits 3 when a session has an infrastructure cause."""
 
 from __future__ import annotations
 
