@@ -117,8 +117,10 @@ def failure_message(engine: str, checks: list[UpstreamCheck], *, waited: float =
     """The launch's message for bad upstreams: one line per URL with what it answered, then what to do."""
     bad = [c for c in checks if not c.ok]
     lines = [f"inference upstream check failed (engine {engine}"
-             + (f", after waiting {waited:.0f} s" if waited else "") + "); no session was started:"]
-    lines += [f"  {c.url}: {c.answer} (GET {c.url}/v1/models)" for c in bad]
+             + (f", after waiting {waited:.1f} s" if waited else "") + "); no session was started:"]
+    lines += [f"  {c.url}: {c.answer} (GET {c.url}/v1/models)"
+              + ("; drop the trailing /v1: the engine appends /v1/... itself" if c.url.endswith("/v1") else "")
+              for c in bad]
     lines.append("Fix inference.upstreams or start the server; inference.await_upstreams=true waits for a server "
                  "that starts later, inference.preflight=false skips this check.")
     return "\n".join(lines)

@@ -25,7 +25,13 @@ from polar_gym.assets import tokenizer_dir
 from polar_gym.datagen.export import DatagenConfig
 from polar_gym.launch.config import InferenceSettings, LaunchJob, TaskTemplate
 from polar_gym.launch.outputs import SessionOutcome, error_cause, finish
-from polar_gym.launch.preflight import UpstreamCheckFailed, check_upstreams, describe, ensure_upstreams
+from polar_gym.launch.preflight import (
+    UpstreamCheckFailed,
+    check_upstreams,
+    describe,
+    ensure_upstreams,
+    failure_message,
+)
 from polar_gym.launch.tasks import demo_requests
 from polar_gym.schema import (
     AgentSpec,
@@ -96,6 +102,9 @@ async def test_check_upstreams_against_real_loopback_servers() -> None:
         checks = await check_upstreams([good, dead, broken + "/"], timeout=30)
     assert [(c.url, c.ok) for c in checks] == [(good, True), (dead, False), (broken, False)]
     assert checks[1].answer == "connection refused" and checks[2].answer == "HTTP 500: boom"
+    with upstream(404, b'{"detail":"Not Found"}') as server:  # a URL given with /v1 (the engine adds it itself)
+        (check,) = await check_upstreams([server + "/v1"], timeout=30)
+    assert "drop the trailing /v1" in failure_message("vllm", [check])
 
 
 async def test_await_upstreams_waits_for_a_server_that_starts_later_and_gives_up_at_the_bound() -> None:
