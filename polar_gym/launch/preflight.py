@@ -101,13 +101,14 @@ async def check_upstreams(urls: list[str], *, timeout: float = 10.0, model: str 
             for check in await asyncio.gather(*(probe(http, u, timeout=timeout, model=model) for u in pending)):
                 verdicts[check.url] = check
             pending = [u for u, c in verdicts.items() if not c.ok]
-            if not pending or time.monotonic() + interval > deadline:
+            remaining = deadline - time.monotonic()
+            if not pending or remaining <= 0:
                 return [verdicts[u.rstrip("/")] for u in urls]
             if on_wait is not None:
                 waited = on_wait([verdicts[u] for u in pending])
                 if waited is not None:
                     await waited
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(interval, remaining))
     finally:
         if own:
             await http.aclose()
@@ -121,8 +122,12 @@ def failure_message(engine: str, checks: list[UpstreamCheck], *, waited: float =
     lines += [f"  {c.url}: {c.answer} (GET {c.url}/v1/models)"
               + ("; drop the trailing /v1: the engine appends /v1/... itself" if c.url.endswith("/v1") else "")
               for c in bad]
-    lines.append("Fix inference.upstreams or start the server; inference.await_upstreams=true waits for a server "
-                 "that starts later, inference.preflight=false skips this check.")
+    if waited:
+        lines.append("Fix inference.upstreams or start the server; inference.upstream_wait_seconds sets how long the "
+                     "launch waits for it, inference.preflight=false skips this check.")
+    else:
+        lines.append("Fix inference.upstreams or start the server; inference.await_upstreams=true waits for a server "
+                     "that starts later, inference.preflight=false skips this check.")
     return "\n".join(lines)
 
 
