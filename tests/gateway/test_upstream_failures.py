@@ -116,6 +116,7 @@ async def test_an_upstream_that_fails_mid_session_ends_it_in_error_with_the_caus
     ([200, 500, 200], {"failed": 1, "by_cause": {"upstream_error": 1}, "recovered": True}),
     ([503, 504], {"failed": 2, "by_cause": {"upstream_unreachable": 1, "upstream_error": 1}, "recovered": False}),
     ([400, 422, 200], None),  # the server refused the harness's own request: the policy's business, not counted
+    ([0, 0], {"failed": 2, "by_cause": {"upstream_timeout": 2}, "recovered": False}),  # 0: no answer in time
 ])
 async def test_the_proxy_counts_infrastructure_failures_per_session(statuses: list[int],
                                                                    expected: dict[str, object] | None) -> None:
@@ -123,6 +124,8 @@ async def test_the_proxy_counts_infrastructure_failures_per_session(statuses: li
 
     def answer(request: httpx.Request) -> httpx.Response:
         fake.status = plan.pop(0)
+        if not fake.status:
+            raise httpx.ReadTimeout("no answer", request=request)
         return fake.handler(request)
 
     engine = VLLMEngine(UpstreamPool(["http://upstream.test"]), client=httpx.AsyncClient(
