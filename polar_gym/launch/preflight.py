@@ -176,7 +176,7 @@ async def ensure_upstreams(settings: InferenceSettings, urls: list[str], console
     if not urls:
         return []
     checks = await check_upstreams(urls, timeout=settings.preflight_timeout, model=settings.upstream_model,
-                                   wait_seconds=wait,
+                                   wait_seconds=max(0.0, wait - (time.perf_counter() - t0)) if wait else 0.0,
                                    on_wait=lambda bad: waiting(", ".join(c.url for c in bad) + " to answer"))
     seconds = time.perf_counter() - t0
     if not all(c.ok for c in checks):
