@@ -103,6 +103,9 @@ DEFAULTS: dict[str, int] = {"max_processes": 512, "memory_mb": 1024, "disk_mb": 
                             "sandbox_uid": 65534}
 #: where the launcher may mount its staging tmpfs (in its private mount namespace): the first that exists
 _STAGE_DIRS = ("/media", "/srv", "/mnt")
+#: how the launcher's own errors begin (a bind source it refused, a cgroup it could not join)
+_LAUNCHER = "polar relay: "
+_CGROUP_PREFIX = "polar_gym-"
 log = logging.getLogger(__name__)
 _cpu_counter = itertools.count()
 
@@ -151,6 +154,7 @@ class SandboxCgroup:
             if not value:
                 continue
             for base, v2 in _bases(controller):
+                _sweep(base)
                 path = base / name
                 fresh = path not in made
                 try:
@@ -191,6 +195,22 @@ class SandboxCgroup:
                 except OSError:
                     await asyncio.sleep(0.02)
         self.paths = []
+
+
+def cgroup_name() -> str:
+    """``polar_gym-<our pid>-<random>``: the pid lets a later start remove what a process that died left behind."""
+    return f"{_CGROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _sweep(base: Path) -> None:
+    """Remove our cgroups under ``base`` whose process is gone (a gateway killed before stop()); empty ones only."""
+    with contextlib.suppress(OSError):
+        for path in base.glob(f"{_CGROUP_PREFIX}*"):
+            pid = path.name.removeprefix(_CGROUP_PREFIX).split("-")[0]
+            if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+                continue
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def _write_limit(path: Path, controller: str, value: int, v2: bool) -> None:
@@ -368,7 +388,7 @@ class LocalRuntime(Runtime):
         if os.geteuid() == 0:
             procs, memory = self.limit("max_processes"), self.limit("memory_mb")
             self._cgroup, self._cgroup_limits = await asyncio.to_thread(
-                SandboxCgroup.create, f"polar_gym-{uuid.uuid4().hex[:12]}", procs,
+                SandboxCgroup.create, cgroup_name(), procs,
                 memory * 1024 * 1024 if memory else None)
         self._layout = await asyncio.to_thread(self._prepare, root)
         if self.spec.network == "gateway":
@@ -427,7 +447,7 @@ class LocalRuntime(Runtime):
             if not os.path.exists(real):
                 raise SandboxStartError(f"runtime.options.expose: {path!r} does not exist on the gateway host")
             first = inside.strip("/").split("/")[0]
-            if first in ("", "proc", "dev", "sys", "tmp", "polar"):
+            if first in ("", "proc", "dev", "sys", "polar") or inside == "/tmp":
                 raise SandboxStartError(f"runtime.options.expose: {path!r} would cover a part of the sandbox itself")
             out.append((real, inside))
         return tuple(out)
@@ -716,7 +736,7 @@ def _result(run: _Running, returncode: int | None, status: dict[str, Any], out: 
     if isinstance(code, int):
         return ExecResult(status=ExecStatus.OK if code == 0 else ExecStatus.FAILED, exit_code=code, stdout=out,
                           stderr=err, seconds=seconds)
-    lines = [line for line in err.decode(errors="replace").splitlines() if line.startswith("bwrap: ")]
+    lines = [line for line in err.decode(errors="replace").splitlines() if line.startswith(("bwrap: ", _LAUNCHER))]
     if lines and lines[-1].startswith("bwrap: execvp "):  # the sandbox is fine, the command does not exist
         missing = "No such file" in lines[-1]
         return ExecResult(status=ExecStatus.FAILED, exit_code=127 if missing else 126, stdout=out, stderr=err,
@@ -724,7 +744,7 @@ def _result(run: _Running, returncode: int | None, status: dict[str, Any], out: 
     if returncode is not None and returncode < 0:
         reason = f"the sandbox was killed by signal {-returncode}"
     elif lines:
-        reason = lines[-1]
+        reason = lines[-1].removeprefix(_LAUNCHER)
     else:
         reason = f"the sandbox exited with {returncode} without running the command to its end"
     return ExecResult(status=ExecStatus.CRASHED, exit_code=None, stdout=out, stderr=err, seconds=seconds,
