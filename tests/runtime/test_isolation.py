@@ -60,9 +60,9 @@ def _present(*paths: str) -> list[str]:
     return [p for p in paths if os.path.exists(p)]
 
 
-def _world_dir(prefix: str) -> Path:
-    """A fresh directory in host /tmp that anyone may enter."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+def _world_dir(prefix: str, parent: str = "/tmp") -> Path:
+    """A fresh directory on the host that anyone may enter."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     path.chmod(0o755)
     return path
 
@@ -135,9 +135,9 @@ async def test_fault2_the_sandbox_sees_only_what_it_needs(session: Path, tmp_pat
 
 @pytest.mark.parametrize("network", ["none", "gateway"])
 async def test_fault2_no_host_unix_socket_is_reachable(session: Path, tmp_path: Path, network: str) -> None:
-    """Listening sockets in a host directory (also a world-accessible one) and in the abstract namespace cannot be
-    reached; one placed in the session directory can (so the probe itself works)."""
-    shared = _world_dir("polar-sock-")
+    """Listening sockets in host directories (/run, where container engines keep theirs, and host /tmp) and in the
+    abstract namespace cannot be reached; one placed in the session directory can (so the probe itself works)."""
+    shared = _world_dir("polar-sock-", "/run" if os.access("/run", os.W_OK) else "/tmp")
     paths = [str(tmp_path / "host.sock"), str(shared / "host.sock")]
     abstract = f"\0polar-test-{uuid.uuid4().hex[:10]}"
     listeners = []
