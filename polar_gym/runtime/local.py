@@ -21,7 +21,10 @@ Unix socket (their directories are not there; abstract sockets belong to the hos
 Who the sandbox is on the host: bwrap is started through the compiled helper (``relay.c``, host side), which stages
 the bind sources in a private mount namespace and, when the gateway runs as root, drops to ``sandbox_uid`` (65534,
 nobody) first, so uid 0 inside is that unprivileged uid outside: it cannot write host files, remount anything or
-read what "others" may not. The session directory is chowned to it, and so is every upload. Without the compiled
+read what "others" may not. The session directory is chowned to it, and so is every upload. Each bind source is
+opened with O_NOFOLLOW, so a symlink a sandbox puts in place of its own tmp or workdir ends the next exec (CRASHED,
+with the reason) instead of binding a host path. As a user, the launcher stages inside a user namespace of its own
+and the sandbox is that user (as before). Without the compiled
 helper (no gcc), bwrap starts directly: as root the sandbox is then uid 0 with no capabilities and every host mount
 read-only (weaker: host-root-owned files in the session directory stay writable to it); a warning says so.
 
@@ -39,9 +42,9 @@ Limits, each with a default (:data:`DEFAULTS`, override through the options of t
   fallback is RLIMIT_DATA per process (heap and anonymous memory of each process, not a total over the tree).
   /dev/shm is a 64 MiB tmpfs of the sandbox's own.
 - disk: ``disk_mb`` (10240) for the session directory (``/polar``, ``/tmp``, the workdir): RLIMIT_FSIZE caps any one
-  file at it, and while an exec runs a watchdog sums the directory's blocks (every 0.2 s, or 10x the time one walk
-  takes) and kills the exec, FAILED with a reason, once the total is over. The bound is the limit plus what can be
-  written between two looks.
+  file at it, and while an exec runs a watchdog sums the directory's blocks (every 0.25 s, or 20x the time one
+  walk takes, at most 10 s) and kills the exec, FAILED with a reason, once the total is over. The bound is the
+  limit plus what can be written between two looks.
 - gateway connections: ``max_connections`` (64) at once, in the in-sandbox relay (more wait in its backlog) and on
   the host side (more are closed).
 - ``cpus`` pins the exec to ceil(cpus) CPUs by affinity (no fractional shares; a process may widen it again).
@@ -65,7 +68,6 @@ import random
 import shutil
 import signal
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
@@ -92,6 +94,7 @@ from polar_gym.runtime.bwrap import (
     secret_masks,
 )
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, disk_usage
 from polar_gym.runtime.relay import RELAY_FALLBACK, GatewayRelay, helper_argv, relay_program
 from polar_gym.schema import RuntimeSpec
 
@@ -105,7 +108,6 @@ DEFAULTS: dict[str, int] = {"max_processes": 512, "memory_mb": 1024, "disk_mb": 
 _STAGE_DIRS = ("/media", "/srv", "/mnt")
 #: how the launcher's own errors begin (a bind source it refused, a cgroup it could not join)
 _LAUNCHER = "polar relay: "
-_CGROUP_PREFIX = "polar_gym-"
 log = logging.getLogger(__name__)
 _cpu_counter = itertools.count()
 
@@ -135,146 +137,6 @@ class LoopbackAllocator:
     @staticmethod
     def release(handle: TextIO) -> None:
         handle.close()
-
-
-class SandboxCgroup:
-    """The pids and memory cgroups of one sandbox (as root): every process of every exec is counted together."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths = paths
-
-    @classmethod
-    def create(cls, name: str, max_pids: int | None, memory_bytes: int | None) -> tuple[SandboxCgroup, set[str]]:
-        """The cgroups made and which limits they hold (``pids``, ``memory``); a limit with no writable
-        hierarchy is left out (the helper's rlimits then stand in)."""
-        made: list[Path] = []
-        held: set[str] = set()
-        wanted = {"pids": max_pids, "memory": memory_bytes}
-        for controller, value in wanted.items():
-            if not value:
-                continue
-            for base, v2 in _bases(controller):
-                _sweep(base)
-                path = base / name
-                fresh = path not in made
-                try:
-                    if fresh:
-                        path.mkdir()
-                    _write_limit(path, controller, value, v2)
-                except OSError:
-                    if fresh:
-                        with contextlib.suppress(OSError):
-                            path.rmdir()
-                    continue
-                if fresh:
-                    made.append(path)
-                held.add(controller)
-                break
-        return cls(made), held
-
-    @property
-    def procs_files(self) -> tuple[str, ...]:
-        return tuple(str(p / "cgroup.procs") for p in self.paths)
-
-    def kill_all(self) -> None:
-        for path in self.paths:
-            with contextlib.suppress(OSError):
-                for pid in (path / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-
-    async def remove(self) -> None:
-        for path in self.paths:
-            for _ in range(100):
-                self.kill_all()
-                try:
-                    path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    await asyncio.sleep(0.02)
-        self.paths = []
-
-
-def cgroup_name() -> str:
-    """``polar_gym-<our pid>-<random>``: the pid lets a later start remove what a process that died left behind."""
-    return f"{_CGROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _sweep(base: Path) -> None:
-    """Remove our cgroups under ``base`` whose process is gone (a gateway killed before stop()); empty ones only."""
-    with contextlib.suppress(OSError):
-        for path in base.glob(f"{_CGROUP_PREFIX}*"):
-            pid = path.name.removeprefix(_CGROUP_PREFIX).split("-")[0]
-            if not pid.isdigit() or Path(f"/proc/{pid}").exists():
-                continue
-            with contextlib.suppress(OSError):
-                path.rmdir()
-
-
-def _write_limit(path: Path, controller: str, value: int, v2: bool) -> None:
-    if controller == "pids":
-        (path / "pids.max").write_text(str(value))
-    elif v2:
-        (path / "memory.max").write_text(str(value))
-        with contextlib.suppress(OSError):
-            (path / "memory.swap.max").write_text("0")
-    else:
-        (path / "memory.limit_in_bytes").write_text(str(value))
-        with contextlib.suppress(OSError):  # no swap accounting: the limit above already holds without swap
-            (path / "memory.memsw.limit_in_bytes").write_text(str(value))
-
-
-def _bases(controller: str) -> list[tuple[Path, bool]]:
-    """Writable-looking parents for a new cgroup with ``controller``: (our v1 cgroup of it, False) or (our v2 cgroup
-    where it is delegated, True)."""
-    bases = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, rel = line.split(":", 2)
-            if controller in controllers.split(","):
-                bases.append((Path("/sys/fs/cgroup") / controller / rel.lstrip("/"), False))
-            elif controllers == "":
-                for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
-                    own = mount / rel.lstrip("/")
-                    with contextlib.suppress(OSError):
-                        if controller in (own / "cgroup.subtree_control").read_text().split():
-                            bases.append((own, True))
-    return bases
-
-
-def disk_usage(root: Path) -> int:
-    """Bytes allocated under ``root`` (st_blocks, each inode once, symlinks not followed)."""
-    total, seen = 0, set()
-    stack = [str(root)]
-    while stack:
-        top = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                for e in it:
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-        except OSError:
-            continue
-    return total
-
-
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
-    """chown ``path`` and, for a directory, everything under it (symlinks themselves, never their targets)."""
-    os.chown(path, uid, gid, follow_symlinks=False)
-    if path.is_dir() and not path.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(path):
-            for name in dirnames + filenames:
-                os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
 
 
 def confine(areas: list[tuple[str, str]], inside: str, workdir: str) -> Path:
@@ -322,7 +184,7 @@ def _copy_in(data: bytes | Path, target: Path, owner: tuple[int, int] | None = N
     else:
         shutil.copyfile(data, target)
     if owner is not None:
-        _chown_tree(top, *owner)
+        chown_tree(top, *owner)
 
 
 def _copy_out(source: Path, dst: Path) -> None:
@@ -474,7 +336,7 @@ class LocalRuntime(Runtime):
                                launch=launch, root_inside=launch.uid is not None)
         confine(layout.writable(), layout.workdir, "/").mkdir(parents=True, exist_ok=True)
         if self.owner is not None:
-            _chown_tree(session, *self.owner)
+            chown_tree(session, *self.owner)
         return layout
 
     async def stop(self) -> None:
@@ -652,7 +514,7 @@ class LocalRuntime(Runtime):
                               f"{limit // 2**20} MiB (local runtime option disk_mb)")
                 self._kill(run, ExecStatus.FAILED)
                 return
-            await asyncio.sleep(min(5.0, max(0.2, 10 * (time.monotonic() - began))))
+            await asyncio.sleep(min(10.0, max(0.25, 20 * (time.monotonic() - began))))  # <= 5 % of a CPU
 
     # -- files -------------------------------------------------------------------------------------------------
 

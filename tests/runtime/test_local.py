@@ -17,6 +17,7 @@ from _runtime_kit import processes_with
 
 import polar_gym.runtime as runtime_pkg
 from polar_gym.runtime import bwrap as bwrap_mod
+from polar_gym.runtime import limits as limits_mod
 from polar_gym.runtime import local as local_mod
 from polar_gym.runtime import relay as relay_mod
 from polar_gym.runtime.base import RELAY_PATH, ExecStatus
@@ -44,7 +45,7 @@ ENTRIES = (RootEntry("bin", "symlink", "usr/bin"), RootEntry("etc", "dir"), Root
 
 
 def test_exports() -> None:
-    for module in (runtime_pkg, bwrap_mod, local_mod, relay_mod):
+    for module in (runtime_pkg, bwrap_mod, local_mod, relay_mod, limits_mod):
         assert all(hasattr(module, name) for name in module.__all__)
     assert RELAY_PATH == "/polar/.bin/relay"
 
