@@ -2,16 +2,20 @@
 path it names. Runtime options that reach the host's command line or file system (docker ``cli``/``run_args``, the
 local ``bwrap``/``ro_binds``, the apptainer ``binary``/``binds``...) come only from the gateway's start-up
 configuration; through the real HTTP API a request naming one ends in ERROR with a reason that names it, and
-nothing ran."""
+nothing ran. Also fault 1 through the gateway: a session's own command cannot remount and write the host."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from _gateway_kit import LiveGateway, MakeGateway
+
+from polar_gym.schema import PrepareAction
 
 
 async def _submit(gw: LiveGateway, runtime: dict[str, Any], session_id: str) -> dict[str, Any]:
@@ -61,3 +65,24 @@ async def test_expose_needs_a_root_from_the_gateways_configuration(make_gateway:
     opened = await make_gateway(expose_roots=[data])
     allowed = await _submit(opened, {"options": {"expose": [str(data)]}}, "expose-open")
     assert allowed["status"] == "COMPLETED", allowed.get("reason")
+
+
+async def test_fault1_a_sessions_command_cannot_write_the_host(make_gateway: MakeGateway) -> None:
+    target = f"/var/tmp/polar-gw-fault1-{uuid.uuid4().hex[:10]}"
+    gw = await make_gateway()
+    attack = PrepareAction(type="exec", command=f"mount -o remount,bind,rw /var && echo x > {target}")
+    try:
+        result = (await gw.node.run([gw.spec("remount", prepare=[attack])]))[0]
+        assert result.status.value == "ERROR" and "prepare action 0" in (result.reason or ""), result.reason
+        assert not _remove(target), f"the session wrote {target} on the host"
+    finally:
+        _remove(target)
+
+
+def _remove(path: str) -> bool:
+    """Remove ``path``; whether it was there."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
