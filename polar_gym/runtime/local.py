@@ -180,11 +180,36 @@ def _copy_in(data: bytes | Path, target: Path, owner: tuple[int, int] | None = N
     if isinstance(data, bytes):
         target.write_bytes(data)
     elif data.is_dir():
-        shutil.copytree(data, target, symlinks=True, dirs_exist_ok=True)
+        _copy_dir_in(data, target)
     else:
         shutil.copyfile(data, target)
     if owner is not None:
         chown_tree(top, *owner)
+
+
+def _copy_dir_in(source: Path, target: Path) -> None:
+    """Merge ``source`` into ``target`` without following anything the sandbox put there: a symlink (or any other
+    non-file) in the way of a file or directory is replaced, never written through (as root, writing through a link
+    the sandbox planted would write the host). No sandbox process runs between execs, so nothing can race this."""
+    for dirpath, dirnames, filenames in os.walk(source):
+        rel = os.path.relpath(dirpath, source)
+        here = target if rel == "." else target / rel
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            here.unlink()
+        here.mkdir(exist_ok=True)
+        links = [n for n in dirnames if os.path.islink(os.path.join(dirpath, n))]
+        dirnames[:] = [n for n in dirnames if n not in links]
+        for name in filenames + links:
+            src, dst = os.path.join(dirpath, name), here / name
+            if dst.is_symlink() or dst.is_file():
+                dst.unlink()
+            elif dst.exists():
+                shutil.rmtree(dst)
+            if os.path.islink(src):
+                os.symlink(os.readlink(src), dst)
+            else:
+                shutil.copyfile(src, dst)
+                shutil.copymode(src, dst)
 
 
 def _copy_out(source: Path, dst: Path) -> None:

@@ -201,6 +201,26 @@ async def test_fault2_a_symlink_in_place_of_its_own_tmp_is_refused_not_followed(
     assert after.reason is not None and "symbolic links" in after.reason
 
 
+async def test_fault2_an_upload_never_writes_through_a_link_the_sandbox_planted(session: Path, tmp_path: Path
+                                                                                 ) -> None:
+    """A directory upload merges into the workspace; links the sandbox left there are replaced, not followed (as
+    root, following one would write any host file)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("host data")
+    payload = tmp_path / "payload"
+    (payload / "d").mkdir(parents=True)
+    (payload / "d" / "x").write_text("uploaded")
+    (payload / "sub").mkdir()
+    (payload / "sub" / "y").write_text("uploaded too")
+    async with sandbox(session) as rt:
+        plant = await rt.exec(f"mkdir -p d && ln -s {victim} d/x && ln -s {tmp_path} sub && echo planted")
+        assert plant.text == "planted\n", plant
+        await rt.upload(payload, "/workspace")
+        inside = await rt.exec("cat d/x; echo; cat sub/y; echo; [ -L d/x ] || [ -L sub ] || echo no-links")
+    assert victim.read_text() == "host data" and not (tmp_path / "y").exists()
+    assert inside.text == "uploaded\nuploaded too\nno-links\n", inside
+
+
 # -- fault 7: default limits -------------------------------------------------------------------------------------
 
 
