@@ -305,8 +305,10 @@ class LocalRuntime(Runtime):
             return Launch(cgroup_procs=cgroups)
         stage = str(self.options.get("stage_dir") or next((d for d in _STAGE_DIRS if os.path.isdir(d)), ""))
         if not stage:
-            raise SandboxStartError(f"no directory to stage the sandbox's mounts on ({', '.join(_STAGE_DIRS)}); "
-                                    f"set the local runtime option stage_dir")
+            log.warning("no directory to stage the sandbox's mounts on (%s; or the local runtime option stage_dir): "
+                        "bwrap starts directly%s", ", ".join(_STAGE_DIRS),
+                        ", as uid 0 with every capability dropped" if os.geteuid() == 0 else "")
+            return Launch(cgroup_procs=cgroups)
         if os.geteuid() == 0:
             uid = int(self.options.get("sandbox_uid", DEFAULTS["sandbox_uid"]))
             gid = int(self.options.get("sandbox_gid", uid))

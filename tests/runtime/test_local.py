@@ -351,3 +351,13 @@ def test_a_cancel_while_the_sandbox_starts_leaves_nothing_even_if_the_process_ex
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert processes_with(marker) == []
+
+
+async def test_without_a_stage_directory_bwrap_starts_directly_with_no_capabilities(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented fallback (no /media, /srv or /mnt): no staging and, as root, no uid drop; still no capability,
+    no new privileges and a read-only view of the system."""
+    monkeypatch.setattr(local_mod, "_STAGE_DIRS", ())
+    async with LocalRuntime(RuntimeSpec(network="none"), tmp_path) as rt:
+        result = await rt.exec("grep -E '^(CapEff|NoNewPrivs):' /proc/self/status; touch /usr/x || echo read-only")
+    assert result.text.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1", "read-only"], result
