@@ -146,9 +146,23 @@ class SandboxStages(Stages):
             else:
                 assert action.dst is not None
                 data: bytes | Path = action.content.encode() if action.content is not None else Path(str(action.src))
-                if isinstance(data, Path) and not await asyncio.to_thread(data.exists):
-                    raise PrepareFailed("init", f"{what}: {data} does not exist on the gateway host")
+                if isinstance(data, Path):  # a host path named by the request: only under the operator's roots
+                    data = await asyncio.to_thread(self._host_source, data, what)
                 await runtime.upload(data, action.dst)
+
+    def _host_source(self, path: Path, what: str) -> Path:
+        """A request's host path to copy into the sandbox, resolved; it must lie under one of the gateway's
+        ``expose_roots`` (otherwise a request could copy any file the gateway can read, /etc/shadow or the run's
+        tokens, into a sandbox)."""
+        real = path.resolve()
+        roots = [Path(root).resolve() for root in self.config.expose_roots]
+        if not any(real == root or root in real.parents for root in roots):
+            allowed = ", ".join(map(str, roots)) or "none"
+            raise PrepareFailed("init", f"{what}: {path} is not under a directory this gateway lets requests read "
+                                        f"from (GatewayConfig.expose_roots, --expose-root: {allowed})")
+        if not real.exists():
+            raise PrepareFailed("init", f"{what}: {path} does not exist on the gateway host")
+        return real
 
     # -- RUNNING -----------------------------------------------------------------------------------------------
 

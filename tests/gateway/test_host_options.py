@@ -67,6 +67,23 @@ async def test_expose_needs_a_root_from_the_gateways_configuration(make_gateway:
     assert allowed["status"] == "COMPLETED", allowed.get("reason")
 
 
+async def test_a_prepare_upload_reads_host_files_only_under_the_gateways_roots(make_gateway: MakeGateway,
+                                                                             tmp_path: Path) -> None:
+    """``upload_file``/``upload_dir`` with a host ``src`` would copy any file the gateway reads (/etc/shadow, the
+    run's tokens) into the sandbox: only paths under ``expose_roots`` may be named."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "hints.md").write_text("hint")
+    steal = PrepareAction(type="upload_file", src="/etc/shadow", dst="/workspace/loot")
+    gw = await make_gateway(expose_roots=[data])
+    refused = (await gw.node.run([gw.spec("steal", prepare=[steal])]))[0]
+    assert refused.status.value == "ERROR" and "expose_roots" in (refused.reason or ""), refused.reason
+    assert not list(gw.workdir.rglob("loot"))
+    fine = PrepareAction(type="upload_file", src=str(data / "hints.md"), dst="/workspace/HINTS.md")
+    allowed = (await gw.node.run([gw.spec("hints", prepare=[fine])]))[0]
+    assert allowed.status.value == "COMPLETED", allowed.reason
+
+
 async def test_fault1_a_sessions_command_cannot_write_the_host(make_gateway: MakeGateway) -> None:
     target = f"/var/tmp/polar-gw-fault1-{uuid.uuid4().hex[:10]}"
     gw = await make_gateway()
