@@ -95,9 +95,9 @@ def docker_factory() -> tuple[Callable[[Path], Runtime] | None, str]:
         ensure_test_image(cli.split())
     except Exception as exc:  # any failure means "skip docker", with the reason
         return None, f"no test image: {exc}"
-    spec = RuntimeSpec(backend="docker", image=TEST_IMAGE, network="none",
-                       options={"cli": cli.split(), "run_args": run_args})
-    return (lambda path: DockerRuntime(spec, path)), "ok"
+    spec = RuntimeSpec(backend="docker", image=TEST_IMAGE, network="none")
+    options = {"cli": cli.split(), "run_args": run_args}  # the operator's, never a request's (issue 11)
+    return (lambda path: DockerRuntime(spec, path, options=options)), "ok"
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -107,7 +107,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         results["plain_subprocess"] = await measure(plain_session, args.sessions, work)
         local_spec = RuntimeSpec(backend="local", network="none")
         results["local"] = await measure(runtime_session(lambda p: LocalRuntime(local_spec, p)), args.sessions, work)
-        gw_note = "network none; gateway mode adds the relay helper's exec and a Unix server per session"
+        gw_note = ("network none, default limits (as root: launcher, uid drop, pids+memory cgroups; disk watchdog); "
+                   "gateway mode adds a Unix server per session")
         results["local"]["note"] = gw_note
         if not args.no_docker:
             factory, why = docker_factory()

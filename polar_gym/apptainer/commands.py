@@ -25,6 +25,7 @@ __all__ = [
     "KILL_TREE_SCRIPT",
     "PIDFILE_WRAPPER",
     "RELAY_INNER",
+    "REQUEST_OPTIONS",
     "ApptainerOptions",
     "OverlayMode",
     "exec_argv",
@@ -41,6 +42,12 @@ __all__ = [
 ]
 
 OverlayMode = Literal["dir", "image", "tmpfs", "none"]
+
+#: the options a session request may set (RuntimeSpec.options); ``binary``, ``binds``, ``workdir_bind``,
+#: ``extra_start_args``, ``env_prefix``, ``containall`` and ``no_privs`` reach the host's command line or weaken the
+#: containment, so only the gateway's own configuration sets them
+REQUEST_OPTIONS = frozenset({"overlay", "overlay_size_mb", "gpu", "nv", "hostname", "limits", "fakeroot",
+                             "start_timeout", "stop_timeout"})
 
 #: our bookkeeping inside the sandbox (a subdirectory of the session mount)
 INNER_STATE = f"{SESSION_MOUNT}/.polar_gym"
@@ -91,7 +98,8 @@ class ApptainerOptions:
     """The apptainer backend's settings, read from ``RuntimeSpec.options`` (unknown keys are an error).
 
     - ``binary``: the CLI to call; default ``singularity``, the name spython calls and that Apptainer installs too.
-    - ``fakeroot`` / ``containall``: rootless root inside and full containment (files, PID, IPC, environment).
+    - ``fakeroot`` / ``containall``: rootless root inside and full containment (files, PID, IPC, environment);
+      ``no_privs`` (default on): ``--no-privs``, root inside keeps no capabilities.
     - ``overlay``: where writes go. ``dir`` (default) a directory ``<session>/overlay``, needs unprivileged
       overlayfs (kernel >= 5.11) or fuse-overlayfs; ``image`` an ext3 file ``<session>/overlay.img`` of
       ``overlay_size_mb`` (sparse, made by ``overlay create --fakeroot``); ``tmpfs`` ``--writable-tmpfs``, capped
@@ -110,6 +118,7 @@ class ApptainerOptions:
     binary: str = "singularity"
     fakeroot: bool = True
     containall: bool = True
+    no_privs: bool = True
     overlay: OverlayMode = "dir"
     overlay_size_mb: int = 4096
     binds: tuple[str, ...] = ()
@@ -179,6 +188,8 @@ def instance_start_options(spec: RuntimeSpec, opts: ApptainerOptions, session_di
         args.append("--fakeroot")
     if opts.containall:
         args.append("--containall")
+    if opts.no_privs:
+        args.append("--no-privs")
     if spec.network in ("none", "gateway"):
         # a new network namespace with loopback only; "gateway" adds the relay on top (see runtime.py)
         args += ["--net", "--network", "none"]

@@ -89,11 +89,12 @@ class ApptainerRuntime(Runtime):
     """A rootless Apptainer instance per session; see the module docstring for the commands it runs."""
 
     name = "apptainer"
+    request_options = cmd.REQUEST_OPTIONS
 
     def __init__(self, spec: RuntimeSpec, session_dir: str | Path, *, gateway: GatewayEndpoint | None = None,
                  options: dict[str, Any] | None = None) -> None:
         super().__init__(spec, session_dir, gateway=gateway, options=options)
-        self.opts = ApptainerOptions.from_options({**spec.options, **self.options})
+        self.opts = ApptainerOptions.from_options(self.options)
         self.session_dir = self.session_dir.resolve()
         self.instance = cmd.instance_name(self.session_dir, uuid.uuid4().hex[:8])
         self.binary: str | None = None

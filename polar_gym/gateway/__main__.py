@@ -2,6 +2,7 @@
 
     python -m polar_gym.gateway --engine {vllm,sglang,openai,oracle} [--upstream URL ...] --port N
         --capture-dir DIR --workdir DIR [--init-workers N --ready-buffer N --run-slots N --postrun-workers N]
+        [--runtime-option KEY=JSON ...] [--expose-root DIR ...]
 
 With ``--server-url`` the node registers with a rollout server once it listens, pushes its stage metrics as
 heartbeats and registers again if the server forgot it. Only registered sessions are served. The admin token (for
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 from pathlib import Path
@@ -47,7 +49,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-token", default=os.environ.get("POLAR_SERVER_TOKEN"),
                    help="the rollout server's admin token (default: $POLAR_SERVER_TOKEN, else this node's token)")
     p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats to the server")
+    p.add_argument("--runtime-option", action="append", default=[], metavar="KEY=JSON",
+                   help="an option for every runtime backend (e.g. cli='[\"podman\",\"--runtime\",\"runc\"]', "
+                        "memory_mb=2048); the only way options that reach the host's command line are set")
+    p.add_argument("--expose-root", action="append", default=[], type=Path, metavar="DIR",
+                   help="a host directory under which requests may expose paths read-only (runtime.options.expose)")
     return p.parse_args(argv)
+
+
+def _runtime_options(items: list[str]) -> dict[str, object]:
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--runtime-option wants KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(text)
+        except ValueError:
+            options[key] = text  # a bare string
+    return options
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -55,7 +75,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(workdir=args.workdir, endpoint=GatewayEndpoint(host, args.port),
                          init_workers=args.init_workers, ready_buffer=args.ready_buffer, run_slots=args.run_slots,
                          postrun_workers=args.postrun_workers, prewarm_workers=args.prewarm_workers,
-                         postrun_grace_seconds=args.postrun_grace)
+                         postrun_grace_seconds=args.postrun_grace,
+                         runtime_options=_runtime_options(getattr(args, "runtime_option", [])),
+                         expose_roots=list(getattr(args, "expose_root", [])))
 
 
 async def _serve(args: argparse.Namespace, admin_token: str) -> None:  # pragma: no cover - process glue

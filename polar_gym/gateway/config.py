@@ -45,8 +45,13 @@ class GatewayConfig:
     #: finished sessions remembered for GET /sessions/{id}/result (oldest forgotten first)
     max_finished: int = 10_000
     hooks: list[ResultHook] = field(default_factory=list)
-    #: extra options passed to every runtime backend (e.g. ``ro_binds`` for the harness CLIs)
+    #: options passed to every runtime backend, the only place options that reach the host may come from (docker
+    #: ``cli``/``run_args``, apptainer ``binary``/``binds``, local ``ro_binds``, limits such as ``memory_mb`` or
+    #: ``disk_mb``); a session request may set only its backend's ``Runtime.request_options``
     runtime_options: dict[str, Any] = field(default_factory=dict)
+    #: host directories under which a request's ``runtime.options.expose`` may name paths (bound read-only at the
+    #: same path inside the local sandbox); empty: a request cannot expose anything
+    expose_roots: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)

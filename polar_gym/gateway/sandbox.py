@@ -24,7 +24,8 @@ from polar_gym.merge import apply_rewards, build_trajectory
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
 from polar_gym.proxy.service import CallFailures, ProxyService, SessionInfo
 from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
-from polar_gym.runtime.base import SESSION_MOUNT, Runtime
+from polar_gym.runtime.base import SESSION_MOUNT, Runtime, request_option_error
+from polar_gym.runtime.errors import RuntimeOptionError
 from polar_gym.schema import BuilderSpec, CompletionSession, PrepareAction, SessionResult, SessionSpec, Trajectory
 
 __all__ = ["SandboxStages", "safe_name"]
@@ -76,10 +77,29 @@ class SandboxStages(Stages):
             options["end_of_turn_ids"] = list(eot)
         return BuilderSpec(strategy=spec.builder.strategy, config=options)
 
-    def _runtime(self, spec: SessionSpec, directory: Path) -> Runtime:
-        backend = RUNTIMES.get(spec.runtime.backend)
-        runtime: Runtime = backend(spec.runtime, directory, gateway=self.config.endpoint,
-                                   options=dict(self.config.runtime_options) or None)
+    def _runtime(self, spec: SessionSpec, directory: Path, harness: Harness | None = None) -> Runtime:
+        """The session's runtime. Options that reach the host (a CLI, a binary, host paths) come only from this
+        gateway's configuration (``runtime_options``, ``expose_roots``, the harness install); a request naming
+        one is refused here, before anything runs (issue 11, fault 3)."""
+        try:
+            backend = RUNTIMES.get(spec.runtime.backend)
+        except RegistryError as exc:
+            raise StageError("init", str(exc)) from exc
+        if not (isinstance(backend, type) and issubclass(backend, Runtime)):
+            raise StageError("init", f"runtime backend {spec.runtime.backend!r} is not a Runtime")
+        refused = request_option_error(backend, spec.runtime.options)
+        if refused is not None:
+            raise StageError("init", refused)
+        options = dict(self.config.runtime_options)
+        if self.config.expose_roots and "expose" in backend.request_options:
+            options.setdefault("expose_roots", [str(root) for root in self.config.expose_roots])
+        install = _harness_install(harness, spec) if harness is not None else None
+        if install is not None:  # the local sandbox sees no host directory it is not given: bind the pinned CLIs
+            options["ro_binds"] = {**dict(options.get("ro_binds") or {}), str(install): str(install)}
+        try:
+            runtime: Runtime = backend(spec.runtime, directory, gateway=self.config.endpoint, options=options or None)
+        except RuntimeOptionError as exc:
+            raise StageError("init", str(exc)) from exc
         return runtime
 
     async def _start(self, runtime: Runtime) -> None:
@@ -100,7 +120,7 @@ class SandboxStages(Stages):
         artifacts = s.session_dir / "artifacts"
         await asyncio.to_thread(_make_dirs, s.session_dir / "sandbox", artifacts)
         s.artifacts["dir"] = str(artifacts)
-        s.runtime = self._runtime(spec, s.session_dir / "sandbox")
+        s.runtime = self._runtime(spec, s.session_dir / "sandbox", harness)
         await self._start(s.runtime)
         await self._prepare(s.runtime, spec.runtime.prepare, s)
         ctx = HarnessContext(session_id=spec.session_id, instruction=spec.instruction,
@@ -126,9 +146,23 @@ class SandboxStages(Stages):
             else:
                 assert action.dst is not None
                 data: bytes | Path = action.content.encode() if action.content is not None else Path(str(action.src))
-                if isinstance(data, Path) and not await asyncio.to_thread(data.exists):
-                    raise PrepareFailed("init", f"{what}: {data} does not exist on the gateway host")
+                if isinstance(data, Path):  # a host path named by the request: only under the operator's roots
+                    data = await asyncio.to_thread(self._host_source, data, what)
                 await runtime.upload(data, action.dst)
+
+    def _host_source(self, path: Path, what: str) -> Path:
+        """A request's host path to copy into the sandbox, resolved; it must lie under one of the gateway's
+        ``expose_roots`` (otherwise a request could copy any file the gateway can read, /etc/shadow or the run's
+        tokens, into a sandbox)."""
+        real = path.resolve()
+        roots = [Path(root).resolve() for root in self.config.expose_roots]
+        if not any(real == root or root in real.parents for root in roots):
+            allowed = ", ".join(map(str, roots)) or "none"
+            raise PrepareFailed("init", f"{what}: {path} is not under a directory this gateway lets requests read "
+                                        f"from (GatewayConfig.expose_roots, --expose-root: {allowed})")
+        if not real.exists():
+            raise PrepareFailed("init", f"{what}: {path} does not exist on the gateway host")
+        return real
 
     # -- RUNNING -----------------------------------------------------------------------------------------------
 
@@ -241,15 +275,31 @@ def _note_call_failures(s: Session, failures: CallFailures | None) -> None:
 
 
 def _cli_path(harness: Harness, spec: SessionSpec) -> str | None:
-    """The harness binary: ``agent.config["cli_path"]`` if given; in the ``local`` sandbox (which sees the host's
-    filesystem read-only) the pinned install from set-up; elsewhere None (the image has it on PATH)."""
+    """The harness binary: ``agent.config["cli_path"]`` if given; in the ``local`` sandbox the pinned install from
+    set-up (bound read-only at the same path, see :func:`_harness_install`); elsewhere None (the image has it on
+    PATH)."""
     given = spec.agent.config.get("cli_path")
-    if given or spec.runtime.backend != "local" or harness.pin is None:
-        return str(given) if given else None
-    from polar_gym.harness.install import cli_paths, install_dir
+    if given:
+        return str(given)
+    install = _harness_install(harness, spec)
+    if install is None:
+        return None
+    from polar_gym.harness.install import cli_paths
 
-    path = cli_paths(install_dir(cache_root=os.environ.get("POLAR_CACHE")))[harness.pin]
+    assert harness.pin is not None
+    path = cli_paths(install)[harness.pin]
     return str(path) if path.exists() else None
+
+
+def _harness_install(harness: Harness, spec: SessionSpec) -> Path | None:
+    """The pinned harness install directory the ``local`` sandbox needs bound (None: not local, no pin, not
+    installed, or the request names its own CLI)."""
+    if spec.runtime.backend != "local" or harness.pin is None or spec.agent.config.get("cli_path"):
+        return None
+    from polar_gym.harness.install import install_dir
+
+    path = install_dir(cache_root=os.environ.get("POLAR_CACHE"))
+    return path if path.is_dir() else None
 
 
 def _make_dirs(*paths: Path) -> None:

@@ -9,6 +9,12 @@ Every backend mounts the session's host directory at :data:`SESSION_MOUNT` insid
   :attr:`Runtime.loopback_ip`, so harnesses that bind ports do not collide);
 - ``gateway``: no network except the gateway's proxy, reachable inside at :attr:`Runtime.gateway_url` through a Unix
   socket in the session directory and a small relay on each side.
+
+Options come from two places. The constructor's ``options`` are the operator's (the gateway's start-up
+configuration, ``GatewayConfig.runtime_options``): they may name host command lines and host paths (docker ``cli``
+and ``run_args``, the apptainer ``binary``, ``ro_binds``...). ``RuntimeSpec.options`` come with a session request, so
+a backend accepts there only the keys in its :attr:`Runtime.request_options` (none of which reaches a host command
+line); any other key is refused with :class:`~polar_gym.runtime.errors.RuntimeOptionError` before anything runs.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from polar_gym.runtime.errors import RuntimeOptionError
 from polar_gym.schema import RuntimeSpec
 
 __all__ = [
@@ -33,6 +40,7 @@ __all__ = [
     "GatewayEndpoint",
     "OutputCallback",
     "Runtime",
+    "request_option_error",
 ]
 
 #: where the per-session host directory appears inside every sandbox
@@ -90,13 +98,20 @@ class Runtime(abc.ABC):
     """
 
     name: ClassVar[str]
+    #: the ``RuntimeSpec.options`` keys a session request may set (see the module docstring); the rest come only
+    #: from the constructor's ``options``
+    request_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec: RuntimeSpec, session_dir: str | Path, *, gateway: GatewayEndpoint | None = None,
                  options: dict[str, Any] | None = None) -> None:
+        error = request_option_error(type(self), spec.options)
+        if error is not None:
+            raise RuntimeOptionError(error)
         self.spec = spec
         self.session_dir = Path(session_dir)
         self.gateway = gateway
-        self.options = dict(options or {})
+        #: the request's options, overridden by the operator's
+        self.options = {**spec.options, **(options or {})}
         self.loopback_ip: str | None = None
 
     @property
@@ -144,3 +159,15 @@ class Runtime(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def request_option_error(backend: type[Runtime], options: dict[str, Any]) -> str | None:
+    """Why a session request may not carry these ``runtime.options`` for ``backend`` (None when it may)."""
+    refused = sorted(set(options) - backend.request_options)
+    if not refused:
+        return None
+    allowed = ", ".join(sorted(backend.request_options)) or "none"
+    return (f"runtime.options {', '.join(map(repr, refused))} cannot come from a session request for the "
+            f"{getattr(backend, 'name', backend.__name__)!r} backend: such options reach the host's command line or "
+            f"file system, so only the gateway's own start-up configuration may set them "
+            f"(GatewayConfig.runtime_options); a request may set: {allowed}")

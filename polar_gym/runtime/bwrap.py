@@ -1,15 +1,26 @@
 """Pure command-line and environment builders for the local (bubblewrap) sandbox, golden-tested.
 
-The root is bwrap's own tmpfs, remounted read-only at the end, with every top-level entry of the chosen root (the
-host's ``/`` or an unpacked image directory) bound read-only onto it and its symlinks recreated. Binding entry by
-entry rather than ``--ro-bind / /`` lets us create mount points that do not exist in a read-only root (``/polar``,
-the workdir) without touching the host or the image.
+The root is bwrap's own tmpfs, remounted read-only at the end. On the host's ``/`` only an allow-list of system
+directories is bound onto it read-only (:data:`SYSTEM_DIRS`: ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc``;
+their symlinks recreated), with secrets under ``/etc`` masked by an empty file or an empty read-only tmpfs
+(:func:`secret_masks`). Nothing else of the host is there: no ``/root``, ``/home``, ``/var``, ``/run``, ``/opt``,
+host ``/tmp``, project checkout or other session. With an unpacked image directory every top-level entry of the
+image is bound instead. Binding entry by entry rather than ``--ro-bind / /`` lets us create mount points that do
+not exist in a read-only root (``/polar``, the workdir) without touching the host or the image.
+
+Bind sources that are not system directories (the session directory and its ``tmp`` and workdir, the helper's
+directory, the image, read-only extras) go through the host-side launcher (``relay.c``, ``-S``/``-B``): it binds
+each one, opened with ``O_NOFOLLOW``, at ``<stage>/<i>`` in a private mount namespace, so that (1) bwrap can reach
+them after dropping to an unprivileged uid that could not traverse their parents, and (2) a symlink a sandbox puts
+in place of its own ``tmp`` or workdir is refused rather than followed to a host path.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +31,21 @@ from polar_gym.runtime.base import RELAY_PATH, SESSION_MOUNT
 __all__ = [
     "DEFAULT_PATH",
     "HOME",
+    "SECRETS",
+    "SHM_BYTES",
+    "SYSTEM_DIRS",
+    "Launch",
+    "Mask",
     "RootEntry",
     "SandboxLayout",
     "WorkdirError",
     "bwrap_argv",
     "cgroup_wrap",
+    "launcher_argv",
     "list_root",
     "plan_workdir",
     "sandbox_env",
+    "secret_masks",
 ]
 
 #: HOME inside the local sandbox: in the session directory, so it is writable and survives between execs
@@ -35,6 +53,14 @@ HOME = f"{SESSION_MOUNT}/home"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: top-level names the sandbox provides itself instead of taking them from the root
 _OWN = frozenset({"proc", "dev", "sys", "tmp", SESSION_MOUNT.strip("/")})
+#: the host directories a sandbox on the host's root sees (read-only); everything else stays out
+SYSTEM_DIRS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"})
+#: always masked when present, whatever their mode; any other entry of /etc that "others" cannot read is masked too
+SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
+           "/etc/ssl/private", "/etc/security/opasswd", "/etc/munge", "/etc/krb5.keytab", "/etc/ssh/ssh_host_rsa_key",
+           "/etc/ssh/ssh_host_ecdsa_key", "/etc/ssh/ssh_host_ed25519_key", "/etc/slurm/slurmdbd.conf")
+#: size of the sandbox's /dev/shm (a tmpfs of its own)
+SHM_BYTES = 64 * 1024 * 1024
 
 
 class WorkdirError(ValueError):
@@ -48,12 +74,21 @@ class RootEntry:
     target: str = ""  # for symlinks
 
 
-def list_root(root: Path) -> tuple[RootEntry, ...]:
-    """Top-level entries of ``root`` that the sandbox takes over (one directory listing)."""
+@dataclass(frozen=True)
+class Mask:
+    """A host path hidden inside: a file by an empty file, a directory by an empty read-only tmpfs."""
+
+    path: str
+    kind: Literal["file", "dir"]
+
+
+def list_root(root: Path, allow: frozenset[str] | None = None) -> tuple[RootEntry, ...]:
+    """Top-level entries of ``root`` that the sandbox takes over (one directory listing); only ``allow``'s names
+    when given (the host's root), every entry otherwise (an image)."""
     entries = []
     with os.scandir(root) as it:
         for e in it:
-            if e.name in _OWN:
+            if e.name in _OWN or (allow is not None and e.name not in allow):
                 continue
             if e.is_symlink():
                 entries.append(RootEntry(e.name, "symlink", os.readlink(e.path)))
@@ -62,6 +97,62 @@ def list_root(root: Path) -> tuple[RootEntry, ...]:
             else:
                 entries.append(RootEntry(e.name, "file"))
     return tuple(sorted(entries, key=lambda r: r.name))
+
+
+@functools.lru_cache(maxsize=4)
+def secret_masks(etc: str = "/etc") -> tuple[Mask, ...]:
+    """What to hide of the host's /etc: :data:`SECRETS` and every entry "others" may not read (walked once per
+    process; a secret added later is still unreadable to the unprivileged sandbox uid, just not masked)."""
+    found: dict[str, Mask] = {}
+    for path in SECRETS:
+        if path.startswith(etc + "/"):
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode):
+                found[path] = Mask(path, "dir")
+            elif stat.S_ISREG(mode):
+                found[path] = Mask(path, "file")
+    for dirpath, dirnames, filenames in os.walk(etc):
+        for name in list(dirnames):
+            path = posixpath.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and (st.st_mode & 0o005) != 0o005:
+                found.setdefault(path, Mask(path, "dir"))
+                dirnames.remove(name)
+            elif path in found:
+                dirnames.remove(name)
+        for name in filenames:
+            path = posixpath.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o004:
+                found.setdefault(path, Mask(path, "file"))
+    # a path under a masked directory needs no mask of its own
+    dirs = [m.path for m in found.values() if m.kind == "dir"]
+    kept = [m for m in found.values() if not any(m.path.startswith(d + "/") for d in dirs)]
+    return tuple(sorted(kept, key=lambda m: m.path))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the host starts bwrap: through the launcher (``relay.c``'s host side) or directly."""
+
+    #: the launcher binary (host path); None starts bwrap directly (no helper was built: weaker, see local.py)
+    helper: str | None = None
+    #: the directory the launcher mounts its staging tmpfs on, in its private mount namespace
+    stage: str = "/media"
+    #: drop to this uid:gid before bwrap (the gateway runs as root); None keeps the caller's
+    uid: int | None = None
+    gid: int | None = None
+    #: cgroup.procs files the launcher joins first (pids and memory limits of the whole sandbox)
+    cgroup_procs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,7 +168,11 @@ class SandboxLayout:
     network: Literal["none", "host", "gateway"]
     relay: str | None = None  # host path of the helper, bound read-only at RELAY_PATH
     hostname: str = "polar"
-    extra_ro: tuple[tuple[str, str], ...] = field(default=())  # (host, inside) read-only binds from options
+    extra_ro: tuple[tuple[str, str], ...] = field(default=())  # (host, inside) read-only binds
+    masks: tuple[Mask, ...] = field(default=())
+    launch: Launch = field(default_factory=Launch)
+    #: uid 0 inside (``--uid 0 --gid 0``), mapped to the unprivileged uid the launcher dropped to
+    root_inside: bool = False
 
     @property
     def tmp_host(self) -> str:
@@ -89,6 +184,34 @@ class SandboxLayout:
         if self.workdir_host is not None:
             areas.append((self.workdir, self.workdir_host))
         return sorted(areas, key=lambda a: len(a[0]), reverse=True)
+
+    def staged(self) -> tuple[str, ...]:
+        """The host sources the launcher binds at ``<stage>/<i>``, in order (empty without a launcher)."""
+        if self.launch.helper is None:
+            return ()
+        sources = [self.session_dir, self.tmp_host]
+        if self.workdir_host is not None:
+            sources.append(self.workdir_host)
+        if self.relay is not None:
+            sources.append(posixpath.dirname(self.relay))
+        if self.root != "/":
+            sources.append(self.root)
+        sources += [host for host, _ in self.extra_ro]
+        return tuple(dict.fromkeys(sources))
+
+    def source(self, host: str) -> str:
+        """Where bwrap finds the host path ``host``: under the stage when the launcher binds it (or a parent)."""
+        for i, staged in enumerate(self.staged()):
+            if host == staged:
+                return f"{self.launch.stage}/{i}"
+            if host.startswith(staged.rstrip("/") + "/") and staged != self.session_dir:
+                return f"{self.launch.stage}/{i}/{host[len(staged.rstrip('/')) + 1:]}"
+        return host
+
+    @property
+    def empty_file(self) -> str:
+        """An empty file to mask secrets with (the launcher makes one; /dev/null, unopenable under nodev, else)."""
+        return f"{self.launch.stage}/empty" if self.launch.helper is not None else "/dev/null"
 
 
 def plan_workdir(workdir: str, entries: Sequence[RootEntry], root: Path, session_dir: str) -> str | None:
@@ -115,34 +238,66 @@ def plan_workdir(workdir: str, entries: Sequence[RootEntry], root: Path, session
 
 def bwrap_argv(layout: SandboxLayout, command: Sequence[str], *, cwd: str, status_fd: int | None = None,
                bwrap: str = "bwrap") -> list[str]:
-    """The full bwrap command line for one exec."""
+    """The bwrap command line for one exec (what the launcher execs, or what runs directly)."""
+    src = layout.source
     argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if layout.network != "host":
         argv.append("--unshare-net")
-    argv += ["--die-with-parent", "--new-session", "--hostname", layout.hostname]
+    argv += ["--die-with-parent", "--new-session", "--hostname", layout.hostname, "--cap-drop", "ALL",
+             "--disable-userns"]
+    if layout.root_inside:
+        argv += ["--uid", "0", "--gid", "0"]
     for e in layout.entries:
         inside = "/" + e.name
         if e.kind == "symlink":
             argv += ["--symlink", e.target, inside]
         else:
-            argv += ["--ro-bind", posixpath.join(layout.root, e.name), inside]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--ro-bind-try", "/sys", "/sys"]
-    argv += ["--bind", layout.tmp_host, "/tmp", "--bind", layout.session_dir, SESSION_MOUNT]
+            argv += ["--ro-bind", src(posixpath.join(layout.root, e.name)), inside]
+    for mask in layout.masks:
+        if mask.kind == "file":
+            argv += ["--ro-bind", layout.empty_file, mask.path]
+        else:
+            argv += ["--tmpfs", mask.path, "--remount-ro", mask.path]
+    argv += ["--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--proc", "/proc",
+             "--ro-bind-try", "/sys", "/sys"]
+    if layout.root == "/":
+        argv += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
+    argv += ["--bind", src(layout.tmp_host), "/tmp", "--bind", src(layout.session_dir), SESSION_MOUNT]
     if layout.workdir_host is not None:
-        argv += ["--bind", layout.workdir_host, layout.workdir]
+        argv += ["--bind", src(layout.workdir_host), layout.workdir]
     if layout.relay is not None:
-        argv += ["--ro-bind", layout.relay, RELAY_PATH]
+        argv += ["--ro-bind", src(layout.relay), RELAY_PATH]
     for host, inside in layout.extra_ro:
-        argv += ["--ro-bind", host, inside]
+        argv += ["--ro-bind", src(host), inside]
     argv += ["--remount-ro", "/", "--chdir", cwd]
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
     return [*argv, "--", *command]
 
 
-def cgroup_wrap(procs_file: str, argv: Sequence[str]) -> list[str]:
-    """Prefix that moves the launcher into a cgroup before it becomes bwrap, so every sandbox process is counted."""
-    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', procs_file, *argv]
+def launcher_argv(layout: SandboxLayout, bwrap: Sequence[str]) -> list[str]:
+    """The host side in front of bwrap: join the cgroups, stage the sources, drop to the sandbox uid."""
+    launch = layout.launch
+    if launch.helper is None:
+        return list(bwrap)
+    argv = [launch.helper]
+    for procs in launch.cgroup_procs:
+        argv += ["-J", procs]
+    staged = layout.staged()
+    if staged:
+        argv += ["-S", launch.stage]
+        for source in staged:
+            argv += ["-B", source]
+    if launch.uid is not None:
+        argv += ["-U", str(launch.uid), "-G", str(launch.gid if launch.gid is not None else launch.uid)]
+    return [*argv, "--", *bwrap]
+
+
+def cgroup_wrap(procs_files: Sequence[str], argv: Sequence[str]) -> list[str]:
+    """Prefix that moves the launcher into cgroups before it becomes bwrap, so every sandbox process is counted
+    (used only when no compiled launcher exists)."""
+    script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+    return ["/bin/sh", "-c", script, "polar-cgroup", *procs_files, "--", *argv]
 
 
 def sandbox_env(spec_env: Mapping[str, str], exec_env: Mapping[str, str] | None, *, loopback_ip: str | None = None,

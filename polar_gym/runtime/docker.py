@@ -55,7 +55,7 @@ from polar_gym.runtime.docker_commands import (
     session_id_for,
 )
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
-from polar_gym.runtime.local import LoopbackAllocator
+from polar_gym.runtime.local import DEFAULTS, LoopbackAllocator
 from polar_gym.runtime.relay import GatewayRelay, relay_program
 from polar_gym.schema import RuntimeSpec
 
@@ -201,20 +201,24 @@ def _unpack(archive: Path, dst: Path) -> None:
 class DockerRuntime(Runtime):
     """A session in a container, through the Docker CLI.
 
-    ``options`` (from the spec, overridden by the constructor's): ``cli`` (argv or a string; else $POLAR_DOCKER_CLI,
-    else ``docker``), ``run_args`` (extra ``run`` arguments; else $POLAR_DOCKER_RUN_ARGS), ``shell`` (``/bin/sh``),
-    ``session_id`` (names the container; else the session directory's name and a hash of its path),
-    ``start_timeout`` (seconds, 120).
+    ``options``: ``cli`` (argv or a string; else $POLAR_DOCKER_CLI, else ``docker``), ``run_args`` (extra ``run``
+    arguments; else $POLAR_DOCKER_RUN_ARGS), ``session_id`` (names the container; else the session directory's
+    name and a hash of its path), the default limits ``memory_mb``, ``max_processes``, ``max_connections`` (as the
+    local backend's, :data:`~polar_gym.runtime.local.DEFAULTS`; 0 turns one off): only from the constructor (the
+    gateway's configuration). ``shell`` (``/bin/sh``) and ``start_timeout`` (seconds, 120) also from a request.
+    Every container runs with ``--cap-drop ALL --security-opt no-new-privileges`` and mounts nothing of the host
+    but the session directory (and the relay helper, read-only).
     """
 
     name: ClassVar[str] = "docker"
+    request_options: ClassVar[frozenset[str]] = frozenset({"shell", "start_timeout"})
     #: seconds a killed exec may take to end before its CLI client is killed too
     KILL_GRACE: ClassVar[float] = 5.0
 
     def __init__(self, spec: RuntimeSpec, session_dir: str | Path, *, gateway: GatewayEndpoint | None = None,
                  options: dict[str, Any] | None = None) -> None:
         super().__init__(spec, session_dir, gateway=gateway, options=options)
-        opts = {**spec.options, **self.options}
+        opts = self.options
         cli = opts.get("cli") or os.environ.get("POLAR_DOCKER_CLI") or "docker"
         run_args = opts.get("run_args") or os.environ.get("POLAR_DOCKER_RUN_ARGS") or ()
         self.commands = DockerCommands(cli=tuple(shlex.split(cli) if isinstance(cli, str) else cli),
@@ -281,9 +285,10 @@ class DockerRuntime(Runtime):
                 self.loopback_ip, self._loopback = await asyncio.to_thread(LoopbackAllocator().acquire)
             argv = self.commands.run(name=self.container, session_id=self.session_id, image=self.spec.image,
                                      session_dir=session_dir, workdir=self.spec.workdir, env=self._env(),
-                                     network=self.spec.network, cpus=self.spec.cpus, memory_mb=self.spec.memory_mb,
-                                     max_processes=self.spec.max_processes,
-                                     relay=await self._start_relay() if self.spec.network == "gateway" else None)
+                                     network=self.spec.network, cpus=self.spec.cpus,
+                                     memory_mb=self._limit("memory_mb"), max_processes=self._limit("max_processes"),
+                                     relay=await self._start_relay() if self.spec.network == "gateway" else None,
+                                     max_connections=self._limit("max_connections"))
             code, _, err = await self._cli(argv, timeout=self.start_timeout)
             if code != 0:
                 raise SandboxStartError(f"{self.commands.cli[0]} run failed (exit {code}): "
@@ -294,6 +299,13 @@ class DockerRuntime(Runtime):
                 await self.stop()
             raise
         self._running = True
+
+    def _limit(self, name: str) -> int | None:
+        """The spec's limit, else the option of that name, else the shared default; 0 is none."""
+        value = getattr(self.spec, name, None) if name in ("max_processes", "memory_mb") else None
+        if value is None:
+            value = self.options.get(name, DEFAULTS.get(name))
+        return int(value) if value else None
 
     def _env(self) -> dict[str, str]:
         """The container's environment: where things are (as the local backend sets it), then the spec's own."""
@@ -324,7 +336,8 @@ class DockerRuntime(Runtime):
         if self.gateway is None:
             raise SandboxStartError('network="gateway" needs the gateway endpoint (Runtime(..., gateway=...))')
         program = await asyncio.to_thread(relay_program)  # may compile relay.c once
-        self._relay = GatewayRelay(self.session_dir.resolve(), self.gateway)
+        self._relay = GatewayRelay(self.session_dir.resolve(), self.gateway,
+                                   max_connections=self._limit("max_connections"))
         await self._relay.start()
         return program
 

@@ -92,10 +92,12 @@ class DockerCommands:
     def run(self, *, name: str, session_id: str, image: str, session_dir: Path, workdir: str,
             env: dict[str, str] | None = None, network: str = "none", cpus: float | None = None,
             memory_mb: int | None = None, max_processes: int | None = None,
-            relay: Path | None = None) -> list[str]:
-        """``run -d``: the container idles in PID 1 until removed. ``relay`` (the helper binary on the host) makes
-        the entrypoint the relay, which opens the gateway port and then execs PID 1's loop."""
+            relay: Path | None = None, max_connections: int | None = None) -> list[str]:
+        """``run -d``: the container idles in PID 1 until removed, with no capabilities and no new privileges.
+        ``relay`` (the helper binary on the host) makes the entrypoint the relay, which opens the gateway port
+        (at most ``max_connections`` at once) and then execs PID 1's loop."""
         argv = [*self.cli, "run", "-d", "--name", name, "--label", f"{LABEL}={session_id}",
+                "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 "-v", f"{session_dir}:{SESSION_MOUNT}",
                 "--network", "host" if network == "host" else "none"]
         for key, value in (env or {}).items():
@@ -109,7 +111,7 @@ class DockerCommands:
         init = [self.shell, "-c", KEEPALIVE, "polar-init", f"{SESSION_MOUNT}/{PRIVATE_DIR}/ready", workdir]
         if relay is not None:
             argv += ["-v", f"{relay}:{RELAY_PATH}:ro"]
-            init = helper_argv(RELAY_PATH, init, gateway=True)
+            init = helper_argv(RELAY_PATH, init, gateway=True, max_connections=max_connections)
         return [*argv, "--entrypoint", init[0], *self.run_args, image, *init[1:]]
 
     def exec(self, name: str, command: Sequence[str], *, marker: str, env: dict[str, str] | None = None,

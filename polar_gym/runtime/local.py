@@ -10,14 +10,44 @@ background process does not outlive the exec that started it, and each exec has 
 meant for later execs must be started in the same command).
 
 Isolation: user, mount, pid, ipc, uts (and cgroup where possible) namespaces; a network namespace in modes ``none``
-and ``gateway``; ``--die-with-parent`` and ``--new-session``. The root is read-only (the host's or an unpacked image
-directory, ``spec.image``); the environment is built from scratch (nothing of the host's leaks in).
+and ``gateway``; ``--die-with-parent`` and ``--new-session``; every capability dropped (``--cap-drop ALL``), no new
+privileges, no nested user namespaces (``--disable-userns``). What the sandbox sees (polar_gym/runtime/bwrap.py):
+the system directories read-only with /etc's secrets masked, its own session directory (``/polar``, ``/tmp``, the
+workdir), the helper, and the read-only extras the gateway binds (``ro_binds``: the harness install) or a request
+exposes (``expose``); not /root, /home, /var, /run, host /tmp, the project checkout, other sessions, nor any host
+Unix socket (their directories are not there; abstract sockets belong to the host's network namespace). With
+``spec.image`` (an unpacked image directory) the image is the root instead. The environment is built from scratch.
 
-Limits (approximate, documented): ``max_processes`` is RLIMIT_NPROC set inside the sandbox by the helper, after the
-user namespace exists, so it counts this exec's processes; the kernel exempts host uid 0 from it, so when running as
-root a pids cgroup (v1, or v2 where pids is delegated) enforces it instead when one is writable. ``memory_mb`` is
-RLIMIT_DATA per process (heap and anonymous memory; not a total over the tree, not page cache). ``cpus`` pins the
-exec to ceil(cpus) CPUs by affinity (no fractional shares; a process may widen its own affinity again).
+Who the sandbox is on the host: bwrap is started through the compiled helper (``relay.c``, host side), which stages
+the bind sources in a private mount namespace and, when the gateway runs as root, drops to ``sandbox_uid`` (65534,
+nobody) first, so uid 0 inside is that unprivileged uid outside: it cannot write host files, remount anything or
+read what "others" may not. The session directory is chowned to it, and so is every upload. Each bind source is
+opened with O_NOFOLLOW, so a symlink a sandbox puts in place of its own tmp or workdir ends the next exec (CRASHED,
+with the reason) instead of binding a host path. As a user, the launcher stages inside a user namespace of its own
+and the sandbox is that user (as before). Without the compiled
+helper (no gcc), bwrap starts directly: as root the sandbox is then uid 0 with no capabilities and every host mount
+read-only (weaker: host-root-owned files in the session directory stay writable to it); a warning says so.
+
+Options: from the request only ``hostname`` and ``expose`` (a list of host paths bound read-only at the same path,
+each under one of the gateway's ``expose_roots``, else a start error); from the gateway's configuration also
+``bwrap`` (binary), ``ro_binds`` ({host: inside}), ``expose_roots``, ``sandbox_uid``/``sandbox_gid``,
+``stage_dir`` and the limits below.
+
+Limits, each with a default (:data:`DEFAULTS`, override through the options of the same name; ``0`` turns one off):
+
+- processes: ``spec.max_processes`` else ``max_processes`` (512). RLIMIT_NPROC set inside by the helper (it counts
+  the sandbox's own user namespace); as root also a pids cgroup (v1, or v2 where delegated).
+- memory: ``spec.memory_mb`` else ``memory_mb`` (1024) for the whole sandbox, through a memory cgroup (v1
+  ``memory.limit_in_bytes`` + ``memsw``, or v2 ``memory.max``) when one is writable (as root); otherwise the
+  fallback is RLIMIT_DATA per process (heap and anonymous memory of each process, not a total over the tree).
+  /dev/shm is a 64 MiB tmpfs of the sandbox's own.
+- disk: ``disk_mb`` (10240) for the session directory (``/polar``, ``/tmp``, the workdir): RLIMIT_FSIZE caps any one
+  file at it, and while an exec runs a watchdog sums the directory's blocks (every 0.25 s, or 20x the time one
+  walk takes, at most 10 s) and kills the exec, FAILED with a reason, once the total is over. The bound is the
+  limit plus what can be written between two looks.
+- gateway connections: ``max_connections`` (64) at once, in the in-sandbox relay (more wait in its backlog) and on
+  the host side (more are closed).
+- ``cpus`` pins the exec to ceil(cpus) CPUs by affinity (no fractional shares; a process may widen it again).
 
 Network ``host`` shares the host network and allocates a distinct 127.x.y.z per sandbox (``POLAR_LOOPBACK_IP``),
 advisory only. ``gateway`` relays 127.0.0.1:GATEWAY_INNER_PORT to the gateway's proxy (polar_gym/runtime/relay.py).
@@ -38,7 +68,6 @@ import random
 import shutil
 import signal
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
@@ -52,21 +81,33 @@ from polar_gym.runtime.base import (
     Runtime,
 )
 from polar_gym.runtime.bwrap import (
+    SYSTEM_DIRS,
+    Launch,
     SandboxLayout,
     WorkdirError,
     bwrap_argv,
     cgroup_wrap,
+    launcher_argv,
     list_root,
     plan_workdir,
     sandbox_env,
+    secret_masks,
 )
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
-from polar_gym.runtime.relay import GatewayRelay, helper_argv, relay_program
+from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, disk_usage
+from polar_gym.runtime.relay import RELAY_FALLBACK, GatewayRelay, helper_argv, relay_program
 from polar_gym.schema import RuntimeSpec
 
-__all__ = ["LocalRuntime", "LoopbackAllocator", "PidsCgroup", "confine"]
+__all__ = ["DEFAULTS", "LocalRuntime", "LoopbackAllocator", "SandboxCgroup", "confine", "disk_usage"]
 
 _CHUNK = 65536
+#: default limits (see the module docstring); a gateway overrides them through its runtime options
+DEFAULTS: dict[str, int] = {"max_processes": 512, "memory_mb": 1024, "disk_mb": 10240, "max_connections": 64,
+                            "sandbox_uid": 65534}
+#: where the launcher may mount its staging tmpfs (in its private mount namespace): the first that exists
+_STAGE_DIRS = ("/media", "/srv", "/mnt")
+#: how the launcher's own errors begin (a bind source it refused, a cgroup it could not join)
+_LAUNCHER = "polar relay: "
 log = logging.getLogger(__name__)
 _cpu_counter = itertools.count()
 
@@ -98,63 +139,6 @@ class LoopbackAllocator:
         handle.close()
 
 
-class PidsCgroup:
-    """A pids cgroup for one sandbox (used as root, where RLIMIT_NPROC does not apply)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @classmethod
-    def create(cls, name: str, max_pids: int) -> PidsCgroup | None:
-        """None when no writable pids hierarchy exists (the limit then rests on RLIMIT_NPROC alone)."""
-        for base in _pids_bases():
-            try:
-                path = base / name
-                path.mkdir()
-                (path / "pids.max").write_text(str(max_pids))
-                return cls(path)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    (base / name).rmdir()
-        return None
-
-    @property
-    def procs_file(self) -> str:
-        return str(self.path / "cgroup.procs")
-
-    def kill_all(self) -> None:
-        with contextlib.suppress(OSError):
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-
-    async def remove(self) -> None:
-        for _ in range(100):
-            self.kill_all()
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                await asyncio.sleep(0.02)
-
-
-def _pids_bases() -> list[Path]:
-    bases = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, rel = line.split(":", 2)
-            if "pids" in controllers.split(","):
-                bases.append(Path("/sys/fs/cgroup/pids") / rel.lstrip("/"))
-            elif controllers == "":
-                own = Path("/sys/fs/cgroup") / rel.lstrip("/")
-                with contextlib.suppress(OSError):
-                    if "pids" in (own / "cgroup.subtree_control").read_text().split():
-                        bases.append(own)
-    return bases
-
-
 def confine(areas: list[tuple[str, str]], inside: str, workdir: str) -> Path:
     """Map a path inside the sandbox to its host path in a writable area, refusing anything that escapes one
     (``..``, absolute paths elsewhere, symlinks pointing out of the area)."""
@@ -176,6 +160,7 @@ class _Running:
     proc: asyncio.subprocess.Process
     status_fd: int = -1
     killed: ExecStatus | None = None
+    reason: str | None = None  # why a limit killed it (killed is then FAILED)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     status_raw: bytearray = field(default_factory=bytearray)
 
@@ -186,14 +171,45 @@ class _Running:
         return _parse_status(bytes(self.status_raw))
 
 
-def _copy_in(data: bytes | Path, target: Path) -> None:
+def _copy_in(data: bytes | Path, target: Path, owner: tuple[int, int] | None = None) -> None:
+    """Copy into the session directory; with ``owner`` (the sandbox's host uid, gid) what was made is theirs."""
+    top = target
+    while not top.parent.exists():
+        top = top.parent
     target.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, bytes):
         target.write_bytes(data)
     elif data.is_dir():
-        shutil.copytree(data, target, symlinks=True, dirs_exist_ok=True)
+        _copy_dir_in(data, target)
     else:
         shutil.copyfile(data, target)
+    if owner is not None:
+        chown_tree(top, *owner)
+
+
+def _copy_dir_in(source: Path, target: Path) -> None:
+    """Merge ``source`` into ``target`` without following anything the sandbox put there: a symlink (or any other
+    non-file) in the way of a file or directory is replaced, never written through (as root, writing through a link
+    the sandbox planted would write the host). No sandbox process runs between execs, so nothing can race this."""
+    for dirpath, dirnames, filenames in os.walk(source):
+        rel = os.path.relpath(dirpath, source)
+        here = target if rel == "." else target / rel
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            here.unlink()
+        here.mkdir(exist_ok=True)
+        links = [n for n in dirnames if os.path.islink(os.path.join(dirpath, n))]
+        dirnames[:] = [n for n in dirnames if n not in links]
+        for name in filenames + links:
+            src, dst = os.path.join(dirpath, name), here / name
+            if dst.is_symlink() or dst.is_file():
+                dst.unlink()
+            elif dst.exists():
+                shutil.rmtree(dst)
+            if os.path.islink(src):
+                os.symlink(os.readlink(src), dst)
+            else:
+                shutil.copyfile(src, dst)
+                shutil.copymode(src, dst)
 
 
 def _copy_out(source: Path, dst: Path) -> None:
@@ -215,22 +231,33 @@ def _gone(pid: int) -> bool:
 
 
 class LocalRuntime(Runtime):
-    """bubblewrap sandbox; options: ``bwrap`` (binary), ``hostname``, ``ro_binds`` ({host: inside})."""
+    """bubblewrap sandbox; options and limits in the module docstring."""
 
     name: ClassVar[str] = "local"
+    request_options: ClassVar[frozenset[str]] = frozenset({"hostname", "expose"})
 
     def __init__(self, spec: RuntimeSpec, session_dir: str | Path, *, gateway: GatewayEndpoint | None = None,
                  options: dict[str, Any] | None = None) -> None:
-        super().__init__(spec, session_dir, gateway=gateway, options={**spec.options, **(options or {})})
+        super().__init__(spec, session_dir, gateway=gateway, options=options)
         self._layout: SandboxLayout | None = None
         self._running: set[_Running] = set()
         self._kill_epoch = 0
         self._relay: GatewayRelay | None = None
         self._loopback: TextIO | None = None
-        self._cgroup: PidsCgroup | None = None
+        self._cgroup: SandboxCgroup | None = None
+        self._cgroup_limits: set[str] = set()
         self._cpus: list[int] | None = None
         self._stopped = False
         self._bwrap = str(self.options.get("bwrap", "bwrap"))
+        #: (uid, gid) on the host that the sandbox runs as, when the gateway is root and drops to it
+        self.owner: tuple[int, int] | None = None
+
+    def limit(self, name: str) -> int | None:
+        """A limit's value: the spec's field, else the option of that name, else :data:`DEFAULTS`; 0 is none."""
+        value = getattr(self.spec, name, None) if name in ("max_processes", "memory_mb") else None
+        if value is None:
+            value = self.options.get(name, DEFAULTS.get(name))
+        return int(value) if value else None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -245,50 +272,99 @@ class LocalRuntime(Runtime):
         root = Path(self.spec.image) if self.spec.image else Path("/")
         if not root.is_dir():
             raise SandboxStartError(f"the local backend needs an unpacked image directory, not {self.spec.image!r}")
+        if os.geteuid() == 0:
+            procs, memory = self.limit("max_processes"), self.limit("memory_mb")
+            self._cgroup, self._cgroup_limits = await asyncio.to_thread(
+                SandboxCgroup.create, cgroup_name(), procs,
+                memory * 1024 * 1024 if memory else None)
         self._layout = await asyncio.to_thread(self._prepare, root)
         if self.spec.network == "gateway":
             if self.gateway is None:
                 raise SandboxStartError("network 'gateway' needs a gateway endpoint")
-            self._relay = GatewayRelay(self.session_dir.resolve(), self.gateway)
+            self._relay = GatewayRelay(self.session_dir.resolve(), self.gateway,
+                                       max_connections=self.limit("max_connections"))
             await self._relay.start()
+            if self.owner is not None:
+                os.chown(self._relay.path, *self.owner)
         elif self.spec.network == "host":
             self.loopback_ip, self._loopback = LoopbackAllocator().acquire()
-        if self.spec.max_processes is not None and os.geteuid() == 0:
-            self._cgroup = PidsCgroup.create(f"polar_gym-{uuid.uuid4().hex[:12]}", self.spec.max_processes)
-            if self._cgroup is None:  # uid 0 is exempt from RLIMIT_NPROC, so nothing would hold the limit
-                log.warning("max_processes=%s is not enforced: running as root without a writable pids cgroup",
-                            self.spec.max_processes)
         if self.spec.cpus is not None:
             available = sorted(os.sched_getaffinity(0))
             n = max(1, min(len(available), math.ceil(self.spec.cpus)))
             first = next(_cpu_counter)
             self._cpus = sorted(available[(first + i) % len(available)] for i in range(n))
 
+    def _launch(self, relay: str) -> Launch:
+        """How bwrap starts: through the compiled helper (staging; as root, dropping to the sandbox uid), or, with
+        only the Python fallback helper, directly (a warning: as root the sandbox is then uid 0 without caps)."""
+        cgroups = self._cgroup.procs_files if self._cgroup is not None else ()
+        if relay == str(RELAY_FALLBACK):
+            if os.geteuid() == 0:
+                log.warning("no compiled sandbox helper (gcc missing?): the local sandbox runs as uid 0 with every "
+                            "capability dropped instead of as an unprivileged uid; run scripts/setup.sh")
+            return Launch(cgroup_procs=cgroups)
+        stage = str(self.options.get("stage_dir") or next((d for d in _STAGE_DIRS if os.path.isdir(d)), ""))
+        if not stage:
+            log.warning("no directory to stage the sandbox's mounts on (%s; or the local runtime option stage_dir): "
+                        "bwrap starts directly%s", ", ".join(_STAGE_DIRS),
+                        ", as uid 0 with every capability dropped" if os.geteuid() == 0 else "")
+            return Launch(cgroup_procs=cgroups)
+        if os.geteuid() == 0:
+            uid = int(self.options.get("sandbox_uid", DEFAULTS["sandbox_uid"]))
+            gid = int(self.options.get("sandbox_gid", uid))
+            self.owner = (uid, gid)
+            return Launch(helper=relay, stage=stage, uid=uid, gid=gid, cgroup_procs=cgroups)
+        return Launch(helper=relay, stage=stage, cgroup_procs=cgroups)
+
+    def _exposed(self) -> tuple[tuple[str, str], ...]:
+        """The request's ``expose`` paths, each checked against the gateway's ``expose_roots``."""
+        paths = self.options.get("expose") or []
+        if isinstance(paths, str):
+            paths = [paths]
+        roots = [os.path.realpath(str(r)) for r in self.options.get("expose_roots") or []]
+        allowed = ", ".join(roots) or "none"
+        out = []
+        for path in paths:
+            if not isinstance(path, str) or not posixpath.isabs(path):
+                raise SandboxStartError(f"runtime.options.expose: {path!r} is not an absolute path")
+            inside = posixpath.normpath(path)
+            real = os.path.realpath(inside)
+            if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+                raise SandboxStartError(
+                    f"runtime.options.expose: {path!r} is not under a root this gateway lets requests expose (the "
+                    f"gateway's expose_roots, GatewayConfig.expose_roots: {allowed})")
+            if not os.path.exists(real):
+                raise SandboxStartError(f"runtime.options.expose: {path!r} does not exist on the gateway host")
+            first = inside.strip("/").split("/")[0]
+            if first in ("", "proc", "dev", "sys", "polar") or inside == "/tmp":
+                raise SandboxStartError(f"runtime.options.expose: {path!r} would cover a part of the sandbox itself")
+            out.append((real, inside))
+        return tuple(out)
+
     def _prepare(self, root: Path) -> SandboxLayout:
         session = self.session_dir.resolve()
         for sub in ("home", "tmp", ".bin"):
             (session / sub).mkdir(parents=True, exist_ok=True)
-        entries = list_root(root)
+        host_root = root == Path("/")
+        entries = list_root(root, SYSTEM_DIRS if host_root else None)
         try:
             workdir_host = plan_workdir(self.spec.workdir, entries, root, str(session))
         except WorkdirError as exc:
             raise SandboxStartError(str(exc)) from exc
-        relay = None
-        if self._needs_helper():
-            relay = str(relay_program())
-            (session / ".bin" / "relay").touch()  # the mount point
+        relay = str(relay_program())
+        (session / ".bin" / "relay").touch()  # the mount point
         extra = tuple((str(h), str(i)) for h, i in dict(self.options.get("ro_binds") or {}).items())
+        launch = self._launch(relay)
         layout = SandboxLayout(root=str(root), entries=entries, session_dir=str(session),
-                             workdir=posixpath.normpath(self.spec.workdir), workdir_host=workdir_host,
-                             network=self.spec.network, relay=relay,
-                             hostname=str(self.options.get("hostname", "polar")), extra_ro=extra)
+                               workdir=posixpath.normpath(self.spec.workdir), workdir_host=workdir_host,
+                               network=self.spec.network, relay=relay,
+                               hostname=str(self.options.get("hostname", "polar")),
+                               extra_ro=extra + self._exposed(), masks=secret_masks() if host_root else (),
+                               launch=launch, root_inside=launch.uid is not None)
         confine(layout.writable(), layout.workdir, "/").mkdir(parents=True, exist_ok=True)
+        if self.owner is not None:
+            chown_tree(session, *self.owner)
         return layout
-
-    def _needs_helper(self) -> bool:
-        s = self.spec
-        nproc_by_rlimit = s.max_processes is not None and os.geteuid() != 0
-        return s.network == "gateway" or nproc_by_rlimit or s.memory_mb is not None or s.cpus is not None
 
     async def stop(self) -> None:
         self._stopped = True
@@ -356,19 +432,26 @@ class LocalRuntime(Runtime):
 
     def command_argv(self, command: list[str] | str, *, cwd: str | None = None, status_fd: int | None = None
                      ) -> list[str]:
-        """The host command line for one exec (bwrap, the helper, the command)."""
-        if self._layout is None:
+        """The host command line for one exec (launcher, bwrap, the helper, the command)."""
+        layout = self._layout
+        if layout is None:
             raise SandboxStateError("the sandbox is not started")
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        if self._layout.relay is not None:
-            nproc = self.spec.max_processes if os.geteuid() != 0 else None
-            data = self.spec.memory_mb * 1024 * 1024 if self.spec.memory_mb is not None else None
-            argv = helper_argv(RELAY_PATH, argv, gateway=self.spec.network == "gateway", nproc=nproc,
-                               data_bytes=data, cpus=self._cpus)
-        inside_cwd = posixpath.normpath(posixpath.join(self._layout.workdir, cwd or "."))
-        full = bwrap_argv(self._layout, argv, cwd=inside_cwd, status_fd=status_fd, bwrap=self._bwrap)
-        if self._cgroup is not None:
-            full = cgroup_wrap(self._cgroup.procs_file, full)
+        exempt = os.geteuid() == 0 and layout.launch.uid is None  # host root ignores RLIMIT_NPROC
+        memory = self.limit("memory_mb")
+        disk = self.limit("disk_mb")
+        argv = helper_argv(RELAY_PATH, argv, gateway=self.spec.network == "gateway",
+                           nproc=None if exempt else self.limit("max_processes"),
+                           data_bytes=memory * 1024 * 1024 if memory and "memory" not in self._cgroup_limits
+                           else None,
+                           file_bytes=disk * 1024 * 1024 if disk else None,
+                           max_connections=self.limit("max_connections"), cpus=self._cpus)
+        inside_cwd = posixpath.normpath(posixpath.join(layout.workdir, cwd or "."))
+        full = bwrap_argv(layout, argv, cwd=inside_cwd, status_fd=status_fd, bwrap=self._bwrap)
+        if layout.launch.helper is not None:
+            return launcher_argv(layout, full)
+        if layout.launch.cgroup_procs:
+            return cgroup_wrap(layout.launch.cgroup_procs, full)
         return full
 
     def command_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -404,6 +487,8 @@ class LocalRuntime(Runtime):
                    asyncio.create_task(_read(proc.stderr, err, on_stderr))]
         if stdin is not None:
             readers.append(asyncio.create_task(_feed(proc, stdin)))
+        disk = self.limit("disk_mb")
+        watchdog = asyncio.create_task(self._watch_disk(run, disk * 1024 * 1024)) if disk else None
         try:
             try:
                 await asyncio.wait_for(proc.wait(), timeout)
@@ -432,6 +517,8 @@ class LocalRuntime(Runtime):
             await asyncio.gather(*readers, return_exceptions=True)
             raise
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             run.status()
             # whatever ended the exec (a cancel of our caller, bwrap killed from outside, e.g. by scancel's SIGTERM),
             # the sandbox's pid 1 must not outlive it: the delayed looks _kill scheduled may never run if this
@@ -442,6 +529,19 @@ class LocalRuntime(Runtime):
             self._running.discard(run)
             run.done.set()
         return _result(run, proc.returncode, status, bytes(out), bytes(err), time.monotonic() - started)
+
+    async def _watch_disk(self, run: _Running, limit: int) -> None:
+        """Kill ``run`` once the session directory holds more than ``limit`` bytes (see the module docstring)."""
+        session = self.session_dir.resolve()
+        while run.proc.returncode is None:
+            began = time.monotonic()
+            used = await asyncio.to_thread(disk_usage, session)
+            if used > limit:
+                run.reason = (f"the session directory holds {used // 2**20} MiB, over its disk limit of "
+                              f"{limit // 2**20} MiB (local runtime option disk_mb)")
+                self._kill(run, ExecStatus.FAILED)
+                return
+            await asyncio.sleep(min(10.0, max(0.25, 20 * (time.monotonic() - began))))  # <= 5 % of a CPU
 
     # -- files -------------------------------------------------------------------------------------------------
 
@@ -454,7 +554,7 @@ class LocalRuntime(Runtime):
     async def upload(self, data: bytes | Path, dst: str) -> None:
         if self._stopped:
             raise SandboxStateError("the sandbox is not running")
-        await asyncio.to_thread(_copy_in, data, self.host_path(dst))
+        await asyncio.to_thread(_copy_in, data, self.host_path(dst), self.owner)
 
     async def download(self, src: str, dst: Path) -> None:
         if self._stopped:
@@ -517,13 +617,15 @@ def _parse_status(raw: bytes) -> dict[str, Any]:
 def _result(run: _Running, returncode: int | None, status: dict[str, Any], out: bytes, err: bytes,
             seconds: float) -> ExecResult:
     code = status.get("exit-code")
+    if run.killed is ExecStatus.FAILED:
+        return ExecResult(status=ExecStatus.FAILED, stdout=out, stderr=err, seconds=seconds, reason=run.reason)
     if run.killed in (ExecStatus.TIMEOUT, ExecStatus.CANCELLED):
         reason = "timed out" if run.killed is ExecStatus.TIMEOUT else "cancelled"
         return ExecResult(status=run.killed, stdout=out, stderr=err, seconds=seconds, reason=reason)
     if isinstance(code, int):
         return ExecResult(status=ExecStatus.OK if code == 0 else ExecStatus.FAILED, exit_code=code, stdout=out,
                           stderr=err, seconds=seconds)
-    lines = [line for line in err.decode(errors="replace").splitlines() if line.startswith("bwrap: ")]
+    lines = [line for line in err.decode(errors="replace").splitlines() if line.startswith(("bwrap: ", _LAUNCHER))]
     if lines and lines[-1].startswith("bwrap: execvp "):  # the sandbox is fine, the command does not exist
         missing = "No such file" in lines[-1]
         return ExecResult(status=ExecStatus.FAILED, exit_code=127 if missing else 126, stdout=out, stderr=err,
@@ -531,7 +633,7 @@ def _result(run: _Running, returncode: int | None, status: dict[str, Any], out: 
     if returncode is not None and returncode < 0:
         reason = f"the sandbox was killed by signal {-returncode}"
     elif lines:
-        reason = lines[-1]
+        reason = lines[-1].removeprefix(_LAUNCHER)
     else:
         reason = f"the sandbox exited with {returncode} without running the command to its end"
     return ExecResult(status=ExecStatus.CRASHED, exit_code=None, stdout=out, stderr=err, seconds=seconds,

@@ -1,7 +1,15 @@
 /*
  * polar_gym sandbox helper: applies resource limits, optionally starts the "gateway only" relay, then execs a command.
  *
- *   relay [-n NPROC] [-m DATA_BYTES] [-c CPU,CPU,...] [-l PORT -u SOCKET] -- CMD [ARGS...]
+ *   relay [-n NPROC] [-m DATA_BYTES] [-f FILE_BYTES] [-c CPU,CPU,...] [-l PORT -u SOCKET [-k MAXCONN]] -- CMD...
+ *   relay [-J CGROUP_PROCS]... [-S STAGE -B SRC...] [-U UID -G GID] -- bwrap ...      (host side, as root)
+ *
+ * Host side (the local backend started by root): -J moves this process into a cgroup (its procs file) before
+ * anything else, so every sandbox process is counted; -S/-B make a private mount namespace, mount a small tmpfs on
+ * STAGE and bind each SRC at STAGE/0, STAGE/1, ... (so bwrap, once it runs as an unprivileged uid, can reach
+ * sources whose parents it could not traverse, such as a session directory under a 0700 tree; nothing of this is
+ * visible on the host, and STAGE/empty is an empty file to mask secrets with); -U/-G drop to that uid and gid
+ * (no supplementary groups, no new privileges) and exec the rest, bwrap, whose user namespace then maps to it.
  *
  * Limits are set here, inside the sandbox (after its user namespace exists), so RLIMIT_NPROC counts the sandbox's
  * own processes rather than every process of the user on the host. With -l/-u it listens on 127.0.0.1:PORT, forks
@@ -9,8 +17,9 @@
  * the session directory), and only then execs CMD, so the proxy is reachable the moment CMD starts. The relay lives
  * in the sandbox's pid namespace and dies with it.
  *
- * The relay is one poll() loop with a fixed buffer per direction: any number of concurrent connections (up to the
- * fd limit), half-close propagated with shutdown(SHUT_WR), no dependency beyond libc (built with -static).
+ * The relay is one poll() loop with a fixed buffer per direction: at most MAXCONN (-k, default 64) connections at
+ * once (more wait in the listen backlog until one ends), half-close propagated with shutdown(SHUT_WR), no dependency
+ * beyond libc (built with -static).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -25,8 +34,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <grp.h>
 #include <unistd.h>
 
 #define BUF 65536
@@ -44,7 +57,7 @@ struct conn {
 };
 
 static struct conn **conns;
-static size_t nconns, capconns;
+static size_t nconns, capconns, maxconns = 64;
 
 static void die(const char *what) {
     fprintf(stderr, "polar relay: %s: %s\n", what, strerror(errno));
@@ -131,7 +144,7 @@ static void serve(int lfd, const char *path) {
             if (!pfd) die("realloc");
         }
         pfd[0].fd = lfd;
-        pfd[0].events = POLLIN;
+        pfd[0].events = nconns < maxconns ? POLLIN : 0;  /* at the cap: new connections wait in the backlog */
         for (size_t i = 0; i < nconns; i++) {
             struct conn *k = conns[i];
             for (int s = 0; s < 2; s++) {
@@ -160,7 +173,7 @@ static void serve(int lfd, const char *path) {
             if (((r0 | r1) & (POLLERR | POLLNVAL)) && k->h[0].len == 0 && k->h[1].len == 0) close_conn(i);
         }
         if (pfd[0].revents & POLLIN) {
-            for (int j = 0; j < 64; j++) {
+            for (int j = 0; j < 64 && nconns < maxconns; j++) {
                 size_t before = nconns;
                 errno = 0;
                 accept_one(lfd, path);
@@ -185,18 +198,102 @@ static void affinity(const char *list) {
     if (sched_setaffinity(0, sizeof set, &set) < 0) die("sched_setaffinity");
 }
 
+static void join_cgroup(const char *procs) {
+    int fd = open(procs, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "0\n", 2) != 2) die(procs);
+    close(fd);
+}
+
+static void write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) die(path);
+    close(fd);
+}
+
+/* A private mount namespace (in a user namespace of our own uid when not root) with STAGE/<i> bound to srcs[i] and
+ * an empty file STAGE/empty. Each source is opened after the unshare with O_NOFOLLOW on its last component and
+ * bound through its fd, so a symlink put in its place (by a sandbox that owns the parent) is refused, never
+ * followed. */
+static void stage(const char *root, char **srcs, int n) {
+    char path[4096], map[64];
+    if (geteuid() != 0) {
+        uid_t u = geteuid();
+        gid_t g = getegid();
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0) die("unshare(CLONE_NEWUSER | CLONE_NEWNS)");
+        snprintf(map, sizeof map, "%u %u 1\n", u, u);
+        write_file("/proc/self/uid_map", map);
+        write_file("/proc/self/setgroups", "deny\n");
+        snprintf(map, sizeof map, "%u %u 1\n", g, g);
+        write_file("/proc/self/gid_map", map);
+    } else if (unshare(CLONE_NEWNS) < 0) {
+        die("unshare(CLONE_NEWNS)");
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) die("make / private");
+    if (mount("polar-stage", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0) die(root);
+    snprintf(path, sizeof path, "%s/empty", root);
+    int e = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
+    if (e < 0) die(path);
+    close(e);
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        char fdpath[64];
+        int fd = open(srcs[i], O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, &st) < 0) die(srcs[i]);
+        if (S_ISLNK(st.st_mode)) {
+            errno = ELOOP;
+            die(srcs[i]);
+        }
+        snprintf(path, sizeof path, "%s/%d", root, i);
+        if (S_ISDIR(st.st_mode)) {
+            if (mkdir(path, 0755) < 0) die(path);
+        } else {
+            int f = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
+            if (f < 0) die(path);
+            close(f);
+        }
+        snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", fd);
+        if (mount(fdpath, path, NULL, MS_BIND | MS_REC, NULL) < 0) die(srcs[i]);
+        close(fd);
+    }
+    if (chdir("/") < 0) die("chdir /");
+}
+
+static void drop_to(const char *uid, const char *gid) {
+    uid_t u = (uid_t)strtoul(uid, NULL, 10);
+    gid_t g = (gid_t)strtoul(gid ? gid : uid, NULL, 10);
+    if (setgroups(0, NULL) < 0) die("setgroups");
+    if (setresgid(g, g, g) < 0) die("setresgid");
+    if (setresuid(u, u, u) < 0) die("setresuid");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
+}
+
+#define MAXSTAGE 64
+
 int main(int argc, char **argv) {
-    const char *port = NULL, *path = NULL;
-    int opt;
-    while ((opt = getopt(argc, argv, "+n:m:c:l:u:")) != -1) {
+    const char *port = NULL, *path = NULL, *stage_root = NULL, *uid = NULL, *gid = NULL;
+    const char *nproc = NULL, *data = NULL, *fsize = NULL, *cpus = NULL;
+    char *srcs[MAXSTAGE];
+    int nsrcs = 0, opt;
+    while ((opt = getopt(argc, argv, "+n:m:f:c:l:u:k:J:S:B:U:G:")) != -1) {
         switch (opt) {
-        case 'n': limit(RLIMIT_NPROC, optarg); break;
-        case 'm': limit(RLIMIT_DATA, optarg); break;
-        case 'c': affinity(optarg); break;
+        case 'n': nproc = optarg; break;
+        case 'm': data = optarg; break;
+        case 'f': fsize = optarg; break;
+        case 'c': cpus = optarg; break;
         case 'l': port = optarg; break;
         case 'u': path = optarg; break;
+        case 'k': maxconns = (size_t)strtoul(optarg, NULL, 10); break;
+        case 'J': join_cgroup(optarg); break;  /* first thing, in command-line order */
+        case 'S': stage_root = optarg; break;
+        case 'B':
+            if (nsrcs == MAXSTAGE) { errno = E2BIG; die("-B"); }
+            srcs[nsrcs++] = optarg;
+            break;
+        case 'U': uid = optarg; break;
+        case 'G': gid = optarg; break;
         default:
-            fprintf(stderr, "usage: relay [-n NPROC] [-m BYTES] [-c CPUS] [-l PORT -u SOCKET] -- CMD...\n");
+            fprintf(stderr, "usage: relay [-n NPROC] [-m BYTES] [-f BYTES] [-c CPUS] [-l PORT -u SOCKET [-k N]] "
+                            "[-J PROCS]... [-S STAGE -B SRC...] [-U UID -G GID] -- CMD...\n");
             return 2;
         }
     }
@@ -204,6 +301,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "polar relay: no command\n");
         return 2;
     }
+    if (maxconns < 1) maxconns = 1;
+    if (nsrcs && !stage_root) { errno = EINVAL; die("-B needs -S"); }
+    if (stage_root) stage(stage_root, srcs, nsrcs);
+    if (uid) drop_to(uid, gid);
+    if (nproc) limit(RLIMIT_NPROC, nproc);
+    if (data) limit(RLIMIT_DATA, data);
+    if (fsize) limit(RLIMIT_FSIZE, fsize);
+    if (cpus) affinity(cpus);
     if (port && path) {
         if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
             errno = ENAMETOOLONG;
@@ -237,6 +342,7 @@ int main(int argc, char **argv) {
         }
         close(lfd);
     }
+    if (fsize) signal(SIGXFSZ, SIG_DFL);
     execvp(argv[optind], argv + optind);
     int err = errno;
     fprintf(stderr, "polar relay: cannot run %s: %s\n", argv[optind], strerror(err));

@@ -80,18 +80,22 @@ def relay_program(cache: Path | None = None) -> Path:
 
 
 def helper_argv(helper: str, command: Sequence[str], *, gateway: bool = False, nproc: int | None = None,
-                data_bytes: int | None = None, cpus: Sequence[int] | None = None,
-                socket_path: str = f"{SESSION_MOUNT}/{GATEWAY_SOCKET}") -> list[str]:
+                data_bytes: int | None = None, file_bytes: int | None = None, max_connections: int | None = None,
+                cpus: Sequence[int] | None = None, socket_path: str = f"{SESSION_MOUNT}/{GATEWAY_SOCKET}") -> list[str]:
     """The in-sandbox command line: helper options, then ``--`` and the command."""
     argv = [helper]
     if nproc is not None:
         argv += ["-n", str(nproc)]
     if data_bytes is not None:
         argv += ["-m", str(data_bytes)]
+    if file_bytes is not None:
+        argv += ["-f", str(file_bytes)]
     if cpus:
         argv += ["-c", ",".join(str(c) for c in cpus)]
     if gateway:
         argv += ["-l", str(GATEWAY_INNER_PORT), "-u", socket_path]
+        if max_connections is not None:
+            argv += ["-k", str(max_connections)]
     return [*argv, "--", *command]
 
 
@@ -107,11 +111,14 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class GatewayRelay:
-    """Host half of the relay: ``<session_dir>/gateway.sock`` → the gateway's TCP endpoint."""
+    """Host half of the relay: ``<session_dir>/gateway.sock`` → the gateway's TCP endpoint, at most
+    ``max_connections`` at once (more are closed at once: the sandbox can reach the socket without the in-sandbox
+    relay, which holds its own connections to the same cap)."""
 
-    def __init__(self, session_dir: Path, endpoint: GatewayEndpoint) -> None:
+    def __init__(self, session_dir: Path, endpoint: GatewayEndpoint, *, max_connections: int | None = 64) -> None:
         self.path = session_dir / GATEWAY_SOCKET
         self.endpoint = endpoint
+        self.max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -136,6 +143,9 @@ class GatewayRelay:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if self.max_connections is not None and len(self._tasks) >= self.max_connections:
+            writer.close()
+            return
         self._tasks.add(task)  # type: ignore[arg-type]
         try:
             try:

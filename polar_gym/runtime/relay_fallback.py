@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The sandbox helper in pure Python, for hosts without gcc: the same command line and behaviour as relay.c.
 
-    relay_fallback.py [-n NPROC] [-m BYTES] [-c CPUS] [-l PORT -u SOCKET] -- CMD...
+    relay_fallback.py [-n NPROC] [-m BYTES] [-f BYTES] [-c CPUS] [-l PORT -u SOCKET [-k MAXCONN]] -- CMD...
 
 Standard library only, because it runs inside the sandbox with whatever python3 the sandbox's root provides.
 """
@@ -29,8 +29,14 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
-async def _serve(listener: socket.socket, path: str) -> None:
+async def _serve(listener: socket.socket, path: str, max_connections: int = 64) -> None:
+    slots = asyncio.Semaphore(max_connections)
+
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        async with slots:  # at the cap, an accepted connection waits here before it reaches the gateway
+            await _forward(client_r, client_w)
+
+    async def _forward(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         for attempt in range(100):
             try:
                 up_r, up_w = await asyncio.open_unix_connection(path)
@@ -52,12 +58,14 @@ async def _serve(listener: socket.socket, path: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    opts, cmd = getopt.getopt(argv, "n:m:c:l:u:")
+    opts, cmd = getopt.getopt(argv, "n:m:f:c:l:u:k:")
     values = dict(opts)
     if "-n" in values:
         resource.setrlimit(resource.RLIMIT_NPROC, (int(values["-n"]),) * 2)
     if "-m" in values:
         resource.setrlimit(resource.RLIMIT_DATA, (int(values["-m"]),) * 2)
+    if "-f" in values:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(values["-f"]),) * 2)
     if "-c" in values:
         os.sched_setaffinity(0, {int(c) for c in values["-c"].split(",")})
     if not cmd:
@@ -72,7 +80,7 @@ def main(argv: list[str]) -> int:
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-            asyncio.run(_serve(listener, values["-u"]))
+            asyncio.run(_serve(listener, values["-u"], int(values.get("-k", 64))))
             os._exit(0)
         listener.close()
     try:

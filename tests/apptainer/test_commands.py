@@ -21,8 +21,8 @@ def start(spec: RuntimeSpec, opts: ApptainerOptions | None = None, **kw: object)
 
 def test_start_default_is_rootless_contained_gateway_with_dir_overlay() -> None:
     assert start(RuntimeSpec(backend="apptainer", image="/img/claude.sif")) == [
-        "singularity", "instance", "start", "--fakeroot", "--containall", "--net", "--network", "none",
-        "--overlay", "/scratch/sess-1/overlay", "--bind", "/scratch/sess-1:/polar",
+        "singularity", "instance", "start", "--fakeroot", "--containall", "--no-privs", "--net", "--network",
+        "none", "--overlay", "/scratch/sess-1/overlay", "--bind", "/scratch/sess-1:/polar",
         "/img/claude.sif", "polar-sess-1-abcd"]
 
 
@@ -49,7 +49,7 @@ def test_start_gateway_binds_the_relay_read_only_under_the_session_mount() -> No
 ])
 def test_start_overlay_modes(overlay: str, expected: list[str]) -> None:
     argv = start(RuntimeSpec(image="x.sif", network="host"), ApptainerOptions.from_options({"overlay": overlay}))
-    middle = argv[5:argv.index("--bind")]
+    middle = argv[6:argv.index("--bind")]
     assert middle == expected
 
 
@@ -57,7 +57,8 @@ def test_start_everything_at_once() -> None:
     spec = RuntimeSpec(image="docker://node:22-bookworm", network="none", workdir="/testbed", cpus=2.5,
                        memory_mb=4096, max_processes=512)
     opts = ApptainerOptions.from_options({
-        "binary": "/opt/apptainer/bin/apptainer", "fakeroot": False, "containall": False, "overlay": "image",
+        "binary": "/opt/apptainer/bin/apptainer", "fakeroot": False, "containall": False, "no_privs": False,
+        "overlay": "image",
         "binds": ["/data:/data:ro", "/models"], "workdir_bind": "/scratch/work", "nv": True, "limits": True,
         "hostname": "sandbox", "extra_start_args": ["--no-home"]})
     assert start(spec, opts) == [
@@ -140,3 +141,17 @@ def test_exports() -> None:
     for module in (apptainer, cmd):
         for name in module.__all__:
             assert hasattr(module, name), name
+
+
+def test_fault3_a_request_cannot_name_the_binary_binds_or_weaken_containment(tmp_path: Path) -> None:
+    """Options that reach the host's command line (or undo --containall / --no-privs) come from the operator only."""
+    from polar_gym.apptainer.runtime import ApptainerRuntime
+    from polar_gym.runtime.errors import RuntimeOptionError
+
+    for key, value in (("binary", "/tmp/proof.sh"), ("binds", ["/:/host"]), ("extra_start_args", ["--writable"]),
+                       ("workdir_bind", "/root"), ("containall", False), ("no_privs", False)):
+        with pytest.raises(RuntimeOptionError, match=repr(key)):
+            ApptainerRuntime(RuntimeSpec(backend="apptainer", image="x.sif", options={key: value}), tmp_path)
+    allowed = ApptainerRuntime(RuntimeSpec(backend="apptainer", image="x.sif",
+                                           options={"overlay": "tmpfs", "gpu": True}), tmp_path)
+    assert allowed.opts.overlay == "tmpfs" and allowed.opts.gpu and allowed.opts.containall and allowed.opts.no_privs

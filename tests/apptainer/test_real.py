@@ -31,9 +31,8 @@ pytestmark = [
 
 
 def make(tmp_path: Path, network: str = "none") -> ApptainerRuntime:
-    spec = RuntimeSpec(backend="apptainer", image=IMAGE, network=network,  # type: ignore[arg-type]
-                       options={"binary": BINARY, "overlay": OVERLAY})
-    return ApptainerRuntime(spec, tmp_path / "session")
+    spec = RuntimeSpec(backend="apptainer", image=IMAGE, network=network)  # type: ignore[arg-type]
+    return ApptainerRuntime(spec, tmp_path / "session", options={"binary": BINARY, "overlay": OVERLAY})
 
 
 async def test_end_to_end(tmp_path: Path) -> None:

@@ -24,9 +24,9 @@ from polar_gym.schema import RuntimeSpec
 
 
 def runtime(tmp_path: Path, network: str = "none", **options: object) -> ApptainerRuntime:
-    spec = RuntimeSpec(backend="apptainer", image="/images/task.sif", network=network, env={"BASE": "b"},  # type: ignore[arg-type]
-                       options=options)
-    return ApptainerRuntime(spec, tmp_path / "session")
+    """The options are the operator's (the constructor's): ``binary`` may not come from a request."""
+    spec = RuntimeSpec(backend="apptainer", image="/images/task.sif", network=network, env={"BASE": "b"})  # type: ignore[arg-type]
+    return ApptainerRuntime(spec, tmp_path / "session", options=dict(options))
 
 
 def pid_alive(pid: int) -> bool:

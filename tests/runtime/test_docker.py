@@ -26,7 +26,13 @@ from polar_gym.runtime.docker import (
     container_name,
     session_id_for,
 )
-from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.errors import (
+    RuntimeOptionError,
+    SandboxError,
+    SandboxStartError,
+    SandboxStateError,
+    SandboxUnavailable,
+)
 from polar_gym.runtime.testimage import (
     TEST_IMAGE,
     ensure_test_image,
@@ -48,6 +54,7 @@ def test_run_minimal() -> None:
     argv = DockerCommands().run(name="polar-s1", session_id="s1", image="img:1", session_dir=Path("/srv/s1"),
                                 workdir="/workspace")
     assert argv == ["docker", "run", "-d", "--name", "polar-s1", "--label", "polar_gym.session=s1",
+                    "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                     "-v", "/srv/s1:/polar", "--network", "none",
                     "--entrypoint", "/bin/sh", "img:1", *INIT, "/workspace"]
 
@@ -56,18 +63,21 @@ def test_run_everything() -> None:
     argv = PODMAN.run(name="polar-s1", session_id="s1", image="img:1", session_dir=Path("/srv/s1"), workdir="/w",
                       env={"A": "1", "B": "x=y"}, network="host", cpus=1.5, memory_mb=512, max_processes=64)
     assert argv == ["podman", "--runtime", "runc", "run", "-d", "--name", "polar-s1",
-                    "--label", "polar_gym.session=s1", "-v", "/srv/s1:/polar", "--network", "host",
+                    "--label", "polar_gym.session=s1", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                    "-v", "/srv/s1:/polar", "--network", "host",
                     "-e", "A=1", "-e", "B=x=y", "--cpus", "1.5", "--memory", "512m", "--pids-limit", "64",
                     "--entrypoint", "/bin/sh", "--ulimit", "nofile=1024:1024", "img:1", *INIT, "/w"]
 
 
 def test_run_gateway_makes_the_relay_the_entrypoint() -> None:
     argv = DockerCommands().run(name="polar-s1", session_id="s1", image="img:1", session_dir=Path("/srv/s1"),
-                                workdir="/workspace", network="gateway", relay=Path("/cache/relay"))
+                                workdir="/workspace", network="gateway", relay=Path("/cache/relay"),
+                                max_connections=64)
     assert argv == ["docker", "run", "-d", "--name", "polar-s1", "--label", "polar_gym.session=s1",
+                    "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                     "-v", "/srv/s1:/polar", "--network", "none",
                     "-v", "/cache/relay:/polar/.bin/relay:ro", "--entrypoint", "/polar/.bin/relay", "img:1",
-                    "-l", "18080", "-u", "/polar/gateway.sock", "--", "/bin/sh", *INIT, "/workspace"]
+                    "-l", "18080", "-u", "/polar/gateway.sock", "-k", "64", "--", "/bin/sh", *INIT, "/workspace"]
 
 
 def test_exec() -> None:
@@ -96,19 +106,27 @@ def test_cli_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("POLAR_DOCKER_CLI", "podman --runtime runc")
     monkeypatch.setenv("POLAR_DOCKER_RUN_ARGS", "--ulimit nofile=1024:1024")
     assert DockerRuntime(RuntimeSpec(), tmp_path).commands == PODMAN
-    spec = RuntimeSpec(options={"cli": ["docker"], "run_args": []})
-    assert DockerRuntime(spec, tmp_path).commands.cli == ("docker",)  # options win
+    options = {"cli": ["docker"], "run_args": []}
+    assert DockerRuntime(RuntimeSpec(), tmp_path, options=options).commands.cli == ("docker",)  # options win
 
 
 def test_options_names_and_addresses(tmp_path: Path) -> None:
-    spec = RuntimeSpec(backend="docker", image="i", options={"cli": "podman", "run_args": ["--pull", "never"]})
-    rt = DockerRuntime(spec, tmp_path / "sess", options={"session_id": "task 7/sample 2", "shell": "/bin/ash"})
+    spec = RuntimeSpec(backend="docker", image="i", options={"shell": "/bin/ash"})  # a request may set the shell
+    rt = DockerRuntime(spec, tmp_path / "sess", options={"session_id": "task 7/sample 2", "cli": "podman",
+                                                          "run_args": ["--pull", "never"]})
     assert rt.commands == DockerCommands(cli=("podman",), run_args=("--pull", "never"), shell="/bin/ash")
     assert rt.session_id == "task-7-sample-2" and rt.container == "polar-task-7-sample-2"
     assert DockerRuntime(RuntimeSpec(), tmp_path).commands.cli == ("docker",)
     a, b = session_id_for(tmp_path / "a" / "s", {}), session_id_for(tmp_path / "b" / "s", {})
     assert a.startswith("s-") and a != b  # same directory name, different sessions
     assert container_name("x") == "polar-x"
+
+
+def test_fault3_host_command_lines_cannot_come_from_the_spec(tmp_path: Path) -> None:
+    for key, value in (("cli", ["sh", "-c", "id > /tmp/proof"]), ("run_args", ["-v", "/:/host"]),
+                       ("session_id", "another-session")):
+        with pytest.raises(RuntimeOptionError, match=repr(key)):
+            DockerRuntime(RuntimeSpec(backend="docker", image="i", options={key: value}), tmp_path)
 
 
 def test_testimage_recipe(tmp_path: Path) -> None:
@@ -244,7 +262,7 @@ def _podman(*args: str) -> str:
 @pytest.mark.usefixtures("podman")
 async def test_labels_limits_and_env_as_the_engine_sees_them(tmp_path: Path) -> None:
     spec = RuntimeSpec(backend="docker", network="none", cpus=0.5, memory_mb=64, max_processes=32,
-                       env={"FOO": "bar"}, workdir="/work/dir")
+                       env={"FOO": "bar"}, workdir="/workspace/dir")
     async with make_docker(spec, tmp_path / "s") as rt:
         assert isinstance(rt, DockerRuntime)
         got = _podman("inspect", "--format", "{{index .Config.Labels \"polar_gym.session\"}} {{.HostConfig.Memory}} "
@@ -252,9 +270,25 @@ async def test_labels_limits_and_env_as_the_engine_sees_them(tmp_path: Path) -> 
         assert got == [rt.session_id, str(64 * 2**20), str(5 * 10**8), "32"]
         result = await rt.exec('pwd; echo "$FOO $POLAR_SESSION_DIR"; cat /sys/fs/cgroup/pids.max '
                                "/sys/fs/cgroup/pids/pids.max 2>/dev/null")
-        assert result.text.split() == ["/work/dir", "bar", "/polar", "32"]
+        assert result.text.split() == ["/workspace/dir", "bar", "/polar", "32"]
         assert leftover_containers(rt.session_id)
     assert leftover_containers(rt.session_id) == []
+
+
+@pytest.mark.usefixtures("podman")
+async def test_no_capabilities_no_new_privileges_and_default_limits(tmp_path: Path) -> None:
+    """Issue 11 for the docker backend: root in the container has no capability and cannot gain any; a spec that
+    sets no limit still gets the default pids and memory limits; only the session directory is mounted."""
+    async with make_docker(_spec(), tmp_path / "s") as rt:
+        assert isinstance(rt, DockerRuntime)
+        got = _podman("inspect", "--format", "{{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} "
+                      "{{range .Mounts}}{{.Destination}} {{end}}", rt.container).split()
+        assert got == [str(1024 * 2**20), "512", "/polar"]
+        result = await rt.exec("grep -E '^(CapPrm|CapEff|CapBnd|NoNewPrivs):' /proc/self/status; "
+                               "mount -t tmpfs none /mnt 2>/dev/null && echo mounted")
+        fields = dict(line.split(":\t") for line in result.text.splitlines())
+        assert fields == {"CapPrm": "0000000000000000", "CapEff": "0000000000000000",
+                          "CapBnd": "0000000000000000", "NoNewPrivs": "1"}, result.text
 
 
 @pytest.mark.usefixtures("podman")

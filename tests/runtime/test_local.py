@@ -17,10 +17,22 @@ from _runtime_kit import processes_with
 
 import polar_gym.runtime as runtime_pkg
 from polar_gym.runtime import bwrap as bwrap_mod
+from polar_gym.runtime import limits as limits_mod
 from polar_gym.runtime import local as local_mod
 from polar_gym.runtime import relay as relay_mod
 from polar_gym.runtime.base import RELAY_PATH, ExecStatus
-from polar_gym.runtime.bwrap import RootEntry, SandboxLayout, WorkdirError, bwrap_argv, plan_workdir, sandbox_env
+from polar_gym.runtime.bwrap import (
+    Launch,
+    Mask,
+    RootEntry,
+    SandboxLayout,
+    WorkdirError,
+    bwrap_argv,
+    cgroup_wrap,
+    launcher_argv,
+    plan_workdir,
+    sandbox_env,
+)
 from polar_gym.runtime.errors import SandboxError, SandboxStartError
 from polar_gym.runtime.local import LocalRuntime, LoopbackAllocator, confine
 from polar_gym.runtime.relay import build_relay, helper_argv
@@ -33,22 +45,56 @@ ENTRIES = (RootEntry("bin", "symlink", "usr/bin"), RootEntry("etc", "dir"), Root
 
 
 def test_exports() -> None:
-    for module in (runtime_pkg, bwrap_mod, local_mod, relay_mod):
+    for module in (runtime_pkg, bwrap_mod, local_mod, relay_mod, limits_mod):
         assert all(hasattr(module, name) for name in module.__all__)
     assert RELAY_PATH == "/polar/.bin/relay"
 
 
 def test_bwrap_argv_golden() -> None:
     layout = SandboxLayout(root="/", entries=ENTRIES, session_dir="/s", workdir="/workspace",
-                           workdir_host="/s/workspace", network="gateway", relay="/cache/relay")
+                           workdir_host="/s/workspace", network="gateway", relay="/cache/relay",
+                           masks=(Mask("/etc/shadow", "file"), Mask("/etc/ssl/private", "dir")),
+                           extra_ro=(("/h/npm", "/h/npm"),), launch=Launch(helper="/cache/relay", stage="/media",
+                                                                            uid=65534, gid=65534),
+                           root_inside=True)
     assert bwrap_argv(layout, ["sh", "-c", "x"], cwd="/workspace/sub", status_fd=3, bwrap="/usr/bin/bwrap") == [
         "/usr/bin/bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        "--unshare-net", "--die-with-parent", "--new-session", "--hostname", "polar",
+        "--unshare-net", "--die-with-parent", "--new-session", "--hostname", "polar", "--cap-drop", "ALL",
+        "--disable-userns", "--uid", "0", "--gid", "0",
         "--symlink", "usr/bin", "/bin", "--ro-bind", "/etc", "/etc", "--ro-bind", "/usr", "/usr",
-        "--dev", "/dev", "--proc", "/proc", "--ro-bind-try", "/sys", "/sys",
-        "--bind", "/s/tmp", "/tmp", "--bind", "/s", "/polar", "--bind", "/s/workspace", "/workspace",
-        "--ro-bind", "/cache/relay", "/polar/.bin/relay",
+        "--ro-bind", "/media/empty", "/etc/shadow", "--tmpfs", "/etc/ssl/private", "--remount-ro", "/etc/ssl/private",
+        "--dev", "/dev", "--size", str(64 * 1024 * 1024), "--tmpfs", "/dev/shm", "--proc", "/proc",
+        "--ro-bind-try", "/sys", "/sys", "--dir", "/var", "--symlink", "../tmp", "/var/tmp",
+        "--bind", "/media/1", "/tmp", "--bind", "/media/0", "/polar", "--bind", "/media/2", "/workspace",
+        "--ro-bind", "/media/3/relay", "/polar/.bin/relay", "--ro-bind", "/media/4", "/h/npm",
         "--remount-ro", "/", "--chdir", "/workspace/sub", "--json-status-fd", "3", "--", "sh", "-c", "x"]
+    assert launcher_argv(layout, ["bwrap", "x"]) == [
+        "/cache/relay", "-S", "/media", "-B", "/s", "-B", "/s/tmp", "-B", "/s/workspace", "-B", "/cache",
+        "-B", "/h/npm", "-U", "65534", "-G", "65534", "--", "bwrap", "x"]
+
+
+def test_without_a_compiled_helper_bwrap_runs_directly() -> None:
+    layout = SandboxLayout(root="/", entries=ENTRIES, session_dir="/s", workdir="/polar/w", workdir_host=None,
+                           network="none", masks=(Mask("/etc/shadow", "file"),), launch=Launch(cgroup_procs=("/c",)))
+    argv = bwrap_argv(layout, ["true"], cwd="/polar/w")
+    assert argv[argv.index("/etc/shadow") - 1] == "/dev/null" and "--uid" not in argv
+    assert argv[argv.index("/polar") - 1] == "/s" and launcher_argv(layout, argv) == argv
+    assert cgroup_wrap(["/c"], ["bwrap"])[-3:] == ["/c", "--", "bwrap"]
+
+
+def test_secret_masks_cover_what_others_cannot_read(tmp_path: Path) -> None:
+    etc = tmp_path / "etc"
+    (etc / "ssl" / "private").mkdir(parents=True)
+    (etc / "ssl" / "private").chmod(0o700)
+    (etc / "shadow").write_text("root:x")
+    (etc / "shadow").chmod(0o640)
+    (etc / "hosts").write_text("127.0.0.1 localhost")
+    (etc / "munge").mkdir()
+    (etc / "munge" / "munge.key").write_text("k")
+    (etc / "munge" / "munge.key").chmod(0o400)
+    masks = bwrap_mod.secret_masks.__wrapped__(str(etc))
+    assert masks == (Mask(str(etc / "munge" / "munge.key"), "file"), Mask(str(etc / "shadow"), "file"),
+                     Mask(str(etc / "ssl" / "private"), "dir"))
 
 
 def test_bwrap_argv_host_network_and_image_root() -> None:
@@ -62,8 +108,9 @@ def test_bwrap_argv_host_network_and_image_root() -> None:
 
 def test_helper_argv_golden() -> None:
     assert helper_argv("/polar/.bin/relay", ["sh", "-c", "x"], gateway=True, nproc=16, data_bytes=1024,
-                       cpus=[0, 1]) == ["/polar/.bin/relay", "-n", "16", "-m", "1024", "-c", "0,1", "-l", "18080",
-                                        "-u", "/polar/gateway.sock", "--", "sh", "-c", "x"]
+                       file_bytes=2048, max_connections=8, cpus=[0, 1]) == [
+        "/polar/.bin/relay", "-n", "16", "-m", "1024", "-f", "2048", "-c", "0,1", "-l", "18080",
+        "-u", "/polar/gateway.sock", "-k", "8", "--", "sh", "-c", "x"]
     assert helper_argv("r", ["true"]) == ["r", "--", "true"]
 
 
@@ -204,8 +251,8 @@ async def test_bad_image_and_bad_workdir_are_start_errors(tmp_path: Path) -> Non
 
 
 async def test_a_bwrap_failure_is_crashed_with_the_reason(tmp_path: Path) -> None:
-    spec = RuntimeSpec(network="none", options={"ro_binds": {str(tmp_path / "missing"): "/extra"}})
-    async with LocalRuntime(spec, tmp_path) as rt:
+    spec = RuntimeSpec(network="none")
+    async with LocalRuntime(spec, tmp_path, options={"ro_binds": {str(tmp_path / "missing"): "/extra"}}) as rt:
         result = await rt.exec("true")
     assert result.status is ExecStatus.CRASHED
     assert result.reason is not None and "missing" in result.reason
@@ -235,9 +282,11 @@ async def test_fallback_relay_serves_the_gateway(tmp_path: Path, monkeypatch: py
 
 async def test_limits_reach_the_sandbox(tmp_path: Path) -> None:
     async with LocalRuntime(RuntimeSpec(network="none", cpus=1, memory_mb=256, max_processes=64), tmp_path) as rt:
-        result = await rt.exec("busybox nproc; ulimit -d")
+        result = await rt.exec("busybox nproc; ulimit -p; ulimit -d")
         assert result.ok, result
-        assert result.stdout.decode().split() == ["1", str(256 * 1024)]
+        # as root the whole sandbox's memory is a cgroup's (no per-process rlimit); otherwise RLIMIT_DATA
+        data = "unlimited" if os.geteuid() == 0 else str(256 * 1024)
+        assert result.stdout.decode().split() == ["1", "64", data]
 
 
 # -- the command line ---------------------------------------------------------------------------------------------
@@ -302,3 +351,13 @@ def test_a_cancel_while_the_sandbox_starts_leaves_nothing_even_if_the_process_ex
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert processes_with(marker) == []
+
+
+async def test_without_a_stage_directory_bwrap_starts_directly_with_no_capabilities(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented fallback (no /media, /srv or /mnt): no staging and, as root, no uid drop; still no capability,
+    no new privileges and a read-only view of the system."""
+    monkeypatch.setattr(local_mod, "_STAGE_DIRS", ())
+    async with LocalRuntime(RuntimeSpec(network="none"), tmp_path) as rt:
+        result = await rt.exec("grep -E '^(CapEff|NoNewPrivs):' /proc/self/status; touch /usr/x || echo read-only")
+    assert result.text.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1", "read-only"], result
