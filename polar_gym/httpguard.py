@@ -11,6 +11,7 @@ Layer 1: imports nothing else of ours, so the server, the gateway and the proxy 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -82,14 +83,35 @@ class BodyGuard:
     """ASGI middleware. For each HTTP request: ``needs_token(method, path)`` says whether the admin token is checked
     up front (401 before the body is read); ``limit(method, path)`` is the body cap in bytes (None: this route
     enforces its own). A declared Content-Length over the cap is refused at once; a streamed body is counted and
-    refused (413) when it crosses the cap, whatever the route did with the partial read."""
+    refused (413) when it crosses the cap, whatever the route did with the partial read.
+
+    Before a refusal, up to ``drain_bytes`` of the unread body are read and dropped (for at most ``drain_seconds``):
+    closing a socket with unread data resets it, and the client would see a reset instead of the 401/413."""
+
+    drain_bytes = 1024 * 1024
+    drain_seconds = 1.0
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, token: TokenCheck,
                  needs_token: Callable[[str, str], bool], limit: Callable[[str, str], int | None],
                  reject: Reject = _json_error) -> None:
         self.app, self.token, self.needs_token, self.limit, self.reject = app, token, needs_token, limit, reject
 
-    async def _refuse(self, send: Send, status: int, kind: str, message: str) -> None:
+    async def _drain(self, receive: Receive) -> None:
+        loop = asyncio.get_running_loop()
+        end, dropped = loop.time() + self.drain_seconds, 0
+        while dropped <= self.drain_bytes:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, end - loop.time()))
+            except TimeoutError:
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            dropped += len(message.get("body", b""))
+
+    async def _refuse(self, send: Send, status: int, kind: str, message: str,
+                      receive: Receive | None = None) -> None:
+        if receive is not None:
+            await self._drain(receive)
         body, media = self.reject(status, kind, message)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", media.encode()), (b"content-length", str(len(body)).encode()),
@@ -102,7 +124,8 @@ class BodyGuard:
             return
         method, path = scope["method"], scope["path"]
         if self.needs_token(method, path) and not self.token.admits(scope.get("headers", ())):
-            await self._refuse(send, 401, "unauthorized", "this endpoint needs the admin token (x-admin-token header)")
+            await self._refuse(send, 401, "unauthorized", "this endpoint needs the admin token (x-admin-token header)",
+                               receive)
             return
         cap = self.limit(method, path)
         if cap is None:
@@ -114,7 +137,8 @@ class BodyGuard:
                     await self._refuse(send, 400, "invalid_request", "malformed content-length header")
                     return
                 if int(value) > cap:
-                    await self._refuse(send, 413, "too_large", f"request body exceeds the limit of {cap} bytes")
+                    await self._refuse(send, 413, "too_large", f"request body exceeds the limit of {cap} bytes",
+                                       receive)
                     return
         state = {"read": 0, "over": False, "started": False}
 
@@ -141,7 +165,7 @@ class BodyGuard:
             if not state["over"]:
                 raise
         if state["over"] and not state["started"]:
-            await self._refuse(send, 413, "too_large", f"request body exceeds the limit of {cap} bytes")
+            await self._refuse(send, 413, "too_large", f"request body exceeds the limit of {cap} bytes", receive)
 
 
 def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:

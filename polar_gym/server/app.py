@@ -28,6 +28,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from polar_gym.httpguard import (
     MAX_JSON_DEPTH,
@@ -110,6 +111,12 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
     @app.exception_handler(ServerError)
     async def server_error(request: Request, exc: ServerError) -> JSONResponse:
         return _error(exc.status, exc.kind, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """FastAPI's own refusals (an unparseable body, an unknown route) in this API's error shape."""
+        return _error(exc.status_code, "invalid_request" if exc.status_code < 500 else "internal",
+                      excerpt(exc.detail, 300))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -99,7 +99,8 @@ async def test_dead_gateway_sessions_are_redispatched(harness: Harness) -> None:
     doomed, spare = await harness.gateway(), await harness.gateway()
     srv = await harness.server()
     doomed_id = await srv.register(doomed, 2)
-    await srv.http.post("/tasks", content=make_task("t-dies", 2, sleep=5).model_dump_json(),
+    # sleep 8: both sessions are still running when the first gateway dies, however far apart they started
+    await srv.http.post("/tasks", content=make_task("t-dies", 2, sleep=8).model_dump_json(),
                         headers={"content-type": "application/json"})
 
     async def on_doomed() -> bool:
@@ -275,7 +276,10 @@ async def test_drain_heartbeat_and_giving_up(harness: Harness) -> None:
     beat = await srv.http.post(f"/gateways/{drained_id}/heartbeat", json={"live_sessions": 0, "status": "ok"})
     assert beat.status_code == 200 and beat.json()["health"]["status"] == "ok"
     assert (await srv.http.post(f"/gateways/{drained_id}/drain")).json()["state"] == "draining"
-    await srv.http.post("/tasks", content=make_task("t-drain", 2, sleep=5).model_dump_json(),
+    # The harness sleeps far longer than the test: no session can finish before its gateway stops. With sleep=5 a
+    # loaded machine started the two sandboxes seconds apart, the first one finished as the gateway stopped, and
+    # the task ended COMPLETED instead of ERROR.
+    await srv.http.post("/tasks", content=make_task("t-drain", 2, sleep=600).model_dump_json(),
                         headers={"content-type": "application/json"})
 
     async def running() -> bool:
@@ -283,7 +287,7 @@ async def test_drain_heartbeat_and_giving_up(harness: Harness) -> None:
 
     await wait_for(running, 30, "sessions to run on the open gateway")
     await open_.stop()  # with max_attempts=1 and the other gateway draining, the sessions fail with a reason
-    view = await srv.wait_task("t-drain", 30)
+    view = await srv.wait_task("t-drain", 60)
     assert view["status"] == "ERROR" and set(view["gateways"].values()) == {open_id}
     assert all("gave up after 1 attempts" in r["reason"] for r in view["results"])
     errors = parse_prometheus((await srv.http.get("/metrics")).text)
