@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from polar_gym.httpguard import MAX_JSON_DEPTH, excerpt, json_depth
+from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, excerpt, json_depth
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest, TaskStatus
 from polar_gym.server.fleet import DEAD, DRAINING, HEALTHY, Fleet, GatewayRegistration, GatewayState
 from polar_gym.server.store import SessionRow, Store, TaskRow
@@ -53,6 +53,11 @@ def expand(task: TaskRequest, max_samples: int, max_task_bytes: int) -> list[Ses
     if len(stored) * (task.num_samples + 1) > max_task_bytes:
         raise ServerError(413, "task_too_large", f"{task.num_samples} samples of a {len(stored)}-byte request exceed "
                                                  f"this server's limit of {max_task_bytes} stored bytes per task")
+    if task.callback_url is not None:
+        try:
+            check_upstream_url(task.callback_url)
+        except ValueError as exc:
+            raise ServerError(422, "invalid_callback_url", str(exc)) from exc
     depth = json_depth(task.model_dump(mode="json"))
     if depth > MAX_JSON_DEPTH:
         raise ServerError(422, "too_deep", f"the task nests JSON {depth} levels deep; the limit is {MAX_JSON_DEPTH}")

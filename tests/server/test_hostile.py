@@ -143,6 +143,7 @@ async def test_hostile_requests_are_4xx_and_cheap(tmp_path: Path) -> None:
             ("POST", "/tasks", {"json": {**task, "num_samples": 10**9}}, 413),
             ("POST", "/tasks", {"json": {**task, "num_samples": 65}}, 413),
             ("POST", "/tasks", {"json": {**task, "num_samples": "many"}}, 422),
+            ("POST", "/tasks", {"json": {**task, "callback_url": "file:///etc/passwd"}}, 422),
             ("POST", "/tasks", {"content": b"[" * 5000, "headers": JSON}, 400),
             ("POST", "/tasks", {"content": b"\xff\xfe", "headers": JSON}, 422),
             ("GET", "/tasks", {"params": {"limit": str(10**30)}}, 422),
