@@ -29,7 +29,7 @@ from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import DuplicateSession, GatewayClosed, UnknownSession
 from polar_gym.gateway.node import GatewayNode
 from polar_gym.gateway.sandbox import SandboxStages
-from polar_gym.httpguard import TokenCheck
+from polar_gym.httpguard import MAX_JSON_DEPTH, TokenCheck, json_depth
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.errors import AuthError
 from polar_gym.proxy.service import ProxyService, session_key
@@ -77,6 +77,12 @@ def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
     @router.post("/sessions")
     async def dispatch(request: Request, spec: SessionSpec) -> Response:
         require_admin(request)
+        try:
+            depth = json_depth(spec.model_dump(mode="json"))
+        except ValueError:  # nested past the serializer's own guard
+            depth = MAX_JSON_DEPTH + 1
+        if depth > MAX_JSON_DEPTH:  # its result could not be serialized, nor read back by the rollout server
+            return _error(422, "too_deep", f"the session spec nests JSON deeper than {MAX_JSON_DEPTH} levels")
         try:
             session = node.submit(spec)
         except DuplicateSession as exc:

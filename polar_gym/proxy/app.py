@@ -16,7 +16,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
-from polar_gym.httpguard import BodyGuard, TokenCheck, check_upstream_url, excerpt, safe_validation_errors
+from polar_gym.httpguard import (
+    MAX_JSON_DEPTH,
+    BodyGuard,
+    TokenCheck,
+    check_upstream_url,
+    excerpt,
+    json_depth,
+    safe_validation_errors,
+)
 from polar_gym.merge import MergeConfig, build_trajectory
 from polar_gym.proxy.detect import detect_provider, split_google_path
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
@@ -230,6 +238,8 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
     @app.post("/admin/sessions")
     async def register(request: Request, body: SessionRegistration) -> dict[str, Any]:
         require_admin(request)
+        if json_depth([body.metadata, body.oracle]) > MAX_JSON_DEPTH:
+            raise RequestError(f"session metadata nests JSON deeper than {MAX_JSON_DEPTH} levels")
         script = None
         if body.oracle is not None and isinstance(service.engine, OracleEngine):
             try:

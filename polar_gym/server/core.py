@@ -49,7 +49,10 @@ def expand(task: TaskRequest, max_samples: int, max_task_bytes: int) -> list[Ses
     if task.num_samples > max_samples:
         raise ServerError(413, "too_many_samples", f"num_samples {task.num_samples} exceeds this server's limit of "
                                                    f"{max_samples} sessions per task")
-    stored = task.model_dump_json()
+    try:
+        stored, dumped = task.model_dump_json(), task.model_dump(mode="json")
+    except ValueError as exc:  # nested past the serializer's own guard (a few hundred levels)
+        raise ServerError(422, "unreadable_task", f"the task cannot be stored: {excerpt(exc, 300)}") from exc
     if len(stored) * (task.num_samples + 1) > max_task_bytes:
         raise ServerError(413, "task_too_large", f"{task.num_samples} samples of a {len(stored)}-byte request exceed "
                                                  f"this server's limit of {max_task_bytes} stored bytes per task")
@@ -58,7 +61,7 @@ def expand(task: TaskRequest, max_samples: int, max_task_bytes: int) -> list[Ses
             check_upstream_url(task.callback_url)
         except ValueError as exc:
             raise ServerError(422, "invalid_callback_url", str(exc)) from exc
-    depth = json_depth(task.model_dump(mode="json"))
+    depth = json_depth(dumped)
     if depth > MAX_JSON_DEPTH:
         raise ServerError(422, "too_deep", f"the task nests JSON {depth} levels deep; the limit is {MAX_JSON_DEPTH}")
     specs = [SessionSpec.from_task(task, i) for i in range(task.num_samples)]

@@ -183,6 +183,12 @@ async def test_admin_routes_check_the_token_before_the_body(make_gateway: MakeGa
         big = gw.spec("big").model_dump(mode="json") | {"instruction": ["x" * 500_000]}
         resp = await client.post("/sessions", json=big, headers=admin)
         assert resp.status_code == 422 and len(resp.content) < 4000, len(resp.content)  # on main: the whole input
+        deep: dict = {"leaf": 1}
+        for _ in range(100):
+            deep = {"a": deep}
+        spec = gw.spec("deep").model_dump(mode="json")
+        resp = await client.post("/sessions", json=spec | {"metadata": {"deep": deep}}, headers=admin)
+        assert resp.status_code == 422 and resp.json()["error"]["type"] == "too_deep"
         resp = await client.post("/sessions/poll", json={"session_ids": ["s" * 1000]}, headers=admin)
         assert resp.status_code == 422 and len(resp.content) < 4000
         resp = await client.post("/sessions/poll", json={"session_ids": ["a"], "wait": 0}, headers=admin)

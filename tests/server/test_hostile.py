@@ -118,6 +118,10 @@ def test_expansion_checks_bounds_and_read_back() -> None:
     deep = task.model_copy(update={"metadata": task.metadata.model_copy(update={"x": nested(MAX_JSON_DEPTH + 1)})})
     with pytest.raises(ServerError, match="levels deep"):
         expand(deep, 3, 2**20)
+    deeper = task.model_copy(update={"metadata": task.metadata.model_copy(update={"x": nested(900)})})
+    with pytest.raises(ServerError, match="cannot be stored") as unstorable:  # was a 500
+        expand(deeper, 3, 2**20)
+    assert unstorable.value.status == 422
 
 
 async def test_hostile_requests_are_4xx_and_cheap(tmp_path: Path) -> None:
@@ -145,6 +149,7 @@ async def test_hostile_requests_are_4xx_and_cheap(tmp_path: Path) -> None:
             ("POST", "/tasks", {"json": {**task, "num_samples": "many"}}, 422),
             ("POST", "/tasks", {"json": {**task, "callback_url": "file:///etc/passwd"}}, 422),
             ("POST", "/tasks", {"content": b"[" * 5000, "headers": JSON}, 400),
+            ("POST", "/tasks", {"json": {**task, "metadata": {"deep": nested(900)}}}, 422),
             ("POST", "/tasks", {"content": b"\xff\xfe", "headers": JSON}, 422),
             ("GET", "/tasks", {"params": {"limit": str(10**30)}}, 422),
             ("GET", "/tasks", {"params": {"limit": "-1"}}, 422),

@@ -244,6 +244,11 @@ async def test_admin_surface_refuses_hostile_input():
         assert (await client.get("/sessions/s1/completions", headers={"x-admin-token": token})).status_code == 401
     bad_script = await client.post("/admin/sessions", json={"session_id": "s9", "oracle": {"nope": 1}}, headers=admin)
     assert bad_script.status_code in (200, 400)  # the vLLM engine ignores oracle scripts
+    deep: dict = {"leaf": 1}
+    for _ in range(100):
+        deep = {"a": deep}
+    nested = await client.post("/admin/sessions", json={"session_id": "s8", "metadata": deep}, headers=admin)
+    assert nested.status_code == 400 and service.sessions.get("s8") is None
     huge = await client.post("/admin/sessions", json={"session_id": "s" * 600_000}, headers=admin)
     assert huge.status_code == 422 and len(huge.content) < 4000
 
