@@ -19,6 +19,7 @@ URLs must be http(s) URLs with a host.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -74,6 +75,12 @@ class Resume(BaseModel):
         return value
 
 
+async def _json(data: Any, status: int = 200) -> Response:
+    """A big JSON answer (a task view holds every result) encoded in a worker thread, not on the event loop."""
+    body = await asyncio.to_thread(json.dumps, data)
+    return Response(body, status_code=status, media_type="application/json")
+
+
 def _error(status: int, kind: str, message: Any) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
 
@@ -125,9 +132,9 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
     auth = [Depends(admin)]
 
     @app.post("/tasks", dependencies=auth)
-    async def submit(task: TaskRequest) -> JSONResponse:
+    async def submit(task: TaskRequest) -> Response:
         view, created = await server.submit(task)
-        return JSONResponse({**view, "created": created}, status_code=201 if created else 200)
+        return await _json({**view, "created": created}, 201 if created else 200)
 
     @app.get("/tasks", dependencies=auth)
     async def list_tasks(limit: int = Query(1000, ge=1, le=10_000),
@@ -135,12 +142,12 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
         return {"tasks": await server.store.task_ids(limit, offset)}
 
     @app.get("/tasks/{task_id}", dependencies=auth)
-    async def task(task_id: str) -> dict[str, Any]:
-        return await server.task_view(task_id)
+    async def task(task_id: str) -> Response:
+        return await _json(await server.task_view(task_id))
 
     @app.post("/tasks/{task_id}/cancel", dependencies=auth)
-    async def cancel_task(task_id: str) -> dict[str, Any]:
-        return await server.cancel_task(task_id)
+    async def cancel_task(task_id: str) -> Response:
+        return await _json(await server.cancel_task(task_id))
 
     @app.get("/tasks/{task_id}/events", dependencies=auth)
     async def events(task_id: str) -> StreamingResponse:
@@ -159,7 +166,7 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
             return JSONResponse({"session_id": session_id, "task_id": row.task_id, "status": row.status.value,
                                  "gateway_id": row.gateway_id, "attempts": row.attempts, "reason": row.reason},
                                 status_code=202)
-        return Response(row.result.model_dump_json(), media_type="application/json")
+        return Response(await asyncio.to_thread(row.result.model_dump_json), media_type="application/json")
 
     @app.get("/sessions/{session_id}/nemo", dependencies=auth)
     async def nemo(session_id: str, wait: float = Query(0.0, ge=0.0, le=600.0)) -> Response:
@@ -167,7 +174,7 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
         if row.result is None:
             return JSONResponse({"session_id": session_id, "status": row.status.value, "reason": row.reason},
                                 status_code=202)
-        return JSONResponse(session_nemo_payload(row.result))
+        return JSONResponse(await asyncio.to_thread(session_nemo_payload, row.result))  # long chains: off the loop
 
     @app.post("/sessions/{session_id}/cancel", dependencies=auth)
     async def cancel_session(session_id: str) -> dict[str, Any]:
