@@ -4,6 +4,7 @@ health, drain; registered keys only on the proxy routes; admin endpoints need th
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -14,6 +15,15 @@ from polar_gym.gateway.__main__ import config_from_args, parse_args
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import SessionResult
+
+
+async def until(probe: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Wait for a condition (never for a fixed time): generous, since CI may be loaded."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await probe():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
 
 
 async def test_http_api_end_to_end(make_gateway: MakeGateway) -> None:
@@ -58,10 +68,10 @@ async def test_http_api_end_to_end(make_gateway: MakeGateway) -> None:
         # cancel through the API, while the harness runs
         long = gw.spec("api-2", sleep=60).model_dump(mode="json")
         assert (await client.post("/sessions", json=long, headers=admin)).status_code == 201
-        for _ in range(400):
-            if (await client.get("/sessions/api-2", headers=admin)).json()["stage"] == "run":
-                break
-            await asyncio.sleep(0.05)
+        async def running() -> bool:
+            return bool((await client.get("/sessions/api-2", headers=admin)).json()["stage"] == "run")
+
+        await until(running, 60, "api-2 to run")
         assert (await client.post("/sessions/api-2/cancel")).status_code == 401
         cancelled = await client.post("/sessions/api-2/cancel", headers=admin)
         assert cancelled.json()["cancelled"] is True
@@ -95,10 +105,10 @@ async def test_result_is_202_while_running(make_gateway: MakeGateway) -> None:
         assert pending.status_code == 202 and pending.json()["status"] != "COMPLETED"
         # end only once the harness is well under way (see the report: a cancel in the first milliseconds of an
         # exec can race the local runtime's sandbox start)
-        for _ in range(400):
-            if await gw.service.journal.records("slow"):
-                break
-            await asyncio.sleep(0.05)
+        async def called() -> bool:
+            return bool(await gw.service.journal.records("slow"))
+
+        await until(called, 60, "the harness's model call")
 
 
 def test_a_gateway_refuses_an_adhoc_registry() -> None:
