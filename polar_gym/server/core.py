@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, excerpt, json_depth
-from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest, TaskStatus
+from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest
 from polar_gym.server.fleet import DEAD, DRAINING, HEALTHY, Fleet, GatewayRegistration, GatewayState
 from polar_gym.server.store import SessionRow, Store, TaskRow
 
@@ -531,17 +531,18 @@ class RolloutServer:
 
 
 def _view(task_id: str, task: TaskRow, rows: list[SessionRow]) -> dict[str, Any]:
-    """TaskStatus plus an aggregate, as JSON-ready data (pure; run in a worker thread)."""
-    status = TaskStatus(task_id=task_id, status=task_state(rows, task.cancelled),
-                        sessions={r.session_id: r.status for r in rows},
-                        results=[r.result for r in rows if r.result is not None])
+    """TaskStatus plus an aggregate, as JSON-ready data (pure; run in a worker thread). Built entry by entry, not as
+    one TaskStatus dump: one call over thousands of results would hold the GIL, and so the event loop, throughout."""
     rewards = [r.result.evaluation.reward for r in rows if r.result and r.result.evaluation]
     counts = collections.Counter(r.status.value for r in rows)
-    view = {**status.model_dump(mode="json"), "aggregate": {
-        "counts": dict(counts), "num_sessions": len(rows), "finished": sum(r.status.terminal for r in rows),
-        "mean_reward": sum(rewards) / len(rewards) if rewards else None},
-        "gateways": {r.session_id: r.gateway_id for r in rows},
-        "callback": {"state": task.callback_state, "error": task.callback_error}}
+    view = {"task_id": task_id, "status": task_state(rows, task.cancelled).value,
+            "sessions": {r.session_id: r.status.value for r in rows},
+            "results": [r.result.model_dump(mode="json") for r in rows if r.result is not None],
+            "aggregate": {"counts": dict(counts), "num_sessions": len(rows),
+                          "finished": sum(r.status.terminal for r in rows),
+                          "mean_reward": sum(rewards) / len(rewards) if rewards else None},
+            "gateways": {r.session_id: r.gateway_id for r in rows},
+            "callback": {"state": task.callback_state, "error": task.callback_error}}
     if task.quarantined:
         view["quarantined"] = task.quarantined
     return view
