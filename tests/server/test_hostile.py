@@ -236,3 +236,75 @@ async def test_the_default_limit_takes_4096_samples(tmp_path: Path) -> None:
         assert more.status_code == 413 and more.json()["error"]["type"] == "too_many_samples"
     finally:
         await srv.stop()
+
+
+def test_no_input_makes_any_route_fail_with_a_500(tmp_path: Path) -> None:
+    """Whatever the method, route, token header, query and body, every answer is below 500 and in the API's error
+    shape when it is an error: first an exhaustive sweep (every route x every hostile query value, every bad token,
+    every hostile body), then hypothesis over routes, tokens, queries and bodies."""
+    from fastapi.routing import APIRoute
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from polar_gym.server import RolloutServer, create_server_app
+
+    loop = asyncio.new_event_loop()
+    store = Store(tmp_path / "prop.sqlite")
+    core = RolloutServer(store, max_samples=16)
+    app = create_server_app(core, SERVER_TOKEN, manage_lifecycle=False, max_body_bytes=64 * 1024)
+    loop.run_until_complete(core.start())
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://server", timeout=30)
+    routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods
+              if not r.path.endswith("/events")]  # a stream that lasts while its task runs
+    json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                               lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8),
+                                                                                           inner, max_size=4),
+                               max_leaves=30)
+    task = make_task("t-prop").model_dump(mode="json")
+    bodies = st.one_of(st.binary(max_size=300), json_values.map(lambda v: json.dumps(v).encode()),
+                       st.dictionaries(st.sampled_from(sorted(task)), json_values, max_size=4).map(
+                           lambda d: json.dumps({**task, **d}).encode()),
+                       st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n))
+    # mostly the right token: the routes behind it are the ones worth trying
+    tokens = st.sampled_from([SERVER_TOKEN.encode()] * 6 + [None, b"wrong", "tökén".encode(), b"\xff\x00", b""])
+    queries = st.dictionaries(st.sampled_from(["limit", "offset", "wait", "url"]),
+                              st.sampled_from(["1", "-1", "nan", "inf", str(10**30), "x", "http://h/v1"]),
+                              min_size=1, max_size=4)
+
+    def check(method: str, url: str, query: dict[str, str], token: bytes | None, body: bytes) -> None:
+        headers = {"content-type": "application/json"} | ({"x-admin-token": token} if token is not None else {})
+        resp = loop.run_until_complete(client.request(method, url, params=query, headers=headers,
+                                                      content=body if method in ("POST", "DELETE") else None))
+        assert resp.status_code < 500, (method, url, query, body[:100], resp.status_code, resp.text[:300])
+        if resp.status_code >= 400:
+            assert resp.json()["error"]["type"], resp.text[:300]
+
+    good = SERVER_TOKEN.encode()
+    hostile_values = ["-1", "nan", "inf", "-inf", str(10**30), "1e309", "x", "", "http://h/v1", "not a url"]
+    hostile_bodies = [b"", b"{", b"[]", b"null", b"\xff\xfe", json.dumps(nested(300)).encode(), b"[" * 3000,
+                      json.dumps({**task, "num_samples": 10**9}).encode(), json.dumps({"url": "not a url"}).encode()]
+    for method, path in routes:
+        url = path.replace("{task_id}", "t-prop").replace("{session_id}", "x").replace("{gateway_id}", "x")
+        for key in ["limit", "offset", "wait", "url"]:
+            for value in hostile_values:
+                check(method, url, {key: value}, good, b"")
+        for token in [None, b"", b"wrong", "tökén".encode(), b"\xff\x00", good + b"\x80"]:
+            check(method, url, {}, token, b"{}")
+        for body in hostile_bodies:
+            check(method, url, {}, good, body)
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(route=st.sampled_from(routes), token=tokens, query=queries, body=bodies,
+           segment=st.sampled_from(["x", "t-prop", "%ff", "a" * 300]))
+    def one(route: tuple[str, str], token: bytes | None, query: dict[str, str], body: bytes, segment: str) -> None:
+        method, path = route
+        url = path.replace("{task_id}", segment).replace("{session_id}", segment).replace("{gateway_id}", segment)
+        check(method, url, query, token, body)
+
+    try:
+        one()
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.run_until_complete(core.stop())
+        store.close()
+        loop.close()
