@@ -292,3 +292,32 @@ def test_token_check_and_url_rules():
     assert json_depth(deep, 64) == 65 and json_depth({"a": [1, {"b": 2}]}) == 3
     errors = safe_validation_errors([{"type": "t", "loc": ("body", "x"), "msg": "m", "input": "y" * 10**6}] * 50)
     assert len(errors) == 21 and len(str(errors)) < 10_000
+
+
+async def test_no_input_makes_an_admin_or_session_route_fail_with_a_500():
+    """Every route of the proxy app x hostile query values, bad tokens and hostile bodies: never a 500."""
+    from fastapi.routing import APIRoute
+
+    service, client = make(FakeVLLM().handler)
+    service.sessions.register(SessionInfo("s1"))
+    app = client._transport.app
+    routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods]
+    deep = b"[" * 3000 + b"]" * 3000
+    bodies = [b"", b"{", b"[]", b"null", b"\xff\xfe", deep, orjson.dumps({"url": "not a url"}),
+              orjson.dumps({"session_id": "s2", "oracle": {"nope": 1}}), orjson.dumps({"policy_version": [1]})]
+    tokens = [None, b"", b"wrong", "tökén".encode(), b"\xff\x00", ADMIN.encode() + b"\x80", ADMIN.encode()]
+    values = ["-1", "nan", "inf", str(10**30), "x", "", "[" * 2000, "http://h/v1"]
+    for method, path in routes:
+        url = path.replace("{session_id}", "s1").replace("{version}", "v1beta").replace("{rest:path}", "m:generate")
+        url = url.replace("{path:path}", "anything")
+        cases = [({}, token, b"{}") for token in tokens] + [({}, ADMIN.encode(), body) for body in bodies]
+        cases += [({key: value}, ADMIN.encode(), b"{}") for key in ("wait", "config", "builder", "key")
+                  for value in values]
+        for query, token, body in cases:
+            headers = {"content-type": "application/json", **key("s1")}
+            if token is not None:
+                headers["x-admin-token"] = token
+            resp = await client.request(method, url, params=query, headers=headers,
+                                        content=body if method in ("POST", "DELETE") else None)
+            assert resp.status_code < 500 or resp.status_code in (502, 503, 504), \
+                (method, url, query, token, body[:60], resp.status_code, resp.text[:300])
