@@ -10,16 +10,18 @@ trainers talk to one server. Routes are thin: parse, call the node, map its erro
     GET  /metrics                  the same, with tokens captured and errors, in Prometheus text format
     POST /gateway/drain            stop accepting, finish in-flight sessions (admin; ``?wait=true`` blocks)
     ...                            the proxy's routes (model APIs, /sessions/{id}/completions, /admin/*)
+
+Admin routes check the token before reading their body and cap it (polar_gym.httpguard through the proxy's app).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,13 +29,21 @@ from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import DuplicateSession, GatewayClosed, UnknownSession
 from polar_gym.gateway.node import GatewayNode
 from polar_gym.gateway.sandbox import SandboxStages
+from polar_gym.httpguard import MAX_JSON_DEPTH, TokenCheck, json_depth
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.errors import AuthError
 from polar_gym.proxy.service import ProxyService, session_key
 from polar_gym.schema import SessionSpec
 from polar_gym.server.metrics import PROMETHEUS_CONTENT_TYPE, gateway_metrics
 
-__all__ = ["build_gateway", "create_gateway_app", "gateway_router", "metrics_router"]
+__all__ = ["admin_route", "build_gateway", "create_gateway_app", "gateway_router", "metrics_router"]
+
+_ADMIN_POST = re.compile(r"^/(sessions|sessions/poll|sessions/[^/]+/cancel|gateway/drain)$")
+
+
+def admin_route(method: str, path: str) -> bool:
+    """The session API's admin-only routes (their token is checked before their body is read)."""
+    return method == "POST" and _ADMIN_POST.match(path) is not None
 
 
 def _error(status: int, kind: str, message: str) -> JSONResponse:
@@ -45,16 +55,16 @@ class SessionPoll(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    session_ids: list[str] = Field(max_length=100_000)
+    session_ids: list[Annotated[str, Field(max_length=512)]] = Field(max_length=100_000)
     wait: float = Field(default=0.0, ge=0.0, le=600.0)
 
 
 def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
     router = APIRouter()
+    token = TokenCheck(admin_token)
 
     def is_admin(request: Request) -> bool:
-        given = request.headers.get("x-admin-token", "")
-        return admin_token is not None and hmac.compare_digest(given, admin_token)
+        return token.configured and token.admits(request.scope.get("headers", ()))
 
     def require_admin(request: Request) -> None:
         if not is_admin(request):
@@ -67,6 +77,12 @@ def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
     @router.post("/sessions")
     async def dispatch(request: Request, spec: SessionSpec) -> Response:
         require_admin(request)
+        try:
+            depth = json_depth(spec.model_dump(mode="json"))
+        except ValueError:  # nested past the serializer's own guard
+            depth = MAX_JSON_DEPTH + 1
+        if depth > MAX_JSON_DEPTH:  # its result could not be serialized, nor read back by the rollout server
+            return _error(422, "too_deep", f"the session spec nests JSON deeper than {MAX_JSON_DEPTH} levels")
         try:
             session = node.submit(spec)
         except DuplicateSession as exc:
@@ -94,7 +110,7 @@ def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
             return _error(404, "unknown_session", str(exc))
 
     @router.get("/sessions/{session_id}/result")
-    async def result(request: Request, session_id: str, wait: float = 0.0) -> Response:
+    async def result(request: Request, session_id: str, wait: float = Query(0.0, ge=0.0, le=600.0)) -> Response:
         require_session_or_admin(request, session_id)
         try:
             session = node.get(session_id)
@@ -154,7 +170,7 @@ def metrics_router(node: GatewayNode, service: ProxyService) -> APIRouter:
 def create_gateway_app(node: GatewayNode, service: ProxyService, admin_token: str | None) -> FastAPI:
     """The proxy's app with the session API in front of its catch-all route."""
     app = create_app(service, admin_token, routers=[gateway_router(node, admin_token), metrics_router(node, service)],
-                     title="polar_gym gateway")
+                     title="polar_gym gateway", admin_paths=admin_route)
     app.state.node = node
     return app
 

@@ -1,20 +1,30 @@
 """The proxy's HTTP surface (FastAPI). Thin: every model route reads the raw body and hands it to the service;
-admin routes need the admin token (invariant 4: nothing administrative is open by default).
+admin routes need the admin token (invariant 4: nothing administrative is open by default), checked before their
+body is read (polar_gym.httpguard.BodyGuard), and their bodies are capped; validation errors quote only excerpts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator
 
+from polar_gym.httpguard import (
+    MAX_JSON_DEPTH,
+    BodyGuard,
+    TokenCheck,
+    check_upstream_url,
+    excerpt,
+    json_depth,
+    safe_validation_errors,
+)
 from polar_gym.merge import MergeConfig, build_trajectory
 from polar_gym.proxy.detect import detect_provider, split_google_path
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
@@ -36,14 +46,21 @@ _MODEL_ROUTES = {
 
 
 class SessionRegistration(BaseModel):
-    session_id: str
+    session_id: str = Field(min_length=1, max_length=512)
     model_name: str | None = None
     oracle: dict[str, Any] | None = None
     metadata: dict[str, Any] = {}
 
 
 class UpstreamChange(BaseModel):
-    url: str
+    url: str = Field(max_length=2048)
+
+
+class UpstreamAdd(UpstreamChange):
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_upstream_url(value)
 
 
 class Resume(BaseModel):
@@ -82,15 +99,30 @@ def _trajectory_json(session_id: str, records: list[CompletionRecord], spec: Bui
 
 
 def create_app(service: ProxyService, admin_token: str | None = None, *,
-               routers: Sequence[APIRouter] = (), title: str = "polar_gym proxy") -> FastAPI:
+               routers: Sequence[APIRouter] = (), title: str = "polar_gym proxy",
+               admin_paths: Callable[[str, str], bool] | None = None,
+               max_admin_body_bytes: int = 16 * 1024 * 1024) -> FastAPI:
     """The proxy app. ``routers`` (e.g. the gateway's session API) are mounted before the model routes, so the
-    catch-all ``POST /{path}`` provider detection cannot shadow them; they share the auth error handlers."""
+    catch-all ``POST /{path}`` provider detection cannot shadow them; they share the auth error handlers.
+    ``admin_paths(method, path)`` names the routers' admin-only routes: like ``/admin/*``, their token is checked
+    before the body is read and their bodies are capped at ``max_admin_body_bytes``."""
     app = FastAPI(title=title, version="0.1.0")
     app.state.service = service
+    token = TokenCheck(admin_token)
+
+    def admin_only(method: str, path: str) -> bool:
+        return path.startswith("/admin/") or (admin_paths is not None and admin_paths(method, path))
+
+    def render(status: int, kind: str, message: str) -> tuple[bytes, str]:
+        exc = AuthError(message) if status == 401 else PayloadTooLarge(message) if status == 413 \
+            else RequestError(message)
+        return service.error_reply(exc, "openai_chat").body, "application/json"
+
+    app.add_middleware(BodyGuard, token=token, needs_token=admin_only, reject=render,
+                       limit=lambda method, path: max_admin_body_bytes if admin_only(method, path) else None)
 
     def is_admin(request: Request) -> bool:
-        given = request.headers.get("x-admin-token", "")
-        return admin_token is not None and hmac.compare_digest(given, admin_token)
+        return token.configured and token.admits(request.scope.get("headers", ()))
 
     def require_admin(request: Request) -> None:
         if not is_admin(request):
@@ -108,6 +140,12 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> Response:
         return _to_response(service.error_reply(exc, "openai_chat"))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        """FastAPI's default answer echoes the whole input; this one quotes excerpts."""
+        return JSONResponse({"error": {"type": "invalid_request", "message": safe_validation_errors(exc.errors())}},
+                            status_code=422)
 
     for router in routers:
         app.include_router(router)
@@ -190,7 +228,7 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
 
     @app.get("/sessions/{session_id}/trajectory")
     async def trajectory(request: Request, session_id: str, builder: str = "prefix_merging",
-                         config: str | None = None) -> Response:
+                         config: str | None = Query(None, max_length=65536)) -> Response:
         require_session_or_admin(request, session_id)
         spec = _builder_spec(builder, config, service.engine)
         records = await service.completions(session_id)
@@ -200,9 +238,17 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
     @app.post("/admin/sessions")
     async def register(request: Request, body: SessionRegistration) -> dict[str, Any]:
         require_admin(request)
-        service.sessions.register(SessionInfo(body.session_id, body.model_name, body.metadata))
+        if json_depth([body.metadata, body.oracle]) > MAX_JSON_DEPTH:
+            raise RequestError(f"session metadata nests JSON deeper than {MAX_JSON_DEPTH} levels")
+        script = None
         if body.oracle is not None and isinstance(service.engine, OracleEngine):
-            service.engine.set_script(body.session_id, OracleScript(**body.oracle))
+            try:
+                script = OracleScript(**body.oracle)
+            except (TypeError, ValueError) as exc:
+                raise RequestError(f"invalid oracle script: {excerpt(exc)}") from exc
+        service.sessions.register(SessionInfo(body.session_id, body.model_name, body.metadata))
+        if script is not None:
+            service.engine.set_script(body.session_id, script)
         return {"registered": body.session_id}
 
     @app.delete("/admin/sessions/{session_id}")
@@ -219,7 +265,7 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
                 "servers": [vars(s) for s in pool.servers()]}
 
     @app.post("/admin/upstreams")
-    async def add_upstream(request: Request, body: UpstreamChange) -> dict[str, Any]:
+    async def add_upstream(request: Request, body: UpstreamAdd) -> dict[str, Any]:
         require_admin(request)
         return {"added": service.engine.pool.add(body.url).url}
 

@@ -1,9 +1,11 @@
 """The rollout server as a process.
 
-    python -m polar_gym.server --port N --db PATH --admin-token T [--host H] [--heartbeat S] [--dead-after S]
+    python -m polar_gym.server --port N --db PATH [--admin-token-file F | --admin-token T] [--host H]
+                               [--heartbeat S] [--dead-after S] [--max-samples N] [--max-body-mb M]
 
-The admin token may come from ``POLAR_ADMIN_TOKEN``; the SQLite db keeps every task, so restarting with the same
-``--db`` resumes dispatching the unfinished sessions.
+The admin token is best given by ``POLAR_ADMIN_TOKEN`` or ``--admin-token-file`` (a command line is readable by
+every user of the host); it is never logged. The SQLite db (mode 0600: it holds the gateways' admin tokens) keeps
+every task, so restarting with the same ``--db`` resumes dispatching the unfinished sessions.
 """
 
 from __future__ import annotations
@@ -21,16 +23,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
     p.add_argument("--db", type=Path, default=Path("polar_gym-server.sqlite"))
-    p.add_argument("--admin-token", default=os.environ.get("POLAR_ADMIN_TOKEN"))
+    p.add_argument("--admin-token", default=os.environ.get("POLAR_ADMIN_TOKEN"),
+                   help="prefer POLAR_ADMIN_TOKEN or --admin-token-file: other users can read a command line")
+    p.add_argument("--admin-token-file", type=Path, help="a file holding the admin token")
     p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between gateway health probes")
     p.add_argument("--dead-after", type=float, default=10.0, help="seconds without heartbeat before re-dispatch")
     p.add_argument("--max-attempts", type=int, default=3, help="dispatches per session before it fails")
+    p.add_argument("--max-samples", type=int, default=4096, help="most sessions one task may ask for")
+    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted, in MiB")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
+    if args.admin_token_file is not None:
+        try:
+            args.admin_token = args.admin_token_file.read_text().strip()
+        except OSError as exc:
+            p.error(f"cannot read --admin-token-file: {exc.strerror}")
     if not args.admin_token:
-        p.error("--admin-token (or POLAR_ADMIN_TOKEN) is required")
-    if args.max_attempts < 1 or args.heartbeat <= 0 or args.dead_after <= 0:
-        p.error("--max-attempts, --heartbeat and --dead-after must be positive")
+        p.error("--admin-token-file, POLAR_ADMIN_TOKEN or --admin-token is required")
+    if args.max_attempts < 1 or args.heartbeat <= 0 or args.dead_after <= 0 or args.max_samples < 1 \
+            or args.max_body_mb <= 0:
+        p.error("--max-attempts, --heartbeat, --dead-after, --max-samples and --max-body-mb must be positive")
     return args
 
 
@@ -44,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     args = parse_args(argv)
     store = Store(args.db)
     server = RolloutServer(store, heartbeat_interval=args.heartbeat, dead_after=args.dead_after,
-                           max_attempts=args.max_attempts)
+                           max_attempts=args.max_attempts, max_samples=args.max_samples)
     try:
-        uvicorn.run(create_server_app(server, args.admin_token), host=args.host, port=args.port,
-                    log_level=args.log_level)
+        uvicorn.run(create_server_app(server, args.admin_token, max_body_bytes=int(args.max_body_mb * 2**20)),
+                    host=args.host, port=args.port, log_level=args.log_level)
     finally:
         store.close()
     return 0

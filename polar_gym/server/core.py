@@ -14,9 +14,10 @@ from typing import Any
 
 import httpx
 
-from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest, TaskStatus
+from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, excerpt, json_depth
+from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest
 from polar_gym.server.fleet import DEAD, DRAINING, HEALTHY, Fleet, GatewayRegistration, GatewayState
-from polar_gym.server.store import SessionRow, Store
+from polar_gym.server.store import SessionRow, Store, TaskRow
 
 __all__ = ["RolloutServer", "ServerError"]
 
@@ -42,11 +43,45 @@ def task_state(rows: list[SessionRow], cancelled: bool) -> SessionStatus:
     return S.COMPLETED if S.COMPLETED in statuses else S.ERROR
 
 
+def expand(task: TaskRequest, max_samples: int, max_task_bytes: int) -> list[SessionSpec]:
+    """The sessions of a task, after checking it is bounded and can be read back once stored (a pure function,
+    run in a worker thread: thousands of specs would hold the event loop). Raises ServerError 413/422."""
+    if task.num_samples > max_samples:
+        raise ServerError(413, "too_many_samples", f"num_samples {task.num_samples} exceeds this server's limit of "
+                                                   f"{max_samples} sessions per task")
+    try:
+        stored, dumped = task.model_dump_json(), task.model_dump(mode="json")
+    except ValueError as exc:  # nested past the serializer's own guard (a few hundred levels)
+        raise ServerError(422, "unreadable_task", f"the task cannot be stored: {excerpt(exc, 300)}") from exc
+    if len(stored) * (task.num_samples + 1) > max_task_bytes:
+        raise ServerError(413, "task_too_large", f"{task.num_samples} samples of a {len(stored)}-byte request exceed "
+                                                 f"this server's limit of {max_task_bytes} stored bytes per task")
+    if task.callback_url is not None:
+        try:
+            check_upstream_url(task.callback_url)
+        except ValueError as exc:
+            raise ServerError(422, "invalid_callback_url", str(exc)) from exc
+    depth = json_depth(dumped)
+    if depth > MAX_JSON_DEPTH:
+        raise ServerError(422, "too_deep", f"the task nests JSON {depth} levels deep; the limit is {MAX_JSON_DEPTH}")
+    specs = [SessionSpec.from_task(task, i) for i in range(task.num_samples)]
+    try:  # what is stored must read back (e.g. an infinite float is written as null and then fails)
+        TaskRequest.model_validate_json(stored)
+        SessionSpec.model_validate_json(specs[0].model_dump_json())
+    except ValueError as exc:
+        raise ServerError(422, "unreadable_task", f"the task would not read back once stored: {excerpt(exc, 300)}") \
+            from exc
+    return specs
+
+
 class RolloutServer:
     def __init__(self, store: Store, *, heartbeat_interval: float = 2.0, dead_after: float = 10.0,
                  max_attempts: int = 3, result_wait: float = 2.0, callback_attempts: int = 8,
-                 callback_backoff: float = 0.5, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 callback_backoff: float = 0.5, max_samples: int = 4096, max_task_bytes: int = 256 * 1024 * 1024,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.store = store
+        #: bounds of one task: sessions, and bytes stored for it (its request times its sessions)
+        self.max_samples, self.max_task_bytes = max_samples, max_task_bytes
         self.fleet = Fleet()
         self.heartbeat_interval, self.dead_after = heartbeat_interval, dead_after
         self.max_attempts, self.result_wait = max_attempts, result_wait
@@ -79,7 +114,9 @@ class RolloutServer:
             self.fleet.restore(row)  # heartbeat clock restarts now: each gets dead_after to answer
         for row in await self.store.in_flight():
             gw = self.fleet.gateways.get(row.gateway_id or "")
-            if gw is None or gw.row.state == DEAD:
+            if row.status.terminal:  # unreadable, now quarantined
+                await self._ended(row.task_id, row.session_id, row.status, row.reason)
+            elif gw is None or gw.row.state == DEAD:
                 await self._lost(row, "its gateway is gone after a server restart")
             else:
                 gw.sessions.add(row.session_id)
@@ -114,7 +151,7 @@ class RolloutServer:
 
     async def submit(self, task: TaskRequest) -> tuple[dict[str, Any], bool]:
         """Store the task and its sessions; resubmitting a task_id returns the existing task (created False)."""
-        specs = [SessionSpec.from_task(task, i) for i in range(task.num_samples)]
+        specs = await asyncio.to_thread(expand, task, self.max_samples, self.max_task_bytes)
         created = await self.store.add_task(task, specs)
         if created:
             await self._notify(task.task_id, {"event": "submitted", "sessions": [s.session_id for s in specs]})
@@ -127,16 +164,7 @@ class RolloutServer:
         if task is None:
             raise ServerError(404, "unknown_task", f"no task {task_id!r}")
         rows = await self.store.sessions_of(task_id)
-        status = TaskStatus(task_id=task_id, status=task_state(rows, task.cancelled),
-                            sessions={r.session_id: r.status for r in rows},
-                            results=[r.result for r in rows if r.result is not None])
-        rewards = [r.result.evaluation.reward for r in rows if r.result and r.result.evaluation]
-        counts = collections.Counter(r.status.value for r in rows)
-        return {**status.model_dump(mode="json"), "aggregate": {
-            "counts": dict(counts), "num_sessions": len(rows), "finished": sum(r.status.terminal for r in rows),
-            "mean_reward": sum(rewards) / len(rewards) if rewards else None},
-            "gateways": {r.session_id: r.gateway_id for r in rows},
-            "callback": {"state": task.callback_state, "error": task.callback_error}}
+        return await asyncio.to_thread(_view, task_id, task, rows)  # thousands of results: off the event loop
 
     async def cancel_task(self, task_id: str) -> dict[str, Any]:
         if await self.store.task(task_id) is None:
@@ -184,8 +212,11 @@ class RolloutServer:
         try:
             view = await self.task_view(task_id)
             yield {"event": "snapshot", "status": view["status"], "sessions": view["sessions"]}
-            while view["status"] not in ("COMPLETED", "ERROR", "CANCELLED"):
-                yield await queue.get()
+            if view["status"] not in ("COMPLETED", "ERROR", "CANCELLED"):
+                while True:  # a count per event, not a whole view: a big task's view is thousands of rows
+                    yield await queue.get()
+                    if await self.store.unfinished(task_id) == 0:
+                        break
                 view = await self.task_view(task_id)
             while not queue.empty():  # changes stored before the final view was read
                 yield queue.get_nowait()
@@ -235,11 +266,15 @@ class RolloutServer:
 
     async def _monitor_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self._probe(gw) for gw in self.fleet.live()))
-            now = time.monotonic()
-            for gw in self.fleet.live():
-                if now - gw.last_seen > self.dead_after:
-                    await self._declare_dead(gw)
+            try:
+                await asyncio.gather(*(self._probe(gw) for gw in self.fleet.live()))
+                now = time.monotonic()
+                for gw in self.fleet.live():
+                    if now - gw.last_seen > self.dead_after:
+                        await self._declare_dead(gw)
+            except Exception:
+                self.errors["monitor_round_failed"] += 1
+                log.exception("a gateway monitoring round failed; monitoring goes on")
             await asyncio.sleep(self.heartbeat_interval)
 
     async def _probe(self, gw: GatewayState) -> None:
@@ -283,13 +318,22 @@ class RolloutServer:
     async def _dispatch_loop(self) -> None:
         """Each round claims a batch of waiting sessions in one store transaction and posts them concurrently.
         Why batches: one store round trip and one gateway POST awaited per session, on a loop busy with watchers,
-        held dispatch to ~100 sessions/s and let the queue (and scheduling latency) grow with every submit."""
+        held dispatch to ~100 sessions/s and let the queue (and scheduling latency) grow with every submit.
+        Nothing ends the loop: a round that fails is logged and counted, and the next one runs."""
         while True:
             self._wake.clear()
-            limit = min(self._free_slots(), 1000)
-            waiting = await self.store.undispatched(limit) if limit else []  # a full fleet reloads nothing
-            if await self._dispatch_batch(waiting) and len(waiting) == limit:
-                continue  # maybe more waiting: another round before sleeping
+            try:
+                limit = min(self._free_slots(), 1000)
+                waiting = await self.store.undispatched(limit) if limit else []  # a full fleet reloads nothing
+                quarantined = [r for r in waiting if r.status.terminal]
+                for row in quarantined:
+                    await self._ended(row.task_id, row.session_id, row.status, row.reason)
+                dispatchable = [r for r in waiting if not r.status.terminal]
+                if (await self._dispatch_batch(dispatchable) or quarantined) and len(waiting) == limit:
+                    continue  # maybe more waiting: another round before sleeping
+            except Exception:
+                self.errors["dispatch_round_failed"] += 1
+                log.exception("a dispatch round failed; dispatching goes on")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 1.0)
 
@@ -390,7 +434,13 @@ class RolloutServer:
                 self.errors[f"result_http_{resp.status_code}"] += 1
                 await asyncio.sleep(min(1.0, self.heartbeat_interval))
                 continue
-            finished = [SessionResult.model_validate(data) for data in body.get("results", [])]
+            finished = []
+            for data in body.get("results", []) if isinstance(body, dict) else []:
+                try:
+                    finished.append(SessionResult.model_validate(data))
+                except ValueError as exc:  # one bad result must not stop the watch of the others
+                    self.errors["result_unreadable"] += 1
+                    log.error("unreadable result from %s: %s", gw.gateway_id, excerpt(exc, 300))
             for result in finished:
                 last.pop(result.session_id, None)
             mine = [r for r in finished if r.session_id in gw.sessions]
@@ -422,14 +472,19 @@ class RolloutServer:
     async def _finish(self, result: SessionResult, gw: GatewayState | None) -> None:
         if gw is not None:
             gw.sessions.discard(result.session_id)
-        await self.store.finish(result)
-        await self._notify(result.task_id, {"event": "finished", "session_id": result.session_id,
-                                            "status": result.status.value, "reason": result.reason})
+        if await self.store.finish(result):  # False: it had already ended (the first final result stays)
+            await self._ended(result.task_id, result.session_id, result.status, result.reason)
+
+    async def _ended(self, task_id: str, session_id: str, status: SessionStatus, reason: str | None) -> None:
+        """A session reached its final state (a result, or quarantined): tell subscribers, call back when the
+        task is done."""
+        await self._notify(task_id, {"event": "finished", "session_id": session_id, "status": status.value,
+                                     "reason": reason})
         self._wake.set()
-        if await self.store.unfinished(result.task_id) == 0:
-            task = await self.store.task(result.task_id)
-            if task is not None and task.request.callback_url and await self.store.claim_callback(result.task_id):
-                self._spawn(self._deliver(result.task_id))
+        if await self.store.unfinished(task_id) == 0:
+            task = await self.store.task(task_id)
+            if task is not None and task.request.callback_url and await self.store.claim_callback(task_id):
+                self._spawn(self._deliver(task_id))
 
     # -- callbacks -------------------------------------------------------------------------------------------
 
@@ -473,3 +528,21 @@ class RolloutServer:
                 return gw.gateway_id, {"status": None, "error": repr(exc)}
 
         return dict(await asyncio.gather(*(one(gw) for gw in self.fleet.live())))
+
+
+def _view(task_id: str, task: TaskRow, rows: list[SessionRow]) -> dict[str, Any]:
+    """TaskStatus plus an aggregate, as JSON-ready data (pure; run in a worker thread). Built entry by entry, not as
+    one TaskStatus dump: one call over thousands of results would hold the GIL, and so the event loop, throughout."""
+    rewards = [r.result.evaluation.reward for r in rows if r.result and r.result.evaluation]
+    counts = collections.Counter(r.status.value for r in rows)
+    view = {"task_id": task_id, "status": task_state(rows, task.cancelled).value,
+            "sessions": {r.session_id: r.status.value for r in rows},
+            "results": [r.result.model_dump(mode="json") for r in rows if r.result is not None],
+            "aggregate": {"counts": dict(counts), "num_sessions": len(rows),
+                          "finished": sum(r.status.terminal for r in rows),
+                          "mean_reward": sum(rewards) / len(rewards) if rewards else None},
+            "gateways": {r.session_id: r.gateway_id for r in rows},
+            "callback": {"state": task.callback_state, "error": task.callback_error}}
+    if task.quarantined:
+        view["quarantined"] = task.quarantined
+    return view

@@ -9,8 +9,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polar_gym.httpguard import check_upstream_url
 from polar_gym.server.store import GatewayRow
 
 __all__ = ["Fleet", "GatewayRegistration", "GatewayState"]
@@ -23,9 +24,14 @@ class GatewayRegistration(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(pattern=r"^https?://")
-    capacity: int = Field(ge=1)
-    admin_token: str | None = None
+    url: str = Field(max_length=2048)
+    capacity: int = Field(ge=1, le=1_000_000)
+    admin_token: str | None = Field(default=None, max_length=4096)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_upstream_url(value)
 
 
 @dataclass

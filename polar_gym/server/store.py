@@ -5,6 +5,9 @@ worker thread (``asyncio.to_thread``) behind one lock, so the event loop never b
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import sqlite3
 import threading
 import time
@@ -12,9 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_gym.httpguard import excerpt
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest
 
-__all__ = ["GatewayRow", "SessionRow", "Store", "TaskRow"]
+__all__ = ["QUARANTINED", "GatewayRow", "SessionRow", "Store", "TaskRow"]
+
+log = logging.getLogger(__name__)
+
+#: the reason of a stored row that could not be read back starts with this
+QUARANTINED = "quarantined:"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -39,6 +48,8 @@ class TaskRow:
     cancelled: bool
     callback_state: str | None
     callback_error: str | None
+    #: why the stored request could not be read back (``request`` is then a stand-in with the task_id only)
+    quarantined: str | None = None
 
 
 @dataclass
@@ -78,11 +89,28 @@ def _session(row: sqlite3.Row) -> SessionRow:
         created=row["created"], dispatched=row["dispatched"])
 
 
+def _private_file(path: str) -> None:
+    """Create (or narrow) a file to mode 0600: the db holds gateway admin tokens, which the server must keep in clear
+    to call its gateways. SQLite gives the -wal and -shm files the mode of the db file."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):  # left by an older version with the old mode
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.chmod(path + suffix, 0o600)
+
+
 class Store:
     """Every method is a coroutine that runs its SQL in a thread; the lock serializes the one connection."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+        _private_file(self.path)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
@@ -98,6 +126,37 @@ class Store:
 
     async def _q(self, sql: str, *args: Any) -> list[Any]:
         return await asyncio.to_thread(self._run, sql, args)
+
+    async def _sessions(self, sql: str, *args: Any) -> list[SessionRow]:
+        """Session rows, parsed in the worker thread (thousands of specs would hold the event loop); a row that
+        cannot be read back is quarantined instead of failing the whole read."""
+
+        def run() -> list[SessionRow]:
+            out = []
+            for row in self._run(sql, args):
+                try:
+                    out.append(_session(row))
+                except Exception as exc:  # any corruption: bad JSON, a spec of an older schema, a bad status
+                    out.append(self._quarantine(row, exc))
+            return out
+
+        return await asyncio.to_thread(run)
+
+    def _quarantine(self, row: sqlite3.Row, exc: Exception) -> SessionRow:
+        """Mark an unreadable session ERROR with the reason, for good (dispatch and restarts skip it)."""
+        session_id, task_id = str(row["session_id"]), str(row["task_id"])
+        reason = f"{QUARANTINED} the stored session could not be read back ({type(exc).__name__}: {excerpt(exc, 200)})"
+        log.error("session %s of task %s %s", session_id, task_id, reason)
+        result = SessionResult(session_id=session_id, task_id=task_id, status=SessionStatus.ERROR, reason=reason)
+        with self._lock:
+            self._db.execute("UPDATE sessions SET status = ?, reason = ?, result = ?, finished = ? "
+                             "WHERE session_id = ?", (SessionStatus.ERROR.value, reason, result.model_dump_json(),
+                                                      time.time(), session_id))
+        spec = SessionSpec.model_construct(session_id=session_id, task_id=task_id,
+                                           sample_index=_int(row["sample_index"]))
+        return SessionRow(spec=spec, status=SessionStatus.ERROR, gateway_id=row["gateway_id"],
+                          attempts=_int(row["attempts"]), reason=reason, result=result,
+                          created=_float(row["created"]), dispatched=None)
 
     def close(self) -> None:
         with self._lock:
@@ -132,8 +191,14 @@ class Store:
         if not rows:
             return None
         r = rows[0]
-        return TaskRow(TaskRequest.model_validate_json(r["request"]), r["created"], bool(r["cancelled"]),
-                       r["callback_state"], r["callback_error"])
+        try:
+            request = await asyncio.to_thread(TaskRequest.model_validate_json, r["request"])
+        except Exception as exc:  # a corrupted row: the task's sessions carry their own specs and go on
+            reason = f"{QUARANTINED} the stored task request could not be read back ({excerpt(exc, 200)})"
+            request = TaskRequest.model_construct(task_id=task_id, callback_url=None)
+            return TaskRow(request, _float(r["created"]), bool(r["cancelled"]), r["callback_state"],
+                           r["callback_error"], reason)
+        return TaskRow(request, r["created"], bool(r["cancelled"]), r["callback_state"], r["callback_error"])
 
     async def task_ids(self, limit: int = 1000, offset: int = 0) -> list[str]:
         rows = await self._q("SELECT task_id FROM tasks ORDER BY created, task_id LIMIT ? OFFSET ?", limit, offset)
@@ -159,8 +224,7 @@ class Store:
     # -- sessions --------------------------------------------------------------------------------------------
 
     async def sessions_of(self, task_id: str) -> list[SessionRow]:
-        rows = await self._q("SELECT * FROM sessions WHERE task_id = ? ORDER BY sample_index", task_id)
-        return [_session(r) for r in rows]
+        return await self._sessions("SELECT * FROM sessions WHERE task_id = ? ORDER BY sample_index", task_id)
 
     async def unfinished(self, task_id: str) -> int:
         """How many sessions of a task have not ended: a count, so a finish does not parse every sibling's result."""
@@ -170,20 +234,19 @@ class Store:
         return int(rows[0][0])
 
     async def session(self, session_id: str) -> SessionRow | None:
-        rows = await self._q("SELECT * FROM sessions WHERE session_id = ?", session_id)
-        return _session(rows[0]) if rows else None
+        rows = await self._sessions("SELECT * FROM sessions WHERE session_id = ?", session_id)
+        return rows[0] if rows else None
 
     async def undispatched(self, limit: int = 1000) -> list[SessionRow]:
-        rows = await self._q("SELECT * FROM sessions WHERE gateway_id IS NULL AND status = ? ORDER BY created "
-                             "LIMIT ?", SessionStatus.REGISTERED.value, limit)
-        return [_session(r) for r in rows]
+        """Waiting sessions, oldest first; quarantined ones come back ERROR (the caller reports them)."""
+        return await self._sessions("SELECT * FROM sessions WHERE gateway_id IS NULL AND status = ? "
+                                    "ORDER BY created LIMIT ?", SessionStatus.REGISTERED.value, limit)
 
     async def in_flight(self) -> list[SessionRow]:
         """Sessions handed to a gateway and not finished: watched again after a restart."""
         terminal = [s.value for s in SessionStatus if s.terminal]
-        rows = await self._q(f"SELECT * FROM sessions WHERE gateway_id IS NOT NULL AND status NOT IN "
-                             f"({','.join('?' * len(terminal))})", *terminal)
-        return [_session(r) for r in rows]
+        return await self._sessions(f"SELECT * FROM sessions WHERE gateway_id IS NOT NULL AND status NOT IN "
+                                    f"({','.join('?' * len(terminal))})", *terminal)
 
     async def assign(self, session_id: str, gateway_id: str) -> int | None:
         """Claim a waiting session for a gateway; None when it is no longer waiting (cancelled meanwhile).
@@ -226,9 +289,15 @@ class Store:
     async def set_status(self, session_id: str, status: SessionStatus) -> None:
         await self._q("UPDATE sessions SET status = ? WHERE session_id = ?", status.value, session_id)
 
-    async def finish(self, result: SessionResult) -> None:
-        await self._q("UPDATE sessions SET status = ?, reason = ?, result = ?, finished = ? WHERE session_id = ?",
-                      result.status.value, result.reason, result.model_dump_json(), time.time(), result.session_id)
+    async def finish(self, result: SessionResult) -> bool:
+        """Store a session's final result; False when it had already ended (the first final result stays: a
+        gateway's late answer cannot overwrite the server's giving up, nor the reverse)."""
+        terminal = [s.value for s in SessionStatus if s.terminal]
+        rows = await self._q(f"UPDATE sessions SET status = ?, reason = ?, result = ?, finished = ? "
+                             f"WHERE session_id = ? AND status NOT IN ({','.join('?' * len(terminal))}) "
+                             f"RETURNING session_id", result.status.value, result.reason, result.model_dump_json(),
+                             time.time(), result.session_id, *terminal)
+        return bool(rows)
 
     async def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """Sessions by status, and tasks by whether every session has finished (for /metrics)."""
@@ -250,3 +319,11 @@ class Store:
     async def gateways(self) -> list[GatewayRow]:
         rows = await self._q("SELECT * FROM gateways")
         return [GatewayRow(r["gateway_id"], r["url"], r["capacity"], r["admin_token"], r["state"]) for r in rows]
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0

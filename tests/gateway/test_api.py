@@ -4,6 +4,7 @@ health, drain; registered keys only on the proxy routes; admin endpoints need th
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -14,6 +15,15 @@ from polar_gym.gateway.__main__ import config_from_args, parse_args
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import SessionResult
+
+
+async def until(probe: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    """Wait for a condition (never for a fixed time): generous, since CI may be loaded."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await probe():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
 
 
 async def test_http_api_end_to_end(make_gateway: MakeGateway) -> None:
@@ -58,10 +68,10 @@ async def test_http_api_end_to_end(make_gateway: MakeGateway) -> None:
         # cancel through the API, while the harness runs
         long = gw.spec("api-2", sleep=60).model_dump(mode="json")
         assert (await client.post("/sessions", json=long, headers=admin)).status_code == 201
-        for _ in range(400):
-            if (await client.get("/sessions/api-2", headers=admin)).json()["stage"] == "run":
-                break
-            await asyncio.sleep(0.05)
+        async def running() -> bool:
+            return bool((await client.get("/sessions/api-2", headers=admin)).json()["stage"] == "run")
+
+        await until(running, 60, "api-2 to run")
         assert (await client.post("/sessions/api-2/cancel")).status_code == 401
         cancelled = await client.post("/sessions/api-2/cancel", headers=admin)
         assert cancelled.json()["cancelled"] is True
@@ -95,10 +105,10 @@ async def test_result_is_202_while_running(make_gateway: MakeGateway) -> None:
         assert pending.status_code == 202 and pending.json()["status"] != "COMPLETED"
         # end only once the harness is well under way (see the report: a cancel in the first milliseconds of an
         # exec can race the local runtime's sandbox start)
-        for _ in range(400):
-            if await gw.service.journal.records("slow"):
-                break
-            await asyncio.sleep(0.05)
+        async def called() -> bool:
+            return bool(await gw.service.journal.records("slow"))
+
+        await until(called, 60, "the harness's model call")
 
 
 def test_a_gateway_refuses_an_adhoc_registry() -> None:
@@ -143,3 +153,53 @@ async def test_one_poll_watches_many_sessions(make_gateway: MakeGateway) -> None
                                        headers=admin)).json()
         assert [r["status"] for r in cancelled["results"]] == ["CANCELLED"]
     assert await no_processes_with(gw.marker) == []
+
+
+async def _raw(url: str, head: str) -> tuple[int, bytes]:
+    """One request whose head declares a body that is never sent; the status and body of the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head.encode() + b"\r\n\r\n")
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 20)
+    finally:
+        writer.close()
+    return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[1]
+
+
+async def test_admin_routes_check_the_token_before_the_body(make_gateway: MakeGateway) -> None:
+    """Issue 11, fault 6: 4 x 50 MB to /sessions/poll without a token grew the gateway by 700 MB (the body was
+    parsed before the token was checked); now each is refused before a byte of body is read. Malformed tokens are
+    401, not 500; query parameters are range-checked; a 422 quotes an excerpt of the input."""
+    gw = await make_gateway()
+    for path in ["/sessions/poll", "/sessions", "/sessions/x/cancel", "/gateway/drain", "/admin/upstreams"]:
+        status, body = await _raw(gw.url, f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                                          f"content-length: {50 * 2**20}")
+        assert status == 401 and b"admin" in body, (path, status, body[:200])  # on main: waits for the body
+    status, _ = await _raw(gw.url, f"POST /sessions/poll HTTP/1.1\r\nhost: x\r\nx-admin-token: {gw.admin}\r\n"
+                                   f"content-type: application/json\r\ncontent-length: {50 * 2**20}")
+    assert status == 413
+    admin = {"x-admin-token": gw.admin}
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+        for token in ["tökén".encode(), b"\xff\xfe"]:
+            resp = await client.get("/sessions/nope", headers={"x-admin-token": token})
+            assert resp.status_code == 401, resp.text  # on main: 500
+            resp = await client.post("/sessions/poll", json={"session_ids": []}, headers={"x-admin-token": token})
+            assert resp.status_code == 401
+        for wait in ["nan", "1e309", "-1", "soon"]:
+            resp = await client.get("/sessions/nope/result", params={"wait": wait}, headers=admin)
+            assert resp.status_code == 422, (wait, resp.status_code)
+        big = gw.spec("big").model_dump(mode="json") | {"instruction": ["x" * 500_000]}
+        resp = await client.post("/sessions", json=big, headers=admin)
+        assert resp.status_code == 422 and len(resp.content) < 4000, len(resp.content)  # on main: the whole input
+        deep: dict = {"leaf": 1}
+        for _ in range(100):
+            deep = {"a": deep}
+        spec = gw.spec("deep").model_dump(mode="json")
+        resp = await client.post("/sessions", json=spec | {"metadata": {"deep": deep}}, headers=admin)
+        assert resp.status_code == 422 and resp.json()["error"]["type"] == "too_deep"
+        resp = await client.post("/sessions/poll", json={"session_ids": ["s" * 1000]}, headers=admin)
+        assert resp.status_code == 422 and len(resp.content) < 4000
+        resp = await client.post("/sessions/poll", json={"session_ids": ["a"], "wait": 0}, headers=admin)
+        assert resp.status_code == 200 and resp.json()["unknown"] == ["a"]

@@ -81,9 +81,13 @@ class RunningGateway:
         self.server.should_exit = True
         await self.task
         await self.node.stop()
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # callbacks scheduled by the relay's last connections run before the loop closes
         self.service.journal.close()
-        assert self.node.stages.live_runtimes() == 0
+
+        async def torn_down() -> bool:
+            return self.node.stages.live_runtimes() == 0
+
+        await wait_for(torn_down, 30, "every runtime of the stopped gateway to be torn down")
 
 
 @dataclass
@@ -151,13 +155,17 @@ class Harness:
         self.gateways.append(gw)
         return gw
 
-    async def server(self, db: Path | None = None, **knobs: Any) -> RunningServer:
+    async def server(self, db: Path | None = None, app_knobs: dict[str, Any] | None = None,
+                     **knobs: Any) -> RunningServer:
         store = Store(db or self.tmp / "server.sqlite")
-        knobs = {"heartbeat_interval": 0.2, "dead_after": 1.5, "result_wait": 2.0, "callback_backoff": 0.05,
+        # dead_after leaves room for a loaded machine: a live gateway whose health answers are slowed by two
+        # CPU-bound processes must not be declared dead (1.5 s was too tight; see test_drain_heartbeat_and_giving_up)
+        knobs = {"heartbeat_interval": 0.25, "dead_after": 5.0, "result_wait": 2.0, "callback_backoff": 0.05,
                  **knobs}
         core = RolloutServer(store, **knobs)
         port = free_port()
-        server, task = await _serve(create_server_app(core, SERVER_TOKEN), port, lifespan="on")
+        server, task = await _serve(create_server_app(core, SERVER_TOKEN, **(app_knobs or {})), port,
+                                    lifespan="on")
         running = RunningServer(core, store, f"http://127.0.0.1:{port}", server, task)
         self.servers.append(running)
         return running

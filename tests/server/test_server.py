@@ -99,7 +99,10 @@ async def test_dead_gateway_sessions_are_redispatched(harness: Harness) -> None:
     doomed, spare = await harness.gateway(), await harness.gateway()
     srv = await harness.server()
     doomed_id = await srv.register(doomed, 2)
-    await srv.http.post("/tasks", content=make_task("t-dies", 2, sleep=5).model_dump_json(),
+    # No model call (calls=0): a call in flight when the gateway's HTTP server stops fails, the harness exits, and
+    # the session could end on the dying gateway within its graceful shutdown. sleep 8: both sessions still run
+    # when the first gateway dies, however far apart a loaded machine started them.
+    await srv.http.post("/tasks", content=make_task("t-dies", 2, sleep=8, calls=0).model_dump_json(),
                         headers={"content-type": "application/json"})
 
     async def on_doomed() -> bool:
@@ -275,7 +278,11 @@ async def test_drain_heartbeat_and_giving_up(harness: Harness) -> None:
     beat = await srv.http.post(f"/gateways/{drained_id}/heartbeat", json={"live_sessions": 0, "status": "ok"})
     assert beat.status_code == 200 and beat.json()["health"]["status"] == "ok"
     assert (await srv.http.post(f"/gateways/{drained_id}/drain")).json()["state"] == "draining"
-    await srv.http.post("/tasks", content=make_task("t-drain", 2, sleep=5).model_dump_json(),
+    # Under load this test saw COMPLETED (issue 11, fault 11): the gateway was stopped while a harness's model call
+    # was in flight; the stopping HTTP server failed the call, the harness exited, the session ended on the gateway
+    # within uvicorn's graceful shutdown and the server's in-flight long poll delivered it. So: no model call, and a
+    # sleep far longer than the test (with sleep=5, sandboxes started seconds apart could also finish first).
+    await srv.http.post("/tasks", content=make_task("t-drain", 2, sleep=600, calls=0).model_dump_json(),
                         headers={"content-type": "application/json"})
 
     async def running() -> bool:
@@ -283,7 +290,7 @@ async def test_drain_heartbeat_and_giving_up(harness: Harness) -> None:
 
     await wait_for(running, 30, "sessions to run on the open gateway")
     await open_.stop()  # with max_attempts=1 and the other gateway draining, the sessions fail with a reason
-    view = await srv.wait_task("t-drain", 30)
+    view = await srv.wait_task("t-drain", 60)
     assert view["status"] == "ERROR" and set(view["gateways"].values()) == {open_id}
     assert all("gave up after 1 attempts" in r["reason"] for r in view["results"])
     errors = parse_prometheus((await srv.http.get("/metrics")).text)

@@ -85,3 +85,42 @@ async def test_store_is_idempotent_and_claims_once(tmp_path: Path) -> None:
     sessions, tasks = await store.counts()
     assert sessions == {"INITIALIZING": 1, "CANCELLED": 1} and tasks == {"open": 1, "finished": 0}
     store.close()
+
+
+async def test_the_first_final_result_stays(tmp_path: Path) -> None:
+    """A gateway's late COMPLETED must not overwrite the server's giving up (ERROR), nor the reverse: the race
+    behind a task reported COMPLETED after its gateway had been declared dead (issue 11, fault 11)."""
+    store = Store(tmp_path / "db.sqlite")
+    task = TaskRequest(task_id="t", instruction="x", num_samples=1, agent=AgentSpec(harness="h"))
+    spec = SessionSpec.from_task(task, 0)
+    await store.add_task(task, [spec])
+    gave_up = SessionResult(session_id=spec.session_id, task_id="t", status=S.ERROR, reason="gave up")
+    assert await store.finish(gave_up) is True
+    late = SessionResult(session_id=spec.session_id, task_id="t", status=S.COMPLETED)
+    assert await store.finish(late) is False
+    row = await store.session(spec.session_id)
+    assert row is not None and row.status is S.ERROR and row.result == gave_up
+    store.close()
+
+
+async def test_a_corrupted_row_is_quarantined_once_and_for_all(tmp_path: Path) -> None:
+    import sqlite3
+
+    store = Store(tmp_path / "db.sqlite")
+    task = TaskRequest(task_id="t", instruction="x", num_samples=3, agent=AgentSpec(harness="h"))
+    specs = [SessionSpec.from_task(task, i) for i in range(3)]
+    await store.add_task(task, specs)
+    with sqlite3.connect(tmp_path / "db.sqlite") as conn:
+        conn.execute("UPDATE sessions SET spec = '{\"broken' WHERE session_id = ?", (specs[0].session_id,))
+        conn.execute("UPDATE sessions SET status = 'NONSENSE' WHERE session_id = ?", (specs[1].session_id,))
+        conn.execute("UPDATE tasks SET request = '[]' WHERE task_id = 't'")
+    waiting = await store.undispatched()
+    assert [(r.session_id, r.status) for r in waiting] == [(specs[0].session_id, S.ERROR),
+                                                           (specs[2].session_id, S.REGISTERED)]
+    assert (waiting[0].reason or "").startswith("quarantined:")
+    rows = {r.session_id: r for r in await store.sessions_of("t")}
+    assert rows[specs[1].session_id].status is S.ERROR and rows[specs[2].session_id].status is S.REGISTERED
+    assert [r.session_id for r in await store.undispatched()] == [specs[2].session_id]  # stored, not re-tried
+    row = await store.task("t")
+    assert row is not None and (row.quarantined or "").startswith("quarantined:") and row.request.task_id == "t"
+    store.close()

@@ -226,3 +226,99 @@ async def test_max_tokens_cap_clamps_what_the_engine_is_asked():
     assert [r["max_tokens"] for r in fake.requests] == [16, 16, 4]
     records = await service.journal.records("cap")
     assert records[0].normalizations == ["max_tokens 32000 capped at 16"] and records[2].normalizations == []
+
+
+async def test_admin_surface_refuses_hostile_input():
+    """Issue 11, fault 6 on the proxy's admin routes: bad URLs, malformed tokens, oversized or unauthenticated
+    bodies and bad scripts are 4xx in the API's error shape; a 422 quotes excerpts, never the whole input."""
+    service, client = make(FakeVLLM().handler)
+    admin = {"x-admin-token": ADMIN}
+    for url in ["not a url", "ftp://engine/v1", "http://", "http:///v1", "http://a b", "http://h:0/", "x" * 5000]:
+        resp = await client.post("/admin/upstreams", json={"url": url}, headers=admin)
+        assert resp.status_code == 422, (url, resp.text[:200])  # on main: 200, and the pool held "not a url"
+        assert len(resp.content) < 2000
+    assert [s.url for s in service.engine.pool.servers()] == ["http://engine"]
+    for token in ["tökén".encode(), b"\xff", ADMIN.encode() + b"\xe9"]:  # on main: 500 (compare_digest on str)
+        resp = await client.get("/admin/upstreams", headers={"x-admin-token": token})
+        assert resp.status_code == 401, token
+        assert (await client.get("/sessions/s1/completions", headers={"x-admin-token": token})).status_code == 401
+    bad_script = await client.post("/admin/sessions", json={"session_id": "s9", "oracle": {"nope": 1}}, headers=admin)
+    assert bad_script.status_code in (200, 400)  # the vLLM engine ignores oracle scripts
+    deep: dict = {"leaf": 1}
+    for _ in range(100):
+        deep = {"a": deep}
+    nested = await client.post("/admin/sessions", json={"session_id": "s8", "metadata": deep}, headers=admin)
+    assert nested.status_code == 400 and service.sessions.get("s8") is None
+    huge = await client.post("/admin/sessions", json={"session_id": "s" * 600_000}, headers=admin)
+    assert huge.status_code == 422 and len(huge.content) < 4000
+
+    consumed = {"chunks": 0}
+
+    async def body(chunks: int):
+        for _ in range(chunks):
+            consumed["chunks"] += 1
+            yield b" " * 65536
+
+    # no token: refused before the body is read (the app never pulls a chunk beyond the bounded drain)
+    resp = await client.post("/admin/upstreams", content=body(1000), headers={"content-type": "application/json"})
+    assert resp.status_code == 401 and consumed["chunks"] <= 20
+    # with the token, an admin body is capped
+    app = create_app(service, ADMIN, max_admin_body_bytes=100_000)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as small:
+        consumed["chunks"] = 0
+        resp = await small.post("/admin/upstreams", content=body(1000), headers=admin)
+        assert resp.status_code == 413 and consumed["chunks"] <= 20, resp.text
+        assert resp.json()["error"]["message"]
+        ok = await small.post("/admin/upstreams", json={"url": "http://engine3:8000/v1"}, headers=admin)
+        assert ok.status_code == 200
+    bad_query = await client.get("/sessions/s1/trajectory", params={"config": "[" * 20_000}, headers=admin)
+    assert bad_query.status_code in (400, 422)
+
+
+def test_token_check_and_url_rules():
+    from polar_gym.httpguard import TokenCheck, check_upstream_url, json_depth, safe_validation_errors
+
+    check = TokenCheck("sekret")
+    assert "sekret" not in repr(vars(check))  # only a hash is kept
+    assert check.matches("sekret") and check.matches(b"sekret") and not check.matches("sekret\u00e9")
+    assert not check.matches(b"\xff") and not TokenCheck(None).matches("") and not TokenCheck("").configured
+    assert check.admits([(b"Authorization", b"Bearer sekret")]) and not check.admits([(b"x-admin-token", b"")])
+    assert check_upstream_url("https://[::1]:8000/v1") and check_upstream_url("http://node-7.cluster:30000")
+    for bad in ["http://h:99999", "javascript:alert(1)", "http://exa mple", "http://bad!host/"]:
+        with pytest.raises(ValueError):
+            check_upstream_url(bad)
+    deep: object = 1
+    for _ in range(1000):
+        deep = [deep]
+    assert json_depth(deep, 64) == 65 and json_depth({"a": [1, {"b": 2}]}) == 3
+    errors = safe_validation_errors([{"type": "t", "loc": ("body", "x"), "msg": "m", "input": "y" * 10**6}] * 50)
+    assert len(errors) == 21 and len(str(errors)) < 10_000
+
+
+async def test_no_input_makes_an_admin_or_session_route_fail_with_a_500():
+    """Every route of the proxy app x hostile query values, bad tokens and hostile bodies: never a 500."""
+    from fastapi.routing import APIRoute
+
+    service, client = make(FakeVLLM().handler)
+    service.sessions.register(SessionInfo("s1"))
+    app = client._transport.app
+    routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods]
+    deep = b"[" * 3000 + b"]" * 3000
+    bodies = [b"", b"{", b"[]", b"null", b"\xff\xfe", deep, orjson.dumps({"url": "not a url"}),
+              orjson.dumps({"session_id": "s2", "oracle": {"nope": 1}}), orjson.dumps({"policy_version": [1]})]
+    tokens = [None, b"", b"wrong", "tökén".encode(), b"\xff\x00", ADMIN.encode() + b"\x80", ADMIN.encode()]
+    values = ["-1", "nan", "inf", str(10**30), "x", "", "[" * 2000, "http://h/v1"]
+    for method, path in routes:
+        url = path.replace("{session_id}", "s1").replace("{version}", "v1beta").replace("{rest:path}", "m:generate")
+        url = url.replace("{path:path}", "anything")
+        cases = [({}, token, b"{}") for token in tokens] + [({}, ADMIN.encode(), body) for body in bodies]
+        cases += [({key: value}, ADMIN.encode(), b"{}") for key in ("wait", "config", "builder", "key")
+                  for value in values]
+        for query, token, body in cases:
+            headers = {"content-type": "application/json", **key("s1")}
+            if token is not None:
+                headers["x-admin-token"] = token
+            resp = await client.request(method, url, params=query, headers=headers,
+                                        content=body if method in ("POST", "DELETE") else None)
+            assert resp.status_code < 500 or resp.status_code in (502, 503, 504), \
+                (method, url, query, token, body[:60], resp.status_code, resp.text[:300])
