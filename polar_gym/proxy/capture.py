@@ -140,7 +140,10 @@ def _decode(lines: list[bytes], tokens: bytes, logprobs: bytes) -> list[Completi
     for raw in lines:
         if not raw.strip():
             continue
-        data = orjson.loads(raw)
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            break  # a torn tail: the line itself was cut short
         p, r, lp = data["prompt_ids"], data["response_ids"], data["response_logprobs"]
         prefix = fulls[p["base"]][: p["keep"]] if p["base"] >= 0 else []
         prompt = prefix + all_tokens[p["off"]: p["off"] + p["len"]].tolist()
