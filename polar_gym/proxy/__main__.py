@@ -3,8 +3,9 @@
     python -m polar_gym.proxy --engine {vllm,sglang,openai,oracle} --upstream URL [URL ...]
         --host 127.0.0.1 --port N --capture-dir DIR [--tokenizer DIR]
 
-Standalone mode serves any key as an ad-hoc session (``--registered-only`` turns that off); the admin token for
-``/admin/*`` is printed at start unless given with ``--admin-token`` or ``POLAR_ADMIN_TOKEN``.
+Standalone mode serves any key as an ad-hoc session of that name, so there the key is the session name, not a
+secret (``--registered-only`` turns that off: ``POST /admin/sessions`` then answers each session's fresh key);
+the admin token for ``/admin/*`` is printed at start unless given with ``--admin-token`` or ``POLAR_ADMIN_TOKEN``.
 """
 
 from __future__ import annotations
