@@ -70,6 +70,7 @@ class SandboxStages(Stages):
         self.config = config
         self._live: set[Runtime] = set()
         self._startup_clean: asyncio.Task[list[str]] | None = None
+        self._startup_cleaned: list[str] | None = None
 
     # -- plug-ins ---------------------------------------------------------------------------------------------
 
@@ -147,8 +148,8 @@ class SandboxStages(Stages):
         except Exception:
             log.warning("could not clean dead attempts under %s", self.config.workdir, exc_info=True)
             return
-        if removed and not getattr(self, "_clean_logged", False):
-            self._clean_logged = True
+        if removed and self._startup_cleaned is None:
+            self._startup_cleaned = removed
             log.info("removed %d unfinished attempt directories of a dead gateway under %s", len(removed),
                      self.config.workdir)
 
@@ -230,10 +231,11 @@ class SandboxStages(Stages):
     # -- POSTRUN -----------------------------------------------------------------------------------------------
 
     async def build(self, s: Session) -> None:
-        self._unregister(s.session_id)  # no new model calls count once the harness is done
+        self._revoke(s.session_id)  # no new model calls count once the harness is done (revoked after RUN already)
         # a call the harness made just before it ended (or was killed) may still be on its way to the journal
         if not await self.service.wait_idle(s.session_id, self.config.settle_timeout_seconds):
             s.artifacts["unsettled_calls"] = "model calls were still in flight when the trajectory was built"
+        self._unregister(s.session_id)
         journal = self.service.journal
         records = await journal.records(s.session_id, s.attempt_id)
         session = CompletionSession(session_id=s.session_id, completions=records,

@@ -418,9 +418,6 @@ class CaptureJournal:
 
     # -- records ---------------------------------------------------------------------------------------------
 
-    def next_index(self, session_id: str, attempt: str | None = None) -> int:
-        return self._open((session_id, attempt)).store.count
-
     async def append(self, record: CompletionRecord, attempt: str | None = None) -> CompletionRecord:
         """Journal ``record`` as the next completion of its session's stream (``attempt``); returns it with its index
         set. Returns only once the record is written (to the OS, or to disk with ``fsync``)."""
