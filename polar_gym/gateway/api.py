@@ -32,7 +32,7 @@ from polar_gym.gateway.sandbox import SandboxStages
 from polar_gym.httpguard import MAX_JSON_DEPTH, TokenCheck, json_depth
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.errors import AuthError
-from polar_gym.proxy.service import ProxyService, session_key
+from polar_gym.proxy.service import ProxyService, SessionRegistry, session_key
 from polar_gym.schema import SessionSpec
 from polar_gym.server.metrics import PROMETHEUS_CONTENT_TYPE, gateway_metrics
 
@@ -59,7 +59,8 @@ class SessionPoll(BaseModel):
     wait: float = Field(default=0.0, ge=0.0, le=600.0)
 
 
-def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
+def gateway_router(node: GatewayNode, admin_token: str | None,
+                   sessions: SessionRegistry | None = None) -> APIRouter:
     router = APIRouter()
     token = TokenCheck(admin_token)
 
@@ -71,8 +72,10 @@ def gateway_router(node: GatewayNode, admin_token: str | None) -> APIRouter:
             raise AuthError("gateway admin endpoints need the x-admin-token header")
 
     def require_session_or_admin(request: Request, session_id: str) -> None:
-        if session_key(request.headers, request.query_params) != session_id and not is_admin(request):
-            raise AuthError("a session is readable with its own key or the admin token")
+        """The session's own key while it runs (its key is revoked after), else the admin token."""
+        key = session_key(request.headers, request.query_params)
+        if not is_admin(request) and (sessions is None or not sessions.may_read(key, session_id)):
+            raise AuthError("a session is readable with its own key while it runs, else the admin token")
 
     @router.post("/sessions")
     async def dispatch(request: Request, spec: SessionSpec) -> Response:
@@ -169,7 +172,8 @@ def metrics_router(node: GatewayNode, service: ProxyService) -> APIRouter:
 
 def create_gateway_app(node: GatewayNode, service: ProxyService, admin_token: str | None) -> FastAPI:
     """The proxy's app with the session API in front of its catch-all route."""
-    app = create_app(service, admin_token, routers=[gateway_router(node, admin_token), metrics_router(node, service)],
+    app = create_app(service, admin_token, routers=[gateway_router(node, admin_token, service.sessions),
+                                                    metrics_router(node, service)],
                      title="polar_gym gateway", admin_paths=admin_route)
     app.state.node = node
     return app

@@ -332,6 +332,7 @@ class GatewayNode:
         except Exception:
             log.exception("stages.finished failed for session %s", s.session_id)
         s.result = result
+        s.shed()
         s.done.set()
         self._any_finished.set()
         self._any_finished = asyncio.Event()

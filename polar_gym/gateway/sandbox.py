@@ -1,18 +1,32 @@
 """The real stage functions: runtimes from ``RUNTIMES``, harness adapters from ``HARNESSES``, the proxy's journal,
 builders from ``BUILDERS`` and evaluators from ``EVALUATORS``.
 
-Per session, under ``<workdir>/<session id>/``: ``sandbox/`` (the runtime's session directory, ``/polar`` inside),
-``eval/`` (the fresh evaluation runtime's, when prewarmed) and ``artifacts/`` (harness stdout/stderr, its logs,
-``result.json``), which the sandbox cannot write.
+Per dispatch attempt, under ``<workdir>/<session id>/<attempt id>/``: ``sandbox/`` (the runtime's session directory,
+``/polar`` inside), ``eval/`` (the fresh evaluation runtime's, when prewarmed), ``artifacts/`` (harness stdout/stderr,
+its logs, ``result.json``), which the sandbox cannot write, and ``owner.json`` (which gateway process runs it).
+
+Clean restarts: every POST /sessions is a new attempt with its own workspace and journal stream, so a session retried
+after its gateway was killed never sees the dead attempt's files or calls. A dead attempt's directory (its owner
+process is gone) is removed when a new attempt of the session starts, and at the gateway's first session after
+start-up if it never finished; its journal stream stays on disk and is reported in ``earlier_attempts``, not trained.
+
+Secrets: the harness gets a fresh key (:func:`~polar_gym.proxy.service.new_session_key`), served by the proxy only
+while the session is RUNNING; the key is in the harness's env and its config files under HOME (the session dir),
+never in the result, the artifacts or the logs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import posixpath
+import re
+import shutil
+import socket
 from pathlib import Path
+from typing import Any
 
 from polar_gym.evaluate.base import EvalContext, Evaluator
 from polar_gym.gateway.config import GatewayConfig
@@ -22,19 +36,23 @@ from polar_gym.gateway.stages import Stages
 from polar_gym.harness.base import Harness, HarnessContext
 from polar_gym.merge import apply_rewards, build_trajectory
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
-from polar_gym.proxy.service import CallFailures, ProxyService, SessionInfo
+from polar_gym.proxy.service import CallFailures, ProxyService, SessionInfo, new_session_key
 from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
 from polar_gym.runtime.base import SESSION_MOUNT, Runtime, request_option_error
 from polar_gym.runtime.errors import RuntimeOptionError
 from polar_gym.schema import BuilderSpec, CompletionSession, PrepareAction, SessionResult, SessionSpec, Trajectory
 
-__all__ = ["SandboxStages", "safe_name"]
+__all__ = ["OWNER_FILE", "SandboxStages", "clean_dead_attempts", "safe_name"]
 
 log = logging.getLogger("polar_gym.gateway")
 
 #: where HOME is inside every sandbox (the session mount keeps it writable and per-session)
 HOME = f"{SESSION_MOUNT}/home"
 _TAIL = 2000
+_ATTEMPT_RE = re.compile(r"^[0-9a-f]{12}$")
+OWNER_FILE = "owner.json"
+#: attempts running in this process, over every SandboxStages in it (never cleaned as stale)
+_LIVE_ATTEMPTS: set[Path] = set()
 
 
 def safe_name(session_id: str) -> str:
@@ -52,6 +70,8 @@ class SandboxStages(Stages):
         self.service = service
         self.config = config
         self._live: set[Runtime] = set()
+        self._startup_clean: asyncio.Task[list[str]] | None = None
+        self._startup_cleaned: list[str] | None = None
 
     # -- plug-ins ---------------------------------------------------------------------------------------------
 
@@ -116,20 +136,42 @@ class SandboxStages(Stages):
         harness = self._harness(spec)
         s.scratch["evaluator_cls"] = self._evaluator_cls(spec)
         s.scratch["harness"] = harness
-        s.session_dir = self.config.workdir / safe_name(spec.session_id)
+        await self._clean_after_restart()
+        root = self.config.workdir / safe_name(spec.session_id)
+        s.session_dir = root / s.attempt_id
+        _LIVE_ATTEMPTS.add(s.session_dir)
         artifacts = s.session_dir / "artifacts"
-        await asyncio.to_thread(_make_dirs, s.session_dir / "sandbox", artifacts)
+        removed = await asyncio.to_thread(_open_attempt, s.session_dir, artifacts)
+        if removed:
+            s.artifacts["removed_stale_attempts"] = removed
+        await self.service.journal.begin_attempt(spec.session_id, s.attempt_id)
         s.artifacts["dir"] = str(artifacts)
         s.runtime = self._runtime(spec, s.session_dir / "sandbox", harness)
         await self._start(s.runtime)
         await self._prepare(s.runtime, spec.runtime.prepare, s)
+        key = new_session_key()  # served only while RUNNING; never stored in the result or the artifacts
         ctx = HarnessContext(session_id=spec.session_id, instruction=spec.instruction,
                              model_name=spec.agent.model_name, gateway_url=s.runtime.gateway_url,
                              workdir=spec.runtime.workdir, home=HOME, cli_path=_cli_path(harness, spec),
-                             config=dict(spec.agent.config))
+                             config=dict(spec.agent.config), api_key=key)
         s.scratch["harness_ctx"] = ctx
         for path, content in harness.files(ctx).items():
             await s.runtime.upload(content.encode(), path)
+
+    async def _clean_after_restart(self) -> None:
+        """Once per gateway process, before its first session: remove attempts that a dead gateway left unfinished
+        under the workdir (in a thread; later sessions do not wait for it again)."""
+        if self._startup_clean is None:
+            self._startup_clean = asyncio.create_task(asyncio.to_thread(clean_dead_attempts, self.config.workdir))
+        try:
+            removed = await asyncio.shield(self._startup_clean)
+        except Exception:
+            log.warning("could not clean dead attempts under %s", self.config.workdir, exc_info=True)
+            return
+        if removed and self._startup_cleaned is None:
+            self._startup_cleaned = removed
+            log.info("removed %d unfinished attempt directories of a dead gateway under %s", len(removed),
+                     self.config.workdir)
 
     async def _prepare(self, runtime: Runtime, actions: list[PrepareAction], s: Session) -> None:
         for i, action in enumerate(actions):
@@ -177,27 +219,34 @@ class SandboxStages(Stages):
         await self._start(s.eval_runtime)
         await self._prepare(s.eval_runtime, s.spec.runtime.prepare, s)
 
-    def _register(self, spec: SessionSpec) -> None:
+    def _register(self, s: Session) -> None:
+        spec = s.spec
+        ctx: HarnessContext = s.scratch["harness_ctx"]
         metadata = spec.metadata.model_dump()
-        self.service.sessions.register(SessionInfo(spec.session_id, spec.agent.model_name, metadata))
+        self.service.sessions.register(SessionInfo(spec.session_id, spec.agent.model_name, metadata,
+                                                   attempt=s.attempt_id, key=ctx.api_key))
         oracle = metadata.get("oracle")
         if isinstance(oracle, dict) and isinstance(self.service.engine, OracleEngine):
             self.service.engine.set_script(spec.session_id, OracleScript(**oracle))
 
+    def _revoke(self, session_id: str) -> None:
+        """The session's key stops working (a later call gets a 401; its captures need the admin token)."""
+        self.service.sessions.unregister(session_id, forget=False)
+
     def _unregister(self, session_id: str) -> None:
         self.service.sessions.unregister(session_id)
-        engine = self.service.engine
-        engine.pool.forget(session_id)
-        if isinstance(engine, OracleEngine):
-            engine.scripts.pop(session_id, None)
+        self.service.forget(session_id)
 
     async def run(self, s: Session) -> None:
         assert s.runtime is not None and s.session_dir is not None
         harness: Harness = s.scratch["harness"]
         ctx: HarnessContext = s.scratch["harness_ctx"]
-        self._register(s.spec)
+        self._register(s)
         env = {"HOME": HOME, **harness.env(ctx)}
-        s.harness_result = result = await s.runtime.exec(harness.command(ctx), env=env, timeout=s.remaining())
+        try:
+            s.harness_result = result = await s.runtime.exec(harness.command(ctx), env=env, timeout=s.remaining())
+        finally:
+            self._revoke(s.session_id)  # the key lives exactly as long as the RUNNING stage
         artifacts = s.session_dir / "artifacts"
         await asyncio.to_thread(_write_outputs, artifacts, result.stdout, result.stderr)
         kept, missing = [], []
@@ -216,15 +265,21 @@ class SandboxStages(Stages):
     # -- POSTRUN -----------------------------------------------------------------------------------------------
 
     async def build(self, s: Session) -> None:
-        self._unregister(s.session_id)  # no new model calls count once the harness is done
+        self._revoke(s.session_id)  # no new model calls count once the harness is done (revoked after RUN already)
         # a call the harness made just before it ended (or was killed) may still be on its way to the journal
         if not await self.service.wait_idle(s.session_id, self.config.settle_timeout_seconds):
             s.artifacts["unsettled_calls"] = "model calls were still in flight when the trajectory was built"
-        records = await self.service.journal.records(s.session_id)
+        self._unregister(s.session_id)
+        journal = self.service.journal
+        records = await journal.records(s.session_id, s.attempt_id)
         _note_call_failures(s, self.service.take_call_failures(s.session_id))
         session = CompletionSession(session_id=s.session_id, completions=records,
-                                    metadata={"task_id": s.spec.task_id, "sample_index": s.spec.sample_index})
+                                    metadata={"task_id": s.spec.task_id, "sample_index": s.spec.sample_index,
+                                              "attempt_id": s.attempt_id})
         s.artifacts["completions"] = len(records)
+        earlier = {a: n for a, n in (await journal.attempts(s.session_id)).items() if a != s.attempt_id}
+        if earlier:  # calls of dead attempts: reported, never trained
+            s.artifacts["earlier_attempts"] = earlier
         s.trajectory = await asyncio.to_thread(build_trajectory, session, self._builder_spec(s.spec))
 
     async def evaluate(self, s: Session) -> None:
@@ -253,9 +308,16 @@ class SandboxStages(Stages):
                 self._live.discard(runtime)
 
     async def finished(self, s: Session, result: SessionResult) -> None:
-        if s.session_dir is not None:
-            body = result.model_dump_json(indent=1)
-            await asyncio.to_thread(_write_text, s.session_dir / "artifacts" / "result.json", body)
+        try:
+            if s.session_dir is not None:
+                body = result.model_dump_json(indent=1)
+                await asyncio.to_thread(_write_text, s.session_dir / "artifacts" / "result.json", body)
+        finally:
+            # the result is final: nothing of this attempt needs to stay in memory (its journal is on disk)
+            self.service.journal.release(s.session_id, s.attempt_id)
+            self.service.forget(s.session_id)
+            if s.session_dir is not None:
+                _LIVE_ATTEMPTS.discard(s.session_dir)
 
 
 def _note_call_failures(s: Session, failures: CallFailures | None) -> None:
@@ -300,6 +362,75 @@ def _harness_install(harness: Harness, spec: SessionSpec) -> Path | None:
 
     path = install_dir(cache_root=os.environ.get("POLAR_CACHE"))
     return path if path.is_dir() else None
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), so a reused pid is not taken for its owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def _owner() -> dict[str, Any]:
+    return {"pid": os.getpid(), "start": _process_start(os.getpid()), "host": socket.gethostname()}
+
+
+def _owner_alive(attempt_dir: Path) -> bool:
+    """Whether the gateway process that owns an attempt directory still runs. Unknown hosts count as alive (a
+    shared workdir of several nodes is not ours to clean); a directory without an owner file is a dead start."""
+    try:
+        owner = json.loads((attempt_dir / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return isinstance(owner, dict)
+    pid = owner.get("pid")
+    if not isinstance(pid, int):
+        return False
+    start = _process_start(pid)
+    return start is not None and (owner.get("start") is None or owner.get("start") == start)
+
+
+def _stale(attempt_dir: Path) -> bool:
+    if attempt_dir in _LIVE_ATTEMPTS or not _ATTEMPT_RE.match(attempt_dir.name) or not attempt_dir.is_dir():
+        return False
+    owner_is_us = False
+    try:
+        owner_is_us = json.loads((attempt_dir / OWNER_FILE).read_text()).get("pid") == os.getpid()
+    except (OSError, ValueError, AttributeError):
+        pass
+    return owner_is_us or not _owner_alive(attempt_dir)
+
+
+def _open_attempt(attempt_dir: Path, artifacts: Path) -> list[str]:
+    """Create the attempt's directories and owner file; remove the session's stale attempts (their owner is dead,
+    or they are this process's finished ones). Returns the removed attempt ids."""
+    removed = []
+    if attempt_dir.parent.is_dir():
+        for other in sorted(attempt_dir.parent.iterdir()):
+            if other != attempt_dir and _stale(other):
+                shutil.rmtree(other, ignore_errors=True)
+                removed.append(other.name)
+    _make_dirs(attempt_dir / "sandbox", artifacts)
+    _write_text(attempt_dir / OWNER_FILE, json.dumps(_owner()))
+    return removed
+
+
+def clean_dead_attempts(workdir: Path) -> list[str]:
+    """Remove attempt directories whose gateway died before their result was written (``<session>/<attempt>``
+    paths). Finished attempts keep their artifacts; live ones (of any running gateway) are left alone."""
+    removed: list[str] = []
+    if not workdir.is_dir():
+        return removed
+    for session_dir in workdir.iterdir():
+        if not session_dir.is_dir():
+            continue
+        for attempt_dir in session_dir.iterdir():
+            if (_ATTEMPT_RE.match(attempt_dir.name) and attempt_dir not in _LIVE_ATTEMPTS
+                    and not (attempt_dir / "artifacts" / "result.json").exists() and not _owner_alive(attempt_dir)):
+                shutil.rmtree(attempt_dir, ignore_errors=True)
+                removed.append(f"{session_dir.name}/{attempt_dir.name}")
+    return removed
 
 
 def _make_dirs(*paths: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from polar_gym.runtime.base import ExecResult, Runtime
 from polar_gym.schema import EvalResult, SessionResult, SessionSpec, SessionStatus, Trajectory
 
-__all__ = ["STAGE_OF", "Session", "stage_of"]
+__all__ = ["STAGE_OF", "Session", "new_attempt_id", "stage_of"]
 
 #: the stage (pool) a status belongs to, as reported by GET /sessions/{id} and the health endpoint
 STAGE_OF: dict[SessionStatus, str] = {
@@ -33,9 +34,16 @@ def stage_of(status: SessionStatus) -> str:
     return STAGE_OF.get(status, "done")
 
 
+def new_attempt_id() -> str:
+    """A dispatch attempt's id: new for every POST /sessions, so a retried session (e.g. after a gateway was
+    killed) never shares a workspace or a journal stream with an earlier attempt."""
+    return uuid.uuid4().hex[:12]
+
+
 @dataclass(eq=False)
 class Session:
     spec: SessionSpec
+    attempt_id: str = field(default_factory=new_attempt_id)
     status: SessionStatus = SessionStatus.REGISTERED
     history: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
@@ -86,7 +94,8 @@ class Session:
 
     def describe(self) -> dict[str, Any]:
         """What GET /sessions/{id} answers."""
-        return {"session_id": self.session_id, "task_id": self.spec.task_id, "status": self.status.value,
+        return {"session_id": self.session_id, "attempt_id": self.attempt_id, "task_id": self.spec.task_id,
+                "status": self.status.value,
                 "stage": self.stage, "reason": self.reason, "remaining_seconds": self.remaining(),
                 "timings": dict(self.timings), "history": list(self.history)}
 
@@ -94,6 +103,7 @@ class Session:
         harness = self.harness_result
         metadata: dict[str, Any] = {
             "sample_index": self.spec.sample_index,
+            "attempt_id": self.attempt_id,
             "status_history": list(self.history),
             "task_metadata": self.spec.metadata.model_dump(),
             "artifacts": {k: v for k, v in self.artifacts.items() if isinstance(v, str | int | float | list | dict)},
@@ -106,3 +116,13 @@ class Session:
         return SessionResult(session_id=self.session_id, task_id=self.spec.task_id, status=self.status,
                              reason=self.reason, trajectory=self.trajectory, evaluation=self.evaluation,
                              timings=dict(self.timings), metadata=metadata)
+
+    def shed(self) -> None:
+        """Let go of what only a live session needs, once its result is out (a finished session stays in the
+        node's table for GET /sessions/{id}/result, bounded by ``max_finished``; its result keeps the outcome)."""
+        self.runtime = self.eval_runtime = None
+        self.harness_result = None
+        self.trajectory = None
+        self.evaluation = None
+        self.scratch.clear()
+        self.prewarm_task = None

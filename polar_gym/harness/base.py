@@ -1,9 +1,11 @@
 """The harness adapter interface: what it takes to run one unmodified agent CLI against the gateway.
 
 An adapter is a small class of attributes and pure methods (no protocol logic, no I/O): the config files and
-environment that point the CLI at the gateway with the session id as its API key, the non-interactive run command,
-and where its logs are. The gateway writes the files, runs the command in the session's runtime and collects the logs.
-A new harness is one small file registered in ``polar_gym.registry.HARNESSES``.
+environment that point the CLI at the gateway with the session's secret key (``ctx.key``) as its API key, the
+non-interactive run command, and where its logs are. Files holding the key are written under ``ctx.home`` (the
+session's own directory), never to a shared place; the key dies with the session's RUNNING stage. The gateway
+writes the files, runs the command in the session's runtime and collects the logs. A new harness is one small file
+registered in ``polar_gym.registry.HARNESSES``.
 
 Side requests: harnesses make calls of their own (titles, summaries, memory scans). The proxy flags a call as a side
 request when its model name differs from the session's ``model_name``, so adapters configure the CLI's side calls to
@@ -25,7 +27,7 @@ __all__ = ["Harness", "HarnessContext"]
 class HarnessContext:
     """Everything an adapter may use; paths are as seen inside the sandbox."""
 
-    session_id: str  # also the API key the harness sends
+    session_id: str
     instruction: str
     model_name: str  # the model name the harness is told to use
     gateway_url: str  # the proxy's base URL inside the sandbox (no trailing /v1)
@@ -33,6 +35,14 @@ class HarnessContext:
     home: str
     cli_path: str | None = None  # the CLI binary inside the sandbox (from the pinned install), when it has one
     config: dict[str, Any] = field(default_factory=dict)  # AgentSpec.config: per-harness options
+    #: the secret the harness sends as its API key; served only while the session runs (None: the session id,
+    #: which only a standalone proxy in ad-hoc mode accepts)
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> str:
+        """The API key to configure: ``api_key``, else the session id (ad-hoc mode)."""
+        return self.api_key if self.api_key is not None else self.session_id
 
 
 class Harness(abc.ABC):

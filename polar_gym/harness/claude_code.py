@@ -1,4 +1,4 @@
-"""Claude Code (``claude -p``): Anthropic Messages at ``ANTHROPIC_BASE_URL``, the session id as ``x-api-key``.
+"""Claude Code (``claude -p``): Anthropic Messages at ``ANTHROPIC_BASE_URL``, the session key as ``x-api-key``.
 
 Side requests: its small/fast model (titles, summaries, quick checks; the "haiku" slot) is renamed to the side model
 through ``ANTHROPIC_SMALL_FAST_MODEL`` and ``ANTHROPIC_DEFAULT_HAIKU_MODEL``, so the proxy flags those calls.
@@ -29,7 +29,7 @@ class ClaudeCode(Harness):
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         side = side_model(ctx)
         return {
-            "ANTHROPIC_BASE_URL": ctx.gateway_url, "ANTHROPIC_API_KEY": ctx.session_id,
+            "ANTHROPIC_BASE_URL": ctx.gateway_url, "ANTHROPIC_API_KEY": ctx.key,
             "ANTHROPIC_SMALL_FAST_MODEL": side, "ANTHROPIC_DEFAULT_HAIKU_MODEL": side,
             "IS_SANDBOX": "1",  # lets --dangerously-skip-permissions run as root (the sandbox is the boundary)
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",

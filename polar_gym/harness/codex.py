@@ -33,7 +33,7 @@ class Codex(Harness):
                 **self.skills(ctx, ctx.config.get("skills") or {})}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {"CODEX_HOME": self.codex_home(ctx), _KEY_VAR: ctx.session_id, **NO_PHONE_HOME}
+        return {"CODEX_HOME": self.codex_home(ctx), _KEY_VAR: ctx.key, **NO_PHONE_HOME}
 
     def command(self, ctx: HarnessContext) -> list[str]:
         return [binary(ctx, "codex"), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",

@@ -1,4 +1,4 @@
-"""Gemini CLI (``gemini -p``): Google generateContent at ``GOOGLE_GEMINI_BASE_URL``, the session id as the API key.
+"""Gemini CLI (``gemini -p``): Google generateContent at ``GOOGLE_GEMINI_BASE_URL``, the session key as the API key.
 
 ``~/.gemini/settings.json`` selects API-key auth (else it asks to log in) and turns telemetry and updates off;
 ``GEMINI_CLI_TRUST_WORKSPACE`` skips the trust prompt for the workdir.
@@ -27,7 +27,7 @@ class GeminiCli(Harness):
         return self.mcp_servers(ctx, ctx.config.get("mcp_servers") or {})
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {"GEMINI_API_KEY": ctx.session_id, "GOOGLE_GEMINI_BASE_URL": ctx.gateway_url,
+        return {"GEMINI_API_KEY": ctx.key, "GOOGLE_GEMINI_BASE_URL": ctx.gateway_url,
                 "GEMINI_CLI_TRUST_WORKSPACE": "true", **NO_PHONE_HOME}
 
     def command(self, ctx: HarnessContext) -> list[str]:

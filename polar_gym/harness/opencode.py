@@ -1,6 +1,6 @@
 """opencode (``opencode run``): OpenAI Chat Completions through an ``@ai-sdk/openai-compatible`` provider.
 
-``~/.config/opencode/opencode.json`` defines provider ``polar`` with the gateway as ``baseURL`` and the session id as
+``~/.config/opencode/opencode.json`` defines provider ``polar`` with the gateway as ``baseURL`` and the session key as
 ``apiKey``; ``OPENCODE_DISABLE_MODELS_FETCH`` stops it fetching models.dev, the other flags stop downloads.
 Side requests: opencode asks its ``small_model`` for session titles (the first call of a run) and summaries; it is set
 to the side model, so the proxy flags them. Not separable: compaction runs on the main model. MCP servers become
@@ -42,7 +42,7 @@ class OpenCode(Harness):
         config: dict[str, Any] = {
             "$schema": "https://opencode.ai/config.json",
             "provider": {_PROVIDER: {"npm": "@ai-sdk/openai-compatible", "name": "polar_gym",
-                                     "options": {"baseURL": f"{ctx.gateway_url}/v1", "apiKey": ctx.session_id},
+                                     "options": {"baseURL": f"{ctx.gateway_url}/v1", "apiKey": ctx.key},
                                      "models": {m: {"name": m} for m in (ctx.model_name, side)}}},
             "model": f"{_PROVIDER}/{ctx.model_name}", "small_model": f"{_PROVIDER}/{side}",
             "autoupdate": False, "share": "disabled",

@@ -1,7 +1,7 @@
 """pi (``pi -p``): the one harness that speaks all four protocols, chosen by ``AgentSpec.config["api"]``.
 
 ``~/.pi/agent/models.json`` defines provider ``polar`` with the gateway as ``baseUrl`` (per API: ``/v1`` for the
-OpenAI ones, the bare URL for Anthropic, ``/v1beta`` for Google) and the session id as ``apiKey``.
+OpenAI ones, the bare URL for Anthropic, ``/v1beta`` for Google) and the session key as ``apiKey``.
 Side requests: none. pi makes no calls of its own in a ``-p`` run; compaction (long sessions only) runs on the main
 model. pi has no MCP support by design, so :meth:`mcp_servers` stays the default.
 """
@@ -42,7 +42,7 @@ class Pi(Harness):
     def files(self, ctx: HarnessContext) -> dict[str, str]:
         api = self.api(ctx)
         models = {"providers": {_PROVIDER: {"baseUrl": ctx.gateway_url + _BASE_PATH[api], "api": api,
-                                            "apiKey": ctx.session_id,
+                                            "apiKey": ctx.key,
                                             "models": [{"id": ctx.model_name, "reasoning": True}]}}}
         return {f"{ctx.home}/.pi/agent/models.json": dump_json(models),
                 f"{ctx.home}/.pi/agent/settings.json": dump_json({"enableInstallTelemetry": False})}

@@ -1,4 +1,4 @@
-"""Qwen Code (``qwen -p``): OpenAI Chat Completions at ``OPENAI_BASE_URL``, the session id as ``OPENAI_API_KEY``.
+"""Qwen Code (``qwen -p``): OpenAI Chat Completions at ``OPENAI_BASE_URL``, the session key as ``OPENAI_API_KEY``.
 
 Side requests: Qwen Code sends its background calls (session titles, tool-use summaries, memory recall, prompt
 suggestions) with its ``fastModel`` setting, and without one it skips most of them or falls back to the main model
@@ -27,7 +27,7 @@ class QwenCode(Harness):
         return self.mcp_servers(ctx, ctx.config.get("mcp_servers") or {})
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {"OPENAI_BASE_URL": f"{ctx.gateway_url}/v1", "OPENAI_API_KEY": ctx.session_id,
+        return {"OPENAI_BASE_URL": f"{ctx.gateway_url}/v1", "OPENAI_API_KEY": ctx.key,
                 "OPENAI_MODEL": ctx.model_name, **NO_PHONE_HOME}
 
     def command(self, ctx: HarnessContext) -> list[str]:

@@ -4,7 +4,7 @@ The command talks to the gateway however it likes (curl, a Python script with an
 It gets, in its environment:
 
 - ``POLAR_INSTRUCTION`` (the task), ``POLAR_MODEL`` (the model name to send), ``POLAR_GATEWAY_URL`` (no ``/v1``),
-  ``POLAR_API_KEY`` = ``POLAR_SESSION_ID`` (the key the gateway serves this session under);
+  ``POLAR_API_KEY`` (the session's secret key, served only while it runs), ``POLAR_SESSION_ID``;
 - the usual SDK variables, so unmodified OpenAI / Anthropic / Gemini clients reach the gateway:
   ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``, ``GEMINI_API_KEY``,
   ``GOOGLE_GEMINI_BASE_URL``;
@@ -39,10 +39,10 @@ class ShellHarness(Harness):
         return {posixpath.join(ctx.workdir, path): text for path, text in (ctx.config.get("files") or {}).items()}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        url, key = ctx.gateway_url, ctx.session_id
+        url, key = ctx.gateway_url, ctx.key
         return {
             "POLAR_INSTRUCTION": ctx.instruction, "POLAR_MODEL": ctx.model_name, "POLAR_GATEWAY_URL": url,
-            "POLAR_API_KEY": key, "POLAR_SESSION_ID": key,
+            "POLAR_API_KEY": key, "POLAR_SESSION_ID": ctx.session_id,
             "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": key, "ANTHROPIC_BASE_URL": url,
             "ANTHROPIC_API_KEY": key, "GEMINI_API_KEY": key, "GOOGLE_GEMINI_BASE_URL": url,
             **{str(k): str(v) for k, v in (ctx.config.get("env") or {}).items()},

@@ -27,7 +27,7 @@ from rich.table import Table
 from polar_gym.merge import MergeConfig, build_trajectory
 from polar_gym.merge.exports import nemo_item_chains, sft_records, slime_samples, trace_lines
 from polar_gym.merge.rewards import with_session_weights
-from polar_gym.proxy.capture import read_session
+from polar_gym.proxy.capture import ATTEMPTS_DIR, CURRENT_ATTEMPT, read_session
 from polar_gym.registry import BUILDERS, RegistryError
 from polar_gym.schema import BuilderSpec, CompletionSession, Trajectory
 
@@ -69,11 +69,24 @@ def find_journals(paths: Iterable[str | Path]) -> list[Path]:
             continue
         if not path.is_dir():
             raise NoJournalError(f"{path}: no such directory (expected a session journal or a capture root)")
-        nested = sorted(p.parent for p in path.rglob(JOURNAL_FILE))
+        nested = sorted(p.parent for p in path.rglob(JOURNAL_FILE) if not _superseded_attempt(p.parent))
         if not nested:
             raise NoJournalError(f"{path}: holds no capture journal (no {JOURNAL_FILE} in it or below it)")
         found.update(dict.fromkeys(nested))
     return list(found)
+
+
+def _superseded_attempt(directory: Path) -> bool:
+    """An earlier dispatch attempt of a gateway session (``<session>/attempts/<id>/``, not the one the session's
+    ``current-attempt`` names): a dead gateway's calls, reported by the gateway but never trained. Naming such a
+    directory explicitly still rebuilds it."""
+    if directory.parent.name != ATTEMPTS_DIR:
+        return False
+    pointer = directory.parent.parent / CURRENT_ATTEMPT
+    try:
+        return pointer.read_text().strip() != directory.name
+    except OSError:
+        return False
 
 
 @dataclass

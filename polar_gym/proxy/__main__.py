@@ -3,10 +3,11 @@
     python -m polar_gym.proxy --engine {vllm,sglang,openai,oracle} --upstream URL [URL ...]
         --host 127.0.0.1 --port N --capture-dir DIR [--tokenizer DIR]
 
-Standalone mode serves any key as an ad-hoc session (``--registered-only`` turns that off). The admin token for
-``/admin/*`` comes from ``--admin-token`` or ``POLAR_ADMIN_TOKEN``; otherwise a fresh one is written to a file only
-its owner reads (``--admin-token-file``, default ``CAPTURE_DIR/admin-token`` or a private temporary directory) and
-that file's path is printed: a token never goes to a log other users may read.
+Standalone mode serves any key as an ad-hoc session of that name, so there the key is the session name, not a
+secret (``--registered-only`` turns that off: ``POST /admin/sessions`` then answers each session's fresh key).
+The admin token for ``/admin/*`` comes from ``--admin-token`` or ``POLAR_ADMIN_TOKEN``; otherwise a fresh one is
+written to a file only its owner reads (``--admin-token-file``, default ``CAPTURE_DIR/admin-token`` or a private
+temporary directory) and that file's path is printed: a token never goes to a log other users may read.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from polar_gym.proxy.detect import detect_provider, split_google_path
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
 from polar_gym.proxy.errors import AuthError, PayloadTooLarge, RequestError
 from polar_gym.proxy.providers.base import Route
-from polar_gym.proxy.service import ProxyService, Reply, SessionInfo, session_key
+from polar_gym.proxy.service import ProxyService, Reply, SessionInfo, new_session_key, session_key
 from polar_gym.registry import BUILDERS
 from polar_gym.schema import BuilderSpec, CompletionRecord, CompletionSession
 
@@ -129,9 +129,11 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
             raise AuthError("admin endpoints need the x-admin-token header")
 
     def require_session_or_admin(request: Request, session_id: str) -> None:
-        """A session's captures are readable with its own key or the admin token (invariant 4)."""
-        if session_key(request.headers, request.query_params) != session_id and not is_admin(request):
-            raise AuthError("a session's captures are readable with its own key or the admin token")
+        """A session's captures are readable with its own live key or the admin token (invariant 4): once the
+        session's key is revoked, only with the admin token."""
+        if not is_admin(request) and not service.sessions.may_read(session_key(request.headers,
+                                                                               request.query_params), session_id):
+            raise AuthError("a session's captures are readable with its own key while it runs, else the admin token")
 
     @app.exception_handler(AuthError)
     async def _auth_error(request: Request, exc: AuthError) -> Response:
@@ -246,10 +248,11 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
                 script = OracleScript(**body.oracle)
             except (TypeError, ValueError) as exc:
                 raise RequestError(f"invalid oracle script: {excerpt(exc)}") from exc
-        service.sessions.register(SessionInfo(body.session_id, body.model_name, body.metadata))
+        key = new_session_key()  # a fresh secret, never the session id (invariant 7)
+        service.sessions.register(SessionInfo(body.session_id, body.model_name, body.metadata, key=key))
         if script is not None:
             service.engine.set_script(body.session_id, script)
-        return {"registered": body.session_id}
+        return {"registered": body.session_id, "api_key": key}
 
     @app.delete("/admin/sessions/{session_id}")
     async def unregister(request: Request, session_id: str) -> dict[str, Any]:

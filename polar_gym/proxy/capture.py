@@ -1,6 +1,7 @@
 """The capture journal: every completion of a session, durably and in order, with prefix-shared token storage.
 
-A session's directory holds three append-only files:
+A journal stream (a session, or one dispatch attempt of a gateway session under ``<session>/attempts/<id>/``)
+holds three append-only files:
 
 - ``tokens.bin``: uint32 token IDs; ``logprobs.bin``: float64 logprobs of sampled tokens;
 - ``records.jsonl``: one line per completion. Token fields are references into the binary files, and a prompt is
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import queue
 import threading
 from array import array
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ import orjson
 
 from polar_gym.schema import CompletionRecord
 
-__all__ = ["CaptureJournal", "SessionStore", "common_prefix", "read_session"]
+__all__ = ["ATTEMPTS_DIR", "CURRENT_ATTEMPT", "CaptureJournal", "SessionStore", "common_prefix", "read_session"]
 
 _RECENT = 16  # earlier records searched for a shared prefix
 _CONVERSATION_FIELDS = ("messages", "input", "contents")
@@ -138,7 +140,10 @@ def _decode(lines: list[bytes], tokens: bytes, logprobs: bytes) -> list[Completi
     for raw in lines:
         if not raw.strip():
             continue
-        data = orjson.loads(raw)
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            break  # a torn tail: the line itself was cut short
         p, r, lp = data["prompt_ids"], data["response_ids"], data["response_logprobs"]
         prefix = fulls[p["base"]][: p["keep"]] if p["base"] >= 0 else []
         prompt = prefix + all_tokens[p["off"]: p["off"] + p["len"]].tolist()
@@ -167,29 +172,50 @@ def read_session(directory: str | Path) -> list[CompletionRecord]:
     """Read a session's journal back exactly, from its directory."""
     directory = Path(directory)
 
-    def read(name: str) -> bytes:
-        path = directory / name
-        return path.read_bytes() if path.exists() else b""
-
-    return _decode(read("records.jsonl").splitlines(), read("tokens.bin"), read("logprobs.bin"))
+    return _decode(_read(directory / "records.jsonl").splitlines(), _read(directory / "tokens.bin"),
+                   _read(directory / "logprobs.bin"))
 
 
 class _Session:
+    """One journal stream's encoder state and, in memory mode, its bytes. ``users`` counts the calls holding it, so
+    eviction never drops a stream that a call is about to write (two encoders on one directory would corrupt it)."""
+
     def __init__(self, session_id: str, directory: Path | None) -> None:
         self.session_id = session_id
         self.directory = directory
         self.store = SessionStore()
         self.lock = asyncio.Lock()
+        self.users = 0
+        self.loaded = directory is None
         self.lines: list[bytes] = []
         self.tokens = bytearray()
         self.logprobs = bytearray()
-        if directory is not None and (directory / "records.jsonl").exists():
-            self._resume(directory)
 
-    def _resume(self, directory: Path) -> None:
-        """Reopen an existing journal (a restarted proxy): rebuild the encoder state from what is on disk."""
-        for record in read_session(directory):
+    def load(self) -> None:
+        """Reopen an existing journal (a restarted proxy, or a stream evicted from memory): rebuild the encoder
+        state from disk, and cut a torn tail off so the next record's offsets point at its own bytes."""
+        assert self.directory is not None
+        self.loaded = True
+        path = self.directory / "records.jsonl"
+        if not path.exists():
+            return
+        raw = path.read_bytes()
+        lines = raw.splitlines(keepends=True)
+        records = _decode(lines, _read(self.directory / "tokens.bin"), _read(self.directory / "logprobs.bin"))
+        for record in records:
             self.store.encode(record)
+        kept, seen = 0, 0
+        for line in lines:
+            if seen == len(records):
+                break
+            kept += len(line)
+            seen += bool(line.strip())
+        sizes = {"records.jsonl": kept, "tokens.bin": 4 * self.store.token_count,
+                 "logprobs.bin": 8 * self.store.logprob_count}
+        for name, size in sizes.items():
+            target = self.directory / name
+            if target.exists() and target.stat().st_size > size:
+                os.truncate(target, size)
 
     def write(self, line: bytes, tokens: bytes, logprobs: bytes, fsync: bool) -> None:
         if self.directory is None:
@@ -213,8 +239,16 @@ class _Session:
     def stored_bytes(self) -> int:
         if self.directory is None:
             return sum(map(len, self.lines)) + len(self.tokens) + len(self.logprobs)
-        return sum((self.directory / n).stat().st_size for n in ("records.jsonl", "tokens.bin", "logprobs.bin")
-                   if (self.directory / n).exists())
+        return _stored_bytes(self.directory)
+
+
+def _read(path: Path) -> bytes:
+    return path.read_bytes() if path.exists() else b""
+
+
+def _stored_bytes(directory: Path) -> int:
+    return sum((directory / n).stat().st_size for n in ("records.jsonl", "tokens.bin", "logprobs.bin")
+               if (directory / n).exists())
 
 
 class _Writer:
@@ -264,30 +298,130 @@ def _set_exception(fut: asyncio.Future[None], exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
-class CaptureJournal:
-    """All sessions' journals. ``root=None`` keeps them in memory with the same prefix-shared encoding."""
+#: a session's journal streams live under ``<root>/<session>/attempts/<attempt>/``; this file names the latest
+CURRENT_ATTEMPT = "current-attempt"
+ATTEMPTS_DIR = "attempts"
 
-    def __init__(self, root: str | Path | None = None, *, fsync: bool = False, max_pending: int = 256) -> None:
+_Key = tuple[str, str | None]
+
+
+class CaptureJournal:
+    """All sessions' journals. ``root=None`` keeps them in memory with the same prefix-shared encoding.
+
+    A stream is a session (``attempt=None``: ``<root>/<session>/``) or one dispatch attempt of it
+    (``<root>/<session>/attempts/<attempt>/``), so a retried session never appends to a dead attempt's journal.
+    Reading a session without naming the attempt reads its latest attempt (set by :meth:`begin_attempt`).
+
+    Memory is bounded: at most ``max_open`` streams keep their encoder state (least recently used first out, never
+    one a call is using); :meth:`release` drops a finished stream at once. An on-disk stream evicted from memory
+    reads back from disk and reopens on its next append; an in-memory one is gone (the in-memory journal is for
+    tests and short runs).
+    """
+
+    def __init__(self, root: str | Path | None = None, *, fsync: bool = False, max_pending: int = 256,
+                 max_open: int | None = None) -> None:
         self.root = Path(root) if root is not None else None
         self.fsync = fsync
-        self._sessions: dict[str, _Session] = {}
+        self.max_open = max_open if max_open is not None else (256 if self.root is not None else 10_000)
+        if self.max_open < 1:
+            raise ValueError("max_open must be at least 1")
+        self._sessions: collections.OrderedDict[_Key, _Session] = collections.OrderedDict()
+        #: the latest attempt of recently begun sessions (on disk it is also in CURRENT_ATTEMPT)
+        self._latest: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._writer = _Writer(max_pending) if self.root is not None else None
 
-    def _session(self, session_id: str) -> _Session:
-        session = self._sessions.get(session_id)
+    # -- layout ----------------------------------------------------------------------------------------------
+
+    def session_dir(self, session_id: str) -> Path | None:
+        return self.root / _safe_name(session_id) if self.root is not None else None
+
+    def stream_dir(self, session_id: str, attempt: str | None = None) -> Path | None:
+        base = self.session_dir(session_id)
+        if base is None or attempt is None:
+            return base
+        return base / ATTEMPTS_DIR / _safe_name(attempt)
+
+    # -- streams in memory -----------------------------------------------------------------------------------
+
+    def _open(self, key: _Key) -> _Session:
+        session = self._sessions.get(key)
         if session is None:
-            directory = self.root / _safe_name(session_id) if self.root is not None else None
-            session = self._sessions[session_id] = _Session(session_id, directory)
+            session = self._sessions[key] = _Session(key[0], self.stream_dir(*key))
+        else:
+            self._sessions.move_to_end(key)
         return session
 
-    def next_index(self, session_id: str) -> int:
-        return self._session(session_id).store.count
+    def _trim(self) -> None:
+        if len(self._sessions) <= self.max_open:
+            return
+        for key in [k for k, s in self._sessions.items() if s.users == 0]:
+            if len(self._sessions) <= self.max_open:
+                break
+            del self._sessions[key]
 
-    async def append(self, record: CompletionRecord) -> CompletionRecord:
-        """Journal ``record`` as the session's next completion; returns it with its index set. Returns only once
-        the record is written (to the OS, or to disk with ``fsync``)."""
-        session = self._session(record.session_id)
-        async with session.lock:
+    @contextlib.asynccontextmanager
+    async def _use(self, key: _Key) -> AsyncIterator[_Session]:
+        session = self._open(key)
+        session.users += 1
+        try:
+            async with session.lock:
+                if not session.loaded:
+                    await asyncio.to_thread(session.load)
+                yield session
+        finally:
+            session.users -= 1
+            self._trim()
+
+    def release(self, session_id: str, attempt: str | None = None) -> None:
+        """The stream is final (its session's result is out): drop its state from memory. On disk it stays
+        readable; in memory it is kept only until ``max_open`` newer streams push it out."""
+        key = (session_id, attempt)
+        session = self._sessions.get(key)
+        if session is None:
+            return
+        if self.root is not None and session.users == 0:
+            del self._sessions[key]
+        else:
+            self._sessions.move_to_end(key, last=False)  # first in line for eviction
+        if self.root is not None and self._latest.get(session_id) == attempt:
+            self._latest.pop(session_id, None)  # the pointer file on disk still names it
+
+    def open_streams(self) -> int:
+        """Streams whose state is held in memory (bounded by ``max_open``)."""
+        return len(self._sessions)
+
+    # -- attempts --------------------------------------------------------------------------------------------
+
+    async def begin_attempt(self, session_id: str, attempt: str) -> None:
+        """Make ``attempt`` the session's latest: what reading the session without an attempt returns."""
+        self._latest[session_id] = attempt
+        self._latest.move_to_end(session_id)
+        while len(self._latest) > self.max_open:
+            self._latest.popitem(last=False)
+        base = self.session_dir(session_id)
+        if base is not None and self._writer is not None:
+            await self._writer.submit(lambda: _write_pointer(base, attempt))
+
+    async def latest_attempt(self, session_id: str) -> str | None:
+        attempt = self._latest.get(session_id)
+        base = self.session_dir(session_id)
+        if attempt is None and base is not None:
+            attempt = await asyncio.to_thread(_read_pointer, base)
+        return attempt
+
+    async def attempts(self, session_id: str) -> dict[str, int]:
+        """Every attempt of the session on disk (or in memory), with its number of records."""
+        base = self.session_dir(session_id)
+        if base is None:
+            return {a: s.store.count for (sid, a), s in self._sessions.items() if sid == session_id and a}
+        return await asyncio.to_thread(_count_attempts, base / ATTEMPTS_DIR)
+
+    # -- records ---------------------------------------------------------------------------------------------
+
+    async def append(self, record: CompletionRecord, attempt: str | None = None) -> CompletionRecord:
+        """Journal ``record`` as the next completion of its session's stream (``attempt``); returns it with its index
+        set. Returns only once the record is written (to the OS, or to disk with ``fsync``)."""
+        async with self._use((record.session_id, attempt)) as session:
             record.index = session.store.count
             line, tokens, logprobs = session.store.encode(record)
             if self._writer is None:
@@ -296,26 +430,65 @@ class CaptureJournal:
                 await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync))
         return record
 
-    async def records(self, session_id: str) -> list[CompletionRecord]:
-        session = self._sessions.get(session_id)
+    async def records(self, session_id: str, attempt: str | None = None, *,
+                      latest: bool = True) -> list[CompletionRecord]:
+        """The stream's records. With ``attempt=None`` and ``latest``, the session's latest attempt when it has
+        one (a gateway session), else its own stream (a standalone proxy's session)."""
+        if attempt is None and latest:
+            attempt = await self.latest_attempt(session_id)
+        key = (session_id, attempt)
+        session = self._sessions.get(key)
         if session is None:
-            if self.root is None or not (self.root / _safe_name(session_id)).exists():
+            directory = self.stream_dir(session_id, attempt)
+            if directory is None or not await asyncio.to_thread((directory / "records.jsonl").exists):
                 return []
-            session = self._session(session_id)
-        async with session.lock:
-            if session.directory is None:
-                return session.read()
-            return await asyncio.to_thread(session.read)
+            return await asyncio.to_thread(read_session, directory)  # evicted or never opened: from disk
+        session.users += 1
+        try:
+            async with session.lock:
+                if session.directory is None:
+                    return session.read()
+                return await asyncio.to_thread(session.read)
+        finally:
+            session.users -= 1
 
     def sessions(self) -> list[str]:
-        return sorted(self._sessions)
+        return sorted({sid for sid, _ in self._sessions})
 
-    def stored_bytes(self, session_id: str) -> int:
-        return self._session(session_id).stored_bytes()
+    def stored_bytes(self, session_id: str, attempt: str | None = None) -> int:
+        session = self._sessions.get((session_id, attempt))
+        if session is not None:
+            return session.stored_bytes()
+        directory = self.stream_dir(session_id, attempt)
+        return _stored_bytes(directory) if directory is not None and directory.exists() else 0
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def _write_pointer(base: Path, attempt: str) -> None:
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = base / f".{CURRENT_ATTEMPT}.tmp"
+    tmp.write_text(attempt)
+    os.replace(tmp, base / CURRENT_ATTEMPT)
+
+
+def _read_pointer(base: Path) -> str | None:
+    try:
+        return (base / CURRENT_ATTEMPT).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _count_attempts(attempts_dir: Path) -> dict[str, int]:
+    if not attempts_dir.is_dir():
+        return {}
+    out = {}
+    for directory in sorted(attempts_dir.iterdir()):
+        records = directory / "records.jsonl"
+        out[directory.name] = sum(1 for line in _read(records).splitlines() if line.strip())
+    return out
 
 
 def _safe_name(session_id: str) -> str:

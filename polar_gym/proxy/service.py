@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
+import hmac
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +37,7 @@ from polar_gym.registry import PROVIDERS
 from polar_gym.schema import CompletionRecord
 
 __all__ = ["CallFailures", "ProxyService", "Reply", "SessionInfo", "SessionRegistry", "failure_cause",
-           "new_admin_token", "session_key"]
+           "new_admin_token", "new_session_key", "session_key"]
 
 log = logging.getLogger("polar_gym.proxy")
 
@@ -56,9 +58,14 @@ class Reply:
 
 @dataclass
 class SessionInfo:
+    """A served session. ``key`` is the secret its harness sends (None: the session id is the key, ad-hoc mode);
+    ``attempt`` names the journal stream its calls go to (a gateway's dispatch attempt; None: the session's own)."""
+
     session_id: str
     model_name: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    attempt: str | None = None
+    key: str | None = field(default=None, repr=False)
 
 
 def failure_cause(exc: ProxyError) -> str | None:
@@ -101,35 +108,107 @@ def session_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | N
     return headers.get("x-api-key") or headers.get("x-goog-api-key") or query.get("key") or None
 
 
+def new_session_key() -> str:
+    """A session key: 256 random bits, URL-safe (what a harness sends as its API key)."""
+    return secrets.token_urlsafe(32)
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
 class SessionRegistry:
-    """Which keys are served. A gateway registers each session before its harness starts; in ad-hoc mode
-    (standalone proxy) any key opens a session of that name."""
+    """Which keys are served, and by which session.
 
-    def __init__(self, allow_adhoc: bool = False) -> None:
+    A gateway registers each session with a fresh secret key (:func:`new_session_key`) for exactly its RUNNING
+    stage and unregisters it after: the key then gets a 401, and the session's captures need the admin token.
+    Keys are looked up by their SHA-256 and compared with :func:`hmac.compare_digest`, so the lookup's timing does
+    not depend on how much of a guess is right.
+
+    Ad-hoc mode (the standalone proxy without ``--registered-only``): a key that is not registered opens, or
+    continues, a session of that name, so there the key IS the session name and anyone who knows it can use it.
+    Ad-hoc sessions are forgotten least recently used first beyond ``max_adhoc`` (``on_forget`` is told, so
+    the service can drop what it keeps per session); their journals stay on disk.
+    """
+
+    def __init__(self, allow_adhoc: bool = False, *, max_adhoc: int = 4096,
+                 on_forget: Callable[[str], None] | None = None) -> None:
         self.allow_adhoc = allow_adhoc
+        self.max_adhoc = max_adhoc
+        self.on_forget = on_forget
         self._sessions: dict[str, SessionInfo] = {}
+        self._by_key: dict[bytes, str] = {}
+        self._adhoc: collections.OrderedDict[str, SessionInfo] = collections.OrderedDict()
 
-    def register(self, info: SessionInfo) -> None:
+    def register(self, info: SessionInfo) -> SessionInfo:
+        """Serve ``info`` under its key (the session id when it has none). Registering a session again replaces
+        its key: the old one stops working."""
+        self.unregister(info.session_id, forget=False)
+        key = info.key if info.key is not None else info.session_id
         self._sessions[info.session_id] = info
+        self._by_key[_digest(key)] = info.session_id
+        return info
 
-    def unregister(self, session_id: str) -> bool:
-        return self._sessions.pop(session_id, None) is not None
+    def unregister(self, session_id: str, *, forget: bool = True) -> bool:
+        """Revoke the session's key. True if it was served."""
+        info = self._sessions.pop(session_id, None) or self._adhoc.pop(session_id, None)
+        if info is None:
+            return False
+        key = info.key if info.key is not None else info.session_id
+        if self._by_key.get(_digest(key)) == session_id:
+            del self._by_key[_digest(key)]
+        if forget and self.on_forget is not None:
+            self.on_forget(session_id)
+        return True
 
     def get(self, session_id: str) -> SessionInfo | None:
-        return self._sessions.get(session_id)
+        return self._sessions.get(session_id) or self._adhoc.get(session_id)
 
     def ids(self) -> list[str]:
-        return sorted(self._sessions)
+        return sorted({*self._sessions, *self._adhoc})
+
+    def count(self) -> int:
+        """Sessions served now (registered and ad-hoc)."""
+        return len(self._sessions) + len(self._adhoc)
+
+    def _lookup(self, key: str) -> SessionInfo | None:
+        session_id = self._by_key.get(_digest(key))
+        info = self._sessions.get(session_id) if session_id is not None else None
+        if info is None:
+            return None
+        expected = info.key if info.key is not None else info.session_id
+        return info if hmac.compare_digest(_digest(expected), _digest(key)) else None
 
     def resolve(self, key: str | None) -> SessionInfo:
+        """The session ``key`` is served as; AuthError (a 401 in the caller's protocol) when none."""
         if not key:
-            raise AuthError("missing API key: the key is the polar_gym session id")
-        info = self._sessions.get(key)
+            raise AuthError("missing API key")
+        info = self._lookup(key)
+        if info is not None:
+            return info
+        if not self.allow_adhoc or key in self._sessions:
+            raise AuthError("invalid API key: it belongs to no running session")
+        info = self._adhoc.get(key)
         if info is None:
-            if not self.allow_adhoc:
-                raise AuthError("unknown API key: no session with this id is registered")
-            info = self._sessions[key] = SessionInfo(session_id=key)
+            info = self._adhoc[key] = SessionInfo(session_id=key)
+            while len(self._adhoc) > self.max_adhoc:
+                old, _ = self._adhoc.popitem(last=False)
+                if self.on_forget is not None:
+                    self.on_forget(old)
+        else:
+            self._adhoc.move_to_end(key)
         return info
+
+    def may_read(self, key: str | None, session_id: str) -> bool:
+        """Whether ``key`` may read ``session_id``'s captures: its own live key; in ad-hoc mode also the session's
+        name, unless the session is registered with a key of its own."""
+        if not key:
+            return False
+        info = self._lookup(key)
+        if info is not None:
+            return hmac.compare_digest(info.session_id.encode(), session_id.encode())
+        return (self.allow_adhoc and session_id not in self._sessions
+                and hmac.compare_digest(_digest(key), _digest(session_id)))
 
 
 class ProxyService:
@@ -139,8 +218,10 @@ class ProxyService:
                  keepalive_after: float | None = 5.0, keepalive_interval: float = 10.0,
                  max_tokens_cap: int | None = None) -> None:
         self.engine = engine
-        self.journal = journal or CaptureJournal()
-        self.sessions = sessions or SessionRegistry(allow_adhoc=True)
+        self.journal = journal if journal is not None else CaptureJournal()
+        self.sessions = sessions if sessions is not None else SessionRegistry(allow_adhoc=True)
+        if self.sessions.on_forget is None:
+            self.sessions.on_forget = self.forget
         self.strict = strict
         self.max_body_bytes = max_body_bytes
         self.model_names = model_names or ["policy"]
@@ -306,14 +387,14 @@ class ProxyService:
             record.status, record.error = "error", f"{exc.__class__.__name__}: {exc.message}"
             record.token_faithful = False
             record.total_seconds = time.perf_counter() - t0
-            await self.journal.append(record)
+            await self.journal.append(record, info.attempt)
             self._note_call(info.session_id, exc)
             raise
         except Exception as exc:  # an engine bug must not take the proxy down or vanish from the journal
             log.exception("engine %s failed", self.engine.name)
             record.status, record.error = "error", f"{exc.__class__.__name__}: {exc}"
             record.token_faithful = False
-            await self.journal.append(record)
+            await self.journal.append(record, info.attempt)
             failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
             self._note_call(info.session_id, failure, "engine_error")
             raise failure from exc
@@ -338,7 +419,7 @@ class ProxyService:
         record.server, record.policy_version = result.server, result.policy_version
         record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))
         record.total_seconds = time.perf_counter() - t0
-        await self.journal.append(record)
+        await self.journal.append(record, info.attempt)
         self._note_call(info.session_id, None)
         self.stats["prompt_tokens"] += len(result.prompt_ids)
         self.stats["response_tokens"] += len(result.response_ids)
@@ -358,8 +439,23 @@ class ProxyService:
         except ProxyError as exc:
             return self.error_reply(exc, provider_name)
 
-    async def completions(self, session_id: str) -> list[CompletionRecord]:
-        return await self.journal.records(session_id)
+    async def completions(self, session_id: str, attempt: str | None = None) -> list[CompletionRecord]:
+        """The session's captures: of ``attempt``, else of its latest attempt (or its own stream)."""
+        return await self.journal.records(session_id, attempt)
+
+    def forget(self, session_id: str) -> None:
+        """Drop what the service keeps per session once the session is over (its key is revoked or an ad-hoc
+        session aged out): the engine pool's sticky server and an oracle script. The journal stays on disk."""
+        engine = self.engine
+        pool = getattr(engine, "pool", None)
+        if pool is not None:
+            pool.forget(session_id)
+        scripts = getattr(engine, "scripts", None)
+        if isinstance(scripts, dict):
+            scripts.pop(session_id, None)
+        if not self._inflight.get(session_id):
+            self._idle.pop(session_id, None)
+        self.call_failures.pop(session_id, None)
 
 
 def new_admin_token() -> str:

@@ -57,7 +57,7 @@ class CurlHarness(Harness):
         return {f"{ctx.home}/.config/test_curl.json": json.dumps({"base_url": ctx.gateway_url})}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {"POLAR_URL": ctx.gateway_url, "POLAR_KEY": ctx.session_id, "POLAR_MODEL": ctx.model_name,
+        return {"POLAR_URL": ctx.gateway_url, "POLAR_KEY": ctx.key, "POLAR_MODEL": ctx.model_name,
                 "POLAR_INSTRUCTION": ctx.instruction, "POLAR_CALLS": str(ctx.config.get("calls", 1)),
                 "POLAR_SLEEP": str(ctx.config.get("sleep", 0)), "POLAR_EXIT": str(ctx.config.get("exit_code", 0)),
                 "POLAR_TOOLS": json.dumps([_BASH_TOOL])}

@@ -50,10 +50,11 @@ async def test_http_api_end_to_end(make_gateway: MakeGateway) -> None:
         result = SessionResult.model_validate(done.json())
         assert result.status.value == "COMPLETED" and result.trajectory is not None
         assert len(result.trajectory.traces) == 2
-        # the session's own key reads its result and its completions (the proxy's route)
+        # the session id is not a key; once the session is over, its captures need the admin token
         own = {"authorization": "Bearer api-1"}
-        assert (await client.get("/sessions/api-1/result", headers=own)).status_code == 200
-        completions = await client.get("/sessions/api-1/completions", headers=own)
+        assert (await client.get("/sessions/api-1/result", headers=own)).status_code == 401
+        assert (await client.get("/sessions/api-1/completions", headers=own)).status_code == 401
+        completions = await client.get("/sessions/api-1/completions", headers=admin)
         assert len(completions.json()["completions"]) == 2
 
         # after teardown the key is no longer served: unknown keys get 401 from the model routes

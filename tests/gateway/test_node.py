@@ -220,3 +220,28 @@ def test_utilization_counts_only_while_work_is_queued() -> None:
     snap = tracker.snapshot()
     assert snap["while_queued"] == pytest.approx(0.25)
     assert snap["overall"] == pytest.approx((1 + 4) / 8)
+
+
+async def test_the_finished_table_is_bounded_and_keeps_only_results() -> None:
+    """Fault 9 (issue 11): a long-lived node remembers at most ``max_finished`` finished sessions, and those keep
+    their result, not what only a live session needs (runtimes, harness output, scratch)."""
+    n = node(max_finished=5)
+    results = await n.run([spec(f"f{i}") for i in range(20)])
+    assert [r.status for r in results] == [S.COMPLETED] * 20
+    assert {s.session_id for s in n.sessions()} == {f"f{i}" for i in range(15, 20)}
+    with pytest.raises(gateway.UnknownSession):
+        n.get("f0")
+    for s in n.sessions():
+        assert s.result is not None and s.result.metadata["attempt_id"] == s.attempt_id
+        assert s.runtime is None and s.harness_result is None and s.trajectory is None and s.scratch == {}
+    assert n.health()["finished"] == {"COMPLETED": 20}
+
+
+async def test_every_dispatch_is_a_new_attempt() -> None:
+    """Fault 8 (issue 11): the same session dispatched again (after the node forgot it) is a new attempt."""
+    n = node(max_finished=1)
+    first = (await n.run([spec("again")]))[0]
+    await n.run([spec("other")])  # pushes "again" out of the finished table
+    second = (await n.run([spec("again")]))[0]
+    assert first.metadata["attempt_id"] != second.metadata["attempt_id"]
+    assert n.get("again").describe()["attempt_id"] == second.metadata["attempt_id"]

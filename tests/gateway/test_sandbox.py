@@ -150,3 +150,38 @@ async def test_drain_finishes_sessions_in_flight(make_gateway: MakeGateway) -> N
     await gw.node.drain()
     assert [gw.node.get(f"d{i}").status for i in range(3)] == [S.COMPLETED] * 3
     assert gw.node.stages.live_runtimes() == 0 and await no_processes_with(gw.marker) == []
+
+
+def test_start_up_cleaning_removes_only_attempts_a_dead_gateway_left_unfinished(tmp_path: Path) -> None:
+    """Fault 8 (issue 11): at a restart, attempt directories whose gateway process is gone and that never got a
+    result are removed; finished ones, live ones (this process), other hosts' and non-attempt folders stay."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from polar_gym.gateway.sandbox import OWNER_FILE, clean_dead_attempts
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = {"pid": int(gone.stdout), "start": None, "host": socket.gethostname()}
+
+    def attempt(path: str, owner: dict | None, finished: bool = False) -> Path:
+        directory = tmp_path / path
+        (directory / "sandbox" / "workspace").mkdir(parents=True)
+        if owner is not None:
+            (directory / OWNER_FILE).write_text(json.dumps(owner))
+        if finished:
+            (directory / "artifacts").mkdir()
+            (directory / "artifacts" / "result.json").write_text("{}")
+        return directory
+
+    died = attempt("s1/aaaaaaaaaaaa", dead)
+    never_owned = attempt("s1/dddddddddddd", None)  # killed between mkdir and writing its owner file
+    finished = attempt("s1/bbbbbbbbbbbb", dead, finished=True)
+    live = attempt("s2/cccccccccccc", {"pid": os.getpid(), "start": None, "host": socket.gethostname()})
+    elsewhere = attempt("s3/eeeeeeeeeeee", {**dead, "host": "another-node"})
+    legacy = attempt("s4/sandbox", dead)
+    assert sorted(clean_dead_attempts(tmp_path)) == ["s1/aaaaaaaaaaaa", "s1/dddddddddddd"]
+    assert not died.exists() and not never_owned.exists()
+    assert finished.exists() and live.exists() and elsewhere.exists() and legacy.exists()

@@ -349,3 +349,19 @@ def test_recorder_launches_come_from_the_adapters() -> None:
         assert h.provider_for(ctx) == target.provider
         assert launch.argv[0] == "/bin/cli" and rec.INSTRUCTION in launch.argv
         assert all(path.startswith("/tmp/h/") for path in launch.files)
+
+
+@pytest.mark.parametrize("name", sorted(HARNESSES.names()))
+def test_the_api_key_is_the_session_secret_and_only_files_under_home_hold_it(name: str) -> None:
+    """Fault 4: a harness is configured with its session's secret key, never with the session id, and a config file
+    that holds the key lives under HOME (the session's own directory), not in the workdir or a shared place."""
+    secret = "k" * 43
+    ctx = replace(CTX, api_key=secret, config={"command": "true"} if name == "shell" else {})
+    harness = adapter(name)
+    files, env = harness.files(ctx), harness.env(ctx)
+    holders = [path for path, text in files.items() if secret in text]
+    assert all(path.startswith(ctx.home + "/") for path in holders), holders
+    assert holders or secret in env.values()  # the key reaches the CLI one way or the other
+    assert ctx.session_id not in {v for k, v in env.items() if "KEY" in k}
+    assert not any(ctx.session_id in text for text in files.values() if "apiKey" in text or "api_key" in text)
+    assert secret not in repr(ctx)

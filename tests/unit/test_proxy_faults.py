@@ -141,9 +141,13 @@ async def test_registered_only_sessions_and_isolation():
     assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 401  # no key at all
     reg = await client.post("/admin/sessions", json={"session_id": "alice"}, headers={"x-admin-token": ADMIN})
     assert reg.status_code == 200
-    assert (await post(client, CHAT, k="alice")).status_code == 200
+    secret = reg.json()["api_key"]  # a fresh secret, not the session id
+    assert len(secret) >= 22 and secret != "alice"
+    assert (await post(client, CHAT, k="alice")).status_code == 401
+    assert (await post(client, CHAT, k=secret)).status_code == 200
     # alice's completions: readable with her key or the admin token, not with another key
-    assert (await client.get("/sessions/alice/completions", headers=key("alice"))).status_code == 200
+    assert (await client.get("/sessions/alice/completions", headers=key(secret))).status_code == 200
+    assert (await client.get("/sessions/alice/completions", headers=key("alice"))).status_code == 401
     assert (await client.get("/sessions/alice/completions", headers=key("mallory"))).status_code == 401
     got = await client.get("/sessions/alice/completions", headers={"x-admin-token": ADMIN})
     assert len(got.json()["completions"]) == 1
