@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -248,6 +249,45 @@ def _tool_texts(request: dict) -> list[str]:
     return texts
 
 
+_SETUID = ("mkdir -p ~/.claude/projects/x && for p in ~/.claude/projects/x/id /polar/id ./id; do "
+           "cp /usr/bin/id $p && chmod 6755 $p || exit 1; done")
+
+
+@pytest.mark.xfail(strict=True, reason="open hole (issue 11, reported): the sandbox may chmod u+s its own files; "
+                                       "they stay setuid on the host in the session directory (owned by the "
+                                       "sandbox's host uid) and the gateway's log download (shutil.copytree, "
+                                       "copy2 keeps S_ISUID) recreates them owned by the gateway's user (root)")
+async def test_a_hostile_agent_cannot_leave_a_setuid_file_on_the_host(gateway, host: Host) -> None:
+    """claude_code keeps ~/.claude/projects as a log directory the gateway copies out after the run. The agent
+    plants setuid copies of a binary there, in /polar and in its workdir: no file under the gateway's workdir on
+    the host may carry a setuid or setgid bit afterwards (any local user who can reach it would run it as that
+    file's owner: nobody, the gateway's user, or root for the copied-out logs)."""
+    node, _ = gateway
+    task = demo_task("demo-calc-add")
+    request = task.to_request(harness="claude_code", runtime=RuntimeSpec(backend="local", network="gateway",
+                                                                           workdir="/workspace"),
+                              timeout_seconds=120)
+    spec = SessionSpec.from_task(request, 0)
+    oracle = {"commands": [_REPORT + f"({_SETUID}) 2>/dev/null && r setuid planted || r setuid refused",
+                           *task.solution], "final_answer": task.final_answer}
+    spec = spec.model_copy(update={"metadata": spec.metadata.model_copy(update={"oracle": oracle})})
+    (result,) = await asyncio.wait_for(node.run([spec]), 150)
+    assert result.status is SessionStatus.COMPLETED, (result.status, result.reason)
+    assert result.evaluation is not None and result.evaluation.reward == 1.0, result.evaluation
+    assert await asyncio.to_thread(_setuid_files, host.workdir) == []
+
+
+def _setuid_files(root: Path) -> list[str]:
+    """Regular files under ``root`` with a setuid or setgid bit, as ``path (uid N)``."""
+    found = []
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            st = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                found.append(f"{os.path.join(dirpath, name)} (uid {st.st_uid})")
+    return sorted(found)
+
+
 def _install() -> Path:
     """The pinned harness install the gateway binds (the same look-up as polar_gym/gateway/sandbox.py)."""
     return install_dir(cache_root=os.environ.get("POLAR_CACHE"))
@@ -318,4 +358,4 @@ def test_the_same_attack_fails_under_an_unprivileged_gateway(tmp_path: Path) -> 
     report = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, report
     passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed is not None and int(passed.group(1)) == 1 and "failed" not in proc.stdout, report
+    assert passed is not None and int(passed.group(1)) == 1 and not re.search(r"\d+ failed", proc.stdout), report
