@@ -412,6 +412,10 @@ def _open_attempt(attempt_dir: Path, artifacts: Path) -> list[str]:
                 shutil.rmtree(other, ignore_errors=True)
                 removed.append(other.name)
     _make_dirs(attempt_dir / "sandbox", artifacts)
+    # only the gateway's user reaches inside: a sandbox's files (its uid owns every session's) and its copied-out
+    # logs are nobody else's business, and a file it planted must not be reachable by another user of the host
+    for path in (attempt_dir.parent, attempt_dir):  # not the workdir itself: it may be shared (/tmp)
+        path.chmod(0o700)
     _write_text(attempt_dir / OWNER_FILE, json.dumps(_owner()))
     return removed
 

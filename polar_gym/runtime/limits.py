@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import stat
 import uuid
 from pathlib import Path
 
-__all__ = ["SandboxCgroup", "cgroup_name", "chown_tree", "disk_usage"]
+__all__ = ["SETID", "SandboxCgroup", "cgroup_name", "chown_tree", "copy_plain", "disk_usage"]
 
 _CGROUP_PREFIX = "polar_gym-"
 
@@ -122,8 +124,13 @@ def _bases(controller: str) -> list[tuple[Path, bool]]:
     return bases
 
 
-def disk_usage(root: Path) -> int:
-    """Bytes allocated under ``root`` (st_blocks, each inode once, symlinks not followed)."""
+SETID = stat.S_ISUID | stat.S_ISGID
+
+
+def disk_usage(root: Path, *, clear_setid: bool = False) -> int:
+    """Bytes allocated under ``root`` (st_blocks, each inode once, symlinks not followed). With ``clear_setid``
+    the same walk takes the setuid / setgid bits off every regular file: a sandbox may set them on its own files,
+    which would then run as their owner for anyone on the host who reaches them."""
     total, seen = 0, set()
     stack = [str(root)]
     while stack:
@@ -139,6 +146,9 @@ def disk_usage(root: Path) -> int:
                         continue
                     seen.add((st.st_dev, st.st_ino))
                     total += st.st_blocks * 512
+                    if clear_setid and stat.S_ISREG(st.st_mode) and st.st_mode & SETID:
+                        with contextlib.suppress(OSError):
+                            os.chmod(e.path, stat.S_IMODE(st.st_mode) & ~SETID, follow_symlinks=False)
                     if e.is_dir(follow_symlinks=False):
                         stack.append(e.path)
         except OSError:
@@ -153,3 +163,11 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
         for dirpath, dirnames, filenames in os.walk(path):
             for name in dirnames + filenames:
                 os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+def copy_plain(src: str, dst: str, *, follow_symlinks: bool = True) -> str:
+    """A ``shutil`` copy function for files leaving a sandbox: content and permission bits, never setuid / setgid
+    (copied out by a root gateway, a planted setuid file would become a root-owned one)."""
+    shutil.copyfile(src, dst, follow_symlinks=follow_symlinks)
+    os.chmod(dst, stat.S_IMODE(os.stat(src, follow_symlinks=follow_symlinks).st_mode) & ~SETID & 0o777)
+    return dst

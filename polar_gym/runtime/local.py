@@ -94,7 +94,7 @@ from polar_gym.runtime.bwrap import (
     secret_masks,
 )
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
-from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, disk_usage
+from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, copy_plain, disk_usage
 from polar_gym.runtime.relay import RELAY_FALLBACK, GatewayRelay, helper_argv, relay_program
 from polar_gym.schema import RuntimeSpec
 
@@ -217,9 +217,9 @@ def _copy_out(source: Path, dst: Path) -> None:
         raise FileNotFoundError(f"nothing at {source}")
     dst.parent.mkdir(parents=True, exist_ok=True)
     if source.is_dir():
-        shutil.copytree(source, dst, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(source, dst, symlinks=True, dirs_exist_ok=True, copy_function=copy_plain)
     else:
-        shutil.copyfile(source, dst)
+        copy_plain(str(source), str(dst))
 
 
 def _gone(pid: int) -> bool:
@@ -528,6 +528,8 @@ class LocalRuntime(Runtime):
             os.close(status_r)
             self._running.discard(run)
             run.done.set()
+        # every sandbox process is gone: take off the setuid / setgid bits it may have left on its files
+        await asyncio.to_thread(disk_usage, self.session_dir.resolve(), clear_setid=True)
         return _result(run, proc.returncode, status, bytes(out), bytes(err), time.monotonic() - started)
 
     async def _watch_disk(self, run: _Running, limit: int) -> None:
@@ -535,7 +537,7 @@ class LocalRuntime(Runtime):
         session = self.session_dir.resolve()
         while run.proc.returncode is None:
             began = time.monotonic()
-            used = await asyncio.to_thread(disk_usage, session)
+            used = await asyncio.to_thread(disk_usage, session, clear_setid=True)
             if used > limit:
                 run.reason = (f"the session directory holds {used // 2**20} MiB, over its disk limit of "
                               f"{limit // 2**20} MiB (local runtime option disk_mb)")

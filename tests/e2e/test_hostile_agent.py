@@ -253,10 +253,6 @@ _SETUID = ("mkdir -p ~/.claude/projects/x && for p in ~/.claude/projects/x/id /p
            "cp /usr/bin/id $p && chmod 6755 $p || exit 1; done")
 
 
-@pytest.mark.xfail(strict=True, reason="open hole (issue 11, reported): the sandbox may chmod u+s its own files; "
-                                       "they stay setuid on the host in the session directory (owned by the "
-                                       "sandbox's host uid) and the gateway's log download (shutil.copytree, "
-                                       "copy2 keeps S_ISUID) recreates them owned by the gateway's user (root)")
 async def test_a_hostile_agent_cannot_leave_a_setuid_file_on_the_host(gateway, host: Host) -> None:
     """claude_code keeps ~/.claude/projects as a log directory the gateway copies out after the run. The agent
     plants setuid copies of a binary there, in /polar and in its workdir: no file under the gateway's workdir on
@@ -275,6 +271,11 @@ async def test_a_hostile_agent_cannot_leave_a_setuid_file_on_the_host(gateway, h
     assert result.status is SessionStatus.COMPLETED, (result.status, result.reason)
     assert result.evaluation is not None and result.evaluation.reward == 1.0, result.evaluation
     assert await asyncio.to_thread(_setuid_files, host.workdir) == []
+    # and what the sandbox owns on the host lies in directories only the gateway's user enters
+    attempts = [p for p in host.workdir.glob("*/*") if (p / "sandbox").is_dir()]
+    assert attempts, "no attempt directory under the gateway's workdir"
+    for path in {p for a in attempts for p in (a.parent, a)}:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
 
 
 def _setuid_files(root: Path) -> list[str]:
@@ -358,4 +359,4 @@ def test_the_same_attack_fails_under_an_unprivileged_gateway(tmp_path: Path) -> 
     report = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, report
     passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed is not None and int(passed.group(1)) == 1 and not re.search(r"\d+ failed", proc.stdout), report
+    assert passed is not None and int(passed.group(1)) == 2 and not re.search(r"\d+ failed", proc.stdout), report
