@@ -51,6 +51,7 @@ from polar_gym.runtime.docker_commands import (
     LABEL,
     PRIVATE_DIR,
     DockerCommands,
+    cli_env,
     container_name,
     session_id_for,
 )
@@ -237,12 +238,14 @@ class DockerRuntime(Runtime):
     # -- CLI plumbing -------------------------------------------------------------------------------------------
 
     async def _cli(self, argv: list[str], *, timeout: float = 60.0, stdin: Any = None,
-                   stdout: Any = asyncio.subprocess.PIPE) -> tuple[int, bytes, bytes]:
+                   stdout: Any = asyncio.subprocess.PIPE, env: dict[str, str] | None = None
+                   ) -> tuple[int, bytes, bytes]:
         """Run one CLI command to completion; a missing CLI or a dead daemon raise SandboxUnavailable."""
         try:
             proc = await asyncio.create_subprocess_exec(*argv, stdin=stdin if stdin is not None else
                                                         asyncio.subprocess.DEVNULL, stdout=stdout,
-                                                        stderr=asyncio.subprocess.PIPE, cwd=self._cli_cwd())
+                                                        stderr=asyncio.subprocess.PIPE, cwd=self._cli_cwd(),
+                                                        env=cli_env(env))
         except FileNotFoundError as exc:
             raise SandboxUnavailable(f"container CLI {argv[0]!r} not found: {INSTALL_HINT}") from exc
         try:
@@ -283,13 +286,14 @@ class DockerRuntime(Runtime):
             await asyncio.to_thread(_prepare_private, self._private)
             if self.spec.network == "host":  # one 127.x.y.z per sandbox, from the pool the local backend uses too
                 self.loopback_ip, self._loopback = await asyncio.to_thread(LoopbackAllocator().acquire)
+            env = self._env()
             argv = self.commands.run(name=self.container, session_id=self.session_id, image=self.spec.image,
-                                     session_dir=session_dir, workdir=self.spec.workdir, env=self._env(),
+                                     session_dir=session_dir, workdir=self.spec.workdir, env=env,
                                      network=self.spec.network, cpus=self.spec.cpus,
                                      memory_mb=self._limit("memory_mb"), max_processes=self._limit("max_processes"),
                                      relay=await self._start_relay() if self.spec.network == "gateway" else None,
                                      max_connections=self._limit("max_connections"))
-            code, _, err = await self._cli(argv, timeout=self.start_timeout)
+            code, _, err = await self._cli(argv, timeout=self.start_timeout, env=env)
             if code != 0:
                 raise SandboxStartError(f"{self.commands.cli[0]} run failed (exit {code}): "
                                         f"{err.decode(errors='replace').strip()}")
@@ -410,7 +414,7 @@ class DockerRuntime(Runtime):
         try:
             proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
                                                         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                        cwd=self._cli_cwd())
+                                                        cwd=self._cli_cwd(), env=cli_env(env))
         except OSError as exc:
             return ExecResult(status=ExecStatus.CRASHED, reason=f"cannot run {argv[0]!r}: {exc}",
                               seconds=time.monotonic() - began)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ __all__ = [
     "LABEL",
     "PRIVATE_DIR",
     "DockerCommands",
+    "cli_env",
     "container_name",
     "session_id_for",
 ]
@@ -81,6 +83,12 @@ def container_name(session_id: str) -> str:
     return f"polar-{session_id}"
 
 
+def cli_env(env: dict[str, str] | None) -> dict[str, str] | None:
+    """The container CLI's own environment for a command built with ``env``: ``-e NAME`` takes each value from
+    there, so no value (a session key) is on a command line that every user of the host can read in /proc."""
+    return {**os.environ, **env} if env else None
+
+
 @dataclass(frozen=True)
 class DockerCommands:
     """Every command line the backend runs, as pure functions of their inputs."""
@@ -100,8 +108,8 @@ class DockerCommands:
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 "-v", f"{session_dir}:{SESSION_MOUNT}",
                 "--network", "host" if network == "host" else "none"]
-        for key, value in (env or {}).items():
-            argv += ["-e", f"{key}={value}"]
+        for key in env or {}:  # names only: the values reach the CLI through its environment (cli_env)
+            argv += ["-e", key]
         if cpus is not None:
             argv += ["--cpus", f"{cpus:g}"]
         if memory_mb is not None:
@@ -118,8 +126,8 @@ class DockerCommands:
              cwd: str | None = None) -> list[str]:
         """``exec -i``: ``command`` under the wrapper that records its pid and exit code at ``marker``.{pid,rc}."""
         argv = [*self.cli, "exec", "-i"]
-        for key, value in (env or {}).items():
-            argv += ["-e", f"{key}={value}"]
+        for key in env or {}:  # names only: the values reach the CLI through its environment (cli_env)
+            argv += ["-e", key]
         if cwd:
             argv += ["-w", cwd]
         return [*argv, name, self.shell, "-c", EXEC_WRAPPER, "polar-exec", marker, *command]

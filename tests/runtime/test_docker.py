@@ -23,6 +23,7 @@ from polar_gym.runtime.docker import (
     DockerCommands,
     DockerRuntime,
     _unpack,
+    cli_env,
     container_name,
     session_id_for,
 )
@@ -65,7 +66,7 @@ def test_run_everything() -> None:
     assert argv == ["podman", "--runtime", "runc", "run", "-d", "--name", "polar-s1",
                     "--label", "polar_gym.session=s1", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                     "-v", "/srv/s1:/polar", "--network", "host",
-                    "-e", "A=1", "-e", "B=x=y", "--cpus", "1.5", "--memory", "512m", "--pids-limit", "64",
+                    "-e", "A", "-e", "B", "--cpus", "1.5", "--memory", "512m", "--pids-limit", "64",
                     "--entrypoint", "/bin/sh", "--ulimit", "nofile=1024:1024", "img:1", *INIT, "/w"]
 
 
@@ -85,8 +86,19 @@ def test_exec() -> None:
         "docker", "exec", "-i", "polar-s1", "/bin/sh", "-c", EXEC_WRAPPER, "polar-exec",
         "/polar/.polar-docker/exec/t", "ls", "-l"]
     assert PODMAN.exec("c", ["true"], marker="/m", env={"K": "v"}, cwd="/tmp") == [
-        "podman", "--runtime", "runc", "exec", "-i", "-e", "K=v", "-w", "/tmp", "c", "/bin/sh", "-c", EXEC_WRAPPER,
+        "podman", "--runtime", "runc", "exec", "-i", "-e", "K", "-w", "/tmp", "c", "/bin/sh", "-c", EXEC_WRAPPER,
         "polar-exec", "/m", "true"]
+
+
+def test_env_values_stay_off_the_command_line() -> None:
+    """A session key in the environment must not be readable in /proc/*/cmdline by other users: the command line
+    names the variables, their values travel in the CLI's own environment."""
+    secret = {"OPENAI_API_KEY": "sk-secret-value"}
+    argv = PODMAN.exec("c", ["true"], marker="/m", env=secret)
+    assert not any("sk-secret-value" in a for a in argv)
+    env = cli_env(secret)
+    assert env is not None and env["OPENAI_API_KEY"] == "sk-secret-value" and env["PATH"] == os.environ["PATH"]
+    assert cli_env(None) is None
 
 
 def test_kill_copy_inspect_list_remove() -> None:
