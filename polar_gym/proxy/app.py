@@ -168,8 +168,10 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
 
     async def model_call(request: Request, provider: str, route: Route) -> Response:
         try:
+            # the key before the body: a caller without a served key costs no buffering of up to max_body_bytes
+            service.sessions.resolve(session_key(request.headers, route.query))
             raw = await read_body(request)
-        except PayloadTooLarge as exc:
+        except (AuthError, PayloadTooLarge) as exc:
             return _to_response(service.error_reply(exc, provider))
         return _to_response(await service.handle(provider, raw, route, request.headers))
 

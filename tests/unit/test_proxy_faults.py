@@ -326,3 +326,32 @@ async def test_no_input_makes_an_admin_or_session_route_fail_with_a_500():
                                         content=body if method in ("POST", "DELETE") else None)
             assert resp.status_code < 500 or resp.status_code in (502, 503, 504), \
                 (method, url, query, token, body[:60], resp.status_code, resp.text[:300])
+
+
+@pytest.mark.parametrize(("path", "shape"), [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic"),
+                                             ("/v1beta/models/m:generateContent", "google")])
+async def test_a_model_call_without_a_served_key_is_refused_before_its_body_is_read(path, shape):
+    """A caller with no served key (a revoked one, a guess) must not make the proxy buffer its body: the 401 comes
+    after at most the first chunk, in the caller's own error shape."""
+    fake = FakeVLLM()
+    _, client = make(fake.handler, adhoc=False, max_body=64 << 20)
+    sent = 0
+
+    async def body():
+        nonlocal sent
+        for _ in range(512):  # 32 MiB if it were all read
+            sent += 1
+            yield b"x" * 65536
+
+    resp = await client.post(path, content=body(), headers={**key("not-a-served-key"),
+                                                             "content-type": "application/json"})
+    assert resp.status_code == 401
+    doc = resp.json()
+    if shape == "anthropic":
+        assert doc["type"] == "error" and doc["error"]["type"] == "authentication_error"
+    elif shape == "google":
+        assert doc["error"]["code"] == 401
+    else:
+        assert "error" in doc and "message" in doc["error"]
+    assert sent <= 2, f"{sent} chunks of the body were read before the key was checked"
+    assert fake.requests == []
