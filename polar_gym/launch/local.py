@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from omegaconf import OmegaConf
 from rich.console import Console
 
 from polar_gym.assets import tokenizer_dir
@@ -104,6 +105,11 @@ async def rollout_server(db: Path, host: str, port: int, admin_token: str,
         store.close()
 
 
+def _plain(value: Any) -> Any:
+    """Hydra hands nested nodes over as DictConfig / ListConfig; runtimes expect plain dicts and lists."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
 class LocalLauncher:
     """Run a job on this machine the way a cluster runs it: a rollout server and one gateway node (proxy + staged
     sandboxes) in this process, each on its own loopback port; the gateway registers and heartbeats like a remote
@@ -112,12 +118,17 @@ class LocalLauncher:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, server_port: int = 0, init_workers: int = 4,
                  ready_buffer: int = 4, run_slots: int = 4, postrun_workers: int = 4, prewarm_workers: int = 2,
-                 postrun_grace_seconds: float = 300.0, heartbeat_seconds: float = 1.0, progress: bool = True) -> None:
+                 postrun_grace_seconds: float = 300.0, heartbeat_seconds: float = 1.0, progress: bool = True,
+                 runtime_options: dict[str, Any] | None = None, expose_roots: list[str] | None = None) -> None:
         self.host = host
         self.port, self.server_port = port, server_port
+        # runtime_options / expose_roots are the gateway's own configuration: the only place options that reach
+        # the host (a container CLI, binds, limits) may come from (docs/security.md)
         self.pools = {"init_workers": init_workers, "ready_buffer": ready_buffer, "run_slots": run_slots,
                       "postrun_workers": postrun_workers, "prewarm_workers": prewarm_workers,
-                      "postrun_grace_seconds": postrun_grace_seconds}
+                      "postrun_grace_seconds": postrun_grace_seconds,
+                      "runtime_options": _plain(runtime_options or {}),
+                      "expose_roots": [Path(p) for p in _plain(expose_roots or [])]}
         try:  # refuse bad pool sizes now, before anything starts
             GatewayConfig(**self.pools)  # type: ignore[arg-type]
         except ValueError as exc:

@@ -22,7 +22,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from polar_gym.assets import tokenizer_dir
+from polar_gym.gateway import GatewayConfig
 from polar_gym.launch import CONF_DIR, ConfigError, build_job, run
+from polar_gym.launch.config import load_target
 from polar_gym.launch.local import LocalLauncher
 from polar_gym.schema import SessionStatus
 
@@ -115,6 +117,20 @@ def test_run_reports_config_errors_with_exit_code_2(capsys):
 def test_the_launcher_takes_only_its_own_keys():
     with pytest.raises(TypeError):
         LocalLauncher(colour="red")  # type: ignore[call-arg]
+
+
+def test_host_reaching_runtime_options_come_from_the_launcher_not_the_task(tmp_path):
+    """The gateway's own runtime options (a container CLI, limits) and expose roots are the launcher's keys, handed
+    to its GatewayConfig as plain values (a task naming them is refused: tests/gateway/test_host_options.py)."""
+    cfg = composed(f"out_dir={tmp_path}", "+launcher.runtime_options.cli=[podman,--runtime,runc]",
+                   "+launcher.runtime_options.disk_mb=2048", f"launcher.expose_roots=[{tmp_path}]")
+    launcher_cls, params = load_target(dict(cfg.launcher), "launcher")
+    launcher = launcher_cls(**params)
+    assert launcher.pools["runtime_options"] == {"cli": ["podman", "--runtime", "runc"], "disk_mb": 2048}
+    assert type(launcher.pools["runtime_options"]["cli"]) is list
+    assert launcher.pools["expose_roots"] == [tmp_path]
+    config = GatewayConfig(**launcher.pools)
+    assert config.runtime_options["disk_mb"] == 2048 and config.expose_roots == [tmp_path]
 
 
 @pytest.mark.slow
