@@ -455,7 +455,6 @@ class ProxyService:
             scripts.pop(session_id, None)
         if not self._inflight.get(session_id):
             self._idle.pop(session_id, None)
-        self.call_failures.pop(session_id, None)
 
 
 def new_admin_token() -> str:

@@ -230,7 +230,7 @@ def test_launcher_slurm_runs_demo_tasks_on_gateway_jobs_and_cancels_them(slurm_e
         gateways = db.execute("SELECT COUNT(*) FROM gateways").fetchone()[0]
     assert gateways == 2 and len(used) == 2, "both gateway jobs registered and ran sessions"
     # the gateways' sandboxes ran inside the jobs: their session directories are under the run's folder
-    assert len(list((out / "gateways").glob("gateway-*/*/artifacts"))) == 8
+    assert len(list((out / "gateways").glob("gateway-*/*/*/artifacts"))) == 8
     # issue 11 fault 3: the submitit folder (its pickles carry the server token) is 700, every file holding the
     # token is 600, and the gateway jobs wrote their own fresh tokens to 600 files instead of their logs
     token = json.loads((out / "server.json").read_text())["admin_token"]
