@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import shutil
 import socket
 import stat
@@ -36,6 +35,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from _serving import served_gateway
+from _unprivileged import require_outer_root_run, run_as_nobody
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayNode
@@ -50,7 +50,6 @@ pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 ROOT = Path(__file__).parents[2]
 ROOT_USER = os.geteuid() == 0
-INNER = "POLAR_HOSTILE_UNPRIVILEGED"
 #: prints one result line; the marker text exists only in the output, never in a command the model sends
 _REPORT = "r() { printf 'ATTACK-%s %s=%s\\n' RESULT \"$1\" \"$2\"; }; "
 
@@ -314,49 +313,19 @@ def _host_shadow_hashes() -> list[str]:
 
 
 def test_the_same_attack_fails_under_an_unprivileged_gateway(tmp_path: Path) -> None:
-    """The test above again, as uid 65534 under /usr/bin/python3.11. The cache (venv, tokenizer, pi install, relay
-    helper) lives under /root (0700): a private mount namespace binds it at a place that user can reach for the
-    run (nothing is copied)."""
-    if os.environ.get(INNER):
-        pytest.skip("this is the unprivileged run")
-    if not ROOT_USER:
-        pytest.skip("already running as an unprivileged user")
-    python = "/usr/bin/python3.11"
-    for tool in ("setpriv", "unshare", "mount"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} (util-linux) is missing")
-    if not os.path.exists(python):
-        pytest.skip("Debian's python3.11 is missing (apt-get install python3.11)")
+    """The tests above again, as uid 65534 under /usr/bin/python3.11. The cache (venv, tokenizer, pi install, relay
+    helper) lives under /root (0700): it is bound, read-only, where that user can reach it for the run."""
+    require_outer_root_run()
     cache = tokenizer_dir().parent
     site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p, "pydantic").is_dir())
     if cache not in site.parents:
         pytest.skip(f"the venv's packages ({site}) are not under the cache ({cache})")
     work = Path(tempfile.mkdtemp(prefix="polar-hostile-unpriv-", dir="/tmp"))
     try:
-        work.chmod(0o755)
-        (work / "cache").mkdir()
-        (work / "tmp").mkdir()
-        os.chown(work / "tmp", 65534, 65534)
-        (work / "pytest.ini").write_text("[pytest]\nasyncio_mode = auto\n"
-                                         "asyncio_default_fixture_loop_scope = function\n"
-                                         "markers =\n    harness: real harness\n    slow: slow\n"
-                                         "filterwarnings =\n    error\n    ignore::DeprecationWarning\n"
-                                         "    ignore::PendingDeprecationWarning\n")
-        inner_site = work / "cache" / site.relative_to(cache)
+        inner_cache = work / "cache"
         tests = ROOT / "tests"
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(work / "tmp"), "POLAR_CACHE": str(work / "cache"),
-               "PYTHONPATH": f"{inner_site}:{ROOT}:{tests}:{tests / 'merge'}", "PYTHONDONTWRITEBYTECODE": "1",
-               INNER: "1", "LANG": "C.UTF-8"}
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && shift 2 && '
-                'exec setpriv --reuid 65534 --regid 65534 --clear-groups "$@"',
-                "polar-unprivileged", str(cache), str(work / "cache"), python, "-m", "pytest", "-q",
-                "-p", "no:cacheprovider", "--noconftest", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
-                "--basetemp", str(work / "tmp" / "pt"), "-rs", str(Path(__file__))]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, cwd=str(work))
+        run_as_nobody(Path(__file__), work, bind=(cache, inner_cache), min_passed=2, markers=("harness", "slow"),
+                      pythonpath=[inner_cache / site.relative_to(cache), ROOT, tests, tests / "merge"],
+                      env={"POLAR_CACHE": str(inner_cache)}, timeout=300)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, report
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed is not None and int(passed.group(1)) == 2 and not re.search(r"\d+ failed", proc.stdout), report

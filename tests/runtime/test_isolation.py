@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -25,6 +24,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from _unprivileged import NOBODY, require_outer_root_run, run_as_nobody
 
 from polar_gym.runtime.base import ExecStatus, GatewayEndpoint
 from polar_gym.runtime.errors import SandboxStartError
@@ -34,7 +34,6 @@ from polar_gym.schema import RuntimeSpec
 
 ROOT = Path(__file__).parents[2]
 ROOT_USER = os.geteuid() == 0
-INNER = "POLAR_ISOLATION_UNPRIVILEGED"
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
@@ -350,45 +349,20 @@ async def test_fault7_relay_connections_are_capped(session: Path) -> None:
 
 
 def test_the_same_checks_pass_as_an_unprivileged_user(tmp_path: Path) -> None:
-    """This module again, as uid 65534 under Debian's /usr/bin/python3.11. The venv lives under /root (0700): a
-    private mount namespace binds its site-packages at a world-readable place for the run (nothing is copied)."""
-    if os.environ.get(INNER):
-        pytest.skip("this is the unprivileged run")
-    if not ROOT_USER:
-        pytest.skip("already running as an unprivileged user")
-    python = "/usr/bin/python3.11"
-    for tool in ("setpriv", "unshare", "mount"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} (util-linux) is missing")
-    if not os.path.exists(python):
-        pytest.skip("Debian's python3.11 is missing (apt-get install python3.11)")
-    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "pydantic").is_dir())
+    """This module again, as uid 65534 under Debian's /usr/bin/python3.11 (the venv's site-packages bound where
+    that user can reach them; the relay helper copied into a cache of its own)."""
+    require_outer_root_run()
+    site = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "pydantic").is_dir()))
     work = Path(tempfile.mkdtemp(prefix="polar-unpriv-", dir="/tmp"))
     try:
-        work.chmod(0o755)
-        (work / "site").mkdir()
         relay = Path(relay_program())
         cache = work / "cache" / relay.parent.name
         cache.mkdir(parents=True)
         shutil.copy(relay, cache / relay.name)
-        (work / "pytest.ini").write_text("[pytest]\nasyncio_mode = auto\n"
-                                         "asyncio_default_fixture_loop_scope = function\n"
-                                         "filterwarnings =\n    error\n    ignore::DeprecationWarning\n")
-        (work / "tmp").mkdir()
-        for path in (work / "cache", work / "tmp"):
-            for sub in [path, *path.rglob("*")]:
-                os.chown(sub, 65534, 65534)
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(work / "tmp"), "PYTHONPATH": f"{work / 'site'}:{ROOT}",
-               "POLAR_CACHE": str(work / "cache"), "PYTHONDONTWRITEBYTECODE": "1", INNER: "1", "LANG": "C.UTF-8"}
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                'mount --bind "$1" "$2" && shift 2 && exec setpriv --reuid 65534 --regid 65534 --clear-groups "$@"',
-                "polar-unprivileged", site, str(work / "site"), python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                "--noconftest", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
-                "--basetemp", str(work / "tmp" / "pt"), "-rs", str(Path(__file__))]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1200, cwd=str(work))
+        for sub in [work / "cache", *(work / "cache").rglob("*")]:
+            os.chown(sub, NOBODY, NOBODY)
+        run_as_nobody(Path(__file__), work, bind=(site, work / "site"),
+                      pythonpath=[work / "site", ROOT, ROOT / "tests"],
+                      env={"POLAR_CACHE": str(work / "cache")}, min_passed=10, timeout=1200)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, report
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed is not None and int(passed.group(1)) >= 10 and "failed" not in proc.stdout, report

@@ -1,0 +1,71 @@
+"""Run a test module again as an unprivileged user (uid 65534) under Debian's /usr/bin/python3.11.
+
+The project's venv lives under /root (0700), which that user cannot reach: a private mount namespace binds a
+directory of ours (the venv's site-packages, or the whole cache) at a place it can reach, for that run only; nothing
+is copied and the host's mounts are untouched. The outer test skips inside the inner run (``INNER`` is set there).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+__all__ = ["INNER", "NOBODY", "require_outer_root_run", "run_as_nobody"]
+
+INNER = "POLAR_UNPRIVILEGED_RUN"
+NOBODY = 65534
+_PYTHON = "/usr/bin/python3.11"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def require_outer_root_run() -> None:
+    """Skip unless this is the outer run, as root, with what the inner run needs (call it first)."""
+    if os.environ.get(INNER):
+        pytest.skip("this is the unprivileged run")
+    if os.geteuid() != 0:
+        pytest.skip("already running as an unprivileged user")
+    for tool in ("setpriv", "unshare", "mount"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} (util-linux) is missing")
+    if not os.path.exists(_PYTHON):
+        pytest.skip("Debian's python3.11 is missing (apt-get install python3.11)")
+
+
+def run_as_nobody(module: Path, work: Path, *, bind: tuple[Path, Path], pythonpath: list[Path],
+                  env: dict[str, str] | None = None, markers: tuple[str, ...] = (), timeout: float = 600,
+                  min_passed: int = 1) -> str:
+    """Run ``module`` with pytest as uid 65534, ``bind = (source, target)`` read-only for that run, ``work`` (a
+    fresh directory under /tmp) as its root and HOME; fail unless it passed at least ``min_passed`` tests and
+    failed none. Returns pytest's output."""
+    require_outer_root_run()
+    work.chmod(0o755)
+    home = work / "home"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    marker_lines = "".join(f"    {m}: {m}\n" for m in markers)
+    (work / "pytest.ini").write_text("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+                                     + (f"markers =\n{marker_lines}" if markers else "")
+                                     + "filterwarnings =\n    error\n    ignore::DeprecationWarning\n"
+                                     "    ignore::PendingDeprecationWarning\n")
+    source, target = bind
+    target.mkdir(parents=True, exist_ok=True)
+    full_env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
+                "PYTHONPATH": ":".join(str(p) for p in pythonpath), INNER: "1", **(env or {})}
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && shift 2 && '
+            'exec setpriv --reuid 65534 --regid 65534 --clear-groups "$@"',
+            "polar-unprivileged", str(source), str(target), _PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "--noconftest", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
+            "--basetemp", str(home / "pt"), "-rs", str(module)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(work))
+    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, report
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed is not None and int(passed.group(1)) >= min_passed, report
+    assert not re.search(r"\d+ failed", proc.stdout), report
+    return proc.stdout
