@@ -59,7 +59,7 @@ class LiveGateway:
         )
 
 
-async def no_processes_with(marker: str, wait: float = 5.0) -> list[str]:
+async def no_processes_with(marker: str, wait: float = 30.0) -> list[str]:
     """The processes left with ``marker`` after up to ``wait`` seconds (killed trees take a moment to vanish)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + wait

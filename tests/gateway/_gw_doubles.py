@@ -6,7 +6,8 @@
 - ``PassEvaluator``: reward 1.0 when the harness exited 0; ``FreshEvaluator`` asks for a fresh runtime and checks it
   is a different, working sandbox; ``SleepyEvaluator`` runs ``sleep`` inside the live runtime (to cancel in
   EVALUATING); ``BrokenEvaluator`` raises.
-- ``ScriptedStages``: stage functions that sleep for per-session durations (``metadata.durations``), fail where
+- ``ScriptedStages``: stage functions that sleep for per-session durations (``metadata.durations``), stay in the
+  stage ``metadata.hold`` names until the test opens the session's gate (``stages.gate(id).set()``), fail where
   ``metadata.fail`` says, and count what they did (teardowns, peak concurrency per stage).
 """
 
@@ -105,8 +106,10 @@ class BrokenEvaluator(Evaluator):
 
 
 class ScriptedStages(Stages):
-    """Sleeps per stage (``metadata.durations[stage]``, default 0.01 s); ``metadata.fail`` names a stage that
-    raises. Records teardowns and the peak number of sessions inside each stage at once."""
+    """Sleeps per stage (``metadata.durations[stage]``, default 0.01 s); ``metadata.hold`` names a stage that
+    waits for the session's gate (a condition, where a long duration would be a guess about the machine's speed);
+    ``metadata.fail`` names a stage that raises. Records teardowns and the peak number of sessions inside each
+    stage at once."""
 
     def __init__(self, prewarm: bool = False) -> None:
         self.prewarm_enabled = prewarm
@@ -116,6 +119,11 @@ class ScriptedStages(Stages):
         self.started: list[str] = []
         self.warm = 0  # initialized and not yet torn down or running
         self.peak_warm = 0
+        self.gates: dict[str, asyncio.Event] = {}
+
+    def gate(self, session_id: str) -> asyncio.Event:
+        """Set it to let ``session_id`` leave the stage its ``metadata.hold`` names."""
+        return self.gates.setdefault(session_id, asyncio.Event())
 
     async def _stage(self, session: Session, stage: str) -> None:
         meta: dict[str, Any] = session.spec.metadata.model_dump()
@@ -123,6 +131,8 @@ class ScriptedStages(Stages):
         self.peak[stage] = max(self.peak[stage], self.inside[stage])
         try:
             await asyncio.sleep(float((meta.get("durations") or {}).get(stage, 0.01)))
+            if meta.get("hold") == stage:
+                await self.gate(session.session_id).wait()
             if meta.get("fail") == stage:
                 raise RuntimeError(f"{stage} exploded")
         finally:

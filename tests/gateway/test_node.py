@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from _gw_doubles import ScriptedStages
+from _waiting import BOUND
 
 import polar_gym.gateway as gateway
 from polar_gym.gateway import DuplicateSession, GatewayClosed, GatewayConfig, GatewayNode, Pool, UtilizationTracker
@@ -25,7 +26,7 @@ def node(stages: ScriptedStages | None = None, **config: Any) -> GatewayNode:
     return GatewayNode(stages or ScriptedStages(), GatewayConfig(**config))
 
 
-async def wait_status(n: GatewayNode, session_id: str, status: SessionStatus, timeout: float = 5) -> None:
+async def wait_status(n: GatewayNode, session_id: str, status: SessionStatus, timeout: float = BOUND) -> None:
     reached = asyncio.Event()
     n.listeners.append(lambda s, st: reached.set() if (s.session_id, st) == (session_id, status) else None)
     if n.get(session_id).status is status:
@@ -100,37 +101,40 @@ async def test_fault_isolation_a_failing_stage_ends_only_its_session() -> None:
 
 async def test_run_past_the_deadline_still_goes_to_postrun() -> None:
     n = node(run_grace_seconds=0.05)
-    result = (await n.run([spec("slow", timeout=0.2, durations={"run": 5})]))[0]
+    result = (await n.run([spec("slow", timeout=1, hold="run")]))[0]  # the run never ends by itself
     assert result.status is S.TIMEOUT and "deadline" in (result.reason or "")
     assert "BUILDING" in statuses(result) and result.trajectory is not None
 
 
 async def test_deadline_while_waiting_for_a_run_slot() -> None:
-    n = node(run_slots=1, init_workers=2)
-    hog = n.submit(spec("hog", durations={"run": 0.5}))
-    starved = n.submit(spec("starved", timeout=0.1))
-    result = await n.wait(starved.session_id)
+    stages = ScriptedStages()
+    n = node(stages, run_slots=1, init_workers=2)
+    hog = n.submit(spec("hog", hold="run"))  # holds the only run slot until the starved session is over
+    await wait_status(n, "hog", S.RUNNING)
+    starved = n.submit(spec("starved", timeout=1))
+    result = await n.wait(starved.session_id, timeout=BOUND)
     assert result.status is S.TIMEOUT and "waiting for a run slot" in (result.reason or "")
-    assert (await n.wait(hog.session_id)).status is S.COMPLETED
+    stages.gate("hog").set()
+    assert (await n.wait(hog.session_id, timeout=BOUND)).status is S.COMPLETED
 
 
 @pytest.mark.parametrize("where", ["queued", "init", "ready", "run", "prewarm", "postrun"])
 async def test_cancel_in_every_stage(where: str) -> None:
     stages = ScriptedStages(prewarm=True)
     n = node(stages, init_workers=1, run_slots=1)
-    fast = {"init": 0.01, "run": 0.01}
-    blocker = n.submit(spec("blocker", durations={"run": 5} if where == "ready" else {"init": 5}))
-    target_durations = {"queued": {}, "init": {"init": 5}, "ready": {}, "run": fast | {"run": 5},
-                        "prewarm": fast | {"prewarm": 5}, "postrun": fast | {"build": 5}}[where]
+    # "hold": a session stays in that stage until cancelled (no duration to guess for a slow machine)
+    blocker = n.submit(spec("blocker", hold="run" if where == "ready" else "init"))
+    target_hold = {"queued": None, "init": "init", "ready": None, "run": "run", "prewarm": "prewarm",
+                   "postrun": "build"}[where]
     if where in ("init", "run", "prewarm", "postrun"):
         n.cancel("blocker")
-    n.submit(spec("target", durations=target_durations))
+    n.submit(spec("target", hold=target_hold))
     expected = {"queued": S.REGISTERED, "init": S.INITIALIZING, "ready": S.READY, "run": S.RUNNING,
                 "prewarm": S.EVALUATING, "postrun": S.BUILDING}[where]
     await wait_status(n, "target", expected)
     assert n.cancel("target")
     assert not n.cancel("target")  # already on its way out
-    result = await n.wait("target", timeout=5)
+    result = await n.wait("target", timeout=BOUND)
     stage = {"prewarm": "postrun"}.get(where, where)
     assert result.status is S.CANCELLED and f"(in {stage})" in (result.reason or "")
     assert stages.teardowns["target"] == 1
@@ -166,7 +170,7 @@ async def test_stop_cancels_everything() -> None:
     stages = ScriptedStages()
     n = node(stages, run_slots=1, init_workers=1)
     for i in range(4):
-        n.submit(spec(f"x{i}", durations={"init": 0.01, "run": 10}))
+        n.submit(spec(f"x{i}", hold="run"))
     await wait_status(n, "x0", S.RUNNING)
     await n.stop()
     assert {n.get(f"x{i}").status for i in range(4)} == {S.CANCELLED}

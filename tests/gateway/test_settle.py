@@ -7,6 +7,7 @@ import asyncio
 
 import orjson
 from _fakes import ByteTokenizer
+from _waiting import BOUND, until
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.oracle import OracleEngine
@@ -18,8 +19,10 @@ class SlowOracle(OracleEngine):
     def __init__(self) -> None:
         super().__init__(ByteTokenizer())
         self.release = asyncio.Event()
+        self.entered = asyncio.Event()
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        self.entered.set()
         await self.release.wait()
         return await super().complete(request, session_id)
 
@@ -31,10 +34,10 @@ async def test_wait_idle_waits_for_the_call_in_flight() -> None:
     body = orjson.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]})
     call = asyncio.create_task(service.handle("openai_chat", body, Route("/v1/chat/completions"),
                                               {"authorization": "Bearer k"}))
-    await asyncio.sleep(0.05)
-    assert await service.wait_idle("k", timeout=0.05) is False
+    await until(engine.entered.is_set, what="the call to reach the engine")
+    assert await service.wait_idle("k", timeout=0.05) is False  # the call cannot end before release is set
     assert await service.journal.records("k") == []
-    waiter = asyncio.create_task(service.wait_idle("k", timeout=5))
+    waiter = asyncio.create_task(service.wait_idle("k", timeout=BOUND))
     engine.release.set()
     assert await waiter is True
     assert (await call).status == 200
