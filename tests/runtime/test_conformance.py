@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from _runtime_kit import Backend, mounts_with, processes_with
+from _waiting import BOUND, until
 
 from polar_gym.runtime.base import ExecStatus, GatewayEndpoint, Runtime
 from polar_gym.runtime.errors import SandboxError
@@ -53,11 +54,9 @@ def wget(url: str, timeout: int = 5) -> str:
     return f"busybox timeout {timeout} busybox wget -q -O - {url}"
 
 
-async def wait_for_text(chunks: list[bytes], text: bytes, task: asyncio.Task[object], limit: float = 30) -> None:
-    for _ in range(int(limit / 0.02)):
-        if text in b"".join(chunks) or task.done():
-            return
-        await asyncio.sleep(0.02)
+async def wait_for_text(chunks: list[bytes], text: bytes, task: asyncio.Task[object], limit: float = BOUND) -> None:
+    """Until ``text`` was streamed or the command ended (the caller asserts which)."""
+    await until(lambda: text in b"".join(chunks) or task.done(), limit, f"{text!r} or the command's end")
 
 
 # -- exec basics --------------------------------------------------------------------------------------------------
@@ -110,7 +109,8 @@ async def test_output_streams_before_the_command_ends(make_runtime: MakeRuntime,
 
 async def test_timeout_keeps_partial_output(make_runtime: MakeRuntime, marker: str) -> None:
     async with make_runtime() as rt:
-        result = await rt.exec("echo partial; echo err-part >&2; busybox sleep 30", timeout=1,
+        # the timeout leaves a loaded machine room to run the echos; only the timeout can end the sleep
+        result = await rt.exec("echo partial; echo err-part >&2; busybox sleep 300", timeout=5,
                                env={"EXEC_MARK": f"{marker}-exec"})
         assert result.status is ExecStatus.TIMEOUT
         assert result.stdout == b"partial\n" and result.stderr == b"err-part\n"
@@ -131,11 +131,9 @@ async def _start_tree(rt: Runtime, marker: str) -> tuple[asyncio.Task[object], l
                                        env={"EXEC_MARK": f"{marker}-tree"}))
     await wait_for_text(chunks, b"started", task)  # type: ignore[arg-type]
     assert b"started" in b"".join(chunks), "the process tree did not start"
-    for _ in range(100):  # the scan must see the whole tree: sh, 4 sleeps, the subshells
-        if len(processes_with(f"{marker}-tree")) >= 6:
-            break
-        await asyncio.sleep(0.02)
-    assert len(processes_with(f"{marker}-tree")) >= 6, processes_with(f"{marker}-tree")
+    # the scan must see the whole tree: sh, 4 sleeps, the subshells
+    await until(lambda: len(processes_with(f"{marker}-tree")) >= 6,
+                what=f"the whole tree: {processes_with(f'{marker}-tree')}")
     return task, chunks  # type: ignore[return-value]
 
 
@@ -304,14 +302,19 @@ async def test_max_processes_blocks_a_fork_bomb(make_runtime: MakeRuntime, backe
     if "max_processes" not in backend.limits:
         pytest.skip(f"{backend.name} has no process limit")
     async with make_runtime(max_processes=16) as rt:
+        out: list[bytes] = []
         task = asyncio.create_task(rt.exec(
-            f"for i in $(busybox seq 60); do busybox sleep 30 & done; echo spawned; wait # {marker}", timeout=20))
+            f"for i in $(busybox seq 60); do busybox sleep 300 & done; echo spawned; wait # {marker}",
+            on_stdout=out.append, timeout=BOUND))
         most = 0
-        for _ in range(100):
+
+        def bomb_over() -> bool:  # every fork was tried (or the shell gave up); sample the count meanwhile
+            nonlocal most
             most = max(most, len(processes_with(marker)))
-            if task.done():
-                break
-            await asyncio.sleep(0.03)
+            return b"spawned" in b"".join(out) or task.done()
+
+        await until(bomb_over, what="the fork loop to end")
+        most = max(most, len(processes_with(marker)))
         await rt.cancel()
         result = await task
         assert most < 30, f"{most} processes under a limit of 16"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _docker import PODMAN_CLI, leftover_containers, make_docker, podman_options, require_podman
+from _waiting import until
 
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.runtime.docker import (
@@ -271,6 +272,11 @@ def _podman(*args: str) -> str:
     return subprocess.run([*PODMAN_CLI, *args], capture_output=True, text=True, check=True).stdout.strip()
 
 
+async def _running(rt: DockerRuntime, command: str) -> bool:
+    """Whether a process in the container runs ``command`` (what a test waits for instead of a fixed sleep)."""
+    return command in (await rt.exec("ps -o args")).text
+
+
 @pytest.mark.usefixtures("podman")
 async def test_labels_limits_and_env_as_the_engine_sees_them(tmp_path: Path) -> None:
     spec = RuntimeSpec(backend="docker", network="none", cpus=0.5, memory_mb=64, max_processes=32,
@@ -324,7 +330,9 @@ async def test_pids_limit_stops_a_fork_flood(tmp_path: Path) -> None:
 async def test_timeout_kills_only_that_exec_and_cancel_spares_pid1(tmp_path: Path) -> None:
     async with make_docker(_spec(), tmp_path / "s") as rt:
         other = asyncio.create_task(rt.exec("sleep 4243; echo late"))
-        timed = await rt.exec("echo partial; sleep 4242 & setsid sleep 4242; echo never", timeout=1)
+        await until(lambda: _running(rt, "sleep 4243"), what="the other exec to run")
+        # the timeout leaves a loaded machine room for podman exec and the echo; only the timeout ends the sleeps
+        timed = await rt.exec("echo partial; sleep 4242 & setsid sleep 4242; echo never", timeout=5)
         assert timed.status.value == "timeout" and timed.stdout == b"partial\n"
         ps = (await rt.exec("ps -o pid,args")).text
         assert "sleep 4242" not in ps and "sleep 4243" in ps  # the other exec runs on
@@ -341,7 +349,7 @@ async def test_crashed_container_is_reported_not_hung(tmp_path: Path) -> None:
     async with make_docker(_spec(), tmp_path / "s") as rt:
         assert isinstance(rt, DockerRuntime)
         running = asyncio.create_task(rt.exec("sleep 600"))
-        await asyncio.sleep(0.5)
+        await until(lambda: _running(rt, "sleep 600"), what="the exec to run")
         _podman("kill", rt.container)
         async with asyncio.timeout(30):
             result = await running

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -292,6 +292,16 @@ async def test_fault7_disk_limit_bounds_the_session_directory(session: Path) -> 
     assert disk_usage(session) < 300 * 2**20
 
 
+async def until(probe: Callable[[], object], what: str, timeout: float = 60) -> None:
+    """Until ``probe()`` is true (tests/_waiting.py's helper; this module also runs alone, without tests/ on the
+    path, as an unprivileged user)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not probe():
+        assert loop.time() < end, f"timed out after {timeout} s waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
 _CONNECT = """
 import socket, sys
 held = []
@@ -328,15 +338,16 @@ async def test_fault7_relay_connections_are_capped(session: Path) -> None:
     try:
         async with sandbox(session, network="gateway", gateway=GatewayEndpoint("127.0.0.1", port)) as rt:
             task = asyncio.create_task(rt.exec(["python3", "-c", _CONNECT], on_stdout=out.append, timeout=120))
-            for _ in range(3000):
-                if b"opened" in b"".join(out) or task.done():
-                    break
-                await asyncio.sleep(0.02)
-            # then until the gateway side stops changing (every connection is in, queued or refused by now)
+            await until(lambda: b"opened" in b"".join(out) or task.done(), what="the 300 connections")
+            assert b"opened" in b"".join(out)
+            # the cap's worth of connections reach the gateway side (a condition, however slow the machine) ...
+            await until(lambda: most[0] >= 32, what=f"32 connections at the gateway side (most so far: {most})")
+            # ... then until it stops changing (every connection is in, queued or refused by now), so an excess
+            # over the cap would be seen
             seen = -1
             while seen != total[0]:
                 seen = total[0]
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(1.0)
             await rt.cancel()
             await task
     finally:

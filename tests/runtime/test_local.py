@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from _runtime_kit import processes_with
+from _waiting import BOUND
 
 import polar_gym.runtime as runtime_pkg
 from polar_gym.runtime import bwrap as bwrap_mod
@@ -196,11 +197,13 @@ async def test_relay_many_connections_and_half_close(program: str, tmp_path: Pat
         program, "-l", str(port), "-u", sock_path, "--", "sleep", "60", start_new_session=True)
     try:
         async def client(i: int) -> bytes:
-            for _ in range(100):
+            end = asyncio.get_running_loop().time() + BOUND  # until the relay listens
+            while True:
                 try:
                     reader, writer = await asyncio.open_connection("127.0.0.1", port)
                     break
                 except OSError:
+                    assert asyncio.get_running_loop().time() < end, "the relay never listened"
                     await asyncio.sleep(0.05)
             payload = bytes([i % 256]) * 200_000
             writer.write(payload)
@@ -305,7 +308,7 @@ def test_cli_runs_one_command_and_returns_its_exit_code() -> None:
 
 
 def test_cli_timeout_exit_code() -> None:
-    proc = _cli("exec", "--timeout", "0.5", "--", "sh", "-c", "echo before; sleep 30")
+    proc = _cli("exec", "--timeout", "5", "--", "sh", "-c", "echo before; sleep 300")
     out, _ = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (124, b"before\n")
 
