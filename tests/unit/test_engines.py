@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from _fakes import ByteTokenizer, FakeVLLM
+from _waiting import BOUND, until
 
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, Tool
 from polar_gym.proxy.engines.base import upstream_status_error
@@ -359,7 +360,7 @@ async def test_pool_empty_waits_for_a_server_then_gives_up():
     with pytest.raises(UpstreamUnavailable, match="no inference server"):
         async with pool.lease("s"):
             pass
-    pool.wait_for_server_seconds = 5
+    pool.wait_for_server_seconds = BOUND
 
     async def lease_url() -> str:
         async with pool.lease("s") as server:
@@ -369,7 +370,7 @@ async def test_pool_empty_waits_for_a_server_then_gives_up():
     await asyncio.sleep(0.01)
     assert not waiting.done()
     pool.add("http://late")
-    assert await asyncio.wait_for(waiting, 2) == "http://late"
+    assert await asyncio.wait_for(waiting, BOUND) == "http://late"
 
 
 async def test_pause_drains_in_flight_and_resume_releases_waiters_with_new_version():
@@ -388,21 +389,20 @@ async def test_pause_drains_in_flight_and_resume_releases_waiters_with_new_versi
         versions_seen.append((sid, result.policy_version))
 
     in_flight = [asyncio.create_task(call(f"old{i}")) for i in range(3)]
-    await asyncio.sleep(0.02)
-    assert sum(s.in_flight for s in pool.servers()) == 3
-    pausing = asyncio.create_task(pool.pause(drain_timeout=5))
-    await asyncio.sleep(0.02)
-    assert pool.paused and not pausing.done()  # waits for the three in flight
+    await until(lambda: sum(s.in_flight for s in pool.servers()) == 3, what="three requests in flight")
+    pausing = asyncio.create_task(pool.pause(drain_timeout=BOUND))
+    await until(lambda: pool.paused, what="the pool to pause")
+    assert not pausing.done()  # waits for the three in flight
     waiting = [asyncio.create_task(call(f"new{i}")) for i in range(4)]
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # (a chance to misbehave: on a slow machine the check below only gets weaker)
     assert sum(s.in_flight for s in pool.servers()) == 3  # no new request reached an engine
     gate.set()
-    await asyncio.wait_for(pausing, 2)
+    await asyncio.wait_for(pausing, BOUND)
     await asyncio.gather(*in_flight)
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # (as above)
     assert not any(t.done() for t in waiting)  # still held: the weights are being swapped
     pool.resume(policy_version=2)
-    await asyncio.wait_for(asyncio.gather(*waiting), 2)
+    await asyncio.wait_for(asyncio.gather(*waiting), BOUND)
     assert sorted(versions_seen) == sorted([(f"old{i}", 1) for i in range(3)] + [(f"new{i}", 2) for i in range(4)])
     assert sum(s.served for s in pool.servers()) == 7 and sum(s.failures for s in pool.servers()) == 0
     assert not pool.paused
@@ -410,7 +410,7 @@ async def test_pause_drains_in_flight_and_resume_releases_waiters_with_new_versi
 
 async def test_pause_with_nothing_in_flight_returns_at_once_and_times_out_when_stuck():
     pool = UpstreamPool(["http://a"])
-    await asyncio.wait_for(pool.pause(), 1)
+    await asyncio.wait_for(pool.pause(), BOUND)  # (returns: nothing in flight, no drain timeout given)
     pool.resume()
     stuck = asyncio.Event()
 
@@ -419,7 +419,7 @@ async def test_pause_with_nothing_in_flight_returns_at_once_and_times_out_when_s
             await stuck.wait()
 
     holder = asyncio.create_task(hold())
-    await asyncio.sleep(0.01)
+    await until(lambda: pool.servers()[0].in_flight == 1, what="the lease to be held")
     with pytest.raises(TimeoutError):
         await pool.pause(drain_timeout=0.05)
     stuck.set()

@@ -9,6 +9,7 @@ import httpx
 import orjson
 import pytest
 from _fakes import FakeVLLM
+from _waiting import BOUND
 
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
@@ -169,10 +170,10 @@ async def test_pause_holds_requests_and_resume_stamps_the_new_policy_version():
     admin = {"x-admin-token": ADMIN}
     assert (await client.post("/admin/pause", headers=admin)).json()["paused"] is True
     pending = asyncio.create_task(post(client, CHAT, k="paused"))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # (a chance to fail early; a slow machine only makes this check weaker)
     assert not pending.done()  # waiting, not failing
     await client.post("/admin/resume", json={"policy_version": 7}, headers=admin)
-    resp = await asyncio.wait_for(pending, 5)
+    resp = await asyncio.wait_for(pending, BOUND)
     assert resp.status_code == 200
     (rec,) = await service.journal.records("paused")
     assert rec.policy_version == 7
