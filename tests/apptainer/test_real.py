@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from _waiting import until
 
 from polar_gym.apptainer.runtime import ApptainerRuntime
 from polar_gym.runtime.base import ExecStatus
@@ -35,6 +36,10 @@ def make(tmp_path: Path, network: str = "none") -> ApptainerRuntime:
     return ApptainerRuntime(spec, tmp_path / "session", options={"binary": BINARY, "overlay": OVERLAY})
 
 
+async def _runs(rt: ApptainerRuntime, command: str) -> bool:
+    return command in (await rt.exec("ps -o args")).text
+
+
 async def test_end_to_end(tmp_path: Path) -> None:
     rt = make(tmp_path)
     async with rt:
@@ -52,12 +57,12 @@ async def test_end_to_end(tmp_path: Path) -> None:
         await rt.upload(blob, "/workspace/blob.bin")
         await rt.download("/workspace/blob.bin", tmp_path / "blob.bin")
         assert (tmp_path / "blob.bin").read_bytes() == blob
-        slow = await rt.exec("echo partial; sleep 60 & sleep 60", timeout=2)
+        slow = await rt.exec("echo partial; sleep 60 & sleep 60", timeout=10)  # room for a loaded machine
         assert slow.status is ExecStatus.TIMEOUT and slow.stdout == b"partial\n"
         left = await rt.exec("ps -o pid,args | grep 'sleep 60' | grep -v grep || true")
         assert "sleep 60" not in left.text
         task = asyncio.create_task(rt.exec("sleep 60"))
-        await asyncio.sleep(1)
+        await until(lambda: _runs(rt, "sleep 60"), what="the command to run")
         await rt.cancel()
         assert (await task).status is ExecStatus.CANCELLED
     await rt.stop()  # idempotent

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from _apptainer_kit import FakeApptainer, make_fake
+from _waiting import BOUND, until
 
 from polar_gym.apptainer.runtime import ApptainerRuntime
 from polar_gym.registry import RUNTIMES
@@ -73,7 +74,8 @@ async def test_stdin_and_streaming_callbacks(tmp_path: Path, fake_apptainer: Fak
 
 async def test_timeout_keeps_partial_output_and_kills_the_tree(tmp_path: Path, fake_apptainer: FakeApptainer) -> None:
     async with runtime(tmp_path) as rt:
-        result = await rt.exec("echo started; sleep 60 & echo $! > bg.pid; sleep 60", timeout=1.0)
+        # room for a loaded machine to start the (Python) fake and echo; only the timeout ends the sleeps
+        result = await rt.exec("echo started; sleep 300 & echo $! > bg.pid; sleep 300", timeout=5)
         assert result.status is ExecStatus.TIMEOUT and result.stdout == b"started\n"
         assert "timeout" in (result.reason or "")
         bg = int((fake_apptainer.state / f"{rt.instance}.root" / "workspace" / "bg.pid").read_text())
@@ -84,10 +86,11 @@ async def test_timeout_keeps_partial_output_and_kills_the_tree(tmp_path: Path, f
 
 async def test_cancel_kills_every_running_command(tmp_path: Path, fake_apptainer: FakeApptainer) -> None:
     async with runtime(tmp_path) as rt:
-        tasks = [asyncio.create_task(rt.exec(f"echo {i}; sleep 60")) for i in range(3)]
-        await asyncio.sleep(1.0)
+        outs: list[list[bytes]] = [[], [], []]
+        tasks = [asyncio.create_task(rt.exec(f"echo {i}; sleep 60", on_stdout=outs[i].append)) for i in range(3)]
+        await until(lambda: all(outs), what="the three commands to run")
         await rt.cancel()
-        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        results = await asyncio.wait_for(asyncio.gather(*tasks), BOUND)
         assert [r.status for r in results] == [ExecStatus.CANCELLED] * 3
         assert sorted(r.stdout for r in results) == [b"0\n", b"1\n", b"2\n"]
         assert (await rt.exec("true")).ok
@@ -96,10 +99,11 @@ async def test_cancel_kills_every_running_command(tmp_path: Path, fake_apptainer
 async def test_stop_during_exec_cancels_it_and_orders_cleanup(tmp_path: Path, fake_apptainer: FakeApptainer) -> None:
     rt = runtime(tmp_path)
     await rt.start()
-    task = asyncio.create_task(rt.exec("sleep 60"))
-    await asyncio.sleep(1.0)
+    out: list[bytes] = []
+    task = asyncio.create_task(rt.exec("echo running; sleep 60", on_stdout=out.append))
+    await until(lambda: out, what="the command to run")
     await rt.stop()
-    result = await asyncio.wait_for(task, 30)
+    result = await asyncio.wait_for(task, BOUND)
     assert result.status is ExecStatus.CANCELLED
     verbs = fake_apptainer.verbs()
     # the exec's tree is killed (a second exec) before the instance stops; stop is the last command
@@ -174,10 +178,11 @@ async def test_instance_dying_at_start_is_a_start_error(tmp_path: Path, fake_app
 
 async def test_crashed_instance_is_reported_not_hung(tmp_path: Path, fake_apptainer: FakeApptainer) -> None:
     async with runtime(tmp_path) as rt:
-        running = asyncio.create_task(rt.exec("echo before; sleep 60"))
-        await asyncio.sleep(1.0)
+        out: list[bytes] = []
+        running = asyncio.create_task(rt.exec("echo before; sleep 60", on_stdout=out.append))
+        await until(lambda: out, what="the command to run")
         fake_apptainer.kill_instance(rt.instance)
-        during = await asyncio.wait_for(running, 30)
+        during = await asyncio.wait_for(running, BOUND)
         assert during.status is ExecStatus.CRASHED and during.stdout == b"before\n"
         assert "is gone" in (during.reason or "")
         after = await rt.exec("echo hi")
