@@ -15,6 +15,7 @@ import pytest_asyncio
 from _procs import processes_with
 from _serving import served_gateway
 from _sessions import check_invariants
+from _waiting import until
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayNode
@@ -88,15 +89,15 @@ def _sandbox_processes(marker: str) -> list[int]:
 async def test_a_real_harness_killed_by_the_deadline_keeps_its_partial_traces(gateway):
     node, service = gateway
     marker = "polar-e2e-deadline-marker"
-    spec = _with_script(session_for("pi"), ["printf hi > first.txt", f"sleep 300 # {marker}"], timeout=20)
+    # the deadline leaves a loaded machine room to start the harness and make two calls; only it ends the sleep
+    spec = _with_script(session_for("pi"), ["printf hi > first.txt", f"sleep 300 # {marker}"], timeout=60)
     (result,) = await asyncio.wait_for(node.run([spec]), 300)
     assert result.status is SessionStatus.TIMEOUT, (result.status, result.reason)
     records = await service.journal.records(spec.session_id)
     assert len(records) >= 2  # the first command's call and the call that started the long one
     assert result.trajectory is not None and result.trajectory.traces
     check_invariants(CompletionSession(session_id=spec.session_id, completions=records), result.trajectory)
-    await asyncio.sleep(1)
-    assert _sandbox_processes(marker) == []
+    await until(lambda: not _sandbox_processes(marker), 30, "the sandbox's processes to go")
 
 
 async def test_a_real_harness_cancelled_while_running_leaves_nothing_behind(gateway):
@@ -104,13 +105,8 @@ async def test_a_real_harness_cancelled_while_running_leaves_nothing_behind(gate
     marker = "polar-e2e-cancel-marker"
     spec = _with_script(session_for("claude_code"), [f"sleep 300 # {marker}"], timeout=300)
     session = node.submit(spec)
-    for _ in range(600):  # until the harness has made its call and started the command
-        if _sandbox_processes(marker):
-            break
-        await asyncio.sleep(0.1)
-    assert _sandbox_processes(marker), "the harness never ran the command"
+    await until(lambda: _sandbox_processes(marker), 60, "the harness to make its call and start the command")
     assert node.cancel(spec.session_id)
     result = await asyncio.wait_for(node.wait(spec.session_id), 120)
     assert result.status is SessionStatus.CANCELLED and session.spec.session_id == result.session_id
-    await asyncio.sleep(1)
-    assert _sandbox_processes(marker) == []
+    await until(lambda: not _sandbox_processes(marker), 30, "the sandbox's processes to go")

@@ -132,8 +132,7 @@ async def _start_tree(rt: Runtime, marker: str) -> tuple[asyncio.Task[object], l
     await wait_for_text(chunks, b"started", task)  # type: ignore[arg-type]
     assert b"started" in b"".join(chunks), "the process tree did not start"
     # the scan must see the whole tree: sh, 4 sleeps, the subshells
-    await until(lambda: len(processes_with(f"{marker}-tree")) >= 6,
-                what=f"the whole tree: {processes_with(f'{marker}-tree')}")
+    await until(lambda: len(processes_with(f"{marker}-tree")) >= 6, what="the whole tree in the /proc scan")
     return task, chunks  # type: ignore[return-value]
 
 
