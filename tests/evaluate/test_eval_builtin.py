@@ -83,7 +83,7 @@ async def test_fractional_regex_and_min_tests(demo_runtime) -> None:
 
 async def test_timeout_is_a_zero_not_an_error(demo_runtime) -> None:
     async with demo_runtime(TASK) as rt:
-        result = await TestOnOutput({"command": "sleep 5", "timeout": 0.3}).evaluate(context(TASK, runtime=rt))
+        result = await TestOnOutput({"command": "sleep 300", "timeout": 0.3}).evaluate(context(TASK, runtime=rt))
         assert result.reward == 0.0 and "timed out" in result.details["reason"]
 
 

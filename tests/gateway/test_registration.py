@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _waiting import until
 
 from polar_gym.gateway.registration import ServerLink
 from polar_gym.server import RolloutServer, Store, create_server_app
@@ -77,9 +78,8 @@ async def test_run_keeps_retrying_an_unreachable_server(tmp_path: Path) -> None:
     link = ServerLink("http://server", "http://gw:1", 1, server_token=TOKEN, gateway_token=None, health=dict,
                       interval=0.001, transport=httpx.MockTransport(refuse))
     task = asyncio.create_task(link.run())
-    while calls < 3:
-        assert not task.done()
-        await asyncio.sleep(0.01)
+    await until(lambda: calls >= 3 or task.done(), what="three connection attempts")
+    assert not task.done()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert link.gateway_id is None and not link.registered.is_set()

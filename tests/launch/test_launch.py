@@ -193,7 +193,7 @@ def test_ctrl_c_cancels_the_run_on_the_server_and_leaves_no_sandbox(tmp_path, st
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130 and "interrupted; the unfinished tasks were cancelled" in stderr, stderr[-3000:]
-    deadline = time.monotonic() + 10  # a sandbox killed at the launcher's exit (--die-with-parent) may take a moment
+    deadline = time.monotonic() + 30  # a sandbox killed at the launcher's exit (--die-with-parent) may take a moment
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not processes_with(marker)
