@@ -20,11 +20,12 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from _unprivileged import NOBODY, require_outer_root_run, run_as_nobody
+from _waiting import until
 
 from polar_gym.runtime.base import ExecStatus, GatewayEndpoint
 from polar_gym.runtime.errors import SandboxStartError
@@ -290,16 +291,6 @@ async def test_fault7_disk_limit_bounds_the_session_directory(session: Path) -> 
     assert many.status is ExecStatus.FAILED and b"wrote-all" not in many.stdout, many
     assert many.reason is not None and "disk limit" in many.reason
     assert disk_usage(session) < 300 * 2**20
-
-
-async def until(probe: Callable[[], object], what: str, timeout: float = 60) -> None:
-    """Until ``probe()`` is true (tests/_waiting.py's helper; this module also runs alone, without tests/ on the
-    path, as an unprivileged user)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not probe():
-        assert loop.time() < end, f"timed out after {timeout} s waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 _CONNECT = """
