@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import anthropic
 import pytest
+from _sdk_kit import closing
 
 pytestmark = pytest.mark.sdk
 
@@ -18,7 +19,7 @@ FINAL = "All done: out.txt holds hello."
 
 
 def client(proxy, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
+    return closing(anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0))
 
 
 def test_plain_message(proxy_server):

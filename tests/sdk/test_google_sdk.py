@@ -8,6 +8,7 @@ import itertools
 
 import httpx
 import pytest
+from _sdk_kit import closing
 from google import genai
 from google.genai import errors, types
 
@@ -26,7 +27,7 @@ def client(proxy, key: str, api_version: str = "v1beta") -> genai.Client:
     """Keep the returned client referenced while using it: a collected Client closes its HTTP client."""
     options = types.HttpOptions(base_url=proxy.url, api_version=api_version,
                                 retry_options=types.HttpRetryOptions(attempts=1))
-    return genai.Client(api_key=key, http_options=options)
+    return closing(genai.Client(api_key=key, http_options=options))
 
 
 def tool_config(**kwargs: object) -> types.GenerateContentConfig:

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 from _fakes import ByteTokenizer
+from _sdk_kit import closing
 from _serving import SCRIPT, oracle_service, serve
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
@@ -50,11 +51,11 @@ def test_raw_stream_starts_with_keepalive_comments(slow_proxy):
 
 
 def test_sdks_read_through_keepalives(slow_proxy):
-    chat = openai.OpenAI(base_url=slow_proxy.url + "/v1", api_key="ka-openai", max_retries=0)
+    chat = closing(openai.OpenAI(base_url=slow_proxy.url + "/v1", api_key="ka-openai", max_retries=0))
     chunks = list(chat.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
                                                stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == SCRIPT.final_answer
-    claude = anthropic.Anthropic(base_url=slow_proxy.url, api_key="ka-anthropic", max_retries=0)
+    claude = closing(anthropic.Anthropic(base_url=slow_proxy.url, api_key="ka-anthropic", max_retries=0))
     with claude.messages.stream(model="policy", max_tokens=100,
                                 messages=[{"role": "user", "content": "hi"}]) as stream:
         message = stream.get_final_message()
@@ -63,11 +64,11 @@ def test_sdks_read_through_keepalives(slow_proxy):
 
 @pytest.mark.parametrize("slow_proxy", [True], indirect=True)
 def test_late_failure_is_an_in_stream_error(slow_proxy):
-    chat = openai.OpenAI(base_url=slow_proxy.url + "/v1", api_key="ka-fail", max_retries=0)
+    chat = closing(openai.OpenAI(base_url=slow_proxy.url + "/v1", api_key="ka-fail", max_retries=0))
     with pytest.raises(openai.APIError, match="went away"):
         list(chat.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
                                           stream=True))
-    claude = anthropic.Anthropic(base_url=slow_proxy.url, api_key="ka-fail", max_retries=0)
+    claude = closing(anthropic.Anthropic(base_url=slow_proxy.url, api_key="ka-fail", max_retries=0))
     with pytest.raises(anthropic.APIError, match="went away"):
         with claude.messages.stream(model="policy", max_tokens=100,
                                     messages=[{"role": "user", "content": "hi"}]) as stream:

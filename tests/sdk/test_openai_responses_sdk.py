@@ -7,6 +7,7 @@ import json
 
 import openai
 import pytest
+from _sdk_kit import closing
 
 pytestmark = pytest.mark.sdk
 
@@ -26,7 +27,7 @@ CODEX_TOOLS = [
 
 
 def client(proxy, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    return closing(openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0))
 
 
 def test_create_plain(proxy_server):
