@@ -28,6 +28,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from polar_gym.dirnames import dirname_for
 from polar_gym.evaluate.base import EvalContext, Evaluator
 from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import PrepareFailed, StageError
@@ -56,9 +57,8 @@ _LIVE_ATTEMPTS: set[Path] = set()
 
 
 def safe_name(session_id: str) -> str:
-    """A directory name for a session id (ids are caller-chosen: no path tricks)."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id).lstrip(".")
-    return safe[:128] or "session"
+    """A directory name for a session id (ids are caller-chosen: no path tricks, no two ids share one)."""
+    return dirname_for(session_id)
 
 
 def _tail(data: bytes) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import os
 import queue
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from polar_gym.dirnames import dirname_for
 from polar_gym.schema import CompletionRecord
 
 __all__ = ["ATTEMPTS_DIR", "CURRENT_ATTEMPT", "CaptureJournal", "SessionStore", "common_prefix", "read_session"]
@@ -333,13 +333,13 @@ class CaptureJournal:
     # -- layout ----------------------------------------------------------------------------------------------
 
     def session_dir(self, session_id: str) -> Path | None:
-        return self.root / _safe_name(session_id) if self.root is not None else None
+        return self.root / dirname_for(session_id) if self.root is not None else None
 
     def stream_dir(self, session_id: str, attempt: str | None = None) -> Path | None:
         base = self.session_dir(session_id)
         if base is None or attempt is None:
             return base
-        return base / ATTEMPTS_DIR / _safe_name(attempt)
+        return base / ATTEMPTS_DIR / dirname_for(attempt)
 
     # -- streams in memory -----------------------------------------------------------------------------------
 
@@ -491,8 +491,3 @@ def _count_attempts(attempts_dir: Path) -> dict[str, int]:
     return out
 
 
-def _safe_name(session_id: str) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)
-    if safe != session_id or safe.startswith("."):
-        safe = f"{safe.lstrip('.')}-{json.dumps(session_id).encode().hex()[:16]}"
-    return safe
