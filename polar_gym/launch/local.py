@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import secrets
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -35,7 +34,7 @@ from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.server import RolloutServer, Store, create_server_app
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["EmbeddedServer", "LocalLauncher", "local_fleet", "make_engine", "private_db", "rollout_server", "serving",
+__all__ = ["EmbeddedServer", "LocalLauncher", "local_fleet", "make_engine", "rollout_server", "serving",
            "write_server_info"]
 
 
@@ -93,7 +92,7 @@ async def rollout_server(db: Path, host: str, port: int, admin_token: str,
                          heartbeat: float = 1.0) -> AsyncIterator[str]:
     """A rollout server (SQLite store at ``db``, mode 600: it holds the gateways' admin tokens) served on
     ``host:port`` while the block runs; yields its URL."""
-    await asyncio.to_thread(private_db, db)
+    await asyncio.to_thread(db.parent.mkdir, parents=True, exist_ok=True)  # the Store makes the db 0600
     store = Store(db)
     server = RolloutServer(store, heartbeat_interval=heartbeat, dead_after=max(10.0, heartbeat * 5))
     await server.start()
@@ -201,13 +200,3 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
 def write_server_info(out_dir: Path, url: str, admin_token: str) -> Path:
     """``server.json`` (mode 600): where the run's rollout server listens and its token, for a trainer or curl."""
     return write_secret(out_dir / "server.json", json.dumps({"url": url, "admin_token": admin_token}) + "\n")
-
-
-def private_db(db: Path) -> None:
-    """Make the SQLite store and its journal files (SQLite gives them the database file's mode) readable by their
-    owner only, creating the empty database file if needed, before the store opens it."""
-    db.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
-    for path in [db] + [db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal")]:
-        with contextlib.suppress(FileNotFoundError):
-            path.chmod(0o600)
