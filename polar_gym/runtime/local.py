@@ -93,8 +93,9 @@ from polar_gym.runtime.bwrap import (
     sandbox_env,
     secret_masks,
 )
-from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
-from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, copy_plain, disk_usage
+from polar_gym.runtime.errors import SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.files import confine, copy_in, copy_out
+from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, disk_usage
 from polar_gym.runtime.relay import RELAY_FALLBACK, GatewayRelay, helper_argv, relay_program
 from polar_gym.schema import RuntimeSpec
 
@@ -139,22 +140,6 @@ class LoopbackAllocator:
         handle.close()
 
 
-def confine(areas: list[tuple[str, str]], inside: str, workdir: str) -> Path:
-    """Map a path inside the sandbox to its host path in a writable area, refusing anything that escapes one
-    (``..``, absolute paths elsewhere, symlinks pointing out of the area)."""
-    path = posixpath.normpath(posixpath.join(workdir, inside))
-    for prefix, host in areas:
-        if path == prefix or path.startswith(prefix + "/"):
-            rel = posixpath.relpath(path, prefix)
-            host_root = Path(host).resolve()
-            candidate = (host_root / rel).resolve() if rel != "." else host_root
-            if candidate != host_root and host_root not in candidate.parents:
-                raise SandboxError(f"{inside!r} leaves the sandbox's writable area {prefix}")
-            return candidate
-    raise SandboxError(f"{inside!r} is not in a writable area of the sandbox "
-                       f"({', '.join(prefix for prefix, _ in areas)})")
-
-
 @dataclass(eq=False)
 class _Running:
     proc: asyncio.subprocess.Process
@@ -169,57 +154,6 @@ class _Running:
         if self.status_fd >= 0:
             self.status_raw += _drain(self.status_fd)
         return _parse_status(bytes(self.status_raw))
-
-
-def _copy_in(data: bytes | Path, target: Path, owner: tuple[int, int] | None = None) -> None:
-    """Copy into the session directory; with ``owner`` (the sandbox's host uid, gid) what was made is theirs."""
-    top = target
-    while not top.parent.exists():
-        top = top.parent
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, bytes):
-        target.write_bytes(data)
-    elif data.is_dir():
-        _copy_dir_in(data, target)
-    else:
-        shutil.copyfile(data, target)
-    if owner is not None:
-        chown_tree(top, *owner)
-
-
-def _copy_dir_in(source: Path, target: Path) -> None:
-    """Merge ``source`` into ``target`` without following anything the sandbox put there: a symlink (or any other
-    non-file) in the way of a file or directory is replaced, never written through (as root, writing through a link
-    the sandbox planted would write the host). No sandbox process runs between execs, so nothing can race this."""
-    for dirpath, dirnames, filenames in os.walk(source):
-        rel = os.path.relpath(dirpath, source)
-        here = target if rel == "." else target / rel
-        if here.is_symlink() or (here.exists() and not here.is_dir()):
-            here.unlink()
-        here.mkdir(exist_ok=True)
-        links = [n for n in dirnames if os.path.islink(os.path.join(dirpath, n))]
-        dirnames[:] = [n for n in dirnames if n not in links]
-        for name in filenames + links:
-            src, dst = os.path.join(dirpath, name), here / name
-            if dst.is_symlink() or dst.is_file():
-                dst.unlink()
-            elif dst.exists():
-                shutil.rmtree(dst)
-            if os.path.islink(src):
-                os.symlink(os.readlink(src), dst)
-            else:
-                shutil.copyfile(src, dst)
-                shutil.copymode(src, dst)
-
-
-def _copy_out(source: Path, dst: Path) -> None:
-    if not source.exists():
-        raise FileNotFoundError(f"nothing at {source}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if source.is_dir():
-        shutil.copytree(source, dst, symlinks=True, dirs_exist_ok=True, copy_function=copy_plain)
-    else:
-        copy_plain(str(source), str(dst))
 
 
 def _gone(pid: int) -> bool:
@@ -556,12 +490,12 @@ class LocalRuntime(Runtime):
     async def upload(self, data: bytes | Path, dst: str) -> None:
         if self._stopped:
             raise SandboxStateError("the sandbox is not running")
-        await asyncio.to_thread(_copy_in, data, self.host_path(dst), self.owner)
+        await asyncio.to_thread(copy_in, data, self.host_path(dst), self.owner)
 
     async def download(self, src: str, dst: Path) -> None:
         if self._stopped:
             raise SandboxStateError("the sandbox is not running")
-        await asyncio.to_thread(_copy_out, self.host_path(src), Path(dst))
+        await asyncio.to_thread(copy_out, self.host_path(src), Path(dst))
 
 
 async def _read(stream: asyncio.StreamReader | None, sink: bytearray, callback: OutputCallback | None) -> None:
