@@ -128,31 +128,26 @@ SETID = stat.S_ISUID | stat.S_ISGID
 
 
 def disk_usage(root: Path, *, clear_setid: bool = False) -> int:
-    """Bytes allocated under ``root`` (st_blocks, each inode once, symlinks not followed). With ``clear_setid``
-    the same walk takes the setuid / setgid bits off every regular file: a sandbox may set them on its own files,
-    which would then run as their owner for anyone on the host who reaches them."""
+    """Bytes allocated under ``root`` (st_blocks, each inode once). With ``clear_setid`` the same walk takes the
+    setuid / setgid bits off every regular file: a sandbox may set them on its own files, which would then run as
+    their owner for anyone on the host who reaches them. The walk goes by directory fds and never follows a symlink
+    (os.fwalk, *at calls with no-follow), so a sandbox that swaps a directory for a link to a host directory while
+    we walk cannot make us count, let alone chmod, anything outside ``root``."""
     total, seen = 0, set()
-    stack = [str(root)]
-    while stack:
-        top = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                for e in it:
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-                    if clear_setid and stat.S_ISREG(st.st_mode) and st.st_mode & SETID:
-                        with contextlib.suppress(OSError):
-                            os.chmod(e.path, stat.S_IMODE(st.st_mode) & ~SETID, follow_symlinks=False)
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-        except OSError:
-            continue
+    for _, dirnames, filenames, dirfd in os.fwalk(str(root), follow_symlinks=False):
+        for name in dirnames + filenames:
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+            if clear_setid and stat.S_ISREG(st.st_mode) and st.st_mode & SETID:
+                # fchmodat(AT_SYMLINK_NOFOLLOW): a file swapped for a link since the stat is refused (ValueError)
+                with contextlib.suppress(OSError, ValueError, NotImplementedError):
+                    os.chmod(name, stat.S_IMODE(st.st_mode) & ~SETID, dir_fd=dirfd, follow_symlinks=False)
     return total
 
 

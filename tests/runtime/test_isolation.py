@@ -368,3 +368,26 @@ def test_the_same_checks_pass_as_an_unprivileged_user(tmp_path: Path) -> None:
                       env={"POLAR_CACHE": str(work / "cache")}, min_passed=10, timeout=1200)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_setuid_sweep_clears_the_sandboxs_files_and_follows_no_link(tmp_path: Path) -> None:
+    """A sandbox may chmod u+s its own files (they would run as their owner for anyone on the host who reaches
+    them): the walk that counts the session directory takes the bits off. A link it planted to a host directory or
+    a host setuid file is never followed: the host file keeps its mode."""
+    host_dir = tmp_path / "host"
+    host_dir.mkdir()
+    host_file = host_dir / "setuid-host-tool"
+    host_file.write_bytes(b"#!/bin/sh\n")
+    host_file.chmod(0o4755)
+    session = tmp_path / "session"
+    (session / "deep").mkdir(parents=True)
+    planted = session / "deep" / "tool"
+    planted.write_bytes(b"x" * 4096)
+    planted.chmod(0o6755)
+    (session / "to-dir").symlink_to(host_dir)
+    (session / "to-file").symlink_to(host_file)
+    used = disk_usage(session, clear_setid=True)
+    assert used >= 4096
+    assert planted.stat().st_mode & 0o7777 == 0o755
+    assert host_file.stat().st_mode & 0o7777 == 0o4755
+    assert disk_usage(session) == used  # the links added nothing: nothing behind them was counted
