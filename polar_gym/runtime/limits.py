@@ -152,12 +152,13 @@ def disk_usage(root: Path, *, clear_setid: bool = False) -> int:
 
 
 def chown_tree(path: Path, uid: int, gid: int) -> None:
-    """chown ``path`` and, for a directory, everything under it (symlinks themselves, never their targets)."""
+    """chown ``path`` and, for a directory, everything under it (symlinks themselves, never their targets; by
+    directory fds, so a directory swapped for a link to the host meanwhile never leads the walk out of ``path``)."""
     os.chown(path, uid, gid, follow_symlinks=False)
     if path.is_dir() and not path.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(path):
+        for _, dirnames, filenames, dirfd in os.fwalk(path, follow_symlinks=False):
             for name in dirnames + filenames:
-                os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+                os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
 
 
 def copy_plain(src: str, dst: str, *, follow_symlinks: bool = True) -> str:
