@@ -265,7 +265,7 @@ def record(target: Target, binary: Path, tokenizer: ChatTokenizer, out_dir: Path
                 path.write_text(text)
             code, out, err, seconds = _run(launch.argv, {**_base_env(home), **launch.env}, work, timeout)
             time.sleep(0.5)  # let in-flight journal writes land
-        from polar_gym.proxy.capture import read_session
+        from polar_gym.journal import read_session
 
         records = read_session(capture / key) if (capture / key).exists() else []
         hello = (work / "hello.txt").read_text() if (work / "hello.txt").exists() else None

@@ -15,7 +15,7 @@ import pytest
 from _serving import free_port
 
 from polar_gym.assets import tokenizer_dir
-from polar_gym.proxy.capture import read_session
+from polar_gym.journal import read_session
 
 ROOT = Path(__file__).resolve().parents[1]
 

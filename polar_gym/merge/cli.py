@@ -24,16 +24,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar_gym.journal import RECORDS_FILE, is_superseded_attempt, read_session
 from polar_gym.merge import MergeConfig, build_trajectory
 from polar_gym.merge.exports import nemo_item_chains, sft_records, slime_samples, trace_lines
 from polar_gym.merge.rewards import with_session_weights
-from polar_gym.proxy.capture import ATTEMPTS_DIR, CURRENT_ATTEMPT, read_session
 from polar_gym.registry import BUILDERS, RegistryError
 from polar_gym.schema import BuilderSpec, CompletionSession, Trajectory
 
 __all__ = ["FORMATS", "NoJournalError", "Summary", "find_journals", "main"]
 
-JOURNAL_FILE = "records.jsonl"
+JOURNAL_FILE = RECORDS_FILE
 
 
 class NoJournalError(ValueError):
@@ -69,24 +69,13 @@ def find_journals(paths: Iterable[str | Path]) -> list[Path]:
             continue
         if not path.is_dir():
             raise NoJournalError(f"{path}: no such directory (expected a session journal or a capture root)")
-        nested = sorted(p.parent for p in path.rglob(JOURNAL_FILE) if not _superseded_attempt(p.parent))
+        # an earlier dispatch attempt of a gateway session is a dead gateway's calls, never trained; naming its
+        # directory explicitly still rebuilds it
+        nested = sorted(p.parent for p in path.rglob(JOURNAL_FILE) if not is_superseded_attempt(p.parent))
         if not nested:
             raise NoJournalError(f"{path}: holds no capture journal (no {JOURNAL_FILE} in it or below it)")
         found.update(dict.fromkeys(nested))
     return list(found)
-
-
-def _superseded_attempt(directory: Path) -> bool:
-    """An earlier dispatch attempt of a gateway session (``<session>/attempts/<id>/``, not the one the session's
-    ``current-attempt`` names): a dead gateway's calls, reported by the gateway but never trained. Naming such a
-    directory explicitly still rebuilds it."""
-    if directory.parent.name != ATTEMPTS_DIR:
-        return False
-    pointer = directory.parent.parent / CURRENT_ATTEMPT
-    try:
-        return pointer.read_text().strip() != directory.name
-    except OSError:
-        return False
 
 
 @dataclass

@@ -1,16 +1,9 @@
-"""The capture journal: every completion of a session, durably and in order, with prefix-shared token storage.
+"""The capture journal's writer: every completion of a session, durably and in order, with prefix-shared token
+storage. The on-disk format (codec, layout, readers) is :mod:`polar_gym.journal`; this module keeps the streams'
+encoder state, the attempts of gateway sessions and the file writes.
 
-A journal stream (a session, or one dispatch attempt of a gateway session under ``<session>/attempts/<id>/``)
-holds three append-only files:
-
-- ``tokens.bin``: uint32 token IDs; ``logprobs.bin``: float64 logprobs of sampled tokens;
-- ``records.jsonl``: one line per completion. Token fields are references into the binary files, and a prompt is
-  stored as "the first ``keep`` tokens of record ``base``'s prompt+response, then this tail". The conversation
-  lists of the request as received and of the normalized request are stored the same way, element by element.
-
-An append-only chat of N turns therefore costs about its unique tokens, not N x context. Binary data is written
-before the line that points at it, so a torn write never yields a record with missing tokens. A writer thread does
-the file I/O; appends wait for it (bounded), so under pressure the proxy slows down instead of dropping records.
+A writer thread does the file I/O; appends wait for it (bounded), so under pressure the proxy slows down instead of
+dropping records.
 """
 
 from __future__ import annotations
@@ -21,160 +14,27 @@ import contextlib
 import os
 import queue
 import threading
-from array import array
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from polar_gym.dirnames import dirname_for
+from polar_gym.journal import (
+    ATTEMPTS_DIR,
+    CURRENT_ATTEMPT,
+    LOGPROBS_FILE,
+    RECORDS_FILE,
+    TOKENS_FILE,
+    SessionStore,
+    count_attempts,
+    decode,
+    read_current_attempt,
+    read_file,
+    read_session,
+    stored_bytes,
+)
 from polar_gym.schema import CompletionRecord
 
-__all__ = ["ATTEMPTS_DIR", "CURRENT_ATTEMPT", "CaptureJournal", "SessionStore", "common_prefix", "read_session"]
-
-_RECENT = 16  # earlier records searched for a shared prefix
-_CONVERSATION_FIELDS = ("messages", "input", "contents")
-_TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_logprobs")
-
-
-def common_prefix(a: bytes, b: bytes) -> int:
-    """Number of shared leading uint32 tokens of two little-endian token byte strings. The usual case (one is a
-    prefix of the other) is a single memcmp; otherwise a binary search over slices."""
-    n = min(len(a), len(b)) // 4
-    if a.startswith(b[: 4 * n]):
-        return n
-    lo, hi = 0, n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[4 * lo: 4 * mid] == b[4 * lo: 4 * mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _list_prefix(a: list[Any], b: list[Any]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-@dataclass
-class _Recent:
-    index: int
-    tokens: bytes
-    lists: dict[str, list[Any]] = field(default_factory=dict)
-
-
-class SessionStore:
-    """The encoder/decoder of one session's journal, over any byte sink (files or memory)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.token_count = 0
-        self.logprob_count = 0
-        self._recent: collections.deque[_Recent] = collections.deque(maxlen=_RECENT)
-
-    # -- encoding -------------------------------------------------------------------------------------------
-    def encode(self, record: CompletionRecord) -> tuple[bytes, bytes, bytes]:
-        """(record line, token bytes, logprob bytes) for ``record``; updates the store's state."""
-        prompt = array("I", record.prompt_ids)
-        prompt_bytes = prompt.tobytes()
-        base, keep = -1, 0
-        for recent in self._recent:
-            if len(recent.tokens) // 4 <= keep:
-                continue  # cannot share more than the best so far
-            shared = common_prefix(prompt_bytes, recent.tokens)
-            if shared > keep:
-                base, keep = recent.index, shared
-        tail = prompt[keep:]
-        response = array("I", record.response_ids)
-        logprobs = array("d", record.response_logprobs)
-        # The record's fields are plain JSON data already; copying them shallowly avoids walking the request tree.
-        data = {k: v for k, v in record.__dict__.items() if k not in _TOKEN_FIELDS}
-        data["prompt_ids"] = {"base": base, "keep": keep, "off": self.token_count, "len": len(tail)}
-        data["response_ids"] = {"off": self.token_count + len(tail), "len": len(response)}
-        data["response_logprobs"] = {"off": self.logprob_count, "len": len(logprobs)}
-        lists: dict[str, list[Any]] = {}
-        for key in ("request", "normalized_request"):
-            data[key], conv = self._encode_lists(key, dict(data[key]))
-            if conv is not None:
-                lists[key] = conv
-        self.token_count += len(tail) + len(response)
-        self.logprob_count += len(logprobs)
-        self._recent.appendleft(_Recent(record.index, prompt_bytes + response.tobytes(), lists))
-        self.count += 1
-        line = orjson.dumps(data) + b"\n"
-        return line, tail.tobytes() + response.tobytes(), logprobs.tobytes()
-
-    def _encode_lists(self, key: str, body: dict[str, Any]) -> tuple[dict[str, Any], list[Any] | None]:
-        for name in _CONVERSATION_FIELDS:
-            conv = body.get(name)
-            if not isinstance(conv, list):
-                continue
-            base, keep = -1, 0
-            for recent in self._recent:
-                if len(recent.lists.get(key, ())) <= keep:
-                    continue  # cannot share more than the best so far
-                shared = _list_prefix(conv, recent.lists.get(key, []))
-                if shared > keep:
-                    base, keep = recent.index, shared
-            body[name] = {"$shared": {"base": base, "keep": keep}, "tail": conv[keep:]}
-            return body, conv
-        return body, None
-
-
-def _decode(lines: list[bytes], tokens: bytes, logprobs: bytes) -> list[CompletionRecord]:
-    all_tokens = array("I")
-    all_tokens.frombytes(tokens[: len(tokens) - len(tokens) % 4])
-    all_logprobs = array("d")
-    all_logprobs.frombytes(logprobs[: len(logprobs) - len(logprobs) % 8])
-    fulls: dict[int, list[int]] = {}
-    convs: dict[tuple[int, str], list[Any]] = {}
-    out = []
-    for raw in lines:
-        if not raw.strip():
-            continue
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            break  # a torn tail: the line itself was cut short
-        p, r, lp = data["prompt_ids"], data["response_ids"], data["response_logprobs"]
-        prefix = fulls[p["base"]][: p["keep"]] if p["base"] >= 0 else []
-        prompt = prefix + all_tokens[p["off"]: p["off"] + p["len"]].tolist()
-        response = all_tokens[r["off"]: r["off"] + r["len"]].tolist()
-        if len(prompt) != p["keep"] + p["len"] or len(response) != r["len"]:
-            break  # a torn tail: binary data missing for this line
-        data["prompt_ids"], data["response_ids"] = prompt, response
-        data["response_logprobs"] = all_logprobs[lp["off"]: lp["off"] + lp["len"]].tolist()
-        index = data["index"]
-        for key in ("request", "normalized_request"):
-            body = data[key]
-            for name in _CONVERSATION_FIELDS:
-                packed = body.get(name)
-                if isinstance(packed, dict) and "$shared" in packed:
-                    shared = packed["$shared"]
-                    head = convs[(shared["base"], key)][: shared["keep"]] if shared["base"] >= 0 else []
-                    body[name] = head + packed["tail"]
-                    convs[(index, key)] = body[name]
-                    break
-        fulls[index] = prompt + response
-        out.append(CompletionRecord.model_validate(data))
-    return out
-
-
-def read_session(directory: str | Path) -> list[CompletionRecord]:
-    """Read a session's journal back exactly, from its directory."""
-    directory = Path(directory)
-
-    return _decode(_read(directory / "records.jsonl").splitlines(), _read(directory / "tokens.bin"),
-                   _read(directory / "logprobs.bin"))
-
+__all__ = ["CaptureJournal"]
 
 class _Session:
     """One journal stream's encoder state and, in memory mode, its bytes. ``users`` counts the calls holding it, so
@@ -196,12 +56,12 @@ class _Session:
         state from disk, and cut a torn tail off so the next record's offsets point at its own bytes."""
         assert self.directory is not None
         self.loaded = True
-        path = self.directory / "records.jsonl"
+        path = self.directory / RECORDS_FILE
         if not path.exists():
             return
         raw = path.read_bytes()
         lines = raw.splitlines(keepends=True)
-        records = _decode(lines, _read(self.directory / "tokens.bin"), _read(self.directory / "logprobs.bin"))
+        records = decode(lines, read_file(self.directory / TOKENS_FILE), read_file(self.directory / LOGPROBS_FILE))
         for record in records:
             self.store.encode(record)
         kept, seen = 0, 0
@@ -210,8 +70,8 @@ class _Session:
                 break
             kept += len(line)
             seen += bool(line.strip())
-        sizes = {"records.jsonl": kept, "tokens.bin": 4 * self.store.token_count,
-                 "logprobs.bin": 8 * self.store.logprob_count}
+        sizes = {RECORDS_FILE: kept, TOKENS_FILE: 4 * self.store.token_count,
+                 LOGPROBS_FILE: 8 * self.store.logprob_count}
         for name, size in sizes.items():
             target = self.directory / name
             if target.exists() and target.stat().st_size > size:
@@ -224,7 +84,7 @@ class _Session:
             self.lines.append(line)
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        for name, payload in (("tokens.bin", tokens), ("logprobs.bin", logprobs), ("records.jsonl", line)):
+        for name, payload in ((TOKENS_FILE, tokens), (LOGPROBS_FILE, logprobs), (RECORDS_FILE, line)):
             with open(self.directory / name, "ab") as fh:
                 fh.write(payload)
                 fh.flush()
@@ -233,22 +93,13 @@ class _Session:
 
     def read(self) -> list[CompletionRecord]:
         if self.directory is None:
-            return _decode(self.lines, bytes(self.tokens), bytes(self.logprobs))
+            return decode(self.lines, bytes(self.tokens), bytes(self.logprobs))
         return read_session(self.directory)
 
     def stored_bytes(self) -> int:
         if self.directory is None:
             return sum(map(len, self.lines)) + len(self.tokens) + len(self.logprobs)
-        return _stored_bytes(self.directory)
-
-
-def _read(path: Path) -> bytes:
-    return path.read_bytes() if path.exists() else b""
-
-
-def _stored_bytes(directory: Path) -> int:
-    return sum((directory / n).stat().st_size for n in ("records.jsonl", "tokens.bin", "logprobs.bin")
-               if (directory / n).exists())
+        return stored_bytes(self.directory)
 
 
 class _Writer:
@@ -297,10 +148,6 @@ def _set_exception(fut: asyncio.Future[None], exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
 
-
-#: a session's journal streams live under ``<root>/<session>/attempts/<attempt>/``; this file names the latest
-CURRENT_ATTEMPT = "current-attempt"
-ATTEMPTS_DIR = "attempts"
 
 _Key = tuple[str, str | None]
 
@@ -406,7 +253,7 @@ class CaptureJournal:
         attempt = self._latest.get(session_id)
         base = self.session_dir(session_id)
         if attempt is None and base is not None:
-            attempt = await asyncio.to_thread(_read_pointer, base)
+            attempt = await asyncio.to_thread(read_current_attempt, base)
         return attempt
 
     async def attempts(self, session_id: str) -> dict[str, int]:
@@ -414,7 +261,7 @@ class CaptureJournal:
         base = self.session_dir(session_id)
         if base is None:
             return {a: s.store.count for (sid, a), s in self._sessions.items() if sid == session_id and a}
-        return await asyncio.to_thread(_count_attempts, base / ATTEMPTS_DIR)
+        return await asyncio.to_thread(count_attempts, base)
 
     # -- records ---------------------------------------------------------------------------------------------
 
@@ -440,7 +287,7 @@ class CaptureJournal:
         session = self._sessions.get(key)
         if session is None:
             directory = self.stream_dir(session_id, attempt)
-            if directory is None or not await asyncio.to_thread((directory / "records.jsonl").exists):
+            if directory is None or not await asyncio.to_thread((directory / RECORDS_FILE).exists):
                 return []
             return await asyncio.to_thread(read_session, directory)  # evicted or never opened: from disk
         session.users += 1
@@ -460,7 +307,7 @@ class CaptureJournal:
         if session is not None:
             return session.stored_bytes()
         directory = self.stream_dir(session_id, attempt)
-        return _stored_bytes(directory) if directory is not None and directory.exists() else 0
+        return stored_bytes(directory) if directory is not None and directory.exists() else 0
 
     def close(self) -> None:
         if self._writer is not None:
@@ -472,22 +319,3 @@ def _write_pointer(base: Path, attempt: str) -> None:
     tmp = base / f".{CURRENT_ATTEMPT}.tmp"
     tmp.write_text(attempt)
     os.replace(tmp, base / CURRENT_ATTEMPT)
-
-
-def _read_pointer(base: Path) -> str | None:
-    try:
-        return (base / CURRENT_ATTEMPT).read_text().strip() or None
-    except FileNotFoundError:
-        return None
-
-
-def _count_attempts(attempts_dir: Path) -> dict[str, int]:
-    if not attempts_dir.is_dir():
-        return {}
-    out = {}
-    for directory in sorted(attempts_dir.iterdir()):
-        records = directory / "records.jsonl"
-        out[directory.name] = sum(1 for line in _read(records).splitlines() if line.strip())
-    return out
-
-

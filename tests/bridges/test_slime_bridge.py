@@ -16,10 +16,10 @@ import pytest
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.bridges.slime import fill_group, generate_rollout, group_task
+from polar_gym.journal import read_session
 from polar_gym.launch.config import InferenceSettings
 from polar_gym.launch.local import local_fleet
 from polar_gym.merge.cli import find_journals
-from polar_gym.proxy.capture import read_session
 from polar_gym.schema import PrepareAction, RuntimeSpec, SessionResult, SessionStatus, Trace, Trajectory
 from polar_gym.tasks import DEMO_TASKS
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polar_gym.proxy.capture import CaptureJournal, common_prefix, read_session
+from polar_gym.journal import common_prefix, read_session
+from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.schema import CompletionRecord
 
 
