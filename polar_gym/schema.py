@@ -28,6 +28,7 @@ __all__ = [
     "CompletionSession",
     "EvalResult",
     "EvaluatorSpec",
+    "OracleScript",
     "PrepareAction",
     "RuntimeSpec",
     "SessionResult",
@@ -106,6 +107,14 @@ class EvaluatorSpec(_Model):
     strategy: str = "session_completed"
     refresh_runtime: bool = False
     config: _Open = Field(default_factory=_Open)
+
+
+class OracleScript(_Model):
+    """A task's reference solution, played by the oracle engine: shell commands to run in order, then a final text
+    answer. It travels in the task's ``metadata["oracle"]``."""
+
+    commands: list[str] = Field(default_factory=list)
+    final_answer: str = "Done."
 
 
 class TaskMetadata(_Open):

@@ -175,10 +175,11 @@ def _proxy(tokenizer: ChatTokenizer, capture: Path, key: str) -> Iterator[tuple[
 
     from polar_gym.proxy.app import create_app
     from polar_gym.proxy.capture import CaptureJournal
-    from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+    from polar_gym.proxy.engines.oracle import OracleEngine
     from polar_gym.proxy.service import ProxyService, SessionInfo, SessionRegistry
+    from polar_gym.schema import OracleScript
 
-    engine = OracleEngine(tokenizer, default_script=OracleScript(COMMANDS, FINAL_ANSWER))
+    engine = OracleEngine(tokenizer, default_script=OracleScript(commands=COMMANDS, final_answer=FINAL_ANSWER))
     journal = CaptureJournal(capture)
     service = ProxyService(engine, journal, SessionRegistry(allow_adhoc=True), model_names=[MODEL])
     service.sessions.register(SessionInfo(key, MODEL))  # marks calls with another model name as side requests

@@ -21,8 +21,9 @@ from polar_gym.launch.local import EmbeddedServer
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.schema import OracleScript
 
 ADMIN = "test-admin-token"
 SCRIPT = OracleScript(commands=["echo hello > out.txt", "cat out.txt"], final_answer="All done: out.txt holds hello.")

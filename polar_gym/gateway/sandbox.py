@@ -36,7 +36,6 @@ from polar_gym.gateway.session import Session
 from polar_gym.gateway.stages import Stages
 from polar_gym.harness.base import Harness, HarnessContext
 from polar_gym.merge import apply_rewards, build_trajectory
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
 from polar_gym.proxy.service import CallFailures, ProxyService, SessionInfo, new_session_key
 from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
 from polar_gym.runtime.base import SESSION_MOUNT, Runtime, request_option_error
@@ -92,7 +91,7 @@ class SandboxStages(Stages):
     def _builder_spec(self, spec: SessionSpec) -> BuilderSpec:
         """The spec's builder, with end-of-turn IDs defaulting to the engine tokenizer's (as the proxy's route)."""
         options = dict(spec.builder.config)
-        eot = getattr(getattr(self.service.engine, "tokenizer", None), "end_of_turn_ids", None)
+        eot = self.service.engine.end_of_turn_ids
         if eot and "end_of_turn_ids" not in options:
             options["end_of_turn_ids"] = list(eot)
         return BuilderSpec(strategy=spec.builder.strategy, config=options)
@@ -223,11 +222,9 @@ class SandboxStages(Stages):
         spec = s.spec
         ctx: HarnessContext = s.scratch["harness_ctx"]
         metadata = spec.metadata.model_dump()
+        self.service.engine.open_session(spec.session_id, metadata)  # a bad oracle script fails before the key
         self.service.sessions.register(SessionInfo(spec.session_id, spec.agent.model_name, metadata,
                                                    attempt=s.attempt_id, key=ctx.api_key))
-        oracle = metadata.get("oracle")
-        if isinstance(oracle, dict) and isinstance(self.service.engine, OracleEngine):
-            self.service.engine.set_script(spec.session_id, OracleScript(**oracle))
 
     def _revoke(self, session_id: str) -> None:
         """The session's key stops working (a later call gets a 401; its captures need the admin token)."""

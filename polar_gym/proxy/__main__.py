@@ -25,10 +25,11 @@ import uvicorn
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry, new_admin_token
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.registry import ENGINES
+from polar_gym.schema import OracleScript
 
 __all__ = ["add_proxy_arguments", "admin_token_from", "build_engine", "build_service", "main", "parse_args",
            "write_secret"]

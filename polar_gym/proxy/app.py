@@ -21,13 +21,12 @@ from polar_gym.httpguard import (
     BodyGuard,
     TokenCheck,
     check_upstream_url,
-    excerpt,
     json_depth,
     safe_validation_errors,
 )
 from polar_gym.merge import MergeConfig, build_trajectory
 from polar_gym.proxy.detect import detect_provider, split_google_path
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.errors import AuthError, PayloadTooLarge, RequestError
 from polar_gym.proxy.providers.base import Route
 from polar_gym.proxy.service import ProxyService, Reply, SessionInfo, new_session_key, session_key
@@ -74,7 +73,7 @@ def _to_response(reply: Reply) -> Response:
     return Response(reply.body, status_code=reply.status, media_type=reply.media_type, headers=reply.headers)
 
 
-def _builder_spec(builder: str, config: str | None, engine: object) -> BuilderSpec:
+def _builder_spec(builder: str, config: str | None, engine: Engine) -> BuilderSpec:
     """The builder a trajectory request names: registered names only (a dotted path would import code chosen by the
     caller); end-of-turn IDs default to the engine tokenizer's."""
     if builder not in BUILDERS.names():
@@ -83,7 +82,7 @@ def _builder_spec(builder: str, config: str | None, engine: object) -> BuilderSp
         options = orjson.loads(config) if config else {}
         if not isinstance(options, dict):
             raise ValueError("config must be a JSON object")
-        eot = getattr(getattr(engine, "tokenizer", None), "end_of_turn_ids", None)
+        eot = engine.end_of_turn_ids
         if eot and "end_of_turn_ids" not in options:
             options["end_of_turn_ids"] = list(eot)
         MergeConfig.from_dict(options)
@@ -244,16 +243,10 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
         require_admin(request)
         if json_depth([body.metadata, body.oracle]) > MAX_JSON_DEPTH:
             raise RequestError(f"session metadata nests JSON deeper than {MAX_JSON_DEPTH} levels")
-        script = None
-        if body.oracle is not None and isinstance(service.engine, OracleEngine):
-            try:
-                script = OracleScript(**body.oracle)
-            except (TypeError, ValueError) as exc:
-                raise RequestError(f"invalid oracle script: {excerpt(exc)}") from exc
+        # the engine reads what it needs (the oracle its script) and refuses bad metadata before the key exists
+        service.engine.open_session(body.session_id, {**body.metadata, "oracle": body.oracle})
         key = new_session_key()  # a fresh secret, never the session id (invariant 7)
         service.sessions.register(SessionInfo(body.session_id, body.model_name, body.metadata, key=key))
-        if script is not None:
-            service.engine.set_script(body.session_id, script)
         return {"registered": body.session_id, "api_key": key}
 
     @app.delete("/admin/sessions/{session_id}")

@@ -15,6 +15,7 @@ __all__ = [
     "ChatRequest",
     "ChatResult",
     "ContentPart",
+    "FinishReason",
     "FunctionCall",
     "Tool",
     "ToolCall",
@@ -22,6 +23,10 @@ __all__ = [
     "collapse_parts",
     "message_text",
 ]
+
+
+#: why the engine stopped sampling (OpenAI's names; each provider maps them onto its own)
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
 class _Data(BaseModel):
@@ -121,7 +126,7 @@ class ChatResult(_Data):
     """An engine's answer: the assistant message plus the exact token data behind it."""
 
     message: ChatMessage
-    finish_reason: Literal["stop", "length", "tool_calls", "content_filter"] = "stop"
+    finish_reason: FinishReason = "stop"
     prompt_ids: list[int] = Field(default_factory=list)
     response_ids: list[int] = Field(default_factory=list)
     response_logprobs: list[float] = Field(default_factory=list)

@@ -3,6 +3,7 @@
     ProxyError                       (500)
     ├── RequestError                 (400) malformed JSON, wrong types, unknown fields in strict mode
     │   ├── PayloadTooLarge          (413)
+    │   ├── SessionMetadataError     (400) a session's metadata the engine needs is invalid (an oracle script)
     │   └── UnsupportedRoute         (404)
     ├── AuthError                    (401) missing or unknown session key
     └── UpstreamError                (502) the engine answered garbage or an error
@@ -27,6 +28,7 @@ __all__ = [
     "PayloadTooLarge",
     "ProxyError",
     "RequestError",
+    "SessionMetadataError",
     "UnsupportedRoute",
     "UpstreamError",
     "UpstreamTimeout",
@@ -55,6 +57,10 @@ class RequestError(ProxyError):
 class PayloadTooLarge(RequestError):
     status = 413
     kind = "too_large"
+
+
+class SessionMetadataError(RequestError):
+    """Raised by :meth:`Engine.open_session` for metadata it cannot use; a session registration answers 400."""
 
 
 class UnsupportedRoute(RequestError):

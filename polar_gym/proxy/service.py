@@ -445,14 +445,10 @@ class ProxyService:
 
     def forget(self, session_id: str) -> None:
         """Drop what the service keeps per session once the session is over (its key is revoked or an ad-hoc
-        session aged out): the engine pool's sticky server and an oracle script. The journal stays on disk."""
-        engine = self.engine
-        pool = getattr(engine, "pool", None)
-        if pool is not None:
-            pool.forget(session_id)
-        scripts = getattr(engine, "scripts", None)
-        if isinstance(scripts, dict):
-            scripts.pop(session_id, None)
+        session aged out): the engine pool's sticky server and what the engine keeps for it (an oracle script).
+        The journal stays on disk."""
+        self.engine.pool.forget(session_id)
+        self.engine.close_session(session_id)
         if not self._inflight.get(session_id):
             self._idle.pop(session_id, None)
 

@@ -13,20 +13,18 @@ import json
 import posixpath
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from polar_gym.schema import (
     AgentSpec,
     BuilderSpec,
     EvaluatorSpec,
+    OracleScript,
     PrepareAction,
     RuntimeSpec,
     TaskMetadata,
     TaskRequest,
 )
-
-if TYPE_CHECKING:
-    from polar_gym.proxy.engines.oracle import OracleScript
 
 __all__ = ["DEMO_TASKS", "TEST_COMMAND", "DemoTask", "demo_task", "demo_tasks"]
 
@@ -84,8 +82,6 @@ class DemoTask:
 
     def oracle_script(self) -> OracleScript:
         """The reference solution as the oracle engine's script."""
-        from polar_gym.proxy.engines.oracle import OracleScript
-
         return OracleScript(commands=list(self.solution), final_answer=self.final_answer)
 
     def to_request(self, *, harness: str = "shell", model_name: str = "policy", runtime: RuntimeSpec | None = None,
@@ -98,7 +94,7 @@ class DemoTask:
         """
         base = runtime or RuntimeSpec()
         spec = base.model_copy(update={"prepare": [*base.prepare, *self.prepare_actions(base.workdir)]})
-        meta = TaskMetadata(oracle={"commands": list(self.solution), "final_answer": self.final_answer},
+        meta = TaskMetadata(oracle=self.oracle_script().model_dump(),
                             demo_task=self.task_id, **self.metadata)
         return TaskRequest(
             task_id=self.task_id,

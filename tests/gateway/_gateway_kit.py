@@ -26,10 +26,18 @@ from _serving import ADMIN, QuietServer, free_port
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
 from polar_gym.proxy.capture import CaptureJournal
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
+from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.runtime.base import GatewayEndpoint
-from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, PrepareAction, RuntimeSpec, SessionSpec
+from polar_gym.schema import (
+    AgentSpec,
+    BuilderSpec,
+    EvaluatorSpec,
+    OracleScript,
+    PrepareAction,
+    RuntimeSpec,
+    SessionSpec,
+)
 
 DOUBLES = "_gw_doubles"
 

@@ -17,10 +17,11 @@ from polar_gym.assets import tokenizer_dir
 from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
 from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import prefix_merging
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
-from polar_gym.schema import CompletionSession
+from polar_gym.proxy.engines.oracle import OracleEngine
+from polar_gym.schema import CompletionSession, OracleScript
 
-SCRIPT = OracleScript(["mkdir -p src", "echo 'print(1)' > src/main.py", "python3 src/main.py"], "Finished.")
+SCRIPT = OracleScript(commands=["mkdir -p src", "echo 'print(1)' > src/main.py", "python3 src/main.py"],
+                      final_answer="Finished.")
 CFG = MergeConfig()  # Qwen end-of-turn tokens
 
 

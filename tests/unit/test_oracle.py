@@ -9,7 +9,8 @@ from _fakes import ByteTokenizer
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, FunctionCall, Tool, ToolCall
-from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript, find_shell_tool, shell_arguments
+from polar_gym.proxy.engines.oracle import OracleEngine, find_shell_tool, shell_arguments
+from polar_gym.schema import OracleScript
 
 
 def tool(name: str, props: dict, required: list[str]) -> Tool:
@@ -61,7 +62,7 @@ def request(messages: list[ChatMessage], tools: list[Tool] | None = None, **kw) 
 
 
 async def test_plays_the_script_then_answers():
-    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(["a", "b"], "finished"))
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(commands=["a", "b"], final_answer="finished"))
     shell = HARNESS_SHELL_TOOLS["pi"]
     msgs = [ChatMessage(role="user", content="go")]
     commands = []
@@ -79,14 +80,14 @@ async def test_plays_the_script_then_answers():
 
 
 async def test_without_a_shell_tool_it_answers_in_text():
-    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(["a"], "text only"))
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(commands=["a"], final_answer="text only"))
     result = await engine.complete(request([ChatMessage(role="user", content="title?")], DECOYS), "s")
     assert result.message.tool_calls is None and result.text == "text only"
 
 
 async def test_per_session_scripts():
-    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(["default"]))
-    engine.set_script("special", OracleScript(["special-cmd"]))
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(commands=["default"]))
+    engine.set_script("special", OracleScript(commands=["special-cmd"]))
     shell = HARNESS_SHELL_TOOLS["opencode"]
     msgs = [ChatMessage(role="user", content="go")]
     a = await engine.complete(request(msgs, [shell]), "special")
@@ -96,7 +97,7 @@ async def test_per_session_scripts():
 
 
 async def test_max_tokens_stops_by_length():
-    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript([], "a long final answer"))
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(commands=[], final_answer="a long final answer"))
     result = await engine.complete(request([ChatMessage(role="user", content="x")], max_tokens=5), "s")
     assert result.finish_reason == "length" and len(result.response_ids) == 5
     assert 257 not in result.response_ids
@@ -113,8 +114,9 @@ def qwen():
 
 async def test_real_qwen_rendering_and_drift(qwen):
     assert qwen.end_of_turn_ids[0] == 151645
-    canonical = OracleEngine(qwen, default_script=OracleScript(["echo hello world > greeting.txt"]))
-    drifting = OracleEngine(qwen, default_script=OracleScript(["echo hello world > greeting.txt"]), drift_every=1)
+    script = OracleScript(commands=["echo hello world > greeting.txt"])
+    canonical = OracleEngine(qwen, default_script=script)
+    drifting = OracleEngine(qwen, default_script=script, drift_every=1)
     shell = HARNESS_SHELL_TOOLS["claude_code"]
     req = request([ChatMessage(role="system", content="You are a coder."), ChatMessage(role="user", content="go")],
                   [shell])

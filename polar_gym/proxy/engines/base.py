@@ -3,6 +3,10 @@
 HTTP engines share one shape: lease a server from the pool, build a body (pure), post it through the one injected
 ``httpx.AsyncClient``, parse the answer (pure). Subclasses only supply ``build`` and ``parse``.
 
+What callers need to know of an engine it declares here rather than being asked by its class: the token IDs that end
+an assistant turn (``end_of_turn_ids``, the builders' default) and per-session state it keeps (``open_session`` /
+``close_session``, the oracle's scripts).
+
 An upstream's HTTP error is mapped by status: 400/413/422 mean the engine refused this request (a prompt longer than
 the context, say), which the harness must see as its own 400 rather than retry; 429/503 mean the server is
 momentarily unavailable; anything else is an upstream failure (502).
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import httpx
@@ -59,6 +64,21 @@ class Engine(abc.ABC):
 
     async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
         return approx_token_count(request)
+
+    @property
+    def end_of_turn_ids(self) -> tuple[int, ...] | None:
+        """The token IDs that end an assistant turn of the served model (the trajectory builders' default); None
+        when the engine does not know them (it holds no tokenizer)."""
+        return None
+
+    def open_session(self, session_id: str, metadata: Mapping[str, Any]) -> None:
+        """A session starts being served; ``metadata`` is its task metadata. Raises
+        :class:`~polar_gym.proxy.errors.SessionMetadataError` when the metadata the engine reads is invalid."""
+        return None
+
+    def close_session(self, session_id: str) -> None:
+        """The session is over: drop what the engine keeps for it."""
+        return None
 
     async def aclose(self) -> None:
         return None

@@ -12,15 +12,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
+
+import pydantic
 
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FunctionCall, Tool, ToolCall, Usage
 from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.errors import SessionMetadataError, validation_message
 from polar_gym.proxy.tokenizer import ChatTokenizer, template_messages
 from polar_gym.proxy.upstreams import UpstreamPool
+from polar_gym.schema import OracleScript
 
-__all__ = ["OracleEngine", "OracleScript", "find_shell_tool", "shell_arguments"]
+__all__ = ["OracleEngine", "find_shell_tool", "oracle_script", "shell_arguments"]
 
 #: tool names harnesses give their shell tool, most specific first
 SHELL_TOOL_NAMES = ("bash", "Bash", "shell", "run_shell_command", "exec_command", "shell_command", "local_shell",
@@ -29,12 +33,16 @@ ORACLE_SERVER = "oracle://local"
 _COMMAND_KEYS = ("command", "cmd", "script", "commands")
 
 
-@dataclass
-class OracleScript:
-    """A task's reference solution: shell commands to run in order, then a final text answer."""
-
-    commands: list[str] = field(default_factory=list)
-    final_answer: str = "Done."
+def oracle_script(metadata: Mapping[str, Any]) -> OracleScript | None:
+    """The script in a session's metadata (``metadata["oracle"]``; None: it has none); SessionMetadataError, naming
+    the bad field, when it is not one."""
+    raw = metadata.get("oracle")
+    if raw is None:
+        return None
+    try:
+        return OracleScript.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise SessionMetadataError(f"invalid oracle script: {validation_message(exc)}") from exc
 
 
 def _command_key(tool: Tool) -> str | None:
@@ -112,6 +120,21 @@ class OracleEngine(Engine):
         self.drift_every = drift_every
         self.think = think
         self._calls = 0
+
+    @property
+    def end_of_turn_ids(self) -> tuple[int, ...]:
+        return tuple(self.tokenizer.end_of_turn_ids)
+
+    def open_session(self, session_id: str, metadata: Mapping[str, Any]) -> None:
+        """Play the session's own script (``metadata["oracle"]``), else the default one."""
+        script = oracle_script(metadata)
+        if script is None:
+            self.scripts.pop(session_id, None)
+        else:
+            self.scripts[session_id] = script
+
+    def close_session(self, session_id: str) -> None:
+        self.scripts.pop(session_id, None)
 
     def set_script(self, session_id: str, script: OracleScript) -> None:
         self.scripts[session_id] = script

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FunctionCall, ToolCall, Usage
+from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FinishReason, FunctionCall, ToolCall, Usage
 from polar_gym.proxy.engines.base import HttpEngine
 from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, usage_in
 from polar_gym.proxy.tokenizer import ChatTokenizer, template_messages
@@ -31,7 +31,7 @@ from polar_gym.proxy.upstreams import UpstreamPool
 __all__ = ["SGLangEngine", "SGLangGenerateEngine", "output_tokens_in", "parse_qwen_text", "sampling_params"]
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_GENERATE_FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+_GENERATE_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop"}
 
 
 def output_tokens_in(meta_info: dict[str, Any]) -> tuple[list[int], list[float]]:
@@ -146,6 +146,10 @@ class SGLangGenerateEngine(SGLangEngine):
         super().__init__(pool, client, timeout, upstream_model=upstream_model)
         self.tokenizer = tokenizer
 
+    @property
+    def end_of_turn_ids(self) -> tuple[int, ...]:
+        return tuple(self.tokenizer.end_of_turn_ids)
+
     def build(self, request: ChatRequest) -> dict[str, Any]:
         messages, tools = template_messages(request)
         return {"input_ids": self.tokenizer.render(messages, tools), "sampling_params": sampling_params(request),
@@ -166,12 +170,13 @@ class SGLangGenerateEngine(SGLangEngine):
             raise ValueError("output_ids and meta_info.output_token_logprobs disagree")
         text = body.get("text")
         message = parse_qwen_text(text if isinstance(text, str) else self.tokenizer.decode(response_ids))
-        reason = _GENERATE_FINISH.get(str((meta.get("finish_reason") or {}).get("type") or "stop"), "stop")
+        stopped = str((meta.get("finish_reason") or {}).get("type") or "stop")
+        reason: FinishReason = _GENERATE_FINISH.get(stopped, "stop")
         if message.tool_calls and reason == "stop":
             reason = "tool_calls"
         result = ChatResult(
             message=message,
-            finish_reason=reason,  # type: ignore[arg-type]
+            finish_reason=reason,
             prompt_ids=list(prompt_ids),
             response_ids=response_ids,
             response_logprobs=logprobs,
