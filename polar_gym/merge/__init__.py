@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar_gym.merge.base import QWEN_END_OF_TURN_IDS, MergeConfig
+from polar_gym.merge.base import QWEN_END_OF_TURN_IDS, Builder, MergeConfig
 from polar_gym.merge.exports import (
     ContiguityError,
     NemoOutputItem,
@@ -45,5 +45,5 @@ __all__ = [
 def build_trajectory(session: CompletionSession, spec: BuilderSpec | str = "prefix_merging") -> Trajectory:
     """Build ``session`` with the builder ``spec`` names (``spec.config`` holds MergeConfig fields)."""
     spec = BuilderSpec(strategy=spec) if isinstance(spec, str) else spec
-    builder = BUILDERS.get(spec.strategy)
-    return builder(session, MergeConfig.from_dict(spec.config))  # type: ignore[no-any-return]
+    builder: Builder = BUILDERS.get(spec.strategy)
+    return builder(session, MergeConfig.from_dict(spec.config))

@@ -10,21 +10,23 @@
         ├── UpstreamUnavailable      (503) no server, connection refused, paused past the wait limit
         └── UpstreamTimeout          (504)
 
-Handlers raise these; ``error_response`` is the one place that turns one into the body and status a harness of the
-given provider expects, so an SDK surfaces a readable error instead of a parse failure.
+Handlers raise these; ``error_body`` is the one place that turns one into the body and status a harness expects,
+in one of three error styles (each provider declares its own), so an SDK surfaces a readable error instead of a
+parse failure.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pydantic
 
 __all__ = [
     "AuthError",
+    "ErrorStyle",
     "PayloadTooLarge",
     "ProxyError",
     "RequestError",
@@ -34,7 +36,7 @@ __all__ = [
     "UpstreamTimeout",
     "UpstreamUnavailable",
     "error_body",
-    "error_event",
+    "error_type",
     "translate_upstream_errors",
     "validation_message",
 ]
@@ -120,30 +122,29 @@ _GOOGLE_STATUS = {
 }
 
 
-def error_body(exc: ProxyError, provider: str) -> tuple[int, dict[str, Any]]:
-    """The status and JSON body of ``exc`` in the error shape of ``provider``."""
-    if provider == "anthropic":
-        return exc.status, {"type": "error", "error": {"type": _ANTHROPIC_TYPES[exc.kind], "message": exc.message}}
-    if provider == "google":
+#: the error body shapes of the provider APIs (a provider declares which one its SDKs parse)
+ErrorStyle = Literal["openai", "anthropic", "google"]
+_TYPES: dict[ErrorStyle, dict[str, str]] = {"openai": _OPENAI_TYPES, "anthropic": _ANTHROPIC_TYPES,
+                                            "google": _GOOGLE_STATUS}
+
+
+def error_type(exc: ProxyError, style: ErrorStyle) -> str:
+    """The error's type name in ``style`` (OpenAI's ``type``, Anthropic's ``error.type``, Google's ``status``)."""
+    return _TYPES[style][exc.kind]
+
+
+def error_body(exc: ProxyError, style: ErrorStyle) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of ``exc`` in the error shape ``style``."""
+    if style == "anthropic":
+        return exc.status, {"type": "error", "error": {"type": error_type(exc, style), "message": exc.message}}
+    if style == "google":
         return exc.status, {
-            "error": {"code": exc.status, "message": exc.message, "status": _GOOGLE_STATUS[exc.kind]}
+            "error": {"code": exc.status, "message": exc.message, "status": error_type(exc, style)}
         }
     code = "invalid_api_key" if isinstance(exc, AuthError) else None
     return exc.status, {
-        "error": {"message": exc.message, "type": _OPENAI_TYPES[exc.kind], "param": None, "code": code}
+        "error": {"message": exc.message, "type": error_type(exc, style), "param": None, "code": code}
     }
-
-
-def error_event(exc: ProxyError, provider: str) -> tuple[str | None, dict[str, Any]]:
-    """An error inside a stream that already answered 200 (SSE event name and data), in the provider's grammar."""
-    style = {"anthropic": "anthropic", "google": "google"}.get(provider, "openai")
-    _, body = error_body(exc, style)
-    if provider == "anthropic":
-        return "error", body
-    if provider == "openai_responses":
-        return "error", {"type": "error", "code": _OPENAI_TYPES[exc.kind], "message": exc.message, "param": None,
-                         "sequence_number": 0}
-    return None, body
 
 
 def validation_message(exc: pydantic.ValidationError) -> str:

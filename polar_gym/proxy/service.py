@@ -12,7 +12,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,19 +30,15 @@ from polar_gym.proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
     error_body,
-    error_event,
 )
-from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, encode_sse
-from polar_gym.registry import PROVIDERS
+from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, encode_sse
+from polar_gym.registry import PROVIDERS, RegistryError
 from polar_gym.schema import CompletionRecord
 
 __all__ = ["CallFailures", "ProxyService", "Reply", "SessionInfo", "SessionRegistry", "failure_cause",
            "new_admin_token", "new_session_key", "session_key"]
 
 log = logging.getLogger("polar_gym.proxy")
-
-_ID_PREFIX = {"anthropic": "msg_", "openai_chat": "chatcmpl-", "openai_responses": "resp_", "google": ""}
-_ERROR_STYLE = {"anthropic": "anthropic", "google": "google"}
 
 
 @dataclass
@@ -229,7 +225,7 @@ class ProxyService:
         self.max_tokens_cap = max_tokens_cap
         self.keepalive_after = keepalive_after
         self.keepalive_interval = keepalive_interval
-        self.providers: dict[str, Provider] = {}
+        self.providers: dict[str, Provider[Any]] = {}
         self._background: set[asyncio.Future[Reply]] = set()
         self._inflight: dict[str, int] = {}  # model calls per session not yet journaled (see wait_idle)
         self._idle: dict[str, asyncio.Event] = {}
@@ -239,14 +235,21 @@ class ProxyService:
         self.call_failures: collections.OrderedDict[str, CallFailures] = collections.OrderedDict()
         self.max_tracked_failures = 10_000
 
-    def provider(self, name: str) -> Provider:
+    def provider(self, name: str) -> Provider[Any]:
         provider = self.providers.get(name)
         if provider is None:
-            provider = self.providers[name] = PROVIDERS.get(name)()
+            cls = PROVIDERS.get(name)
+            if not (isinstance(cls, type) and issubclass(cls, Provider)):
+                raise RegistryError(f"provider {name!r} is not a Provider")
+            provider = self.providers[name] = cls()
         return provider
 
     def error_reply(self, exc: ProxyError, provider: str) -> Reply:
-        status, body = error_body(exc, _ERROR_STYLE.get(provider, "openai"))
+        """``exc`` in the error shape of ``provider`` (OpenAI's when no such provider exists)."""
+        try:
+            status, body = self.provider(provider).error_body(exc)
+        except RegistryError:
+            status, body = error_body(exc, "openai")
         return Reply(status, orjson.dumps(body))
 
     def _read_body(self, raw: bytes) -> Any:
@@ -257,7 +260,7 @@ class ProxyService:
         except orjson.JSONDecodeError as exc:
             raise RequestError(f"malformed JSON body: {exc}") from exc
 
-    def _parse(self, provider: Provider, body: Any, route: Route) -> Inbound:
+    def _parse(self, provider: Provider[Any], body: Any, route: Route) -> Inbound[Any]:
         if not isinstance(body, dict):
             raise RequestError(f"request body must be a JSON object, got {type(body).__name__}")
         inbound = provider.parse(body, route)
@@ -280,8 +283,8 @@ class ProxyService:
             body = self._read_body(raw)
             inbound = self._parse(provider, body, route)
             work = self._counted(info.session_id, self._complete(provider, inbound, body, info, route))
-            if inbound.stream and self.keepalive_after is not None and not inbound.options.get("stream_json_array"):
-                return await self._stream_with_keepalive(provider.name, work)
+            if inbound.stream and self.keepalive_after is not None and not inbound.stream_json_array:
+                return await self._stream_with_keepalive(provider, work)
             return await work
         except ProxyError as exc:
             self.stats["errors"] += 1
@@ -292,11 +295,11 @@ class ProxyService:
             return self.error_reply(ProxyError(f"internal proxy error: {exc.__class__.__name__}: {exc}"),
                                     provider_name)
 
-    async def _counted(self, session_id: str, work: Any) -> Reply:
+    async def _counted(self, session_id: str, work: Awaitable[Reply]) -> Reply:
         """Count the call as in flight until it is journaled, even when it finishes after the harness hung up."""
         self._inflight[session_id] = self._inflight.get(session_id, 0) + 1
         try:
-            return await work  # type: ignore[no-any-return]
+            return await work
         finally:
             self._inflight[session_id] -= 1
             if self._inflight[session_id] <= 0:
@@ -339,7 +342,7 @@ class ProxyService:
             return False
         return True
 
-    async def _stream_with_keepalive(self, provider_name: str, work: Any) -> Reply:
+    async def _stream_with_keepalive(self, provider: Provider[Any], work: Coroutine[Any, Any, Reply]) -> Reply:
         """A stream whose engine call is slow starts answering anyway: SSE comments keep the harness's idle timer
         from firing while the one upstream call runs. A fast call (the usual case) is answered all at once, so its
         errors still get a proper HTTP status; a late error is sent as the provider's in-stream error event."""
@@ -360,15 +363,14 @@ class ProxyService:
                     continue
                 except ProxyError as exc:
                     self.stats["errors"] += 1
-                    event, data = error_event(exc, provider_name)
-                    yield encode_sse(SSEEvent(data, event))
+                    yield encode_sse(provider.stream_error(exc))
                     return
                 yield reply.body
                 return
 
         return Reply(200, b"", "text/event-stream", {"cache-control": "no-cache"}, stream=chunks())
 
-    async def _complete(self, provider: Provider, inbound: Inbound, body: dict[str, Any],
+    async def _complete(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
                         info: SessionInfo, route: Route) -> Reply:
         started = time.time()
         t0 = time.perf_counter()
@@ -398,9 +400,8 @@ class ProxyService:
             failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
             self._note_call(info.session_id, failure, "engine_error")
             raise failure from exc
-        ctx = RenderContext(response_id=_ID_PREFIX.get(provider.name, "") + uuid.uuid4().hex[:24],
-                            created=int(started))
-        if inbound.stream and inbound.options.get("stream_json_array"):
+        ctx = RenderContext(response_id=provider.id_prefix + uuid.uuid4().hex[:24], created=int(started))
+        if inbound.stream and inbound.stream_json_array:
             # Google's streamGenerateContent without alt=sse: the same chunks, as one JSON array.
             events = provider.stream(result, inbound, ctx)
             reply = Reply(200, orjson.dumps([e.data for e in events]))
@@ -433,9 +434,9 @@ class ProxyService:
             body = self._read_body(raw)
             if not isinstance(body, dict):
                 raise RequestError("request body must be a JSON object")
-            inbound = provider.parse_count(body, route)  # type: ignore[attr-defined]
+            inbound = provider.parse_count(body, route)  # UnsupportedRoute when the protocol has no such call
             count = await self.engine.count_tokens(inbound.chat, info.session_id)
-            return Reply(200, orjson.dumps(provider.render_count(count)))  # type: ignore[attr-defined]
+            return Reply(200, orjson.dumps(provider.render_count(count)))
         except ProxyError as exc:
             return self.error_reply(exc, provider_name)
 

@@ -7,6 +7,7 @@ vocabulary and the Qwen3 chat template). Tests of pure logic use the round-tripp
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -77,7 +78,10 @@ class HFChatTokenizer:
             self.end_of_turn_ids.append(int(self._tok.eos_token_id))
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        text = self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        schemas: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools is not None else None
+        text = self._tok.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=False)
+        if not isinstance(text, str):  # tokenize=False renders text; anything else is a transformers change
+            raise TypeError(f"the chat template rendered {type(text).__name__}, not text")
         return self.encode(text)
 
     def encode(self, text: str) -> list[int]:

@@ -238,7 +238,7 @@ def test_unknown_fields_are_reported_and_known_ones_are_not():
     (None, False)])
 def test_thinking_option(thinking, shown):
     inbound = parse(**({"thinking": thinking} if thinking else {}))
-    assert inbound.options["thinking"] is shown
+    assert inbound.render_state.thinking is shown
 
 
 def test_structured_output_becomes_response_format():
@@ -514,5 +514,5 @@ def test_recorded_claude_code_requests_translate_append_only():
     assert BILLING_NOTE in a.normalizations and BILLING_NOTE in b.normalizations
     assert "x-anthropic-billing-header" not in (a.chat.messages[0].content or "")
     assert b.chat.messages[: len(a.chat.messages)] == a.chat.messages  # the conversation only grows
-    assert a.chat.tools == b.chat.tools and a.options["thinking"] is True
+    assert a.chat.tools == b.chat.tools and a.render_state.thinking is True
     assert [m.role for m in b.chat.messages][-2:] == ["assistant", "tool"]

@@ -15,7 +15,7 @@ from polar_gym.proxy.chat import ChatMessage, ChatResult, FunctionCall, ToolCall
 from polar_gym.proxy.errors import RequestError, UnsupportedRoute
 from polar_gym.proxy.providers.base import RenderContext, Route
 from polar_gym.proxy.providers.google import GoogleProvider, protocol, translate
-from polar_gym.proxy.providers.google.translate import derived_call_id, lower_schema
+from polar_gym.proxy.providers.google.translate import GoogleRenderState, derived_call_id, lower_schema
 from polar_gym.proxy.providers.reasoning import encode_signature
 
 P = GoogleProvider()
@@ -156,7 +156,7 @@ def test_camel_and_snake_case_parse_alike():
              "tool_config": {"function_calling_config": {"mode": "ANY", "allowed_function_names": ["f"]}},
              "tools": [{"function_declarations": [{"name": "f", "parameters_json_schema": {"type": "object"}}]}]}
     a, b = parse(camel), parse(snake)
-    assert a.chat == b.chat and a.options == b.options and a.options["include_thoughts"] is True
+    assert a.chat == b.chat and a.render_state == b.render_state and a.render_state.include_thoughts is True
     assert a.chat.max_tokens == 7 and a.chat.top_k == 3 and a.chat.stop == ["X"]
     assert a.chat.tool_choice == {"type": "function", "function": {"name": "f"}}
     assert a.chat.messages[0].content == "sys"
@@ -210,7 +210,7 @@ def test_idless_calls_get_positional_ids_and_responses_match_by_name_and_order()
     assert ids == [derived_call_id("read", 1, 0), derived_call_id("shell", 1, 1), derived_call_id("read", 1, 2)]
     assert [(m["tool_call_id"], m["content"]) for m in out[2:]] == [(ids[0], "A"), (ids[2], "B"), (ids[1], "S")]
     assert json.loads(out[1]["tool_calls"][0]["function"]["arguments"]) == {"p": "a"}
-    assert parse(body).options["call_ids"] is False  # this client does not round-trip ids
+    assert parse(body).render_state.call_ids is False  # this client does not round-trip ids
 
 
 def test_responses_match_by_id_in_any_order():
@@ -218,7 +218,7 @@ def test_responses_match_by_id_in_any_order():
                          user(answer("f", "second", id="x2"), answer("f", "first", id="x1"))]}
     out = messages(body)
     assert [(m["tool_call_id"], m["content"]) for m in out[2:]] == [("x2", "second"), ("x1", "first")]
-    assert parse(body).options["call_ids"] is True
+    assert parse(body).render_state.call_ids is True
 
 
 def test_unknown_response_id_falls_back_to_name_and_orphans_are_noted():
@@ -324,7 +324,7 @@ def test_generation_config_and_response_format():
         "type": "object", "properties": {"a": {"type": ["string", "null"]}}}}}
     assert "generationConfig.presence_penalty: not forwarded" in inbound.normalizations
     assert any("thinkingConfig" in n for n in inbound.normalizations)
-    assert inbound.options["include_thoughts"] is False
+    assert inbound.render_state.include_thoughts is False
     plain_json = parse({"contents": [user()], "generationConfig": {"responseMimeType": "application/json"}})
     assert plain_json.chat.response_format == {"type": "json_object"}
     raw_schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
@@ -344,9 +344,9 @@ def test_model_and_stream_modes():
     body = {"contents": [user()]}
     assert (parse(body).stream, parse(body).model) == (False, "gemini-2.5-pro")
     sse = P.parse(body, SSE)
-    assert sse.stream and "stream_json_array" not in sse.options
+    assert sse.stream and not sse.stream_json_array
     array = P.parse(body, Route("/v1/models/x:streamGenerateContent", model="x", action="streamGenerateContent"))
-    assert array.stream and array.options["stream_json_array"] is True
+    assert array.stream and array.stream_json_array is True
     prefixed = P.parse(body, Route("/v1beta/models/models/gem:generateContent", model="models/gem",
                                    action="generateContent"))
     assert prefixed.model == prefixed.chat.model == "gem"
@@ -399,7 +399,7 @@ def test_count_tokens_bodies():
 
 def _inbound(include_thoughts: bool = False, call_ids: bool = True):
     inbound = parse({"contents": [user()]})
-    inbound.options.update(include_thoughts=include_thoughts, call_ids=call_ids)
+    inbound.render_state = GoogleRenderState(include_thoughts=include_thoughts, call_ids=call_ids)
     return inbound
 
 

@@ -341,8 +341,8 @@ def test_options_echo_and_ignored_fields():
     assert inbound.ignored_fields == ["brand_new_field"]
     assert {"store", "metadata", "prompt_cache_key", "service_tier", "truncation", "user"} <= KNOWN_IGNORED
     assert inbound.chat.extra == {"chat_template_kwargs": {"enable_thinking": False}}
-    assert inbound.options["summary"] is True and inbound.options["encrypted"] is True
-    assert inbound.options["echo"]["reasoning"] == {"effort": "high", "summary": "auto"}
+    assert inbound.render_state.summary is True and inbound.render_state.encrypted is True
+    assert inbound.render_state.echo["reasoning"] == {"effort": "high", "summary": "auto"}
     assert inbound.normalizations == ["reasoning.effort 'high' echoed, not applied (the engine's template decides)"]
 
 
@@ -552,6 +552,6 @@ def test_recorded_codex_second_request_parses_to_the_expected_chat():
     assert assistant.tool_calls is not None and assistant.tool_calls[0].function.name == "exec_command"
     names = [t.name for t in inbound.chat.tools or []]
     assert "multi_agent_v1__spawn_agent" in names and "web_search" not in names
-    assert inbound.options["encrypted"] is True and inbound.options["summary"] is True
-    assert inbound.options["tool_kinds"]["namespaced"]["multi_agent_v1__spawn_agent"] == ["multi_agent_v1",
-                                                                                        "spawn_agent"]
+    assert inbound.render_state.encrypted is True and inbound.render_state.summary is True
+    assert inbound.render_state.tool_kinds.namespaced["multi_agent_v1__spawn_agent"] == ("multi_agent_v1",
+                                                                                          "spawn_agent")

@@ -1,5 +1,11 @@
 """What every front end provides: parse a request into the normalized chat form, render a result back, and
 describe a synthetic stream as typed events. All pure; the service does the I/O and the serialization.
+
+A provider also declares what the service needs to know of its protocol: the shape of its errors
+(``error_style``, ``stream_error``), the prefix of its response ids (``id_prefix``), and whether it has a
+token-counting call (``parse_count`` / ``render_count``). What rendering an answer needs to remember of the request
+(whether thinking was asked for, which tool names stand for custom tools...) is the provider's own typed render
+state, carried in :attr:`Inbound.render_state`.
 """
 
 from __future__ import annotations
@@ -7,15 +13,24 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import orjson
 import pydantic
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
-from polar_gym.proxy.errors import RequestError, validation_message
+from polar_gym.proxy.errors import (
+    ErrorStyle,
+    ProxyError,
+    RequestError,
+    UnsupportedRoute,
+    error_body,
+    validation_message,
+)
 
 M = TypeVar("M", bound=pydantic.BaseModel)
+#: a provider's render state (a small frozen dataclass of its own)
+S = TypeVar("S")
 
 __all__ = [
     "Inbound",
@@ -39,16 +54,19 @@ class Route:
 
 
 @dataclass
-class Inbound:
-    """A parsed request: the normalized chat request plus what rendering the answer needs to know."""
+class Inbound(Generic[S]):
+    """A parsed request: the normalized chat request plus what rendering the answer needs to know
+    (``render_state``, typed by the provider)."""
 
     provider: str
     model: str
     stream: bool
     chat: ChatRequest
+    render_state: S
     normalizations: list[str] = field(default_factory=list)
     ignored_fields: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
+    #: a streamed answer goes out as one JSON array of the chunks instead of SSE (Google without ``alt=sse``)
+    stream_json_array: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,21 +102,44 @@ def parse_model(model: type[M], body: Any) -> M:
         raise RequestError(validation_message(exc)) from exc
 
 
-class Provider(abc.ABC):
-    """A provider protocol. ``name`` is the registry key and the error style."""
+class Provider(abc.ABC, Generic[S]):
+    """A provider protocol, rendering with its own state type ``S``. ``name`` is the registry key."""
 
     name: ClassVar[str]
     #: the request field holding the conversation (journal prefix-sharing keys on it)
     conversation_field: ClassVar[str]
+    #: the shape of its error bodies (what its SDKs parse)
+    error_style: ClassVar[ErrorStyle] = "openai"
+    #: the prefix of the response ids it renders (``msg_``, ``chatcmpl-``, ``resp_``)
+    id_prefix: ClassVar[str] = ""
 
     @abc.abstractmethod
-    def parse(self, body: dict[str, Any], route: Route) -> Inbound:
+    def parse(self, body: dict[str, Any], route: Route) -> Inbound[S]:
         """Validate and translate a request; raise RequestError on bad input."""
 
     @abc.abstractmethod
-    def render(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> dict[str, Any]:
+    def render(self, result: ChatResult, inbound: Inbound[S], ctx: RenderContext) -> dict[str, Any]:
         """The non-streaming response body."""
 
     @abc.abstractmethod
-    def stream(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> Iterator[SSEEvent]:
+    def stream(self, result: ChatResult, inbound: Inbound[S], ctx: RenderContext) -> Iterator[SSEEvent]:
         """The events of a synthetic stream carrying exactly ``result``, in the provider's grammar."""
+
+    def error_body(self, exc: ProxyError) -> tuple[int, dict[str, Any]]:
+        """The status and body of ``exc`` as this provider's API answers an error."""
+        return error_body(exc, self.error_style)
+
+    def stream_error(self, exc: ProxyError) -> SSEEvent:
+        """``exc`` inside a stream that already answered 200, in the provider's stream grammar."""
+        return SSEEvent(error_body(exc, self.error_style)[1])
+
+    # -- token counting: optional; a protocol that has it overrides both -------------------------------------
+
+    def parse_count(self, body: dict[str, Any], route: Route) -> Inbound[S]:
+        """A token-counting request (Anthropic's count_tokens, Google's countTokens). The default: the protocol
+        has none, which the caller gets as a 404 in this provider's error shape."""
+        raise UnsupportedRoute(f"the {self.name} protocol has no token counting endpoint")
+
+    def render_count(self, count: int) -> dict[str, Any]:
+        """The answer to a token-counting request."""
+        raise UnsupportedRoute(f"the {self.name} protocol has no token counting endpoint")

@@ -24,7 +24,8 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -39,13 +40,14 @@ from polar_gym.proxy.chat import (
     ToolCall,
     collapse_parts,
 )
-from polar_gym.proxy.errors import RequestError
+from polar_gym.proxy.errors import ProxyError, RequestError, error_body
 from polar_gym.proxy.providers.anthropic.protocol import KNOWN_IGNORED, InMessage, MessagesRequest
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
 
 __all__ = [
     "BILLING_NOTE",
     "AnthropicProvider",
+    "AnthropicRenderState",
     "content_blocks",
     "messages_in",
     "stop_reason",
@@ -396,7 +398,7 @@ def content_blocks(result: ChatResult, thinking: bool) -> list[dict[str, Any]]:
     return blocks
 
 
-def stop_reason(result: ChatResult, stops: list[str] | None) -> tuple[str, str | None]:
+def stop_reason(result: ChatResult, stops: Sequence[str] | None) -> tuple[str, str | None]:
     """``(stop_reason, stop_sequence)``. Which stop sequence matched is known only when the engine reports it."""
     if result.finish_reason == "length":
         return "max_tokens", None
@@ -440,11 +442,23 @@ def _block_events(index: int, block: dict[str, Any]) -> Iterator[SSEEvent]:
     yield _event("content_block_stop", index=index)
 
 
-class AnthropicProvider(Provider):
+@dataclass(frozen=True)
+class AnthropicRenderState:
+    """What rendering an answer remembers of the request."""
+
+    #: the request enabled extended thinking (reasoning is rendered as thinking blocks)
+    thinking: bool = False
+    #: the request's stop sequences (a stop on one is reported as ``stop_sequence``)
+    stop_sequences: tuple[str, ...] = ()
+
+
+class AnthropicProvider(Provider[AnthropicRenderState]):
     name = "anthropic"
     conversation_field = "messages"
+    error_style = "anthropic"
+    id_prefix = "msg_"
 
-    def _inbound(self, body: dict[str, Any]) -> tuple[MessagesRequest, Inbound]:
+    def _inbound(self, body: dict[str, Any]) -> tuple[MessagesRequest, Inbound[AnthropicRenderState]]:
         req = parse_model(MessagesRequest, body)
         notes: list[str] = []
         chat = _translate(req, notes)
@@ -452,17 +466,17 @@ class AnthropicProvider(Provider):
         inbound = Inbound(
             provider=self.name, model=req.model, stream=req.stream, chat=chat, normalizations=notes,
             ignored_fields=sorted(set(req.model_extra or ()) - KNOWN_IGNORED),
-            options={"thinking": thinking, "stop_sequences": list(req.stop_sequences or [])},
+            render_state=AnthropicRenderState(thinking, tuple(req.stop_sequences or ())),
         )
         return req, inbound
 
-    def parse(self, body: dict[str, Any], route: Route) -> Inbound:
+    def parse(self, body: dict[str, Any], route: Route) -> Inbound[AnthropicRenderState]:
         req, inbound = self._inbound(body)
         if req.max_tokens is None:
             raise RequestError("max_tokens: Field required")
         return inbound
 
-    def parse_count(self, body: dict[str, Any], route: Route) -> Inbound:
+    def parse_count(self, body: dict[str, Any], route: Route) -> Inbound[AnthropicRenderState]:
         """A count_tokens request: the same body without ``max_tokens`` (and never streamed)."""
         _, inbound = self._inbound(body)
         inbound.stream = False
@@ -471,23 +485,29 @@ class AnthropicProvider(Provider):
     def render_count(self, count: int) -> dict[str, Any]:
         return {"input_tokens": count}
 
-    def render(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> dict[str, Any]:
-        reason, sequence = stop_reason(result, inbound.options.get("stop_sequences"))
+    def render(self, result: ChatResult, inbound: Inbound[AnthropicRenderState], ctx: RenderContext) -> dict[str, Any]:
+        state = inbound.render_state
+        reason, sequence = stop_reason(result, state.stop_sequences)
         return {
             "id": ctx.response_id, "type": "message", "role": "assistant", "model": inbound.model,
-            "content": content_blocks(result, bool(inbound.options.get("thinking"))),
+            "content": content_blocks(result, state.thinking),
             "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(result),
         }
 
-    def stream(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> Iterator[SSEEvent]:
-        reason, sequence = stop_reason(result, inbound.options.get("stop_sequences"))
+    def stream(self, result: ChatResult, inbound: Inbound[AnthropicRenderState],
+               ctx: RenderContext) -> Iterator[SSEEvent]:
+        state = inbound.render_state
+        reason, sequence = stop_reason(result, state.stop_sequences)
         usage = {**_usage(result), "output_tokens": 0}
         yield _event("message_start", message={
             "id": ctx.response_id, "type": "message", "role": "assistant", "model": inbound.model, "content": [],
             "stop_reason": None, "stop_sequence": None, "usage": usage})
         yield _event("ping")
-        for index, block in enumerate(content_blocks(result, bool(inbound.options.get("thinking")))):
+        for index, block in enumerate(content_blocks(result, state.thinking)):
             yield from _block_events(index, block)
         yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
                      usage={"output_tokens": result.usage.completion_tokens})
         yield _event("message_stop")
+
+    def stream_error(self, exc: ProxyError) -> SSEEvent:
+        return SSEEvent(error_body(exc, self.error_style)[1], "error")

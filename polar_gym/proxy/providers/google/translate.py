@@ -42,6 +42,7 @@ from polar_gym.proxy.providers.reasoning import decode_signature, encode_signatu
 
 __all__ = [
     "GoogleProvider",
+    "GoogleRenderState",
     "contents_to_messages",
     "derived_call_id",
     "lower_schema",
@@ -53,7 +54,7 @@ __all__ = [
 
 _ACTIONS = {"generateContent": False, "streamGenerateContent": True}
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}
-_SCHEMA_SNAKE = {
+_SCHEMA_SNAKE: dict[str, str] = {
     "any_of": "anyOf", "one_of": "oneOf", "all_of": "allOf", "max_items": "maxItems", "min_items": "minItems",
     "max_length": "maxLength", "min_length": "minLength", "max_properties": "maxProperties",
     "min_properties": "minProperties", "property_ordering": "propertyOrdering",
@@ -73,7 +74,8 @@ def lower_schema(schema: Any) -> Any:
     out: dict[str, Any] = {}
     nullable = False
     for raw_key, value in schema.items():
-        key = _SCHEMA_SNAKE.get(raw_key, raw_key)
+        key = str(raw_key)  # a JSON object's keys are strings already
+        key = _SCHEMA_SNAKE.get(key, key)
         if key == "type":
             kinds = [value] if isinstance(value, str) else value if isinstance(value, list) else []
             lowered = [k.lower() for k in kinds if isinstance(k, str) and k.upper() != "TYPE_UNSPECIFIED"]
@@ -393,7 +395,7 @@ def response_parts(result: ChatResult, include_thoughts: bool, call_ids: bool) -
         groups.append([{"text": msg.reasoning_content, "thought": True}])
     if result.text:
         groups.append([{"text": result.text}])
-    calls = []
+    calls: list[dict[str, Any]] = []
     for call in msg.tool_calls or []:
         fc: dict[str, Any] = {"name": call.function.name, "args": _args(call.function.arguments)}
         if call_ids:
@@ -425,11 +427,22 @@ def usage_metadata(result: ChatResult) -> dict[str, int]:
 # ---------------------------------------------------------------- the provider
 
 
-class GoogleProvider(Provider):
+@dataclass(frozen=True)
+class GoogleRenderState:
+    """What rendering an answer remembers of the request."""
+
+    #: ``thinkingConfig.includeThoughts``: reasoning goes out as thought parts
+    include_thoughts: bool = False
+    #: the client sent ids with its function calls, so ours carry ids too
+    call_ids: bool = True
+
+
+class GoogleProvider(Provider[GoogleRenderState]):
     name = "google"
     conversation_field = "contents"
+    error_style = "google"
 
-    def parse(self, body: dict[str, Any], route: Route) -> Inbound:
+    def parse(self, body: dict[str, Any], route: Route) -> Inbound[GoogleRenderState]:
         if route.action is None:
             raise UnsupportedRoute(f"no method in {route.path!r}: expected a path like "
                                    "/v1beta/models/{model}:generateContent")
@@ -439,10 +452,10 @@ class GoogleProvider(Provider):
         stream = _ACTIONS[route.action]
         inbound = self._inbound(body, route, stream)
         if stream and route.query.get("alt") != "sse":
-            inbound.options["stream_json_array"] = True
+            inbound.stream_json_array = True
         return inbound
 
-    def parse_count(self, body: dict[str, Any], route: Route) -> Inbound:
+    def parse_count(self, body: dict[str, Any], route: Route) -> Inbound[GoogleRenderState]:
         """countTokens: a body with ``contents`` (and, Vertex-style, tools and systemInstruction), or one that
         wraps a whole ``generateContentRequest``."""
         inner = body.get("generateContentRequest", body.get("generate_content_request"))
@@ -452,7 +465,7 @@ class GoogleProvider(Provider):
             body = inner
         return self._inbound(body, route, stream=False)
 
-    def _inbound(self, body: dict[str, Any], route: Route, stream: bool) -> Inbound:
+    def _inbound(self, body: dict[str, Any], route: Route, stream: bool) -> Inbound[GoogleRenderState]:
         req = parse_model(GenerateContentRequest, body)
         if req.cached_content is not None:
             raise RequestError("cachedContent: cached contents are not supported by this proxy; send the full "
@@ -472,23 +485,24 @@ class GoogleProvider(Provider):
         return Inbound(
             provider=self.name, model=model, stream=stream, chat=chat,
             normalizations=notes + tool_notes + choice_notes + gen_notes, ignored_fields=ignored,
-            options={"include_thoughts": include_thoughts, "call_ids": call_ids},
+            render_state=GoogleRenderState(include_thoughts, call_ids),
         )
 
-    def render(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> dict[str, Any]:
-        groups = response_parts(result, inbound.options.get("include_thoughts", False),
-                                inbound.options.get("call_ids", True))
+    def render(self, result: ChatResult, inbound: Inbound[GoogleRenderState], ctx: RenderContext) -> dict[str, Any]:
+        state = inbound.render_state
+        groups = response_parts(result, state.include_thoughts, state.call_ids)
         parts = [part for group in groups for part in group]
         candidate = {"content": {"role": "model", "parts": parts}, "finishReason": _FINISH[result.finish_reason],
                      "index": 0}
         return {"candidates": [candidate], "usageMetadata": usage_metadata(result), "modelVersion": inbound.model,
                 "responseId": ctx.response_id}
 
-    def stream(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> Iterator[SSEEvent]:
+    def stream(self, result: ChatResult, inbound: Inbound[GoogleRenderState],
+               ctx: RenderContext) -> Iterator[SSEEvent]:
         """One chunk per part group; the last also carries finishReason and usageMetadata. Gemini's SSE has no
         event names and no terminator."""
-        groups = response_parts(result, inbound.options.get("include_thoughts", False),
-                                inbound.options.get("call_ids", True))
+        state = inbound.render_state
+        groups = response_parts(result, state.include_thoughts, state.call_ids)
         for i, parts in enumerate(groups):
             candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
             chunk: dict[str, Any] = {"candidates": [candidate]}

@@ -7,6 +7,7 @@ The normalized form is Chat-shaped already, so this front end mostly validates, 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -25,7 +26,7 @@ from polar_gym.proxy.errors import RequestError
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
 from polar_gym.proxy.providers.openai_chat.protocol import KNOWN_IGNORED, ChatCompletionRequest, InMessage
 
-__all__ = ["OpenAIChatProvider", "content_parts", "tool_calls_in", "tools_in"]
+__all__ = ["OpenAIChatProvider", "OpenAIChatRenderState", "content_parts", "tool_calls_in", "tools_in"]
 
 
 def content_parts(content: str | list[dict[str, Any]] | None, where: str) -> str | list[ContentPart] | None:
@@ -105,11 +106,20 @@ def _message_out(result: ChatResult) -> dict[str, Any]:
     return out
 
 
-class OpenAIChatProvider(Provider):
+@dataclass(frozen=True)
+class OpenAIChatRenderState:
+    """What rendering an answer remembers of the request."""
+
+    #: ``stream_options.include_usage``: a stream ends with a usage chunk
+    include_usage: bool = False
+
+
+class OpenAIChatProvider(Provider[OpenAIChatRenderState]):
     name = "openai_chat"
     conversation_field = "messages"
+    id_prefix = "chatcmpl-"
 
-    def parse(self, body: dict[str, Any], route: Route) -> Inbound:
+    def parse(self, body: dict[str, Any], route: Route) -> Inbound[OpenAIChatRenderState]:
         req = parse_model(ChatCompletionRequest, body)
         extras = set(req.model_extra or ())
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
@@ -138,10 +148,11 @@ class OpenAIChatProvider(Provider):
             stream=req.stream,
             chat=chat,
             ignored_fields=sorted(extras - KNOWN_IGNORED),
-            options={"include_usage": include_usage},
+            render_state=OpenAIChatRenderState(include_usage),
         )
 
-    def render(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> dict[str, Any]:
+    def render(self, result: ChatResult, inbound: Inbound[OpenAIChatRenderState],
+               ctx: RenderContext) -> dict[str, Any]:
         return {
             "id": ctx.response_id,
             "object": "chat.completion",
@@ -152,8 +163,9 @@ class OpenAIChatProvider(Provider):
             "usage": _usage(result),
         }
 
-    def stream(self, result: ChatResult, inbound: Inbound, ctx: RenderContext) -> Iterator[SSEEvent]:
-        include_usage = inbound.options.get("include_usage", False)
+    def stream(self, result: ChatResult, inbound: Inbound[OpenAIChatRenderState],
+               ctx: RenderContext) -> Iterator[SSEEvent]:
+        include_usage = inbound.render_state.include_usage
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> SSEEvent:
             body: dict[str, Any] = {

@@ -15,7 +15,7 @@ from typing import Any
 from polar_gym.proxy.chat import ChatResult, ToolCall
 from polar_gym.proxy.providers.base import Inbound, RenderContext, SSEEvent
 from polar_gym.proxy.providers.openai_responses.protocol import encode_reasoning
-from polar_gym.proxy.providers.openai_responses.translate import ToolKinds
+from polar_gym.proxy.providers.openai_responses.translate import ResponsesRenderState, ToolKinds
 
 __all__ = ["output_items", "response_body", "stream_events"]
 
@@ -76,18 +76,19 @@ def _call_item(call: ToolCall, kinds: ToolKinds, key: str) -> dict[str, Any]:
     return item
 
 
-def output_items(result: ChatResult, inbound: Inbound, ctx: RenderContext) -> list[dict[str, Any]]:
+def output_items(result: ChatResult, inbound: Inbound[ResponsesRenderState],
+                 ctx: RenderContext) -> list[dict[str, Any]]:
     """The ``output`` list: reasoning, then the assistant message (unless the turn is only tool calls), then calls."""
-    options = inbound.options
-    kinds = ToolKinds.from_options(options.get("tool_kinds"))
+    state = inbound.render_state
+    kinds = state.tool_kinds
     key = ctx.response_id.removeprefix("resp_")
     msg = result.message
     items: list[dict[str, Any]] = []
     if msg.reasoning_content:
         reasoning: dict[str, Any] = {"id": f"rs_{key}", "type": "reasoning", "summary": []}
-        if options.get("summary"):
+        if state.summary:
             reasoning["summary"] = [{"type": "summary_text", "text": msg.reasoning_content}]
-        if options.get("encrypted"):
+        if state.encrypted:
             reasoning["encrypted_content"] = encode_reasoning(msg.reasoning_content)
         else:  # without our encrypted copy, the raw text is what lets the next request carry it back
             reasoning["content"] = [{"type": "reasoning_text", "text": msg.reasoning_content}]
@@ -112,7 +113,7 @@ def _usage(result: ChatResult) -> dict[str, Any]:
     }
 
 
-def response_body(result: ChatResult, inbound: Inbound, ctx: RenderContext) -> dict[str, Any]:
+def response_body(result: ChatResult, inbound: Inbound[ResponsesRenderState], ctx: RenderContext) -> dict[str, Any]:
     """The complete ``Response`` object (also the payload of ``response.completed``)."""
     incomplete = {"length": "max_output_tokens", "content_filter": "content_filter"}.get(result.finish_reason)
     return {
@@ -126,7 +127,7 @@ def response_body(result: ChatResult, inbound: Inbound, ctx: RenderContext) -> d
         "model": inbound.model,
         "output": output_items(result, inbound, ctx),
         "usage": _usage(result),
-        **inbound.options.get("echo", {}),
+        **inbound.render_state.echo,
     }
 
 
@@ -173,7 +174,8 @@ def _item_events(item: dict[str, Any], index: int, emit: _Emit) -> Iterator[SSEE
     yield emit("response.output_item.done", output_index=index, item=item)
 
 
-def stream_events(result: ChatResult, inbound: Inbound, ctx: RenderContext) -> Iterator[SSEEvent]:
+def stream_events(result: ChatResult, inbound: Inbound[ResponsesRenderState],
+                  ctx: RenderContext) -> Iterator[SSEEvent]:
     """created, in_progress, every item's events, then completed (or incomplete) with the full response;
     ``sequence_number`` counts up from 0 across the whole stream."""
     counter = itertools.count()

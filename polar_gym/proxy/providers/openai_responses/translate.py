@@ -7,8 +7,9 @@ proxy minted itself (see ``protocol.encode_reasoning``), which keeps multi-turn 
 
 Tools map onto function tools: ``custom`` (freeform, e.g. codex's ``apply_patch``) becomes a function with one
 string parameter ``input``; ``namespace`` tools are flattened to ``<namespace>__<name>`` (a name every chat API
-accepts); ``local_shell`` becomes a function with an argv ``command``. ``ToolKinds`` remembers the mapping so a reply
-renders back as the item type the harness offered. Hosted tools (web search, ...) are left out with a note.
+accepts); ``local_shell`` becomes a function with an argv ``command``. ``ToolKinds`` (in the render state) remembers
+the mapping so a reply renders back as the item type the harness offered. Hosted tools (web search, ...) are left
+out with a note.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from polar_gym.proxy.providers.openai_responses.protocol import (
 
 __all__ = [
     "LOCAL_SHELL_PARAMETERS",
+    "ResponsesRenderState",
     "ToolKinds",
     "custom_arguments",
     "flat_name",
@@ -79,21 +81,24 @@ _ITEM_MODELS: dict[str, type[pydantic.BaseModel]] = {
 
 @dataclass
 class ToolKinds:
-    """Which normalized function names stand for non-function Responses tools (kept in ``Inbound.options``)."""
+    """Which normalized function names stand for non-function Responses tools."""
 
     custom: set[str] = field(default_factory=set)
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
     local_shell: str | None = None
 
-    def to_options(self) -> dict[str, Any]:
-        return {"custom": sorted(self.custom), "namespaced": {k: list(v) for k, v in self.namespaced.items()},
-                "local_shell": self.local_shell}
 
-    @classmethod
-    def from_options(cls, data: dict[str, Any] | None) -> ToolKinds:
-        data = data or {}
-        return cls(set(data.get("custom") or ()), {k: (v[0], v[1]) for k, v in (data.get("namespaced") or {}).items()},
-                   data.get("local_shell"))
+@dataclass(frozen=True)
+class ResponsesRenderState:
+    """What rendering an answer remembers of the request."""
+
+    tool_kinds: ToolKinds = field(default_factory=ToolKinds)
+    #: a reasoning summary was asked for (the full reasoning text is the summary)
+    summary: bool = False
+    #: ``include`` asked for ``reasoning.encrypted_content``
+    encrypted: bool = False
+    #: request settings a Response object reports back
+    echo: dict[str, Any] = field(default_factory=dict)
 
 
 def flat_name(namespace: str | None, name: str) -> str:
@@ -404,7 +409,7 @@ def _echo(req: ResponsesRequest, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> Inbound:
+def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> Inbound[ResponsesRenderState]:
     """Validate a Responses request and translate it; raise RequestError with a field-addressed message."""
     req = parse_model(ResponsesRequest, body)
     _refuse_stateful(req)
@@ -447,10 +452,6 @@ def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> I
         chat=chat,
         normalizations=notes,
         ignored_fields=sorted(set(req.model_extra or ()) - KNOWN_IGNORED),
-        options={
-            "tool_kinds": kinds.to_options(),
-            "summary": summary,
-            "encrypted": ENCRYPTED_INCLUDE in (req.include or ()),
-            "echo": _echo(req, body),
-        },
+        render_state=ResponsesRenderState(tool_kinds=kinds, summary=summary,
+                                          encrypted=ENCRYPTED_INCLUDE in (req.include or ()), echo=_echo(req, body)),
     )
