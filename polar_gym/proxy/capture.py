@@ -36,6 +36,7 @@ from polar_gym.schema import CompletionRecord
 
 __all__ = ["CaptureJournal"]
 
+
 class _Session:
     """One journal stream's encoder state and, in memory mode, its bytes. ``users`` counts the calls holding it, so
     eviction never drops a stream that a call is about to write (two encoders on one directory would corrupt it)."""
