@@ -50,6 +50,8 @@ class Watching:
         """Gateways need not push heartbeats: a health answer counts as one."""
         try:
             health = await self.links.gateway(gw).health(timeout=max(self.heartbeat_interval, 1.0))
+        except GatewayRefused:
+            return  # it answers, though not yet (or no longer) with its health: heartbeats decide
         except GatewayCallError:
             self.counters.errors["heartbeat_failed"] += 1
             return
