@@ -26,7 +26,7 @@ class GatewayState:
     sessions: set[str] = field(default_factory=set)
     #: a dispatch could not connect: skipped until the next health answer
     suspect: bool = False
-    #: the batch watcher of this gateway's sessions (RolloutServer._watch_gateway) and its wake-up
+    #: the batch watcher of this gateway's sessions (polar_gym.server.watching) and its wake-up
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     added: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
