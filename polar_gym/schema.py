@@ -350,7 +350,7 @@ class SessionView(_Open):
     reason: str | None = None
     remaining_seconds: float | None = None
     timings: dict[str, float] = Field(default_factory=dict)
-    history: list[Any] = Field(default_factory=list)
+    history: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class SessionCancelReply(SessionView):
@@ -384,6 +384,9 @@ class GatewayHealth(_Open):
     statuses: dict[str, int] = Field(default_factory=dict)
     stages: dict[str, int] = Field(default_factory=dict)
     queue_depths: dict[str, int] = Field(default_factory=dict)
+    pools: dict[str, Any] = Field(default_factory=dict)
+    latency_seconds: dict[str, Any] = Field(default_factory=dict)
+    run_slot_utilization: dict[str, Any] = Field(default_factory=dict)
     finished: dict[str, int] = Field(default_factory=dict)
     runtimes_live: int = 0
 
