@@ -403,7 +403,7 @@ async def measure_recovery(path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"open_store_s": opened, "start_s": started, "first_redispatch_s": None}
 
     async def first_redispatch() -> None:
-        while not core.dispatched:  # noqa: ASYNC110 - a counter; the server has no event for it
+        while not core.counters.dispatched:  # noqa: ASYNC110 - a counter; the server has no event for it
             await asyncio.sleep(0.002)
         out["first_redispatch_s"] = time.perf_counter() - t0
 
@@ -427,7 +427,7 @@ async def measure_recovery(path: Path) -> dict[str, Any]:
                     raise TimeoutError(f"recovery: {open_} sessions still open after 300 s")
                 await asyncio.sleep(0.005)
             out["all_inflight_finished_s"] = time.perf_counter() - t0
-            out["redispatched"] = core.redispatched
+            out["redispatched"] = core.counters.redispatched
             out["statuses"] = sessions
     finally:
         watcher.cancel()

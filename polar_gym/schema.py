@@ -1,7 +1,9 @@
 """Every wire type of polar_gym, in one place (pydantic v2).
 
 The shapes follow the Polar paper's appendix (TaskRequest A.3, Trace A.4). Services, the proxy journal, builders and
-trainer bridges all speak these types; nothing else of ours is imported here, so any part can depend on it.
+trainer bridges all speak these types; of ours only the pure URL check of polar_gym.httpguard (ground, like this
+module) is imported here, so any part can depend on it. The last section holds the bodies the rollout server and its
+gateways exchange (polar_gym.gateway.client on the server's side, the gateway's ServerLink on the other).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import enum
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -21,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from polar_gym.httpguard import check_upstream_url
+
 __all__ = [
     "AgentSpec",
     "BuilderSpec",
@@ -28,18 +32,32 @@ __all__ = [
     "CompletionSession",
     "EvalResult",
     "EvaluatorSpec",
+    "GatewayHealth",
+    "GatewayRegistration",
+    "GatewayView",
     "OracleScript",
+    "PauseReply",
     "PrepareAction",
+    "ResumeReply",
+    "ResumeRequest",
     "RuntimeSpec",
+    "SessionCancelReply",
+    "SessionPollReply",
+    "SessionPollRequest",
     "SessionResult",
     "SessionSpec",
     "SessionStatus",
+    "SessionView",
     "TaskMetadata",
     "TaskRequest",
     "TaskStatus",
     "TokenLogprob",
     "Trace",
     "Trajectory",
+    "UpstreamAdded",
+    "UpstreamChange",
+    "UpstreamRemoved",
+    "UpstreamsView",
 ]
 
 
@@ -324,3 +342,125 @@ class TaskStatus(_Model):
     status: SessionStatus
     sessions: dict[str, SessionStatus] = Field(default_factory=dict)
     results: list[SessionResult] = Field(default_factory=list)
+
+
+# -- the rollout server <-> gateway API ---------------------------------------------------------------------------
+# Requests forbid unknown fields (a typo fails loudly); answers are open (a newer peer may say more).
+
+
+class SessionView(_Open):
+    """A gateway's view of one session (POST /sessions 201, GET /sessions/{id}, 202 of .../result)."""
+
+    session_id: str
+    attempt_id: str | None = None
+    task_id: str | None = None
+    status: SessionStatus
+    stage: str | None = None
+    reason: str | None = None
+    remaining_seconds: float | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    history: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class SessionCancelReply(SessionView):
+    """POST /sessions/{id}/cancel: whether the session was live (and so is being cancelled), and its view."""
+
+    cancelled: bool
+
+
+class SessionPollRequest(_Model):
+    """POST /sessions/poll: the sessions to watch and how long to wait for one of them to finish."""
+
+    session_ids: list[Annotated[str, Field(max_length=512)]] = Field(max_length=100_000)
+    wait: float = Field(default=0.0, ge=0.0, le=600.0)
+
+
+class SessionPollReply(_Open):
+    """The answer to a poll: finished results, the statuses of the others, the ids the gateway does not know."""
+
+    results: list[SessionResult] = Field(default_factory=list)
+    statuses: dict[str, str] = Field(default_factory=dict)
+    unknown: list[str] = Field(default_factory=list)
+
+
+class GatewayHealth(_Open):
+    """GET /gateway/health, also pushed as the heartbeat body: stage counts, queue depths, latencies (the keys every
+    node reports are typed; more may come)."""
+
+    status: str = "ok"
+    accepting: bool = True
+    live_sessions: int = 0
+    statuses: dict[str, int] = Field(default_factory=dict)
+    stages: dict[str, int] = Field(default_factory=dict)
+    queue_depths: dict[str, int] = Field(default_factory=dict)
+    pools: dict[str, Any] = Field(default_factory=dict)
+    latency_seconds: dict[str, Any] = Field(default_factory=dict)
+    run_slot_utilization: dict[str, Any] = Field(default_factory=dict)
+    finished: dict[str, int] = Field(default_factory=dict)
+    runtimes_live: int = 0
+
+
+class UpstreamChange(_Model):
+    """POST /admin/upstreams and /admin/upstreams/remove: one LLM backend URL."""
+
+    url: str = Field(max_length=2048)
+
+
+class UpstreamAdded(_Open):
+    added: str
+
+
+class UpstreamRemoved(_Open):
+    removed: bool
+
+
+class UpstreamsView(_Open):
+    """GET /admin/upstreams: the proxy's LLM backends, and whether it is paused for a weight update."""
+
+    paused: bool
+    policy_version: int | str | None = None
+    servers: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class PauseReply(_Open):
+    paused: bool
+    drained_seconds: float = 0.0
+
+
+class ResumeRequest(_Model):
+    """POST /admin/resume (and the rollout server's POST /backends/resume)."""
+
+    policy_version: int | str | None = None
+
+
+class ResumeReply(_Open):
+    paused: bool
+    policy_version: int | str | None = None
+
+
+class GatewayRegistration(_Model):
+    """POST /gateways/register (a gateway to its rollout server): where the gateway is, how many sessions it takes at
+    once, its admin token."""
+
+    url: str = Field(max_length=2048)
+    capacity: int = Field(ge=1, le=1_000_000)
+    admin_token: str | None = Field(default=None, max_length=4096)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_upstream_url(value)
+
+
+class GatewayView(_Open):
+    """The rollout server's view of one gateway (register, heartbeat, drain, GET /gateways)."""
+
+    gateway_id: str
+    url: str
+    capacity: int
+    state: Literal["healthy", "draining", "dead"]
+    suspect: bool = False
+    in_flight: int = 0
+    load: float = 0.0
+    seconds_since_heartbeat: float = 0.0
+    health: dict[str, Any] = Field(default_factory=dict)

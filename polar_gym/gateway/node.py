@@ -29,7 +29,7 @@ from polar_gym.gateway.pools import LatencyStats, Pool, UtilizationTracker
 from polar_gym.gateway.session import Session, stage_of
 from polar_gym.gateway.stages import Stages
 from polar_gym.runtime.base import ExecStatus
-from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
+from polar_gym.schema import GatewayHealth, SessionResult, SessionSpec, SessionStatus
 
 __all__ = ["GatewayNode", "StatusListener"]
 
@@ -149,25 +149,29 @@ class GatewayNode:
         await self._close_client()
 
     def health(self) -> dict[str, Any]:
+        """What GET /gateway/health answers and the heartbeats carry (see :meth:`health_view`)."""
+        return self.health_view().model_dump(mode="json")
+
+    def health_view(self) -> GatewayHealth:
         live = [s for s in self._sessions.values() if not s.status.terminal]
         by_status = collections.Counter(s.status.value for s in live)
         by_stage = collections.Counter(s.stage for s in live)
         pools = {p.name: p.snapshot() for p in
                  (self.init_pool, self.ready_pool, self.run_pool, self.postrun_pool, self.prewarm_pool)}
-        return {
-            "status": "draining" if self.draining else ("ok" if self.accepting else "stopped"),
-            "accepting": self.accepting,
-            "live_sessions": len(live),
-            "statuses": dict(by_status),
-            "stages": {name: by_stage.get(name, 0) for name in ("queued", "init", "ready", "run", "postrun")},
-            "queue_depths": {"init": self.init_pool.waiting, "ready": self.ready_pool.waiting,
-                             "run": self.run_pool.waiting, "postrun": self.postrun_pool.waiting},
-            "pools": pools,
-            "latency_seconds": self.latency.snapshot(),
-            "run_slot_utilization": self.utilization.snapshot(),
-            "finished": dict(self.finished_counts),
-            "runtimes_live": self.stages.live_runtimes(),
-        }
+        return GatewayHealth(
+            status="draining" if self.draining else ("ok" if self.accepting else "stopped"),
+            accepting=self.accepting,
+            live_sessions=len(live),
+            statuses=dict(by_status),
+            stages={name: by_stage.get(name, 0) for name in ("queued", "init", "ready", "run", "postrun")},
+            queue_depths={"init": self.init_pool.waiting, "ready": self.ready_pool.waiting,
+                          "run": self.run_pool.waiting, "postrun": self.postrun_pool.waiting},
+            pools=pools,
+            latency_seconds=self.latency.snapshot(),
+            run_slot_utilization=self.utilization.snapshot(),
+            finished=dict(self.finished_counts),
+            runtimes_live=self.stages.live_runtimes(),
+        )
 
     # -- the driver ------------------------------------------------------------------------------------------
 

@@ -8,21 +8,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 
+from polar_gym.schema import GatewayHealth, GatewayRegistration, GatewayView
+
 __all__ = ["ServerLink"]
 
 log = logging.getLogger(__name__)
+_JSON = {"content-type": "application/json"}
 
 
 class ServerLink:
     """Keeps one gateway registered with one rollout server while :meth:`run` runs."""
 
     def __init__(self, server_url: str, gateway_url: str, capacity: int, *, server_token: str,
-                 gateway_token: str | None, health: Callable[[], dict[str, Any]], interval: float = 2.0,
+                 gateway_token: str | None, health: Callable[[], Mapping[str, Any]], interval: float = 2.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.server_url = server_url.rstrip("/")
         self.gateway_url, self.capacity = gateway_url.rstrip("/"), capacity
@@ -36,10 +39,10 @@ class ServerLink:
         self._task: asyncio.Task[None] | None = None
 
     async def register(self) -> str:
-        resp = await self.http.post("/gateways/register", json={
-            "url": self.gateway_url, "capacity": self.capacity, "admin_token": self.gateway_token})
+        body = GatewayRegistration(url=self.gateway_url, capacity=self.capacity, admin_token=self.gateway_token)
+        resp = await self.http.post("/gateways/register", content=body.model_dump_json(), headers=_JSON)
         resp.raise_for_status()
-        self.gateway_id = str(resp.json()["gateway_id"])
+        self.gateway_id = GatewayView.model_validate_json(resp.content).gateway_id
         self.registrations += 1
         self.registered.set()
         log.info("registered with %s as %s", self.server_url, self.gateway_id)
@@ -50,7 +53,8 @@ class ServerLink:
         if self.gateway_id is None:
             await self.register()
             return
-        resp = await self.http.post(f"/gateways/{self.gateway_id}/heartbeat", json=self.health())
+        health = GatewayHealth.model_validate(self.health()).model_dump_json(exclude_unset=True)  # as the node said
+        resp = await self.http.post(f"/gateways/{self.gateway_id}/heartbeat", content=health, headers=_JSON)
         if resp.status_code in (404, 410):
             log.warning("the rollout server answered %d to a heartbeat: registering again", resp.status_code)
             self.gateway_id = None

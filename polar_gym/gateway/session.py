@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_gym.runtime.base import ExecResult, Runtime
-from polar_gym.schema import EvalResult, SessionResult, SessionSpec, SessionStatus, Trajectory
+from polar_gym.schema import EvalResult, SessionResult, SessionSpec, SessionStatus, SessionView, Trajectory
 
 __all__ = ["STAGE_OF", "Session", "new_attempt_id", "stage_of"]
 
@@ -92,12 +92,14 @@ class Session:
             return self.spec.timeout_seconds
         return max(0.0, self.deadline - asyncio.get_running_loop().time())
 
+    def view(self) -> SessionView:
+        """What GET /sessions/{id} answers (the wire type the rollout server's GatewayClient reads)."""
+        return SessionView(session_id=self.session_id, attempt_id=self.attempt_id, task_id=self.spec.task_id,
+                           status=self.status, stage=self.stage, reason=self.reason,
+                           remaining_seconds=self.remaining(), timings=dict(self.timings), history=list(self.history))
+
     def describe(self) -> dict[str, Any]:
-        """What GET /sessions/{id} answers."""
-        return {"session_id": self.session_id, "attempt_id": self.attempt_id, "task_id": self.spec.task_id,
-                "status": self.status.value,
-                "stage": self.stage, "reason": self.reason, "remaining_seconds": self.remaining(),
-                "timings": dict(self.timings), "history": list(self.history)}
+        return self.view().model_dump(mode="json")
 
     def to_result(self) -> SessionResult:
         harness = self.harness_result

@@ -242,9 +242,10 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
     @app.get("/metrics")
     async def metrics() -> Response:
         sessions, tasks = await server.store.counts()
+        counts = server.counters
         text = server_metrics(sessions, tasks, [g.describe() for g in server.fleet.gateways.values()],
-                              server.dispatch_latency[0], server.dispatch_latency[1], server.redispatched,
-                              server.errors, server.callbacks)
+                              counts.dispatched, counts.dispatch_seconds, counts.redispatched, counts.errors,
+                              counts.callbacks)
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
 
     return app

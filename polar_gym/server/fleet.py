@@ -9,29 +9,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from polar_gym.httpguard import check_upstream_url
+from polar_gym.schema import GatewayRegistration, GatewayView
 from polar_gym.server.store import GatewayRow
 
-__all__ = ["Fleet", "GatewayRegistration", "GatewayState"]
+__all__ = ["DEAD", "DRAINING", "HEALTHY", "Fleet", "GatewayRegistration", "GatewayState"]
 
 HEALTHY, DRAINING, DEAD = "healthy", "draining", "dead"
-
-
-class GatewayRegistration(BaseModel):
-    """POST /gateways/register: where the gateway is, how many sessions it takes at once, its admin token."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: str = Field(max_length=2048)
-    capacity: int = Field(ge=1, le=1_000_000)
-    admin_token: str | None = Field(default=None, max_length=4096)
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        return check_upstream_url(value)
 
 
 @dataclass
@@ -43,7 +26,7 @@ class GatewayState:
     sessions: set[str] = field(default_factory=set)
     #: a dispatch could not connect: skipped until the next health answer
     suspect: bool = False
-    #: the batch watcher of this gateway's sessions (RolloutServer._watch_gateway) and its wake-up
+    #: the batch watcher of this gateway's sessions (polar_gym.server.watching) and its wake-up
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     added: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -63,10 +46,14 @@ class GatewayState:
     def load(self) -> float:
         return len(self.sessions) / self.row.capacity
 
+    def view(self) -> GatewayView:
+        """What the server's gateway routes answer (the wire type the gateway's ServerLink reads)."""
+        return GatewayView(gateway_id=self.gateway_id, url=self.url, capacity=self.row.capacity,
+                           state=self.row.state, suspect=self.suspect, in_flight=len(self.sessions), load=self.load,
+                           seconds_since_heartbeat=time.monotonic() - self.last_seen, health=self.health)
+
     def describe(self) -> dict[str, Any]:
-        return {"gateway_id": self.gateway_id, "url": self.url, "capacity": self.row.capacity,
-                "state": self.row.state, "suspect": self.suspect, "in_flight": len(self.sessions), "load": self.load,
-                "seconds_since_heartbeat": time.monotonic() - self.last_seen, "health": self.health}
+        return self.view().model_dump(mode="json")
 
 
 class Fleet:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_gym.httpguard import excerpt
-from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest
+from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus, TaskRequest
 
 __all__ = ["QUARANTINED", "GatewayRow", "SessionRow", "Store", "TaskRow"]
 
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 #: the reason of a stored row that could not be read back starts with this
 QUARANTINED = "quarantined:"
+#: the agent of a spec or request that could not be read back (a placeholder: such a session never runs)
+_UNREADABLE_AGENT = AgentSpec(harness="unreadable")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -152,8 +154,9 @@ class Store:
             self._db.execute("UPDATE sessions SET status = ?, reason = ?, result = ?, finished = ? "
                              "WHERE session_id = ?", (SessionStatus.ERROR.value, reason, result.model_dump_json(),
                                                       time.time(), session_id))
-        spec = SessionSpec.model_construct(session_id=session_id, task_id=task_id,
-                                           sample_index=_int(row["sample_index"]))
+        spec = SessionSpec.model_construct(session_id=session_id, task_id=task_id,  # never dispatched: ERROR already
+                                           sample_index=_int(row["sample_index"]), instruction="",
+                                           agent=_UNREADABLE_AGENT)
         return SessionRow(spec=spec, status=SessionStatus.ERROR, gateway_id=row["gateway_id"],
                           attempts=_int(row["attempts"]), reason=reason, result=result,
                           created=_float(row["created"]), dispatched=None)
@@ -195,7 +198,8 @@ class Store:
             request = await asyncio.to_thread(TaskRequest.model_validate_json, r["request"])
         except Exception as exc:  # a corrupted row: the task's sessions carry their own specs and go on
             reason = f"{QUARANTINED} the stored task request could not be read back ({excerpt(exc, 200)})"
-            request = TaskRequest.model_construct(task_id=task_id, callback_url=None)
+            request = TaskRequest.model_construct(task_id=task_id, callback_url=None, instruction="",
+                                                  agent=_UNREADABLE_AGENT)
             return TaskRow(request, _float(r["created"]), bool(r["cancelled"]), r["callback_state"],
                            r["callback_error"], reason)
         return TaskRow(request, r["created"], bool(r["cancelled"]), r["callback_state"], r["callback_error"])

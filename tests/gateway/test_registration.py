@@ -36,7 +36,7 @@ async def test_registers_heartbeats_and_reregisters_when_forgotten(tmp_path: Pat
         assert gw.health == health and link.heartbeats == 1
         first = link.gateway_id
 
-        await server._declare_dead(gw)  # missed heartbeats: the server answers 410 and the link registers again
+        await server.watching.declare_dead(gw)  # missed heartbeats: the server answers 410 and the link registers again
         assert gw.row.state == "dead"
         await link.beat()
         assert link.registrations == 2 and server.fleet.gateways[link.gateway_id or ""].row.state == "healthy"

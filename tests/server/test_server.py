@@ -118,7 +118,7 @@ async def test_dead_gateway_sessions_are_redispatched(harness: Harness) -> None:
     assert states == {doomed_id: "dead", spare_id: "healthy"}
     first = next(iter(view["sessions"]))
     assert (await srv.http.get(f"/sessions/{first}/result")).json()["status"] == "COMPLETED"
-    assert srv.core.redispatched == 2
+    assert srv.core.counters.redispatched == 2
 
 
 async def test_restart_keeps_tasks_and_resumes(harness: Harness) -> None:

@@ -8,10 +8,10 @@ import pytest
 
 import polar_gym.server as server_pkg
 from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus, TaskRequest
-from polar_gym.server.core import task_state
 from polar_gym.server.fleet import DEAD, DRAINING, Fleet, GatewayRegistration
 from polar_gym.server.metrics import render
 from polar_gym.server.store import SessionRow, Store
+from polar_gym.server.tasks import task_state
 
 S = SessionStatus
 

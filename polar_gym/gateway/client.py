@@ -1,0 +1,162 @@
+"""The caller's side of a gateway's API: one method per route the rollout server uses, request and answer bodies
+typed by :mod:`polar_gym.schema`, failures as :class:`~polar_gym.gateway.errors.GatewayCallError` (translated from
+httpx in one place). Why a client of its own: the server spoke this API through string URLs and untyped dicts, so a
+route renamed on one side broke only at run time; tests run every method against the real gateway app.
+
+A client is a cheap view over shared httpx pools (the server makes one per call, as a gateway's URL and token may
+change when it registers again); long polls may go to a pool of their own so they never queue ahead of dispatches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from polar_gym.gateway.errors import GatewayBadReply, GatewayRefused, GatewayUnreachable
+from polar_gym.httpguard import excerpt
+from polar_gym.schema import (
+    GatewayHealth,
+    PauseReply,
+    ResumeReply,
+    ResumeRequest,
+    SessionCancelReply,
+    SessionPollReply,
+    SessionPollRequest,
+    SessionResult,
+    SessionSpec,
+    SessionView,
+    UpstreamAdded,
+    UpstreamChange,
+    UpstreamRemoved,
+    UpstreamsView,
+)
+
+__all__ = ["GatewayClient", "PolledSessions"]
+
+Reply = TypeVar("Reply", bound=BaseModel)
+_JSON = {"content-type": "application/json"}
+
+
+@dataclass
+class PolledSessions:
+    """A poll's answer; ``unreadable`` holds why each result that did not validate was dropped (one bad result
+    must not hide the others)."""
+
+    reply: SessionPollReply
+    unreadable: list[str] = field(default_factory=list)
+
+
+class GatewayClient:
+    """The session and admin API of the gateway at ``url`` (``admin_token`` as its ``x-admin-token``)."""
+
+    def __init__(self, url: str, admin_token: str | None = None, *, http: httpx.AsyncClient,
+                 polls: httpx.AsyncClient | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.headers = {"x-admin-token": admin_token} if admin_token else {}
+        self.http, self.polls = http, polls or http
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, url: str, admin_token: str | None = None, *,
+                      transport: httpx.AsyncBaseTransport | None = None,
+                      timeout: float = 30.0) -> AsyncIterator[GatewayClient]:
+        """A client with its own connection pool, closed when the block ends."""
+        async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout, connect=5.0)) as http:
+            yield cls(url, admin_token, http=http)
+
+    # -- sessions --------------------------------------------------------------------------------------------
+
+    async def start_session(self, spec: SessionSpec) -> SessionView:
+        """POST /sessions (201). A gateway that already runs the session answers 409 (GatewayRefused)."""
+        resp = await self._send("POST", "/sessions", spec.model_dump_json().encode(), expect=201)
+        return _parse(SessionView, resp)
+
+    async def poll(self, session_ids: list[str], wait: float) -> PolledSessions:
+        """POST /sessions/poll: returns once one of ``session_ids`` finished, or after ``wait`` seconds."""
+        body = SessionPollRequest(session_ids=session_ids, wait=wait).model_dump_json().encode()
+        resp = await self._send("POST", "/sessions/poll", body, client=self.polls, timeout=wait + 30.0)
+        try:
+            data = resp.json()
+            if not isinstance(data, dict):
+                raise ValueError("the answer is not a JSON object")
+            raw = data.pop("results", None) or []
+            if not isinstance(raw, list):
+                raise ValueError("the answer is not an object with a list of results")
+            polled = PolledSessions(SessionPollReply.model_validate(data))
+        except ValueError as exc:
+            raise GatewayBadReply(f"POST /sessions/poll: {excerpt(exc, 300)}") from exc
+        for item in raw:
+            try:
+                polled.reply.results.append(SessionResult.model_validate(item))
+            except ValueError as exc:
+                polled.unreadable.append(excerpt(exc, 300))
+        return polled
+
+    async def cancel_session(self, session_id: str) -> SessionCancelReply:
+        """POST /sessions/{id}/cancel; 404 (GatewayRefused) when the gateway does not know the session."""
+        resp = await self._send("POST", f"/sessions/{session_id}/cancel")
+        return _parse(SessionCancelReply, resp)
+
+    async def health(self, timeout: float | None = None) -> GatewayHealth:
+        """GET /gateway/health (no token needed)."""
+        return _parse(GatewayHealth, await self._send("GET", "/gateway/health", timeout=timeout))
+
+    # -- the proxy's LLM backends (admin) --------------------------------------------------------------------
+
+    async def upstreams(self, timeout: float | None = None) -> UpstreamsView:
+        return _parse(UpstreamsView, await self._send("GET", "/admin/upstreams", timeout=timeout))
+
+    async def add_upstream(self, url: str, timeout: float | None = None) -> UpstreamAdded:
+        body = UpstreamChange(url=url).model_dump_json().encode()
+        return _parse(UpstreamAdded, await self._send("POST", "/admin/upstreams", body, timeout=timeout))
+
+    async def remove_upstream(self, url: str, timeout: float | None = None) -> UpstreamRemoved:
+        body = UpstreamChange(url=url).model_dump_json().encode()
+        return _parse(UpstreamRemoved, await self._send("POST", "/admin/upstreams/remove", body, timeout=timeout))
+
+    async def pause(self, timeout: float | None = None) -> PauseReply:
+        """POST /admin/pause: answers once the proxy's in-flight model calls drained."""
+        return _parse(PauseReply, await self._send("POST", "/admin/pause", timeout=timeout))
+
+    async def resume(self, policy_version: int | str | None = None, timeout: float | None = None) -> ResumeReply:
+        body = ResumeRequest(policy_version=policy_version).model_dump_json().encode()
+        return _parse(ResumeReply, await self._send("POST", "/admin/resume", body, timeout=timeout))
+
+    # -- the one place httpx is spoken -----------------------------------------------------------------------
+
+    async def _send(self, method: str, path: str, body: bytes | None = None, *, expect: int = 200,
+                    client: httpx.AsyncClient | None = None, timeout: float | None = None) -> httpx.Response:
+        headers = {**self.headers, **_JSON} if body is not None else self.headers
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        try:
+            resp = await (client or self.http).request(method, f"{self.url}{path}", content=body, headers=headers,
+                                                       **extra)
+        except httpx.HTTPError as exc:  # a ConnectError never reached the gateway: nothing ran there
+            raise GatewayUnreachable(repr(exc), connected=not isinstance(exc, httpx.ConnectError)) from exc
+        if resp.status_code != expect:
+            raise _refused(resp)
+        return resp
+
+
+def _refused(resp: httpx.Response) -> GatewayRefused:
+    """The error envelope's type when there is one ({"error": {"type", "message"}}), else ``http_<status>``."""
+    try:
+        body: Any = resp.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    return GatewayRefused(resp.status_code, kind if isinstance(kind, str) else f"http_{resp.status_code}",
+                          resp.text[:300], body)
+
+
+def _parse(model: type[Reply], resp: httpx.Response) -> Reply:
+    try:
+        return model.model_validate_json(resp.content)
+    except ValueError as exc:
+        raise GatewayBadReply(f"{resp.request.method} {resp.request.url.path}: {excerpt(exc, 300)}") from exc

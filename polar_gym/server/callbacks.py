@@ -1,0 +1,60 @@
+"""Callback delivery: once every session of a task ended, POST the task view to its ``callback_url`` until a 2xx,
+with exponential backoff, then give up and record why. The store records the claim and the outcome, so a restarted
+server delivers what was pending (at least once; the idempotency key lets the receiver drop repeats)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+
+from polar_gym.server.background import Background
+from polar_gym.server.counters import ServerCounters
+from polar_gym.server.store import Store
+from polar_gym.server.tasks import task_view
+
+__all__ = ["Callbacks"]
+
+
+class Callbacks:
+    def __init__(self, store: Store, counters: ServerCounters, background: Background,
+                 http: Callable[[], httpx.AsyncClient], *, attempts: int = 8, backoff: float = 0.5) -> None:
+        self.store, self.counters, self.background, self.http = store, counters, background, http
+        self.attempts, self.backoff = attempts, backoff
+
+    async def task_done(self, task_id: str) -> None:
+        """Every session of the task ended: deliver its callback, if it has one and nobody claimed it yet."""
+        task = await self.store.task(task_id)
+        if task is not None and task.request.callback_url and await self.store.claim_callback(task_id):
+            self.background.spawn(self.deliver(task_id))
+
+    async def resume(self) -> None:
+        """After a restart: deliver the callbacks claimed and not delivered."""
+        for task_id in await self.store.pending_callbacks():
+            self.background.spawn(self.deliver(task_id))
+
+    async def deliver(self, task_id: str) -> None:
+        """POST the finished task to its callback_url until a 2xx, with exponential backoff; the idempotency key
+        lets the receiver drop repeats (delivery is at least once)."""
+        task = await self.store.task(task_id)
+        if task is None or not task.request.callback_url:
+            return
+        body = await task_view(self.store, task_id)
+        headers = {"idempotency-key": f"polar-task-{task_id}", "content-type": "application/json"}
+        error = "no attempt made"
+        for attempt in range(self.attempts):
+            try:
+                resp = await self.http().post(task.request.callback_url, json=body, headers=headers)
+                if 200 <= resp.status_code < 300:
+                    self.counters.callbacks["delivered"] += 1
+                    await self.store.set_callback(task_id, "delivered")
+                    return
+                error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            except httpx.HTTPError as exc:
+                error = repr(exc)
+            self.counters.callbacks["retried"] += 1
+            self.counters.errors["callback_failed"] += 1
+            await asyncio.sleep(self.backoff * 2**attempt)
+        self.counters.callbacks["failed"] += 1
+        await self.store.set_callback(task_id, "failed", error)

@@ -1,0 +1,97 @@
+"""Where a session's state changes are recorded, whoever made them (dispatch, a watcher, a cancel, a restart): the
+store first, then the task's subscribers, the dispatch loop (a slot or a session to place) and, once a task's last
+session ended, its callback. Also the re-queue rule for a session its gateway lost."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from polar_gym.schema import SessionResult, SessionStatus
+from polar_gym.server.callbacks import Callbacks
+from polar_gym.server.counters import ServerCounters
+from polar_gym.server.fleet import GatewayState
+from polar_gym.server.store import SessionRow, Store
+
+__all__ = ["Ledger", "ended_as"]
+
+S = SessionStatus
+
+
+class Ledger:
+    def __init__(self, store: Store, counters: ServerCounters, callbacks: Callbacks, *, max_attempts: int) -> None:
+        self.store, self.counters, self.callbacks, self.max_attempts = store, counters, callbacks, max_attempts
+        #: set when a session may be dispatched (submitted, re-queued, a slot freed, a gateway came)
+        self.wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._subscribers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = collections.defaultdict(set)
+
+    # -- who hears about changes -----------------------------------------------------------------------------
+
+    async def notify(self, task_id: str, event: dict[str, Any]) -> None:
+        for queue in self._subscribers.get(task_id, ()):
+            queue.put_nowait({"task_id": task_id, "time": time.time(), **event})
+        async with self._changed:
+            self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def subscribe(self, task_id: str) -> Iterator[asyncio.Queue[dict[str, Any]]]:
+        """A queue of the task's events while the block runs."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._subscribers[task_id].add(queue)
+        try:
+            yield queue
+        finally:
+            self._subscribers[task_id].discard(queue)
+            if not self._subscribers[task_id]:
+                del self._subscribers[task_id]
+
+    async def changed(self, timeout: float) -> None:
+        """Return after the next change, or after ``timeout`` seconds."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+
+    # -- the changes -----------------------------------------------------------------------------------------
+
+    async def status(self, session_id: str, status: SessionStatus) -> None:
+        """A gateway reported a new, not final, status."""
+        await self.store.set_status(session_id, status)
+        row = await self.store.session(session_id)
+        if row is not None:
+            await self.notify(row.task_id, {"event": "status", "session_id": session_id, "status": status.value})
+
+    async def finish(self, result: SessionResult, gw: GatewayState | None) -> None:
+        """A final result; the first one stored stays."""
+        if gw is not None:
+            gw.sessions.discard(result.session_id)
+        if await self.store.finish(result):  # False: it had already ended
+            await self.ended(result.task_id, result.session_id, result.status, result.reason)
+
+    async def ended(self, task_id: str, session_id: str, status: SessionStatus, reason: str | None) -> None:
+        """A session reached its final state (a result, or quarantined): tell subscribers, call back when the
+        task is done."""
+        await self.notify(task_id, {"event": "finished", "session_id": session_id, "status": status.value,
+                                    "reason": reason})
+        self.wake.set()
+        if await self.store.unfinished(task_id) == 0:
+            await self.callbacks.task_done(task_id)
+
+    async def lost(self, row: SessionRow, why: str) -> None:
+        """Re-queue a session whose gateway lost it, or fail it with the reason after max_attempts."""
+        if row.attempts >= self.max_attempts:
+            await self.finish(ended_as(row, S.ERROR, f"{why}; gave up after {row.attempts} attempts"), None)
+            return
+        self.counters.redispatched += 1
+        await self.store.requeue(row.session_id, why)
+        await self.notify(row.task_id, {"event": "requeued", "session_id": row.session_id, "reason": why})
+        self.wake.set()
+
+
+def ended_as(row: SessionRow, status: SessionStatus, reason: str) -> SessionResult:
+    """The result the server records for a session no gateway finished."""
+    return SessionResult(session_id=row.session_id, task_id=row.task_id, status=status, reason=reason)

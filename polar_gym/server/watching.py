@@ -1,0 +1,122 @@
+"""Watching the fleet: one batch long poll per gateway for the sessions handed to it (results, statuses, sessions
+it lost), a health probe of every live gateway each interval, and the death of a gateway that stops answering (its
+sessions are re-queued through the ledger)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from polar_gym.gateway.errors import GatewayCallError, GatewayRefused
+from polar_gym.schema import SessionStatus
+from polar_gym.server.background import Background
+from polar_gym.server.counters import ServerCounters
+from polar_gym.server.fleet import DEAD, Fleet, GatewayState
+from polar_gym.server.ledger import Ledger
+from polar_gym.server.links import Links
+from polar_gym.server.store import Store
+
+__all__ = ["Watching"]
+
+log = logging.getLogger(__name__)
+S = SessionStatus
+
+
+class Watching:
+    def __init__(self, store: Store, fleet: Fleet, counters: ServerCounters, ledger: Ledger, links: Links,
+                 background: Background, *, heartbeat_interval: float, dead_after: float, result_wait: float) -> None:
+        self.store, self.fleet, self.counters, self.ledger = store, fleet, counters, ledger
+        self.links, self.background = links, background
+        self.heartbeat_interval, self.dead_after, self.result_wait = heartbeat_interval, dead_after, result_wait
+
+    # -- liveness --------------------------------------------------------------------------------------------
+
+    async def monitor_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.gather(*(self.probe(gw) for gw in self.fleet.live()))
+                now = time.monotonic()
+                for gw in self.fleet.live():
+                    if now - gw.last_seen > self.dead_after:
+                        await self.declare_dead(gw)
+            except Exception:
+                self.counters.errors["monitor_round_failed"] += 1
+                log.exception("a gateway monitoring round failed; monitoring goes on")
+            await asyncio.sleep(self.heartbeat_interval)
+
+    async def probe(self, gw: GatewayState) -> None:
+        """Gateways need not push heartbeats: a health answer counts as one."""
+        try:
+            health = await self.links.gateway(gw).health(timeout=max(self.heartbeat_interval, 1.0))
+        except GatewayRefused:
+            return  # it answers, though not yet (or no longer) with its health: heartbeats decide
+        except GatewayCallError:
+            self.counters.errors["heartbeat_failed"] += 1
+            return
+        gw.last_seen, gw.health, gw.suspect = time.monotonic(), health.model_dump(mode="json"), False
+
+    async def declare_dead(self, gw: GatewayState) -> None:
+        log.warning("gateway %s (%s) missed heartbeats: re-dispatching %d sessions", gw.gateway_id, gw.url,
+                    len(gw.sessions))
+        self.counters.errors["gateway_dead"] += 1
+        gw.row.state = DEAD
+        await self.store.save_gateway(gw.row)
+        lost, gw.sessions = list(gw.sessions), set()
+        for session_id in lost:
+            row = await self.store.session(session_id)
+            if row is not None and not row.status.terminal:
+                await self.ledger.lost(row, f"gateway {gw.gateway_id} ({gw.url}) stopped answering")
+        self.ledger.wake.set()
+
+    # -- results ---------------------------------------------------------------------------------------------
+
+    def ensure_watcher(self, gw: GatewayState) -> None:
+        """One watcher per gateway (not one long poll per session: a thousand of those starved the event loop and
+        the HTTP pool after a restart); a new session wakes it."""
+        gw.added.set()
+        if gw.watcher is None or gw.watcher.done():
+            gw.watcher = self.background.spawn(self.watch(gw))
+
+    async def watch(self, gw: GatewayState) -> None:
+        """Batch long polls (POST /sessions/poll) for every session this server handed to ``gw``, until the
+        gateway is declared dead; sessions dispatched meanwhile join the next poll (a poll waits at most
+        ``result_wait`` seconds)."""
+        last: dict[str, str] = {}
+        while gw.row.state != DEAD:
+            gw.added.clear()
+            ids = list(gw.sessions)
+            if not ids:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gw.added.wait(), 60.0)
+                continue
+            try:
+                polled = await self.links.gateway(gw).poll(ids, self.result_wait)
+            except GatewayCallError as exc:  # a gateway shutting down or overloaded: ask again, heartbeats decide
+                cause = f"result_http_{exc.status}" if isinstance(exc, GatewayRefused) else "result_poll_failed"
+                self.counters.errors[cause] += 1
+                await asyncio.sleep(min(1.0, self.heartbeat_interval))
+                continue
+            for why in polled.unreadable:  # one bad result must not stop the watch of the others
+                self.counters.errors["result_unreadable"] += 1
+                log.error("unreadable result from %s: %s", gw.gateway_id, why)
+            reply = polled.reply
+            for result in reply.results:
+                last.pop(result.session_id, None)
+            mine = [r for r in reply.results if r.session_id in gw.sessions]
+            for start in range(0, len(mine), 64):  # concurrently: each finish waits on the store and callbacks
+                await asyncio.gather(*(self.ledger.finish(r, gw) for r in mine[start:start + 64]))
+            for session_id, status in reply.statuses.items():
+                if session_id in gw.sessions and status != last.get(session_id) and status in S.__members__ \
+                        and not S(status).terminal:
+                    last[session_id] = status
+                    await self.ledger.status(session_id, S(status))
+            for session_id in reply.unknown:
+                if session_id in gw.sessions:
+                    self.counters.errors["result_http_404"] += 1
+                    gw.sessions.discard(session_id)
+                    last.pop(session_id, None)
+                    row = await self.store.session(session_id)
+                    if row is not None and not row.status.terminal:
+                        await self.ledger.lost(row, f"{gw.gateway_id} does not know the session any more")

@@ -1,0 +1,172 @@
+"""The RolloutServer's collaborators through their seams, without loops or sockets: the dispatch plan by free slots,
+a post's outcome per gateway answer (httpx.MockTransport as the gateway), re-queue then give up, callbacks that
+retry then give up, the admin fan-out, the typed counters."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from polar_gym.schema import AgentSpec, GatewayRegistration, SessionSpec, SessionStatus, TaskRequest
+from polar_gym.server import RolloutServer, ServerCounters, Store
+from polar_gym.server.core import admin_call
+from polar_gym.server.dispatch import free_slots, plan
+from polar_gym.server.fleet import DRAINING, Fleet
+from polar_gym.server.store import SessionRow
+
+S = SessionStatus
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def _rows(n: int) -> list[SessionRow]:
+    task = TaskRequest(task_id="t", instruction="x", num_samples=n, agent=AgentSpec(harness="h"))
+    return [SessionRow(SessionSpec.from_task(task, i), S.REGISTERED, None, 0, None, None, 0.0, None)
+            for i in range(n)]
+
+
+def test_the_plan_fills_free_slots_least_loaded_first_and_leaves_the_fleet_as_it_was() -> None:
+    fleet = Fleet()
+    small = fleet.register(GatewayRegistration(url="http://small", capacity=1))
+    big = fleet.register(GatewayRegistration(url="http://big", capacity=3))
+    busy = fleet.register(GatewayRegistration(url="http://busy", capacity=2))
+    busy.sessions |= {"x", "y"}
+    assert free_slots(fleet) == 4
+    rows = _rows(6)
+    chosen = plan(fleet, rows)
+    assert [g.url for _, g in chosen] == ["http://big", "http://small", "http://big", "http://big"]
+    assert [r.session_id for r, _ in chosen] == [r.session_id for r in rows[:4]]  # in order, until the fleet is full
+    assert small.sessions == set() and big.sessions == set() and busy.sessions == {"x", "y"}
+    big.suspect, small.row.state = True, DRAINING
+    assert free_slots(fleet) == 0 and plan(fleet, rows) == []
+
+
+@pytest_asyncio.fixture
+async def make_server(tmp_path: Path) -> AsyncIterator[Callable[..., RolloutServer]]:
+    """A RolloutServer whose HTTP goes to ``handler`` (its loops are not started)."""
+    made: list[RolloutServer] = []
+
+    def make(handler: Handler, **knobs: Any) -> RolloutServer:
+        server = RolloutServer(Store(tmp_path / f"db{len(made)}.sqlite"), transport=httpx.MockTransport(handler),
+                               **knobs)
+        server.links.open()
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        await server.stop()
+        server.store.close()
+
+
+async def _submitted(server: RolloutServer, n: int, callback_url: str | None = None) -> list[SessionRow]:
+    task = TaskRequest(task_id="t", instruction="x", num_samples=n, agent=AgentSpec(harness="h"),
+                       callback_url=callback_url)
+    await server.submit(task)
+    return await server.store.undispatched()
+
+
+@pytest.mark.parametrize(("answer", "state", "attempts", "cause"), [
+    (201, "healthy", 1, None),
+    (409, "healthy", 1, None),  # it already runs there: as good as accepted
+    (503, DRAINING, 1, "dispatch_http_503"),  # closing: no more sessions go there
+    (500, "healthy", 1, "dispatch_http_500"),
+    ("connect", "healthy", 0, "dispatch_unreachable"),  # never got there: the attempt is refunded
+    ("timeout", "healthy", 1, "dispatch_unreachable"),
+])
+async def test_a_post_and_what_each_gateway_answer_means(make_server: Callable[..., RolloutServer],
+                                                         answer: int | str, state: str, attempts: int,
+                                                         cause: str | None) -> None:
+    def gateway(request: httpx.Request) -> httpx.Response:
+        assert (request.method, request.url.path, request.headers["x-admin-token"]) == ("POST", "/sessions", "tok")
+        if answer == "connect":
+            raise httpx.ConnectError("refused", request=request)
+        if answer == "timeout":
+            raise httpx.ReadTimeout("slow", request=request)
+        assert isinstance(answer, int)
+        return httpx.Response(answer, json={"session_id": "s", "status": "INITIALIZING"})
+
+    server = make_server(gateway)
+    gw = await server.register(GatewayRegistration(url="http://gw", capacity=4, admin_token="tok"))
+    rows = await _submitted(server, 1)
+    assert await server.dispatcher.batch(rows) == 1
+    row = await server.store.session(rows[0].session_id)
+    assert row is not None and row.attempts == attempts and gw.row.state == state
+    if cause is None:
+        assert row.status is S.INITIALIZING and gw.sessions == {row.session_id}
+        assert server.counters.dispatched == 1 and server.counters.redispatched == 0
+        assert gw.watcher is not None  # the gateway's watcher runs
+    else:
+        assert row.status is S.REGISTERED and gw.sessions == set()  # back in the queue
+        assert server.counters.errors[cause] == 1 and server.counters.redispatched == 1
+        assert gw.suspect is (cause == "dispatch_unreachable")
+
+
+async def test_a_lost_session_is_requeued_then_given_up(make_server: Callable[..., RolloutServer]) -> None:
+    server = make_server(lambda request: httpx.Response(500), max_attempts=2)
+    gw = await server.register(GatewayRegistration(url="http://gw", capacity=4))
+    rows = await _submitted(server, 1)
+    for attempt in (1, 2):
+        gw.row.state = "healthy"
+        await server.dispatcher.batch(await server.store.undispatched())
+        row = await server.store.session(rows[0].session_id)
+        assert row is not None and row.attempts == attempt
+    assert row.status is S.ERROR and "gave up after 2 attempts" in (row.reason or "")
+    assert server.counters.redispatched == 1
+
+
+async def test_callbacks_retry_then_give_up_or_deliver(make_server: Callable[..., RolloutServer]) -> None:
+    calls: list[str] = []
+
+    def receiver(request: httpx.Request) -> httpx.Response:
+        calls.append(request.headers["idempotency-key"])
+        return httpx.Response(200 if request.url.host == "patient" and len(calls) >= 2 else 500, text="down")
+
+    server = make_server(receiver, callback_attempts=3, callback_backoff=0.0)
+    await _submitted(server, 1, callback_url="http://never/cb")
+    await server.callbacks.deliver("t")
+    task = await server.store.task("t")
+    assert task is not None and (task.callback_state, task.callback_error) == ("failed", "HTTP 500: down")
+    assert calls == ["polar-task-t"] * 3
+    assert server.counters.callbacks == {"retried": 3, "failed": 1}
+
+    calls.clear()
+    other = make_server(receiver, callback_attempts=3, callback_backoff=0.0)
+    await _submitted(other, 1, callback_url="http://patient/cb")
+    await other.callbacks.deliver("t")
+    task = await other.store.task("t")
+    assert task is not None and task.callback_state == "delivered" and len(calls) == 2
+    assert other.counters.callbacks == {"retried": 1, "delivered": 1}
+
+
+async def test_the_admin_fanout_reports_each_gateway(make_server: Callable[..., RolloutServer]) -> None:
+    def gateway(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "down":
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.host == "old":
+            return httpx.Response(404, json={"error": {"type": "not_found", "message": "no such route"}})
+        assert request.url.path == "/admin/resume" and request.content == b'{"policy_version":3}'
+        return httpx.Response(200, json={"paused": False, "policy_version": 3})
+
+    server = make_server(gateway)
+    ids = {url: (await server.register(GatewayRegistration(url=url, capacity=1))).gateway_id
+           for url in ("http://ok", "http://old", "http://down")}
+    answers = await server.fanout("POST", "/admin/resume", {"policy_version": 3})
+    assert answers[ids["http://ok"]] == {"status": 200, "body": {"paused": False, "policy_version": 3}}
+    assert answers[ids["http://old"]]["status"] == 404
+    assert answers[ids["http://down"]]["status"] is None and "refused" in answers[ids["http://down"]]["error"]
+    assert server.counters.errors == {"backend_fanout_failed": 1}
+    with pytest.raises(ValueError):
+        admin_call("POST", "/admin/shutdown")
+
+
+def test_counters_are_typed() -> None:
+    counters = ServerCounters()
+    counters.dispatch(1.5)
+    counters.dispatch(-1.0)  # a clock step back counts as no wait
+    assert (counters.dispatched, counters.dispatch_seconds) == (2, 1.5)
+    assert isinstance(counters.dispatched, int)
