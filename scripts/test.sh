@@ -16,10 +16,16 @@ else
   bash scripts/setup.sh --engine
   MARK="engine or slurm or slow or not (engine or slurm or slow)"  # every tier, named
 fi
-.venv/bin/ruff check polar_gym tests benchmarks scripts
-.venv/bin/lint-imports
-.venv/bin/mypy
+# The checks run first (about 40 s); a failed one does not stop the tests, so one CI run reports everything.
+failed=()
+.venv/bin/ruff check polar_gym tests benchmarks scripts || failed+=(ruff)
+.venv/bin/lint-imports || failed+=(lint-imports)
+.venv/bin/mypy || failed+=(mypy)
 # Coverage of polar_gym in this process (the sandboxes' and subprocesses' own runs are not measured); the table
 # lists the files not fully covered, coverage/coverage.xml holds the rest.
 .venv/bin/python -m pytest -q -p no:cacheprovider -m "$MARK" --cov --cov-report=term:skip-covered --cov-report=xml \
-  "$@"
+  "$@" || failed+=(pytest)
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED: ${failed[*]}" >&2
+  exit 1
+fi
