@@ -8,7 +8,8 @@ touching this package. The same names appear in Hydra YAML, in TaskRequest JSON 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, overload
 
 __all__ = [
     "BUILDERS",
@@ -23,14 +24,20 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 class RegistryError(LookupError):
     pass
 
 
-def load_dotted(path: str) -> Any:
-    """Import ``pkg.module:attr`` (or ``pkg.module.attr``)."""
+@overload
+def load_dotted(path: str) -> Any: ...
+@overload
+def load_dotted(path: str, expected: type[C]) -> type[C]: ...
+def load_dotted(path: str, expected: type[Any] | None = None) -> Any:
+    """Import ``pkg.module:attr`` (or ``pkg.module.attr``). What a string names is known only at run time, so the
+    plain form is untyped; with ``expected`` the object must be that class or a subclass of it, and is typed so."""
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")
@@ -41,15 +48,24 @@ def load_dotted(path: str) -> Any:
     except ImportError as exc:
         raise RegistryError(f"cannot import {module_name!r} for {path!r}: {exc}") from exc
     try:
-        return getattr(module, attr)
+        target = getattr(module, attr)
     except AttributeError as exc:
         raise RegistryError(f"{module_name!r} has no attribute {attr!r}") from exc
+    if expected is not None and not (isinstance(target, type) and issubclass(target, expected)):
+        raise RegistryError(f"{path!r} is not a subclass of {expected.__module__}.{expected.__qualname__}")
+    return target
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, entries: dict[str, str] | None = None) -> None:
+    """Names to lazily imported plug-ins of one kind. ``load`` turns a dotted path into a ``T``: the default trusts
+    the path (plug-ins of a kind need not share a base class, builders are plain functions); a registry of classes
+    can check them with ``functools.partial(load_dotted, expected=Base)``."""
+
+    def __init__(self, kind: str, entries: dict[str, str] | None = None,
+                 load: Callable[[str], T] = load_dotted) -> None:
         self.kind = kind
         self._entries: dict[str, str | T] = dict(entries or {})
+        self._load = load
 
     def register(self, name: str, target: str | T) -> None:
         self._entries[name] = target
@@ -61,12 +77,11 @@ class Registry(Generic[T]):
         target = self._entries.get(name)
         if target is None:
             if ":" in name:
-                return load_dotted(name)  # type: ignore[no-any-return]
+                return self._load(name)
             raise RegistryError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
         if isinstance(target, str):
-            target = load_dotted(target)
-            self._entries[name] = target
-        return target  # type: ignore[return-value]
+            target = self._entries[name] = self._load(target)
+        return target
 
 
 PROVIDERS: Registry[Any] = Registry("provider", {

@@ -54,11 +54,11 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path) -> Path:
     staging.mkdir(parents=True)
 
     torch.manual_seed(SEED)
-    config = Qwen3Config(**TINY_CONFIG, torch_dtype="bfloat16")
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    config = Qwen3Config(**TINY_CONFIG, dtype="bfloat16")
+    model = Qwen3ForCausalLM(config).bfloat16()
     model.save_pretrained(str(staging), safe_serialization=True)
-    GenerationConfig(bos_token_id=BOS_TOKEN_ID, eos_token_id=[EOS_TOKEN_ID, BOS_TOKEN_ID],
-                     pad_token_id=BOS_TOKEN_ID).save_pretrained(str(staging))
+    GenerationConfig.from_dict({"bos_token_id": BOS_TOKEN_ID, "eos_token_id": [EOS_TOKEN_ID, BOS_TOKEN_ID],
+                                "pad_token_id": BOS_TOKEN_ID}).save_pretrained(str(staging))
 
     copied = [name for name in _TOKENIZER_FILES if (tokenizer_dir / name).exists()]
     if "tokenizer.json" not in copied:

@@ -76,6 +76,14 @@ fi
 CLONE_SITE=$("$ROOT/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # this clone first: whatever the cached site-packages add comes after it
 printf '%s\nimport site; site.addsitedir(%s)\n' "$ROOT" "'$CACHED_SITE'" > "$CLONE_SITE/polar_gym_src.pth"
+# The clone installed editable (no deps, no index, no build isolation: the cached venv's setuptools builds it), so
+# its package metadata exists: polar_gym.__version__ reads pyproject's version from there. Redone only when
+# pyproject.toml changes.
+STAMP=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$ROOT/.venv/.polar_editable" 2>/dev/null)" != "$STAMP" ]; then
+  "$VENV/bin/pip" --python "$ROOT/.venv/bin/python" install -q --no-deps --no-build-isolation --no-index -e "$ROOT"
+  echo "$STAMP" > "$ROOT/.venv/.polar_editable"
+fi
 # the cached venv's command-line tools (ruff, pytest, ...) run with this clone's interpreter
 for tool in "$VENV"/bin/*; do
   name=$(basename "$tool")

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import uvicorn
-from _fakes import ByteTokenizer
 
 from polar_gym.launch.local import EmbeddedServer
 from polar_gym.proxy.app import create_app
@@ -24,6 +23,7 @@ from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import OracleScript
+from tests._fakes import ByteTokenizer
 
 ADMIN = "test-admin-token"
 SCRIPT = OracleScript(commands=["echo hello > out.txt", "cat out.txt"], final_answer="All done: out.txt holds hello.")

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent / "merge"))  # _sessions: readable sessions and builder invariants
-
-from _serving import RunningProxy, oracle_service, serve
-from _vllm import vllm_server  # noqa: F401  (one real vLLM per session, for every folder that asks)
+from tests._serving import RunningProxy, oracle_service, serve
+from tests._vllm import vllm_server  # noqa: F401  (one real vLLM per session, for every folder that asks)
 
 
 @pytest.fixture

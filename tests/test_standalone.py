@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _serving import free_port
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.journal import read_session
+from tests._serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

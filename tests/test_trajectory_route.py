@@ -9,13 +9,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _fakes import ByteTokenizer
-from _serving import SCRIPT, RunningProxy, oracle_service, serve
-from _sessions import check_invariants
 
 from polar_gym.merge import check_contiguity, nemo_items
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.schema import CompletionSession, Trajectory
+from tests._fakes import ByteTokenizer
+from tests._serving import SCRIPT, RunningProxy, oracle_service, serve
+from tests.merge._sessions import check_invariants
 
 SID = "route-session"
 

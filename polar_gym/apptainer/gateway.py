@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from polar_gym.apptainer.commands import RELAY_INNER
-from polar_gym.runtime.base import SESSION_MOUNT
+from polar_gym.runtime.base import SESSION_MOUNT, Runtime
 from polar_gym.runtime.errors import SandboxStartError
 from polar_gym.runtime.relay import GatewayRelay, helper_argv, relay_program
-
-if TYPE_CHECKING:
-    from polar_gym.apptainer.runtime import ApptainerRuntime
 
 __all__ = ["ApptainerRelay", "relay_start_argv"]
 
@@ -31,15 +27,17 @@ def relay_start_argv() -> list[str]:
 
 
 class ApptainerRelay:
-    """Both halves of the relay for one instance."""
+    """Both halves of the relay for one instance (``runtime`` runs the inner half; typed as the base class, so this
+    module does not import the Apptainer runtime that uses it)."""
 
-    def __init__(self, runtime: ApptainerRuntime, program: Path, host: GatewayRelay) -> None:
+    def __init__(self, runtime: Runtime, instance: str, program: Path, host: GatewayRelay) -> None:
         self.runtime = runtime
+        self.instance = instance
         self.program = program
         self.host = host
 
     @classmethod
-    async def open(cls, runtime: ApptainerRuntime) -> ApptainerRelay:
+    async def open(cls, runtime: Runtime, instance: str) -> ApptainerRelay:
         """Start the host half and prepare the bind (call before ``instance start``)."""
         if runtime.gateway is None:
             raise SandboxStartError('network="gateway" needs the gateway endpoint (Runtime(..., gateway=...))')
@@ -49,12 +47,12 @@ class ApptainerRelay:
         placeholder.touch()
         host = GatewayRelay(runtime.session_dir, runtime.gateway)
         await host.start()
-        return cls(runtime, program, host)
+        return cls(runtime, instance, program, host)
 
     async def start_inner(self) -> None:
         result = await self.runtime.exec(relay_start_argv(), cwd="/", timeout=60.0)
         if not result.ok:
-            raise SandboxStartError(f"the gateway relay did not start in {self.runtime.instance} "
+            raise SandboxStartError(f"the gateway relay did not start in {self.instance} "
                                     f"({result.status.value}, exit {result.exit_code}): {result.stderr[-2000:]!r}")
 
     async def close(self) -> None:

@@ -121,7 +121,7 @@ class ApptainerRuntime(Runtime):
         if workdir is not None:
             workdir.mkdir(parents=True, exist_ok=True)
         if self.spec.network == "gateway":
-            self._relay = await ApptainerRelay.open(self)
+            self._relay = await ApptainerRelay.open(self, self.instance)
         argv = cmd.instance_start_argv(self.spec, self._opts(), self.session_dir, self.instance,
                                        relay=self._relay.program if self._relay is not None else None)
         code, err = await self._run_logged(argv, "start", self.opts.start_timeout)

@@ -18,9 +18,10 @@ import os
 import signal
 import sys
 import tempfile
+from typing import BinaryIO
 
 from polar_gym.registry import RUNTIMES
-from polar_gym.runtime.base import ExecStatus, GatewayEndpoint, Runtime
+from polar_gym.runtime.base import ExecStatus, GatewayEndpoint, OutputCallback, Runtime
 from polar_gym.runtime.errors import SandboxError
 from polar_gym.schema import RuntimeSpec
 
@@ -54,10 +55,10 @@ def _endpoint(text: str | None) -> GatewayEndpoint | None:
     return GatewayEndpoint(host or "127.0.0.1", int(port))
 
 
-def _write(stream: object) -> object:
+def _write(stream: BinaryIO) -> OutputCallback:
     def write(chunk: bytes) -> None:
-        stream.write(chunk)  # type: ignore[attr-defined]
-        stream.flush()  # type: ignore[attr-defined]
+        stream.write(chunk)
+        stream.flush()
     return write
 
 
@@ -84,8 +85,8 @@ async def run_exec(args: argparse.Namespace) -> int:
             try:
                 await runtime.start()
                 result = await runtime.exec(args.command, env=env, cwd=args.cwd, timeout=args.timeout,
-                                            on_stdout=_write(sys.stdout.buffer),  # type: ignore[arg-type]
-                                            on_stderr=_write(sys.stderr.buffer))  # type: ignore[arg-type]
+                                            on_stdout=_write(sys.stdout.buffer),
+                                            on_stderr=_write(sys.stderr.buffer))
             finally:
                 await asyncio.shield(runtime.stop())
         except asyncio.CancelledError:

@@ -146,7 +146,7 @@ class GatewayRelay:
         if self.max_connections is not None and len(self._tasks) >= self.max_connections:
             writer.close()
             return
-        self._tasks.add(task)  # type: ignore[arg-type]
+        self._tasks.add(task)
         try:
             try:
                 up_r, up_w = await asyncio.open_connection(self.endpoint.host, self.endpoint.port)
@@ -158,7 +158,7 @@ class GatewayRelay:
                 up_w.close()
         finally:
             writer.close()
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
 
     async def stop(self) -> None:
         if self._server is not None:

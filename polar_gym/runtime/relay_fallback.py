@@ -88,7 +88,6 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"polar relay: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
-    return 0  # pragma: no cover - execvp does not return
 
 
 if __name__ == "__main__":

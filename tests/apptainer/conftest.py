@@ -1,4 +1,4 @@
-"""Fixtures of this folder; they and the helpers behind them live in ``_apptainer_kit.py`` (a uniquely named module,
-so test files import helpers from it without clashing with other folders' conftest modules)."""
+"""Fixtures of this folder; they and the helpers behind them live in ``_apptainer_kit.py``, which test files import as
+``tests.apptainer._apptainer_kit`` (conftest modules are not imported by name)."""
 
-from _apptainer_kit import *  # noqa: F403
+from tests.apptainer._apptainer_kit import *  # noqa: F403

@@ -14,11 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _waiting import until
 
 from polar_gym.apptainer.runtime import ApptainerRuntime
 from polar_gym.runtime.base import ExecStatus
 from polar_gym.schema import RuntimeSpec
+from tests._waiting import until
 
 BINARY = shutil.which("apptainer") or shutil.which("singularity")
 IMAGE = os.environ.get("POLAR_APPTAINER_IMAGE", "docker://busybox:1.36")

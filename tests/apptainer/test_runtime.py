@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _apptainer_kit import FakeApptainer, make_fake
-from _waiting import BOUND, until
 
 from polar_gym.apptainer.runtime import ApptainerRuntime
 from polar_gym.registry import RUNTIMES
 from polar_gym.runtime.base import GATEWAY_INNER_PORT, ExecStatus, GatewayEndpoint
 from polar_gym.runtime.errors import SandboxStartError, SandboxStateError, SandboxUnavailable
 from polar_gym.schema import RuntimeSpec
+from tests._waiting import BOUND, until
+from tests.apptainer._apptainer_kit import FakeApptainer, make_fake
 
 
 def runtime(tmp_path: Path, network: str = "none", **options: object) -> ApptainerRuntime:

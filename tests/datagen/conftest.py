@@ -2,9 +2,4 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from _datagen_kit import *  # noqa: F403
+from tests.datagen._datagen_kit import *  # noqa: F403

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from _datagen_kit import EXAMPLE, template
 from hydra import compose, initialize_config_dir
 
 from polar_gym.datagen import DatasetError, dataset_requests, load_dataset
 from polar_gym.launch import CONF_DIR, ConfigError, build_job
 from polar_gym.schema import EvaluatorSpec
 from polar_gym.tasks import DEMO_TASKS
+from tests.datagen._datagen_kit import EXAMPLE, template
 
 SWEBENCH_ROW = {
     "instance_id": "getmoto__moto-5752", "repo": "getmoto/moto", "base_commit": "b2300f1", "version": "4.0",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from _datagen_kit import EXAMPLE, empty_result, session_result, template
 
 from polar_gym.datagen import DatagenConfig, dataset_requests, pass_at_k, retry_requests, write_dataset
+from tests.datagen._datagen_kit import EXAMPLE, empty_result, session_result, template
 
 RELEASED = {"instance_id", "repo", "problem_statement", "base_commit", "version", "messages"}
 

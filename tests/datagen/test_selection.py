@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from _datagen_kit import EXAMPLE, empty_result, session_result, template
 
 from polar_gym.datagen import (
     attempt_of,
@@ -18,6 +17,7 @@ from polar_gym.datagen import (
     stratified_split,
 )
 from polar_gym.schema import SessionResult, SessionStatus, Trace, Trajectory
+from tests.datagen._datagen_kit import EXAMPLE, empty_result, session_result, template
 
 
 # -- empty generations ------------------------------------------------------------------------------------------------

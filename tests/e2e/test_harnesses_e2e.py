@@ -12,10 +12,6 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from _procs import processes_with
-from _serving import served_gateway
-from _sessions import check_invariants
-from _waiting import until
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayNode
@@ -27,6 +23,10 @@ from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import BuilderSpec, CompletionSession, RuntimeSpec, SessionSpec, SessionStatus
 from polar_gym.tasks import demo_task
+from tests._procs import processes_with
+from tests._serving import served_gateway
+from tests._waiting import until
+from tests.merge._sessions import check_invariants
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 

@@ -34,8 +34,6 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from _serving import served_gateway
-from _unprivileged import require_outer_root_run, run_as_nobody
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayNode
@@ -45,6 +43,8 @@ from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import BuilderSpec, RuntimeSpec, SessionSpec, SessionStatus
 from polar_gym.tasks import demo_task
+from tests._serving import served_gateway
+from tests._unprivileged import require_outer_root_run, run_as_nobody
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -323,9 +323,8 @@ def test_the_same_attack_fails_under_an_unprivileged_gateway(tmp_path: Path) -> 
     work = Path(tempfile.mkdtemp(prefix="polar-hostile-unpriv-", dir="/tmp"))
     try:
         inner_cache = work / "cache"
-        tests = ROOT / "tests"
         run_as_nobody(Path(__file__), work, bind=(cache, inner_cache), min_passed=2, markers=("harness", "slow"),
-                      pythonpath=[inner_cache / site.relative_to(cache), ROOT, tests, tests / "merge"],
+                      pythonpath=[inner_cache / site.relative_to(cache), ROOT],
                       env={"POLAR_CACHE": str(inner_cache)}, timeout=300)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -13,8 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from _serving import serve
-from _vllm import VLLMServer  # the vllm_server fixture itself is registered by tests/conftest.py
 
 from polar_gym.assets import (
     tokenizer_dir,
@@ -24,6 +22,8 @@ from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
+from tests._serving import serve
+from tests._vllm import VLLMServer  # the vllm_server fixture itself is registered by tests/conftest.py
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Fixtures of this folder; they and the helpers behind them live in ``_engine_kit.py`` (a uniquely named module,
-so test files import helpers from it without clashing with other folders' conftest modules)."""
+"""Fixtures of this folder; they and the helpers behind them live in ``_engine_kit.py``, which test files import as
+``tests.engine._engine_kit`` (conftest modules are not imported by name)."""
 
-from _engine_kit import *  # noqa: F403
+from tests.engine._engine_kit import *  # noqa: F403

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _serving import served_gateway
-from _sessions import check_invariants
 
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.vllm import VLLMEngine
@@ -18,12 +16,14 @@ from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.schema import BuilderSpec, CompletionSession, EvaluatorSpec, RuntimeSpec, SessionSpec
 from polar_gym.tasks import demo_task
+from tests._serving import served_gateway
+from tests.merge._sessions import check_invariants
 
 pytestmark = pytest.mark.engine
 
 
 async def test_real_harnesses_on_a_real_engine_record_the_engines_tokens(vllm_server, tmp_path: Path):
-    from _engine_kit import RecordingTransport  # keeps every raw upstream answer
+    from tests.engine._engine_kit import RecordingTransport  # keeps every raw upstream answer
 
     transport = RecordingTransport()
     client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(120.0, connect=5.0))

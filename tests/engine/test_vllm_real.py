@@ -17,7 +17,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-from _sessions import check_invariants
 from google import genai
 from google.genai import types
 
@@ -26,6 +25,7 @@ from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.tokenizer import HFChatTokenizer, template_messages
 from polar_gym.schema import CompletionSession
+from tests.merge._sessions import check_invariants
 
 pytestmark = pytest.mark.engine
 

@@ -1,8 +1,3 @@
-"""Fixtures and helpers of this folder live in ``_env_kit.py`` (a uniquely named module, importable by the tests)."""
+"""Fixtures and helpers of this folder live in ``_env_kit.py`` (importable by the tests as ``tests.env._env_kit``)."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from _env_kit import *  # noqa: F403
+from tests.env._env_kit import *  # noqa: F403

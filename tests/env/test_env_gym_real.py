@@ -20,13 +20,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _env_kit import AGENT_DIR, ENV_DIR, gym_venv_or_skip, nemo_rl_contiguity
-from _procs import processes_with, take_ctrl_c  # tests/ is on sys.path (tests/conftest.py)
-from _vllm import VLLMServer
 
 from polar_gym.journal import read_session
 from polar_gym.merge.cli import find_journals
 from polar_gym.tasks import DEMO_TASKS
+from tests._procs import processes_with, take_ctrl_c
+from tests._vllm import VLLMServer
+from tests.env._env_kit import AGENT_DIR, ENV_DIR, gym_venv_or_skip, nemo_rl_contiguity
 
 pytestmark = pytest.mark.slow
 

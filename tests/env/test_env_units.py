@@ -7,10 +7,10 @@ import json
 
 import httpx
 import pytest
-from _env_kit import load_agent_module, nemo_rl_contiguity, two_chain_result
 
 from polar_gym.env.tasks import EnvTemplate, task_request
 from polar_gym.merge.nemo_payload import session_nemo_payload
+from tests.env._env_kit import load_agent_module, nemo_rl_contiguity, two_chain_result
 
 convert = load_agent_module("polar_convert")
 client_mod = load_agent_module("polar_client")

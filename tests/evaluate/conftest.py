@@ -4,7 +4,6 @@ under tmp_path, plays the task's prepare actions (the repository) and yields it;
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -14,8 +13,6 @@ from polar_gym.runtime.base import Runtime
 from polar_gym.runtime.local import LocalRuntime
 from polar_gym.schema import RuntimeSpec
 from polar_gym.tasks import DemoTask, run_prepare
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 DemoRuntime = Callable[..., contextlib.AbstractAsyncContextManager[Runtime]]
 

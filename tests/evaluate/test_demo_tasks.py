@@ -5,10 +5,10 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from _evalkit import needs_bwrap, solve
 
 from polar_gym.schema import RuntimeSpec, TaskRequest
 from polar_gym.tasks import DEMO_TASKS, TEST_COMMAND, demo_task, demo_tasks
+from tests.evaluate._evalkit import needs_bwrap, solve
 
 pytestmark = needs_bwrap
 

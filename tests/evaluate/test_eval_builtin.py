@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from _evalkit import context, needs_bwrap, solve
 
 from polar_gym.evaluate import EvaluatorConfigError, MissingRuntimeError, load_evaluator
 from polar_gym.evaluate.session_completed import SessionCompleted
@@ -12,6 +11,7 @@ from polar_gym.merge.rewards import apply_rewards
 from polar_gym.runtime.base import ExecResult, ExecStatus
 from polar_gym.schema import EvaluatorSpec, Trace
 from polar_gym.tasks import TEST_COMMAND, demo_task
+from tests.evaluate._evalkit import context, needs_bwrap, solve
 
 pytestmark = needs_bwrap
 TASK = demo_task("demo-calc-add")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from _evalkit import needs_bwrap, solve
 
 from polar_gym.evaluate.patches import (
     APPLY_STRATEGIES,
@@ -18,6 +17,7 @@ from polar_gym.evaluate.patches import (
 )
 from polar_gym.evaluate.results import TestSummary, parse_pytest, parse_summary, parse_unittest
 from polar_gym.tasks import TEST_COMMAND, demo_task
+from tests.evaluate._evalkit import needs_bwrap, solve
 
 GIT_DIFF = """\
 diff --git a/src/app.py b/src/app.py

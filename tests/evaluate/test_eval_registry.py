@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from _evalkit import context
 
 import polar_gym.evaluate as evaluate
 from polar_gym.evaluate import EvaluatorConfigError, evaluator_class, load_evaluator, register_evaluator
@@ -17,6 +16,7 @@ from polar_gym.merge.rewards import apply_rewards
 from polar_gym.registry import EVALUATORS
 from polar_gym.schema import EvaluatorSpec, Trace
 from polar_gym.tasks import demo_task
+from tests.evaluate._evalkit import context
 
 TASK = demo_task("demo-calc-add")
 

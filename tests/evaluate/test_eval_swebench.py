@@ -7,12 +7,12 @@ import importlib.util
 import json
 
 import pytest
-from _evalkit import context, needs_bwrap, solve
 
 from polar_gym.evaluate import MissingRuntimeError, load_evaluator
 from polar_gym.evaluate.swebench_harness import SwebenchHarness, SwebenchMissing, swebench_task
 from polar_gym.schema import AgentSpec, EvaluatorSpec
 from polar_gym.tasks import demo_task
+from tests.evaluate._evalkit import context, needs_bwrap, solve
 
 HAVE_SWEBENCH = importlib.util.find_spec("swebench") is not None
 needs_swebench = pytest.mark.skipif(not HAVE_SWEBENCH, reason="the swebench package is not installed "

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -17,12 +16,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import uvicorn
-from _procs import processes_with
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from _fakes import ByteTokenizer
-from _serving import ADMIN, QuietServer, free_port
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
 from polar_gym.proxy.capture import CaptureJournal
@@ -38,8 +31,11 @@ from polar_gym.schema import (
     RuntimeSpec,
     SessionSpec,
 )
+from tests._fakes import ByteTokenizer
+from tests._procs import processes_with
+from tests._serving import ADMIN, QuietServer, free_port
 
-DOUBLES = "_gw_doubles"
+DOUBLES = "tests.gateway._gw_doubles"
 
 
 @dataclass

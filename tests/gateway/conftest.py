@@ -1,4 +1,4 @@
-"""Fixtures of this folder; they and the helpers behind them live in ``_gateway_kit.py`` (a uniquely named module,
-so test files import helpers from it without clashing with other folders' conftest modules)."""
+"""Fixtures of this folder; they and the helpers behind them live in ``_gateway_kit.py``, which test files import as
+``tests.gateway._gateway_kit`` (conftest modules are not imported by name)."""
 
-from _gateway_kit import *  # noqa: F403
+from tests.gateway._gateway_kit import *  # noqa: F403

@@ -8,13 +8,13 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-from _gateway_kit import MakeGateway, no_processes_with
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, SandboxStages, build_gateway
 from polar_gym.gateway.__main__ import config_from_args, parse_args
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import SessionResult
+from tests.gateway._gateway_kit import MakeGateway, no_processes_with
 
 
 async def until(probe: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
@@ -113,7 +113,7 @@ async def test_result_is_202_while_running(make_gateway: MakeGateway) -> None:
 
 
 def test_a_gateway_refuses_an_adhoc_registry() -> None:
-    from _fakes import ByteTokenizer
+    from tests._fakes import ByteTokenizer
 
     service = ProxyService(OracleEngine(ByteTokenizer()), sessions=SessionRegistry(allow_adhoc=True))
     with pytest.raises(ValueError, match="registered sessions only"):

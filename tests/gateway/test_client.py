@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from _fakes import ByteTokenizer
-from _gw_doubles import ScriptedStages
+from tests._fakes import ByteTokenizer
+from tests.gateway._gw_doubles import ScriptedStages
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, create_gateway_app
 from polar_gym.gateway.client import GatewayClient

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
-from _gateway_kit import LiveGateway, MakeGateway
 
 from polar_gym.schema import PrepareAction
+from tests.gateway._gateway_kit import LiveGateway, MakeGateway
 
 
 async def _submit(gw: LiveGateway, runtime: dict[str, Any], session_id: str) -> dict[str, Any]:

@@ -7,12 +7,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from _gw_doubles import ScriptedStages
-from _waiting import BOUND
 
 import polar_gym.gateway as gateway
 from polar_gym.gateway import DuplicateSession, GatewayClosed, GatewayConfig, GatewayNode, Pool, UtilizationTracker
 from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus
+from tests._waiting import BOUND
+from tests.gateway._gw_doubles import ScriptedStages
 
 S = SessionStatus
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _waiting import until
 
 from polar_gym.gateway.registration import ServerLink
 from polar_gym.server import RolloutServer, Store, create_server_app
+from tests._waiting import until
 
 TOKEN = "server-token"
 

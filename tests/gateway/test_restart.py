@@ -20,11 +20,11 @@ from typing import Any
 
 import httpx
 import pytest
-from _procs import processes_with
-from _serving import free_port
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, PrepareAction, RuntimeSpec, SessionSpec
+from tests._procs import processes_with
+from tests._serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "restart-admin-token"

@@ -7,11 +7,10 @@ import asyncio
 import json
 from pathlib import Path
 
-from _gateway_kit import LiveGateway, MakeGateway, no_processes_with
-from _procs import processes_with
-from _waiting import BOUND, until
-
 from polar_gym.schema import PrepareAction, SessionStatus
+from tests._procs import processes_with
+from tests._waiting import BOUND, until
+from tests.gateway._gateway_kit import LiveGateway, MakeGateway, no_processes_with
 
 S = SessionStatus
 

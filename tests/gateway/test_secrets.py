@@ -13,9 +13,9 @@ import logging
 from pathlib import Path
 
 import httpx
-from _gateway_kit import LiveGateway, MakeGateway
 
 from polar_gym.schema import AgentSpec
+from tests.gateway._gateway_kit import LiveGateway, MakeGateway
 
 #: save the key, make one model call with it, then wait for the test's go file
 HARNESS = r"""

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import orjson
-from _fakes import ByteTokenizer
-from _waiting import BOUND, until
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.providers.base import Route
 from polar_gym.proxy.service import ProxyService, SessionInfo, SessionRegistry
+from tests._fakes import ByteTokenizer
+from tests._waiting import BOUND, until
 
 
 class SlowOracle(OracleEngine):

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _fakes import FakeVLLM
-from _serving import served_gateway
 
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.vllm import VLLMEngine
@@ -22,6 +20,8 @@ from polar_gym.proxy.providers.base import Route
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, SessionSpec, SessionStatus
+from tests._fakes import FakeVLLM
+from tests._serving import served_gateway
 
 S = SessionStatus
 
@@ -78,8 +78,9 @@ def _spec(calls: int) -> SessionSpec:
     return SessionSpec(
         session_id=f"up-{uuid.uuid4().hex[:8]}", task_id="upstream-test", instruction="say hello", timeout_seconds=60,
         runtime=RuntimeSpec(backend="local", network="gateway", workdir="/workspace"),
-        agent=AgentSpec(harness="_gw_doubles:CurlHarness", model_name="policy", config={"calls": calls}),
-        builder=BuilderSpec(strategy="per_request"), evaluator=EvaluatorSpec(strategy="_gw_doubles:PassEvaluator"))
+        agent=AgentSpec(harness="tests.gateway._gw_doubles:CurlHarness", model_name="policy", config={"calls": calls}),
+        builder=BuilderSpec(strategy="per_request"),
+        evaluator=EvaluatorSpec(strategy="tests.gateway._gw_doubles:PassEvaluator"))
 
 
 async def _run(tmp_path: Path, plan: list[str], calls: int) -> tuple[ScriptedUpstream, object]:

@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _procs import processes_with, take_ctrl_c
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -27,6 +26,7 @@ from polar_gym.launch import CONF_DIR, ConfigError, build_job, run
 from polar_gym.launch.config import load_target
 from polar_gym.launch.local import LocalLauncher
 from polar_gym.schema import SessionStatus
+from tests._procs import processes_with, take_ctrl_c
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from _serving import free_port
 from rich.console import Console
 
 from polar_gym.assets import tokenizer_dir
@@ -42,6 +41,7 @@ from polar_gym.schema import (
     SessionSpec,
     SessionStatus,
 )
+from tests._serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = json.dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]}).encode()

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _procs import take_ctrl_c
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_python
+from tests._procs import take_ctrl_c
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

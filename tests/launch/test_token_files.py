@@ -20,12 +20,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _serving import free_port
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.launch.slurm import render_all
 from polar_gym.launch.submitit_launcher import SlurmLauncher
 from polar_gym.proxy.__main__ import write_secret
+from tests._serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "slurm"

@@ -4,11 +4,11 @@ replies; 50-59 tool results; 200+ a sub-agent's prompt)."""
 from __future__ import annotations
 
 import pytest
-from _sessions import EOT, check_invariants, rec, session
 
 from polar_gym.merge.base import MergeConfig
 from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import common_prefix_len, prefix_merging
+from tests.merge._sessions import EOT, check_invariants, rec, session
 
 CFG = MergeConfig(end_of_turn_ids=(EOT,))
 MERGE_RERENDER = MergeConfig(end_of_turn_ids=(EOT,), on_rerender="merge")

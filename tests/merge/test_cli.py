@@ -12,10 +12,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from _sessions import EOT, rec
 
 from polar_gym.merge import TraceLine, check_contiguity
 from polar_gym.proxy.capture import CaptureJournal
+from tests.merge._sessions import EOT, rec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _sessions import EOT, rec
-
 from polar_gym.merge.cli import find_journals
 from polar_gym.proxy.capture import CaptureJournal
+from tests.merge._sessions import EOT, rec
 
 
 async def test_only_the_latest_attempt_of_a_session_is_found(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from _sessions import EOT, check_invariants, rec, session
 
 from polar_gym.merge import (
     ContiguityError,
@@ -24,6 +23,7 @@ from polar_gym.merge.exports import sample_status
 from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.schema import EvalResult, SessionResult, SessionStatus, TaskMetadata, Trace
+from tests.merge._sessions import EOT, check_invariants, rec, session
 
 CFG = MergeConfig(end_of_turn_ids=(EOT,))
 MERGE_RERENDER = MergeConfig(end_of_turn_ids=(EOT,), on_rerender="merge")

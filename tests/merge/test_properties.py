@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from _sessions import check_invariants, rec, session
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +30,7 @@ from polar_gym.merge.base import MergeConfig, partition
 from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.schema import CompletionRecord, CompletionSession, Trajectory
+from tests.merge._sessions import check_invariants, rec, session
 
 # -- token vocabulary: readable ids, content tokens from 1000 up ------------------------------------------------
 SYSTEM, USER, ASSISTANT, IM_START, NL, THINK_OPEN, THINK_CLOSE, TOOL = 2, 3, 4, 5, 6, 7, 8, 9

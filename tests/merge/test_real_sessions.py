@@ -10,8 +10,6 @@ from pathlib import Path
 import anthropic
 import openai
 import pytest
-from _serving import RunningProxy, oracle_service, serve
-from _sessions import check_invariants
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
@@ -19,6 +17,8 @@ from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.schema import CompletionSession, OracleScript
+from tests._serving import RunningProxy, oracle_service, serve
+from tests.merge._sessions import check_invariants
 
 SCRIPT = OracleScript(commands=["mkdir -p src", "echo 'print(1)' > src/main.py", "python3 src/main.py"],
                       final_answer="Finished.")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from _sessions import EOT, rec, session
 
 from polar_gym.merge import RewardError, apply_rewards, session_weights, with_session_weights
 from polar_gym.merge.base import MergeConfig
 from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.schema import EvalResult
+from tests.merge._sessions import EOT, rec, session
 
 CFG = MergeConfig(end_of_turn_ids=(EOT,))
 

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runtime_kit import Backend
 
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.runtime.docker import LABEL, DockerRuntime
 from polar_gym.runtime.testimage import TEST_IMAGE, ensure_test_image
 from polar_gym.schema import RuntimeSpec
+from tests.runtime._runtime_kit import Backend
 
 __all__ = ["PODMAN_CLI", "PODMAN_RUN_ARGS", "docker_backend", "leftover_containers", "make_docker", "podman_options",
            "unavailable_reason"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -21,12 +20,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from _procs import processes_with
 
 from polar_gym.runtime.base import GatewayEndpoint, Runtime
 from polar_gym.schema import RuntimeSpec
-
-sys.path.insert(0, str(Path(__file__).parent))
+from tests._procs import processes_with
 
 BACKENDS = ["local", "docker"]
 
@@ -65,9 +62,9 @@ def _which(name: str) -> bool:
 
 def docker_backend() -> Backend:
     try:
-        module = importlib.import_module("_docker")
+        module = importlib.import_module("tests.runtime._docker")
     except ModuleNotFoundError as exc:
-        if exc.name != "_docker":
+        if exc.name != "tests.runtime._docker":
             raise
         pytest.skip("tests/runtime/_docker.py (the docker backend's test factory) is missing")
     return module.docker_backend()  # type: ignore[no-any-return]

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _runtime_kit import Backend, mounts_with, processes_with
-from _waiting import BOUND, until
 
 from polar_gym.runtime.base import ExecStatus, GatewayEndpoint, Runtime
 from polar_gym.runtime.errors import SandboxError
+from tests._waiting import BOUND, until
+from tests.runtime._runtime_kit import Backend, mounts_with, processes_with
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -211,7 +211,7 @@ async def test_network_host_reaches_host_loopback(make_runtime: MakeRuntime, bac
 
 @pytest.fixture
 def proxy(tmp_path: Path) -> Iterator[object]:
-    from _serving import oracle_service, serve
+    from tests._serving import oracle_service, serve
 
     yield from serve(oracle_service(tmp_path / "capture"))
 

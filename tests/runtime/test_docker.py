@@ -12,8 +12,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from _docker import PODMAN_CLI, leftover_containers, make_docker, podman_options, require_podman
-from _waiting import until
 
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.runtime.docker import (
@@ -45,6 +43,8 @@ from polar_gym.runtime.testimage import (
     write_rootfs_tar,
 )
 from polar_gym.schema import RuntimeSpec
+from tests._waiting import until
+from tests.runtime._docker import PODMAN_CLI, leftover_containers, make_docker, podman_options, require_podman
 
 PODMAN = DockerCommands(cli=("podman", "--runtime", "runc"), run_args=("--ulimit", "nofile=1024:1024"))
 INIT = ["-c", KEEPALIVE, "polar-init", "/polar/.polar-docker/ready"]  # then the workdir

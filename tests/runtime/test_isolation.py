@@ -24,14 +24,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from _unprivileged import NOBODY, require_outer_root_run, run_as_nobody
-from _waiting import until
 
 from polar_gym.runtime.base import ExecStatus, GatewayEndpoint
 from polar_gym.runtime.errors import SandboxStartError
 from polar_gym.runtime.local import LocalRuntime, disk_usage
 from polar_gym.runtime.relay import relay_program
 from polar_gym.schema import RuntimeSpec
+from tests._unprivileged import NOBODY, require_outer_root_run, run_as_nobody
+from tests._waiting import until
 
 ROOT = Path(__file__).parents[2]
 ROOT_USER = os.geteuid() == 0
@@ -364,7 +364,7 @@ def test_the_same_checks_pass_as_an_unprivileged_user(tmp_path: Path) -> None:
         for sub in [work / "cache", *(work / "cache").rglob("*")]:
             os.chown(sub, NOBODY, NOBODY)
         run_as_nobody(Path(__file__), work, bind=(site, work / "site"),
-                      pythonpath=[work / "site", ROOT, ROOT / "tests"],
+                      pythonpath=[work / "site", ROOT],
                       env={"POLAR_CACHE": str(work / "cache")}, min_passed=10, timeout=1200)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -13,8 +13,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _runtime_kit import processes_with
-from _waiting import BOUND
 
 import polar_gym.runtime as runtime_pkg
 from polar_gym.runtime import bwrap as bwrap_mod
@@ -38,6 +36,8 @@ from polar_gym.runtime.errors import SandboxError, SandboxStartError
 from polar_gym.runtime.local import LocalRuntime, LoopbackAllocator, confine
 from polar_gym.runtime.relay import build_relay, helper_argv
 from polar_gym.schema import RuntimeSpec
+from tests._waiting import BOUND
+from tests.runtime._runtime_kit import processes_with
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from _sdk_kit import close_all
+
+from tests.sdk._sdk_kit import close_all
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import anthropic
 import pytest
-from _sdk_kit import closing
+
+from tests.sdk._sdk_kit import closing
 
 pytestmark = pytest.mark.sdk
 

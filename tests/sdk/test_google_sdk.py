@@ -8,9 +8,10 @@ import itertools
 
 import httpx
 import pytest
-from _sdk_kit import closing
 from google import genai
 from google.genai import errors, types
+
+from tests.sdk._sdk_kit import closing
 
 pytestmark = pytest.mark.sdk
 

@@ -11,13 +11,13 @@ import anthropic
 import httpx
 import openai
 import pytest
-from _fakes import ByteTokenizer
-from _sdk_kit import closing
-from _serving import SCRIPT, oracle_service, serve
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.errors import UpstreamUnavailable
+from tests._fakes import ByteTokenizer
+from tests._serving import SCRIPT, oracle_service, serve
+from tests.sdk._sdk_kit import closing
 
 pytestmark = pytest.mark.sdk
 

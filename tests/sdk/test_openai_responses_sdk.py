@@ -7,7 +7,8 @@ import json
 
 import openai
 import pytest
-from _sdk_kit import closing
+
+from tests.sdk._sdk_kit import closing
 
 pytestmark = pytest.mark.sdk
 

@@ -9,7 +9,6 @@ import contextlib
 import os
 import shutil
 import signal
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,12 +20,6 @@ import pytest
 import pytest_asyncio
 import uvicorn
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "gateway"))
-
-from _fakes import ByteTokenizer
-from _gateway_kit import DOUBLES, no_processes_with
-from _serving import ADMIN, QuietServer, free_port
-
 from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.oracle import OracleEngine
@@ -34,6 +27,9 @@ from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, OracleScript, RuntimeSpec, TaskRequest
 from polar_gym.server import RolloutServer, Store, create_server_app
+from tests._fakes import ByteTokenizer
+from tests._serving import ADMIN, QuietServer, free_port
+from tests.gateway._gateway_kit import DOUBLES, no_processes_with
 
 __all__ = ["SERVER_TOKEN", "Harness", "RunningGateway", "RunningServer", "harness", "make_task",
            "wait_for"]

@@ -1,8 +1,3 @@
-"""Fixtures of this folder live in ``_server_kit.py`` (a uniquely named module, importable by the tests)."""
+"""Fixtures of this folder live in ``_server_kit.py`` (importable by the tests as ``tests.server._server_kit``)."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from _server_kit import harness  # noqa: F401
+from tests.server._server_kit import harness  # noqa: F401

@@ -16,13 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
-from _server_kit import SERVER_TOKEN, Harness, make_task
 
 from polar_gym.httpguard import MAX_JSON_DEPTH
 from polar_gym.schema import SessionSpec
 from polar_gym.server import Store
 from polar_gym.server.__main__ import parse_args
 from polar_gym.server.core import expand
+from tests.server._server_kit import SERVER_TOKEN, Harness, make_task
 
 JSON = {"content-type": "application/json"}
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-from _server_kit import SERVER_TOKEN, Harness, _serve, make_task, wait_for
 from fastapi import HTTPException
 
 from polar_gym.server import CallbackReceiver, RolloutClient
 from polar_gym.server.core import RolloutServer
+from tests.server._server_kit import SERVER_TOKEN, Harness, _serve, make_task, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -154,7 +154,7 @@ async def test_callbacks_retry_until_accepted_and_deduplicate(harness: Harness) 
             raise HTTPException(503, "not ready")
 
     receiver = CallbackReceiver(flaky)
-    from _serving import free_port
+    from tests._serving import free_port
 
     port = free_port()
     rserver, rtask = await _serve(receiver.app, port)
@@ -223,7 +223,7 @@ async def test_metrics_and_backends(harness: Harness) -> None:
 
 
 async def test_auth_and_bad_requests(tmp_path: Any) -> None:
-    from _server_kit import Harness as H
+    from tests.server._server_kit import Harness as H
 
     made = H(tmp_path)
     srv = await made.server()

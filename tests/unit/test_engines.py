@@ -10,8 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-from _fakes import ByteTokenizer, FakeVLLM
-from _waiting import BOUND, until
 
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, Tool
 from polar_gym.proxy.engines.base import upstream_status_error
@@ -32,6 +30,8 @@ from polar_gym.proxy.errors import (
     translate_upstream_errors,
 )
 from polar_gym.proxy.upstreams import UpstreamPool
+from tests._fakes import ByteTokenizer, FakeVLLM
+from tests._waiting import BOUND, until
 
 URL = "http://engine"
 SHELL = Tool(function={"name": "bash", "description": "run", "parameters": {

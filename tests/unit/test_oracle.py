@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from _fakes import ByteTokenizer
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, FunctionCall, Tool, ToolCall
 from polar_gym.proxy.engines.oracle import OracleEngine, find_shell_tool, shell_arguments
 from polar_gym.schema import OracleScript
+from tests._fakes import ByteTokenizer
 
 
 def tool(name: str, props: dict, required: list[str]) -> Tool:

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from _fakes import ByteTokenizer
+from tests._fakes import ByteTokenizer
 
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal

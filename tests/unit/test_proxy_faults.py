@@ -8,8 +8,6 @@ import asyncio
 import httpx
 import orjson
 import pytest
-from _fakes import FakeVLLM
-from _waiting import BOUND
 
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
@@ -17,6 +15,8 @@ from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.errors import AuthError, RequestError, UpstreamTimeout, error_body
 from polar_gym.proxy.service import ProxyService, SessionInfo, SessionRegistry
 from polar_gym.proxy.upstreams import UpstreamPool
+from tests._fakes import FakeVLLM
+from tests._waiting import BOUND
 
 ADMIN = "admin-secret"
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
