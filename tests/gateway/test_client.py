@@ -10,8 +10,6 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from tests._fakes import ByteTokenizer
-from tests.gateway._gw_doubles import ScriptedStages
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, create_gateway_app
 from polar_gym.gateway.client import GatewayClient
@@ -20,6 +18,8 @@ from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import AgentSpec, SessionSpec, SessionStatus
+from tests._fakes import ByteTokenizer
+from tests.gateway._gw_doubles import ScriptedStages
 
 ADMIN = "client-test-admin"
 

@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from tests._fakes import ByteTokenizer
 
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
@@ -24,6 +23,7 @@ from polar_gym.proxy.errors import SessionMetadataError
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import OracleScript
+from tests._fakes import ByteTokenizer
 
 ADMIN = "admin-secret"
 EOT = 99
