@@ -4,7 +4,8 @@ retry then give up, the admin fan-out, the typed counters."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from polar_gym.server.fleet import DRAINING, Fleet
 from polar_gym.server.store import SessionRow
 
 S = SessionStatus
-Handler = Callable[[httpx.Request], httpx.Response]
+Handler = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
 
 
 def _rows(n: int) -> list[SessionRow]:
@@ -81,8 +82,12 @@ async def _submitted(server: RolloutServer, n: int, callback_url: str | None = N
 async def test_a_post_and_what_each_gateway_answer_means(make_server: Callable[..., RolloutServer],
                                                          answer: int | str, state: str, attempts: int,
                                                          cause: str | None) -> None:
-    def gateway(request: httpx.Request) -> httpx.Response:
-        assert (request.method, request.url.path, request.headers["x-admin-token"]) == ("POST", "/sessions", "tok")
+    posts: list[tuple[str, str, str]] = []
+
+    async def gateway(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/sessions/poll":  # the watcher an accepted post starts: a long poll, nothing ends
+            await asyncio.Event().wait()
+        posts.append((request.method, request.url.path, request.headers["x-admin-token"]))
         if answer == "connect":
             raise httpx.ConnectError("refused", request=request)
         if answer == "timeout":
@@ -94,6 +99,7 @@ async def test_a_post_and_what_each_gateway_answer_means(make_server: Callable[.
     gw = await server.register(GatewayRegistration(url="http://gw", capacity=4, admin_token="tok"))
     rows = await _submitted(server, 1)
     assert await server.dispatcher.batch(rows) == 1
+    assert posts == [("POST", "/sessions", "tok")]
     row = await server.store.session(rows[0].session_id)
     assert row is not None and row.attempts == attempts and gw.row.state == state
     if cause is None:
