@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -17,21 +16,15 @@ import httpx
 import uvicorn
 from _fakes import ByteTokenizer
 
-from polar_gym.launch.local import EmbeddedServer
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
 from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.serving import EmbeddedServer, free_port
 
 ADMIN = "test-admin-token"
 SCRIPT = OracleScript(commands=["echo hello > out.txt", "cat out.txt"], final_answer="All done: out.txt holds hello.")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -1,0 +1,143 @@
+"""What our own HTTP APIs share (the rollout server's, the gateway's session API, the proxy's admin and capture
+routes): one admin-auth dependency, one error envelope and the handlers that answer in it.
+
+    {"error": {"type": "<kind>", "message": "<what went wrong>"}}
+
+401 without the admin token, 413 over a body cap, 422 on invalid input (validation errors quoted by excerpt, never
+the whole input), FastAPI's own refusals (404, 405, ...) and every ``ApiError``: all in that envelope, which the
+OpenAI SDK also reads (``error.message``, ``error.type``). The proxy's model routes are not among these APIs: they
+answer in their provider's own error shape (DESIGN invariant 3).
+
+Auth, two layers. ``install`` puts ``httpguard.BodyGuard`` in front of routing, so the token is checked before a
+byte of the body is read (FastAPI reads and parses a body before dependencies run). Each admin route also declares
+``Depends(require_admin)``, which reads the app's ``TokenCheck`` from ``app.state`` (no token configured: every
+admin route refuses), so a router mounted without the middleware is not open. ``AdminRoutes`` derives the
+middleware's rule from those declarations.
+
+Ground layer: imports only polar_gym.httpguard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+
+from polar_gym.httpguard import BodyGuard, TokenCheck, excerpt, safe_validation_errors
+
+__all__ = [
+    "ADMIN_ONLY",
+    "ADMIN_TOKEN_MESSAGE",
+    "AdminRoutes",
+    "ApiError",
+    "declares_admin",
+    "error_body",
+    "error_response",
+    "install",
+    "is_admin",
+    "require_admin",
+]
+
+ADMIN_TOKEN_MESSAGE = "this endpoint needs the admin token (x-admin-token header)"
+
+_CLOSED = TokenCheck(None)
+
+
+class ApiError(StarletteHTTPException):
+    """A refusal of one of our APIs: its status, a short machine-readable ``kind`` and a message for people.
+    An HTTPException, so even an app without ``install``'s handlers answers with the right status."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(status, detail=message)
+        self.kind = kind
+        self.message = message
+
+
+def error_body(kind: str, message: Any) -> dict[str, Any]:
+    return {"error": {"type": kind, "message": message}}
+
+
+def error_response(status: int, kind: str, message: Any) -> JSONResponse:
+    return JSONResponse(error_body(kind, message), status_code=status)
+
+
+def is_admin(request: Request) -> bool:
+    """Whether the request carries the app's admin token (``app.state.admin_token``, a TokenCheck)."""
+    token = getattr(request.app.state, "admin_token", None)
+    check = token if isinstance(token, TokenCheck) else _CLOSED
+    return check.admits(request.scope.get("headers", ()))
+
+
+async def require_admin(request: Request) -> None:
+    """The dependency every admin-only route declares (async: a sync dependency would cost a worker thread)."""
+    if not is_admin(request):
+        raise ApiError(401, "unauthorized", ADMIN_TOKEN_MESSAGE)
+
+
+#: ``dependencies=ADMIN_ONLY`` on a route or a router
+ADMIN_ONLY = [Depends(require_admin)]
+
+
+def declares_admin(route: BaseRoute) -> bool:
+    """Whether ``route`` declares ``require_admin`` (on itself, its router, or in a nested dependency)."""
+    if not isinstance(route, APIRoute):
+        return False
+    stack = list(route.dependant.dependencies)
+    while stack:
+        dep = stack.pop()
+        if dep.call is require_admin:
+            return True
+        stack.extend(dep.dependencies)
+    return False
+
+
+class AdminRoutes:
+    """``(method, path) -> bool`` for BodyGuard: whether the route that would serve the request declares
+    ``require_admin``. Routing is replayed in order (the first full match wins, as in Starlette), so a public
+    route is never made to ask for the token by an admin route it shadows. The route table is read when it
+    changes, so routers included after the middleware count."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self._routes = app.router.routes
+        self._table: list[tuple[BaseRoute, bool]] = []
+
+    def __call__(self, method: str, path: str) -> bool:
+        if len(self._table) != len(self._routes):
+            self._table = [(route, declares_admin(route)) for route in self._routes]
+        scope = {"type": "http", "method": method, "path": path, "root_path": ""}
+        for route, admin in self._table:
+            if route.matches(scope)[0] is Match.FULL:
+                return admin
+        return False
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """ApiError, and FastAPI's own refusals (an unknown route, a wrong method) in the envelope."""
+    if isinstance(exc, ApiError):
+        return error_response(exc.status_code, exc.kind, exc.message)
+    status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+    detail = exc.detail if isinstance(exc, StarletteHTTPException) else ""
+    return error_response(status, "invalid_request" if status < 500 else "internal", excerpt(detail, 300))
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's default answer echoes the whole input; this one quotes excerpts."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return error_response(422, "invalid_request", safe_validation_errors(errors))
+
+
+def install(app: FastAPI, admin_token: TokenCheck, *, needs_token: Callable[[str, str], bool],
+            limit: Callable[[str, str], int | None]) -> None:
+    """What every API of ours has: the admin TokenCheck in ``app.state.admin_token`` (read by ``require_admin``),
+    BodyGuard in front of routing (``needs_token``: checked before the body is read; ``limit``: body caps; its
+    refusals in the envelope) and the envelope's exception handlers."""
+    app.state.admin_token = admin_token
+    app.add_middleware(BodyGuard, token=admin_token, needs_token=needs_token, limit=limit)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
