@@ -19,15 +19,17 @@ Ground layer: imports only polar_gym.httpguard.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import BaseRoute, Match
 
 from polar_gym.httpguard import BodyGuard, TokenCheck, excerpt, safe_validation_errors
 
@@ -36,12 +38,13 @@ __all__ = [
     "ADMIN_TOKEN_MESSAGE",
     "AdminRoutes",
     "ApiError",
-    "declares_admin",
+    "RouteInfo",
     "error_body",
     "error_response",
     "install",
     "is_admin",
     "require_admin",
+    "route_table",
 ]
 
 ADMIN_TOKEN_MESSAGE = "this endpoint needs the admin token (x-admin-token header)"
@@ -84,11 +87,22 @@ async def require_admin(request: Request) -> None:
 ADMIN_ONLY = [Depends(require_admin)]
 
 
-def declares_admin(route: BaseRoute) -> bool:
-    """Whether ``route`` declares ``require_admin`` (on itself, its router, or in a nested dependency)."""
-    if not isinstance(route, APIRoute):
-        return False
-    stack = list(route.dependant.dependencies)
+@dataclass(frozen=True)
+class RouteInfo:
+    """One route of an app as routing sees it (after router prefixes): its path, methods, regex, and whether it
+    declares ``require_admin``."""
+
+    path: str
+    methods: frozenset[str]
+    regex: re.Pattern[str]
+    admin: bool
+
+    def matches(self, method: str, path: str) -> bool:
+        return method in self.methods and self.regex.match(path) is not None
+
+
+def _declares_admin(dependant: Dependant | None) -> bool:
+    stack = list(dependant.dependencies) if dependant is not None else []
     while stack:
         dep = stack.pop()
         if dep.call is require_admin:
@@ -97,24 +111,37 @@ def declares_admin(route: BaseRoute) -> bool:
     return False
 
 
+def route_table(app: FastAPI) -> list[RouteInfo]:
+    """The app's routes in routing order, included routers flattened; ``admin`` when the route declares
+    ``require_admin`` (on itself, its router, its inclusion, or in a nested dependency)."""
+    table = []
+    for context in iter_route_contexts(app.routes):
+        regex, methods = getattr(context, "path_regex", None), getattr(context, "methods", None)
+        if regex is None or not methods:
+            continue
+        admin = isinstance(context.original_route, APIRoute) and _declares_admin(getattr(context, "dependant", None))
+        table.append(RouteInfo(str(context.path), frozenset(methods), regex, admin))
+    return table
+
+
 class AdminRoutes:
-    """``(method, path) -> bool`` for BodyGuard: whether the route that would serve the request declares
-    ``require_admin``. Routing is replayed in order (the first full match wins, as in Starlette), so a public
-    route is never made to ask for the token by an admin route it shadows. The route table is read when it
-    changes, so routers included after the middleware count."""
+    """``(method, path) -> bool`` for BodyGuard: whether the route that serves the request declares
+    ``require_admin``. Routing is replayed in order (the first route matching path and method wins, as in
+    Starlette), so a public route is never made to ask for the token by an admin route it shadows. The route table
+    is read at the first request, once every router is included."""
 
     def __init__(self, app: FastAPI) -> None:
-        self._routes = app.router.routes
-        self._table: list[tuple[BaseRoute, bool]] = []
+        self._app = app
+        self._table: list[RouteInfo] | None = None
+        self._admin: list[RouteInfo] = []
 
     def __call__(self, method: str, path: str) -> bool:
-        if len(self._table) != len(self._routes):
-            self._table = [(route, declares_admin(route)) for route in self._routes]
-        scope = {"type": "http", "method": method, "path": path, "root_path": ""}
-        for route, admin in self._table:
-            if route.matches(scope)[0] is Match.FULL:
-                return admin
-        return False
+        if self._table is None:
+            self._table = route_table(self._app)
+            self._admin = [route for route in self._table if route.admin]
+        if not any(route.matches(method, path) for route in self._admin):
+            return False  # the common case (a model call), decided without replaying the routing
+        return next((route.admin for route in self._table if route.matches(method, path)), False)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
