@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
@@ -144,13 +145,20 @@ class AdminRoutes:
         return next((route.admin for route in self._table if route.matches(method, path)), False)
 
 
+def _reject(status: int, kind: str, message: str) -> tuple[bytes, str]:
+    """BodyGuard's refusals (401, 413, a malformed content-length) in the envelope."""
+    return orjson.dumps(error_body(kind, message)), "application/json"
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     """ApiError, and FastAPI's own refusals (an unknown route, a wrong method) in the envelope."""
+    if not isinstance(exc, StarletteHTTPException):
+        return error_response(500, "internal", "internal server error")
     if isinstance(exc, ApiError):
         return error_response(exc.status_code, exc.kind, exc.message)
-    status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
-    detail = exc.detail if isinstance(exc, StarletteHTTPException) else ""
-    return error_response(status, "invalid_request" if status < 500 else "internal", excerpt(detail, 300))
+    status = exc.status_code
+    return JSONResponse(error_body("invalid_request" if status < 500 else "internal", excerpt(exc.detail, 300)),
+                        status_code=status, headers=exc.headers)  # e.g. Allow on a 405
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -165,6 +173,6 @@ def install(app: FastAPI, admin_token: TokenCheck, *, needs_token: Callable[[str
     BodyGuard in front of routing (``needs_token``: checked before the body is read; ``limit``: body caps; its
     refusals in the envelope) and the envelope's exception handlers."""
     app.state.admin_token = admin_token
-    app.add_middleware(BodyGuard, token=admin_token, needs_token=needs_token, limit=limit)
+    app.add_middleware(BodyGuard, token=admin_token, needs_token=needs_token, limit=limit, reject=_reject)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -164,7 +164,7 @@ async def test_a_router_mounted_without_the_middleware_is_still_protected(router
 
 @pytest.mark.parametrize("app_name", sorted(APPS))
 async def test_refusals_share_the_envelope(app_name: str) -> None:
-    """An unknown route, a wrong method and an invalid body (with the token): the same ``{"error": {"type", "message"}}``."""
+    """With the token: an unknown route, a wrong method and an invalid body, each in the same envelope."""
     app = APPS[app_name]()
     admin = {"x-admin-token": ADMIN}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app, raise_app_exceptions=False),
@@ -177,3 +177,16 @@ async def test_refusals_share_the_envelope(app_name: str) -> None:
         assert len(invalid.content) < 4000  # excerpts, never the whole input
         wrong_method = await client.put("/health", headers=admin)
         assert wrong_method.status_code == 405 and set(wrong_method.json()["error"]) == {"type", "message"}
+        assert "GET" in wrong_method.headers["allow"]
+
+
+def test_modules_export_what_they_list() -> None:
+    import importlib
+
+    for name in ["polar_gym.web", "polar_gym.serving", "polar_gym.prometheus", "polar_gym.proxy.routes",
+                 "polar_gym.proxy.routes.models", "polar_gym.proxy.routes.sessions", "polar_gym.proxy.routes.admin",
+                 "polar_gym.proxy.routes.common", "polar_gym.server.routes", "polar_gym.gateway.routes",
+                 "polar_gym.gateway.metrics", "polar_gym.server.metrics"]:
+        module = importlib.import_module(name)
+        missing = [each for each in module.__all__ if not hasattr(module, each)]
+        assert not missing, (name, missing)
