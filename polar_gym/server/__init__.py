@@ -1,7 +1,8 @@
 """The rollout server: trainers submit tasks, gateways run their sessions, results come back (and by callback).
 
 Modules: ``store`` (SQLite state), ``fleet`` (gateways and the least-loaded choice), ``core`` (dispatch, watch,
-re-dispatch, callbacks), ``app`` (HTTP API), ``metrics`` (Prometheus text), ``client`` (trainer-side helpers).
+re-dispatch, callbacks), ``routes`` (the HTTP API's routers), ``app`` (the app assembling them),
+``metrics`` (Prometheus families), ``client`` (trainer-side helpers).
 """
 
 from polar_gym.server.app import create_server_app
