@@ -15,7 +15,6 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
-import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,10 +70,6 @@ class TokenCheck:
         return False
 
 
-def _json_error(status: int, kind: str, message: str) -> tuple[bytes, str]:
-    return json.dumps({"error": {"type": kind, "message": message}}).encode(), "application/json"
-
-
 class _TooLarge(Exception):
     pass
 
@@ -82,8 +77,9 @@ class _TooLarge(Exception):
 class BodyGuard:
     """ASGI middleware. For each HTTP request: ``needs_token(method, path)`` says whether the admin token is checked
     up front (401 before the body is read); ``limit(method, path)`` is the body cap in bytes (None: this route
-    enforces its own). A declared Content-Length over the cap is refused at once; a streamed body is counted and
-    refused (413) when it crosses the cap, whatever the route did with the partial read.
+    enforces its own); ``reject`` renders a refusal (polar_gym.web: in the one error envelope). A declared
+    Content-Length over the cap is refused at once; a streamed body is counted and refused (413) when it crosses the
+    cap, whatever the route did with the partial read.
 
     Before a refusal, up to ``drain_bytes`` of the unread body are read and dropped (for at most ``drain_seconds``):
     closing a socket with unread data resets it, and the client would see a reset instead of the 401/413."""
@@ -93,7 +89,7 @@ class BodyGuard:
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], *, token: TokenCheck,
                  needs_token: Callable[[str, str], bool], limit: Callable[[str, str], int | None],
-                 reject: Reject = _json_error) -> None:
+                 reject: Reject) -> None:
         self.app, self.token, self.needs_token, self.limit, self.reject = app, token, needs_token, limit, reject
 
     async def _drain(self, receive: Receive) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -16,23 +15,17 @@ from typing import Any
 import httpx
 import uvicorn
 
-from polar_gym.launch.local import EmbeddedServer
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import OracleScript
+from polar_gym.serving import EmbeddedServer, free_port
 from tests._fakes import ByteTokenizer
 
 ADMIN = "test-admin-token"
 SCRIPT = OracleScript(commands=["echo hello > out.txt", "cat out.txt"], final_answer="All done: out.txt holds hello.")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

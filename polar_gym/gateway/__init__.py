@@ -3,7 +3,7 @@ shared deadline per session, cancellation, drain and stop, hosting the proxy on 
 
 from __future__ import annotations
 
-from polar_gym.gateway.api import build_gateway, create_gateway_app, gateway_router
+from polar_gym.gateway.api import build_gateway, create_gateway_app
 from polar_gym.gateway.config import GatewayConfig, ResultHook
 from polar_gym.gateway.errors import (
     DeadlineExceeded,
@@ -40,5 +40,4 @@ __all__ = [
     "UtilizationTracker",
     "build_gateway",
     "create_gateway_app",
-    "gateway_router",
 ]

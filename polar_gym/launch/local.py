@@ -10,12 +10,10 @@ import contextlib
 import functools
 import json
 import secrets
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from omegaconf import OmegaConf
 from rich.console import Console
 
@@ -33,9 +31,9 @@ from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.server import RolloutServer, Store, create_server_app
 from polar_gym.server.client import RolloutClient
+from polar_gym.serving import free_port, serving
 
-__all__ = ["EmbeddedServer", "LocalLauncher", "local_fleet", "make_engine", "rollout_server", "serving",
-           "write_server_info"]
+__all__ = ["LocalLauncher", "local_fleet", "make_engine", "rollout_server", "write_server_info"]
 
 
 def make_engine(settings: InferenceSettings) -> Engine:
@@ -52,39 +50,6 @@ def make_engine(settings: InferenceSettings) -> Engine:
                               await_upstreams=settings.await_upstreams,
                               upstream_model=settings.upstream_model)
     return build_engine(args)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-class EmbeddedServer(uvicorn.Server):
-    """uvicorn inside someone else's event loop: Ctrl-C stays with the owner (asyncio.run cancels the run, which
-    then cancels its tasks on the rollout server) instead of stopping this server first."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Any, host: str, port: int) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on ``host:port`` inside this event loop while the block runs; yields its URL."""
-    server = EmbeddedServer(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                    timeout_graceful_shutdown=5))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError(f"could not listen on {host}:{port}")
-            await asyncio.sleep(0.01)
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 @contextlib.asynccontextmanager
@@ -174,14 +139,14 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
     engine = make_engine(inference)
     service = ProxyService(engine, CaptureJournal(out_dir / "capture"), SessionRegistry(allow_adhoc=False),
                            max_tokens_cap=inference.max_tokens_cap)
-    port = gateway_port or _free_port(host)
+    port = gateway_port or free_port(host)
     config = GatewayConfig(workdir=out_dir / "gateway", endpoint=GatewayEndpoint(host, port), **pools)
     gateway_token, server_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     node, app = build_gateway(service, config, gateway_token)
     link: ServerLink | None = None
     try:
         async with (serving(app, host, port) as gateway_url,
-                    rollout_server(out_dir / "server.sqlite", host, server_port or _free_port(host), server_token,
+                    rollout_server(out_dir / "server.sqlite", host, server_port or free_port(host), server_token,
                                    heartbeat) as server_url):
             write_server_info(out_dir, server_url, server_token)
             link = ServerLink(server_url, gateway_url, config.run_slots, server_token=server_token,

@@ -3,7 +3,8 @@
 Modules: ``store`` (SQLite state), ``fleet`` (gateways and the least-loaded choice), ``core`` (the RolloutServer
 facade) over ``tasks`` (expansion, views), ``dispatch``, ``watching`` (results, probes, gateway death), ``ledger``
 (session state changes), ``callbacks`` (delivery with retries), ``links`` (HTTP pools, typed gateway clients) and
-``counters`` (typed metrics); ``app`` (HTTP API), ``metrics`` (Prometheus text), ``client`` (trainer-side helpers).
+``counters`` (typed metrics); ``routes`` (the HTTP API's routers), ``app`` (the app assembling them), ``metrics``
+(Prometheus families), ``client`` (trainer-side helpers).
 """
 
 from polar_gym.schema import GatewayRegistration

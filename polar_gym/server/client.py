@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
@@ -23,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest, Trace
+from polar_gym.serving import free_port, serving
 
 __all__ = ["CallbackReceiver", "RolloutClient", "traces_of"]
 
@@ -151,11 +151,6 @@ class CallbackReceiver:
     async def serve(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> AsyncIterator[str]:
         """Serve the receiver on ``host:port`` in this event loop while the block runs; yields the callback_url
         to put in TaskRequests (``advertise`` is the host the rollout server uses to reach this process)."""
-        from polar_gym.launch.local import serving
-
-        if not port:
-            with socket.socket() as sock:
-                sock.bind((host, 0))
-                port = int(sock.getsockname()[1])
+        port = port or free_port(host)
         async with serving(self.app, host, port):
             yield f"http://{advertise or host}:{port}/callback"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import polar_gym.server as server_pkg
+from polar_gym.prometheus import render
 from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus, TaskRequest
 from polar_gym.server.fleet import DEAD, DRAINING, Fleet, GatewayRegistration
-from polar_gym.server.metrics import render
 from polar_gym.server.store import SessionRow, Store
 from polar_gym.server.tasks import task_state
 

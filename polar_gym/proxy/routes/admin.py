@@ -1,0 +1,101 @@
+"""The proxy's admin API (the admin token, checked before the body is read; refusals in the polar_gym.web
+envelope): session registration, and the engine pool's upstreams, pause and resume around a weight update.
+
+    POST   /admin/sessions             register a session; answers its fresh key
+    DELETE /admin/sessions/{id}        revoke it
+    GET    /admin/upstreams            the pool: servers, paused, policy version
+    POST   /admin/upstreams            add a server; POST /admin/upstreams/remove drops one
+    POST   /admin/pause, /admin/resume hold new model calls (in-flight ones drain), then resume under a new version
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field, field_validator
+
+from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, json_depth
+from polar_gym.proxy.errors import SessionMetadataError
+from polar_gym.proxy.routes.common import proxy_service
+from polar_gym.proxy.service import SessionInfo, new_session_key
+from polar_gym.web import ADMIN_ONLY, ApiError
+
+__all__ = ["Resume", "SessionRegistration", "UpstreamAdd", "UpstreamChange", "router"]
+
+router = APIRouter(prefix="/admin", dependencies=ADMIN_ONLY)
+
+
+class SessionRegistration(BaseModel):
+    session_id: str = Field(min_length=1, max_length=512)
+    model_name: str | None = None
+    oracle: dict[str, Any] | None = None
+    metadata: dict[str, Any] = {}
+
+
+class UpstreamChange(BaseModel):
+    url: str = Field(max_length=2048)
+
+
+class UpstreamAdd(UpstreamChange):
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_upstream_url(value)
+
+
+class Resume(BaseModel):
+    policy_version: int | str | None = None
+
+
+@router.post("/sessions")
+async def register(request: Request, body: SessionRegistration) -> dict[str, Any]:
+    service = proxy_service(request)
+    if json_depth([body.metadata, body.oracle]) > MAX_JSON_DEPTH:
+        raise ApiError(400, "invalid_request", f"session metadata nests JSON deeper than {MAX_JSON_DEPTH} levels")
+    try:  # the engine reads what it needs (the oracle its script) and refuses bad metadata before the key exists
+        service.engine.open_session(body.session_id, {**body.metadata, "oracle": body.oracle})
+    except SessionMetadataError as exc:
+        raise ApiError(400, "invalid_request", str(exc)) from exc
+    key = new_session_key()  # a fresh secret, never the session id (invariant 7)
+    service.sessions.register(SessionInfo(body.session_id, body.model_name, body.metadata, key=key))
+    return {"registered": body.session_id, "api_key": key}
+
+
+@router.delete("/sessions/{session_id}")
+async def unregister(request: Request, session_id: str) -> dict[str, Any]:
+    service = proxy_service(request)
+    service.forget(session_id)  # the pool's sticky server and what the engine keeps for it (an oracle script)
+    return {"unregistered": service.sessions.unregister(session_id)}
+
+
+@router.get("/upstreams")
+async def upstreams(request: Request) -> dict[str, Any]:
+    pool = proxy_service(request).engine.pool
+    return {"paused": pool.paused, "policy_version": pool.policy_version,
+            "servers": [vars(s) for s in pool.servers()]}
+
+
+@router.post("/upstreams")
+async def add_upstream(request: Request, body: UpstreamAdd) -> dict[str, Any]:
+    return {"added": proxy_service(request).engine.pool.add(body.url).url}
+
+
+@router.post("/upstreams/remove")
+async def remove_upstream(request: Request, body: UpstreamChange) -> dict[str, Any]:
+    return {"removed": proxy_service(request).engine.pool.remove(body.url)}
+
+
+@router.post("/pause")
+async def pause(request: Request) -> dict[str, Any]:
+    started = time.perf_counter()
+    await proxy_service(request).engine.pool.pause()
+    return {"paused": True, "drained_seconds": time.perf_counter() - started}
+
+
+@router.post("/resume")
+async def resume(request: Request, body: Resume) -> dict[str, Any]:
+    pool = proxy_service(request).engine.pool
+    pool.resume(body.policy_version)
+    return {"paused": False, "policy_version": pool.policy_version}

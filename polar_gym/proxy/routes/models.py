@@ -1,0 +1,137 @@
+"""The model APIs a harness calls, each answering in its provider's own shape, errors included (DESIGN invariant
+3): Anthropic Messages (and count_tokens), OpenAI Chat Completions and Responses, Google generateContent (and
+countTokens), the model listings, and provider detection for any other POST (``detect_router``: mounted last, its
+catch-all would shadow every POST route after it)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from polar_gym.proxy.detect import detect_provider, split_google_path
+from polar_gym.proxy.errors import AuthError, PayloadTooLarge, RequestError
+from polar_gym.proxy.providers.base import Route
+from polar_gym.proxy.routes.common import proxy_service, read_body, to_response
+from polar_gym.proxy.service import session_key
+
+__all__ = ["MODEL_ROUTES", "detect_router", "router"]
+
+#: path -> provider of the fixed model routes
+MODEL_ROUTES = {
+    "/v1/messages": "anthropic",
+    "/v1/chat/completions": "openai_chat",
+    "/chat/completions": "openai_chat",
+    "/v1/responses": "openai_responses",
+    "/responses": "openai_responses",
+}
+
+router = APIRouter()
+detect_router = APIRouter()
+
+
+async def _keyed_body(request: Request, provider: str, route: Route) -> bytes | Response:
+    """The body of a caller with a served key, else the refusal in the provider's shape. The key is checked first:
+    a caller without one costs no buffering of up to ``max_body_bytes``."""
+    service = proxy_service(request)
+    try:
+        service.sessions.resolve(session_key(request.headers, route.query))
+        return await read_body(request, service.max_body_bytes)
+    except (AuthError, PayloadTooLarge) as exc:
+        return to_response(service.error_reply(exc, provider))
+
+
+async def model_call(request: Request, provider: str, route: Route) -> Response:
+    raw = await _keyed_body(request, provider, route)
+    if isinstance(raw, Response):
+        return raw
+    return to_response(await proxy_service(request).handle(provider, raw, route, request.headers))
+
+
+async def count_call(request: Request, provider: str, route: Route) -> Response:
+    raw = await _keyed_body(request, provider, route)
+    if isinstance(raw, Response):
+        return raw
+    return to_response(await proxy_service(request).count_tokens(provider, raw, route, request.headers))
+
+
+def _fixed_route(provider: str) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await model_call(request, provider, Route(request.url.path, query=request.query_params))
+
+    return endpoint
+
+
+for _path, _provider in MODEL_ROUTES.items():
+    router.add_api_route(_path, _fixed_route(_provider), methods=["POST"], include_in_schema=False)
+
+
+@router.post("/v1/messages/count_tokens", include_in_schema=False)
+async def count_tokens(request: Request) -> Response:
+    return await count_call(request, "anthropic", Route(request.url.path, query=request.query_params))
+
+
+@router.post("/{version}/models/{rest:path}", include_in_schema=False)
+async def google(request: Request, version: str, rest: str) -> Response:
+    split = split_google_path(request.url.path)
+    if split is None:
+        exc = RequestError(f"unsupported path {request.url.path}")
+        return to_response(proxy_service(request).error_reply(exc, "google"))
+    model, action = split
+    route = Route(request.url.path, model=model, action=action, query=request.query_params)
+    if action == "countTokens":
+        return await count_call(request, "google", route)
+    return await model_call(request, "google", route)
+
+
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def root() -> dict[str, Any]:
+    # Harnesses probe connectivity with HEAD / (Claude Code does) before their first call.
+    return {"service": "polar_gym proxy"}
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    service = proxy_service(request)
+    pool = service.engine.pool
+    return {"status": "ok", "engine": service.engine.name, "paused": pool.paused,
+            "upstreams": [s.url for s in pool.servers()], "stats": service.stats}
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    # One shape that both the OpenAI and the Anthropic SDKs parse.
+    data = [{"id": name, "object": "model", "type": "model", "created": 0, "created_at": "1970-01-01T00:00:00Z",
+             "display_name": name, "owned_by": "polar_gym"} for name in proxy_service(request).model_names]
+    return {"object": "list", "data": data, "has_more": False,
+            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+
+@router.get("/v1beta/models")
+async def google_models(request: Request) -> dict[str, Any]:
+    return {"models": [{"name": f"models/{name}", "displayName": name,
+                        "supportedGenerationMethods": ["generateContent", "streamGenerateContent"]}
+                       for name in proxy_service(request).model_names]}
+
+
+@detect_router.post("/{path:path}", include_in_schema=False)
+async def detected(request: Request, path: str) -> Response:
+    service = proxy_service(request)
+    try:
+        raw = await read_body(request, service.max_body_bytes)
+    except PayloadTooLarge as exc:
+        return to_response(service.error_reply(exc, "openai_chat"))
+    try:
+        body = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        body = None
+    provider = detect_provider("/" + path, request.headers, body)
+    if provider is None:
+        return JSONResponse({"error": {"message": f"no provider protocol recognised for POST /{path}",
+                                       "type": "invalid_request_error", "param": None, "code": None}},
+                            status_code=404)
+    return to_response(await service.handle(provider, raw, Route("/" + path, query=request.query_params),
+                                            request.headers))

@@ -1,0 +1,215 @@
+"""The rollout server's API as routers, one per concern (vLLM entrypoints style: routes read the RolloutServer
+from ``app.state``). Routes are thin: parse, call the RolloutServer, answer; its ServerError and every refusal
+answer in the polar_gym.web envelope. Everything but ``health_router`` needs the admin token.
+
+    tasks_router     POST /tasks (201 created, 200 when the task_id exists), GET /tasks, GET /tasks/{id},
+                     POST /tasks/{id}/cancel, GET /tasks/{id}/events (server-sent events of status changes)
+    sessions_router  GET /sessions/{id}/result (202 while running; ``?wait=S`` long-polls),
+                     GET /sessions/{id}/nemo (NeMo Gym token items per chain), POST /sessions/{id}/cancel
+    gateways_router  POST /gateways/register, GET /gateways, POST /gateways/{id}/heartbeat, POST /gateways/{id}/drain
+    backends_router  GET/POST/DELETE /backends, POST /backends/pause, /backends/resume: forwarded to every gateway
+    health_router    GET /health, GET /metrics (Prometheus text)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, excerpt, json_depth
+from polar_gym.merge.nemo_payload import session_nemo_payload
+from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
+from polar_gym.schema import TaskRequest
+from polar_gym.server.core import RolloutServer
+from polar_gym.server.fleet import GatewayRegistration
+from polar_gym.server.metrics import server_metrics
+from polar_gym.web import ADMIN_ONLY, ApiError
+
+__all__ = ["Backend", "Resume", "backends_router", "gateways_router", "health_router", "rollout_server",
+           "sessions_router", "tasks_router"]
+
+tasks_router = APIRouter(dependencies=ADMIN_ONLY)
+sessions_router = APIRouter(dependencies=ADMIN_ONLY)
+gateways_router = APIRouter(dependencies=ADMIN_ONLY)
+backends_router = APIRouter(dependencies=ADMIN_ONLY)
+health_router = APIRouter()
+
+
+def rollout_server(request: Request) -> RolloutServer:
+    """The app's RolloutServer (``app.state.server``, set by ``create_server_app``)."""
+    server: RolloutServer = request.app.state.server
+    return server
+
+
+async def _json(data: Any, status: int = 200) -> Response:
+    """A big JSON answer (a task view holds every result) encoded in a worker thread, not on the event loop."""
+    body = await asyncio.to_thread(orjson.dumps, data)  # orjson: a few ms where json held the GIL for 100
+    return Response(body, status_code=status, media_type="application/json")
+
+
+class Backend(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(max_length=2048)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_upstream_url(value)
+
+
+class Resume(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy_version: int | str | None = None
+
+    @field_validator("policy_version")
+    @classmethod
+    def _short(cls, value: int | str | None) -> int | str | None:
+        if (isinstance(value, str) and len(value) > 256) or (isinstance(value, int) and abs(value) >= 2**63):
+            raise ValueError("a policy version is an int64 or a string of at most 256 characters")
+        return value
+
+
+@tasks_router.post("/tasks")
+async def submit(request: Request, task: TaskRequest) -> Response:
+    view, created = await rollout_server(request).submit(task)
+    return await _json({**view, "created": created}, 201 if created else 200)
+
+
+@tasks_router.get("/tasks")
+async def list_tasks(request: Request, limit: int = Query(1000, ge=1, le=10_000),
+                     offset: int = Query(0, ge=0, le=2**62)) -> dict[str, Any]:
+    return {"tasks": await rollout_server(request).store.task_ids(limit, offset)}
+
+
+@tasks_router.get("/tasks/{task_id}")
+async def task(request: Request, task_id: str) -> Response:
+    return await _json(await rollout_server(request).task_view(task_id))
+
+
+@tasks_router.post("/tasks/{task_id}/cancel")
+async def cancel_task(request: Request, task_id: str) -> Response:
+    return await _json(await rollout_server(request).cancel_task(task_id))
+
+
+@tasks_router.get("/tasks/{task_id}/events")
+async def events(request: Request, task_id: str) -> StreamingResponse:
+    server = rollout_server(request)
+    await server.task_view(task_id)  # 404 before the stream starts
+
+    async def stream() -> AsyncIterator[str]:
+        async for event in server.events(task_id):
+            yield f"event: {event['event']}\ndata: {json.dumps(event)}\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+@sessions_router.get("/sessions/{session_id}/result")
+async def result(request: Request, session_id: str, wait: float = Query(0.0, ge=0.0, le=600.0)) -> Response:
+    row = await rollout_server(request).result(session_id, wait)
+    if row.result is None:
+        return JSONResponse({"session_id": session_id, "task_id": row.task_id, "status": row.status.value,
+                             "gateway_id": row.gateway_id, "attempts": row.attempts, "reason": row.reason},
+                            status_code=202)
+    return Response(await asyncio.to_thread(row.result.model_dump_json), media_type="application/json")
+
+
+@sessions_router.get("/sessions/{session_id}/nemo")
+async def nemo(request: Request, session_id: str, wait: float = Query(0.0, ge=0.0, le=600.0)) -> Response:
+    row = await rollout_server(request).result(session_id, wait)
+    if row.result is None:
+        return JSONResponse({"session_id": session_id, "status": row.status.value, "reason": row.reason},
+                            status_code=202)
+    return JSONResponse(await asyncio.to_thread(session_nemo_payload, row.result))  # long chains: off the loop
+
+
+@sessions_router.post("/sessions/{session_id}/cancel")
+async def cancel_session(request: Request, session_id: str) -> dict[str, Any]:
+    row = await rollout_server(request).cancel_session(session_id)
+    return {"session_id": session_id, "task_id": row.task_id, "cancel_requested": True}
+
+
+@gateways_router.post("/gateways/register")
+async def register(request: Request, reg: GatewayRegistration) -> JSONResponse:
+    return JSONResponse((await rollout_server(request).register(reg)).describe(), status_code=201)
+
+
+@gateways_router.get("/gateways")
+async def gateways(request: Request) -> dict[str, Any]:
+    return {"gateways": [g.describe() for g in rollout_server(request).fleet.gateways.values()]}
+
+
+@gateways_router.post("/gateways/{gateway_id}/heartbeat")
+async def heartbeat(request: Request, gateway_id: str) -> dict[str, Any]:
+    try:
+        health = await request.json() if await request.body() else {}
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "invalid_json", f"the heartbeat body is not JSON: {excerpt(exc)}") from exc
+    if not isinstance(health, dict) or json_depth(health) > MAX_JSON_DEPTH:
+        raise ApiError(400, "invalid_heartbeat", "the heartbeat body is the gateway's health object "
+                                                 f"(a JSON object at most {MAX_JSON_DEPTH} levels deep)")
+    return (await rollout_server(request).heartbeat(gateway_id, health)).describe()
+
+
+@gateways_router.post("/gateways/{gateway_id}/drain")
+async def drain(request: Request, gateway_id: str) -> dict[str, Any]:
+    return (await rollout_server(request).drain(gateway_id)).describe()
+
+
+@backends_router.get("/backends")
+async def backends(request: Request) -> dict[str, Any]:
+    server = rollout_server(request)
+    return {"backends": server.backends, "gateways": await server.fanout("GET", "/admin/upstreams")}
+
+
+@backends_router.post("/backends")
+async def add_backend(request: Request, body: Backend) -> dict[str, Any]:
+    server = rollout_server(request)
+    if body.url not in server.backends:
+        server.backends.append(body.url)
+    return {"backends": server.backends,
+            "gateways": await server.fanout("POST", "/admin/upstreams", {"url": body.url})}
+
+
+@backends_router.delete("/backends")
+async def remove_backend(request: Request, url: str | None = Query(None, max_length=2048)) -> dict[str, Any]:
+    """Remove one backend, or all of them (no ``url``) on a checkpoint swap."""
+    server = rollout_server(request)
+    urls = [url] if url else list(server.backends)
+    results = {}
+    for each in urls:
+        if each in server.backends:
+            server.backends.remove(each)
+        results[each] = await server.fanout("POST", "/admin/upstreams/remove", {"url": each})
+    return {"backends": server.backends, "removed": results}
+
+
+@backends_router.post("/backends/pause")
+async def pause(request: Request) -> dict[str, Any]:
+    return {"gateways": await rollout_server(request).fanout("POST", "/admin/pause")}
+
+
+@backends_router.post("/backends/resume")
+async def resume(request: Request, body: Resume) -> dict[str, Any]:
+    return {"gateways": await rollout_server(request).fanout("POST", "/admin/resume", body.model_dump())}
+
+
+@health_router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    return {"status": "ok", "gateways": len(rollout_server(request).fleet.live())}
+
+
+async def _metrics_text(server: RolloutServer) -> str:
+    sessions, tasks = await server.store.counts()
+    return server_metrics(sessions, tasks, [g.describe() for g in server.fleet.gateways.values()], server.counters)
+
+
+@health_router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(await _metrics_text(rollout_server(request)), media_type=PROMETHEUS_CONTENT_TYPE)
