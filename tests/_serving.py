@@ -17,12 +17,12 @@ import httpx
 import uvicorn
 from _fakes import ByteTokenizer
 
-from polar_gym.launch.local import EmbeddedServer
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
 from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.serving import EmbeddedServer
 
 ADMIN = "test-admin-token"
 SCRIPT = OracleScript(commands=["echo hello > out.txt", "cat out.txt"], final_answer="All done: out.txt holds hello.")

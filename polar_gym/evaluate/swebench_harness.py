@@ -123,6 +123,7 @@ def grade_log(instance: dict[str, Any], log: str, model_patch: str | None = "", 
 class SwebenchHarness(Evaluator):
     name: ClassVar[str] = "swebench_harness"
     needs_fresh_runtime: ClassVar[bool] = True
+    config_model: ClassVar[type[BaseModel]] = SwebenchConfig
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)

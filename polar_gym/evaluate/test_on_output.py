@@ -89,6 +89,7 @@ class TestOnOutputConfig(BaseModel):
 class TestOnOutput(Evaluator):
     __test__ = False
     name: ClassVar[str] = "test_on_output"
+    config_model: ClassVar[type[BaseModel]] = TestOnOutputConfig
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)

@@ -151,7 +151,7 @@ class CallbackReceiver:
     async def serve(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> AsyncIterator[str]:
         """Serve the receiver on ``host:port`` in this event loop while the block runs; yields the callback_url
         to put in TaskRequests (``advertise`` is the host the rollout server uses to reach this process)."""
-        from polar_gym.launch.local import serving
+        from polar_gym.serving import serving
 
         if not port:
             with socket.socket() as sock:

@@ -25,7 +25,7 @@ from _serving import free_port
 from polar_gym.assets import tokenizer_dir
 from polar_gym.launch.slurm import render_all
 from polar_gym.launch.submitit_launcher import SlurmLauncher
-from polar_gym.proxy.__main__ import write_secret
+from polar_gym.private_files import write_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "slurm"
