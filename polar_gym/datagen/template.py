@@ -7,18 +7,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
 
-__all__ = ["TaskTemplate"]
+__all__ = ["RunShape", "TaskTemplate"]
 
 
-class TaskTemplate(BaseModel):
-    """What every task of a run shares, from the harness/runtime/builder/evaluator groups; task sources fill in
-    the rest. ``evaluator`` config keys override the task's own evaluator config when the strategies agree."""
+class RunShape(BaseModel):
+    """How many sessions each task gets and how long each may take (the launch's top-level keys)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    num_samples: int = Field(default=1, ge=1, description="sessions per task (TaskRequest.num_samples)")
+    timeout_seconds: float = Field(default=600.0, gt=0, description="each session's deadline, in seconds")
+
+
+class TaskTemplate(RunShape):
+    """What every task of a run shares, from the harness/runtime/builder/evaluator groups; task sources fill in
+    the rest. ``evaluator`` config keys override the task's own evaluator config when the strategies agree."""
 
     agent: AgentSpec
     runtime: RuntimeSpec
     builder: BuilderSpec
     evaluator: EvaluatorSpec
-    num_samples: int = Field(default=1, ge=1, description="sessions per task (TaskRequest.num_samples)")
-    timeout_seconds: float = Field(default=600.0, gt=0, description="each session's deadline, in seconds")

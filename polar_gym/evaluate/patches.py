@@ -103,7 +103,7 @@ def _unquote(path: str) -> str:
     """git quotes unusual paths C-style (``"a\\tb"``, octal bytes for non-ASCII)."""
     path = path.strip()
     if len(path) >= 2 and path[0] == path[-1] == '"':
-        raw: bytes = codecs.escape_decode(path[1:-1].encode())[0]  # type: ignore[attr-defined]
+        raw: bytes = codecs.escape_decode(path[1:-1].encode())[0]
         path = raw.decode("utf-8", "replace")
     return path
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from polar_gym.datagen.export import DatagenConfig
-from polar_gym.datagen.template import TaskTemplate
+from polar_gym.datagen.template import RunShape, TaskTemplate
 from polar_gym.fleet.settings import InferenceSettings
 from polar_gym.launch.checks import (
     builder_problems,
@@ -51,13 +51,9 @@ TOP_LEVEL_KEYS = frozenset({"harness", "builder", "runtime", "evaluator", "infer
                             "num_samples", "timeout_seconds", "out_dir", "datagen", "hydra"})
 
 
-class RunSettings(BaseModel):
+class RunSettings(RunShape):
     """The top-level keys of a run."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    num_samples: int = TaskTemplate.model_fields["num_samples"]
-    timeout_seconds: float = TaskTemplate.model_fields["timeout_seconds"]
     out_dir: str = Field(description="where the run's files go: trajectories.jsonl, results.jsonl, summary.md, "
                          "config.yaml, capture/, gateway/ (default: outputs/DATE/TIME)")
 
