@@ -95,7 +95,7 @@ def _default(field: FieldInfo) -> str:
         return "(required)"
     value = field.get_default(call_default_factory=True, validated_data={})
     if isinstance(value, BaseModel):
-        return "(see below)"
+        return str(value.model_dump() or {})
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -121,7 +121,7 @@ def reference_rows(model: type[BaseModel], prefix: str = "", *,
             continue
         key = _join(prefix, field.alias or name)
         nested = _nested(field)
-        if nested is not None:
+        if nested is not None and nested.model_fields:
             rows += reference_rows(nested, key)
             continue
         rows.append((key, _default(field), " ".join((field.description or "").split())))

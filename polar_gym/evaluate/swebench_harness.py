@@ -69,17 +69,22 @@ class SwebenchMissing(EvaluatorConfigError):
 class SwebenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    instance: dict[str, Any]
-    repo_dir: str = "/testbed"
-    timeout: float = Field(default=1800.0, gt=0)
-    patch_command: str | list[str] | None = None
-    patch_path: str = DEFAULT_PATCH_PATH
-    eval_script_path: str = "/tmp/polar_eval/eval.sh"
-    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES))
-    exclude_binary: bool = True
-    exclude_tests: bool = True
-    partial_credit: bool = False
-    model_name: str = "polar_gym"
+    instance: dict[str, Any] = Field(description="the SWE-bench instance (a dataset row brings it)")
+    repo_dir: str = Field(default="/testbed", description="the repository inside the instance's image")
+    timeout: float = Field(default=1800.0, gt=0, description="seconds the eval script may take")
+    patch_command: str | list[str] | None = Field(default=None, description="prints the agent's patch; default: "
+                                                  "the live repo's diff")
+    patch_path: str = Field(default=DEFAULT_PATCH_PATH, description="where the patch is written in the fresh "
+                            "runtime")
+    eval_script_path: str = Field(default="/tmp/polar_eval/eval.sh", description="where swebench's eval script "
+                                  "is written in the fresh runtime")
+    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES), description="globs of files left "
+                               "out of the patch")
+    exclude_binary: bool = Field(default=True, description="leave binary files out of the patch")
+    exclude_tests: bool = Field(default=True, description="drop the agent's changes to the files the test patch "
+                                "owns and to test files")
+    partial_credit: bool = Field(default=False, description="reward FAIL_TO_PASS's share when PASS_TO_PASS holds")
+    model_name: str = Field(default="polar_gym", description="the model name in swebench's prediction")
 
 
 def load_swebench() -> Any:

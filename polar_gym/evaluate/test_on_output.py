@@ -56,24 +56,33 @@ class TestOnOutputConfig(BaseModel):
     __test__ = False
     model_config = ConfigDict(extra="forbid")
 
-    command: str | list[str]
-    cwd: str | None = None
-    repo_dir: str | None = None
-    timeout: float = Field(default=600.0, gt=0)
-    env: dict[str, str] = Field(default_factory=dict)
-    expected_exit_code: int | None = 0
-    output_regex: str | None = None
-    framework: Literal["auto", "pytest", "unittest", "none"] = "auto"
-    fractional: bool = False
-    min_tests: int = Field(default=0, ge=0)
-    runtime: Literal["live", "fresh"] = "live"
-    patch_command: str | list[str] | None = None
-    base_ref: str = "HEAD"
-    patch_path: str = DEFAULT_PATCH_PATH
-    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES))
-    exclude_binary: bool = False
-    exclude_tests: bool = False
-    instance: Any = None  # paper field, unused here: lets one config serve several evaluators
+    command: str | list[str] = Field(description="the test command: a string for sh -c, or argv (demo tasks "
+                                     "bring their own)")
+    cwd: str | None = Field(default=None, description="where to run it; default repo_dir, else the runtime's "
+                            "workdir")
+    repo_dir: str | None = Field(default=None, description="the repository: where the patch is taken and applied")
+    timeout: float = Field(default=600.0, gt=0, description="seconds the test command may take")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of the test command")
+    expected_exit_code: int | None = Field(default=0, description="the exit code that passes (null: not checked)")
+    output_regex: str | None = Field(default=None, description="must match stdout+stderr (re.M) when set")
+    framework: Literal["auto", "pytest", "unittest", "none"] = Field(
+        default="auto", description="which test summary to parse into details")
+    fractional: bool = Field(default=False, description="reward = passed / total tests, when a summary was parsed")
+    min_tests: int = Field(default=0, ge=0, description="fail unless the summary reports at least this many tests")
+    runtime: Literal["live", "fresh"] = Field(default="live", description="live: in the session's sandbox; fresh: "
+                                              "the repository's diff applied in a fresh copy of the task")
+    patch_command: str | list[str] | None = Field(default=None, description="fresh only: prints the patch; "
+                                                  "default: the live repo's diff against base_ref, untracked files "
+                                                  "too")
+    base_ref: str = Field(default="HEAD", description="fresh only: what the patch is taken against")
+    patch_path: str = Field(default=DEFAULT_PATCH_PATH, description="fresh only: where the patch is written")
+    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES), description="fresh only: globs of "
+                               "files left out of the patch")
+    exclude_binary: bool = Field(default=False, description="fresh only: leave binary files out of the patch")
+    exclude_tests: bool = Field(default=False, description="fresh only: also drop the agent's changes to test "
+                                "files")
+    #: paper field, unused here
+    instance: Any = Field(default=None, description="unused here: lets one config serve several evaluators")
 
     @field_validator("output_regex")
     @classmethod

@@ -28,7 +28,7 @@ from typing import Any
 
 from polar_gym.gateway.config import GatewayConfig, GatewayPools
 from polar_gym.proxy.cli import add_proxy_arguments, admin_token_from, config_exit, flag_of, settings_from_args
-from polar_gym.proxy.settings import ProxySettings, build_service
+from polar_gym.proxy.settings import ProxySettings, build_service, check_engine
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.settings import ConfigError, validate
 
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     try:
         settings = settings_from_args(args)
         config = config_from_args(args)
+        check_engine(settings)  # before anything is written (the admin token file)
     except ConfigError as exc:
         config_exit(parser, exc)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

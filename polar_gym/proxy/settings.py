@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,7 +20,7 @@ from polar_gym.registry import ENGINES, RegistryError
 from polar_gym.settings import ConfigError
 
 __all__ = ["ENGINES_WITH_TOKENIZER", "EngineSettings", "ProxySettings", "build_engine", "build_service",
-           "check_upstreams_given", "resolve_tokenizer"]
+           "check_engine", "check_upstreams_given", "resolve_tokenizer"]
 
 #: engines that render prompts themselves and so need a tokenizer directory
 ENGINES_WITH_TOKENIZER = ("oracle", "sglang_generate")
@@ -82,15 +83,20 @@ def resolve_tokenizer(settings: EngineSettings) -> Path | None:
     return default
 
 
-def build_engine(settings: EngineSettings) -> Engine:
-    """The engine ``settings`` describe (raises ConfigError naming the field that cannot work)."""
+def check_engine(settings: EngineSettings) -> tuple[Any, Path | None]:
+    """What building the engine needs, checked without building it (no client, no tokenizer load): the engine class
+    and the tokenizer directory; ConfigError naming the field that cannot work."""
     try:
         engine_cls = ENGINES.get(settings.engine)
     except RegistryError as exc:
         raise ConfigError(str(exc), key="engine") from None
-    if settings.engine != "oracle":
-        check_upstreams_given(settings)
-    tokenizer = resolve_tokenizer(settings)
+    check_upstreams_given(settings)
+    return engine_cls, resolve_tokenizer(settings)
+
+
+def build_engine(settings: EngineSettings) -> Engine:
+    """The engine ``settings`` describe (raises ConfigError naming the field that cannot work)."""
+    engine_cls, tokenizer = check_engine(settings)
     pool = UpstreamPool(list(settings.upstreams), policy_version=settings.policy_version)
     if settings.engine == "oracle":
         from polar_gym.proxy.engines.oracle import OracleEngine, OracleScript
