@@ -34,12 +34,13 @@ _EXTRA = "extra inputs are not permitted"
 
 def model_problems(model: type[BaseModel], data: Mapping[str, Any], where: str, *,
                    allow_missing: bool = True) -> list[Problem]:
-    """The problems of ``data`` as ``model`` below ``where`` (missing required keys ignored with
-    ``allow_missing``: a task may fill them in)."""
+    """The problems of ``data`` as ``model`` below ``where`` (with ``allow_missing``, required top-level keys may be
+    missing: a task may fill them in)."""
     try:
         model.model_validate(dict(data))
     except ValidationError as exc:
-        return error_problems([e for e in exc.errors() if not (allow_missing and e["type"] == "missing")], where)
+        return error_problems([e for e in exc.errors()
+                               if not (allow_missing and e["type"] == "missing" and len(e["loc"]) == 1)], where)
     return []
 
 

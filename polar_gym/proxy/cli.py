@@ -52,7 +52,7 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     settings' options default to "not given", so the model's defaults apply (:func:`settings_from_args`)."""
     s = argparse.SUPPRESS
     p.add_argument("--engine", default=s, help=_help(ProxySettings, "engine"))
-    p.add_argument("--upstream", dest="upstreams", nargs="*", default=s, help=_help(ProxySettings, "upstreams"))
+    p.add_argument("--upstream", dest="upstreams", nargs="*", default=s, metavar="URL", help=_help(ProxySettings, "upstreams"))
     p.add_argument("--await-upstreams", action="store_true", default=s, help=_help(ProxySettings, "await_upstreams"))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
@@ -60,7 +60,7 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=s, help=_help(ProxySettings, "tokenizer"))
     p.add_argument("--oracle-script", default=s, help=_help(ProxySettings, "oracle_script"))
     p.add_argument("--drift-every", type=int, default=s, help=_help(ProxySettings, "drift_every"))
-    p.add_argument("--model-name", dest="model_names", action="append", default=s,
+    p.add_argument("--model-name", dest="model_names", action="append", default=s, metavar="NAME",
                    help=_help(ProxySettings, "model_names"))
     p.add_argument("--policy-version", default=s, help=_help(ProxySettings, "policy_version"))
     p.add_argument("--admin-token", default=os.environ.get("POLAR_ADMIN_TOKEN"))

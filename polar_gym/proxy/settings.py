@@ -72,10 +72,12 @@ def check_upstreams_given(settings: EngineSettings, *, more_coming: bool = False
 def resolve_tokenizer(settings: EngineSettings) -> Path | None:
     """The tokenizer directory the engine uses: the configured one, or (for engines that render prompts) the
     project's built Qwen tokenizer; ConfigError naming ``tokenizer`` when that one is not built."""
-    if settings.tokenizer:
-        return Path(settings.tokenizer)
     if settings.engine not in ENGINES_WITH_TOKENIZER:
-        return None
+        return Path(settings.tokenizer) if settings.tokenizer else None
+    if settings.tokenizer:
+        if not Path(settings.tokenizer).is_dir():
+            raise ConfigError(f"{settings.tokenizer} is not a directory (a tokenizer's files)", key="tokenizer")
+        return Path(settings.tokenizer)
     default = tokenizer_dir()
     if not (default / ".complete").exists():
         raise ConfigError(f"engine {settings.engine} renders prompts itself; the default tokenizer {default} is "
