@@ -52,7 +52,8 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     settings' options default to "not given", so the model's defaults apply (:func:`settings_from_args`)."""
     s = argparse.SUPPRESS
     p.add_argument("--engine", default=s, help=_help(ProxySettings, "engine"))
-    p.add_argument("--upstream", dest="upstreams", nargs="*", default=s, metavar="URL", help=_help(ProxySettings, "upstreams"))
+    p.add_argument("--upstream", dest="upstreams", nargs="*", default=s, metavar="URL",
+                   help=_help(ProxySettings, "upstreams"))
     p.add_argument("--await-upstreams", action="store_true", default=s, help=_help(ProxySettings, "await_upstreams"))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
