@@ -67,10 +67,23 @@ def _message(error: Mapping[str, Any]) -> str:
     return text[:1].lower() + text[1:]
 
 
+#: how pydantic names the members of a union in an error's location (``command.str``, ``command.list[str]``)
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "list", "dict", "set", "tuple", "none"})
+
+
+def _path(loc: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and (p in _UNION_TAGS or "[" in p)))
+
+
 def error_problems(errors: Iterable[Mapping[str, Any]], prefix: str = "") -> list[Problem]:
-    """One ``(config path, message)`` per pydantic error (``ValidationError.errors()``), the path below
-    ``prefix``."""
-    return [(_join(prefix, ".".join(str(p) for p in err["loc"])), _message(err)) for err in errors]
+    """One ``(config path, message)`` per key with pydantic errors (``ValidationError.errors()``), the path below
+    ``prefix``; a union's members' messages are joined (``command: input should be a valid string or ...``)."""
+    merged: dict[str, list[str]] = {}
+    for err in errors:
+        messages = merged.setdefault(_join(prefix, _path(err["loc"])), [])
+        if _message(err) not in messages:
+            messages.append(_message(err))
+    return [(key, " or ".join(messages)) for key, messages in merged.items()]
 
 
 def validation_problems(exc: ValidationError, prefix: str = "") -> list[Problem]:
