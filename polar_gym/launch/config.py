@@ -131,22 +131,18 @@ def _template(cfg: DictConfig, problems: list[Problem]) -> TaskTemplate | None:
     runtime = _validated(RuntimeSpec, section(cfg, "runtime"), "runtime", problems)
     builder = _validated(BuilderSpec, section(cfg, "builder"), "builder", problems)
     evaluator = _validated(EvaluatorSpec, section(cfg, "evaluator"), "evaluator", problems)
-    if agent is not None and not (named := _check_name(HARNESSES, agent.harness, "harness.name")):
-        problems += harness_problems(agent.harness, agent.config)
-    elif agent is not None:
-        problems += named
-    if runtime is not None and not (named := _check_name(RUNTIMES, runtime.backend, "runtime.backend")):
-        problems += runtime_problems(runtime.backend, runtime.options)
-    elif runtime is not None:
-        problems += named
-    if builder is not None and not (named := _check_name(BUILDERS, builder.strategy, "builder.strategy")):
-        problems += builder_problems(builder.config)
-    elif builder is not None:
-        problems += named
-    if evaluator is not None and not (named := _check_name(EVALUATORS, evaluator.strategy, "evaluator.strategy")):
-        problems += evaluator_problems(evaluator.strategy, evaluator.config.model_dump())
-    elif evaluator is not None:
-        problems += named
+    plugins: list[tuple[Any, Registry[Any], str, str, Callable[[], list[Problem]]]] = [
+        (agent, HARNESSES, "harness.name", agent and agent.harness, lambda: harness_problems(agent.harness,
+                                                                                            agent.config)),
+        (runtime, RUNTIMES, "runtime.backend", runtime and runtime.backend,
+         lambda: runtime_problems(runtime.backend, runtime.options)),
+        (builder, BUILDERS, "builder.strategy", builder and builder.strategy, lambda: builder_problems(builder.config)),
+        (evaluator, EVALUATORS, "evaluator.strategy", evaluator and evaluator.strategy,
+         lambda: evaluator_problems(evaluator.strategy, evaluator.config.model_dump())),
+    ]
+    for spec, registry, where, name, own_config in plugins:  # the name, then the plug-in's own config keys
+        if spec is not None:
+            problems += _check_name(registry, name, where) or own_config()
     run: RunSettings | None = _validated(RunSettings, {k: cfg.get(k) for k in RunSettings.model_fields if k in cfg},
                                          "", problems)
     if run is None or None in (agent, runtime, builder, evaluator):
@@ -166,7 +162,7 @@ def _inference(cfg: DictConfig, problems: list[Problem]) -> InferenceSettings | 
     try:
         check_upstreams_given(inference, more_coming=bool(launched))
     except ConfigError as exc:
-        problems += [(k, m + (" or launcher=slurm with launcher.inference_jobs.count" if launched == 0 else ""))
+        problems += [(k, m + "; or launcher=slurm with launcher.inference_jobs.count")
                      for k, m in exc.under("inference").problems]
     return inference
 
