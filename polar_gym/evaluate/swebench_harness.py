@@ -35,9 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from polar_gym.evaluate.base import EvalContext, Evaluator
 from polar_gym.evaluate.errors import EvaluationError, EvaluatorConfigError, MissingRuntimeError
 from polar_gym.evaluate.patches import (
-    DEFAULT_EXCLUDES,
-    DEFAULT_PATCH_PATH,
     TEST_FILE_GLOBS,
+    PatchConfig,
     PatchExtractionError,
     apply_patch,
     check_ran,
@@ -66,20 +65,14 @@ class SwebenchMissing(EvaluatorConfigError):
     """The ``swebench`` package is not installed."""
 
 
-class SwebenchConfig(BaseModel):
+class SwebenchConfig(PatchConfig):
     model_config = ConfigDict(extra="forbid")
 
     instance: dict[str, Any] = Field(description="the SWE-bench instance (a dataset row brings it)")
     repo_dir: str = Field(default="/testbed", description="the repository inside the instance's image")
     timeout: float = Field(default=1800.0, gt=0, description="seconds the eval script may take")
-    patch_command: str | list[str] | None = Field(default=None, description="prints the agent's patch; default: "
-                                                  "the live repo's diff")
-    patch_path: str = Field(default=DEFAULT_PATCH_PATH, description="where the patch is written in the fresh "
-                            "runtime")
     eval_script_path: str = Field(default="/tmp/polar_eval/eval.sh", description="where swebench's eval script "
                                   "is written in the fresh runtime")
-    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES), description="globs of files left "
-                               "out of the patch")
     exclude_binary: bool = Field(default=True, description="leave binary files out of the patch")
     exclude_tests: bool = Field(default=True, description="drop the agent's changes to the files the test patch "
                                 "owns and to test files")

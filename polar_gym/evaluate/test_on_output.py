@@ -32,9 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from polar_gym.evaluate.base import EvalContext, Evaluator
 from polar_gym.evaluate.errors import EvaluatorConfigError, MissingRuntimeError
 from polar_gym.evaluate.patches import (
-    DEFAULT_EXCLUDES,
-    DEFAULT_PATCH_PATH,
     TEST_FILE_GLOBS,
+    PatchConfig,
     PatchExtractionError,
     apply_patch,
     check_ran,
@@ -50,7 +49,7 @@ from polar_gym.schema import EvalResult, EvaluatorSpec
 __all__ = ["TestOnOutput", "TestOnOutputConfig"]
 
 
-class TestOnOutputConfig(BaseModel):
+class TestOnOutputConfig(PatchConfig):
     """Unknown keys are rejected so a typo (``expected_exit``) fails when the evaluator is built."""
 
     __test__ = False
@@ -71,16 +70,7 @@ class TestOnOutputConfig(BaseModel):
     min_tests: int = Field(default=0, ge=0, description="fail unless the summary reports at least this many tests")
     runtime: Literal["live", "fresh"] = Field(default="live", description="live: in the session's sandbox; fresh: "
                                               "the repository's diff applied in a fresh copy of the task")
-    patch_command: str | list[str] | None = Field(default=None, description="fresh only: prints the patch; "
-                                                  "default: the live repo's diff against base_ref, untracked files "
-                                                  "too")
     base_ref: str = Field(default="HEAD", description="fresh only: what the patch is taken against")
-    patch_path: str = Field(default=DEFAULT_PATCH_PATH, description="fresh only: where the patch is written")
-    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES), description="fresh only: globs of "
-                               "files left out of the patch")
-    exclude_binary: bool = Field(default=False, description="fresh only: leave binary files out of the patch")
-    exclude_tests: bool = Field(default=False, description="fresh only: also drop the agent's changes to test "
-                                "files")
     #: paper field, unused here
     instance: Any = Field(default=None, description="unused here: lets one config serve several evaluators")
 
