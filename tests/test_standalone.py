@@ -62,15 +62,16 @@ def test_standalone_proxy_serves_and_captures(tmp_path: Path):
 def test_engine_without_upstream_is_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "polar_gym.proxy", "--engine", "vllm"], cwd=ROOT,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode != 0 and "needs at least one --upstream" in out.stderr
+    assert out.returncode == 2 and "--upstream: engine 'vllm' needs at least one upstream URL" in out.stderr
 
 
 async def test_await_upstreams_starts_an_engine_with_an_empty_pool():
     """--await-upstreams: the engine starts without an upstream; its pool then waits for one to be added (that
     waiting is tested in tests/unit/test_engines.py::test_pool_empty_waits_for_a_server_then_gives_up)."""
-    from polar_gym.proxy.__main__ import build_engine, parse_args
+    from polar_gym.proxy.cli import parse_args, settings_from_args
+    from polar_gym.proxy.settings import build_engine
 
-    engine = build_engine(parse_args(["--engine", "vllm", "--await-upstreams"]))
+    engine = build_engine(settings_from_args(parse_args(["--engine", "vllm", "--await-upstreams"])))
     try:
         assert engine.pool.servers() == [] and engine.pool.wait_for_server_seconds > 0
     finally:

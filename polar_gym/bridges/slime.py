@@ -50,7 +50,7 @@ class SlimeBridgeSettings(BaseModel):
             raise RuntimeError(f"the Slime bridge needs {' and '.join(missing)} (the Polar rollout server)")
         return cls(server_url=env["POLAR_SERVER_URL"], admin_token=env["POLAR_ADMIN_TOKEN"],
                    timeout_seconds=float(env.get("POLAR_TIMEOUT_SECONDS", 7200.0)),
-                   extra_chains=env.get("POLAR_EXTRA_CHAINS", "main"))  # type: ignore[arg-type]
+                   extra_chains=env.get("POLAR_EXTRA_CHAINS", "main"))
 
 
 def group_task(group: Sequence[Any], rollout_id: int, group_index: int, task_key: str = "polar_task") -> TaskRequest:
@@ -133,7 +133,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     groups = _take_groups(data_source, args)
     filled = asyncio.run(run_groups(groups, rollout_id, SlimeBridgeSettings.from_env()))
     try:
-        from slime.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
+        from slime.rollout.base_types import RolloutFnTrainOutput
     except ImportError:
         return filled
     return RolloutFnTrainOutput(samples=filled)

@@ -63,6 +63,7 @@ from polar_gym.datagen.selection import (
     sample_key,
     stratified_split,
 )
+from polar_gym.datagen.template import TaskTemplate
 
 __all__ = [
     "ATTEMPT_KEY",
@@ -75,6 +76,7 @@ __all__ = [
     "DatasetExport",
     "DatasetRow",
     "Selection",
+    "TaskTemplate",
     "Verdict",
     "attempt_of",
     "build_dataset",

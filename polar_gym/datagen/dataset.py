@@ -26,15 +26,13 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from polar_gym.datagen.template import TaskTemplate
 from polar_gym.schema import AgentSpec, EvaluatorSpec, PrepareAction, TaskMetadata, TaskRequest
 from polar_gym.tasks import DEMO_TASKS
-
-if TYPE_CHECKING:  # the launch config imports this package (DatagenConfig): no import cycle at run time
-    from polar_gym.launch.config import TaskTemplate
 
 __all__ = ["DatasetError", "DatasetRow", "dataset_requests", "load_dataset", "row_request"]
 

@@ -46,13 +46,16 @@ class DatagenConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    min_reward: float = 1.0
-    keep_failures: bool = False
-    test_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
-    seed: int = 0
-    #: resubmit empty generations once (the launcher reads this; the pure functions never retry twice anyway)
-    retry_empty: bool = True
-    include_reasoning: bool = True
+    min_reward: float = Field(default=1.0, description="a session passes with evaluator reward >= this (and not "
+                              "passed=false)")
+    keep_failures: bool = Field(default=False, description="also write failed trajectories (labelled) for "
+                                "verifier / preference data")
+    test_fraction: float = Field(default=0.1, ge=0.0, le=1.0, description="share of repositories held out for "
+                                 "test (whole repositories, so test repos are unseen in training)")
+    seed: int = Field(default=0, description="seed of the repository split")
+    #: (the launcher reads this; the pure functions never retry twice anyway)
+    retry_empty: bool = Field(default=True, description="resubmit sessions that produced no generation, once")
+    include_reasoning: bool = Field(default=True, description="keep the model's reasoning in the SFT messages")
 
 
 class DatagenRecord(SFTRecord):

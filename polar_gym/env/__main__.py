@@ -21,20 +21,39 @@ from pydantic import ValidationError
 __all__ = ["main"]
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from polar_gym.env.serve import serve
-    from polar_gym.launch.config import InferenceSettings
+#: InferenceSettings field -> its flag here, where it is not the field's name with dashes
+_FLAGS = {"upstreams": "--upstream"}
 
-    inference = InferenceSettings(engine=args.engine, upstreams=args.upstream, tokenizer=args.tokenizer,
-                                  upstream_model=args.upstream_model, max_tokens_cap=args.max_tokens_cap,
-                                  await_upstreams=args.await_upstreams)
+
+def _flag(field: str) -> str:
+    return _FLAGS.get(field, "--" + field.replace("_", "-")) if field else field
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from polar_gym.env.serve import serve
+    from polar_gym.fleet import InferenceSettings
+    from polar_gym.gateway.config import GatewayPools
+    from polar_gym.settings import ConfigError, validate
+
+    given = {k: v for k, v in vars(args).items() if k in InferenceSettings.model_fields}
+    # --run-slots N sizes every pool the same (a small local fleet); without it, the gateway's defaults
+    sizes = {} if args.run_slots is None else {name: args.run_slots for name in
+                                               ("run_slots", "ready_buffer", "init_workers", "postrun_workers")}
+    try:
+        inference = validate(InferenceSettings, given)
+        pools = validate(GatewayPools, sizes)
+    except ConfigError as exc:
+        parser.error(str(exc.renamed(lambda key: "--run-slots" if key in sizes else _flag(key))))
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="polar_gym_env_serve_"))
-    asyncio.run(serve(out_dir, inference, info_file=Path(args.info_file) if args.info_file else None,
-                      host=args.host, server_port=args.port, run_slots=args.run_slots, parent_pid=args.parent_pid))
+    try:
+        asyncio.run(serve(out_dir, inference, info_file=Path(args.info_file) if args.info_file else None,
+                          host=args.host, server_port=args.port, pools=pools, parent_pid=args.parent_pid))
+    except ConfigError as exc:
+        parser.error(str(exc.renamed(lambda key: _flag(key.removeprefix("inference.")))))
     return 0
 
 
-def _request(args: argparse.Namespace) -> int:
+def _request(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from polar_gym.env.tasks import EnvTemplate, task_request
 
     template = EnvTemplate.model_validate(json.loads(args.template)) if args.template else EnvTemplate()
@@ -59,22 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--info-file", help="write {url, admin_token, pid} here once the gateway is registered")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=0, help="rollout server port (0: a free one)")
-    serve.add_argument("--engine", default="oracle", help="proxy engine: oracle, vllm, sglang, openai, ...")
-    serve.add_argument("--upstream", action="append", default=[], help="inference server URL (repeatable)")
-    serve.add_argument("--upstream-model", default=None)
-    serve.add_argument("--await-upstreams", action="store_true",
+    # the inference settings' flags default to "not given": InferenceSettings' own defaults apply
+    s = argparse.SUPPRESS
+    serve.add_argument("--engine", default=s, help="proxy engine: oracle (default), vllm, sglang, openai, ...")
+    serve.add_argument("--upstream", dest="upstreams", action="append", default=s,
+                       help="inference server URL (repeatable)")
+    serve.add_argument("--upstream-model", default=s)
+    serve.add_argument("--await-upstreams", action="store_true", default=s,
                        help="start without an upstream: the policy arrives through POST /backends (the agent's "
                             "register_policy_backend)")
-    serve.add_argument("--tokenizer", default=None)
-    serve.add_argument("--max-tokens-cap", type=int, default=None, help="clamp every call's max_tokens to this")
-    serve.add_argument("--run-slots", type=int, default=4)
+    serve.add_argument("--tokenizer", default=s)
+    serve.add_argument("--max-tokens-cap", type=int, default=s, help="clamp every call's max_tokens to this")
+    serve.add_argument("--run-slots", type=int, default=None,
+                       help="size of every gateway pool (default: the gateway's own pool sizes)")
     serve.add_argument("--parent-pid", type=int, default=None, help="stop when this process is gone")
     serve.set_defaults(func=_serve)
     request = sub.add_parser("request", help="polar_task JSON lines (stdin) to TaskRequest JSON lines (stdout)")
     request.add_argument("--template", default=None, help="JSON of polar_gym.env.tasks.EnvTemplate")
     request.set_defaults(func=_request)
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(args.func(args, parser))
 
 
 if __name__ == "__main__":

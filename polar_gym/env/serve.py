@@ -15,10 +15,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from polar_gym.launch.config import InferenceSettings
-from polar_gym.launch.local import local_fleet
-from polar_gym.launch.preflight import UpstreamCheckFailed, ensure_upstreams
-from polar_gym.proxy.__main__ import write_secret
+from polar_gym.fleet import InferenceSettings, UpstreamCheckFailed, ensure_upstreams, local_fleet
+from polar_gym.gateway.config import GatewayPools
+from polar_gym.private_files import write_secret
 
 __all__ = ["serve"]
 
@@ -37,9 +36,10 @@ async def _parent_gone(parent_pid: int | None) -> None:
     """Return once ``parent_pid`` no longer exists (never when None)."""
     if parent_pid is None:
         await asyncio.Event().wait()
+        return
     while True:
         try:
-            os.kill(parent_pid, 0)  # type: ignore[arg-type]
+            os.kill(parent_pid, 0)
         except ProcessLookupError:
             return
         except PermissionError:
@@ -48,8 +48,8 @@ async def _parent_gone(parent_pid: int | None) -> None:
 
 
 async def serve(out_dir: Path, inference: InferenceSettings, *, info_file: Path | None = None,
-                host: str = "127.0.0.1", server_port: int = 0, run_slots: int = 4, heartbeat: float = 1.0,
-                parent_pid: int | None = None) -> None:
+                host: str = "127.0.0.1", server_port: int = 0, pools: GatewayPools | None = None,
+                heartbeat: float = 1.0, parent_pid: int | None = None) -> None:
     """Run the fleet until SIGINT / SIGTERM / parent death; the info file is removed on the way out. Without
     ``await_upstreams``, every inference upstream is probed first: a bad one ends the process (exit code 3) with a
     message naming the URL and what it answered, instead of sessions that fail one by one."""
@@ -66,8 +66,7 @@ async def serve(out_dir: Path, inference: InferenceSettings, *, info_file: Path 
     watcher = asyncio.create_task(_parent_gone(parent_pid))
     try:
         async with local_fleet(out_dir, inference, host=host, server_port=server_port, heartbeat=heartbeat,
-                               run_slots=run_slots, ready_buffer=run_slots, init_workers=run_slots,
-                               postrun_workers=run_slots) as (server_url, server_token):
+                               pools=pools) as (server_url, server_token):
             if info_file is not None:
                 await asyncio.to_thread(_write_info, info_file, server_url, server_token)
             print(f"polar_gym.env serve: rollout server {server_url}", flush=True)

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.datagen.dataset import DatasetRow, row_request
-from polar_gym.launch.config import TaskTemplate
+from polar_gym.datagen.template import TaskTemplate
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 
 __all__ = ["EnvTemplate", "task_request"]

@@ -11,10 +11,18 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict
+
 from polar_gym.runtime.base import ExecResult, Runtime
 from polar_gym.schema import EvalResult, EvaluatorSpec, SessionSpec, Trajectory
 
-__all__ = ["EvalContext", "Evaluator"]
+__all__ = ["EvalContext", "Evaluator", "EvaluatorConfig"]
+
+
+class EvaluatorConfig(BaseModel):
+    """The keys an evaluator accepts in ``EvaluatorSpec.config``: none, unless it declares its own model."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass
@@ -30,6 +38,9 @@ class EvalContext:
 class Evaluator(abc.ABC):
     name: ClassVar[str]
     needs_fresh_runtime: ClassVar[bool] = False
+    #: the keys it accepts in ``EvaluatorSpec.config`` (unknown keys are refused when ``launch`` starts); an
+    #: evaluator added by dotted path declares its own
+    config_model: ClassVar[type[BaseModel]] = EvaluatorConfig
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = dict(config or {})

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict
+
 from polar_gym.evaluate.base import EvalContext, Evaluator
 from polar_gym.evaluate.errors import EvaluatorConfigError
 from polar_gym.schema import EvalResult
 
-__all__ = ["FinalAnswerContains", "message_text"]
+__all__ = ["FinalAnswerConfig", "FinalAnswerContains", "message_text"]
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -27,10 +29,20 @@ def message_text(message: dict[str, Any]) -> str:
     return ""
 
 
+class FinalAnswerConfig(BaseModel):
+    """Its config keys (a plug-in declares them so ``launch`` can refuse a typo before any session)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    ignore_case: bool = False
+
+
 class FinalAnswerContains(Evaluator):
     """Reward 1.0 when the last assistant message contains ``config["text"]`` (``ignore_case`` optional)."""
 
     name: ClassVar[str] = "final_answer_contains"
+    config_model: ClassVar[type[BaseModel]] = FinalAnswerConfig
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from polar_gym.evaluate.errors import SandboxFailure
 from polar_gym.runtime.base import ExecResult, ExecStatus, Runtime
 
@@ -28,6 +30,7 @@ __all__ = [
     "ApplyOutcome",
     "FilePatch",
     "FilteredPatch",
+    "PatchConfig",
     "PatchExtractionError",
     "apply_patch",
     "check_ran",
@@ -47,6 +50,23 @@ TEST_FILE_GLOBS: tuple[str, ...] = ("test_*.py", "*/test_*.py", "*_test.py", "*/
                                      "test/*", "conftest.py", "*/conftest.py", "*/testing/*")
 #: where the patch file is written inside the evaluation runtime
 DEFAULT_PATCH_PATH = "/tmp/polar_eval/patch.diff"
+
+
+class PatchConfig(BaseModel):
+    """The config keys of evaluators that carry the agent's repository diff into a fresh runtime."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    patch_command: str | list[str] | None = Field(default=None, description="prints the agent's patch; default: "
+                                                  "the live repo's diff (untracked files too)")
+    patch_path: str = Field(default=DEFAULT_PATCH_PATH, description="where the patch is written in the fresh "
+                            "runtime")
+    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES), description="globs of files left "
+                               "out of the patch")
+    exclude_binary: bool = Field(default=False, description="leave binary files out of the patch")
+    exclude_tests: bool = Field(default=False, description="also drop the agent's changes to test files")
+
+
 #: applied in order; between attempts the tree is reset, since a failed ``--3way`` or ``--reject`` leaves debris
 APPLY_STRATEGIES: tuple[tuple[str, str], ...] = (
     ("git_apply", "git apply --verbose --whitespace=nowarn {patch}"),

@@ -35,9 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from polar_gym.evaluate.base import EvalContext, Evaluator
 from polar_gym.evaluate.errors import EvaluationError, EvaluatorConfigError, MissingRuntimeError
 from polar_gym.evaluate.patches import (
-    DEFAULT_EXCLUDES,
-    DEFAULT_PATCH_PATH,
     TEST_FILE_GLOBS,
+    PatchConfig,
     PatchExtractionError,
     apply_patch,
     check_ran,
@@ -66,20 +65,19 @@ class SwebenchMissing(EvaluatorConfigError):
     """The ``swebench`` package is not installed."""
 
 
-class SwebenchConfig(BaseModel):
+class SwebenchConfig(PatchConfig):
     model_config = ConfigDict(extra="forbid")
 
-    instance: dict[str, Any]
-    repo_dir: str = "/testbed"
-    timeout: float = Field(default=1800.0, gt=0)
-    patch_command: str | list[str] | None = None
-    patch_path: str = DEFAULT_PATCH_PATH
-    eval_script_path: str = "/tmp/polar_eval/eval.sh"
-    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES))
-    exclude_binary: bool = True
-    exclude_tests: bool = True
-    partial_credit: bool = False
-    model_name: str = "polar_gym"
+    instance: dict[str, Any] = Field(description="the SWE-bench instance (a dataset row brings it)")
+    repo_dir: str = Field(default="/testbed", description="the repository inside the instance's image")
+    timeout: float = Field(default=1800.0, gt=0, description="seconds the eval script may take")
+    eval_script_path: str = Field(default="/tmp/polar_eval/eval.sh", description="where swebench's eval script "
+                                  "is written in the fresh runtime")
+    exclude_binary: bool = Field(default=True, description="leave binary files out of the patch")
+    exclude_tests: bool = Field(default=True, description="drop the agent's changes to the files the test patch "
+                                "owns and to test files")
+    partial_credit: bool = Field(default=False, description="reward FAIL_TO_PASS's share when PASS_TO_PASS holds")
+    model_name: str = Field(default="polar_gym", description="the model name in swebench's prediction")
 
 
 def load_swebench() -> Any:
@@ -123,6 +121,7 @@ def grade_log(instance: dict[str, Any], log: str, model_patch: str | None = "", 
 class SwebenchHarness(Evaluator):
     name: ClassVar[str] = "swebench_harness"
     needs_fresh_runtime: ClassVar[bool] = True
+    config_model: ClassVar[type[BaseModel]] = SwebenchConfig
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)

@@ -32,9 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from polar_gym.evaluate.base import EvalContext, Evaluator
 from polar_gym.evaluate.errors import EvaluatorConfigError, MissingRuntimeError
 from polar_gym.evaluate.patches import (
-    DEFAULT_EXCLUDES,
-    DEFAULT_PATCH_PATH,
     TEST_FILE_GLOBS,
+    PatchConfig,
     PatchExtractionError,
     apply_patch,
     check_ran,
@@ -50,30 +49,30 @@ from polar_gym.schema import EvalResult, EvaluatorSpec
 __all__ = ["TestOnOutput", "TestOnOutputConfig"]
 
 
-class TestOnOutputConfig(BaseModel):
+class TestOnOutputConfig(PatchConfig):
     """Unknown keys are rejected so a typo (``expected_exit``) fails when the evaluator is built."""
 
     __test__ = False
     model_config = ConfigDict(extra="forbid")
 
-    command: str | list[str]
-    cwd: str | None = None
-    repo_dir: str | None = None
-    timeout: float = Field(default=600.0, gt=0)
-    env: dict[str, str] = Field(default_factory=dict)
-    expected_exit_code: int | None = 0
-    output_regex: str | None = None
-    framework: Literal["auto", "pytest", "unittest", "none"] = "auto"
-    fractional: bool = False
-    min_tests: int = Field(default=0, ge=0)
-    runtime: Literal["live", "fresh"] = "live"
-    patch_command: str | list[str] | None = None
-    base_ref: str = "HEAD"
-    patch_path: str = DEFAULT_PATCH_PATH
-    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDES))
-    exclude_binary: bool = False
-    exclude_tests: bool = False
-    instance: Any = None  # paper field, unused here: lets one config serve several evaluators
+    command: str | list[str] = Field(description="the test command: a string for sh -c, or argv (demo tasks "
+                                     "bring their own)")
+    cwd: str | None = Field(default=None, description="where to run it; default repo_dir, else the runtime's "
+                            "workdir")
+    repo_dir: str | None = Field(default=None, description="the repository: where the patch is taken and applied")
+    timeout: float = Field(default=600.0, gt=0, description="seconds the test command may take")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of the test command")
+    expected_exit_code: int | None = Field(default=0, description="the exit code that passes (null: not checked)")
+    output_regex: str | None = Field(default=None, description="must match stdout+stderr (re.M) when set")
+    framework: Literal["auto", "pytest", "unittest", "none"] = Field(
+        default="auto", description="which test summary to parse into details")
+    fractional: bool = Field(default=False, description="reward = passed / total tests, when a summary was parsed")
+    min_tests: int = Field(default=0, ge=0, description="fail unless the summary reports at least this many tests")
+    runtime: Literal["live", "fresh"] = Field(default="live", description="live: in the session's sandbox; fresh: "
+                                              "the repository's diff applied in a fresh copy of the task")
+    base_ref: str = Field(default="HEAD", description="fresh only: what the patch is taken against")
+    #: paper field, unused here
+    instance: Any = Field(default=None, description="unused here: lets one config serve several evaluators")
 
     @field_validator("output_regex")
     @classmethod
@@ -89,6 +88,7 @@ class TestOnOutputConfig(BaseModel):
 class TestOnOutput(Evaluator):
     __test__ = False
     name: ClassVar[str] = "test_on_output"
+    config_model: ClassVar[type[BaseModel]] = TestOnOutputConfig
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         super().__init__(config)

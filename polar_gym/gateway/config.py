@@ -1,41 +1,65 @@
-"""The gateway node's knobs: pool sizes per stage and the time budgets around the shared deadline."""
+"""The gateway node's settings: pool sizes per stage and the time budgets around the shared deadline.
+
+:class:`GatewayPools` is what an operator sets (the gateway's flags, ``launcher=local``, a Slurm gateway job);
+:class:`GatewayConfig` adds the node's wiring (its directory, endpoint, hooks). Both are pydantic models, so the
+defaults live here once and a bad value is refused when the settings are made, before anything starts.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.schema import SessionResult
 
-__all__ = ["GatewayConfig", "ResultHook"]
+__all__ = ["GatewayConfig", "GatewayPools", "ResultHook"]
 
 #: called once per session with its final result (after teardown); exceptions are logged, never fatal
 ResultHook = Callable[[SessionResult], Awaitable[None] | None]
 
 
-@dataclass
-class GatewayConfig:
-    """Pool sizes and budgets. Why separate pools: preparation and evaluation are CPU/IO-bound and must never hold
-    a run slot (the stand-in for rollout GPU time); the READY buffer keeps warm runtimes waiting for free slots."""
+class GatewayPools(BaseModel):
+    """Pool sizes and the operator's options. Why separate pools: preparation and evaluation are CPU/IO-bound and
+    must never hold a run slot (the stand-in for rollout GPU time); the READY buffer keeps warm runtimes waiting for
+    free slots."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    init_workers: int = Field(default=4, ge=1, description="sessions prepared at once (INIT: runtime start, prepare)")
+    ready_buffer: int = Field(default=4, ge=0, description="warm runtimes allowed to wait for a run slot (0: an "
+                              "initialized session waits holding its init slot)")
+    run_slots: int = Field(default=8, ge=1, description="harnesses running at once (RUNNING)")
+    postrun_workers: int = Field(default=4, ge=1, description="sessions built and evaluated at once (POSTRUN)")
+    prewarm_workers: int = Field(default=2, ge=1, description="concurrent preparations of fresh evaluation runtimes "
+                                 "(evaluator prewarm), separate from INIT")
+    postrun_grace_seconds: float = Field(default=300.0, ge=0, description="POSTRUN (build, evaluate) must end by "
+                                         "the deadline plus this, so a timed-out session still gets its traces "
+                                         "scored")
+    runtime_options: dict[str, Any] = Field(default_factory=dict, description="options passed to every runtime "
+                                            "backend, the only place options that reach the host may come from "
+                                            "(docker cli/run_args, apptainer binary/binds, local ro_binds, limits "
+                                            "such as memory_mb or disk_mb); a session request may set only its "
+                                            "backend's request options")
+    expose_roots: list[Path] = Field(default_factory=list, description="host directories under which a request's "
+                                     "runtime.options.expose may name paths (bound read-only in the local "
+                                     "sandbox); empty: a request cannot expose anything")
+
+
+class GatewayConfig(GatewayPools):
+    """Everything a :class:`~polar_gym.gateway.node.GatewayNode` is built from."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     #: per-session directories (sandbox dir, evaluation runtime dir, artifacts) go under this
-    workdir: Path = field(default_factory=lambda: Path("polar_gym-gateway"))
+    workdir: Path = Path("polar_gym-gateway")
     #: where runtimes reach this node's proxy (the relay target in network mode "gateway")
     endpoint: GatewayEndpoint | None = None
-    init_workers: int = 4
-    #: warm runtimes allowed to wait for a run slot (0: an initialized session waits holding its init slot)
-    ready_buffer: int = 4
-    run_slots: int = 8
-    postrun_workers: int = 4
-    #: concurrent preparations of fresh evaluation runtimes (evaluator prewarm), separate from INIT
-    prewarm_workers: int = 2
     #: how long past the deadline RUN may take to stop the harness and collect its logs
     run_grace_seconds: float = 30.0
-    #: POSTRUN (build, evaluate) must end by deadline + this, so a timed-out session still gets its traces scored
-    postrun_grace_seconds: float = 300.0
     teardown_timeout_seconds: float = 60.0
     #: how long BUILDING waits for the session's in-flight model calls to be journaled
     settle_timeout_seconds: float = 10.0
@@ -44,19 +68,8 @@ class GatewayConfig:
     evaluate_on_timeout: bool = True
     #: finished sessions remembered for GET /sessions/{id}/result (oldest forgotten first)
     max_finished: int = 10_000
-    hooks: list[ResultHook] = field(default_factory=list)
-    #: options passed to every runtime backend, the only place options that reach the host may come from (docker
-    #: ``cli``/``run_args``, apptainer ``binary``/``binds``, local ``ro_binds``, limits such as ``memory_mb`` or
-    #: ``disk_mb``); a session request may set only its backend's ``Runtime.request_options``
-    runtime_options: dict[str, Any] = field(default_factory=dict)
-    #: host directories under which a request's ``runtime.options.expose`` may name paths (bound read-only at the
-    #: same path inside the local sandbox); empty: a request cannot expose anything
-    expose_roots: list[Path] = field(default_factory=list)
+    hooks: list[ResultHook] = Field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.workdir = Path(self.workdir)
-        for name in ("init_workers", "run_slots", "postrun_workers", "prewarm_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
-        if self.ready_buffer < 0:
-            raise ValueError("ready_buffer must be >= 0")
+    def pools(self) -> GatewayPools:
+        """The operator's part of this config."""
+        return GatewayPools.model_validate(self.model_dump(include=set(GatewayPools.model_fields)))

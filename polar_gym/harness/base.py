@@ -10,7 +10,8 @@ registered in ``polar_gym.registry.HARNESSES``.
 Side requests: harnesses make calls of their own (titles, summaries, memory scans). The proxy flags a call as a side
 request when its model name differs from the session's ``model_name``, so adapters configure the CLI's side calls to
 use another name where the CLI allows it, and :meth:`Harness.side_models` names them (for the gateway's model list).
-Extra config (``AgentSpec.config``): ``mcp_servers`` ({name: {command, args, env}}) and ``skills`` ({name: SKILL.md
+Extra config (``AgentSpec.config``, its keys declared per adapter in :attr:`Harness.config_model`):
+``mcp_servers`` ({name: {command, args, env}}) and ``skills`` ({name: SKILL.md
 text}) are folded into :meth:`Harness.files` by the adapters that support them.
 """
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from polar_gym.harness.config import HarnessConfig
 
 __all__ = ["Harness", "HarnessContext"]
 
@@ -51,6 +54,13 @@ class Harness(abc.ABC):
     provider: ClassVar[str]
     #: key into polar_gym.harness.install.PINS, or None for harnesses that need no npm package
     pin: ClassVar[str | None] = None
+    #: the keys it accepts in ``AgentSpec.config`` (unknown keys are refused when ``launch`` starts)
+    config_model: ClassVar[type[HarnessConfig]] = HarnessConfig
+
+    @classmethod
+    def validate_config(cls, config: dict[str, Any]) -> HarnessConfig:
+        """``config`` as this harness's config model (raises pydantic's ValidationError naming each bad key)."""
+        return cls.config_model.model_validate(config)
 
     def provider_for(self, ctx: HarnessContext) -> str:
         """The provider this session speaks (differs from ``provider`` only for harnesses configured per session)."""

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from polar_gym.harness._common import NO_PHONE_HOME, binary, dump_json, mcp_config, side_model, skill_files
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.harness.config import ClaudeCodeConfig, HarnessConfig
 
 __all__ = ["ClaudeCode"]
 
@@ -21,6 +22,7 @@ class ClaudeCode(Harness):
     name: ClassVar[str] = "claude_code"
     provider: ClassVar[str] = "anthropic"
     pin: ClassVar[str | None] = "claude_code"
+    config_model: ClassVar[type[HarnessConfig]] = ClaudeCodeConfig
 
     def files(self, ctx: HarnessContext) -> dict[str, str]:
         return {**self.mcp_servers(ctx, ctx.config.get("mcp_servers") or {}),

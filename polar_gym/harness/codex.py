@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from polar_gym.harness._common import NO_PHONE_HOME, binary, mcp_config, skill_files, toml_table
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.harness.config import CodexConfig, HarnessConfig
 
 __all__ = ["Codex"]
 
@@ -23,6 +24,7 @@ class Codex(Harness):
     name: ClassVar[str] = "codex"
     provider: ClassVar[str] = "openai_responses"
     pin: ClassVar[str | None] = "codex"
+    config_model: ClassVar[type[HarnessConfig]] = CodexConfig
 
     @staticmethod
     def codex_home(ctx: HarnessContext) -> str:

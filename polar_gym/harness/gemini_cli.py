@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from polar_gym.harness._common import NO_PHONE_HOME, binary, dump_json, mcp_config
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.harness.config import GeminiCliConfig, HarnessConfig
 
 __all__ = ["GeminiCli"]
 
@@ -22,6 +23,7 @@ class GeminiCli(Harness):
     name: ClassVar[str] = "gemini_cli"
     provider: ClassVar[str] = "google"
     pin: ClassVar[str | None] = "gemini_cli"
+    config_model: ClassVar[type[HarnessConfig]] = GeminiCliConfig
 
     def files(self, ctx: HarnessContext) -> dict[str, str]:
         return self.mcp_servers(ctx, ctx.config.get("mcp_servers") or {})

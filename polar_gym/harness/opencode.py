@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from polar_gym.harness._common import NO_PHONE_HOME, binary, dump_json, mcp_config, side_model
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.harness.config import HarnessConfig, OpenCodeConfig
 
 __all__ = ["OpenCode"]
 
@@ -23,6 +24,7 @@ class OpenCode(Harness):
     name: ClassVar[str] = "opencode"
     provider: ClassVar[str] = "openai_chat"
     pin: ClassVar[str | None] = "opencode"
+    config_model: ClassVar[type[HarnessConfig]] = OpenCodeConfig
 
     def files(self, ctx: HarnessContext) -> dict[str, str]:
         return self.mcp_servers(ctx, ctx.config.get("mcp_servers") or {})

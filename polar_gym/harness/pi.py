@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from polar_gym.harness._common import NO_PHONE_HOME, binary, dump_json
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.harness.config import HarnessConfig, PiConfig
 
 __all__ = ["API_PROVIDERS", "Pi"]
 
@@ -27,6 +28,7 @@ class Pi(Harness):
     name: ClassVar[str] = "pi"
     provider: ClassVar[str] = "openai_chat"  # the default api's; see provider_for
     pin: ClassVar[str | None] = "pi"
+    config_model: ClassVar[type[HarnessConfig]] = PiConfig
 
     @staticmethod
     def api(ctx: HarnessContext) -> str:

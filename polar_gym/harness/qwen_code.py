@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from polar_gym.harness._common import NO_PHONE_HOME, binary, dump_json, mcp_config, side_model
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.harness.config import HarnessConfig, QwenCodeConfig
 
 __all__ = ["QwenCode"]
 
@@ -22,6 +23,7 @@ class QwenCode(Harness):
     name: ClassVar[str] = "qwen_code"
     provider: ClassVar[str] = "openai_chat"
     pin: ClassVar[str | None] = "qwen_code"
+    config_model: ClassVar[type[HarnessConfig]] = QwenCodeConfig
 
     def files(self, ctx: HarnessContext) -> dict[str, str]:
         return self.mcp_servers(ctx, ctx.config.get("mcp_servers") or {})

@@ -23,6 +23,7 @@ import posixpath
 from typing import ClassVar
 
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.harness.config import HarnessConfig, ShellConfig
 
 __all__ = ["ShellHarness"]
 
@@ -31,6 +32,7 @@ class ShellHarness(Harness):
     name: ClassVar[str] = "shell"
     provider: ClassVar[str] = "openai_chat"
     pin: ClassVar[str | None] = None
+    config_model: ClassVar[type[HarnessConfig]] = ShellConfig
 
     def provider_for(self, ctx: HarnessContext) -> str:
         return str(ctx.config.get("provider", self.provider))

@@ -19,11 +19,19 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from polar_gym.launch.config import ConfigError, InferenceSettings, LaunchJob, TaskTemplate, build_job, load_target
-from polar_gym.launch.preflight import UpstreamCheckFailed
+from polar_gym.fleet.upstreams import UpstreamCheckFailed
+from polar_gym.launch.config import (
+    ConfigError,
+    InferenceSettings,
+    LaunchJob,
+    TaskTemplate,
+    build_job,
+    build_launcher,
+    load_target,
+)
 
 __all__ = ["CONF_DIR", "ConfigError", "InferenceSettings", "LaunchJob", "TaskTemplate", "UpstreamCheckFailed",
-           "build_job", "main", "run"]
+           "build_job", "build_launcher", "load_target", "main", "run"]
 
 #: the Hydra config directory (conf/ at the repository root; the project runs from its clone)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -33,14 +41,13 @@ def run(cfg: DictConfig) -> int:
     """Validate ``cfg``, build its launcher and run the job; the process exit code."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll would drown the live display
     try:
-        job = build_job(cfg)
-        launcher_cls, params = load_target(dict(cfg.launcher), "launcher")
-        launcher = launcher_cls(**params)
-    except (ConfigError, TypeError) as exc:
+        job = build_job(cfg)  # every key of every group, before anything starts
+    except ConfigError as exc:
         print(f"polar_gym.launch: configuration error: {exc}", file=sys.stderr)
         return 2
+    assert job.launcher is not None
     try:
-        return int(launcher.launch(job))
+        return int(job.launcher.launch(job))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM
         print(f"polar_gym.launch: interrupted; the unfinished tasks were cancelled (files so far in {job.out_dir})",
               file=sys.stderr)

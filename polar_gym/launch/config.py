@@ -1,8 +1,10 @@
-"""From a composed Hydra config to validated wire types: the TaskRequests to run and the inference settings.
+"""From a composed Hydra config to a validated job: the TaskRequests to run, the inference settings and the launcher.
 
-Every section is checked against its pydantic wire type (AgentSpec, RuntimeSpec, BuilderSpec, EvaluatorSpec,
-TaskRequest) and every name against its registry, so a typo fails before anything starts, with the config path in
-the message. Plug points (``launcher``, ``tasks``) name their code with ``_target_`` and go through one loader.
+Every key of every group is checked before anything starts, and every problem names its Hydra key
+(``harness.config.bogus: extra inputs are not permitted``): each section against its model (AgentSpec, RuntimeSpec,
+BuilderSpec, EvaluatorSpec, InferenceSettings, DatagenConfig), every name against its registry, each plug-in's own
+config against the model it declares (:mod:`polar_gym.launch.checks`), and the ``launcher`` and ``tasks`` plug
+points (``_target_`` through one loader) against their settings model or signature.
 """
 
 from __future__ import annotations
@@ -10,65 +12,56 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from polar_gym.datagen.export import DatagenConfig
+from polar_gym.datagen.template import RunShape, TaskTemplate
+from polar_gym.fleet.settings import InferenceSettings
+from polar_gym.launch.checks import (
+    builder_problems,
+    evaluator_problems,
+    harness_problems,
+    runtime_problems,
+    target_problems,
+)
+from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.registry import BUILDERS, ENGINES, EVALUATORS, HARNESSES, RUNTIMES, Registry, RegistryError, load_dotted
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
+from polar_gym.settings import ConfigError, Problem, validate
 
 __all__ = [
+    "TOP_LEVEL_KEYS",
     "ConfigError",
     "InferenceSettings",
     "LaunchJob",
+    "Launcher",
+    "RunSettings",
     "TaskTemplate",
     "build_job",
+    "build_launcher",
     "load_target",
     "section",
 ]
 
-
-class ConfigError(ValueError):
-    """A launch config that does not validate; the message names the offending config path."""
-
-
-class InferenceSettings(BaseModel):
-    """The ``inference`` group: which engine the proxy uses and where it finds the model."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    engine: str = "oracle"
-    upstreams: list[str] = Field(default_factory=list)
-    #: start without upstreams; they arrive later through the rollout server's /backends (a trainer's policy)
-    await_upstreams: bool = False
-    tokenizer: str | None = None
-    upstream_model: str | None = None
-    upstream_timeout: float = Field(default=600.0, gt=0)
-    policy_version: str | int | None = None
-    max_tokens_cap: int | None = Field(default=None, ge=1)
-    drift_every: int = Field(default=0, ge=0)
-    #: probe every upstream (GET /v1/models) before the first session; a bad one stops the launch (exit code 3)
-    preflight: bool = True
-    #: seconds one probe may take
-    preflight_timeout: float = Field(default=10.0, gt=0)
-    #: with ``await_upstreams``: how long the launch waits for its upstreams before the first session
-    upstream_wait_seconds: float = Field(default=600.0, ge=0)
+#: the keys of a composed config (``hydra`` is Hydra's own)
+TOP_LEVEL_KEYS = frozenset({"harness", "builder", "runtime", "evaluator", "inference", "tasks", "launcher",
+                            "num_samples", "timeout_seconds", "out_dir", "datagen", "hydra"})
 
 
-class TaskTemplate(BaseModel):
-    """What every task of a run shares, from the harness/runtime/builder/evaluator groups; task sources fill in
-    the rest. ``evaluator`` config keys override the task's own evaluator config when the strategies agree."""
+class RunSettings(RunShape):
+    """The top-level keys of a run."""
 
-    model_config = ConfigDict(extra="forbid")
+    out_dir: str = Field(description="where the run's files go: trajectories.jsonl, results.jsonl, summary.md, "
+                         "config.yaml, capture/, gateway/ (default: outputs/DATE/TIME)")
 
-    agent: AgentSpec
-    runtime: RuntimeSpec
-    builder: BuilderSpec
-    evaluator: EvaluatorSpec
-    num_samples: int = Field(default=1, ge=1)
-    timeout_seconds: float = Field(default=600.0, gt=0)
+
+class Launcher(Protocol):
+    """What a ``launcher._target_`` builds: runs a job, answers the exit code."""
+
+    def launch(self, job: LaunchJob) -> int: ...
 
 
 @dataclass
@@ -82,34 +75,31 @@ class LaunchJob:
     resolved_config: str
     #: offline data generation (``+datagen=sft``): one retry of empty generations, then the SFT export
     datagen: DatagenConfig | None = None
+    #: the ``launcher`` group's launcher, built from its validated settings
+    launcher: Launcher | None = None
 
 
 def section(cfg: DictConfig, key: str) -> dict[str, Any]:
     """``cfg[key]`` as a plain resolved dict (a missing or non-mapping section is a ConfigError)."""
-    if key not in cfg or not isinstance(cfg[key], DictConfig):
+    node = cfg.get(key)
+    if not isinstance(node, DictConfig):
         raise ConfigError(f"config section {key!r} is missing or not a mapping; pick one with `{key}=NAME`")
-    return OmegaConf.to_container(cfg[key], resolve=True)  # type: ignore[return-value]
+    plain = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(plain, dict)
+    return {str(k): v for k, v in plain.items()}
 
 
-def _validate(model: type[BaseModel], data: dict[str, Any], where: str) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        lines = [f"  {where}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
-        raise ConfigError(f"invalid {where} config:\n" + "\n".join(lines)) from None
-
-
-def _check_name(registry: Registry[Any], name: str, where: str) -> None:
+def _check_name(registry: Registry[Any], name: str, where: str) -> list[Problem]:
     if name in registry.names():
-        return
+        return []
     if ":" in name:  # a user plug-in: it must import
         try:
             registry.get(name)
         except RegistryError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        return
-    raise ConfigError(f"{where}: unknown {registry.kind} {name!r}; known: {', '.join(registry.names())} "
-                      "(or a dotted path pkg.module:Name)")
+            return [(where, str(exc))]
+        return []
+    return [(where, f"unknown {registry.kind} {name!r}; known: {', '.join(registry.names())} "
+             "(or a dotted path pkg.module:Name)")]
 
 
 def load_target(node: dict[str, Any], where: str) -> tuple[Callable[..., Any], dict[str, Any]]:
@@ -117,54 +107,120 @@ def load_target(node: dict[str, Any], where: str) -> tuple[Callable[..., Any], d
     params = dict(node)
     target = params.pop("_target_", None)
     if not isinstance(target, str):
-        raise ConfigError(f"{where}: needs a _target_ (a dotted path pkg.module:Name)")
+        raise ConfigError("needs a _target_ (a dotted path pkg.module:Name)", key=where)
     try:
-        return load_dotted(target), params
+        loaded: Callable[..., Any] = load_dotted(target)
     except RegistryError as exc:
-        raise ConfigError(f"{where}._target_: {exc}") from None
+        raise ConfigError(str(exc), key=f"{where}._target_") from None
+    return loaded, params
 
 
-def _template(cfg: DictConfig) -> TaskTemplate:
+def _validated(model: type[BaseModel], data: dict[str, Any], where: str, problems: list[Problem]) -> Any:
+    try:
+        return validate(model, data, where)
+    except ConfigError as exc:
+        problems += exc.problems
+        return None
+
+
+def _template(cfg: DictConfig, problems: list[Problem]) -> TaskTemplate | None:
     harness = section(cfg, "harness")
-    agent = _validate(AgentSpec, {"harness": harness.pop("name", None), **harness}, "harness")
-    runtime = _validate(RuntimeSpec, section(cfg, "runtime"), "runtime")
-    builder = _validate(BuilderSpec, section(cfg, "builder"), "builder")
-    evaluator = _validate(EvaluatorSpec, section(cfg, "evaluator"), "evaluator")
-    _check_name(HARNESSES, agent.harness, "harness.name")
-    _check_name(RUNTIMES, runtime.backend, "runtime.backend")
-    _check_name(BUILDERS, builder.strategy, "builder.strategy")
-    _check_name(EVALUATORS, evaluator.strategy, "evaluator.strategy")
-    return _validate(TaskTemplate, {"agent": agent, "runtime": runtime, "builder": builder, "evaluator": evaluator,
-                                    "num_samples": cfg.get("num_samples", 1),
-                                    "timeout_seconds": cfg.get("timeout_seconds", 600.0)}, "run")
+    agent = _validated(AgentSpec, {"harness": harness.pop("name", None), **harness}, "harness", problems)
+    # AgentSpec calls it harness; the group calls it name
+    problems[:] = [(k.replace("harness.harness", "harness.name", 1), m) for k, m in problems]
+    runtime = _validated(RuntimeSpec, section(cfg, "runtime"), "runtime", problems)
+    builder = _validated(BuilderSpec, section(cfg, "builder"), "builder", problems)
+    evaluator = _validated(EvaluatorSpec, section(cfg, "evaluator"), "evaluator", problems)
+    plugins: list[tuple[Any, Registry[Any], str, str, Callable[[], list[Problem]]]] = [
+        (agent, HARNESSES, "harness.name", agent and agent.harness, lambda: harness_problems(agent.harness,
+                                                                                            agent.config)),
+        (runtime, RUNTIMES, "runtime.backend", runtime and runtime.backend,
+         lambda: runtime_problems(runtime.backend, runtime.options)),
+        (builder, BUILDERS, "builder.strategy", builder and builder.strategy, lambda: builder_problems(builder.config)),
+        (evaluator, EVALUATORS, "evaluator.strategy", evaluator and evaluator.strategy,
+         lambda: evaluator_problems(evaluator.strategy, evaluator.config.model_dump())),
+    ]
+    for spec, registry, where, name, own_config in plugins:  # the name, then the plug-in's own config keys
+        if spec is not None:
+            problems += _check_name(registry, name, where) or own_config()
+    run: RunSettings | None = _validated(RunSettings, {k: cfg.get(k) for k in RunSettings.model_fields if k in cfg},
+                                         "", problems)
+    if run is None or None in (agent, runtime, builder, evaluator):
+        return None
+    return TaskTemplate(agent=agent, runtime=runtime, builder=builder, evaluator=evaluator,
+                        num_samples=run.num_samples, timeout_seconds=run.timeout_seconds)
 
 
-def build_job(cfg: DictConfig) -> LaunchJob:
-    """Validate a composed config and materialize its TaskRequests (through the ``tasks`` plug point)."""
-    template = _template(cfg)
-    inference = _validate(InferenceSettings, section(cfg, "inference"), "inference")
-    _check_name(ENGINES, inference.engine, "inference.engine")
+def _inference(cfg: DictConfig, problems: list[Problem]) -> InferenceSettings | None:
+    inference: InferenceSettings | None = _validated(InferenceSettings, section(cfg, "inference"), "inference",
+                                                     problems)
+    if inference is None:
+        return None
+    named = _check_name(ENGINES, inference.engine, "inference.engine")
+    problems += named
     launched = OmegaConf.select(cfg, "launcher.inference_jobs.count", default=0) or 0  # launcher=slurm starts them
-    if inference.engine not in ("oracle",) and not inference.upstreams and not launched \
-            and not inference.await_upstreams:
-        raise ConfigError(f"inference.upstreams: engine {inference.engine!r} needs at least one upstream URL "
-                          "(or launcher=slurm with launcher.inference_jobs.count, or inference.await_upstreams=true)")
+    try:
+        check_upstreams_given(inference, more_coming=bool(launched))
+    except ConfigError as exc:
+        problems += [(k, m + "; or launcher=slurm with launcher.inference_jobs.count")
+                     for k, m in exc.under("inference").problems]
+    return inference
+
+
+def build_launcher(cfg: DictConfig) -> Launcher:
+    """The ``launcher`` group's launcher: its ``_target_`` built from its keys, validated against the target's
+    ``settings_model`` (``cls(settings)``) or its signature (``cls(**keys)``)."""
+    target, params = load_target(section(cfg, "launcher"), "launcher")
+    problems = target_problems(target, params, "launcher")
+    if problems:
+        raise ConfigError("", problems=problems, title="invalid launcher config")
+    declared = getattr(target, "settings_model", None)
+    launcher: Launcher
+    if isinstance(declared, type) and issubclass(declared, BaseModel):
+        launcher = target(declared.model_validate(params))
+    else:
+        launcher = target(**params)
+    return launcher
+
+
+def _requests(cfg: DictConfig, template: TaskTemplate) -> list[TaskRequest]:
     source, params = load_target(section(cfg, "tasks"), "tasks")
+    problems = target_problems(source, params, "tasks", skip=1)
+    if problems:
+        raise ConfigError("", problems=problems, title="invalid tasks config")
     try:
         requests = source(template, **params)
     except ValidationError as exc:
-        raise ConfigError(f"tasks: a TaskRequest does not validate:\n{exc}") from None
+        raise ConfigError(f"a TaskRequest does not validate:\n{exc}", key="tasks") from None
     except (TypeError, KeyError, ValueError) as exc:
-        raise ConfigError(f"tasks: {exc}") from None
+        raise ConfigError(str(exc), key="tasks") from None
     if not requests:
-        raise ConfigError("tasks: the task source produced no tasks")
+        raise ConfigError("the task source produced no tasks", key="tasks")
     if not all(isinstance(r, TaskRequest) for r in requests):
-        raise ConfigError("tasks: the task source must return TaskRequest objects")
-    out_dir = cfg.get("out_dir")
-    if not out_dir:
-        raise ConfigError("out_dir: must be set (a directory for the run's files)")
+        raise ConfigError("the task source must return TaskRequest objects", key="tasks")
+    return list(requests)
+
+
+def build_job(cfg: DictConfig) -> LaunchJob:
+    """Validate every key of a composed config, build the launcher and materialize the TaskRequests (through the
+    ``tasks`` plug point); nothing is started. Raises ConfigError listing every problem found."""
+    problems: list[Problem] = [(str(k), "not a config key of polar_gym.launch (a typo, or a `+key` too many?)")
+                               for k in cfg if str(k) not in TOP_LEVEL_KEYS]
+    template = _template(cfg, problems)
+    inference = _inference(cfg, problems)
     datagen = None
     if cfg.get("datagen") is not None:
-        datagen = _validate(DatagenConfig, section(cfg, "datagen"), "datagen")
-    return LaunchJob(requests=list(requests), inference=inference, out_dir=Path(str(out_dir)),
-                     resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen)
+        datagen = _validated(DatagenConfig, section(cfg, "datagen"), "datagen", problems)
+    out_dir = cfg.get("out_dir")
+    if not out_dir and not any(k == "out_dir" for k, _ in problems):
+        problems.append(("out_dir", "must be set (a directory for the run's files)"))
+    launcher = None
+    try:
+        launcher = build_launcher(cfg)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError("", problems=problems)
+    assert template is not None and inference is not None
+    return LaunchJob(requests=_requests(cfg, template), inference=inference, out_dir=Path(str(out_dir)),
+                     resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen, launcher=launcher)

@@ -20,25 +20,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar_gym.launch.config import InferenceSettings
+from polar_gym.fleet.settings import InferenceSettings
+from polar_gym.gateway.config import GatewayPools
+from polar_gym.proxy.settings import ENGINES_WITH_TOKENIZER
+from polar_gym.serving import free_port
 
-__all__ = ["GatewayJobSettings", "InferenceJobSettings", "free_port", "gateway_argv", "inference_command",
+__all__ = ["GatewayJobSettings", "InferenceJobSettings", "gateway_argv", "inference_command", "node_port",
            "run_gateway_job", "run_inference_job", "run_server_job"]
 
 
-class GatewayJobSettings(BaseModel):
-    """One gateway job's Slurm resources and pools."""
+class GatewayJobSettings(GatewayPools):
+    """One gateway job's Slurm resources and its pools (defaults: the gateway's own)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    cpus_per_task: int = Field(default=8, ge=1)
-    mem_gb: float = Field(default=16, gt=0)
-    timeout_min: int = Field(default=1440, ge=1)
-    run_slots: int = Field(default=8, ge=1)
-    init_workers: int = Field(default=4, ge=1)
-    ready_buffer: int = Field(default=4, ge=0)
-    postrun_workers: int = Field(default=4, ge=1)
-    prewarm_workers: int = Field(default=2, ge=0)
+    cpus_per_task: int = Field(default=8, ge=1, description="CPUs of the gateway job")
+    mem_gb: float = Field(default=16, gt=0, description="memory of the gateway job, in GB")
+    timeout_min: int = Field(default=1440, ge=1, description="the gateway job's time limit, in minutes")
 
 
 class InferenceJobSettings(BaseModel):
@@ -47,19 +43,23 @@ class InferenceJobSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int = Field(default=0, ge=0)
-    kind: Literal["sglang", "vllm", "tiny_vllm"] = "sglang"
-    python: str = "python3"
-    model_path: str | None = None
-    #: 0: a free port picked on the node
-    port: int = Field(default=0, ge=0)
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    gpus_per_node: int = Field(default=1, ge=0)
-    cpus_per_task: int = Field(default=16, ge=1)
-    mem_gb: float = Field(default=128, gt=0)
-    timeout_min: int = Field(default=1440, ge=1)
-    ready_timeout_seconds: float = Field(default=1800, gt=0)
+    count: int = Field(default=0, ge=0, description="inference jobs to start (0: use inference.upstreams as they "
+                       "are)")
+    kind: Literal["sglang", "vllm", "tiny_vllm"] = Field(default="sglang", description="sglang, vllm, or tiny_vllm "
+                                                         "(the project's tiny Qwen3 on vLLM's CPU build, to try "
+                                                         "the path without GPUs)")
+    python: str = Field(default="python3", description="the interpreter with sglang / vllm installed (not used "
+                        "by tiny_vllm)")
+    model_path: str | None = Field(default=None, description="the model to serve (required for sglang and vllm)")
+    port: int = Field(default=0, ge=0, description="the server's port (0: a free port picked on the node)")
+    args: list[str] = Field(default_factory=list, description="extra arguments of the server command")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of the server")
+    gpus_per_node: int = Field(default=1, ge=0, description="GPUs per inference job (also its tensor parallelism)")
+    cpus_per_task: int = Field(default=16, ge=1, description="CPUs per inference job")
+    mem_gb: float = Field(default=128, gt=0, description="memory per inference job, in GB")
+    timeout_min: int = Field(default=1440, ge=1, description="an inference job's time limit, in minutes")
+    ready_timeout_seconds: float = Field(default=1800, gt=0, description="how long a server may take to answer "
+                                         "/health")
 
 
 def gateway_argv(inference: InferenceSettings, pools: GatewayJobSettings, upstreams: list[str], *,
@@ -70,18 +70,23 @@ def gateway_argv(inference: InferenceSettings, pools: GatewayJobSettings, upstre
             "--capture-dir", str(workdir / "capture"), "--server-url", server_url, "--heartbeat", str(heartbeat),
             "--run-slots", str(pools.run_slots), "--init-workers", str(pools.init_workers),
             "--ready-buffer", str(pools.ready_buffer), "--postrun-workers", str(pools.postrun_workers),
-            "--prewarm-workers", str(pools.prewarm_workers), "--upstream-timeout", str(inference.upstream_timeout),
-            "--drift-every", str(inference.drift_every)]
+            "--prewarm-workers", str(pools.prewarm_workers), "--postrun-grace", str(pools.postrun_grace_seconds),
+            "--upstream-timeout", str(inference.upstream_timeout), "--drift-every", str(inference.drift_every)]
+    for key, value in pools.runtime_options.items():
+        argv += ["--runtime-option", f"{key}={json.dumps(value)}"]
+    for root in pools.expose_roots:
+        argv += ["--expose-root", str(root)]
     if upstreams:
         argv += ["--upstream", *upstreams]
     if inference.await_upstreams:
         argv.append("--await-upstreams")
     tokenizer = inference.tokenizer
-    if tokenizer is None and inference.engine in ("oracle", "sglang_generate"):
+    if tokenizer is None and inference.engine in ENGINES_WITH_TOKENIZER:
         from polar_gym.assets import tokenizer_dir
 
         tokenizer = str(tokenizer_dir())  # the project's built Qwen tokenizer (a path the nodes share)
-    for flag, value in (("--tokenizer", tokenizer), ("--upstream-model", inference.upstream_model),
+    for flag, value in (("--tokenizer", tokenizer), ("--oracle-script", inference.oracle_script),
+                        ("--upstream-model", inference.upstream_model),
                         ("--policy-version", inference.policy_version),
                         ("--max-tokens-cap", inference.max_tokens_cap)):
         if value is not None:
@@ -111,11 +116,9 @@ def inference_command(settings: InferenceJobSettings, port: int) -> tuple[list[s
 # -- inside the jobs ---------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
+def node_port() -> int:
     """A free TCP port on every interface of this node."""
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
+    return free_port("0.0.0.0")
 
 
 def _write_info(path: Path, info: dict[str, Any]) -> None:
@@ -127,25 +130,25 @@ def _write_info(path: Path, info: dict[str, Any]) -> None:
 def run_gateway_job(argv: list[str], advertise_host: str | None = None, server_token: str | None = None) -> None:
     """A gateway node until Slurm stops the job (SIGTERM: sessions are cancelled and torn down). The server's
     token travels in the environment, not on the command line other users can read."""
-    from polar_gym.gateway.__main__ import main
+    from polar_gym.gateway.cli import main
 
     if server_token:
         os.environ["POLAR_SERVER_TOKEN"] = server_token
     host = advertise_host or socket.gethostname()
-    main([*argv, "--port", str(free_port()), "--advertise-host", host])
+    main([*argv, "--port", str(node_port()), "--advertise-host", host])
 
 
 def run_server_job(db: str, admin_token: str, info_path: str, advertise_host: str | None = None,
                    heartbeat: float = 2.0) -> None:
     """The rollout server until SIGTERM; writes ``{"url": ...}`` to ``info_path`` once it answers."""
-    from polar_gym.launch.local import rollout_server
+    from polar_gym.fleet import rollout_server
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        port = free_port()
+        port = node_port()
         async with rollout_server(Path(db), "0.0.0.0", port, admin_token, heartbeat):
             _write_info(Path(info_path), {"url": f"http://{advertise_host or socket.gethostname()}:{port}",
                                           "job_id": os.environ.get("SLURM_JOB_ID")})
@@ -158,7 +161,7 @@ def run_inference_job(settings: dict[str, Any], info_path: str, advertise_host: 
     """An inference server as a child process; its URL goes to ``info_path`` once /health answers. SIGTERM (scancel,
     time limit) is passed to the server's process group."""
     config = InferenceJobSettings.model_validate(settings)
-    port = config.port or free_port()
+    port = config.port or node_port()
     cmd, env_changes = inference_command(config, port)
     env = {**os.environ, **env_changes}
     if config.kind == "tiny_vllm":

@@ -47,7 +47,7 @@ def error_cause(result: SessionResult) -> str | None:
     if result.status is SessionStatus.COMPLETED:
         return None
     if result.status is not SessionStatus.ERROR:
-        return result.status.value.lower()
+        return str(result.status.value).lower()
     match = _CAUSE.match(result.reason or "")
     if match and match.group(1) in INFRA_CAUSES:
         return match.group(1)

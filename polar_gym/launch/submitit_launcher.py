@@ -20,61 +20,84 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from polar_gym.launch.config import ConfigError, LaunchJob
+from polar_gym.fleet import ensure_upstreams, rollout_backends, rollout_server, write_server_info
+from polar_gym.launch.config import LaunchJob
 from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.jobs import (
     GatewayJobSettings,
     InferenceJobSettings,
-    free_port,
     gateway_argv,
+    node_port,
     run_gateway_job,
     run_inference_job,
     run_server_job,
 )
-from polar_gym.launch.local import rollout_server, write_server_info
 from polar_gym.launch.outputs import SessionOutcome, finish
-from polar_gym.launch.preflight import ensure_upstreams, rollout_backends
-from polar_gym.proxy.__main__ import write_secret
+from polar_gym.private_files import write_secret
+from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.server.client import RolloutClient
+from polar_gym.settings import ConfigError
 
-__all__ = ["SlurmLauncher", "private_umask"]
+__all__ = ["SlurmLauncher", "SlurmLauncherSettings", "private_umask"]
 
 _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
           "DEADLINE", "INTERRUPTED", "FINISHED", "NO"}  # the last two: submitit's local executor
+
+
+class SlurmLauncherSettings(BaseModel):
+    """The ``launcher=slurm`` keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: str = Field(default="slurm", description="submitit's cluster: slurm, or local / debug to try the "
+                         "wiring without Slurm")
+    partition: str | None = Field(default=None, description="#SBATCH --partition")
+    account: str | None = Field(default=None, description="#SBATCH --account")
+    qos: str | None = Field(default=None, description="#SBATCH --qos")
+    additional_parameters: dict[str, Any] = Field(default_factory=dict, description="any other #SBATCH option, "
+                                                  "e.g. {constraint: h100, exclusive: true}")
+    server: Literal["local", "job"] = Field(default="local", description="local: the rollout server runs in this "
+                                            "process; job: in its own Slurm job (writes OUT_DIR/server-job.json)")
+    server_host: str | None = Field(default=None, description="how gateways and trainers reach the server "
+                                    "(default: this host's FQDN, or the server job's node name)")
+    server_port: int = Field(default=0, ge=0, description="the rollout server's port (0: a free port)")
+    advertise_host: str | None = Field(default=None, description="how the server reaches gateways / gateways "
+                                       "reach inference jobs (default: each node's host name)")
+    gateways: int = Field(default=1, ge=1, description="gateway jobs to start (at least one)")
+    gateway: GatewayJobSettings = Field(default_factory=GatewayJobSettings)
+    inference_jobs: InferenceJobSettings = Field(default_factory=InferenceJobSettings)
+    register_timeout_seconds: float = Field(default=600.0, gt=0, description="how long the gateways (and a server "
+                                            "job) may take to come up")
+    heartbeat_seconds: float = Field(default=2.0, gt=0, description="seconds between the gateways' heartbeats")
+    progress: bool = Field(default=True, description="the rich live display")
 
 
 class SlurmLauncher:
     """Submit the fleet, run the job's tasks through it, cancel the fleet. Returns the exit code (1 if any session
     ended ERROR or CANCELLED)."""
 
-    def __init__(self, gateways: int = 1, gateway: dict[str, Any] | None = None,
-                 inference_jobs: dict[str, Any] | None = None, server: str = "local", server_host: str | None = None,
-                 server_port: int = 0, advertise_host: str | None = None, cluster: str = "slurm",
-                 partition: str | None = None, account: str | None = None, qos: str | None = None,
-                 additional_parameters: dict[str, Any] | None = None, register_timeout_seconds: float = 600.0,
-                 heartbeat_seconds: float = 2.0, progress: bool = True) -> None:
-        if gateways < 1:
-            raise ConfigError("launcher.gateways: at least one gateway job")
-        if server not in ("local", "job"):
-            raise ConfigError("launcher.server: 'local' (in this process) or 'job' (its own Slurm job)")
-        try:
-            self.gateway = GatewayJobSettings.model_validate(gateway or {})
-            self.inference_jobs = InferenceJobSettings.model_validate(inference_jobs or {})
-        except ValueError as exc:
-            raise ConfigError(f"launcher: {exc}") from None
-        self.gateways, self.server_mode = gateways, server
-        self.server_host, self.server_port, self.advertise_host = server_host, server_port, advertise_host
-        self.cluster = cluster
-        self.slurm = {k: v for k, v in (("slurm_partition", partition), ("slurm_account", account),
-                                        ("slurm_qos", qos)) if v}
-        if additional_parameters:
-            self.slurm["slurm_additional_parameters"] = dict(additional_parameters)
-        self.register_timeout, self.heartbeat = register_timeout_seconds, heartbeat_seconds
-        self.progress = progress
+    settings_model: ClassVar[type[SlurmLauncherSettings]] = SlurmLauncherSettings
+
+    def __init__(self, settings: SlurmLauncherSettings | None = None) -> None:
+        settings = settings or SlurmLauncherSettings()
+        self.settings = settings
+        self.gateway, self.inference_jobs = settings.gateway, settings.inference_jobs
+        self.gateways, self.server_mode = settings.gateways, settings.server
+        self.server_host, self.server_port = settings.server_host, settings.server_port
+        self.advertise_host = settings.advertise_host
+        self.cluster = settings.cluster
+        self.slurm: dict[str, Any] = {k: v for k, v in (("slurm_partition", settings.partition),
+                                                         ("slurm_account", settings.account),
+                                                         ("slurm_qos", settings.qos)) if v}
+        if settings.additional_parameters:
+            self.slurm["slurm_additional_parameters"] = dict(settings.additional_parameters)
+        self.register_timeout, self.heartbeat = settings.register_timeout_seconds, settings.heartbeat_seconds
+        self.progress = settings.progress
         self.console = Console(stderr=True)
         self.jobs: list[Any] = []
         self.names: dict[str, str] = {}
@@ -136,7 +159,7 @@ class SlurmLauncher:
     async def _server(self, job: LaunchJob, token: str) -> AsyncIterator[str]:
         if self.server_mode == "local":
             host = self.server_host or socket.getfqdn()
-            port = self.server_port or free_port()
+            port = self.server_port or node_port()
             async with rollout_server(job.out_dir / "server.sqlite", "0.0.0.0", port, token, self.heartbeat):
                 url = f"http://{host}:{port}"
                 write_server_info(job.out_dir, url, token)
@@ -173,8 +196,10 @@ class SlurmLauncher:
         return urls
 
     def _start_gateways(self, job: LaunchJob, server_url: str, upstreams: list[str], token: str) -> None:
-        if job.inference.engine != "oracle" and not upstreams and not job.inference.await_upstreams:
-            raise ConfigError("inference.upstreams: the gateways need an upstream (or launcher.inference_jobs.count)")
+        try:
+            check_upstreams_given(job.inference.model_copy(update={"upstreams": upstreams}))
+        except ConfigError as exc:
+            raise exc.under("inference") from None
         pools = self.gateway
         executor = self._executor(job, "polar-gateway", cpus_per_task=pools.cpus_per_task, mem_gb=pools.mem_gb,
                                   timeout_min=pools.timeout_min)

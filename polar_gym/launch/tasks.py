@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar_gym.launch.config import TaskTemplate
+from polar_gym.datagen.template import TaskTemplate
 from polar_gym.schema import TaskRequest
 from polar_gym.tasks import DEMO_TASKS, demo_tasks
 

@@ -16,9 +16,9 @@ import pytest
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.bridges.slime import fill_group, generate_rollout, group_task
+from polar_gym.fleet import InferenceSettings, local_fleet
+from polar_gym.gateway.config import GatewayPools
 from polar_gym.journal import read_session
-from polar_gym.launch.config import InferenceSettings
-from polar_gym.launch.local import local_fleet
 from polar_gym.merge.cli import find_journals
 from polar_gym.schema import PrepareAction, RuntimeSpec, SessionResult, SessionStatus, Trace, Trajectory
 from polar_gym.tasks import DEMO_TASKS
@@ -70,7 +70,7 @@ async def test_slime_samples_align_with_what_the_engine_sampled(tmp_path: Path, 
     broken = _task("demo-slugify", prepare=[PrepareAction(type="exec", command="exit 7")])
     groups = [[Sample(index=i, prompt="add", metadata={"polar_task": _task("demo-calc-add")}) for i in range(2)],
               [Sample(index=2, prompt="slug", metadata={"polar_task": broken})]]
-    async with local_fleet(tmp_path / "fleet", InferenceSettings(), run_slots=3) as (url, token):
+    async with local_fleet(tmp_path / "fleet", InferenceSettings(), pools=GatewayPools(run_slots=3)) as (url, token):
         monkeypatch.setenv("POLAR_SERVER_URL", url)
         monkeypatch.setenv("POLAR_ADMIN_TOKEN", token)
         args = SimpleNamespace(rollout_batch_size=2)

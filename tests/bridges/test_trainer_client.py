@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from polar_gym.assets import tokenizer_dir
-from polar_gym.launch.config import InferenceSettings
-from polar_gym.launch.local import local_fleet
+from polar_gym.fleet import InferenceSettings, local_fleet
+from polar_gym.gateway.config import GatewayPools
 from polar_gym.schema import SessionStatus
 from polar_gym.server.client import CallbackReceiver, RolloutClient, traces_of
 from polar_gym.tasks import DEMO_TASKS
@@ -20,7 +20,7 @@ async def test_submit_iterate_trajectories_and_receive_callbacks(tmp_path: Path)
     if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
         pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
     receiver = CallbackReceiver()
-    async with (local_fleet(tmp_path, InferenceSettings(), run_slots=3) as (url, token),
+    async with (local_fleet(tmp_path, InferenceSettings(), pools=GatewayPools(run_slots=3)) as (url, token),
                 receiver.serve() as callback_url, RolloutClient(url, token) as client):
         tasks = [DEMO_TASKS[d].to_request(harness="pi", model_name="policy", num_samples=n).model_copy(
                  update={"callback_url": callback_url}) for d, n in (("demo-calc-add", 2), ("demo-slugify", 1))]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polar_gym.launch.config import TaskTemplate
+from polar_gym.datagen.template import TaskTemplate
 from polar_gym.merge import build_trajectory
 from polar_gym.schema import (
     AgentSpec,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, SandboxStages, build_gateway
-from polar_gym.gateway.__main__ import config_from_args, parse_args
+from polar_gym.gateway.cli import config_from_args, parse_args
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import SessionResult

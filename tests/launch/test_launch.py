@@ -22,8 +22,7 @@ from omegaconf import DictConfig
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayConfig
-from polar_gym.launch import CONF_DIR, ConfigError, build_job, run
-from polar_gym.launch.config import load_target
+from polar_gym.launch import CONF_DIR, ConfigError, build_job, build_launcher, run
 from polar_gym.launch.local import LocalLauncher
 from polar_gym.schema import SessionStatus
 from tests._procs import processes_with, take_ctrl_c
@@ -71,12 +70,12 @@ def test_every_group_option_validates_and_any_field_overrides():
     for engine in ("oracle", "vllm", "sglang", "openai"):
         assert build_job(composed(f"inference={engine}")).inference.engine == engine
     job = build_job(composed("num_samples=3", "timeout_seconds=42", "runtime.cpus=2", "tasks.ids=[demo-slugify]",
-                             "+harness.config.reasoning=low", "+evaluator.config.timeout=7",
+                             "+harness.config.api=openai-responses", "+evaluator.config.timeout=7",
                              "inference=vllm", "inference.upstreams=[http://10.0.0.1:8000]",
                              "inference.max_tokens_cap=512"))
     (request,) = job.requests
     assert (request.task_id, request.num_samples, request.timeout_seconds) == ("demo-slugify", 3, 42)
-    assert request.runtime.cpus == 2 and request.agent.config == {"reasoning": "low"}
+    assert request.runtime.cpus == 2 and request.agent.config == {"api": "openai-responses"}
     assert request.evaluator.config.model_dump()["timeout"] == 7
     assert job.inference.upstreams == ["http://10.0.0.1:8000"] and job.inference.max_tokens_cap == 512
 
@@ -85,7 +84,7 @@ def test_every_group_option_validates_and_any_field_overrides():
     (["harness.name=codx"], "harness.name: unknown harness 'codx'; known: claude_code"),
     (["builder.strategy=nope"], "builder.strategy: unknown builder 'nope'"),
     (["runtime.network=wifi"], "runtime.network"),
-    (["num_samples=0"], "run.num_samples"),
+    (["num_samples=0"], "num_samples: input should be greater than or equal to 1"),
     (["runtime.cpus=lots"], "runtime.cpus"),
     (["inference.engine=tgi"], "inference.engine: unknown engine 'tgi'"),
     (["inference=vllm", "inference.upstreams=[]"], "engine 'vllm' needs at least one upstream URL"),
@@ -115,8 +114,9 @@ def test_run_reports_config_errors_with_exit_code_2(capsys):
 
 
 def test_the_launcher_takes_only_its_own_keys():
-    with pytest.raises(TypeError):
-        LocalLauncher(colour="red")  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"launcher\.colour: extra inputs are not permitted"):
+        build_launcher(composed("+launcher.colour=red"))
+    assert isinstance(build_launcher(composed()), LocalLauncher)
 
 
 def test_host_reaching_runtime_options_come_from_the_launcher_not_the_task(tmp_path):
@@ -124,12 +124,12 @@ def test_host_reaching_runtime_options_come_from_the_launcher_not_the_task(tmp_p
     to its GatewayConfig as plain values (a task naming them is refused: tests/gateway/test_host_options.py)."""
     cfg = composed(f"out_dir={tmp_path}", "+launcher.runtime_options.cli=[podman,--runtime,runc]",
                    "+launcher.runtime_options.disk_mb=2048", f"launcher.expose_roots=[{tmp_path}]")
-    launcher_cls, params = load_target(dict(cfg.launcher), "launcher")
-    launcher = launcher_cls(**params)
-    assert launcher.pools["runtime_options"] == {"cli": ["podman", "--runtime", "runc"], "disk_mb": 2048}
-    assert type(launcher.pools["runtime_options"]["cli"]) is list
-    assert launcher.pools["expose_roots"] == [tmp_path]
-    config = GatewayConfig(**launcher.pools)
+    launcher = build_launcher(cfg)
+    assert isinstance(launcher, LocalLauncher)
+    assert launcher.pools.runtime_options == {"cli": ["podman", "--runtime", "runc"], "disk_mb": 2048}
+    assert type(launcher.pools.runtime_options["cli"]) is list
+    assert launcher.pools.expose_roots == [tmp_path]
+    config = GatewayConfig(**dict(launcher.pools))
     assert config.runtime_options["disk_mb"] == 2048 and config.expose_roots == [tmp_path]
 
 

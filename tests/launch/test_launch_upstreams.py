@@ -22,15 +22,17 @@ from rich.console import Console
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.datagen.export import DatagenConfig
-from polar_gym.launch.config import InferenceSettings, LaunchJob, TaskTemplate
-from polar_gym.launch.outputs import SessionOutcome, error_cause, finish
-from polar_gym.launch.preflight import (
+from polar_gym.datagen.template import TaskTemplate
+from polar_gym.fleet.settings import InferenceSettings
+from polar_gym.fleet.upstreams import (
     UpstreamCheckFailed,
     check_upstreams,
     describe,
     ensure_upstreams,
     failure_message,
 )
+from polar_gym.launch.config import LaunchJob
+from polar_gym.launch.outputs import SessionOutcome, error_cause, finish
 from polar_gym.launch.tasks import demo_requests
 from polar_gym.schema import (
     AgentSpec,

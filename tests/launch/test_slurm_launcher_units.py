@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from polar_gym.assets import tokenizer_dir
-from polar_gym.launch import CONF_DIR, ConfigError, InferenceSettings, build_job, load_target
+from polar_gym.launch import CONF_DIR, ConfigError, InferenceSettings, build_job, build_launcher
 from polar_gym.launch.jobs import GatewayJobSettings, InferenceJobSettings, gateway_argv, inference_command
 from polar_gym.launch.submitit_launcher import SlurmLauncher
 
@@ -18,8 +17,9 @@ from polar_gym.launch.submitit_launcher import SlurmLauncher
 def _launcher(*overrides: str) -> SlurmLauncher:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["launcher=slurm", *overrides])
-    cls, params = load_target(OmegaConf.to_container(cfg.launcher), "launcher")  # type: ignore[arg-type]
-    return cls(**params)  # type: ignore[no-any-return]
+    launcher = build_launcher(cfg)
+    assert isinstance(launcher, SlurmLauncher)
+    return launcher
 
 
 def _flag(argv: list[str], flag: str) -> str:
@@ -34,11 +34,11 @@ def test_the_slurm_launcher_config_composes_with_its_defaults() -> None:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("launcher.gateways=0", "at least one gateway job"),
-    ("launcher.server=elsewhere", "'local' (in this process) or 'job'"),
-    ("+launcher.gateway.colour=red", "colour"),
-    ("launcher.inference_jobs.kind=tgi", "kind"),
-    ("launcher.gateway.run_slots=0", "run_slots"),
+    ("launcher.gateways=0", "launcher.gateways: input should be greater than or equal to 1"),
+    ("launcher.server=elsewhere", "launcher.server: input should be 'local' or 'job'"),
+    ("+launcher.gateway.colour=red", "launcher.gateway.colour: extra inputs are not permitted"),
+    ("launcher.inference_jobs.kind=tgi", "launcher.inference_jobs.kind"),
+    ("launcher.gateway.run_slots=0", "launcher.gateway.run_slots"),
 ])
 def test_bad_slurm_launcher_settings_are_config_errors(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):

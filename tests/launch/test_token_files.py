@@ -23,8 +23,8 @@ import pytest
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.launch.slurm import render_all
-from polar_gym.launch.submitit_launcher import SlurmLauncher
-from polar_gym.proxy.__main__ import write_secret
+from polar_gym.launch.submitit_launcher import SlurmLauncher, SlurmLauncherSettings
+from polar_gym.private_files import write_secret
 from tests._serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_after_a_local_launch_every_file_holding_an_admin_token_is_private(tmp_p
 def test_the_submitit_folder_and_what_submitit_writes_into_it_are_private(tmp_path: Path) -> None:
     umask = os.umask(0o022)
     os.umask(umask)
-    launcher = SlurmLauncher(cluster="local")
+    launcher = SlurmLauncher(SlurmLauncherSettings(cluster="local"))
     job = type("Job", (), {"out_dir": tmp_path})()
     executor = launcher._executor(job, "polar-test", timeout_min=1)
     submitted = launcher._submit(executor, "polar-test", print, "a-secret-token", out_dir=tmp_path)

@@ -91,7 +91,7 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
 
     def _policy_urls(self) -> list[str]:
         value = self.config.policy_base_url or self.server_client.global_config_dict.get("policy_base_url")
-        urls = backend_urls(value)
+        urls: list[str] = backend_urls(value)
         if not urls:
             raise PolarError("register_policy_backend is set but no policy_base_url is known")
         return urls
@@ -162,7 +162,8 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
         elif not output:
             result.update(mask_sample=True, failure_kind="polar_no_tokens",
                           failure_reason="the session sampled no tokens")
-        return PolarGymVerifyResponse.model_validate({**result, **parts["extras"]})
+        verified: PolarGymVerifyResponse = PolarGymVerifyResponse.model_validate({**result, **parts["extras"]})
+        return verified
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ class PolarClient:
         sessions = list(view.get("sessions") or {})
         if len(sessions) != 1:
             raise PolarError(f"task {task_request.get('task_id')}: expected one session, got {sessions}")
-        return sessions[0]
+        return str(sessions[0])
 
     async def nemo(self, session_id: str, timeout: float, poll: float = 30.0) -> dict[str, Any]:
         """The session's /nemo payload, long-polling until it is finished or ``timeout`` seconds have passed."""
@@ -60,7 +60,8 @@ class PolarClient:
             response = await self._call("GET", f"/sessions/{session_id}/nemo", params={"wait": min(poll, left)},
                                         timeout=min(poll, left) + 30.0)
             if response.status_code == 200:
-                return response.json()
+                payload: dict[str, Any] = response.json()
+                return payload
 
     async def cancel(self, session_id: str) -> None:
         await self._call("POST", f"/sessions/{session_id}/cancel")

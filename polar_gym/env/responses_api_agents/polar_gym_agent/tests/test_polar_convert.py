@@ -5,6 +5,7 @@ output items that validate as NeMo Gym's training types, keep NeMo RL's prefix c
 from __future__ import annotations
 
 import unittest
+from typing import Any
 
 from nemo_gym.openai_utils import (
     NeMoGymResponseFunctionCallOutput,
@@ -17,7 +18,7 @@ TYPES = {"message": NeMoGymResponseOutputMessageForTraining, "function_call": Ne
          "function_call_output": NeMoGymResponseFunctionCallOutput}
 
 
-def _item(prompt: list[int], generated: list[int], turn: dict | None) -> dict:
+def _item(prompt: list[int], generated: list[int], turn: dict[str, Any] | None) -> dict[str, Any]:
     return {"prompt_token_ids": prompt, "generation_token_ids": generated,
             "generation_log_probs": [-0.25] * len(generated), "turn": turn}
 

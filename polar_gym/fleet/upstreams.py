@@ -12,13 +12,13 @@ import errno
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import orjson
 from rich.console import Console
 
-from polar_gym.launch.config import InferenceSettings
+from polar_gym.fleet.settings import InferenceSettings
+from polar_gym.server.client import RolloutClient
 
 __all__ = ["UpstreamCheck", "UpstreamCheckFailed", "check_upstreams", "describe", "ensure_upstreams", "failure_message",
            "probe", "rollout_backends", "summary_line"]
@@ -131,7 +131,7 @@ def failure_message(engine: str, checks: list[UpstreamCheck], *, waited: float =
     return "\n".join(lines)
 
 
-async def rollout_backends(client: Any) -> list[str]:
+async def rollout_backends(client: RolloutClient) -> list[str]:
     """The inference backends a rollout server lists (``GET /backends``) through a RolloutClient."""
     resp = await client.http.get("/backends")
     resp.raise_for_status()

@@ -1,0 +1,24 @@
+"""The ``inference`` settings of a fleet: the proxy's engine plus what the fleet does with it (a token cap, the
+upstream check before the first session)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from polar_gym.proxy.settings import EngineSettings
+
+__all__ = ["InferenceSettings"]
+
+
+class InferenceSettings(EngineSettings):
+    """The ``inference`` group (and ``python -m polar_gym.env serve``'s flags): which engine the gateway's proxy
+    uses, where it finds the model, and how the upstreams are checked before the first session."""
+
+    max_tokens_cap: int | None = Field(default=None, ge=1, description="clamp every call's max_tokens to this "
+                                       "(null: no clamp)")
+    preflight: bool = Field(default=True, description="probe every upstream (GET /v1/models) before the first "
+                            "session; a bad one stops the launch (exit code 3)")
+    preflight_timeout: float = Field(default=10.0, gt=0, description="seconds one probe may take")
+    upstream_wait_seconds: float = Field(default=600.0, ge=0, description="with await_upstreams: how long the "
+                                         "launch waits for its upstreams (or a /backends entry) before the first "
+                                         "session")

@@ -1,0 +1,153 @@
+"""The gateway node's command line, parsed into :class:`~polar_gym.proxy.settings.ProxySettings` and
+:class:`~polar_gym.gateway.config.GatewayConfig`.
+
+    python -m polar_gym.gateway --engine {vllm,sglang,openai,oracle} [--upstream URL ...] --port N
+        --capture-dir DIR --workdir DIR [--init-workers N --ready-buffer N --run-slots N --postrun-workers N]
+        [--runtime-option KEY=JSON ...] [--expose-root DIR ...]
+
+With ``--server-url`` the node registers with a rollout server once it listens, pushes its stage metrics as
+heartbeats and registers again if the server forgot it. Only registered sessions are served. The admin token (for
+POST /sessions, cancel, drain, /admin/*) comes from ``--admin-token`` or ``POLAR_ADMIN_TOKEN``; otherwise a fresh
+one is written to ``--admin-token-file`` (default ``WORKDIR/admin-token``, mode 600) and only that path is printed,
+so the token never lands in a job log other users can read. On SIGINT/SIGTERM the server stops and every live
+session is cancelled and torn down; POST /gateway/drain?wait=true first for a graceful end.
+
+Pool defaults are :class:`~polar_gym.gateway.config.GatewayPools`' (one source); a Slurm gateway job calls
+:func:`main` with its argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from polar_gym.gateway.config import GatewayConfig, GatewayPools
+from polar_gym.proxy.cli import add_proxy_arguments, admin_token_from, config_exit, flag_of, settings_from_args
+from polar_gym.proxy.settings import ProxySettings, build_service, check_engine
+from polar_gym.runtime.base import GatewayEndpoint
+from polar_gym.settings import ConfigError, validate
+
+__all__ = ["build_parser", "config_from_args", "main", "parse_args"]
+
+#: GatewayPools field -> its flag, where it is not the field's name with dashes
+_POOL_FLAGS = {"postrun_grace_seconds": "--postrun-grace", "runtime_options": "--runtime-option",
+               "expose_roots": "--expose-root"}
+
+
+def _pool_help(field: str) -> str:
+    info = GatewayPools.model_fields[field]
+    default = info.get_default(call_default_factory=True, validated_data={})
+    return f"{info.description} (default: {default})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m polar_gym.gateway", description="polar_gym's gateway node")
+    add_proxy_arguments(p)
+    s = argparse.SUPPRESS
+    p.add_argument("--advertise-host", default=None,
+                   help="the host runtimes use to reach this node (default: --host, or 127.0.0.1 for 0.0.0.0)")
+    p.add_argument("--workdir", type=Path, default=Path("polar_gym-gateway"), help="per-session directories")
+    for field in ("init_workers", "ready_buffer", "run_slots", "postrun_workers", "prewarm_workers"):
+        p.add_argument("--" + field.replace("_", "-"), type=int, default=s, help=_pool_help(field))
+    p.add_argument("--postrun-grace", dest="postrun_grace_seconds", type=float, default=s,
+                   help=_pool_help("postrun_grace_seconds"))
+    p.add_argument("--server-url", default=os.environ.get("POLAR_SERVER_URL"),
+                   help="rollout server to register with and heartbeat to (default: $POLAR_SERVER_URL, else none)")
+    p.add_argument("--server-token", default=os.environ.get("POLAR_SERVER_TOKEN"),
+                   help="the rollout server's admin token (default: $POLAR_SERVER_TOKEN, else this node's token)")
+    p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats to the server")
+    p.add_argument("--runtime-option", dest="runtime_option", action="append", default=[], metavar="KEY=JSON",
+                   help="an option for every runtime backend (e.g. cli='[\"podman\",\"--runtime\",\"runc\"]', "
+                        "memory_mb=2048); the only way options that reach the host's command line are set")
+    p.add_argument("--expose-root", dest="expose_root", action="append", default=[], type=Path, metavar="DIR",
+                   help="a host directory under which requests may expose paths read-only (runtime.options.expose)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def _runtime_options(items: list[str]) -> dict[str, object]:
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"wants KEY=VALUE, got {item!r}", key="--runtime-option")
+        try:
+            options[key] = json.loads(text)
+        except ValueError:
+            options[key] = text  # a bare string
+    return options
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """The node's config from its flags (the model's defaults for the pools not given); ConfigError names the
+    flag."""
+    host = args.advertise_host or ("127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host)
+    given: dict[str, Any] = {k: v for k, v in vars(args).items() if k in GatewayPools.model_fields}
+    given["runtime_options"] = _runtime_options(getattr(args, "runtime_option", []))
+    given["expose_roots"] = list(getattr(args, "expose_root", []))
+    try:
+        pools = validate(GatewayPools, given)
+    except ConfigError as exc:
+        raise exc.renamed(lambda key: _POOL_FLAGS.get(key, flag_of(key))) from None
+    return GatewayConfig(workdir=args.workdir, endpoint=GatewayEndpoint(host, args.port), **dict(pools))
+
+
+async def serve_gateway(settings: ProxySettings, config: GatewayConfig, args: argparse.Namespace,
+                        admin_token: str) -> None:  # pragma: no cover - process glue
+    """Serve the node on ``args.host:args.port`` until stopped; registered with ``args.server_url`` if given."""
+    import uvicorn
+
+    from polar_gym.gateway.api import build_gateway
+    from polar_gym.gateway.registration import ServerLink
+
+    service = build_service(settings, allow_adhoc=False)
+    node, app = build_gateway(service, config, admin_token)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=False, lifespan="off"))
+    link = None
+    if args.server_url and config.endpoint is not None:
+        link = ServerLink(args.server_url, f"http://{config.endpoint.host}:{args.port}", config.run_slots,
+                          server_token=args.server_token or admin_token, gateway_token=admin_token,
+                          health=node.health, interval=args.heartbeat)
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if serving.done():  # could not listen: the await below raises why
+                break
+            await asyncio.sleep(0.05)
+        if link is not None and server.started:
+            link.start()
+        await serving
+    finally:
+        if link is not None:
+            await link.drain_and_close()
+        await node.stop("gateway shut down")
+        service.journal.close()
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process glue
+    """The gateway process: flags in, a node served until SIGINT / SIGTERM (also what a Slurm gateway job runs)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+        config = config_from_args(args)
+        check_engine(settings)  # before anything is written (the admin token file)
+    except ConfigError as exc:
+        config_exit(parser, exc)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per heartbeat
+    admin_token = admin_token_from(args, args.workdir)
+    try:
+        asyncio.run(serve_gateway(settings, config, args, admin_token))
+    except ConfigError as exc:
+        config_exit(parser, exc)
+    return 0

@@ -1,0 +1,92 @@
+"""The keys each harness accepts in ``AgentSpec.config`` (``+harness.config.KEY=VALUE``), as pydantic models.
+
+Every adapter names its model in :attr:`polar_gym.harness.base.Harness.config_model`; unknown keys are refused, so
+a typo (``+harness.config.side_modle=x``) fails when ``launch`` starts instead of being ignored. A harness added by
+dotted path declares its own model (a subclass of :class:`HarnessConfig`) the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ClaudeCodeConfig",
+    "CodexConfig",
+    "GeminiCliConfig",
+    "HarnessConfig",
+    "McpServerConfig",
+    "OpenCodeConfig",
+    "PiConfig",
+    "QwenCodeConfig",
+    "ShellConfig",
+]
+
+
+class HarnessConfig(BaseModel):
+    """Keys every harness takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cli_path: str | None = Field(default=None, description="the CLI binary inside the sandbox (default: the "
+                                 "pinned install in the local sandbox, else the binary's name on PATH)")
+
+
+class McpServerConfig(BaseModel):
+    """One stdio MCP server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str
+    args: list[str | int | float] = Field(default_factory=list)
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class _Mcp(HarnessConfig):
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict, description="MCP servers to register: "
+                                                    "{name: {command, args, env}}")
+
+
+class _SideModel(HarnessConfig):
+    side_model: str | None = Field(default=None, description="the model name of the harness's side calls (titles, "
+                                   "summaries); default: the session's model name + '-side'")
+
+
+class CodexConfig(_Mcp):
+    skills: dict[str, str] = Field(default_factory=dict, description="skills to install: {name: SKILL.md text}")
+
+
+class ClaudeCodeConfig(_Mcp, _SideModel):
+    skills: dict[str, str] = Field(default_factory=dict, description="skills to install: {name: SKILL.md text}")
+
+
+class GeminiCliConfig(_Mcp):
+    pass
+
+
+class OpenCodeConfig(_Mcp, _SideModel):
+    pass
+
+
+class QwenCodeConfig(_Mcp, _SideModel):
+    fast_model: bool = Field(default=False, description="give qwen code a separate fast model (side_model) for "
+                             "its side calls, which the proxy then flags as side requests")
+
+
+class PiConfig(HarnessConfig):
+    api: Literal["openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai"] = Field(
+        default="openai-completions", description="the provider protocol pi speaks")
+
+
+class ShellConfig(HarnessConfig):
+    command: str | list[str] | None = Field(default=None, description="what to run: a shell string (sh -c, the "
+                                            "instruction is $1) or an argv list; required to run a session")
+    files: dict[str, str] = Field(default_factory=dict, description="{path: text} written before the run "
+                                  "(relative paths are under the workdir)")
+    provider: str = Field(default="openai_chat", description="the provider protocol the command speaks "
+                          "(openai_chat, openai_responses, anthropic, google)")
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict, description="extra environment of "
+                                                     "the command")
+    log_paths: list[str] = Field(default_factory=list, description="files kept as the session's artifacts")
+    side_models: list[str] = Field(default_factory=list, description="model names the command uses for side calls")

@@ -1,0 +1,133 @@
+"""The proxy's settings and the functions that build it from them: :class:`EngineSettings` -> :func:`build_engine`,
+:class:`ProxySettings` -> :func:`build_service`. The standalone proxy's flags, the gateway's, the ``inference``
+Hydra group and ``python -m polar_gym.env serve`` all validate into these models; a setting that cannot work raises
+:class:`~polar_gym.settings.ConfigError` naming the field (a CLI renames it to its flag)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_gym.assets import tokenizer_dir
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.proxy.upstreams import UpstreamPool
+from polar_gym.registry import ENGINES, RegistryError
+from polar_gym.schema import OracleScript
+from polar_gym.settings import ConfigError
+
+__all__ = ["ENGINES_WITH_TOKENIZER", "EngineSettings", "ProxySettings", "build_engine", "build_service",
+           "check_engine", "check_upstreams_given", "resolve_tokenizer"]
+
+#: engines that render prompts themselves and so need a tokenizer directory
+ENGINES_WITH_TOKENIZER = ("oracle", "sglang_generate")
+
+
+class EngineSettings(BaseModel):
+    """Which engine the proxy forwards to and where it finds the model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str = Field(default="oracle", description="the proxy engine: oracle (a scripted policy, no model), vllm, "
+                        "sglang, sglang_generate, openai (not token-faithful), or a dotted path pkg.module:Class")
+    upstreams: list[str] = Field(default_factory=list, description="inference server base URLs (no trailing /v1; "
+                                 "not for oracle)")
+    await_upstreams: bool = Field(default=False, description="start without upstreams: they arrive later through "
+                                  "the rollout server's /backends or /admin/upstreams (a trainer's policy server)")
+    tokenizer: str | None = Field(default=None, description="tokenizer directory for oracle and sglang_generate "
+                                  "(null: the cached Qwen tokenizer built by scripts/setup.sh)")
+    oracle_script: str | None = Field(default=None, description="oracle only: a JSON file {commands: [...], "
+                                      "final_answer: ...} played instead of each task's reference solution")
+    upstream_model: str | None = Field(default=None, description="the model name sent upstream (harnesses send "
+                                       "their own, e.g. claude-*, which the server lacks); null: the request's")
+    upstream_timeout: float = Field(default=600.0, gt=0, description="seconds one upstream call may take")
+    policy_version: str | int | None = Field(default=None, description="the policy version recorded with every "
+                                             "completion (null: none)")
+    drift_every: int = Field(default=0, ge=0, description="oracle only: sample non-canonical tokens every N calls "
+                             "(0: never)")
+
+
+class ProxySettings(EngineSettings):
+    """A proxy service: the engine plus the journal, the sessions it serves and its limits."""
+
+    capture_dir: Path | None = Field(default=None, description="journal directory (null: in memory)")
+    fsync: bool = Field(default=False, description="fsync every journal write")
+    strict: bool = Field(default=False, description="reject unknown request fields instead of logging them")
+    model_names: list[str] | None = Field(default=None, description="served model names for /v1/models")
+    max_tokens_cap: int | None = Field(default=None, ge=1, description="clamp every call's max_tokens to this "
+                                       "(null: no clamp)")
+
+
+def check_upstreams_given(settings: EngineSettings, *, more_coming: bool = False) -> None:
+    """A model engine needs an upstream unless they arrive later (``await_upstreams``, or ``more_coming``: a launcher
+    that starts inference jobs); raises ConfigError naming ``upstreams``."""
+    if settings.engine != "oracle" and not settings.upstreams and not settings.await_upstreams and not more_coming:
+        raise ConfigError(f"engine {settings.engine!r} needs at least one upstream URL (or await_upstreams)",
+                          key="upstreams")
+
+
+def resolve_tokenizer(settings: EngineSettings) -> Path | None:
+    """The tokenizer directory the engine uses: the configured one, or (for engines that render prompts) the
+    project's built Qwen tokenizer; ConfigError naming ``tokenizer`` when that one is not built."""
+    if settings.engine not in ENGINES_WITH_TOKENIZER:
+        return Path(settings.tokenizer) if settings.tokenizer else None
+    if settings.tokenizer:
+        if not Path(settings.tokenizer).is_dir():
+            raise ConfigError(f"{settings.tokenizer} is not a directory (a tokenizer's files)", key="tokenizer")
+        return Path(settings.tokenizer)
+    default = tokenizer_dir()
+    if not (default / ".complete").exists():
+        raise ConfigError(f"engine {settings.engine} renders prompts itself; the default tokenizer {default} is "
+                          "not built: run `bash scripts/setup.sh` or set a tokenizer directory", key="tokenizer")
+    return default
+
+
+def check_engine(settings: EngineSettings) -> tuple[Any, Path | None]:
+    """What building the engine needs, checked without building it (no client, no tokenizer load): the engine class
+    and the tokenizer directory; ConfigError naming the field that cannot work."""
+    try:
+        engine_cls = ENGINES.get(settings.engine)
+    except RegistryError as exc:
+        raise ConfigError(str(exc), key="engine") from None
+    check_upstreams_given(settings)
+    return engine_cls, resolve_tokenizer(settings)
+
+
+def build_engine(settings: EngineSettings) -> Engine:
+    """The engine ``settings`` describe (raises ConfigError naming the field that cannot work)."""
+    engine_cls, tokenizer = check_engine(settings)
+    pool = UpstreamPool(list(settings.upstreams), policy_version=settings.policy_version)
+    if settings.engine == "oracle":
+        from polar_gym.proxy.engines.oracle import OracleEngine
+        from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+        assert tokenizer is not None  # resolve_tokenizer gives one for the oracle
+        script = None
+        if settings.oracle_script:
+            try:
+                script = OracleScript.model_validate_json(Path(settings.oracle_script).read_text())
+            except (OSError, ValueError, TypeError) as exc:
+                raise ConfigError(f"cannot read {settings.oracle_script}: {exc}", key="oracle_script") from None
+        return OracleEngine(HFChatTokenizer(tokenizer), pool, default_script=script,
+                            drift_every=settings.drift_every)
+    kwargs = {"timeout": settings.upstream_timeout, "upstream_model": settings.upstream_model}
+    if tokenizer is not None and settings.engine in ENGINES_WITH_TOKENIZER:
+        from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+        engine = engine_cls(HFChatTokenizer(tokenizer), pool, **kwargs)
+    else:
+        engine = engine_cls(pool, **kwargs)
+    if not isinstance(engine, Engine):
+        raise ConfigError(f"{settings.engine!r} built {type(engine).__name__}, not a polar_gym Engine", key="engine")
+    return engine
+
+
+def build_service(settings: ProxySettings, *, allow_adhoc: bool) -> ProxyService:
+    """The proxy service ``settings`` describe; ``allow_adhoc`` serves unregistered keys as sessions of that name
+    (the standalone proxy's default; a gateway serves registered sessions only)."""
+    return ProxyService(build_engine(settings), CaptureJournal(settings.capture_dir, fsync=settings.fsync),
+                        SessionRegistry(allow_adhoc=allow_adhoc), strict=settings.strict,
+                        model_names=settings.model_names, max_tokens_cap=settings.max_tokens_cap)
