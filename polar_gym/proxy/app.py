@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from fastapi import APIRouter, FastAPI
 
+import polar_gym
 from polar_gym.httpguard import TokenCheck
 from polar_gym.proxy.routes import admin, models, sessions
 from polar_gym.proxy.service import ProxyService
@@ -26,7 +27,7 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
     catch-all ``POST /{path}`` provider detection cannot shadow them. Every route that declares
     ``polar_gym.web.require_admin`` (and anything under ``/admin/``) has its token checked before its body is read
     and its body capped at ``max_admin_body_bytes``."""
-    app = FastAPI(title=title, version="0.1.0")
+    app = FastAPI(title=title, version=polar_gym.__version__)
     app.state.service = service
     for router in (*routers, models.router, sessions.router, admin.router, models.detect_router):
         app.include_router(router)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+import polar_gym
 from polar_gym.httpguard import TokenCheck
 from polar_gym.server.core import RolloutServer, ServerError
 from polar_gym.server.routes import (
@@ -55,7 +56,7 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
             if manage_lifecycle:
                 await server.stop()
 
-    app = FastAPI(title="polar_gym rollout server", lifespan=lifespan)
+    app = FastAPI(title="polar_gym rollout server", version=polar_gym.__version__, lifespan=lifespan)
     app.state.server = server
     for router in (tasks_router, sessions_router, gateways_router, backends_router, health_router):
         app.include_router(router)
