@@ -149,7 +149,7 @@ async def test_a_bad_oracle_script_is_a_400_naming_the_field_and_registers_nothi
                                  headers={"x-admin-token": ADMIN})
         assert resp.status_code == 400
         error = resp.json()["error"]
-        assert error["type"] == "invalid_request_error" and error["message"].startswith("invalid oracle script: ")
+        assert error["type"] == "invalid_request" and error["message"].startswith("invalid oracle script: ")
         assert next(iter(script)) in error["message"]  # the field at fault
         assert service.sessions.get("s1") is None and "s1" not in engine.scripts
 

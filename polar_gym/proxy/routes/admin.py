@@ -66,7 +66,7 @@ async def register(request: Request, body: SessionRegistration) -> dict[str, Any
 @router.delete("/sessions/{session_id}")
 async def unregister(request: Request, session_id: str) -> dict[str, Any]:
     service = proxy_service(request)
-    service.forget(session_id)  # the pool's sticky server and what the engine keeps for it (an oracle script)
+    service.engine.pool.forget(session_id)  # unregistering also calls the service's forget hook (the engine's)
     return {"unregistered": service.sessions.unregister(session_id)}
 
 
