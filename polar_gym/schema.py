@@ -1,9 +1,10 @@
 """Every wire type of polar_gym, in one place (pydantic v2).
 
 The shapes follow the Polar paper's appendix (TaskRequest A.3, Trace A.4). Services, the proxy journal, builders and
-trainer bridges all speak these types; of ours only the pure URL check of polar_gym.httpguard (ground, like this
-module) is imported here, so any part can depend on it. The last section holds the bodies the rollout server and its
-gateways exchange (polar_gym.gateway.client on the server's side, the gateway's ServerLink on the other).
+trainer bridges all speak these types. Nothing else of ours is imported at import time, so any part can depend on
+this module and a builder run loads no asyncio (every extra module is more for the cyclic GC to walk in a merge's
+allocations). The last section holds the bodies the rollout server and its gateways exchange
+(polar_gym.gateway.client on the server's side, the gateway's ServerLink on the other).
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-from polar_gym.httpguard import check_upstream_url
 
 __all__ = [
     "AgentSpec",
@@ -449,6 +448,8 @@ class GatewayRegistration(_Model):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
+        from polar_gym.httpguard import check_upstream_url  # only where a registration is parsed
+
         return check_upstream_url(value)
 
 
