@@ -110,9 +110,11 @@ def test_server_and_gateway_sbatch_register_and_cancel_cleanly(slurm_env: dict[s
                        for g in gateways)  # type: ignore[union-attr]
 
         _wait_for(registered, 120, "the gateway job to register with the server job")
-        gateway_out = (tmp_path / f"polar-gateway-{gateway_job}.out").read_text()
-        # the gateway registers itself (--server-url) since 252b5d6; gateway.sbatch no longer prints "registered:"
-        assert f"registered with {server_url}" in gateway_out
+        # the gateway registers itself (--server-url) since 252b5d6; gateway.sbatch no longer prints "registered:".
+        # It logs that once the server has answered, so the server may list it a moment before the line is written.
+        gateway_out = tmp_path / f"polar-gateway-{gateway_job}.out"
+        _wait_for(lambda: f"registered with {server_url}" in gateway_out.read_text(), 30,
+                  "the gateway job to log its registration")
         assert f"POLAR_SERVER_URL=http://127.0.0.1:{server_port}" in (tmp_path / f"polar-server-{server_job}.out")\
             .read_text()
     finally:
