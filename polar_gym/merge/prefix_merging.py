@@ -10,8 +10,22 @@ Ties between chains (parallel sub-agents that began from one prompt) are decided
 actually contains, so chains are never cross-wired.
 
 Unlike the public reference, nothing is dropped: a completion that fits no chain starts a new one, with the cause
-recorded (compaction, new context such as a sub-agent, drift, fork). A prompt sent again after its first answer
-came back (a harness retry) replaces that answer in its chain; the discarded attempt is reported, not trained on.
+recorded (compaction, new context such as a sub-agent, drift, fork).
+
+Retries and forks. Completions sent with one prompt are attempts at one turn (a harness retry) or forks (parallel
+sub-agents, two conversations that begin alike). Which it is shows in what follows: an attempt is *used* when a
+later completion goes on from its answer (its prompt shows that answer, exactly or the most of it among the
+attempts, else the latest attempt sent before it). An attempt is *superseded* (reported in diagnostics, not
+trained) when it was not used and another attempt was sent after it had come back, or while it still ran but not
+together with it (a client timeout; parallel twins start within ``_SENT_TOGETHER_SECONDS``): whatever the journal
+order, so an abandoned attempt that finishes last is still superseded, never a new chain. Every used attempt is
+trained in its own chain (a fork), so a second conversation from the first one's prompt never costs the first its
+answer, and merge mode never splices the two. Known limit: a one-call conversation followed, after its answer, by
+another from the same prompt reads as a retry (the tokens cannot tell them apart).
+
+Cost. Chains are indexed by their last prompt's length and last tokens; a completion looks itself up cut at those
+lengths, longest first, and stops at the first that matches, so the chains a drift leaves behind (shorter prompts)
+are never visited: finding a chain costs about the same whatever their number.
 """
 
 from __future__ import annotations
@@ -132,7 +146,7 @@ def _classify_new(rec: CompletionRecord, chains: list[_Chain], forked: bool) -> 
 
 
 def _prompt_key(prompt: list[int], length: int | None = None) -> tuple[int, tuple[int, ...]]:
-    """A cheap hash key for ``prompt[:length]``: its length and its last ``_TAIL`` tokens (equality is checked after)."""
+    """A cheap key for ``prompt[:length]``: its length and last ``_TAIL`` tokens (equality is checked after)."""
     n = len(prompt) if length is None else length
     return n, tuple(prompt[max(0, n - _TAIL):n])
 
