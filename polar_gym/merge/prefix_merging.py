@@ -14,14 +14,15 @@ recorded (compaction, new context such as a sub-agent, drift, fork).
 
 Retries and forks. Completions sent with one prompt are attempts at one turn (a harness retry) or forks (parallel
 sub-agents, two conversations that begin alike). Which it is shows in what follows: an attempt is *used* when a
-later completion goes on from its answer (its prompt shows that answer, exactly or the most of it among the
-attempts, else the latest attempt sent before it). An attempt is *superseded* (reported in diagnostics, not
-trained) when it was not used and another attempt was sent after it had come back, or while it still ran but not
-together with it (a client timeout; parallel twins start within ``_SENT_TOGETHER_SECONDS``): whatever the journal
-order, so an abandoned attempt that finishes last is still superseded, never a new chain. Every used attempt is
-trained in its own chain (a fork), so a second conversation from the first one's prompt never costs the first its
-answer, and merge mode never splices the two. Known limit: a one-call conversation followed, after its answer, by
-another from the same prompt reads as a retry (the tokens cannot tell them apart).
+later completion goes on from its answer (its messages repeat that answer's text, else its prompt shows that answer
+exactly or the most of it among the attempts, else it is the latest attempt sent before it). An attempt is
+*superseded* (reported in diagnostics, not trained) when it was not used and another attempt was sent after it had
+come back, or while it still ran but not together with it (a client timeout; parallel twins start within
+``_SENT_TOGETHER_SECONDS``): whatever the journal order, so an abandoned attempt that finishes last is still
+superseded, never a new chain. Every used attempt is trained in its own chain (a fork), so a second conversation
+from the first one's prompt never costs the first its answer, and merge mode never splices the two. Known limit: a
+one-call conversation followed, after its answer, by another from the same prompt reads as a retry (the tokens
+cannot tell them apart).
 
 Cost. Chains are indexed by their last prompt's length and last tokens; a completion looks itself up cut at those
 lengths, longest first, and stops at the first that matches, so the chains a drift leaves behind (shorter prompts)
@@ -163,11 +164,26 @@ def _continues(later: CompletionRecord, attempts: list[CompletionRecord]) -> Com
     if not sent_before:
         return None
 
-    def shown(a: CompletionRecord) -> tuple[bool, int, float, int]:
+    msgs = _messages(later)
+
+    def shown(a: CompletionRecord) -> tuple[bool, bool, int, float, int]:
         reply = a.response_ids
         seen = q[n:n + len(reply)]
-        return seen == reply, common_prefix_len(seen, reply), a.started_at, a.index
+        at = len(_messages(a))
+        said = at < len(msgs) and _text_of(msgs[at]) is not None and _text_of(msgs[at]) == _text_of(
+            a.response.get("message"))
+        return said, seen == reply, common_prefix_len(seen, reply), a.started_at, a.index
     return max(sent_before, key=shown)
+
+
+def _text_of(message: Any) -> str | None:
+    """An assistant message's text, whether its content is a string or a list of text parts (None if it has none)."""
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) and content else None
 
 
 def _retries(later: CompletionRecord, first: CompletionRecord) -> bool:

@@ -2,7 +2,8 @@
 
 Hypothesis draws the *plan* of a session: a main agent's tool loop, parallel sub-agents (some of them twins that
 start from one prompt at once), a side request; per turn: failed attempts (error records), answers the harness threw
-away and re-sent the prompt for (retries), answers from a server that reports no token IDs, length stops without an
+away and re-sent the prompt for (retries), attempts re-sent while they still ran (a client timeout; the abandoned one
+finishes last), answers without logprobs, answers from a server that reports no token IDs, length stops without an
 end-of-turn token, thinking spans, several end-of-turn ids, and how the next prompt re-renders the reply (exactly,
 drifted, split, thinking dropped, another end-of-turn token); before a turn: a compaction or a rewritten older reply.
 ``simulate`` renders the plan into the token IDs and append-only message lists a harness and engine would produce,
@@ -51,6 +52,8 @@ class TurnPlan:
 
     errors: int = 0  # failed attempts (error records) before the answer
     discarded: int = 0  # answers that came back and were thrown away: the harness re-sent the same prompt
+    timeout: bool = False  # the first attempt ran past the client's timeout: re-sent while it ran, it finishes last
+    no_logprobs: bool = False  # the kept answer came from an engine that reported no logprobs
     unfaithful: Literal["", "empty", "ids"] = ""  # the kept answer came from a server without token IDs
     length: bool = False  # stopped by max_tokens: no end-of-turn token sampled
     think: bool = False  # the reply opens with a thinking span
@@ -152,7 +155,7 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
             at = rng.randrange(len(segments[j]) - 1)
             segments[j] = [*segments[j][:at], tok.other(segments[j][at]), *segments[j][at + 1:]]
         prompt = list(itertools.chain.from_iterable(segments))
-        kinds = ["error"] * turn.errors + ["discarded"] * turn.discarded + ["kept"]
+        kinds = ["error"] * turn.errors + ["abandoned"] * turn.timeout + ["discarded"] * turn.discarded + ["kept"]
         think_len, reply = 0, []
         for n, kind in enumerate(kinds):
             label = f"a{a}.{k}.{n}"
@@ -162,8 +165,10 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
             think_len = len(think)
             # twins' first calls overlap, so they are parallel forks, never mistaken for a retry
             seconds = rng.uniform(0.6, 2.0) if k == 0 else rng.uniform(0.05, 2.0)
+            if kind == "abandoned":  # runs on long after the client gave up on it
+                seconds = rng.uniform(5.0, 40.0)
             fields: dict[str, Any] = {
-                "_end": t + seconds, "_kind": kind, "_turn": k, "_agent": a, "_label": label,
+                "_end": t + seconds, "_start": t, "_kind": kind, "_turn": k, "_agent": a, "_label": label,
                 "prompt": prompt, "response_ids": reply, "messages": msgs if plan.messages else [],
                 "started": t, "seconds": seconds, "side_request": agent.side,
                 "finish_reason": "length" if turn.length else "stop",
@@ -171,12 +176,14 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
             }
             if kind == "error":
                 fields.update(status="error", error="upstream 500", finish_reason=None)
+            if kind == "kept" and turn.no_logprobs:
+                fields["response_logprobs"] = []
             if kind == "kept" and turn.unfaithful:
                 fields["token_faithful"] = False
                 if turn.unfaithful == "empty":
                     fields["prompt"], fields["response_ids"] = [], []
             yield fields
-            t += seconds + rng.uniform(0.01, 1.0)
+            t += rng.uniform(0.3, 2.0) if kind == "abandoned" else seconds + rng.uniform(0.01, 1.0)
         shown = _render(reply, think_len, turn, tok)
         fields["_rendered"] = shown[:-1] if turn.length else shown  # a template-added end of turn is bridge
         segments.append(shown)
@@ -212,12 +219,12 @@ def simulate(plan: SessionPlan) -> tuple[CompletionSession, Truth]:
             truth.rendered[r.completion_id] = c["_rendered"]
         c["_id"] = r.completion_id
     usable = {r.completion_id for r in partition(session(*records), BREAK)[0]}
-    by_turn = itertools.groupby(sorted(calls, key=lambda c: (c["_agent"], c["_turn"], c["_end"])),
+    by_turn = itertools.groupby(sorted(calls, key=lambda c: (c["_agent"], c["_turn"], c["_start"])),
                                 key=lambda c: (c["_agent"], c["_turn"]))
     for _, group in by_turn:
         attempts = list(group)
         for n, c in enumerate(attempts):
-            if c["_kind"] == "discarded":
+            if c["_kind"] in ("discarded", "abandoned"):
                 truth.discarded.add(c["_id"])
                 if c["_id"] in usable and any(later["_id"] in usable for later in attempts[n + 1:]):
                     truth.detectable.add(c["_id"])
@@ -342,6 +349,8 @@ def turn_plans(*, clean: bool = False, rerender: bool = False) -> st.SearchStrat
         TurnPlan,
         errors=_rarely(1, 0),
         discarded=st.just(0) if clean else st.sampled_from([0] * 6 + [1, 2]),
+        timeout=st.just(False) if clean else _rarely(True, False, 8),
+        no_logprobs=_rarely(True, False, 8),
         unfaithful=st.sampled_from([""] * 10 + ["empty", "ids"]),
         length=_rarely(True, False),
         think=_rarely(True, False, 2),
@@ -361,7 +370,7 @@ def session_plans(draw: st.DrawFn, *, clean: bool = False, rerender: bool = Fals
         for twin in range(size):
             first = draw(turns)
             if size > 1:  # twins' first calls run at once and are never retried: nothing could tell them apart
-                first = replace(first, errors=0, discarded=0)
+                first = replace(first, errors=0, discarded=0, timeout=False)
                 if not draw(_rarely(True, False, 2)):
                     first = replace(first, render="exact", unfaithful="")
             rest = draw(st.lists(turns, max_size=4))
