@@ -165,14 +165,17 @@ def _continues(later: CompletionRecord, attempts: list[CompletionRecord]) -> Com
         return None
 
     msgs = _messages(later)
+    at = len(_messages(attempts[0]))
+    said = _text_of(msgs[at]) if at < len(msgs) else None
+    answers = [_text_of(a.response.get("message")) for a in sent_before]
+    if said is not None and None not in answers:  # the messages tell which answer the harness went on with
+        matching = [a for a, answer in zip(sent_before, answers, strict=True) if answer == said]
+        return matching[-1] if matching else None  # None: an answer not captured here (no usable record)
 
-    def shown(a: CompletionRecord) -> tuple[bool, bool, int, float, int]:
+    def shown(a: CompletionRecord) -> tuple[bool, int, float, int]:
         reply = a.response_ids
         seen = q[n:n + len(reply)]
-        at = len(_messages(a))
-        said = at < len(msgs) and _text_of(msgs[at]) is not None and _text_of(msgs[at]) == _text_of(
-            a.response.get("message"))
-        return said, seen == reply, common_prefix_len(seen, reply), a.started_at, a.index
+        return seen == reply, common_prefix_len(seen, reply), a.started_at, a.index
     return max(sent_before, key=shown)
 
 
@@ -183,7 +186,7 @@ def _text_of(message: Any) -> str | None:
     content = message.get("content")
     if isinstance(content, list):
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) and content else None
+    return content.strip() if isinstance(content, str) and content.strip() else None
 
 
 def _retries(later: CompletionRecord, first: CompletionRecord) -> bool:

@@ -237,20 +237,24 @@ def expected_chains(sess: CompletionSession, truth: Truth, on_rerender: str) -> 
     previous one: exactly ("break") or by plain token prefix ("merge")."""
     usable, _ = partition(sess, BREAK)
     chains: list[list[CompletionRecord]] = []
-    last: dict[int, list[CompletionRecord]] = {}
+    of_agent: dict[int, list[list[CompletionRecord]]] = {}
     for r in usable:
         if r.completion_id in truth.detectable:
             continue
         agent = truth.agent[r.completion_id]
-        chain = last.get(agent)
-        if chain:
+
+        def fits(chain: list[CompletionRecord], r: CompletionRecord = r) -> bool:
             prev = chain[-1]
             head = prev.prompt_ids + (prev.response_ids if on_rerender == "break" else [])
-            if len(r.prompt_ids) > len(prev.prompt_ids) and r.prompt_ids[:len(head)] == head:
-                chain.append(r)
-                continue
-        last[agent] = [r]
-        chains.append(last[agent])
+            return len(r.prompt_ids) > len(prev.prompt_ids) and r.prompt_ids[:len(head)] == head
+
+        # an attempt that finished late (a client timeout) may continue an older chain of its agent than the latest
+        fitting = [c for c in of_agent.get(agent, []) if fits(c)]
+        if fitting:
+            max(fitting, key=lambda c: len(c[-1].prompt_ids)).append(r)
+            continue
+        of_agent.setdefault(agent, []).append([r])
+        chains.append(of_agent[agent][-1])
     return {tuple(r.completion_id for r in chain) for chain in chains}
 
 
