@@ -460,3 +460,17 @@ def test_merge_mode_cross_wires_twins() -> None:
                    rec(2, [5, 6, 30, 12, IM_END, 40], [32, IM_END], started=7))  # twin 1 goes on, its reply drifted
     traj = prefix_merging(sess, cfg)
     assert sorted(t.metadata["completion_ids"] for t in traj.traces) == [["c0", "c2"], ["c1"]]
+
+
+def test_the_simulator_makes_client_timeouts_and_answers_without_logprobs() -> None:
+    """Guard: a timed-out attempt finishes after the turns that followed its retry, and is superseded, not a chain."""
+    plan = SessionPlan((AgentPlan(0, 0.0, (TurnPlan(), TurnPlan(timeout=True), TurnPlan(no_logprobs=True),
+                                           TurnPlan())),))
+    sess, truth = simulate(plan)
+    (abandoned,) = truth.detectable
+    assert sess.completions[-1].completion_id == abandoned  # journaled last: it ran on after the client gave up
+    traj = prefix_merging(sess, BREAK)
+    assert traj.diagnostics["superseded"] == [abandoned] and traj.diagnostics["breaks"] == {}
+    (trace,) = traj.traces
+    assert trace.metadata["has_logprobs"] is False and traj.diagnostics["traces_without_logprobs"] == 1
+    check_session(plan)
