@@ -42,7 +42,7 @@ from polar_gym.schema import CompletionRecord, CompletionSession, Trajectory
 __all__ = ["common_prefix_len", "prefix_merging", "superseded_attempts"]
 
 _TAIL = 16  # prompt tokens in a chain's index key, besides the prompt's length
-_SENT_TOGETHER_SECONDS = 0.25  # same-prompt calls started closer than this are parallel twins, not a retry
+_SENT_TOGETHER_SECONDS = 0.2  # same-prompt calls started closer than this are parallel twins, not a retry
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
