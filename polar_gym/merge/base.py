@@ -87,7 +87,6 @@ class TraceBuilder:
     logprobs: list[float] = field(default_factory=list)
     records: list[CompletionRecord] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
-    bridges: list[list[int]] = field(default_factory=list)
     without_logprobs: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -111,20 +110,8 @@ class TraceBuilder:
             self.logprobs += [0.0] * len(rec.response_ids)
             self.without_logprobs.append(rec.completion_id)
         self.records.append(rec)
-        self.bridges.append(bridge)
         self.spans.append({"completion_id": rec.completion_id, "start": start, "end": len(self.response_ids),
                            "policy_version": rec.policy_version, "engine": rec.engine, "server": rec.server})
-
-    def pop(self) -> tuple[CompletionRecord, list[int]]:
-        """Remove the last completion and its bridge (a retried turn whose first answer the harness discarded)."""
-        rec = self.records.pop()
-        if self.without_logprobs and self.without_logprobs[-1] == rec.completion_id:
-            self.without_logprobs.pop()
-        span = self.spans.pop()
-        bridge = self.bridges.pop()
-        cut = span["start"] - len(bridge)
-        del self.response_ids[cut:], self.loss_mask[cut:], self.logprobs[cut:]
-        return rec, bridge
 
     def build(self, chain_index: int, extra: dict[str, Any] | None = None) -> Trace:
         first_msgs = _messages(self.first)
