@@ -11,7 +11,9 @@ whose last prompt is a strict token prefix, and drops completions after a prefix
 chain. Printed: time, peak memory (tracemalloc, a separate run), traces; ratios against the targets (4x the turns ->
 at most 4.5x the time; at least 5x faster than the baseline at 200 turns; peak memory a small multiple of the
 session's unique tokens) and the fraction of completions each builder loses on 200-turn sessions with 0.5 % and 2 %
-retries per turn (the issue measured 10 % and 35 % for the reference; ours must lose none).
+retries per turn (the issue measured 10 % and 35 % for the reference; ours must lose none). Last, prefix_merging
+from 50 to 400 turns on clean sessions and on sessions where 30 % of the turns drift (``--drift-only`` runs just
+that): the growth factors and their ratio, target within 1.5x.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class _Agent:
 
     def turn(self, reply: int, result: int) -> None:
         gen = self.gen
+        drift = gen.drift_rate > 0 and gen.rng.random() < gen.drift_rate
         attempts = 2 if gen.rng.random() < gen.retry_rate else 1
         for attempt in range(attempts):
             response = [*gen.tokens(reply - 1), EOT]
@@ -97,6 +100,9 @@ class _Agent:
                 gen.discarded.add(cid)  # the harness threw this answer away and sent the prompt again
             self.t += seconds + gen.rng.uniform(0.05, 0.5)
         bridge = gen.tokens(result)
+        if drift:  # the next prompt re-tokenizes the reply non-canonically: one sampled token becomes two
+            k = gen.rng.randrange(len(response) - 1)
+            response = [*response[:k], *gen.tokens(2), *response[k + 1:]]
         self.prompt = self.prompt + response + bridge  # shares the int objects, as a decoded journal does
         call = f"toolu_{len(self.messages)}"
         self.messages = [*self.messages,  # the normalized chat form of a Claude Code turn
@@ -113,9 +119,10 @@ class _Agent:
 
 
 class _Session:
-    def __init__(self, seed: int, retry_rate: float) -> None:
+    def __init__(self, seed: int, retry_rate: float, drift_rate: float = 0.0) -> None:
         self.rng = random.Random(seed)
         self.retry_rate = retry_rate
+        self.drift_rate = drift_rate
         self.tools = _tools(self.rng)
         self.calls: list[tuple[float, CompletionRecord]] = []
         self.discarded: set[str] = set()
@@ -137,10 +144,12 @@ class _Session:
         return cid
 
 
-def generate(turns: int, seed: int, system: int, context: int, retry_rate: float = 0.0) -> Generated:
+def generate(turns: int, seed: int, system: int, context: int, retry_rate: float = 0.0,
+             drift_rate: float = 0.0) -> Generated:
     """A main agent of ``turns`` turns from a ``system``-token prompt to ``context`` tokens, compacted at 60 %, with
-    two sub-agents of turns/10 turns each running alongside it from 30 % and 35 % of the way."""
-    gen = _Session(seed, retry_rate)
+    two sub-agents of turns/10 turns each running alongside it from 30 % and 35 % of the way. ``drift_rate`` of the
+    turns are re-rendered non-canonically in the next prompt (each one a chain break in break mode)."""
+    gen = _Session(seed, retry_rate, drift_rate)
     compact_at = int(turns * 0.6)
     growth = (context - system) // compact_at
     main = _Agent(gen, "main", system, 0.0)
@@ -314,6 +323,37 @@ def bench_loss(rates: list[float], sessions: int) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_drift(seeds: list[int], repeat: int, rate: float = 0.3) -> dict[str, Any]:
+    """prefix_merging's time from 50 to 400 turns on clean sessions and on sessions where ``rate`` of the turns drift:
+    finding a completion's chain must not cost more as drift leaves chains behind (target: the drifting growth
+    factor within 1.5x of the clean one)."""
+    times: dict[tuple[str, int], list[float]] = {}
+    traces: dict[tuple[str, int], list[int]] = {}
+    for seed in seeds:
+        rng = random.Random(3000 + seed)
+        system, context = rng.randint(8000, 20000), rng.randint(32000, 64000)
+        for kind, drift in (("clean", 0.0), ("drifting", rate)):
+            for turns in (50, 400):
+                gen = generate(turns, seed, system, context, drift_rate=drift)
+                seconds, result = timed(BUILDERS["prefix_merging"], gen.session, repeat)
+                times.setdefault((kind, turns), []).append(seconds)
+                traces.setdefault((kind, turns), []).append(traces_of(result))
+                print(f"seed {seed} {kind:<8} {turns:>3} turns {len(gen.session.completions):>3} calls  "
+                      f"prefix_merging {seconds * 1e3:8.1f} ms  traces {traces_of(result)}", flush=True)
+                del gen, result
+    growth = {kind: statistics.mean(times[(kind, 400)]) / statistics.mean(times[(kind, 50)])
+              for kind in ("clean", "drifting")}
+    ratio = growth["drifting"] / growth["clean"]
+    for kind in growth:
+        print(f"{kind:<8} 50 turns {statistics.mean(times[(kind, 50)]) * 1e3:8.1f} ms  400 turns "
+              f"{statistics.mean(times[(kind, 400)]) * 1e3:8.1f} ms  growth x{growth[kind]:.1f}")
+    print(f"drifting ({rate * 100:.0f} % of turns) grows {ratio:.2f}x the clean growth factor (target <= 1.5x): "
+          f"{'MET' if ratio <= 1.5 else 'MISSED'}", flush=True)
+    return {"rate": rate, "seconds": {f"{k}_{t}": statistics.mean(v) for (k, t), v in times.items()},
+            "traces": {f"{k}_{t}": statistics.mean(v) for (k, t), v in traces.items()},
+            "growth": growth, "growth_ratio": ratio, "target_met": ratio <= 1.5}
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def mean(turns: int, builder: str, key: str) -> float:
         return statistics.mean(r[key] for r in rows if r["turns"] == turns and r["builder"] == builder)
@@ -353,14 +393,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one seed, fewer loss sessions")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--drift-only", action="store_true", help="only the clean-vs-drifting scaling section")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     seeds = [0] if args.quick else [0, 1, 2]
+    if args.drift_only:
+        drift = bench_drift(seeds, repeat=1 if args.quick else 3)
+        (args.out / "bench_merge_drift.json").write_text(json.dumps(drift, indent=1))
+        return 0
     rows = bench_scaling(seeds, repeat=1 if args.quick else 3)
     summary = summarize(rows)
     print()
     loss = bench_loss([0.005, 0.02], 4 if args.quick else 20)
-    result = {"scaling": rows, "summary": summary, "loss": loss}
+    print()
+    drift = bench_drift(seeds, repeat=1 if args.quick else 3)
+    result = {"scaling": rows, "summary": summary, "loss": loss, "drift": drift}
     (args.out / "bench_merge.json").write_text(json.dumps(result, indent=1))
     print(f"results: {args.out / 'bench_merge.json'}")
     return 0

@@ -87,7 +87,7 @@ class TraceBuilder:
     logprobs: list[float] = field(default_factory=list)
     records: list[CompletionRecord] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
-    bridges: list[list[int]] = field(default_factory=list)
+    without_logprobs: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.add(self.first, [])
@@ -104,20 +104,14 @@ class TraceBuilder:
         start = len(self.response_ids)
         self.response_ids += rec.response_ids
         self.loss_mask += [1] * len(rec.response_ids)
-        self.logprobs += rec.response_logprobs or [0.0] * len(rec.response_ids)
+        if rec.response_logprobs:
+            self.logprobs += rec.response_logprobs
+        else:  # placeholders keep the spans aligned; build() drops them all: a trace never trains on made-up 0.0s
+            self.logprobs += [0.0] * len(rec.response_ids)
+            self.without_logprobs.append(rec.completion_id)
         self.records.append(rec)
-        self.bridges.append(bridge)
         self.spans.append({"completion_id": rec.completion_id, "start": start, "end": len(self.response_ids),
                            "policy_version": rec.policy_version, "engine": rec.engine, "server": rec.server})
-
-    def pop(self) -> tuple[CompletionRecord, list[int]]:
-        """Remove the last completion and its bridge (a retried turn whose first answer the harness discarded)."""
-        rec = self.records.pop()
-        span = self.spans.pop()
-        bridge = self.bridges.pop()
-        cut = span["start"] - len(bridge)
-        del self.response_ids[cut:], self.loss_mask[cut:], self.logprobs[cut:]
-        return rec, bridge
 
     def build(self, chain_index: int, extra: dict[str, Any] | None = None) -> Trace:
         first_msgs = _messages(self.first)
@@ -134,13 +128,15 @@ class TraceBuilder:
             "spans": self.spans,
             "policy_versions": sorted(versions, key=str) if versions != {None} else [],
             "side_request": self.first.side_request,
+            "has_logprobs": not self.without_logprobs,
+            **({"without_logprobs": list(self.without_logprobs)} if self.without_logprobs else {}),
             **(extra or {}),
         }
         return Trace.model_construct(
             prompt_ids=self.first.prompt_ids,
             response_ids=self.response_ids,
             loss_mask=self.loss_mask,
-            response_logprobs=list(self.logprobs),
+            response_logprobs=[] if self.without_logprobs else list(self.logprobs),
             prompt_messages=first_msgs,
             response_messages=response_messages,
             tools=tools,
@@ -152,9 +148,13 @@ class TraceBuilder:
 
 def trajectory(session: CompletionSession, builder: str, traces: list[Trace],
                diagnostics: dict[str, Any]) -> Trajectory:
+    """Wrap ``traces`` with the diagnostics every builder reports: token counts and which traces have no logprobs
+    (a record captured without them makes its whole trace say so, ``response_logprobs == []``, never zeros)."""
     trainable = sum(sum(t.loss_mask) for t in traces)
     total = sum(len(t.response_ids) for t in traces)
     diagnostics = {**diagnostics, "traces": len(traces), "trainable_tokens": trainable,
-                   "masked_tokens": total - trainable, "prompt_tokens": sum(len(t.prompt_ids) for t in traces)}
+                   "masked_tokens": total - trainable, "prompt_tokens": sum(len(t.prompt_ids) for t in traces),
+                   "traces_without_logprobs": sum(1 for t in traces if t.metadata.get("has_logprobs") is False),
+                   "completions_without_logprobs": [c for t in traces for c in t.metadata.get("without_logprobs", [])]}
     return Trajectory.model_construct(session_id=session.session_id, traces=traces, builder=builder,
                                       diagnostics=diagnostics)

@@ -143,6 +143,7 @@ def slime_samples(source: Source, task: TaskMetadata | Mapping[str, Any] | None 
                 "builder": traj.builder, "weight": meta.get("weight", 1.0), "finish_reason": trace.finish_reason,
                 "completion_ids": meta.get("completion_ids", []), "session_status": SessionStatus(result.status).value,
                 "reason": result.reason, "masked": masked, "reward_missing": reward is None,
+                "logprobs_missing": not trace.response_logprobs,  # rollout_log_probs then holds placeholder zeros
                 "prompt_length": len(trace.prompt_ids),
             }))
     return samples

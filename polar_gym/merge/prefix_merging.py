@@ -10,12 +10,28 @@ Ties between chains (parallel sub-agents that began from one prompt) are decided
 actually contains, so chains are never cross-wired.
 
 Unlike the public reference, nothing is dropped: a completion that fits no chain starts a new one, with the cause
-recorded (compaction, new context such as a sub-agent, drift, fork). A prompt sent again after its first answer
-came back (a harness retry) replaces that answer in its chain; the discarded attempt is reported, not trained on.
+recorded (compaction, new context such as a sub-agent, drift, fork).
+
+Retries and forks. Completions sent with one prompt are attempts at one turn (a harness retry) or forks (parallel
+sub-agents, two conversations that begin alike). Which it is shows in what follows: an attempt is *used* when a
+later completion goes on from its answer (its messages repeat that answer's text, else its prompt shows that answer
+exactly or the most of it among the attempts, else it is the latest attempt sent before it). An attempt is
+*superseded* (reported in diagnostics, not trained) when it was not used and another attempt was sent after it had
+come back, or while it still ran but not together with it (a client timeout; parallel twins start within
+``_SENT_TOGETHER_SECONDS``): whatever the journal order, so an abandoned attempt that finishes last is still
+superseded, never a new chain. Every used attempt is trained in its own chain (a fork), so a second conversation
+from the first one's prompt never costs the first its answer, and merge mode never splices the two. Known limit: a
+one-call conversation followed, after its answer, by another from the same prompt reads as a retry (the tokens
+cannot tell them apart).
+
+Cost. Chains are indexed by their last prompt's length and last tokens; a completion looks itself up cut at those
+lengths, longest first, and stops at the first that matches, so the chains a drift leaves behind (shorter prompts)
+are never visited: finding a chain costs about the same whatever their number.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +39,10 @@ from typing import Any
 from polar_gym.merge.base import MergeConfig, TraceBuilder, partition, trajectory
 from polar_gym.schema import CompletionRecord, CompletionSession, Trajectory
 
-__all__ = ["common_prefix_len", "prefix_merging"]
+__all__ = ["common_prefix_len", "prefix_merging", "superseded_attempts"]
+
+_TAIL = 16  # prompt tokens in a chain's index key, besides the prompt's length
+_SENT_TOGETHER_SECONDS = 0.2  # same-prompt calls started closer than this are parallel twins, not a retry
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -100,21 +119,26 @@ def _candidate(chain: _Chain, rec: CompletionRecord, eot: frozenset[int]) -> _Ma
     return _Match(chain, n, False, bridge, cause)
 
 
-def _classify_new(rec: CompletionRecord, chains: list[_Chain]) -> str:
+def _classify_new(rec: CompletionRecord, chains: list[_Chain], forked: bool) -> str:
     """Why a completion that extends no chain starts its own."""
     if not chains:
         return "first"
+    if forked:
+        return "fork"  # the same prompt as another completion whose answer was used too
     q = rec.prompt_ids
     best, best_chain = 0, None
     for chain in chains:
-        shared = common_prefix_len(q, chain.trace.last.prompt_ids)
+        last = chain.trace.last.prompt_ids
+        if not last or last[0] != q[0]:  # a different system prompt: skip the O(n) comparison
+            continue
+        shared = common_prefix_len(q, last)
         if shared >= best and shared > 0:
             best, best_chain = shared, chain
     if best_chain is None:
         return "new_context"
     first_prompt = best_chain.trace.first.prompt_ids
     if best == len(q) == len(best_chain.trace.last.prompt_ids):
-        return "fork"  # the same prompt again, while the first attempt was still running
+        return "fork"
     if best >= len(first_prompt) // 2 and len(q) < len(best_chain.trace.last.prompt_ids):
         return "compaction"  # same system prompt and tools, a shorter history
     if best >= len(first_prompt) // 2:
@@ -122,22 +146,87 @@ def _classify_new(rec: CompletionRecord, chains: list[_Chain]) -> str:
     return "new_context"  # a sub-agent, a side request, another system prompt
 
 
-def _is_retry(chain: _Chain, rec: CompletionRecord) -> bool:
-    """``rec`` re-sends the prompt of the chain's last completion after that completion had come back."""
-    last = chain.trace.last
-    return (len(rec.prompt_ids) == len(last.prompt_ids) and rec.prompt_ids == last.prompt_ids
-            and rec.started_at >= last.started_at + last.total_seconds)
+def _prompt_key(prompt: list[int], length: int | None = None) -> tuple[int, tuple[int, ...]]:
+    """A cheap key for ``prompt[:length]``: its length and last ``_TAIL`` tokens (equality is checked after)."""
+    n = len(prompt) if length is None else length
+    return n, tuple(prompt[max(0, n - _TAIL):n])
 
 
-def _retried_chain(chains: list[_Chain], rec: CompletionRecord, later: list[CompletionRecord]) -> _Chain | None:
-    """The chain whose last answer ``rec`` retries. When twins share the prompt, it is the one whose answer no
-    later prompt goes on from: the other twin's answer was used, so it was not the one thrown away."""
-    found = [c for c in chains if _is_retry(c, rec)]
-    if len(found) > 1:
-        unused = [c for c in found if not any(
-            _starts_with(r.prompt_ids, c.trace.last.prompt_ids + c.trace.last.response_ids) for r in later)]
-        found = unused or found
-    return found[-1] if found else None
+def _continues(later: CompletionRecord, attempts: list[CompletionRecord]) -> CompletionRecord | None:
+    """Which of ``attempts`` (completions sent with one prompt) ``later`` goes on from, if it extends that prompt:
+    the one whose reply its prompt shows most of (exactly, else the longest shared start), then the latest sent."""
+    prompt = attempts[0].prompt_ids
+    n = len(prompt)
+    q = later.prompt_ids
+    if len(q) <= n or not _starts_with(q, prompt):
+        return None
+    sent_before = [a for a in attempts if a.started_at <= later.started_at]
+    if not sent_before:
+        return None
+
+    msgs = _messages(later)
+    at = len(_messages(attempts[0]))
+    said = _text_of(msgs[at]) if at < len(msgs) else None
+    answers = [_text_of(a.response.get("message")) for a in sent_before]
+    if said is not None and None not in answers:  # the messages tell which answer the harness went on with
+        matching = [a for a, answer in zip(sent_before, answers, strict=True) if answer == said]
+        return matching[-1] if matching else None  # None: an answer not captured here (no usable record)
+
+    def shown(a: CompletionRecord) -> tuple[bool, int, float, int]:
+        reply = a.response_ids
+        seen = q[n:n + len(reply)]
+        return seen == reply, common_prefix_len(seen, reply), a.started_at, a.index
+    return max(sent_before, key=shown)
+
+
+def _text_of(message: Any) -> str | None:
+    """An assistant message's text, whether its content is a string or a list of text parts (None if it has none)."""
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content.strip() if isinstance(content, str) and content.strip() else None
+
+
+def _retries(later: CompletionRecord, first: CompletionRecord) -> bool:
+    """``later`` (same prompt) may be a retry of ``first``: sent after ``first`` came back, or while it ran but not
+    together with it (parallel twins are sent at once; a client gives up on an attempt only after a timeout)."""
+    return (later.started_at >= first.started_at + first.total_seconds
+            or later.started_at - first.started_at >= _SENT_TOGETHER_SECONDS)
+
+
+def superseded_attempts(usable: list[CompletionRecord]) -> tuple[set[str], set[str]]:
+    """The attempts a harness threw away, and the completions that share their prompt with a used one (forks).
+
+    Completions sent with one prompt are attempts at one turn, or forks (parallel sub-agents, or two conversations
+    that begin alike). An attempt is superseded when no later completion goes on from its answer and another
+    attempt was sent after it (whether the first had come back or was still running: a client timeout); every
+    attempt some later completion goes on from was used, so each is trained in its own chain. The latest attempt of
+    a final turn is kept. Cost: one pass over the prompts' keys, and a scan of the session per repeated prompt.
+    """
+    groups: dict[tuple[int, tuple[int, ...]], list[list[CompletionRecord]]] = {}
+    for rec in usable:
+        same = groups.setdefault(_prompt_key(rec.prompt_ids), [])
+        for group in same:
+            if group[0].prompt_ids == rec.prompt_ids:
+                group.append(rec)
+                break
+        else:
+            same.append([rec])
+    superseded: set[str] = set()
+    forks: set[str] = set()
+    for same in groups.values():
+        for attempts in same:
+            if len(attempts) < 2:
+                continue
+            used = {id(a) for later in usable if (a := _continues(later, attempts)) is not None}
+            order = sorted(attempts, key=lambda a: (a.started_at, a.index))
+            kept = [a for i, a in enumerate(order) if id(a) in used or not any(_retries(b, a) for b in order[i + 1:])]
+            superseded |= {a.completion_id for a in attempts if a not in kept}
+            if len(kept) > 1:
+                forks |= {a.completion_id for a in kept}
+    return superseded, forks
 
 
 def _rank(match: _Match, rec: CompletionRecord) -> tuple[int, bool, int, int]:
@@ -147,6 +236,53 @@ def _rank(match: _Match, rec: CompletionRecord) -> tuple[int, bool, int, int]:
     n, a = match.prefix, last.response_ids
     overlap = len(a) if match.exact else common_prefix_len(rec.prompt_ids[n:n + len(a)], a)
     return (n, match.exact, overlap, last.index)
+
+
+class _ChainIndex:
+    """Chains by the key of their last prompt, and the distinct lengths of those prompts, longest first: the chain a
+    completion extends is found by looking up its own prompt cut at those lengths, from the longest down, stopping
+    at the first length that matches. Chains a drift left behind have shorter prompts than the live one, so they
+    are never visited: the cost does not grow with their number."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[int, tuple[int, ...]], list[_Chain]] = {}
+        self.lengths: list[int] = []  # sorted, distinct
+        self.count: Counter[int] = Counter()
+
+    def add(self, chain: _Chain) -> None:
+        key = _prompt_key(chain.trace.last.prompt_ids)
+        self.by_key.setdefault(key, []).append(chain)
+        if not self.count[key[0]]:
+            insort(self.lengths, key[0])
+        self.count[key[0]] += 1
+
+    def remove(self, chain: _Chain) -> None:
+        key = _prompt_key(chain.trace.last.prompt_ids)
+        bucket = self.by_key[key]
+        bucket.remove(chain)
+        if not bucket:
+            del self.by_key[key]
+        self.count[key[0]] -= 1
+        if not self.count[key[0]]:
+            del self.count[key[0]]
+            self.lengths.pop(bisect_left(self.lengths, key[0]))
+
+    def best(self, rec: CompletionRecord, eot: frozenset[int], rejected: Counter[str]) -> _Match | None:
+        q = rec.prompt_ids
+        for i in range(bisect_left(self.lengths, len(q)) - 1, -1, -1):
+            bucket = self.by_key.get(_prompt_key(q, self.lengths[i]))
+            if not bucket:
+                continue
+            best: _Match | None = None
+            for chain in bucket:
+                found = _candidate(chain, rec, eot)
+                if isinstance(found, str):
+                    rejected[found] += 1
+                elif found is not None and (best is None or _rank(found, rec) > _rank(best, rec)):
+                    best = found
+            if best is not None:
+                return best  # a shorter prefix never outranks a longer one
+        return None
 
 
 def prefix_merging(session: CompletionSession, config: MergeConfig | None = None) -> Trajectory:
@@ -159,36 +295,24 @@ def prefix_merging(session: CompletionSession, config: MergeConfig | None = None
     rejected: Counter[str] = Counter()
     rerender_merged = 0
 
-    for position, rec in enumerate(usable):
-        retry = _retried_chain(chains, rec, usable[position + 1:])
-        if retry is not None:
-            discarded, bridge = retry.trace.pop()
-            superseded.append(discarded)
-            if retry.trace.records:
-                retry.trace.add(rec, bridge)  # the same prompt, so the same bridge from the turn before
-            else:
-                retry.trace = TraceBuilder(rec)
+    index = _ChainIndex()
+    thrown_away, forks = superseded_attempts(usable)
+    for rec in usable:
+        if rec.completion_id in thrown_away:
+            superseded.append(rec)
             continue
-        best: _Match | None = None
-        for chain in chains:
-            found = _candidate(chain, rec, eot)
-            if isinstance(found, str):
-                rejected[found] += 1
-                continue
-            if found is None:
-                continue
-            if best is None or _rank(found, rec) > _rank(best, rec):
-                best = found
-        if best is not None and best.exact and best.bridge is not None:
+        best = index.best(rec, eot, rejected)
+        if best is not None and best.bridge is not None and (best.exact or config.on_rerender == "merge"):
+            index.remove(best.chain)
             best.chain.trace.add(rec, best.bridge)
-        elif best is not None and config.on_rerender == "merge" and best.bridge is not None:
-            best.chain.trace.add(rec, best.bridge)
-            rerender_merged += 1
+            index.add(best.chain)
+            rerender_merged += not best.exact
         else:
-            cause = best.cause if best is not None else _classify_new(rec, chains)
+            cause = best.cause if best is not None else _classify_new(rec, chains, rec.completion_id in forks)
             if cause != "first":
                 breaks[cause] += 1
             chains.append(_Chain(TraceBuilder(rec), cause))
+            index.add(chains[-1])
 
     traces = [c.trace.build(i, {"chain_cause": c.cause}) for i, c in enumerate(chains) if c.trace.records]
     if config.keep_superseded:

@@ -32,13 +32,18 @@ def check_invariants(sess: CompletionSession, traj: Trajectory) -> None:
     seen: list[str] = []
     for trace in traj.traces:
         Trace.model_validate(trace.model_dump())  # alignment validators
-        assert len(trace.response_logprobs) == len(trace.response_ids)
+        records = [by_id[span["completion_id"]] for span in trace.metadata["spans"]]
+        has_logprobs = all(r.response_logprobs for r in records)
+        assert trace.metadata["has_logprobs"] is has_logprobs
+        # a trace has every sampled token's logprob or says it has none: never a made-up 0.0
+        assert len(trace.response_logprobs) == (len(trace.response_ids) if has_logprobs else 0)
         trained = [i for i, m in enumerate(trace.loss_mask) if m == 1]
         covered: list[int] = []
         for span in trace.metadata["spans"]:
             r = by_id[span["completion_id"]]
             assert trace.response_ids[span["start"]:span["end"]] == r.response_ids  # copied, never re-encoded
-            assert trace.response_logprobs[span["start"]:span["end"]] == r.response_logprobs
+            if has_logprobs:
+                assert trace.response_logprobs[span["start"]:span["end"]] == r.response_logprobs
             covered += range(span["start"], span["end"])
         assert trained == covered  # mask 1 exactly on sampled tokens
         first = by_id[trace.metadata["completion_ids"][0]]

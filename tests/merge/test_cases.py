@@ -179,3 +179,83 @@ def test_17_messages_and_tools_are_kept():
                                            ([1, 2], [3], 0)])
 def test_common_prefix_len(a, b, n):
     assert common_prefix_len(a, b) == n
+
+
+def test_18_two_conversations_from_one_prompt_the_second_after_the_first_answered():
+    # two sequential sub-agents with the same task prompt: the second starts once the first has answered
+    records = (rec(0, [5, 6], [30, EOT], started=0, seconds=1),
+               rec(1, [5, 6], [31, EOT], started=2, seconds=1),  # not a retry: the first answer is used below
+               rec(2, [5, 6, 30, EOT, 40], [32, EOT], started=4),  # the first conversation goes on
+               rec(3, [5, 6, 31, EOT, 41], [33, EOT], started=6))  # so does the second
+    for config in (CFG, MERGE_RERENDER):
+        traj = merged(*records, config=config)
+        assert sorted(t.metadata["completion_ids"] for t in traj.traces) == [["c0", "c2"], ["c1", "c3"]]
+        assert traj.diagnostics["superseded"] == [] and traj.diagnostics["breaks"] == {"fork": 1}
+        assert traj.diagnostics["rerender_merged"] == 0  # no turn trained after a reply it never saw
+
+
+def test_19_two_conversations_from_one_prompt_drifted_replies_stay_apart():
+    records = (rec(0, [5, 6], [30, 31, EOT], started=0, seconds=1),
+               rec(1, [5, 6], [32, 33, EOT], started=2, seconds=1),
+               rec(2, [5, 6, 30, 12, EOT, 40], [34, EOT], started=4),  # the first reply, re-tokenized
+               rec(3, [5, 6, 32, 33, EOT, 41], [35, EOT], started=6))
+    traj = merged(*records, config=MERGE_RERENDER)
+    assert sorted(t.metadata["completion_ids"] for t in traj.traces) == [["c0", "c2"], ["c1", "c3"]]
+    assert traj.diagnostics["superseded"] == []
+
+
+def test_20_retry_sent_while_the_first_attempt_still_ran_supersedes_it():
+    p2 = [1, 10, EOT, 50]
+    records = (rec(0, [1], [10, EOT], started=0),
+               rec(2, p2, [21, EOT], started=15, seconds=2),  # the retry, sent when the client timed out
+               rec(3, [*p2, 21, EOT, 51], [22, EOT], started=18),  # the conversation goes on with the retry
+               rec(4, p2, [20, EOT], started=10, seconds=30))  # the abandoned attempt finishes (journaled) last
+    traj = merged(*records)
+    (t,) = traj.traces
+    assert t.metadata["completion_ids"] == ["c0", "c2", "c3"]
+    assert traj.diagnostics["superseded"] == ["c4"] and traj.diagnostics["breaks"] == {}
+
+
+def test_21_retry_of_a_first_call_while_it_still_ran():
+    traj = merged(rec(1, [1, 2], [11, EOT], started=5, seconds=1),
+                  rec(2, [1, 2, 11, EOT, 50], [12, EOT], started=7),
+                  rec(3, [1, 2], [10, EOT], started=0, seconds=20))  # abandoned after a 5 s client timeout
+    (t,) = traj.traces
+    assert t.metadata["completion_ids"] == ["c1", "c2"] and traj.diagnostics["superseded"] == ["c3"]
+    assert traj.diagnostics["breaks"] == {}
+
+
+def test_22_a_record_without_logprobs_makes_its_trace_say_so():
+    traj = merged(rec(0, [1], [10, EOT]), rec(1, [1, 10, EOT, 50], [11, EOT], response_logprobs=[]),
+                  rec(2, [200], [30, EOT]))
+    with_none, full = traj.traces
+    assert with_none.response_logprobs == [] and with_none.metadata["has_logprobs"] is False
+    assert with_none.metadata["without_logprobs"] == ["c1"]
+    assert full.metadata["has_logprobs"] is True and len(full.response_logprobs) == 2
+    assert traj.diagnostics["traces_without_logprobs"] == 1
+    assert traj.diagnostics["completions_without_logprobs"] == ["c1"]
+    flat = per_request(session(rec(0, [1], [10, EOT], response_logprobs=[])), CFG)
+    assert flat.traces[0].response_logprobs == [] and flat.diagnostics["traces_without_logprobs"] == 1
+
+
+def test_23_finding_a_chain_does_not_visit_the_chains_drift_left_behind(monkeypatch):
+    import polar_gym.merge.prefix_merging as pm
+
+    calls = 0
+    real = pm._candidate
+
+    def counting(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pm, "_candidate", counting)
+    records, prompt = [], [1, 2, 3]
+    for k in range(60):
+        reply = [100 + k, 101 + k, EOT]
+        records.append(rec(k, prompt, reply))
+        shown = [100 + k, 7, EOT] if k % 2 else reply  # every other reply drifts in the next prompt
+        prompt = [*prompt, *shown, 50]
+    traj = merged(*records)
+    assert traj.diagnostics["breaks"] == {"drift": 29} and len(traj.traces) == 30
+    assert calls <= 2 * len(records)  # about one candidate per completion, whatever the number of chains

@@ -210,3 +210,11 @@ def test_sft_min_reward_keeps_accepted_attempts_only():
     assert sft_records(result(apply_rewards(traj, EvalResult(reward=0.0))), min_reward=1.0) == []
     assert len(sft_records(result(apply_rewards(traj, EvalResult(reward=1.0))), min_reward=1.0)) == 1
     assert sft_records(traj, min_reward=0.0) == []  # no reward at all is not accepted
+
+
+def test_slime_sample_of_a_trace_without_logprobs_says_so():
+    traj = prefix_merging(session(rec(0, [1], [10, EOT]), rec(1, [1, 10, EOT, 50], [11, EOT], response_logprobs=[]),
+                                  rec(2, [200], [30, EOT])), MergeConfig(end_of_turn_ids=(EOT,)))
+    none, full = slime_samples(traj)
+    assert none.metadata["logprobs_missing"] is True and full.metadata["logprobs_missing"] is False
+    assert full.rollout_log_probs == traj.traces[1].response_logprobs

@@ -2,7 +2,8 @@
 
 Hypothesis draws the *plan* of a session: a main agent's tool loop, parallel sub-agents (some of them twins that
 start from one prompt at once), a side request; per turn: failed attempts (error records), answers the harness threw
-away and re-sent the prompt for (retries), answers from a server that reports no token IDs, length stops without an
+away and re-sent the prompt for (retries), attempts re-sent while they still ran (a client timeout; the abandoned one
+finishes last), answers without logprobs, answers from a server that reports no token IDs, length stops without an
 end-of-turn token, thinking spans, several end-of-turn ids, and how the next prompt re-renders the reply (exactly,
 drifted, split, thinking dropped, another end-of-turn token); before a turn: a compaction or a rewritten older reply.
 ``simulate`` renders the plan into the token IDs and append-only message lists a harness and engine would produce,
@@ -51,6 +52,8 @@ class TurnPlan:
 
     errors: int = 0  # failed attempts (error records) before the answer
     discarded: int = 0  # answers that came back and were thrown away: the harness re-sent the same prompt
+    timeout: bool = False  # the first attempt ran past the client's timeout: re-sent while it ran, it finishes last
+    no_logprobs: bool = False  # the kept answer came from an engine that reported no logprobs
     unfaithful: Literal["", "empty", "ids"] = ""  # the kept answer came from a server without token IDs
     length: bool = False  # stopped by max_tokens: no end-of-turn token sampled
     think: bool = False  # the reply opens with a thinking span
@@ -152,7 +155,7 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
             at = rng.randrange(len(segments[j]) - 1)
             segments[j] = [*segments[j][:at], tok.other(segments[j][at]), *segments[j][at + 1:]]
         prompt = list(itertools.chain.from_iterable(segments))
-        kinds = ["error"] * turn.errors + ["discarded"] * turn.discarded + ["kept"]
+        kinds = ["error"] * turn.errors + ["abandoned"] * turn.timeout + ["discarded"] * turn.discarded + ["kept"]
         think_len, reply = 0, []
         for n, kind in enumerate(kinds):
             label = f"a{a}.{k}.{n}"
@@ -162,8 +165,10 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
             think_len = len(think)
             # twins' first calls overlap, so they are parallel forks, never mistaken for a retry
             seconds = rng.uniform(0.6, 2.0) if k == 0 else rng.uniform(0.05, 2.0)
+            if kind == "abandoned":  # runs on long after the client gave up on it
+                seconds = rng.uniform(5.0, 40.0)
             fields: dict[str, Any] = {
-                "_end": t + seconds, "_kind": kind, "_turn": k, "_agent": a, "_label": label,
+                "_end": t + seconds, "_start": t, "_kind": kind, "_turn": k, "_agent": a, "_label": label,
                 "prompt": prompt, "response_ids": reply, "messages": msgs if plan.messages else [],
                 "started": t, "seconds": seconds, "side_request": agent.side,
                 "finish_reason": "length" if turn.length else "stop",
@@ -171,12 +176,14 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
             }
             if kind == "error":
                 fields.update(status="error", error="upstream 500", finish_reason=None)
+            if kind == "kept" and turn.no_logprobs:
+                fields["response_logprobs"] = []
             if kind == "kept" and turn.unfaithful:
                 fields["token_faithful"] = False
                 if turn.unfaithful == "empty":
                     fields["prompt"], fields["response_ids"] = [], []
             yield fields
-            t += seconds + rng.uniform(0.01, 1.0)
+            t += rng.uniform(0.3, 2.0) if kind == "abandoned" else seconds + rng.uniform(0.01, 1.0)
         shown = _render(reply, think_len, turn, tok)
         fields["_rendered"] = shown[:-1] if turn.length else shown  # a template-added end of turn is bridge
         segments.append(shown)
@@ -212,12 +219,12 @@ def simulate(plan: SessionPlan) -> tuple[CompletionSession, Truth]:
             truth.rendered[r.completion_id] = c["_rendered"]
         c["_id"] = r.completion_id
     usable = {r.completion_id for r in partition(session(*records), BREAK)[0]}
-    by_turn = itertools.groupby(sorted(calls, key=lambda c: (c["_agent"], c["_turn"], c["_end"])),
+    by_turn = itertools.groupby(sorted(calls, key=lambda c: (c["_agent"], c["_turn"], c["_start"])),
                                 key=lambda c: (c["_agent"], c["_turn"]))
     for _, group in by_turn:
         attempts = list(group)
         for n, c in enumerate(attempts):
-            if c["_kind"] == "discarded":
+            if c["_kind"] in ("discarded", "abandoned"):
                 truth.discarded.add(c["_id"])
                 if c["_id"] in usable and any(later["_id"] in usable for later in attempts[n + 1:]):
                     truth.detectable.add(c["_id"])
@@ -230,20 +237,24 @@ def expected_chains(sess: CompletionSession, truth: Truth, on_rerender: str) -> 
     previous one: exactly ("break") or by plain token prefix ("merge")."""
     usable, _ = partition(sess, BREAK)
     chains: list[list[CompletionRecord]] = []
-    last: dict[int, list[CompletionRecord]] = {}
+    of_agent: dict[int, list[list[CompletionRecord]]] = {}
     for r in usable:
         if r.completion_id in truth.detectable:
             continue
         agent = truth.agent[r.completion_id]
-        chain = last.get(agent)
-        if chain:
+
+        def fits(chain: list[CompletionRecord], r: CompletionRecord = r) -> bool:
             prev = chain[-1]
             head = prev.prompt_ids + (prev.response_ids if on_rerender == "break" else [])
-            if len(r.prompt_ids) > len(prev.prompt_ids) and r.prompt_ids[:len(head)] == head:
-                chain.append(r)
-                continue
-        last[agent] = [r]
-        chains.append(last[agent])
+            return len(r.prompt_ids) > len(prev.prompt_ids) and r.prompt_ids[:len(head)] == head
+
+        # an attempt that finished late (a client timeout) may continue an older chain of its agent than the latest
+        fitting = [c for c in of_agent.get(agent, []) if fits(c)]
+        if fitting:
+            max(fitting, key=lambda c: len(c[-1].prompt_ids)).append(r)
+            continue
+        of_agent.setdefault(agent, []).append([r])
+        chains.append(of_agent[agent][-1])
     return {tuple(r.completion_id for r in chain) for chain in chains}
 
 
@@ -342,6 +353,8 @@ def turn_plans(*, clean: bool = False, rerender: bool = False) -> st.SearchStrat
         TurnPlan,
         errors=_rarely(1, 0),
         discarded=st.just(0) if clean else st.sampled_from([0] * 6 + [1, 2]),
+        timeout=st.just(False) if clean else _rarely(True, False, 8),
+        no_logprobs=_rarely(True, False, 8),
         unfaithful=st.sampled_from([""] * 10 + ["empty", "ids"]),
         length=_rarely(True, False),
         think=_rarely(True, False, 2),
@@ -361,7 +374,7 @@ def session_plans(draw: st.DrawFn, *, clean: bool = False, rerender: bool = Fals
         for twin in range(size):
             first = draw(turns)
             if size > 1:  # twins' first calls run at once and are never retried: nothing could tell them apart
-                first = replace(first, errors=0, discarded=0)
+                first = replace(first, errors=0, discarded=0, timeout=False)
                 if not draw(_rarely(True, False, 2)):
                     first = replace(first, render="exact", unfaithful="")
             rest = draw(st.lists(turns, max_size=4))
@@ -447,3 +460,17 @@ def test_merge_mode_cross_wires_twins() -> None:
                    rec(2, [5, 6, 30, 12, IM_END, 40], [32, IM_END], started=7))  # twin 1 goes on, its reply drifted
     traj = prefix_merging(sess, cfg)
     assert sorted(t.metadata["completion_ids"] for t in traj.traces) == [["c0", "c2"], ["c1"]]
+
+
+def test_the_simulator_makes_client_timeouts_and_answers_without_logprobs() -> None:
+    """Guard: a timed-out attempt finishes after the turns that followed its retry, and is superseded, not a chain."""
+    plan = SessionPlan((AgentPlan(0, 0.0, (TurnPlan(), TurnPlan(timeout=True), TurnPlan(no_logprobs=True),
+                                           TurnPlan())),))
+    sess, truth = simulate(plan)
+    (abandoned,) = truth.detectable
+    assert sess.completions[-1].completion_id == abandoned  # journaled last: it ran on after the client gave up
+    traj = prefix_merging(sess, BREAK)
+    assert traj.diagnostics["superseded"] == [abandoned] and traj.diagnostics["breaks"] == {}
+    (trace,) = traj.traces
+    assert trace.metadata["has_logprobs"] is False and traj.diagnostics["traces_without_logprobs"] == 1
+    check_session(plan)

@@ -176,7 +176,19 @@ def test_sglang_chat_without_token_fields_is_an_error(drop: str):
 def test_sglang_output_tokens_need_logprobs():
     with pytest.raises(ValueError, match="output_token_logprobs"):
         output_tokens_in({"id": "x"})
-    assert output_tokens_in({"output_token_logprobs": [[None, 5, None]]}) == ([5], [0.0])
+    # a null logprob means "none": the record says so (an empty list), never a made-up 0.0
+    assert output_tokens_in({"output_token_logprobs": [[None, 5, None]]}) == ([5], [])
+    assert output_tokens_in({"output_token_logprobs": [[-0.5, 5, None], [None, 6, None]]}) == ([5, 6], [])
+    assert output_tokens_in({"output_token_logprobs": [[-0.5, 5, None], [0.0, 6, None]]}) == ([5, 6], [-0.5, 0.0])
+
+
+async def test_sglang_chat_answer_without_logprobs_has_none():
+    body = json.loads(json.dumps(SGLANG_ANSWER))
+    for triple in body["choices"][0]["meta_info"]["output_token_logprobs"]:
+        triple[0] = None
+    engine = SGLangEngine(UpstreamPool([URL]), client=replying(body, []))
+    result = await engine.complete(chat(tools=[SHELL]), "s")
+    assert result.response_ids == [151657, 785, 151645] and result.response_logprobs == []
 
 
 # --- SGLang native /generate ----------------------------------------------------------------------------------

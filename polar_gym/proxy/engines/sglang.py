@@ -35,13 +35,15 @@ _GENERATE_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length",
 
 
 def output_tokens_in(meta_info: dict[str, Any]) -> tuple[list[int], list[float]]:
-    """Sampled token IDs and their logprobs from ``meta_info.output_token_logprobs``."""
+    """Sampled token IDs and their logprobs from ``meta_info.output_token_logprobs``. A token whose logprob SGLang
+    left null makes the list empty ("no logprobs", as the record schema reads it), never a made-up 0.0."""
     triples = meta_info.get("output_token_logprobs")
     if triples is None:
         raise ValueError("no meta_info.output_token_logprobs in the answer (was logprobs / return_logprob set?)")
     ids = [int(t[1]) for t in triples]
-    logprobs = [float(t[0]) if t[0] is not None else 0.0 for t in triples]
-    return ids, logprobs
+    if any(t[0] is None for t in triples):
+        return ids, []
+    return ids, [float(t[0]) for t in triples]
 
 
 def _version_in(meta_info: dict[str, Any], body: dict[str, Any]) -> Any:
