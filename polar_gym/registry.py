@@ -103,6 +103,7 @@ ENGINES: Registry[Any] = Registry("engine", {
 #: sampled text -> reasoning, content, tool calls (token-in engines); see polar_gym.proxy.parsers.base
 PARSERS: Registry[Any] = Registry("parser", {
     "qwen3": "polar_gym.proxy.parsers.qwen3:Qwen3Parser",
+    "llama3_json": "polar_gym.proxy.parsers.llama3:Llama3JsonParser",
 })
 
 BUILDERS: Registry[Any] = Registry("builder", {

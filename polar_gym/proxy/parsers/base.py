@@ -28,6 +28,7 @@ __all__ = [
     "parser_for",
     "project",
     "tool_call_from_json",
+    "trailing_end_tokens",
 ]
 
 #: ``tag``: a delimiter (dropped); ``reasoning``/``content``: model text; ``call``: the body of a parsed tool call
@@ -97,9 +98,10 @@ def call_id(text: str, index: int) -> str:
     return f"call_{digest}_{index}"
 
 
-def tool_call_from_json(body: str, arguments_key: str = "arguments") -> FunctionCall | None:
-    """``{"name": str, "<arguments_key>": object}`` (strict JSON, nothing trailing) -> a call; else None.
-    Arguments may also be a JSON string holding an object (some models double-encode); missing means ``{}``."""
+def tool_call_from_json(body: str, arguments_keys: tuple[str, ...] = ("arguments",)) -> FunctionCall | None:
+    """``{"name": str, "<arguments key>": object}`` (strict JSON, nothing trailing) -> a call; else None. The first
+    of ``arguments_keys`` present holds the arguments; they may also be a JSON string holding an object (some models
+    double-encode); none present means ``{}``."""
     try:
         data: Any = json.loads(body)
     except ValueError:
@@ -109,7 +111,7 @@ def tool_call_from_json(body: str, arguments_key: str = "arguments") -> Function
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         return None
-    args: Any = data.get(arguments_key, {})
+    args: Any = next((data[key] for key in arguments_keys if key in data), {})
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -118,6 +120,19 @@ def tool_call_from_json(body: str, arguments_key: str = "arguments") -> Function
     if not isinstance(args, dict):
         return None
     return FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
+
+
+def trailing_end_tokens(text: str, end_tokens: tuple[str, ...]) -> int:
+    """Where the run of end-of-turn tokens (and whitespace between them) at the end of ``text`` starts."""
+    cut = len(text)
+    while True:
+        body = text[:cut].rstrip()
+        for token in end_tokens:
+            if body.endswith(token):
+                cut = len(body) - len(token)
+                break
+        else:
+            return cut
 
 
 def parser_for(name: str) -> OutputParser:

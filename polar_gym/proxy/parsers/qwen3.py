@@ -14,28 +14,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from polar_gym.proxy.parsers.base import OutputParser, Segment, tool_call_from_json
+from polar_gym.proxy.parsers.base import OutputParser, Segment, tool_call_from_json, trailing_end_tokens
 
-__all__ = ["Qwen3Parser", "split_tool_calls", "trailing_end_tokens"]
+__all__ = ["Qwen3Parser", "split_tool_calls"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
-
-
-def trailing_end_tokens(text: str, end_tokens: tuple[str, ...]) -> int:
-    """Where the run of end-of-turn tokens (and whitespace between them) at the end of ``text`` starts."""
-    cut = len(text)
-    while True:
-        body = text[:cut].rstrip()
-        for token in end_tokens:
-            if body.endswith(token):
-                cut = len(body) - len(token)
-                break
-        else:
-            return cut
 
 
 def split_tool_calls(text: str, open_tag: str = CALL_OPEN, close_tag: str = CALL_CLOSE) -> list[Segment]:
