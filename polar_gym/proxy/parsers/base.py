@@ -71,16 +71,15 @@ class OutputParser(abc.ABC):
 
 
 def project(segments: list[Segment], text: str) -> ParsedReply:
-    """Segments -> the assistant message: reasoning and content joined (outer newlines trimmed, empty -> None),
-    calls in order with ids stable for this text and unique within it."""
+    """Segments -> the assistant message: reasoning and content joined with their outer newlines trimmed (the
+    templates put newlines around tags) and None when blank, calls in order with ids stable for this text and unique
+    within it."""
     reasoning = "".join(s.text for s in segments if s.kind == "reasoning")
     content = "".join(s.text for s in segments if s.kind in ("content", "bad_call"))
     calls = [s.call for s in segments if s.kind == "call" and s.call is not None]
     has_reasoning = any(s.kind == "reasoning" for s in segments)
     reasoning_out = reasoning.strip("\n") if has_reasoning else None
-    content_out = content.strip() or None
-    if content_out is not None:
-        content_out = content.strip("\n")
+    content_out = content.strip("\n") if content.strip() else None
     message = ChatMessage(
         role="assistant",
         content=content_out,
