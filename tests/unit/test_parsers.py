@@ -175,3 +175,18 @@ def test_round_trip_through_the_real_qwen_template(qwen_tokenizer, message):
     assert reply.message.content == message.content
     want = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
     assert calls(reply) == want
+
+
+@pytest.mark.parametrize("message", [m for m in ROUND_TRIPS if m.reasoning_content is None] + [
+    ChatMessage(role="assistant", content="ok", tool_calls=[fn("shell", '{"cmd": "true"}')])], ids=["text", "call"])
+def test_round_trip_with_thinking_off(qwen_tokenizer, message):
+    """With thinking off the prompt ends in ``<think>\\n\\n</think>\\n\\n``: the sample is what the template renders
+    after it."""
+    text = rendered_assistant_text(qwen_tokenizer, message)
+    head, sample = text.split("</think>\n\n", 1)
+    assert head == "<think>\n\n"
+    reply = QWEN.parse(sample, [SHELL], thinking=False)
+    assert reply.message.reasoning_content is None
+    assert reply.message.content == message.content
+    want = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    assert calls(reply) == want and reply.unparseable_tool_calls == 0
