@@ -16,6 +16,7 @@ __all__ = [
     "ENGINES",
     "EVALUATORS",
     "HARNESSES",
+    "PARSERS",
     "PROVIDERS",
     "RUNTIMES",
     "Registry",
@@ -97,6 +98,12 @@ ENGINES: Registry[Any] = Registry("engine", {
     "sglang_generate": "polar_gym.proxy.engines.sglang:SGLangGenerateEngine",
     "openai": "polar_gym.proxy.engines.openai:OpenAIEngine",
     "oracle": "polar_gym.proxy.engines.oracle:OracleEngine",
+})
+
+#: sampled text -> reasoning, content, tool calls (token-in engines); see polar_gym.proxy.parsers.base
+PARSERS: Registry[Any] = Registry("parser", {
+    "qwen3": "polar_gym.proxy.parsers.qwen3:Qwen3Parser",
+    "llama3_json": "polar_gym.proxy.parsers.llama3:Llama3JsonParser",
 })
 
 BUILDERS: Registry[Any] = Registry("builder", {

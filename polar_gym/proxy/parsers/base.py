@@ -1,0 +1,143 @@
+"""The interface every output parser implements, and the lossless segmentation they share.
+
+A token-in engine samples raw text; the agent harness needs an OpenAI-shaped assistant message. A parser first cuts
+the text into :class:`Segment` s that cover it exactly (``"".join(s.text for s in segments) == text``), then projects
+them onto a :class:`ParsedReply`: only the delimiting tags are dropped, so nothing the model wrote disappears
+silently. A tool-call block that does not parse stays in the content as text and is counted, so a trainer can mask
+or zero that sample instead of training on a call the harness never saw.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_gym.proxy.chat import ChatMessage, FunctionCall, Tool, ToolCall
+from polar_gym.registry import PARSERS, RegistryError
+
+__all__ = [
+    "OutputParser",
+    "ParsedReply",
+    "Segment",
+    "SegmentKind",
+    "call_id",
+    "parser_for",
+    "project",
+    "tool_call_from_json",
+    "trailing_end_tokens",
+]
+
+#: ``tag``: a delimiter (dropped); ``reasoning``/``content``: model text; ``call``: the body of a parsed tool call
+#: (its JSON); ``bad_call``: a tool-call block, tags included, that did not parse (kept as content, counted)
+SegmentKind = Literal["tag", "reasoning", "content", "call", "bad_call"]
+
+
+class Segment(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: SegmentKind
+    text: str
+    call: FunctionCall | None = None
+
+
+class ParsedReply(BaseModel):
+    """The assistant message a sampled text means, and how many tool-call blocks in it could not be parsed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: ChatMessage
+    unparseable_tool_calls: int = 0
+    segments: list[Segment] = Field(default_factory=list, exclude=True, repr=False)
+
+
+class OutputParser(abc.ABC):
+    """One model family's output format. Pure: no I/O, never raises on any text."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def segment(self, text: str, *, thinking: bool = True) -> list[Segment]:
+        """Cut ``text`` into segments that concatenate back to exactly ``text``."""
+
+    def parse(self, text: str, tools: list[Tool] | None, *, thinking: bool = True) -> ParsedReply:
+        """``thinking=False``: the prompt closed the think block, so the text holds no reasoning. ``tools`` is what
+        the request offered; a call to a tool not offered is still a call (the harness answers it, as with any
+        hosted API), so it is only informative here."""
+        return project(self.segment(text, thinking=thinking), text)
+
+
+def project(segments: list[Segment], text: str) -> ParsedReply:
+    """Segments -> the assistant message: reasoning and content joined (outer newlines trimmed, empty -> None),
+    calls in order with ids stable for this text and unique within it."""
+    reasoning = "".join(s.text for s in segments if s.kind == "reasoning")
+    content = "".join(s.text for s in segments if s.kind in ("content", "bad_call"))
+    calls = [s.call for s in segments if s.kind == "call" and s.call is not None]
+    has_reasoning = any(s.kind == "reasoning" for s in segments)
+    reasoning_out = reasoning.strip("\n") if has_reasoning else None
+    content_out = content.strip() or None
+    if content_out is not None:
+        content_out = content.strip("\n")
+    message = ChatMessage(
+        role="assistant",
+        content=content_out,
+        reasoning_content=reasoning_out or None,
+        tool_calls=[ToolCall(id=call_id(text, i), function=c) for i, c in enumerate(calls)] or None,
+    )
+    bad = sum(1 for s in segments if s.kind == "bad_call")
+    return ParsedReply(message=message, unparseable_tool_calls=bad, segments=segments)
+
+
+def call_id(text: str, index: int) -> str:
+    """``call_<digest of the reply>_<index>``: the same text always yields the same ids (a replayed sample keeps
+    them), and two calls of one reply never share one."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    return f"call_{digest}_{index}"
+
+
+def tool_call_from_json(body: str, arguments_keys: tuple[str, ...] = ("arguments",)) -> FunctionCall | None:
+    """``{"name": str, "<arguments key>": object}`` (strict JSON, nothing trailing) -> a call; else None. The first
+    of ``arguments_keys`` present holds the arguments; they may also be a JSON string holding an object (some models
+    double-encode); none present means ``{}``."""
+    try:
+        data: Any = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None
+    args: Any = next((data[key] for key in arguments_keys if key in data), {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
+
+
+def trailing_end_tokens(text: str, end_tokens: tuple[str, ...]) -> int:
+    """Where the run of end-of-turn tokens (and whitespace between them) at the end of ``text`` starts."""
+    cut = len(text)
+    while True:
+        body = text[:cut].rstrip()
+        for token in end_tokens:
+            if body.endswith(token):
+                cut = len(body) - len(token)
+                break
+        else:
+            return cut
+
+
+def parser_for(name: str) -> OutputParser:
+    """The parser registered as ``name`` (or a ``pkg.module:Class`` path), instantiated."""
+    target = PARSERS.get(name)
+    if not (isinstance(target, type) and issubclass(target, OutputParser)):
+        raise RegistryError(f"parser {name!r} is {target!r}, not an OutputParser subclass")
+    return target()
