@@ -30,7 +30,8 @@ __all__ = ["ChainNode", "PrefixRenderer", "PromptPlan", "TemplateTokenizer", "bo
 
 #: chain nodes kept per session (oldest dropped first); a session with more live branches renders them whole
 MAX_NODES = 256
-_PROBE = [{"role": "system", "content": "You are a probe."}, {"role": "user", "content": "List the files."},
+_PROBE: list[dict[str, Any]] = [
+          {"role": "system", "content": "You are a probe."}, {"role": "user", "content": "List the files."},
           {"role": "assistant", "content": "Sure.\n",
            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": {"p": "."}}}]},
           {"role": "tool", "tool_call_id": "c1", "content": " a.txt\n\nb.txt "},
