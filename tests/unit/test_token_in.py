@@ -28,7 +28,8 @@ from polar_gym.settings import ConfigError
 EOT = 151645
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
-CALL_TEXT = '<think>\nlook first\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+CALL_TEXT = ('<think>\nlook first\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n'
+             '</tool_call>')
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,8 @@ def completions_body(request: ChatRequest, prompt_ids: list[int], stop_ids: list
         value = getattr(request, name)
         if value is not None:
             body[name] = value
+    # engine arguments a caller set (e.g. structured_outputs), as the chat path passes them; never over ours
+    body.update({k: v for k, v in request.extra.items() if k not in body and k != "chat_template_kwargs"})
     return body
 
 
