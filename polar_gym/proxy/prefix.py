@@ -26,7 +26,7 @@ from polar_gym.proxy.chat import ChatMessage, ChatRequest
 from polar_gym.proxy.tokenizer import template_messages
 
 __all__ = ["ChainNode", "PrefixRenderer", "PromptPlan", "TemplateTokenizer", "boundary_is_stable",
-           "same_message"]
+           "same_message", "short_suffix_is_exact", "short_suffix_text"]
 
 #: chain nodes kept per session (oldest dropped first); a session with more live branches renders them whole
 MAX_NODES = 256
@@ -62,6 +62,42 @@ def boundary_is_stable(tokenizer: TemplateTokenizer) -> bool:
         if tokenizer.encode(text[:cut]) + tokenizer.encode(text[cut:]) != whole:
             return False
     return cut > 0
+
+
+_STUB_USER: dict[str, Any] = {"role": "user", "content": "."}
+
+
+def short_suffix_text(tokenizer: TemplateTokenizer, assistant: dict[str, Any], suffix: list[dict[str, Any]],
+                      template_kwargs: dict[str, Any]) -> str | None:
+    """The template's text for ``suffix`` after ``assistant``, rendered without the rest of the history, the system
+    prompt or the tools (a stub user turn, the assistant turn, the suffix): the cost grows with the new messages
+    only."""
+    text = tokenizer.render_text([_STUB_USER, assistant, *suffix], None, template_kwargs=template_kwargs)
+    eot = tokenizer.end_of_turn_text
+    at = 0
+    for _ in range(2):
+        found = text.find(eot, at)
+        if found < 0:
+            return None
+        at = found + len(eot)
+    return text[at:]
+
+
+def short_suffix_is_exact(tokenizer: TemplateTokenizer) -> bool:
+    """Whether :func:`short_suffix_text` gives the full rendering's suffix on a probe conversation (system prompt,
+    tools, a tool round trip, a new user turn): the template renders each new turn from local context only."""
+    eot = tokenizer.end_of_turn_text
+    tools = [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {
+        "type": "object", "properties": {"p": {"type": "string"}}}}}]
+    markers = tokenizer.render_text(_PROBE[:3], tools, add_generation_prompt=False).count(eot)
+    for end in (4, 5):
+        full = tokenizer.render_text(_PROBE[:end], tools)
+        at = 0
+        for _ in range(markers):
+            at = full.index(eot, at) + len(eot)
+        if short_suffix_text(tokenizer, _PROBE[2], _PROBE[3:end], {}) != full[at:]:
+            return False
+    return True
 
 
 def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -132,6 +168,8 @@ class PrefixRenderer:
         self.eot_text = tokenizer.end_of_turn_text
         self.eot_id = tokenizer.end_of_turn_ids[0]
         self.stable = boundary_is_stable(tokenizer) if check_boundary else True
+        #: render only the new messages (else the whole conversation, cut after the chain's markers)
+        self.short_suffix = short_suffix_is_exact(tokenizer) if check_boundary else False
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
 
@@ -141,16 +179,21 @@ class PrefixRenderer:
         kwargs = dict(request.extra.get("chat_template_kwargs") or {})
         tools_key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
         node, cause = self._find(session_id, messages, tools_key)
-        text = self.tokenizer.render_text(messages, tools, template_kwargs=kwargs)
         if node is not None and cause is None:
-            cut = self._after_marker(text, node.markers)
-            if cut is not None:
-                suffix = text[cut:]
+            suffix: str | None = None
+            if self.short_suffix:
+                suffix = short_suffix_text(self.tokenizer, node.messages[-1], messages[len(node.messages):], kwargs)
+            else:
+                text = self.tokenizer.render_text(messages, tools, template_kwargs=kwargs)
+                cut = self._after_marker(text, node.markers)
+                suffix = text[cut:] if cut is not None else None
+            if suffix is not None:
                 head = list(node.ids) if node.ended else [*node.ids, self.eot_id]
                 ids = head + self.tokenizer.encode(suffix)
                 return PromptPlan(ids, messages, tools, tools_key, node.markers + suffix.count(self.eot_text),
                                   node.chain_id, reused=len(head), template_kwargs=kwargs)
             cause = "boundary_not_found"
+        text = self.tokenizer.render_text(messages, tools, template_kwargs=kwargs)
         return PromptPlan(self.tokenizer.encode(text), messages, tools, tools_key, text.count(self.eot_text),
                           uuid.uuid4().hex[:16], new_chain=cause, template_kwargs=kwargs)
 
