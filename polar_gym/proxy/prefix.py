@@ -175,12 +175,21 @@ class PrefixRenderer:
 
     def plan(self, request: ChatRequest, session_id: str) -> PromptPlan:
         """The prompt IDs for ``request``: a chain's IDs plus the rendered suffix, or a whole new rendering."""
+        plan = self.plan_cheap(request, session_id, full=True)
+        assert plan is not None  # full=True always plans
+        return plan
+
+    def plan_cheap(self, request: ChatRequest, session_id: str, *, full: bool = False) -> PromptPlan | None:
+        """:meth:`plan`, or None when that needs a whole rendering (CPU-heavy: the caller moves it off the event
+        loop) and ``full`` is False. Extending a chain with a short suffix render costs well under a millisecond."""
         messages, tools = template_messages(request)
         kwargs = dict(request.extra.get("chat_template_kwargs") or {})
         tools_key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
         node, cause = self._find(session_id, messages, tools_key)
         if node is not None and cause is None:
             suffix: str | None = None
+            if not self.short_suffix and not full:
+                return None
             if self.short_suffix:
                 suffix = short_suffix_text(self.tokenizer, node.messages[-1], messages[len(node.messages):], kwargs)
             else:
@@ -193,6 +202,8 @@ class PrefixRenderer:
                 return PromptPlan(ids, messages, tools, tools_key, node.markers + suffix.count(self.eot_text),
                                   node.chain_id, reused=len(head), template_kwargs=kwargs)
             cause = "boundary_not_found"
+        if not full:
+            return None
         text = self.tokenizer.render_text(messages, tools, template_kwargs=kwargs)
         return PromptPlan(self.tokenizer.encode(text), messages, tools, tools_key, text.count(self.eot_text),
                           uuid.uuid4().hex[:16], new_chain=cause, template_kwargs=kwargs)

@@ -186,3 +186,29 @@ def test_prompt_mode_defaults_and_refusals(tok: HFChatTokenizer, tmp_path: Path)
     assert isinstance(build_engine(EngineSettings(engine="vllm", upstreams=["http://x"])), VLLMTokenInEngine)
     chat_engine = build_engine(EngineSettings(engine="vllm", upstreams=["http://x"], prompt_mode="chat"))
     assert type(chat_engine) is VLLMEngine
+
+
+@pytest.mark.parametrize("short", [True, False])
+async def test_suffix_only_and_whole_conversation_renders_give_the_same_prompt(tok: HFChatTokenizer,
+                                                                               short: bool) -> None:
+    """Rendering only the new messages (what the start-up probe allows for Qwen3) and cutting the whole
+    conversation's rendering after the chain's end-of-turn markers send the same tokens."""
+    fake, service, client = proxy(tok, [CALL_TEXT, "Two.", "Three."])
+    renderer = service.engine.renderer  # type: ignore[attr-defined]
+    assert renderer.short_suffix  # the probe found Qwen3's template renders new turns from local context
+    renderer.short_suffix = short
+    history: list[dict[str, Any]] = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+    first = await chat(client, history)
+    history += [{"role": "assistant", "content": "", "tool_calls": first["tool_calls"]},
+                {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": "x"},
+                {"role": "tool", "tool_call_id": "other", "content": "y"}]
+    await chat(client, history)
+    history += [{"role": "assistant", "content": "Two."}, {"role": "user", "content": "more"}]
+    await chat(client, history)
+    chain = fake.sent[1]["prompt"] + fake.sampled[1]
+    assert tok.decode(fake.sent[2]["prompt"][len(chain):]) == (
+        "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
+    chain = fake.sent[0]["prompt"] + fake.sampled[0]
+    assert tok.decode(fake.sent[1]["prompt"][len(chain):]) == (
+        "\n<|im_start|>user\n<tool_response>\nx\n</tool_response>\n<tool_response>\ny\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n")

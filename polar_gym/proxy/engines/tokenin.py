@@ -75,8 +75,10 @@ class TokenInEngine(HttpEngine):
         raise NotImplementedError("token-in engines parse through read_answer")
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
-        # Template rendering and tokenizing are CPU work: off the event loop.
-        plan = await asyncio.to_thread(self.renderer.plan, request, session_id)
+        # Extending a chain renders a few messages (inline); a whole rendering is CPU work: off the event loop.
+        plan = self.renderer.plan_cheap(request, session_id)
+        if plan is None:
+            plan = await asyncio.to_thread(self.renderer.plan, request, session_id)
         body = self.token_body(request, plan)
         if self.upstream_model is not None and "model" in body:
             body["model"] = self.upstream_model
