@@ -5,11 +5,11 @@
 For each front end (Anthropic, Chat, Responses, Google), plain and streaming, at concurrency 1, 16 and 64, the same
 ~30 KB Claude-Code-sized conversation goes through the proxy (``python -m polar_gym.proxy --engine vllm``, capture
 on, to disk) to an upstream that answers instantly with ~2,000 prompt token IDs; the baseline is the equivalent Chat
-request sent straight to that upstream, in the same run. Token-in against chat mode: the same growing
-agent conversations (each call echoes the reply and adds a user turn) through a chat-mode and a token-in proxy,
-at concurrency 1 and 64 (target: token-in adds at most 1 ms p50 at c=1). Printed: throughput and p50 / p99
-latency, and ratios against direct. Targets (from the issue): at most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/8 of
-direct throughput. Then a 200-turn session growing to 32K-token contexts is journaled and its bytes compared with
+request sent straight to that upstream, in the same run. Printed: throughput and p50 / p99 latency, and ratios
+against direct. Targets (from the issue): at most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/8 of
+direct throughput. Token-in against chat mode: the same growing agent conversations (each call echoes the reply
+and adds a user turn) through a chat-mode and a token-in proxy, at concurrency 1 and 64 (target: token-in adds at
+most 1 ms p50 at c=1). Then a 200-turn session growing to 32K-token contexts is journaled and its bytes compared with
 its unique tokens (target: within 1.2x) and with raw per-call JSON.
 """
 
