@@ -212,3 +212,19 @@ async def test_suffix_only_and_whole_conversation_renders_give_the_same_prompt(t
     assert tok.decode(fake.sent[1]["prompt"][len(chain):]) == (
         "\n<|im_start|>user\n<tool_response>\nx\n</tool_response>\n<tool_response>\ny\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n")
+
+
+async def test_anthropic_front_end_streams_a_token_in_tool_call(tok: HFChatTokenizer) -> None:
+    """The answer of a token-in engine reaches every front end: an Anthropic stream carries the parsed tool call."""
+    _, _, client = proxy(tok, [CALL_TEXT])
+    resp = await client.post("/v1/messages", headers={"x-api-key": "s2", "content-type": "application/json"},
+                             content=orjson.dumps({"model": "claude-x", "max_tokens": 64, "stream": True,
+                                                   "messages": [{"role": "user", "content": "ls?"}],
+                                                   "tools": [{"name": "bash", "description": "run", "input_schema": {
+                                                       "type": "object", "properties": {
+                                                           "command": {"type": "string"}}}}]}))
+    assert resp.status_code == 200, resp.text
+    assert '"tool_use"' in resp.text and '"name":"bash"' in resp.text.replace(" ", "")
+    assert "ls" in resp.text and "input_json_delta" in resp.text
+    recs = (await client.get("/sessions/s2/completions", headers={"x-api-key": "s2"})).json()["completions"]
+    assert recs[0]["prompt_mode"] == "token_in" and recs[0]["provider"] == "anthropic"
