@@ -119,14 +119,29 @@ def same_message(sent: dict[str, Any], known: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class ChainNode:
-    """One completion the proxy sent: the messages through the assistant turn it sampled, and their exact tokens."""
+    """One completion the proxy sent: the messages through the assistant turn it sampled, and their exact tokens.
+    A node keeps only the tokens it added to its parent's (suffix + sampled), so a long session costs memory in
+    proportion to its unique tokens, not to the sum of its prompts."""
 
     chain_id: str
     messages: tuple[dict[str, Any], ...]
     tools_key: bytes
-    ids: tuple[int, ...]
+    parent: ChainNode | None
+    tail: tuple[int, ...]
     ended: bool          # the sampled response ended with an end-of-turn token
     markers: int         # end-of-turn markers the messages render to
+
+    def token_ids(self) -> list[int]:
+        """The chain's exact token IDs through this node's sampled response."""
+        parts: list[tuple[int, ...]] = []
+        node: ChainNode | None = self
+        while node is not None:
+            parts.append(node.tail)
+            node = node.parent
+        out: list[int] = []
+        for part in reversed(parts):
+            out.extend(part)
+        return out
 
 
 @dataclass
@@ -140,6 +155,7 @@ class PromptPlan:
     markers: int
     chain_id: str
     reused: int = 0                  # token IDs taken from the chain as they were
+    parent: ChainNode | None = None  # the node this prompt extends
     new_chain: str | None = None     # why the whole prompt was rendered (None: it extends a chain)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -197,10 +213,13 @@ class PrefixRenderer:
                 cut = self._after_marker(text, node.markers)
                 suffix = text[cut:] if cut is not None else None
             if suffix is not None:
-                head = list(node.ids) if node.ended else [*node.ids, self.eot_id]
+                head = node.token_ids()
+                reused = len(head)
+                if not node.ended:
+                    head.append(self.eot_id)
                 ids = head + self.tokenizer.encode(suffix)
                 return PromptPlan(ids, messages, tools, tools_key, node.markers + suffix.count(self.eot_text),
-                                  node.chain_id, reused=len(head), template_kwargs=kwargs)
+                                  node.chain_id, reused=reused, parent=node, template_kwargs=kwargs)
             cause = "boundary_not_found"
         if not full:
             return None
@@ -212,8 +231,9 @@ class PrefixRenderer:
         """Keep what this call sent and sampled as a chain node later calls can extend."""
         assistant = template_messages(ChatRequest(model="-", messages=[reply]))[0][0]
         ended = bool(response_ids) and response_ids[-1] in self.tokenizer.end_of_turn_ids
-        node = ChainNode(plan.chain_id, (*plan.messages, assistant), plan.tools_key,
-                         (*plan.prompt_ids, *response_ids), ended, plan.markers + 1)
+        start = plan.reused if plan.parent is not None else 0
+        node = ChainNode(plan.chain_id, (*plan.messages, assistant), plan.tools_key, plan.parent,
+                         (*plan.prompt_ids[start:], *response_ids), ended, plan.markers + 1)
         with self._lock:
             session = self._sessions.setdefault(session_id, _Session())
             key = session.counter

@@ -60,6 +60,8 @@ class FakeCompletions:
         self.sent.append(body)
         text = self.replies.pop(0)
         ids = drifted(self.tok, text)
+        if text.endswith("…"):  # cut at max_tokens: no end-of-turn token sampled
+            ids = ids[:-1]
         self.sampled.append(ids)
         choice = {"index": 0, "text": text, "finish_reason": "stop", "prompt_token_ids": body["prompt"],
                   "token_ids": ids, "logprobs": {"token_logprobs": [-0.01 * (i + 1) for i in range(len(ids))],
@@ -228,3 +230,16 @@ async def test_anthropic_front_end_streams_a_token_in_tool_call(tok: HFChatToken
     assert "ls" in resp.text and "input_json_delta" in resp.text
     recs = (await client.get("/sessions/s2/completions", headers={"x-api-key": "s2"})).json()["completions"]
     assert recs[0]["prompt_mode"] == "token_in" and recs[0]["provider"] == "anthropic"
+
+
+async def test_a_turn_cut_at_max_tokens_is_closed_with_the_end_of_turn_token(tok: HFChatTokenizer) -> None:
+    fake, _, client = proxy(tok, ["I was going to say…", "Ok."])
+    history: list[dict[str, Any]] = [{"role": "user", "content": "talk"}]
+    await chat(client, history)
+    assert fake.sampled[0][-1] != EOT
+    await chat(client, [*history, {"role": "assistant", "content": "I was going to say…"},
+                        {"role": "user", "content": "go on"}])
+    chain = fake.sent[0]["prompt"] + fake.sampled[0]
+    assert fake.sent[1]["prompt"][:len(chain) + 1] == [*chain, EOT]
+    assert tok.decode(fake.sent[1]["prompt"][len(chain) + 1:]) == (
+        "\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n")
