@@ -130,6 +130,7 @@ class ChainNode:
     tail: tuple[int, ...]
     ended: bool          # the sampled response ended with an end-of-turn token
     markers: int         # end-of-turn markers the messages render to
+    sampled: int = 0     # how many of ``tail``'s tokens the engine sampled (the rest is prompt)
 
     def token_ids(self) -> list[int]:
         """The chain's exact token IDs through this node's sampled response."""
@@ -156,6 +157,7 @@ class PromptPlan:
     chain_id: str
     reused: int = 0                  # token IDs taken from the chain as they were
     parent: ChainNode | None = None  # the node this prompt extends
+    parent_len: int = 0              # token IDs of ``parent`` at the head of the prompt
     new_chain: str | None = None     # why the whole prompt was rendered (None: it extends a chain)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -202,6 +204,14 @@ class PrefixRenderer:
         kwargs = dict(request.extra.get("chat_template_kwargs") or {})
         tools_key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
         node, cause = self._find(session_id, messages, tools_key)
+        if node is not None and cause == "same_prompt":
+            # a retry, or another sample from the same context: exactly the tokens that call was sent
+            full_ids = node.token_ids()
+            prompt = full_ids[:len(full_ids) - node.sampled]
+            parent_len = len(full_ids) - len(node.tail)
+            return PromptPlan(prompt, messages, tools, tools_key, node.markers - 1, node.chain_id,
+                              reused=len(prompt), parent=node.parent, parent_len=parent_len,
+                              template_kwargs=kwargs)
         if node is not None and cause is None:
             suffix: str | None = None
             if not self.short_suffix and not full:
@@ -219,7 +229,8 @@ class PrefixRenderer:
                     head.append(self.eot_id)
                 ids = head + self.tokenizer.encode(suffix)
                 return PromptPlan(ids, messages, tools, tools_key, node.markers + suffix.count(self.eot_text),
-                                  node.chain_id, reused=reused, parent=node, template_kwargs=kwargs)
+                                  node.chain_id, reused=reused, parent=node, parent_len=reused,
+                                  template_kwargs=kwargs)
             cause = "boundary_not_found"
         if not full:
             return None
@@ -231,9 +242,9 @@ class PrefixRenderer:
         """Keep what this call sent and sampled as a chain node later calls can extend."""
         assistant = template_messages(ChatRequest(model="-", messages=[reply]))[0][0]
         ended = bool(response_ids) and response_ids[-1] in self.tokenizer.end_of_turn_ids
-        start = plan.reused if plan.parent is not None else 0
+        start = plan.parent_len if plan.parent is not None else 0
         node = ChainNode(plan.chain_id, (*plan.messages, assistant), plan.tools_key, plan.parent,
-                         (*plan.prompt_ids[start:], *response_ids), ended, plan.markers + 1)
+                         (*plan.prompt_ids[start:], *response_ids), ended, plan.markers + 1, len(response_ids))
         with self._lock:
             session = self._sessions.setdefault(session_id, _Session())
             key = session.counter
@@ -268,6 +279,9 @@ class PrefixRenderer:
         tools_differ = False
         for node in candidates:
             size = len(node.messages)
+            if size == len(messages) + 1 and node.tools_key == tools_key and all(
+                    same_message(a, b) for a, b in zip(messages, node.messages[:-1], strict=True)):
+                return node, "same_prompt"
             if size >= len(messages) or (best is not None and size <= len(best.messages)):
                 continue
             if not same_message(messages[size - 1], node.messages[-1]):

@@ -243,3 +243,21 @@ async def test_a_turn_cut_at_max_tokens_is_closed_with_the_end_of_turn_token(tok
     assert fake.sent[1]["prompt"][:len(chain) + 1] == [*chain, EOT]
     assert tok.decode(fake.sent[1]["prompt"][len(chain) + 1:]) == (
         "\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n")
+
+
+async def test_a_retry_is_sent_exactly_the_tokens_of_the_first_attempt(tok: HFChatTokenizer) -> None:
+    """The same messages again (a client retry, another sample of one context) get the earlier call's exact prompt,
+    drifted tokens included, not a canonical re-rendering; the chain then goes on from either attempt."""
+    fake, service, client = proxy(tok, ["First answer.", "Second.", "Retried.", "Third."])
+    history: list[dict[str, Any]] = [{"role": "user", "content": "a"}]
+    await chat(client, history)
+    history += [{"role": "assistant", "content": "First answer."}, {"role": "user", "content": "b"}]
+    await chat(client, history)
+    await chat(client, history)  # the retry
+    assert fake.sent[2]["prompt"] == fake.sent[1]["prompt"]
+    first_turn = fake.sent[0]["prompt"] + fake.sampled[0]  # drifted tokens: not re-tokenized for the retry
+    assert fake.sent[2]["prompt"][:len(first_turn)] == first_turn
+    await chat(client, [*history, {"role": "assistant", "content": "Retried."}, {"role": "user", "content": "c"}])
+    chain = fake.sent[2]["prompt"] + fake.sampled[2]
+    assert fake.sent[3]["prompt"][:len(chain)] == chain
+    assert service.engine.renderer.chain_count("s1") == 1  # type: ignore[attr-defined]
