@@ -11,7 +11,7 @@ import argparse
 import orjson
 import uvicorn
 
-__all__ = ["answer_body", "make_app"]
+__all__ = ["answer_body", "completion_body", "make_app"]
 
 
 def answer_body(prompt_tokens: int = 2000, sampled: int = 50) -> bytes:
@@ -29,6 +29,19 @@ def answer_body(prompt_tokens: int = 2000, sampled: int = 50) -> bytes:
     })
 
 
+def completion_body(prompt: list[int], sampled: int = 50) -> bytes:
+    """vLLM's /v1/completions answer to a token prompt (token-in mode): the prompt echoed, 50 sampled tokens."""
+    out = [(i * 104729) % 151000 for i in range(sampled - 1)] + [151645]
+    return orjson.dumps({
+        "id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "policy",
+        "choices": [{"index": 0, "finish_reason": "stop", "text": "word " * (sampled - 1), "prompt_token_ids": prompt,
+                     "token_ids": out, "logprobs": {"token_logprobs": [-0.125] * sampled, "tokens": [],
+                                                    "text_offset": [], "top_logprobs": None}}],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": sampled,
+                  "total_tokens": len(prompt) + sampled},
+    })
+
+
 def make_app(prompt_tokens: int):
     body = answer_body(prompt_tokens)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -36,10 +49,17 @@ def make_app(prompt_tokens: int):
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] != "http":
             return
-        more = True
+        more, chunks = True, []
         while more:
             message = await receive()
+            chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
+        if scope["path"] == "/v1/completions":
+            answer = completion_body(orjson.loads(b"".join(chunks)).get("prompt") or [])
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
+            await send({"type": "http.response.body", "body": answer})
+            return
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -241,6 +241,9 @@ class CompletionRecord(_Model):
     response_logprobs: list[float] = Field(default_factory=list)
     finish_reason: str | None = None
     token_faithful: bool = True
+    #: how the prompt reached the engine: ``token_in`` (the proxy's exact token IDs), ``chat`` (the engine rendered
+    #: the messages); None for engines without the choice (oracle) and journals older than the setting
+    prompt_mode: str | None = None
     status: Literal["ok", "error"] = "ok"
     error: str | None = None
     started_at: float = Field(default_factory=time.time)

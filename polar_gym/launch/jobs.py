@@ -80,6 +80,10 @@ def gateway_argv(inference: InferenceSettings, pools: GatewayJobSettings, upstre
         argv += ["--upstream", *upstreams]
     if inference.await_upstreams:
         argv.append("--await-upstreams")
+    if inference.prompt_mode is not None:
+        argv += ["--prompt-mode", inference.prompt_mode]
+    if inference.parser is not None:
+        argv += ["--parser", inference.parser]
     tokenizer = inference.tokenizer
     if tokenizer is None and inference.engine in ENGINES_WITH_TOKENIZER:
         from polar_gym.assets import tokenizer_dir

@@ -61,6 +61,8 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=s, help=_help(ProxySettings, "tokenizer"))
     p.add_argument("--oracle-script", default=s, help=_help(ProxySettings, "oracle_script"))
     p.add_argument("--drift-every", type=int, default=s, help=_help(ProxySettings, "drift_every"))
+    p.add_argument("--prompt-mode", choices=["token_in", "chat"], default=s, help=_help(ProxySettings, "prompt_mode"))
+    p.add_argument("--parser", default=s, help=_help(ProxySettings, "parser"))
     p.add_argument("--model-name", dest="model_names", action="append", default=s, metavar="NAME",
                    help=_help(ProxySettings, "model_names"))
     p.add_argument("--policy-version", default=s, help=_help(ProxySettings, "policy_version"))

@@ -417,6 +417,9 @@ class ProxyService:
         record.response_logprobs = result.response_logprobs
         record.finish_reason = result.finish_reason
         record.token_faithful = result.token_faithful
+        record.prompt_mode = result.raw.get("prompt_mode")
+        if result.raw.get("new_chain"):  # token_in rendered the whole prompt: say why (a new chain starts)
+            record.normalizations = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
         record.server, record.policy_version = result.server, result.policy_version
         record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))
         record.total_seconds = time.perf_counter() - t0

@@ -6,7 +6,7 @@ Hydra group and ``python -m polar_gym.env serve`` all validate into these models
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,15 +15,17 @@ from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.upstreams import UpstreamPool
-from polar_gym.registry import ENGINES, RegistryError
+from polar_gym.registry import ENGINES, PARSERS, RegistryError
 from polar_gym.schema import OracleScript
 from polar_gym.settings import ConfigError
 
-__all__ = ["ENGINES_WITH_TOKENIZER", "EngineSettings", "ProxySettings", "build_engine", "build_service",
-           "check_engine", "check_upstreams_given", "resolve_tokenizer"]
+__all__ = ["ENGINES_WITH_TOKENIZER", "TOKEN_IN_ENGINES", "EngineSettings", "ProxySettings", "build_engine",
+           "build_service", "check_engine", "check_upstreams_given", "resolve_prompt_mode", "resolve_tokenizer"]
 
 #: engines that render prompts themselves and so need a tokenizer directory
 ENGINES_WITH_TOKENIZER = ("oracle", "sglang_generate")
+#: engines that can be fed exact prompt token IDs (prompt_mode token_in)
+TOKEN_IN_ENGINES = ("vllm", "sglang")
 
 
 class EngineSettings(BaseModel):
@@ -48,6 +50,13 @@ class EngineSettings(BaseModel):
                                              "completion (null: none)")
     drift_every: int = Field(default=0, ge=0, description="oracle only: sample non-canonical tokens every N calls "
                              "(0: never)")
+    prompt_mode: Literal["token_in", "chat"] | None = Field(
+        default=None, description="vllm and sglang: token_in (the proxy renders prompts and sends the engine exact "
+        "prefix token IDs: one contiguous chain per conversation) or chat (the engine renders messages); null: "
+        "token_in whenever a tokenizer is known, else chat")
+    parser: str | None = Field(default=None, description="token_in only: the output parser turning sampled text "
+                               "into reasoning, text and tool calls (qwen3, llama3_json, or pkg.module:Class); "
+                               "null: qwen3 for the default Qwen tokenizer")
 
 
 class ProxySettings(EngineSettings):
@@ -85,6 +94,48 @@ def resolve_tokenizer(settings: EngineSettings) -> Path | None:
     return default
 
 
+def _default_tokenizer_fits(settings: EngineSettings) -> bool:
+    """The built Qwen tokenizer is the model's when no other model is named (or the one named is a Qwen)."""
+    model = settings.upstream_model
+    return (model is None or "qwen" in model.lower()) and (tokenizer_dir() / ".complete").exists()
+
+
+def resolve_prompt_mode(settings: EngineSettings) -> tuple[str, Path | None, str | None]:
+    """(prompt mode, tokenizer directory, parser name) for a token-in capable engine; ConfigError naming
+    ``prompt_mode``, ``tokenizer`` or ``parser`` when token_in cannot work."""
+    if settings.engine not in TOKEN_IN_ENGINES:
+        if settings.prompt_mode == "token_in":
+            raise ConfigError(f"prompt_mode token_in needs engine {' or '.join(TOKEN_IN_ENGINES)}, not "
+                              f"{settings.engine!r}", key="prompt_mode")
+        return "chat", None, None
+    if settings.prompt_mode == "chat":
+        return "chat", None, None
+    tokenizer: Path | None = None
+    if settings.tokenizer:
+        if not Path(settings.tokenizer).is_dir():
+            raise ConfigError(f"{settings.tokenizer} is not a directory (a tokenizer's files)", key="tokenizer")
+        tokenizer = Path(settings.tokenizer)
+    elif _default_tokenizer_fits(settings):
+        tokenizer = tokenizer_dir()
+    if tokenizer is None:
+        if settings.prompt_mode == "token_in":
+            raise ConfigError("prompt_mode token_in renders prompts in the proxy: set the model's tokenizer "
+                              "directory", key="tokenizer")
+        return "chat", None, None
+    parser = settings.parser
+    if parser is None:
+        if settings.tokenizer is None or "qwen" in tokenizer.name.lower():
+            parser = "qwen3"
+        else:
+            raise ConfigError(f"no output parser is known for the tokenizer {tokenizer}: set one (qwen3, "
+                              "llama3_json, or pkg.module:Class), or use prompt_mode chat", key="parser")
+    try:
+        PARSERS.get(parser)
+    except RegistryError as exc:
+        raise ConfigError(str(exc), key="parser") from None
+    return "token_in", tokenizer, parser
+
+
 def check_engine(settings: EngineSettings) -> tuple[Any, Path | None]:
     """What building the engine needs, checked without building it (no client, no tokenizer load): the engine class
     and the tokenizer directory; ConfigError naming the field that cannot work."""
@@ -93,6 +144,9 @@ def check_engine(settings: EngineSettings) -> tuple[Any, Path | None]:
     except RegistryError as exc:
         raise ConfigError(str(exc), key="engine") from None
     check_upstreams_given(settings)
+    mode, tokenizer, _ = resolve_prompt_mode(settings)
+    if mode == "token_in":
+        return engine_cls, tokenizer
     return engine_cls, resolve_tokenizer(settings)
 
 
@@ -114,6 +168,16 @@ def build_engine(settings: EngineSettings) -> Engine:
         return OracleEngine(HFChatTokenizer(tokenizer), pool, default_script=script,
                             drift_every=settings.drift_every)
     kwargs = {"timeout": settings.upstream_timeout, "upstream_model": settings.upstream_model}
+    mode, tokenizer_path, parser = resolve_prompt_mode(settings)
+    if mode == "token_in":
+        from polar_gym.proxy.engines.tokenin import SGLangTokenInEngine, TokenInEngine, VLLMTokenInEngine
+        from polar_gym.proxy.parsers.base import parser_for
+        from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+        assert tokenizer_path is not None and parser is not None  # resolve_prompt_mode gives both for token_in
+        token_cls: type[TokenInEngine] = VLLMTokenInEngine if settings.engine == "vllm" else SGLangTokenInEngine
+        return token_cls(HFChatTokenizer(tokenizer_path), parser_for(parser), pool,
+                         timeout=settings.upstream_timeout, upstream_model=settings.upstream_model)
     if tokenizer is not None and settings.engine in ENGINES_WITH_TOKENIZER:
         from polar_gym.proxy.tokenizer import HFChatTokenizer
 

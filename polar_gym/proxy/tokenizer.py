@@ -77,12 +77,23 @@ class HFChatTokenizer:
         if self._tok.eos_token_id is not None and self._tok.eos_token_id not in self.end_of_turn_ids:
             self.end_of_turn_ids.append(int(self._tok.eos_token_id))
 
+    @property
+    def end_of_turn_text(self) -> str:
+        """The text of the token that ends a turn in the chat template (``<|im_end|>`` for Qwen)."""
+        return str(self._tok.convert_ids_to_tokens(self.end_of_turn_ids[0]))
+
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.encode(self.render_text(messages, tools))
+
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                    add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
+        """The chat template's text for ``messages`` (``template_kwargs``: the request's chat_template_kwargs)."""
         schemas: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools is not None else None
-        text = self._tok.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=False)
+        text = self._tok.apply_chat_template(messages, tools=schemas, add_generation_prompt=add_generation_prompt,
+                                             tokenize=False, **(template_kwargs or {}))
         if not isinstance(text, str):  # tokenize=False renders text; anything else is a transformers change
             raise TypeError(f"the chat template rendered {type(text).__name__}, not text")
-        return self.encode(text)
+        return text
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))

@@ -87,6 +87,8 @@ class Engine(abc.ABC):
 class HttpEngine(Engine):
     #: path appended to the server URL
     path: ClassVar[str] = "/v1/chat/completions"
+    #: how prompts reach the server (recorded on every capture record): the engine renders chat messages
+    prompt_mode: ClassVar[str] = "chat"
 
     def __init__(self, pool: UpstreamPool | None = None, client: httpx.AsyncClient | None = None,
                  timeout: float = 600.0, *, upstream_model: str | None = None) -> None:
@@ -138,6 +140,7 @@ class HttpEngine(Engine):
             result.server = server.url
             result.policy_version = self.pool.policy_version
             result.raw["upstream_seconds"] = time.perf_counter() - started
+        result.raw.setdefault("prompt_mode", self.prompt_mode)
         return result
 
     async def aclose(self) -> None:

@@ -141,6 +141,7 @@ class SGLangGenerateEngine(SGLangEngine):
 
     name = "sglang_generate"
     path: ClassVar[str] = "/generate"
+    prompt_mode: ClassVar[str] = "token_in"  # whole prompts rendered here every call (no chain reuse)
 
     def __init__(self, tokenizer: ChatTokenizer, pool: UpstreamPool | None = None,
                  client: httpx.AsyncClient | None = None, timeout: float = 600.0,

@@ -1,0 +1,172 @@
+"""Token-in engines: the proxy sends the engine exact prompt token IDs (``prompt_mode: token_in``).
+
+The prompt of each call is a chain's exact IDs plus the chat template's rendering of the new suffix
+(:mod:`polar_gym.proxy.prefix`); vLLM gets it on ``/v1/completions`` as a list of token IDs with
+``return_token_ids``, SGLang on its native ``/generate`` as ``input_ids``. The sampled text is turned into the
+protocol's message (reasoning, text, tool calls) by the configured output parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, ClassVar
+
+import httpx
+
+from polar_gym.proxy.chat import ChatRequest, ChatResult, FinishReason, Usage
+from polar_gym.proxy.engines.base import HttpEngine
+from polar_gym.proxy.engines.sglang import output_tokens_in, sampling_params
+from polar_gym.proxy.engines.vllm import _ints
+from polar_gym.proxy.errors import translate_upstream_errors
+from polar_gym.proxy.parsers.base import OutputParser
+from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
+from polar_gym.proxy.tokenizer import HFChatTokenizer
+from polar_gym.proxy.upstreams import UpstreamPool
+
+__all__ = ["SGLangTokenInEngine", "TokenInEngine", "VLLMTokenInEngine", "completions_body"]
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
+
+
+def completions_body(request: ChatRequest, prompt_ids: list[int], stop_ids: list[int]) -> dict[str, Any]:
+    """vLLM's ``/v1/completions`` body: the prompt as token IDs, the request's sampling parameters, the sampled
+    token IDs and their logprobs back, and a stop at the end-of-turn tokens."""
+    body: dict[str, Any] = {"model": request.model, "prompt": prompt_ids, "stream": False, "return_token_ids": True,
+                            "logprobs": 0, "stop_token_ids": list(stop_ids), "skip_special_tokens": False}
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    # engine arguments a caller set (e.g. structured_outputs), as the chat path passes them; never over ours
+    body.update({k: v for k, v in request.extra.items() if k not in body and k != "chat_template_kwargs"})
+    return body
+
+
+class TokenInEngine(HttpEngine):
+    """An engine fed exact token IDs: subclasses supply the upstream body and read the answer back."""
+
+    prompt_mode: ClassVar[str] = "token_in"
+
+    def __init__(self, tokenizer: HFChatTokenizer, parser: OutputParser, pool: UpstreamPool | None = None,
+                 client: httpx.AsyncClient | None = None, timeout: float = 600.0,
+                 upstream_model: str | None = None, *, renderer: PrefixRenderer | None = None) -> None:
+        super().__init__(pool, client, timeout, upstream_model=upstream_model)
+        self.tokenizer = tokenizer
+        self.parser = parser
+        self.renderer = renderer if renderer is not None else PrefixRenderer(tokenizer)
+
+    @property
+    def end_of_turn_ids(self) -> tuple[int, ...]:
+        return tuple(self.tokenizer.end_of_turn_ids)
+
+    def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def read_answer(self, body: dict[str, Any],
+                    plan: PromptPlan) -> tuple[list[int], list[int], list[float], str, str, dict[str, Any]]:
+        """(prompt IDs, sampled IDs, logprobs, sampled text, finish reason, extra raw data) of an answer."""
+        raise NotImplementedError
+
+    def build(self, request: ChatRequest) -> dict[str, Any]:
+        raise NotImplementedError("token-in engines build their body from a prompt plan")
+
+    def parse(self, body: dict[str, Any]) -> ChatResult:
+        raise NotImplementedError("token-in engines parse through read_answer")
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        # Extending a chain renders a few messages (inline); a whole rendering is CPU work: off the event loop.
+        plan = self.renderer.plan_cheap(request, session_id)
+        if plan is None:
+            plan = await asyncio.to_thread(self.renderer.plan, request, session_id)
+        body = self.token_body(request, plan)
+        if self.upstream_model is not None and "model" in body:
+            body["model"] = self.upstream_model
+        async with self.pool.lease(session_id) as server:
+            started = time.perf_counter()
+            data = await self.post(server.url, self.path, body)
+            with translate_upstream_errors(server.url):
+                prompt_ids, response_ids, logprobs, text, finish, extra = self.read_answer(data, plan)
+                if prompt_ids != plan.prompt_ids:
+                    raise ValueError("the engine reports other prompt token IDs than the ones sent")
+            parsed = self.parser.parse(text, request.tools, thinking=plan.thinking)
+            reason: FinishReason = _FINISH.get(finish, "stop")
+            if parsed.message.tool_calls and reason == "stop":
+                reason = "tool_calls"
+            result = ChatResult(message=parsed.message, finish_reason=reason, prompt_ids=prompt_ids,
+                                response_ids=response_ids, response_logprobs=logprobs,
+                                usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(response_ids)),
+                                engine=self.name, server=server.url, policy_version=self.pool.policy_version)
+            result.raw.update(extra)
+            result.raw["upstream_seconds"] = time.perf_counter() - started
+        self.renderer.remember(session_id, plan, parsed.message, response_ids)
+        result.raw["prompt_mode"] = self.prompt_mode
+        result.raw["reused_prompt_tokens"] = plan.reused
+        if plan.new_chain is not None:
+            result.raw["new_chain"] = plan.new_chain
+        if parsed.unparseable_tool_calls:
+            result.raw["unparseable_tool_calls"] = parsed.unparseable_tool_calls
+        return result
+
+    async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
+        plan = await asyncio.to_thread(self.renderer.plan, request, session_id)
+        return len(plan.prompt_ids)
+
+    def close_session(self, session_id: str) -> None:
+        self.renderer.forget(session_id)
+
+
+class VLLMTokenInEngine(TokenInEngine):
+    """vLLM's ``/v1/completions`` with the prompt as token IDs."""
+
+    name = "vllm"
+    path: ClassVar[str] = "/v1/completions"
+
+    def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
+        return completions_body(request, plan.prompt_ids, self.tokenizer.end_of_turn_ids)
+
+    def read_answer(self, body: dict[str, Any],
+                    plan: PromptPlan) -> tuple[list[int], list[int], list[float], str, str, dict[str, Any]]:
+        choice = body["choices"][0]
+        prompt_ids = choice.get("prompt_token_ids") or body.get("prompt_token_ids")
+        response_ids = choice.get("token_ids")
+        if prompt_ids is None or response_ids is None:
+            raise ValueError("no prompt_token_ids / token_ids in the answer (is this vLLM >= 0.10.2?)")
+        values = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        if len(values) != len(response_ids) or any(v is None for v in values):
+            raise ValueError(f"engine returned {len(values)} logprobs for {len(response_ids)} sampled tokens")
+        text = choice.get("text")
+        if not isinstance(text, str):
+            text = self.tokenizer.decode(_ints(response_ids))
+        return (_ints(prompt_ids), _ints(response_ids), [float(v) for v in values], text,
+                str(choice.get("finish_reason") or "stop"), {})
+
+
+class SGLangTokenInEngine(TokenInEngine):
+    """SGLang's native ``/generate`` with ``input_ids``."""
+
+    name = "sglang"
+    path: ClassVar[str] = "/generate"
+
+    def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
+        params = sampling_params(request)
+        params["stop_token_ids"] = list(self.tokenizer.end_of_turn_ids)
+        params["skip_special_tokens"] = False
+        return {"input_ids": plan.prompt_ids, "sampling_params": params, "return_logprob": True, "stream": False}
+
+    def read_answer(self, body: dict[str, Any],
+                    plan: PromptPlan) -> tuple[list[int], list[int], list[float], str, str, dict[str, Any]]:
+        meta = body["meta_info"]
+        response_ids, logprobs = output_tokens_in(meta)
+        output_ids = body.get("output_ids")
+        if output_ids is not None and [int(t) for t in output_ids] != response_ids:
+            raise ValueError("output_ids and meta_info.output_token_logprobs disagree")
+        text = body.get("text")
+        if not isinstance(text, str):
+            text = self.tokenizer.decode(response_ids)
+        finish = str((meta.get("finish_reason") or {}).get("type") or "stop")
+        extra: dict[str, Any] = {}
+        version = meta.get("weight_version")
+        if version is not None:
+            extra["weight_version"] = version
+        return list(plan.prompt_ids), response_ids, logprobs, text, finish, extra
