@@ -244,6 +244,9 @@ class CompletionRecord(_Model):
     #: how the prompt reached the engine: ``token_in`` (the proxy's exact token IDs), ``chat`` (the engine rendered
     #: the messages); None for engines without the choice (oracle) and journals older than the setting
     prompt_mode: str | None = None
+    #: tool-call blocks the output parser could not read (answered to the harness as text): a trainer may mask or
+    #: zero such a completion (token_in mode; 0 elsewhere)
+    unparseable_tool_calls: int = Field(default=0, ge=0)
     status: Literal["ok", "error"] = "ok"
     error: str | None = None
     started_at: float = Field(default_factory=time.time)

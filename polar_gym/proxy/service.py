@@ -418,6 +418,7 @@ class ProxyService:
         record.finish_reason = result.finish_reason
         record.token_faithful = result.token_faithful
         record.prompt_mode = result.raw.get("prompt_mode")
+        record.unparseable_tool_calls = int(result.raw.get("unparseable_tool_calls", 0))
         if result.raw.get("new_chain"):  # token_in rendered the whole prompt: say why (a new chain starts)
             record.normalizations = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
         record.server, record.policy_version = result.server, result.policy_version

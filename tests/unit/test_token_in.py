@@ -261,3 +261,14 @@ async def test_a_retry_is_sent_exactly_the_tokens_of_the_first_attempt(tok: HFCh
     chain = fake.sent[2]["prompt"] + fake.sampled[2]
     assert fake.sent[3]["prompt"][:len(chain)] == chain
     assert service.engine.renderer.chain_count("s1") == 1  # type: ignore[attr-defined]
+
+
+async def test_an_unparseable_tool_call_is_answered_as_text_and_flagged_on_the_record(tok: HFChatTokenizer) -> None:
+    broken = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>'
+    _, _, client = proxy(tok, [broken, CALL_TEXT])
+    message = await chat(client, [{"role": "user", "content": "ls?"}])
+    assert not message.get("tool_calls") and '"command": "ls"' in message["content"]  # the harness sees the text
+    ok = await chat(client, [{"role": "user", "content": "and again?"}])
+    assert ok["tool_calls"][0]["function"]["name"] == "bash"
+    recs = (await client.get("/sessions/s1/completions", headers={"authorization": "Bearer s1"})).json()["completions"]
+    assert [r["unparseable_tool_calls"] for r in recs] == [1, 0]
