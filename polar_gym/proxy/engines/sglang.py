@@ -18,6 +18,8 @@ import asyncio
 import json
 import re
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httpx
@@ -28,7 +30,8 @@ from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai
 from polar_gym.proxy.tokenizer import ChatTokenizer, template_messages
 from polar_gym.proxy.upstreams import UpstreamPool
 
-__all__ = ["SGLangEngine", "SGLangGenerateEngine", "output_tokens_in", "parse_qwen_text", "sampling_params"]
+__all__ = ["GenerateAnswer", "SGLangEngine", "SGLangGenerateEngine", "generate_answer", "output_tokens_in",
+           "parse_qwen_text", "sampling_params"]
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _GENERATE_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -52,6 +55,31 @@ def _version_in(meta_info: dict[str, Any], body: dict[str, Any]) -> Any:
     if version is None:
         version = (body.get("metadata") or {}).get("weight_version")
     return version
+
+
+@dataclass
+class GenerateAnswer:
+    """What SGLang's native ``/generate`` answered: the sampled ids and their logprobs (``[]``: none reported),
+    the text, the finish type and the weight version it sampled with."""
+
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish: str
+    weight_version: Any
+
+
+def generate_answer(body: dict[str, Any], decode: Callable[[list[int]], str]) -> GenerateAnswer:
+    """Read a ``/generate`` answer (``decode`` supplies the text when the server sent none). Raises KeyError or
+    ValueError on an answer that does not hold together (callers turn them into upstream errors)."""
+    meta = body["meta_info"]
+    response_ids, logprobs = output_tokens_in(meta)
+    output_ids = body.get("output_ids")
+    if output_ids is not None and [int(t) for t in output_ids] != response_ids:
+        raise ValueError("output_ids and meta_info.output_token_logprobs disagree")
+    text = body.get("text")
+    return GenerateAnswer(response_ids, logprobs, text if isinstance(text, str) else decode(response_ids),
+                          str((meta.get("finish_reason") or {}).get("type") or "stop"), _version_in(meta, body))
 
 
 class SGLangEngine(HttpEngine):
@@ -167,14 +195,10 @@ class SGLangGenerateEngine(SGLangEngine):
 
     def parse_generate(self, body: dict[str, Any], prompt_ids: list[int]) -> ChatResult:
         meta = body["meta_info"]
-        response_ids, logprobs = output_tokens_in(meta)
-        output_ids = body.get("output_ids")
-        if output_ids is not None and [int(t) for t in output_ids] != response_ids:
-            raise ValueError("output_ids and meta_info.output_token_logprobs disagree")
-        text = body.get("text")
-        message = parse_qwen_text(text if isinstance(text, str) else self.tokenizer.decode(response_ids))
-        stopped = str((meta.get("finish_reason") or {}).get("type") or "stop")
-        reason: FinishReason = _GENERATE_FINISH.get(stopped, "stop")
+        answer = generate_answer(body, self.tokenizer.decode)
+        response_ids, logprobs = answer.response_ids, answer.logprobs
+        message = parse_qwen_text(answer.text)
+        reason: FinishReason = _GENERATE_FINISH.get(answer.finish, "stop")
         if message.tool_calls and reason == "stop":
             reason = "tool_calls"
         result = ChatResult(
@@ -187,9 +211,8 @@ class SGLangGenerateEngine(SGLangEngine):
                         completion_tokens=int(meta.get("completion_tokens", len(response_ids)))),
             engine=self.name,
         )
-        version = _version_in(meta, body)
-        if version is not None:
-            result.raw["weight_version"] = version
+        if answer.weight_version is not None:
+            result.raw["weight_version"] = answer.weight_version
         return result
 
     def parse_for(self, body: dict[str, Any], sent: dict[str, Any]) -> ChatResult:

@@ -16,7 +16,7 @@ import httpx
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult, FinishReason, Usage
 from polar_gym.proxy.engines.base import HttpEngine
-from polar_gym.proxy.engines.sglang import output_tokens_in, sampling_params
+from polar_gym.proxy.engines.sglang import generate_answer, sampling_params
 from polar_gym.proxy.engines.vllm import _ints
 from polar_gym.proxy.errors import translate_upstream_errors
 from polar_gym.proxy.parsers.base import OutputParser
@@ -156,17 +156,9 @@ class SGLangTokenInEngine(TokenInEngine):
 
     def read_answer(self, body: dict[str, Any],
                     plan: PromptPlan) -> tuple[list[int], list[int], list[float], str, str, dict[str, Any]]:
-        meta = body["meta_info"]
-        response_ids, logprobs = output_tokens_in(meta)
-        output_ids = body.get("output_ids")
-        if output_ids is not None and [int(t) for t in output_ids] != response_ids:
-            raise ValueError("output_ids and meta_info.output_token_logprobs disagree")
-        text = body.get("text")
-        if not isinstance(text, str):
-            text = self.tokenizer.decode(response_ids)
-        finish = str((meta.get("finish_reason") or {}).get("type") or "stop")
+        answer = generate_answer(body, self.tokenizer.decode)
         extra: dict[str, Any] = {}
-        version = meta.get("weight_version")
-        if version is not None:
-            extra["weight_version"] = version
+        if answer.weight_version is not None:
+            extra["weight_version"] = answer.weight_version
+        response_ids, logprobs, text, finish = answer.response_ids, answer.logprobs, answer.text, answer.finish
         return list(plan.prompt_ids), response_ids, logprobs, text, finish, extra
