@@ -28,6 +28,9 @@ from polar_gym.proxy.tokenizer import template_messages
 __all__ = ["ChainNode", "PrefixRenderer", "PromptPlan", "TemplateTokenizer", "boundary_is_stable",
            "same_message", "short_suffix_is_exact", "short_suffix_text"]
 
+#: new turns up to this size are rendered on the event loop (well under a millisecond); larger ones in a thread, so
+#: a huge tool result cannot hold every other session's calls
+INLINE_SUFFIX_BYTES = 64 * 1024
 #: chain nodes kept per session (oldest dropped first); a session with more live branches renders them whole
 MAX_NODES = 256
 _PROBE: list[dict[str, Any]] = [
@@ -214,8 +217,9 @@ class PrefixRenderer:
                               template_kwargs=kwargs)
         if node is not None and cause is None:
             suffix: str | None = None
-            if not self.short_suffix and not full:
-                return None
+            if not full and (not self.short_suffix
+                             or len(orjson.dumps(messages[len(node.messages):])) > INLINE_SUFFIX_BYTES):
+                return None  # a whole render, or a large new turn (a huge tool result): off the event loop
             if self.short_suffix:
                 suffix = short_suffix_text(self.tokenizer, node.messages[-1], messages[len(node.messages):], kwargs)
             else:

@@ -272,3 +272,23 @@ async def test_an_unparseable_tool_call_is_answered_as_text_and_flagged_on_the_r
     assert ok["tool_calls"][0]["function"]["name"] == "bash"
     recs = (await client.get("/sessions/s1/completions", headers={"authorization": "Bearer s1"})).json()["completions"]
     assert [r["unparseable_tool_calls"] for r in recs] == [1, 0]
+
+
+async def test_a_large_new_turn_is_rendered_off_the_event_loop(tok: HFChatTokenizer) -> None:
+    """A huge tool result would hold every session's calls if rendered inline: only small suffixes are."""
+    from polar_gym.proxy.chat import ChatRequest
+    from polar_gym.proxy.prefix import INLINE_SUFFIX_BYTES
+
+    fake, service, client = proxy(tok, ["Ok.", "Fine.", "Done."])
+    history: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    await chat(client, history)
+    renderer = service.engine.renderer  # type: ignore[attr-defined]
+    small = ChatRequest.model_validate({"model": "m", "tools": TOOLS, "messages": [
+        *history, {"role": "assistant", "content": "Ok."}, {"role": "user", "content": "more"}]})
+    big = ChatRequest.model_validate({"model": "m", "tools": TOOLS, "messages": [
+        *history, {"role": "assistant", "content": "Ok."}, {"role": "user", "content": "x" * INLINE_SUFFIX_BYTES}]})
+    assert renderer.plan_cheap(small, "s1") is not None
+    assert renderer.plan_cheap(big, "s1") is None  # the caller renders it in a thread
+    answer = await chat(client, big.model_dump(exclude_none=True)["messages"])
+    assert answer["content"] == "Fine."
+    assert fake.sent[1]["prompt"][:len(fake.sent[0]["prompt"])] == fake.sent[0]["prompt"]  # still the same chain
