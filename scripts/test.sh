@@ -18,6 +18,7 @@ else
 fi
 # The checks run first (about 40 s); a failed one does not stop the tests, so one CI run reports everything.
 failed=()
+export POLAR_HYPOTHESIS=ci  # property tests draw the same examples every run (tests/conftest.py)
 .venv/bin/ruff check polar_gym tests benchmarks scripts || failed+=(ruff)
 .venv/bin/lint-imports || failed+=(lint-imports)
 .venv/bin/mypy || failed+=(mypy)
