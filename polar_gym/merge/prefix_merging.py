@@ -19,7 +19,8 @@ exactly or the most of it among the attempts, else it is the latest attempt sent
 *superseded* (reported in diagnostics, not trained) when it was not used and another attempt was sent after it had
 come back, or while it still ran but not together with it (a client timeout; parallel twins start within
 ``_SENT_TOGETHER_SECONDS``): whatever the journal order, so an abandoned attempt that finishes last is still
-superseded, never a new chain. Every used attempt is trained in its own chain (a fork), so a second conversation
+superseded, never a new chain (also when the retry's own answer cannot be trained: it carries no token IDs, and is
+matched to the attempt by its messages). Every used attempt is trained in its own chain (a fork), so a second conversation
 from the first one's prompt never costs the first its answer, and merge mode never splices the two. Known limit: a
 one-call conversation followed, after its answer, by another from the same prompt reads as a retry (the tokens
 cannot tell them apart).
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,7 +178,8 @@ def _continues(later: CompletionRecord, attempts: list[CompletionRecord]) -> Com
         reply = a.response_ids
         seen = q[n:n + len(reply)]
         return seen == reply, common_prefix_len(seen, reply), a.started_at, a.index
-    return max(sent_before, key=shown)
+    faithful = [a for a in sent_before if a.token_faithful and a.response_ids]  # only their tokens can be shown
+    return max(faithful, key=shown) if faithful else None
 
 
 def _text_of(message: Any) -> str | None:
@@ -196,7 +199,8 @@ def _retries(later: CompletionRecord, first: CompletionRecord) -> bool:
             or later.started_at - first.started_at >= _SENT_TOGETHER_SECONDS)
 
 
-def superseded_attempts(usable: list[CompletionRecord]) -> tuple[set[str], set[str]]:
+def superseded_attempts(usable: list[CompletionRecord],
+                        untrainable: Sequence[CompletionRecord] = ()) -> tuple[set[str], set[str]]:
     """The attempts a harness threw away, and the completions that share their prompt with a used one (forks).
 
     Completions sent with one prompt are attempts at one turn, or forks (parallel sub-agents, or two conversations
@@ -204,6 +208,10 @@ def superseded_attempts(usable: list[CompletionRecord]) -> tuple[set[str], set[s
     attempt was sent after it (whether the first had come back or was still running: a client timeout); every
     attempt some later completion goes on from was used, so each is trained in its own chain. The latest attempt of
     a final turn is kept. Cost: one pass over the prompts' keys, and a scan of the session per repeated prompt.
+
+    ``untrainable`` are answered completions no trace may use (no token IDs, no reply tokens): they join the attempts
+    of the usable completion sent with the same messages, so the retry that answered a timed-out attempt still
+    supersedes it when its own answer cannot be trained (else the abandoned attempt would read as its own turn).
     """
     groups: dict[tuple[int, tuple[int, ...]], list[list[CompletionRecord]]] = {}
     for rec in usable:
@@ -214,6 +222,18 @@ def superseded_attempts(usable: list[CompletionRecord]) -> tuple[set[str], set[s
                 break
         else:
             same.append([rec])
+    if untrainable:
+        by_length: dict[int, list[list[CompletionRecord]]] = {}
+        for same in groups.values():
+            for attempts in same:
+                by_length.setdefault(len(_messages(attempts[0])), []).append(attempts)
+        for rec in untrainable:
+            msgs = _messages(rec)
+            for attempts in by_length.get(len(msgs), []) if msgs else ():
+                if _messages(attempts[0]) == msgs:
+                    attempts.append(rec)
+                    break
+    trainable = {id(rec) for rec in usable}
     superseded: set[str] = set()
     forks: set[str] = set()
     for same in groups.values():
@@ -223,9 +243,9 @@ def superseded_attempts(usable: list[CompletionRecord]) -> tuple[set[str], set[s
             used = {id(a) for later in usable if (a := _continues(later, attempts)) is not None}
             order = sorted(attempts, key=lambda a: (a.started_at, a.index))
             kept = [a for i, a in enumerate(order) if id(a) in used or not any(_retries(b, a) for b in order[i + 1:])]
-            superseded |= {a.completion_id for a in attempts if a not in kept}
+            superseded |= {a.completion_id for a in attempts if a not in kept and id(a) in trainable}
             if len(kept) > 1:
-                forks |= {a.completion_id for a in kept}
+                forks |= {a.completion_id for a in kept if id(a) in trainable}
     return superseded, forks
 
 
@@ -296,7 +316,9 @@ def prefix_merging(session: CompletionSession, config: MergeConfig | None = None
     rerender_merged = 0
 
     index = _ChainIndex()
-    thrown_away, forks = superseded_attempts(usable)
+    trainable = {rec.completion_id for rec in usable}
+    untrainable = [r for r in session.completions if r.status == "ok" and r.completion_id not in trainable]
+    thrown_away, forks = superseded_attempts(usable, untrainable)
     for rec in usable:
         if rec.completion_id in thrown_away:
             superseded.append(rec)
