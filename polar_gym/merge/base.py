@@ -110,8 +110,11 @@ class TraceBuilder:
             self.logprobs += [0.0] * len(rec.response_ids)
             self.without_logprobs.append(rec.completion_id)
         self.records.append(rec)
-        self.spans.append({"completion_id": rec.completion_id, "start": start, "end": len(self.response_ids),
-                           "policy_version": rec.policy_version, "engine": rec.engine, "server": rec.server})
+        span = {"completion_id": rec.completion_id, "start": start, "end": len(self.response_ids),
+                "policy_version": rec.policy_version, "engine": rec.engine, "server": rec.server}
+        if rec.unparseable_tool_calls:  # sampled tool calls the proxy answered as text: a trainer may mask the span
+            span["unparseable_tool_calls"] = rec.unparseable_tool_calls
+        self.spans.append(span)
 
     def build(self, chain_index: int, extra: dict[str, Any] | None = None) -> Trace:
         first_msgs = _messages(self.first)
@@ -119,6 +122,7 @@ class TraceBuilder:
         response_messages = [*last_msgs[len(first_msgs):], self.last.response.get("message") or {}]
         tools = self.first.normalized_request.get("tools") or []
         versions = {s["policy_version"] for s in self.spans}
+        unparseable = [r.completion_id for r in self.records if r.unparseable_tool_calls]
         metadata: dict[str, Any] = {
             "session_id": self.first.session_id,
             "chain": chain_index,
@@ -130,6 +134,7 @@ class TraceBuilder:
             "side_request": self.first.side_request,
             "has_logprobs": not self.without_logprobs,
             **({"without_logprobs": list(self.without_logprobs)} if self.without_logprobs else {}),
+            **({"unparseable_tool_calls": unparseable} if unparseable else {}),
             **(extra or {}),
         }
         return Trace.model_construct(
@@ -155,6 +160,8 @@ def trajectory(session: CompletionSession, builder: str, traces: list[Trace],
     diagnostics = {**diagnostics, "traces": len(traces), "trainable_tokens": trainable,
                    "masked_tokens": total - trainable, "prompt_tokens": sum(len(t.prompt_ids) for t in traces),
                    "traces_without_logprobs": sum(1 for t in traces if t.metadata.get("has_logprobs") is False),
-                   "completions_without_logprobs": [c for t in traces for c in t.metadata.get("without_logprobs", [])]}
+                   "completions_without_logprobs": [c for t in traces for c in t.metadata.get("without_logprobs", [])],
+                   "completions_with_unparseable_tool_calls": [
+                       c for t in traces for c in t.metadata.get("unparseable_tool_calls", [])]}
     return Trajectory.model_construct(session_id=session.session_id, traces=traces, builder=builder,
                                       diagnostics=diagnostics)

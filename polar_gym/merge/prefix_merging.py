@@ -19,11 +19,11 @@ exactly or the most of it among the attempts, else it is the latest attempt sent
 *superseded* (reported in diagnostics, not trained) when it was not used and another attempt was sent after it had
 come back, or while it still ran but not together with it (a client timeout; parallel twins start within
 ``_SENT_TOGETHER_SECONDS``): whatever the journal order, so an abandoned attempt that finishes last is still
-superseded, never a new chain (also when the retry's own answer cannot be trained: it carries no token IDs, and is
-matched to the attempt by its messages). Every used attempt is trained in its own chain (a fork), so a second conversation
-from the first one's prompt never costs the first its answer, and merge mode never splices the two. Known limit: a
-one-call conversation followed, after its answer, by another from the same prompt reads as a retry (the tokens
-cannot tell them apart).
+superseded, never a new chain (also when the retry's own answer cannot be trained: it carries no token IDs, and
+is matched to the attempt by its messages). Every used attempt is trained in its own chain (a fork), so a second
+conversation from the first one's prompt never costs the first its answer, and merge mode never splices the two.
+Known limit: a one-call conversation followed, after its answer, by another from the same prompt reads as a retry
+(the tokens cannot tell them apart).
 
 Cost. Chains are indexed by their last prompt's length and last tokens; a completion looks itself up cut at those
 lengths, longest first, and stops at the first that matches, so the chains a drift leaves behind (shorter prompts)

@@ -259,3 +259,17 @@ def test_23_finding_a_chain_does_not_visit_the_chains_drift_left_behind(monkeypa
     traj = merged(*records)
     assert traj.diagnostics["breaks"] == {"drift": 29} and len(traj.traces) == 30
     assert calls <= 2 * len(records)  # about one candidate per completion, whatever the number of chains
+
+
+def test_24_a_reply_whose_tool_call_could_not_be_parsed_is_flagged_in_its_trace():
+    """The proxy answered a malformed sampled tool call as text: the trace names that span, so a trainer can mask
+    or zero it, and the diagnostics list it."""
+    bad = rec(1, [1, 10, EOT, 50], [11, 12, EOT]).model_copy(update={"unparseable_tool_calls": 2})
+    traj = merged(rec(0, [1], [10, EOT]), bad)
+    (t,) = traj.traces
+    assert t.metadata["unparseable_tool_calls"] == ["c1"]
+    assert [s.get("unparseable_tool_calls", 0) for s in t.metadata["spans"]] == [0, 2]
+    assert traj.diagnostics["completions_with_unparseable_tool_calls"] == ["c1"]
+    clean = merged(rec(0, [1], [10, EOT]))
+    assert "unparseable_tool_calls" not in clean.traces[0].metadata
+    assert per_request(session(bad), CFG).traces[0].metadata["unparseable_tool_calls"] == ["c1"]
