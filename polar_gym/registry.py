@@ -95,7 +95,7 @@ PROVIDERS: Registry[Any] = Registry("provider", {
 ENGINES: Registry[Any] = Registry("engine", {
     "vllm": "polar_gym.proxy.engines.vllm:VLLMEngine",
     "sglang": "polar_gym.proxy.engines.sglang:SGLangEngine",
-    "sglang_generate": "polar_gym.proxy.engines.sglang:SGLangGenerateEngine",
+    "sglang_generate": "polar_gym.proxy.engines.tokenin:SGLangTokenInEngine",  # sglang, always token_in
     "openai": "polar_gym.proxy.engines.openai:OpenAIEngine",
     "oracle": "polar_gym.proxy.engines.oracle:OracleEngine",
 })

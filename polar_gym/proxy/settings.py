@@ -23,9 +23,9 @@ __all__ = ["ENGINES_WITH_TOKENIZER", "TOKEN_IN_ENGINES", "EngineSettings", "Prox
            "build_service", "check_engine", "check_upstreams_given", "resolve_prompt_mode", "resolve_tokenizer"]
 
 #: engines that render prompts themselves and so need a tokenizer directory
-ENGINES_WITH_TOKENIZER = ("oracle", "sglang_generate")
-#: engines that can be fed exact prompt token IDs (prompt_mode token_in)
-TOKEN_IN_ENGINES = ("vllm", "sglang")
+ENGINES_WITH_TOKENIZER = ("oracle",)
+#: engines that can be fed exact prompt token IDs (prompt_mode token_in); sglang_generate is sglang, always token_in
+TOKEN_IN_ENGINES = ("vllm", "sglang", "sglang_generate")
 
 
 class EngineSettings(BaseModel):
@@ -34,13 +34,14 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     engine: str = Field(default="oracle", description="the proxy engine: oracle (a scripted policy, no model), vllm, "
-                        "sglang, sglang_generate, openai (not token-faithful), or a dotted path pkg.module:Class")
+                        "sglang, sglang_generate (sglang, always token_in), openai (not token-faithful), or a dotted path "
+                        "pkg.module:Class")
     upstreams: list[str] = Field(default_factory=list, description="inference server base URLs (no trailing /v1; "
                                  "not for oracle)")
     await_upstreams: bool = Field(default=False, description="start without upstreams: they arrive later through "
                                   "the rollout server's /backends or /admin/upstreams (a trainer's policy server)")
-    tokenizer: str | None = Field(default=None, description="tokenizer directory for oracle and sglang_generate "
-                                  "(null: the cached Qwen tokenizer built by scripts/setup.sh)")
+    tokenizer: str | None = Field(default=None, description="tokenizer directory for oracle and token_in (null: "
+                                  "the cached Qwen tokenizer built by scripts/setup.sh)")
     oracle_script: str | None = Field(default=None, description="oracle only: a JSON file {commands: [...], "
                                       "final_answer: ...} played instead of each task's reference solution")
     upstream_model: str | None = Field(default=None, description="the model name sent upstream (harnesses send "
@@ -109,6 +110,9 @@ def resolve_prompt_mode(settings: EngineSettings) -> tuple[str, Path | None, str
                               f"{settings.engine!r}", key="prompt_mode")
         return "chat", None, None
     if settings.prompt_mode == "chat":
+        if settings.engine == "sglang_generate":
+            raise ConfigError("engine sglang_generate is sglang fed token IDs (token_in); for chat use engine sglang",
+                              key="prompt_mode")
         return "chat", None, None
     tokenizer: Path | None = None
     if settings.tokenizer:
@@ -118,7 +122,7 @@ def resolve_prompt_mode(settings: EngineSettings) -> tuple[str, Path | None, str
     elif _default_tokenizer_fits(settings):
         tokenizer = tokenizer_dir()
     if tokenizer is None:
-        if settings.prompt_mode == "token_in":
+        if settings.prompt_mode == "token_in" or settings.engine == "sglang_generate":
             raise ConfigError("prompt_mode token_in renders prompts in the proxy: set the model's tokenizer "
                               "directory", key="tokenizer")
         return "chat", None, None

@@ -14,13 +14,7 @@ import pytest
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, Tool
 from polar_gym.proxy.engines.base import upstream_status_error
 from polar_gym.proxy.engines.openai import OpenAIEngine
-from polar_gym.proxy.engines.sglang import (
-    SGLangEngine,
-    SGLangGenerateEngine,
-    output_tokens_in,
-    parse_qwen_text,
-    sampling_params,
-)
+from polar_gym.proxy.engines.sglang import SGLangEngine, output_tokens_in, sampling_params
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.errors import (
     RequestError,
@@ -30,7 +24,7 @@ from polar_gym.proxy.errors import (
     translate_upstream_errors,
 )
 from polar_gym.proxy.upstreams import UpstreamPool
-from tests._fakes import ByteTokenizer, FakeVLLM
+from tests._fakes import FakeVLLM
 from tests._waiting import BOUND, until
 
 URL = "http://engine"
@@ -193,75 +187,11 @@ async def test_sglang_chat_answer_without_logprobs_has_none():
 
 # --- SGLang native /generate ----------------------------------------------------------------------------------
 
-def test_parse_qwen_text_reasoning_content_and_tool_calls():
-    text = ('<think>\nlook first\n</think>\n\nI will list.\n<tool_call>\n{"name": "bash", "arguments": '
-            '{"command": "ls -la"}}\n</tool_call>')
-    msg = parse_qwen_text(text)
-    assert msg.reasoning_content == "look first" and msg.content == "I will list."
-    assert msg.tool_calls[0].function.name == "bash"
-    assert json.loads(msg.tool_calls[0].function.arguments) == {"command": "ls -la"}
-
-
-@pytest.mark.parametrize(("text", "content", "reasoning", "calls"), [
-    ("plain answer", "plain answer", None, 0),
-    ("already thinking</think>\n\nanswer", "answer", "already thinking", 0),  # template opened <think>
-    ("<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", None, 0),  # kept, not hidden
-    ('<tool_call>{"name": "a", "arguments": "{}"}</tool_call><tool_call>{"name": "b"}</tool_call>', "", None, 2),
-])
-def test_parse_qwen_text_cases(text: str, content: str, reasoning: str | None, calls: int):
-    msg = parse_qwen_text(text)
-    assert msg.content == content and msg.reasoning_content == reasoning
-    assert len(msg.tool_calls or []) == calls
-
-
 def test_sampling_params_use_sglang_names():
     req = chat(max_tokens=8, temperature=0.5, top_p=0.9, top_k=20, stop=["END"], seed=3)
     assert sampling_params(req) == {"max_new_tokens": 8, "temperature": 0.5, "top_p": 0.9, "top_k": 20,
                                     "stop": ["END"], "sampling_seed": 3}
     assert sampling_params(chat()) == {}
-
-
-async def test_sglang_generate_posts_our_rendering_and_parses_the_answer():
-    tok = ByteTokenizer()
-    seen: list[dict[str, Any]] = []
-    reply_ids = tok.encode('<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>') + [257]
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/generate"
-        seen.append(json.loads(request.content))
-        return httpx.Response(200, json={
-            "text": tok.decode(reply_ids[:-1]), "output_ids": reply_ids,
-            "meta_info": {"id": "r1", "finish_reason": {"type": "stop", "matched": 257}, "prompt_tokens": 0,
-                          "completion_tokens": len(reply_ids),
-                          "output_token_logprobs": [[-0.1 * i, t, None] for i, t in enumerate(reply_ids)]}})
-
-    engine = SGLangGenerateEngine(tok, UpstreamPool([URL]), client=client_for(handler))
-    req = chat(tools=[SHELL], max_tokens=64)
-    result = await engine.complete(req, "s")
-    body = seen[0]
-    expected_prompt = tok.render([{"role": "user", "content": "hi"}], [SHELL.model_dump()])
-    assert body["input_ids"] == expected_prompt and body["return_logprob"] is True
-    assert body["sampling_params"] == {"max_new_tokens": 64} and body["stream"] is False
-    assert result.prompt_ids == expected_prompt and result.response_ids == reply_ids
-    assert result.response_logprobs == [-0.1 * i for i in range(len(reply_ids))]
-    assert result.finish_reason == "tool_calls" and result.message.tool_calls[0].function.name == "bash"
-    assert result.usage.prompt_tokens == 0  # SGLang's own count is kept as reported
-    assert await engine.count_tokens(req, "s") == len(expected_prompt)
-
-
-async def test_sglang_generate_length_and_disagreeing_ids():
-    tok = ByteTokenizer()
-    answer: dict[str, Any] = {"text": "ab", "output_ids": [97, 98],
-                              "meta_info": {"finish_reason": {"type": "length", "length": 2},
-                                            "output_token_logprobs": [[-1.0, 97, None], [-2.0, 98, None]]}}
-    engine = SGLangGenerateEngine(tok, UpstreamPool([URL]), client=replying(answer))
-    result = await engine.complete(chat(max_tokens=2), "s")
-    assert result.finish_reason == "length" and result.message.content == "ab"
-    answer["output_ids"] = [97, 99]
-    with pytest.raises(UpstreamError, match="disagree"):
-        await engine.complete(chat(max_tokens=2), "s")
-    with pytest.raises(NotImplementedError):
-        engine.parse(answer)
 
 
 # --- OpenAI-compatible (not token-faithful) -------------------------------------------------------------------

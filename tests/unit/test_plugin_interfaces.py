@@ -17,7 +17,6 @@ from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, Usage
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.engines.oracle import OracleEngine
-from polar_gym.proxy.engines.sglang import SGLangGenerateEngine
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.errors import SessionMetadataError
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent
@@ -80,7 +79,6 @@ async def chat(client: httpx.AsyncClient, key: str, messages: list[dict[str, Any
 def test_engines_declare_their_end_of_turn_ids():
     assert VLLMEngine().end_of_turn_ids is None  # the inference server renders: the engine cannot know them
     assert OracleEngine(ByteTokenizer()).end_of_turn_ids == (257, 258)  # its tokenizer's
-    assert SGLangGenerateEngine(ByteTokenizer()).end_of_turn_ids == (257, 258)
 
 
 @pytest.mark.parametrize(("eot", "cause"), [((EOT,), "thinking_dropped"), (None, "drift")])

@@ -155,6 +155,25 @@ async def test_sglang_gets_input_ids_on_generate(tok: HFChatTokenizer) -> None:
     assert result.raw["prompt_mode"] == "token_in"
 
 
+async def test_sglang_answers_cut_at_max_tokens_and_disagreeing_ids(tok: HFChatTokenizer) -> None:
+    ids = tok.encode("ab")
+    answer: dict[str, Any] = {"text": "ab", "output_ids": ids, "meta_info": {
+        "finish_reason": {"type": "length", "length": len(ids)},
+        "output_token_logprobs": [[-1.0 - i, t, None] for i, t in enumerate(ids)]}}
+    engine = SGLangTokenInEngine(tok, parser_for("qwen3"), UpstreamPool(["http://engine"]), client=httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda _: httpx.Response(200, json=answer))))
+    assert engine.end_of_turn_ids == tuple(tok.end_of_turn_ids)
+    from polar_gym.proxy.chat import ChatMessage, ChatRequest
+    from polar_gym.proxy.errors import UpstreamError
+
+    request = ChatRequest(model="m", messages=[ChatMessage(role="user", content="hi")], max_tokens=len(ids))
+    result = await engine.complete(request, "s")
+    assert result.finish_reason == "length" and result.message.content == "ab" and result.response_ids == ids
+    answer["output_ids"] = [*ids[:-1], ids[-1] + 1]
+    with pytest.raises(UpstreamError, match="disagree"):
+        await engine.complete(request, "s")
+
+
 def test_assistant_turns_match_tolerating_dropped_thinking_and_whitespace() -> None:
     sampled = {"role": "assistant", "content": "ok", "reasoning_content": "hmm",
                "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}
@@ -188,6 +207,13 @@ def test_prompt_mode_defaults_and_refusals(tok: HFChatTokenizer, tmp_path: Path)
     assert isinstance(build_engine(EngineSettings(engine="vllm", upstreams=["http://x"])), VLLMTokenInEngine)
     chat_engine = build_engine(EngineSettings(engine="vllm", upstreams=["http://x"], prompt_mode="chat"))
     assert type(chat_engine) is VLLMEngine
+    # sglang_generate: the name kept for sglang always fed token IDs
+    assert isinstance(build_engine(EngineSettings(engine="sglang_generate", upstreams=["http://x"])),
+                      SGLangTokenInEngine)
+    for refused in (dict(prompt_mode="chat"), dict(upstream_model="meta-llama/Llama-3.1-8B")):
+        with pytest.raises(ConfigError) as err:
+            check_engine(EngineSettings(engine="sglang_generate", upstreams=["http://x"], **refused))
+        assert err.value.problems[0][0] in ("prompt_mode", "tokenizer")
 
 
 @pytest.mark.parametrize("short", [True, False])

@@ -1,4 +1,4 @@
-"""SGLang, in two modes.
+"""SGLang's OpenAI chat server (``prompt_mode: chat``).
 
 ``SGLangEngine`` uses SGLang's OpenAI chat server. With ``return_prompt_token_ids`` and ``return_meta_info`` (and
 ``logprobs``, which turns on ``return_logprob`` inside SGLang) every choice carries its own ``prompt_token_ids`` and
@@ -6,35 +6,23 @@ the engine's ``meta_info``, whose ``output_token_logprobs`` lists ``[logprob, to
 (text is null unless SGLang decodes it; some versions clamp ``-inf`` to ``-999999999.0``). SGLang parses reasoning
 and tool calls itself when started with ``--reasoning-parser`` / ``--tool-call-parser``.
 
-``SGLangGenerateEngine`` uses the native ``/generate`` API: we render the prompt with the model's chat template,
-post ``input_ids`` and ``sampling_params`` with ``return_logprob``, and parse the answer
-``{"text", "output_ids", "meta_info"}`` ourselves (Qwen-style ``<think>`` and ``<tool_call>`` markup). The prompt
-IDs are then ours by construction, which suits trainers that must control tokenization exactly.
+The native ``/generate`` API, fed exact prompt token IDs, is the token-in engine
+(:class:`polar_gym.proxy.engines.tokenin.SGLangTokenInEngine`); this module holds the readers both share.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import re
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-import httpx
-
-from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FinishReason, FunctionCall, ToolCall, Usage
+from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.base import HttpEngine
 from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, usage_in
-from polar_gym.proxy.tokenizer import ChatTokenizer, template_messages
-from polar_gym.proxy.upstreams import UpstreamPool
 
-__all__ = ["GenerateAnswer", "SGLangEngine", "SGLangGenerateEngine", "generate_answer", "output_tokens_in",
-           "parse_qwen_text", "sampling_params"]
+__all__ = ["GenerateAnswer", "SGLangEngine", "generate_answer", "output_tokens_in",
+           "sampling_params"]
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_GENERATE_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop"}
 
 
 def output_tokens_in(meta_info: dict[str, Any]) -> tuple[list[int], list[float]]:
@@ -119,35 +107,6 @@ class SGLangEngine(HttpEngine):
         return result
 
 
-def parse_qwen_text(text: str) -> ChatMessage:
-    """The assistant message in a Qwen-style completion: ``<think>…</think>`` reasoning, then content, then any
-    ``<tool_call>{"name", "arguments"}</tool_call>`` blocks. A block that is not valid JSON stays in the content
-    (the model's mistake is kept, not hidden)."""
-    reasoning: str | None = None
-    if "</think>" in text:
-        head, _, text = text.partition("</think>")
-        reasoning = head.replace("<think>", "", 1).strip("\n")
-    calls: list[ToolCall] = []
-    kept: list[str] = []
-    last = 0
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            payload = json.loads(match.group(1))
-            name = payload["name"]
-            args = payload.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
-            continue
-        kept.append(text[last:match.start()])
-        last = match.end()
-        arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=str(name),
-                                                                                           arguments=arguments)))
-    kept.append(text[last:])
-    content = "".join(kept).strip("\n") if calls else text.lstrip("\n")
-    return ChatMessage(role="assistant", content=content, reasoning_content=reasoning or None,
-                       tool_calls=calls or None)
-
-
 def sampling_params(request: ChatRequest) -> dict[str, Any]:
     """SGLang's ``sampling_params`` for a chat request (names differ from OpenAI's: ``max_new_tokens``)."""
     params: dict[str, Any] = {}
@@ -162,61 +121,3 @@ def sampling_params(request: ChatRequest) -> dict[str, Any]:
     if request.seed is not None:
         params["sampling_seed"] = request.seed
     return params
-
-
-class SGLangGenerateEngine(SGLangEngine):
-    """SGLang's native ``/generate``: we own the prompt rendering, SGLang only samples."""
-
-    name = "sglang_generate"
-    path: ClassVar[str] = "/generate"
-    prompt_mode: ClassVar[str] = "token_in"  # whole prompts rendered here every call (no chain reuse)
-
-    def __init__(self, tokenizer: ChatTokenizer, pool: UpstreamPool | None = None,
-                 client: httpx.AsyncClient | None = None, timeout: float = 600.0,
-                 upstream_model: str | None = None) -> None:
-        super().__init__(pool, client, timeout, upstream_model=upstream_model)
-        self.tokenizer = tokenizer
-
-    @property
-    def end_of_turn_ids(self) -> tuple[int, ...]:
-        return tuple(self.tokenizer.end_of_turn_ids)
-
-    def build(self, request: ChatRequest) -> dict[str, Any]:
-        messages, tools = template_messages(request)
-        return {"input_ids": self.tokenizer.render(messages, tools), "sampling_params": sampling_params(request),
-                "return_logprob": True, "stream": False}
-
-    async def prepare(self, request: ChatRequest) -> dict[str, Any]:
-        # Chat-template rendering is CPU work: keep it off the event loop.
-        return await asyncio.to_thread(self.build, request)
-
-    def parse(self, body: dict[str, Any]) -> ChatResult:
-        raise NotImplementedError("the /generate answer does not echo the prompt: use parse_generate")
-
-    def parse_generate(self, body: dict[str, Any], prompt_ids: list[int]) -> ChatResult:
-        meta = body["meta_info"]
-        answer = generate_answer(body, self.tokenizer.decode)
-        response_ids, logprobs = answer.response_ids, answer.logprobs
-        message = parse_qwen_text(answer.text)
-        reason: FinishReason = _GENERATE_FINISH.get(answer.finish, "stop")
-        if message.tool_calls and reason == "stop":
-            reason = "tool_calls"
-        result = ChatResult(
-            message=message,
-            finish_reason=reason,
-            prompt_ids=list(prompt_ids),
-            response_ids=response_ids,
-            response_logprobs=logprobs,
-            usage=Usage(prompt_tokens=int(meta.get("prompt_tokens", len(prompt_ids))),
-                        completion_tokens=int(meta.get("completion_tokens", len(response_ids)))),
-            engine=self.name,
-        )
-        if answer.weight_version is not None:
-            result.raw["weight_version"] = answer.weight_version
-        return result
-
-    def parse_for(self, body: dict[str, Any], sent: dict[str, Any]) -> ChatResult:
-        return self.parse_generate(body, sent["input_ids"])
-
-    async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
-        return len((await self.prepare(request))["input_ids"])
