@@ -34,8 +34,8 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     engine: str = Field(default="oracle", description="the proxy engine: oracle (a scripted policy, no model), vllm, "
-                        "sglang, sglang_generate (sglang, always token_in), openai (not token-faithful), or a dotted path "
-                        "pkg.module:Class")
+                        "sglang, sglang_generate (sglang, always token_in), openai (not token-faithful), or a dotted "
+                        "path pkg.module:Class")
     upstreams: list[str] = Field(default_factory=list, description="inference server base URLs (no trailing /v1; "
                                  "not for oracle)")
     await_upstreams: bool = Field(default=False, description="start without upstreams: they arrive later through "
