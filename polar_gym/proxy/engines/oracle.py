@@ -35,6 +35,8 @@ from polar_gym.schema import OracleScript
 __all__ = ["OracleEngine", "OracleTokenizer", "find_shell_tool", "oracle_script", "shell_arguments"]
 
 OraclePromptMode = Literal["token_in", "chat"]
+#: one scripted "sample": the reply, its sampled token IDs, the finish reason, whether it drifted
+_Sample = tuple[ChatMessage, list[int], FinishReason, bool]
 
 #: tool names harnesses give their shell tool, most specific first
 SHELL_TOOL_NAMES = ("bash", "Bash", "shell", "run_shell_command", "exec_command", "shell_command", "local_shell",
@@ -211,8 +213,7 @@ class OracleEngine(Engine):
                 return ids
         return canonical
 
-    def sample(self, request: ChatRequest, session_id: str, *, think: bool = True) -> tuple[ChatMessage, list[int],
-                                                                                              FinishReason, bool]:
+    def sample(self, request: ChatRequest, session_id: str, *, think: bool = True) -> _Sample:
         """(scripted reply, its "sampled" token IDs with the end of turn, finish reason, drifted?): cut to the
         request's max_tokens, the reply is then what those tokens say, finish ``length``."""
         self._calls += 1
