@@ -242,7 +242,7 @@ class CompletionRecord(_Model):
     finish_reason: str | None = None
     token_faithful: bool = True
     #: how the prompt reached the engine: ``token_in`` (the proxy's exact token IDs), ``chat`` (the engine rendered
-    #: the messages); None for engines without the choice (oracle) and journals older than the setting
+    #: the messages); None for engines that do not say and journals older than the setting
     prompt_mode: str | None = None
     #: tool-call blocks the output parser could not read (answered to the harness as text): a trainer may mask or
     #: zero such a completion (token_in mode; 0 elsewhere)

@@ -45,7 +45,10 @@ class ByteTokenizer:
         out.append(buf.decode(errors="replace"))
         return "".join(out)
 
-    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    end_of_turn_text = "<|im_end|>"
+
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                    add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
         text = ""
         if tools:
             text += "<|im_start|>system\n# Tools\n" + json.dumps(tools, sort_keys=True) + "<|im_end|>\n"
@@ -61,7 +64,7 @@ class ByteTokenizer:
                     newline = "\n" if (i == 0 and m.get("content")) or i > 0 else ""
                     body += f"{newline}<tool_call>\n{payload}\n</tool_call>"
             text += f"<|im_start|>{m['role']}\n{body}<|im_end|>\n"
-        return text + "<|im_start|>assistant\n"
+        return text + "<|im_start|>assistant\n" if add_generation_prompt else text
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.encode(self.render_text(messages, tools))

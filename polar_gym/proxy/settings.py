@@ -52,12 +52,12 @@ class EngineSettings(BaseModel):
     drift_every: int = Field(default=0, ge=0, description="oracle only: sample non-canonical tokens every N calls "
                              "(0: never)")
     prompt_mode: Literal["token_in", "chat"] | None = Field(
-        default=None, description="vllm and sglang: token_in (the proxy renders prompts and sends the engine exact "
-        "prefix token IDs: one contiguous chain per conversation) or chat (the engine renders messages); null: "
-        "token_in whenever a tokenizer is known, else chat")
+        default=None, description="vllm, sglang and oracle: token_in (the proxy renders prompts and sends the engine "
+        "exact prefix token IDs: one contiguous chain per conversation) or chat (the engine renders messages); "
+        "null: token_in whenever a tokenizer is known (always for oracle), else chat")
     parser: str | None = Field(default=None, description="token_in only: the output parser turning sampled text "
                                "into reasoning, text and tool calls (qwen3, llama3_json, or pkg.module:Class); "
-                               "null: qwen3 for the default Qwen tokenizer")
+                               "null: qwen3 for the default Qwen tokenizer and for oracle")
 
 
 class ProxySettings(EngineSettings):
@@ -104,6 +104,11 @@ def _default_tokenizer_fits(settings: EngineSettings) -> bool:
 def resolve_prompt_mode(settings: EngineSettings) -> tuple[str, Path | None, str | None]:
     """(prompt mode, tokenizer directory, parser name) for a token-in capable engine; ConfigError naming
     ``prompt_mode``, ``tokenizer`` or ``parser`` when token_in cannot work."""
+    if settings.engine == "oracle":
+        # the oracle always has a tokenizer and writes Qwen-style replies, which the qwen3 parser reads
+        if settings.prompt_mode == "chat":
+            return "chat", None, None
+        return "token_in", resolve_tokenizer(settings), _checked_parser(settings.parser or "qwen3")
     if settings.engine not in TOKEN_IN_ENGINES:
         if settings.prompt_mode == "token_in":
             raise ConfigError(f"prompt_mode token_in needs engine {' or '.join(TOKEN_IN_ENGINES)}, not "
@@ -133,11 +138,15 @@ def resolve_prompt_mode(settings: EngineSettings) -> tuple[str, Path | None, str
         else:
             raise ConfigError(f"no output parser is known for the tokenizer {tokenizer}: set one (qwen3, "
                               "llama3_json, or pkg.module:Class), or use prompt_mode chat", key="parser")
+    return "token_in", tokenizer, _checked_parser(parser)
+
+
+def _checked_parser(parser: str) -> str:
     try:
         PARSERS.get(parser)
     except RegistryError as exc:
         raise ConfigError(str(exc), key="parser") from None
-    return "token_in", tokenizer, parser
+    return parser
 
 
 def check_engine(settings: EngineSettings) -> tuple[Any, Path | None]:
@@ -169,8 +178,12 @@ def build_engine(settings: EngineSettings) -> Engine:
                 script = OracleScript.model_validate_json(Path(settings.oracle_script).read_text())
             except (OSError, ValueError, TypeError) as exc:
                 raise ConfigError(f"cannot read {settings.oracle_script}: {exc}", key="oracle_script") from None
+        mode, _, parser = resolve_prompt_mode(settings)
+        from polar_gym.proxy.parsers.base import parser_for
+
         return OracleEngine(HFChatTokenizer(tokenizer), pool, default_script=script,
-                            drift_every=settings.drift_every)
+                            drift_every=settings.drift_every, prompt_mode="token_in" if mode == "token_in" else "chat",
+                            parser=parser_for(parser) if parser is not None else None)
     kwargs = {"timeout": settings.upstream_timeout, "upstream_model": settings.upstream_model}
     mode, tokenizer_path, parser = resolve_prompt_mode(settings)
     if mode == "token_in":

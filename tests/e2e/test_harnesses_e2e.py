@@ -1,14 +1,20 @@
 """End to end with real, unmodified harness CLIs: the gateway (oracle engine with the real Qwen tokenizer) runs each
 of the six pinned CLIs in the local sandbox with nothing but the gateway reachable, on a demo task whose test fails.
 The oracle plays the reference solution through the harness's own shell tool; the evaluator runs the task's tests.
-Every session must reach reward 1.0, merge into fewer traces than per_request, and hold the fidelity invariant."""
+Every session must reach reward 1.0, merge into fewer traces than per_request, and hold the fidelity invariant.
+With drift (non-canonical sampled tokens every second call) the oracle's token_in prompts must still give one
+contiguous chain per conversation, conversations counted from the captured messages, not by the builder."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import shutil
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -16,12 +22,12 @@ import pytest_asyncio
 from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayNode
 from polar_gym.harness.install import cli_paths, install_dir
-from polar_gym.merge import MergeConfig
+from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
 from polar_gym.merge.per_request import per_request
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
-from polar_gym.schema import BuilderSpec, CompletionSession, RuntimeSpec, SessionSpec, SessionStatus
+from polar_gym.schema import BuilderSpec, CompletionRecord, CompletionSession, RuntimeSpec, SessionSpec, SessionStatus
 from polar_gym.tasks import demo_task
 from tests._procs import processes_with
 from tests._serving import served_gateway
@@ -33,8 +39,8 @@ pytestmark = [pytest.mark.harness, pytest.mark.slow]
 HARNESSES = ["claude_code", "codex", "qwen_code", "gemini_cli", "opencode", "pi"]
 
 
-@pytest_asyncio.fixture
-async def gateway(tmp_path: Path) -> AsyncIterator[tuple[GatewayNode, ProxyService]]:
+@contextlib.asynccontextmanager
+async def oracle_gateway(tmp_path: Path, **engine_kw: Any) -> AsyncIterator[tuple[GatewayNode, ProxyService]]:
     from polar_gym.proxy.tokenizer import HFChatTokenizer
 
     if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
@@ -42,12 +48,18 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[GatewayNode, ProxyServi
     missing = [name for name, path in cli_paths(install_dir()).items() if not path.exists()]
     if missing:
         pytest.fail(f"harness CLIs not installed ({missing}): run `bash scripts/setup.sh`")
-    service = ProxyService(OracleEngine(HFChatTokenizer(tokenizer_dir())), CaptureJournal(tmp_path / "capture"),
-                           SessionRegistry(allow_adhoc=False))
+    service = ProxyService(OracleEngine(HFChatTokenizer(tokenizer_dir()), **engine_kw),
+                           CaptureJournal(tmp_path / "capture"), SessionRegistry(allow_adhoc=False))
     async with served_gateway(service, tmp_path / "gateway", init_workers=2, ready_buffer=2, run_slots=2,
                               postrun_workers=2) as node:
         yield node, service
     service.journal.close()
+
+
+@pytest_asyncio.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[tuple[GatewayNode, ProxyService]]:
+    async with oracle_gateway(tmp_path) as served:
+        yield served
 
 
 def session_for(harness: str, task_id: str = "demo-calc-add") -> SessionSpec:
@@ -75,6 +87,96 @@ async def test_six_real_harnesses_solve_a_demo_task_through_the_gateway(gateway)
         flat = per_request(session, MergeConfig())
         assert len(trajectory.traces) < len(flat.traces), (spec.agent.harness, trajectory.diagnostics)
         assert result.timings, "every stage is timed"
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    return str(content or "")
+
+
+def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
+    out = []
+    for call in message.get("tool_calls") or []:
+        arguments = call["function"]["arguments"]
+        out.append((call["function"]["name"], json.loads(arguments) if isinstance(arguments, str) else arguments))
+    return out
+
+
+def _same(sent: dict[str, Any], known: dict[str, Any]) -> bool:
+    """A request's message is an earlier one at the message level: the same, or for an assistant turn the same text
+    and calls (harnesses may drop its thinking, trim it, or respell call IDs)."""
+    if sent.get("role") != known.get("role"):
+        return False
+    if sent.get("role") != "assistant":
+        return sent == known
+    return _text(sent.get("content")).strip() == _text(known.get("content")).strip() and _calls(sent) == _calls(known)
+
+
+def conversations(records: list[CompletionRecord]) -> int:
+    """Conversations among the trained calls, counted from the captured messages alone: a call continues an earlier
+    call when its messages are that call's messages, then that call's reply, then more; every other call (a first
+    call, a side request such as a title, a compacted or edited history) starts a conversation."""
+    seen: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
+    count = 0
+    for rec in sorted(records, key=lambda r: r.index):
+        if rec.status != "ok" or not rec.response_ids:
+            continue
+        messages = rec.normalized_request["messages"]
+        if not any(len(messages) > len(prev) + 1 and _same(messages[len(prev)], reply)
+                   and all(_same(a, b) for a, b in zip(messages, prev, strict=False)) for prev, reply in seen):
+            count += 1
+        seen.append((messages, rec.response["message"]))
+    return count
+
+
+async def test_six_real_harnesses_keep_one_chain_per_conversation_while_the_oracle_drifts(tmp_path, capsys):
+    """drift_every=2: every second call samples a non-canonical tokenization. token_in reuses the sampled IDs as they
+    are, so each conversation is one contiguous chain (side requests, trained by default, are conversations too)."""
+    report = {}
+    async with oracle_gateway(tmp_path, drift_every=2, prompt_mode="token_in") as (node, service):
+        # a longer loop than the reference solution alone: read-only looks first, so several calls drift
+        commands = ["ls", "cat calc.py", "git status --short", *demo_task("demo-calc-add").solution, "git diff --stat"]
+        specs = [_with_script(session_for(name), commands, timeout=240) for name in HARNESSES]
+        results = await asyncio.wait_for(node.run(specs), 900)
+        sessions = {}
+        for spec, result in zip(specs, results, strict=True):
+            harness = spec.agent.harness
+            records = await service.journal.records(spec.session_id)
+            trajectory = result.trajectory
+            assert trajectory is not None and trajectory.builder == "prefix_merging", (harness, result.reason)
+            sessions[harness] = (result, CompletionSession(session_id=spec.session_id, completions=records))
+            causes = Counter(n.split(":", 1)[1] for r in records for n in r.normalizations
+                             if n.startswith("token_in_new_chain:"))
+            report[harness] = {
+                "calls": len(records), "side_requests": sum(r.side_request for r in records),
+                "drifted": sum(service.engine.tokenizer.encode(service.engine.tokenizer.decode(r.response_ids))
+                               != r.response_ids for r in records),
+                "conversations": conversations(records), "traces": len(trajectory.traces),
+                "new_chains": dict(causes), "breaks": trajectory.diagnostics["breaks"],
+                "reward": result.evaluation.reward if result.evaluation else None}
+    with capsys.disabled():
+        print("\nharness: calls, side requests, drifted, conversations, traces, new chains by cause, builder breaks")
+        for harness, row in report.items():
+            print(f"  {harness}: {row}")
+    assert MergeConfig().include_side_requests  # side requests are trained: each is its own conversation
+    for harness, (result, session) in sessions.items():
+        assert result.status is SessionStatus.COMPLETED and result.evaluation is not None, (harness, result.reason)
+        assert result.evaluation.reward == 1.0, (harness, result.evaluation.details)
+        assert {r.prompt_mode for r in session.completions} == {"token_in"}, harness
+        assert result.trajectory is not None
+        check_invariants(session, result.trajectory)  # mask-1 tokens are exactly the sampled tokens
+        by_id = {r.completion_id: r for r in session.completions}
+        for trace in result.trajectory.traces:
+            assert trace.metadata["has_logprobs"] and len(trace.response_logprobs) == len(trace.response_ids)
+            for span in trace.metadata["spans"]:  # each call's prompt is the chain so far, token for token
+                prompt = by_id[span["completion_id"]].prompt_ids
+                assert trace.prompt_ids + trace.response_ids[:span["start"]] == prompt, harness
+            check_contiguity(nemo_items(trace))  # NeMo RL's rule
+    for harness, row in report.items():
+        assert row["drifted"] >= 1, (harness, row)
+        assert row["traces"] == row["conversations"] == sum(row["new_chains"].values()), (harness, row)
+        assert "drift" not in row["breaks"], (harness, row)
 
 
 def _with_script(spec: SessionSpec, commands: list[str], timeout: float) -> SessionSpec:

@@ -1,5 +1,8 @@
 """Sessions captured for real by the proxy (oracle engine, real Qwen tokenizer), driven like a harness drives
-them through official SDKs, then merged: one exact chain per agent, token-identical to what the engine saw."""
+them through official SDKs, then merged: one exact chain per agent, token-identical to what the engine saw.
+
+The oracle runs token_in (its default: the proxy sends exact prefix IDs, as with vLLM and SGLang), so non-canonical
+sampling and thinking the template drops never break a chain; the chat-mode tests show what they do without it."""
 
 from __future__ import annotations
 
@@ -103,10 +106,42 @@ def test_a_real_tool_loop_merges_into_one_exact_chain(proxy, agent):
     assert len(per_request(sess, CFG).traces) == calls
 
 
-def test_drift_from_non_canonical_sampling_breaks_without_losing_anything(tmp_path, qwen):
+def exact_chain(sess: CompletionSession, trace) -> None:
+    """``trace`` is token-identical to what the engine saw on each of its calls, and NeMo RL's contiguity holds."""
+    by_id = {r.completion_id: r for r in sess.completions}
+    for span in trace.metadata["spans"]:
+        assert trace.prompt_ids + trace.response_ids[:span["start"]] == by_id[span["completion_id"]].prompt_ids
+    check_contiguity(nemo_items(trace))
+
+
+def drifted(qwen, sess: CompletionSession) -> int:
+    """How many calls sampled a non-canonical tokenization of their own text."""
+    return sum(1 for r in sess.completions if qwen.encode(qwen.decode(r.response_ids)) != r.response_ids)
+
+
+@pytest.mark.parametrize("agent", [chat_agent, anthropic_agent])
+def test_token_in_keeps_one_chain_whatever_the_oracle_samples(tmp_path, qwen, agent):
+    """Every second call samples non-canonical tokens: token_in reuses them as they are, so one chain, no break."""
     for proxy in live(tmp_path, qwen, drift_every=2):
+        calls = agent(proxy, "drifting")
+        sess = captured(proxy, "drifting")
+    assert drifted(qwen, sess) >= 1
+    assert {r.prompt_mode for r in sess.completions} == {"token_in"}
+    assert [n for r in sess.completions for n in r.normalizations if n.startswith("token_in_new_chain")] == [
+        "token_in_new_chain:new_context"]  # the first call only
+    traj = prefix_merging(sess, CFG)
+    check_invariants(sess, traj)
+    (trace,) = traj.traces
+    assert traj.diagnostics["breaks"] == {} and len(trace.metadata["completion_ids"]) == calls
+    exact_chain(sess, trace)
+
+
+def test_drift_from_non_canonical_sampling_breaks_without_losing_anything(tmp_path, qwen):
+    """In chat mode the engine renders the history again: a drifted reply re-renders canonically, a new chain."""
+    for proxy in live(tmp_path, qwen, drift_every=2, prompt_mode="chat"):
         calls = chat_agent(proxy, "drifting")
         sess = captured(proxy, "drifting")
+    assert {r.prompt_mode for r in sess.completions} == {"chat"}
     traj = prefix_merging(sess, CFG)
     check_invariants(sess, traj)
     assert traj.diagnostics["breaks"].get("drift", 0) >= 1
@@ -134,3 +169,37 @@ def test_a_sub_agent_interleaved_with_the_main_agent(proxy):
     check_invariants(sess, traj)
     assert [len(t.metadata["completion_ids"]) for t in traj.traces] == [3, 3]
     assert traj.diagnostics["breaks"] == {"new_context": 1}
+
+
+def two_user_turns(proxy: RunningProxy, key: str) -> int:
+    """A tool loop, then the user asks again in the same conversation (Qwen3's template drops the first loop's
+    thinking from the history once a new user turn follows)."""
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+    messages: list[dict] = [{"role": "user", "content": "Do it."}]
+    calls = 0
+    for ask in ("Do it.", "And again."):
+        if calls:
+            messages.append({"role": "user", "content": ask})
+        while True:
+            reply = client.chat.completions.create(model="policy", messages=messages, tools=tools).choices[0].message
+            calls += 1
+            messages.append(reply.model_dump(exclude_none=True, exclude={"refusal", "annotations", "audio"}))
+            if not reply.tool_calls:
+                break
+            for call in reply.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": "ok"})
+    return calls
+
+
+@pytest.mark.parametrize(("mode", "traces"), [("token_in", 1), ("chat", 2)])
+def test_thinking_the_template_drops_breaks_only_chat_mode(tmp_path, qwen, mode, traces):
+    for proxy in live(tmp_path, qwen, prompt_mode=mode):
+        calls = two_user_turns(proxy, "two-turns")
+        sess = captured(proxy, "two-turns")
+    traj = prefix_merging(sess, CFG)
+    check_invariants(sess, traj)
+    assert len(traj.traces) == traces and sum(len(t.metadata["completion_ids"]) for t in traj.traces) == calls
+    for trace in traj.traces:
+        exact_chain(sess, trace)

@@ -142,3 +142,76 @@ def test_tool_call_message_shape():
     call = ToolCall(id="x", function=FunctionCall(name="bash", arguments='{"command": "ls"}'))
     text = OracleEngine(ByteTokenizer()).render_reply(ChatMessage(role="assistant", content="", tool_calls=[call]))
     assert text == '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+
+
+def test_settings_make_the_oracle_token_in_unless_chat_is_asked(tmp_path):
+    from polar_gym.proxy.settings import EngineSettings, build_engine, resolve_prompt_mode
+    from polar_gym.settings import ConfigError
+
+    assert resolve_prompt_mode(EngineSettings())[0::2] == ("token_in", "qwen3")
+    default = build_engine(EngineSettings(drift_every=2))
+    assert isinstance(default, OracleEngine) and default.prompt_mode == "token_in" and default.renderer is not None
+    chat = build_engine(EngineSettings(prompt_mode="chat"))
+    assert isinstance(chat, OracleEngine) and chat.prompt_mode == "chat" and chat.renderer is None
+    with pytest.raises(ConfigError) as err:
+        build_engine(EngineSettings(parser="no_such_parser"))
+    assert err.value.problems[0][0] == "parser"
+
+
+def test_token_in_needs_a_template_tokenizer():
+    class Plain:
+        end_of_turn_ids = [1]
+
+        def render(self, messages, tools):
+            return [0]
+
+        def encode(self, text):
+            return [0]
+
+        def decode(self, ids):
+            return ""
+
+    with pytest.raises(TypeError, match="prompt_mode chat"):
+        OracleEngine(Plain())
+    assert OracleEngine(Plain(), prompt_mode="chat").renderer is None
+
+
+async def test_token_in_extends_the_drifted_tokens_and_parses_the_sampled_text(qwen):
+    """Every call drifts; each next prompt still starts with exactly the previous prompt + sampled tokens, and the
+    reply the harness gets is what the qwen3 parser reads in the sampled text."""
+    script = OracleScript(commands=["echo hello world > greeting.txt", "cat greeting.txt"], final_answer="All done.")
+    engine = OracleEngine(qwen, default_script=script, drift_every=1)
+    shell = HARNESS_SHELL_TOOLS["codex"]
+    msgs = [ChatMessage(role="system", content="You are a coder."), ChatMessage(role="user", content="go")]
+    previous = None
+    for step in range(3):
+        result = await engine.complete(request(msgs, [shell]), "s")
+        assert result.raw["prompt_mode"] == "token_in" and result.raw["drift"] is True
+        assert qwen.encode(qwen.decode(result.response_ids)) != result.response_ids  # non-canonical on purpose
+        if previous is None:
+            assert result.raw["new_chain"] == "new_context" and result.raw["reused_prompt_tokens"] == 0
+        else:
+            head = previous.prompt_ids + previous.response_ids
+            assert result.prompt_ids[:len(head)] == head and "new_chain" not in result.raw
+            assert result.raw["reused_prompt_tokens"] == len(head)
+        assert "unparseable_tool_calls" not in result.raw
+        msgs.append(result.message)
+        if step < 2:
+            (call,) = result.message.tool_calls
+            assert result.finish_reason == "tool_calls" and call.id.startswith("call_")
+            assert json.loads(call.function.arguments)["command"] == ["bash", "-lc", script.commands[step]]
+            assert result.message.reasoning_content == f"Step {step + 1}: run `{script.commands[step]}`."
+            msgs.append(ChatMessage(role="tool", tool_call_id=call.id, content="ok"))
+        previous = result
+    assert result.finish_reason == "stop" and result.text == "All done."
+    assert await engine.count_tokens(request(msgs, [shell]), "s") > len(previous.prompt_ids)
+    engine.close_session("s")
+    assert engine.renderer.chain_count("s") == 0
+
+
+async def test_token_in_without_thinking_writes_no_reasoning(qwen):
+    engine = OracleEngine(qwen, default_script=OracleScript(commands=[], final_answer="Plain."))
+    req = request([ChatMessage(role="user", content="hi")], extra={"chat_template_kwargs": {"enable_thinking": False}})
+    result = await engine.complete(req, "s")
+    assert result.message.reasoning_content is None and result.text == "Plain."
+    assert "<think>" not in qwen.decode(result.response_ids)

@@ -1,10 +1,15 @@
 """The oracle: a deterministic, scripted policy for validating a pipeline without a GPU. It is not a model.
 
-For each call it renders the prompt with a real tokenizer's chat template (so prompt IDs are what a Qwen-class
-engine would see), then plays the session's reference solution one command per call through whatever shell-like
-tool the harness offers, filling that tool's own argument schema, and finally answers in text. Its "sampled"
-tokens are the canonical encoding of a Qwen-style assistant turn, or, when ``drift_every`` is set, a deliberately
-non-canonical encoding of the same text, so that retokenization drift downstream is exercised.
+It plays the session's reference solution one command per call through whatever shell-like tool the harness
+offers, filling that tool's own argument schema, and finally answers in text. Its "sampled" tokens are the
+canonical encoding of a Qwen-style assistant turn, or, when ``drift_every`` is set, a deliberately non-canonical
+encoding of the same text, so that retokenization drift downstream is exercised.
+
+Prompts are built like a real engine's (``prompt_mode``): ``token_in`` (the default) plans them exactly as the
+token-in engines do (a session chain's exact IDs plus the rendered new turns, :mod:`polar_gym.proxy.prefix`) and
+turns the sampled text back into the protocol's message through the output parser, so the proxy's output-parsing
+path runs in every front end; ``chat`` renders the whole prompt with the chat template every call, as an engine's
+chat endpoint does (a drift then starts a new chain).
 """
 
 from __future__ import annotations
@@ -13,18 +18,25 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import pydantic
 
-from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FunctionCall, Tool, ToolCall, Usage
+from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FinishReason, FunctionCall, Tool, ToolCall, Usage
 from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.engines.tokenin import keep_token_in_result, plan_prompt
 from polar_gym.proxy.errors import SessionMetadataError, validation_message
+from polar_gym.proxy.parsers.base import OutputParser, parser_for
+from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan, TemplateTokenizer
 from polar_gym.proxy.tokenizer import ChatTokenizer, template_messages
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.schema import OracleScript
 
-__all__ = ["OracleEngine", "find_shell_tool", "oracle_script", "shell_arguments"]
+__all__ = ["OracleEngine", "OracleTokenizer", "find_shell_tool", "oracle_script", "shell_arguments"]
+
+OraclePromptMode = Literal["token_in", "chat"]
+#: one scripted "sample": the reply, its sampled token IDs, the finish reason, whether it drifted
+_Sample = tuple[ChatMessage, list[int], FinishReason, bool]
 
 #: tool names harnesses give their shell tool, most specific first
 SHELL_TOOL_NAMES = ("bash", "Bash", "shell", "run_shell_command", "exec_command", "shell_command", "local_shell",
@@ -106,11 +118,17 @@ def _logprob(seed: str, i: int) -> float:
     return -(int.from_bytes(digest, "little") % 2000) / 1000.0
 
 
+@runtime_checkable
+class OracleTokenizer(ChatTokenizer, TemplateTokenizer, Protocol):
+    """What token_in needs of the oracle's tokenizer: the chat template's text and its end-of-turn marker too."""
+
+
 class OracleEngine(Engine):
     name = "oracle"
 
     def __init__(self, tokenizer: ChatTokenizer, pool: UpstreamPool | None = None, *,
-                 default_script: OracleScript | None = None, drift_every: int = 0, think: bool = True) -> None:
+                 default_script: OracleScript | None = None, drift_every: int = 0, think: bool = True,
+                 prompt_mode: OraclePromptMode = "token_in", parser: OutputParser | None = None) -> None:
         super().__init__(pool)
         if not self.pool.servers():
             self.pool.add(ORACLE_SERVER)
@@ -119,6 +137,14 @@ class OracleEngine(Engine):
         self.default_script = default_script or OracleScript()
         self.drift_every = drift_every
         self.think = think
+        self.prompt_mode = prompt_mode
+        self.parser = parser if parser is not None else parser_for("qwen3")
+        self.renderer: PrefixRenderer | None = None
+        if prompt_mode == "token_in":
+            if not isinstance(tokenizer, OracleTokenizer):
+                raise TypeError(f"prompt_mode token_in renders chat-template text: {type(tokenizer).__name__} has no "
+                                "render_text / end_of_turn_text (use prompt_mode chat)")
+            self.renderer = PrefixRenderer(tokenizer)
         self._calls = 0
 
     @property
@@ -135,24 +161,28 @@ class OracleEngine(Engine):
 
     def close_session(self, session_id: str) -> None:
         self.scripts.pop(session_id, None)
+        if self.renderer is not None:
+            self.renderer.forget(session_id)
 
     def set_script(self, session_id: str, script: OracleScript) -> None:
         self.scripts[session_id] = script
 
-    def next_message(self, request: ChatRequest, session_id: str) -> ChatMessage:
-        """The scripted reply: the next unplayed command through the shell tool, else the final answer."""
+    def next_message(self, request: ChatRequest, session_id: str, *, think: bool = True) -> ChatMessage:
+        """The scripted reply: the next unplayed command through the shell tool, else the final answer (with its
+        reasoning unless the oracle or, ``think`` False, the prompt turned thinking off)."""
         script = self.scripts.get(session_id, self.default_script)
         done = sum(1 for m in request.messages if m.role == "tool")
         tool = find_shell_tool(request.tools)
         step = done + 1
+        think = think and self.think
         if tool is not None and done < len(script.commands) and request.tool_choice != "none":
             command = script.commands[done]
             call = ToolCall(id=f"call_oracle_{step}_{hashlib.sha1(command.encode()).hexdigest()[:8]}",
                             function=FunctionCall(name=tool.name,
                                                   arguments=json.dumps(shell_arguments(tool, command))))
-            reasoning = f"Step {step}: run `{command}`." if self.think else None
+            reasoning = f"Step {step}: run `{command}`." if think else None
             return ChatMessage(role="assistant", content="", reasoning_content=reasoning, tool_calls=[call])
-        reasoning = "The reference solution is complete." if self.think else None
+        reasoning = "The reference solution is complete." if think else None
         return ChatMessage(role="assistant", content=script.final_answer, reasoning_content=reasoning)
 
     def render_reply(self, message: ChatMessage) -> str:
@@ -183,25 +213,22 @@ class OracleEngine(Engine):
                 return ids
         return canonical
 
-    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
-        async with self.pool.lease(session_id) as server:
-            # Chat-template rendering is CPU work: keep it off the event loop.
-            result = await asyncio.to_thread(self.complete_sync, request, session_id)
-            result.server = server.url
-            return result
-
-    def complete_sync(self, request: ChatRequest, session_id: str) -> ChatResult:
+    def sample(self, request: ChatRequest, session_id: str, *, think: bool = True) -> _Sample:
+        """(scripted reply, its "sampled" token IDs with the end of turn, finish reason, drifted?): cut to the
+        request's max_tokens, the reply is then what those tokens say, finish ``length``."""
         self._calls += 1
-        messages, tools = template_messages(request)
-        prompt_ids = self.tokenizer.render(messages, tools)
-        message = self.next_message(request, session_id)
+        message = self.next_message(request, session_id, think=think)
         drift = bool(self.drift_every) and self._calls % self.drift_every == 0
         response_ids = self.encode_reply(self.render_reply(message), drift) + self.tokenizer.end_of_turn_ids[:1]
-        finish = "tool_calls" if message.tool_calls else "stop"
+        finish: FinishReason = "tool_calls" if message.tool_calls else "stop"
         if request.max_tokens is not None and len(response_ids) > request.max_tokens:
             response_ids = response_ids[: request.max_tokens]
             message = ChatMessage(role="assistant", content=self.tokenizer.decode(response_ids))
             finish = "length"
+        return message, response_ids, finish, drift
+
+    def result(self, session_id: str, message: ChatMessage, finish: FinishReason, prompt_ids: list[int],
+               response_ids: list[int], drift: bool) -> ChatResult:
         seed = f"{session_id}:{len(prompt_ids)}"
         return ChatResult(
             message=message,
@@ -212,10 +239,42 @@ class OracleEngine(Engine):
             usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(response_ids)),
             engine=self.name,
             policy_version=self.pool.policy_version,
-            raw={"drift": drift},
+            raw={"drift": drift, "prompt_mode": self.prompt_mode},
         )
 
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        if self.renderer is not None:
+            return await self.complete_token_in(self.renderer, request, session_id)
+        async with self.pool.lease(session_id) as server:
+            # Chat-template rendering is CPU work: keep it off the event loop.
+            result = await asyncio.to_thread(self.complete_sync, request, session_id)
+            result.server = server.url
+            return result
+
+    def complete_sync(self, request: ChatRequest, session_id: str) -> ChatResult:
+        """A chat-mode call: the whole prompt rendered by the chat template, the scripted message as it is."""
+        messages, tools = template_messages(request)
+        prompt_ids = self.tokenizer.render(messages, tools)
+        message, response_ids, finish, drift = self.sample(request, session_id)
+        return self.result(session_id, message, finish, prompt_ids, response_ids, drift)
+
+    async def complete_token_in(self, renderer: PrefixRenderer, request: ChatRequest, session_id: str) -> ChatResult:
+        """A token-in call: the prompt planned on the session's chains, the sampled text read back by the parser."""
+        plan: PromptPlan = await plan_prompt(renderer, request, session_id)
+        async with self.pool.lease(session_id) as server:
+            _, response_ids, finish, drift = self.sample(request, session_id, think=plan.thinking)
+            parsed = self.parser.parse(self.tokenizer.decode(response_ids), request.tools, thinking=plan.thinking)
+            if parsed.message.tool_calls and finish == "stop":
+                finish = "tool_calls"
+            result = self.result(session_id, parsed.message, finish, plan.prompt_ids, response_ids, drift)
+            result.server = server.url
+        keep_token_in_result(renderer, session_id, plan, parsed, result)
+        return result
+
     async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
+        if self.renderer is not None:
+            plan = await asyncio.to_thread(self.renderer.plan, request, session_id)
+            return len(plan.prompt_ids)
         messages, tools = template_messages(request)
         return len(self.tokenizer.render(messages, tools))
 

@@ -19,12 +19,13 @@ from polar_gym.proxy.engines.base import HttpEngine
 from polar_gym.proxy.engines.sglang import generate_answer, sampling_params
 from polar_gym.proxy.engines.vllm import _ints
 from polar_gym.proxy.errors import translate_upstream_errors
-from polar_gym.proxy.parsers.base import OutputParser
+from polar_gym.proxy.parsers.base import OutputParser, ParsedReply
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
 
-__all__ = ["SGLangTokenInEngine", "TokenInEngine", "VLLMTokenInEngine", "completions_body"]
+__all__ = ["SGLangTokenInEngine", "TokenInEngine", "VLLMTokenInEngine", "completions_body", "keep_token_in_result",
+           "plan_prompt"]
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
 
@@ -41,6 +42,29 @@ def completions_body(request: ChatRequest, prompt_ids: list[int], stop_ids: list
     # engine arguments a caller set (e.g. structured_outputs), as the chat path passes them; never over ours
     body.update({k: v for k, v in request.extra.items() if k not in body and k != "chat_template_kwargs"})
     return body
+
+
+async def plan_prompt(renderer: PrefixRenderer, request: ChatRequest, session_id: str) -> PromptPlan:
+    """The call's prompt plan: inline when it extends a chain with a few messages, else rendered whole (CPU work) in
+    a thread, off the event loop every session shares."""
+    plan = renderer.plan_cheap(request, session_id)
+    if plan is None:
+        plan = await asyncio.to_thread(renderer.plan, request, session_id)
+    return plan
+
+
+def keep_token_in_result(renderer: PrefixRenderer, session_id: str, plan: PromptPlan, parsed: ParsedReply,
+                         result: ChatResult) -> None:
+    """After a token-in call: keep what it sent and sampled as a chain node later calls extend, and tell the record
+    (``result.raw``) the prompt mode, how many prompt tokens were reused, why a new chain started (if it did) and
+    how many tool-call blocks did not parse."""
+    renderer.remember(session_id, plan, parsed.message, result.response_ids)
+    result.raw["prompt_mode"] = "token_in"
+    result.raw["reused_prompt_tokens"] = plan.reused
+    if plan.new_chain is not None:
+        result.raw["new_chain"] = plan.new_chain
+    if parsed.unparseable_tool_calls:
+        result.raw["unparseable_tool_calls"] = parsed.unparseable_tool_calls
 
 
 class TokenInEngine(HttpEngine):
@@ -75,10 +99,7 @@ class TokenInEngine(HttpEngine):
         raise NotImplementedError("token-in engines parse through read_answer")
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
-        # Extending a chain renders a few messages (inline); a whole rendering is CPU work: off the event loop.
-        plan = self.renderer.plan_cheap(request, session_id)
-        if plan is None:
-            plan = await asyncio.to_thread(self.renderer.plan, request, session_id)
+        plan = await plan_prompt(self.renderer, request, session_id)
         body = self.token_body(request, plan)
         if self.upstream_model is not None and "model" in body:
             body["model"] = self.upstream_model
@@ -99,13 +120,7 @@ class TokenInEngine(HttpEngine):
                                 engine=self.name, server=server.url, policy_version=self.pool.policy_version)
             result.raw.update(extra)
             result.raw["upstream_seconds"] = time.perf_counter() - started
-        self.renderer.remember(session_id, plan, parsed.message, response_ids)
-        result.raw["prompt_mode"] = self.prompt_mode
-        result.raw["reused_prompt_tokens"] = plan.reused
-        if plan.new_chain is not None:
-            result.raw["new_chain"] = plan.new_chain
-        if parsed.unparseable_tool_calls:
-            result.raw["unparseable_tool_calls"] = parsed.unparseable_tool_calls
+        keep_token_in_result(self.renderer, session_id, plan, parsed, result)
         return result
 
     async def count_tokens(self, request: ChatRequest, session_id: str) -> int:

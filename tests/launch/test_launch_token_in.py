@@ -1,0 +1,50 @@
+"""The launch default (``python -m polar_gym.launch``: pi on the oracle) runs token_in: with drift on, each session is
+one chain and its records say token_in; ``inference.prompt_mode=chat`` keeps whole renders, where drift breaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar_gym.assets import tokenizer_dir
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(out: Path, *overrides: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(results, capture records) of a launch on two demo tasks with the oracle drifting every second call."""
+    if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
+    proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "tasks.ids=[demo-calc-add,demo-slugify]",
+                           "inference.drift_every=2", f"out_dir={out}", *overrides], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "COLUMNS": "160"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "COMPLETED" for r in results), results
+    records = [json.loads(line) for path in sorted((out / "capture").glob("*/attempts/*/records.jsonl"))
+               for line in path.read_text().splitlines()]
+    assert len(records) == sum(r["completions"] for r in results)
+    return results, records
+
+
+def test_the_launch_default_is_token_in_and_drift_breaks_no_chain(tmp_path):
+    results, records = launch(tmp_path / "run")
+    assert {r["prompt_mode"] for r in records} == {"token_in"}
+    assert [r["traces"] for r in results] == [1, 1]
+    assert all(r["trajectory_diagnostics"]["breaks"] == {} for r in results)
+    assert sum(r["completions"] for r in results) >= 4  # so calls drifted (every second one)
+
+
+def test_prompt_mode_chat_keeps_whole_renders_where_drift_breaks_chains(tmp_path):
+    results, records = launch(tmp_path / "run", "inference.prompt_mode=chat")
+    assert {r["prompt_mode"] for r in records} == {"chat"}
+    assert sum(r["trajectory_diagnostics"]["breaks"].get("drift", 0) for r in results) >= 1
