@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import httpx
@@ -128,18 +128,25 @@ class HttpEngine(Engine):
                 raise ValueError("upstream answer is not a JSON object")
             return data
 
-    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
-        body = await self.prepare(request)
+    async def exchange(self, session_id: str, body: dict[str, Any],
+                       read: Callable[[dict[str, Any]], ChatResult]) -> ChatResult:
+        """Post ``body`` to the session's leased server and ``read`` the answer into a result stamped with the
+        server, the policy version and the upstream time; a malformed answer becomes an upstream error."""
         if self.upstream_model is not None and "model" in body:
             body["model"] = self.upstream_model
         async with self.pool.lease(session_id) as server:
             started = time.perf_counter()
             data = await self.post(server.url, self.path, body)
             with translate_upstream_errors(server.url):
-                result = self.parse_for(data, body)
+                result = read(data)
             result.server = server.url
             result.policy_version = self.pool.policy_version
             result.raw["upstream_seconds"] = time.perf_counter() - started
+        return result
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        body = await self.prepare(request)
+        result = await self.exchange(session_id, body, lambda data: self.parse_for(data, body))
         result.raw.setdefault("prompt_mode", self.prompt_mode)
         return result
 

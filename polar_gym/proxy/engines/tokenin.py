@@ -9,7 +9,6 @@ protocol's message (reasoning, text, tool calls) by the configured output parser
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, ClassVar
 
 import httpx
@@ -18,7 +17,6 @@ from polar_gym.proxy.chat import ChatRequest, ChatResult, FinishReason, Usage
 from polar_gym.proxy.engines.base import HttpEngine
 from polar_gym.proxy.engines.sglang import generate_answer, sampling_params
 from polar_gym.proxy.engines.vllm import _ints
-from polar_gym.proxy.errors import translate_upstream_errors
 from polar_gym.proxy.parsers.base import OutputParser, ParsedReply
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
 from polar_gym.proxy.tokenizer import HFChatTokenizer
@@ -100,27 +98,25 @@ class TokenInEngine(HttpEngine):
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
         plan = await plan_prompt(self.renderer, request, session_id)
-        body = self.token_body(request, plan)
-        if self.upstream_model is not None and "model" in body:
-            body["model"] = self.upstream_model
-        async with self.pool.lease(session_id) as server:
-            started = time.perf_counter()
-            data = await self.post(server.url, self.path, body)
-            with translate_upstream_errors(server.url):
-                prompt_ids, response_ids, logprobs, text, finish, extra = self.read_answer(data, plan)
-                if prompt_ids != plan.prompt_ids:
-                    raise ValueError("the engine reports other prompt token IDs than the ones sent")
-            parsed = self.parser.parse(text, request.tools, thinking=plan.thinking)
+        parsed: list[ParsedReply] = []
+
+        def read(data: dict[str, Any]) -> ChatResult:
+            prompt_ids, response_ids, logprobs, text, finish, extra = self.read_answer(data, plan)
+            if prompt_ids != plan.prompt_ids:
+                raise ValueError("the engine reports other prompt token IDs than the ones sent")
+            parsed.append(self.parser.parse(text, request.tools, thinking=plan.thinking))
             reason: FinishReason = _FINISH.get(finish, "stop")
-            if parsed.message.tool_calls and reason == "stop":
+            if parsed[0].message.tool_calls and reason == "stop":
                 reason = "tool_calls"
-            result = ChatResult(message=parsed.message, finish_reason=reason, prompt_ids=prompt_ids,
+            result = ChatResult(message=parsed[0].message, finish_reason=reason, prompt_ids=prompt_ids,
                                 response_ids=response_ids, response_logprobs=logprobs,
                                 usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(response_ids)),
-                                engine=self.name, server=server.url, policy_version=self.pool.policy_version)
+                                engine=self.name)
             result.raw.update(extra)
-            result.raw["upstream_seconds"] = time.perf_counter() - started
-        keep_token_in_result(self.renderer, session_id, plan, parsed, result)
+            return result
+
+        result = await self.exchange(session_id, self.token_body(request, plan), read)
+        keep_token_in_result(self.renderer, session_id, plan, parsed[0], result)
         return result
 
     async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
