@@ -122,8 +122,12 @@ def sglang_proxy() -> Iterator[EngineProxy]:
 # -- real harnesses on the real engine: steering tool calls, counting conversations -----------------------------------
 #: calls of one conversation that the engine is made to answer with a shell call (later calls sample freely)
 STEERED_TOOL_TURNS = 2
-#: the commands a steered call may choose between (the engine picks one; all are harmless in the sandbox)
-STEERED_COMMANDS = ("ls", "pwd", "echo hi")
+#: the commands a steered call may choose between: one, so each conversation runs the same command twice, as agents
+#: re-run a test (the two calls must still get two ids)
+STEERED_COMMANDS = ("ls",)
+#: steered calls per session at most (retries and sub-agents included): a harness that never answers a call with a
+#: tool result cannot keep the engine calling tools until its deadline
+STEERED_PER_SESSION = 8
 #: room for the whole block (the grammar ends the reply there), whatever cap the test's proxy sets on free replies
 STEERED_MAX_TOKENS = 160
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
@@ -160,7 +164,8 @@ class ToolSteeredEngine(VLLMTokenInEngine):
 
         tool = find_shell_tool(request.tools)
         done = sum(1 for m in request.messages if m.role == "tool")
-        if tool is not None and done < STEERED_TOOL_TURNS and request.tool_choice != "none":
+        if (tool is not None and done < STEERED_TOOL_TURNS and request.tool_choice != "none"
+                and self.steered.get(session_id, 0) < STEERED_PER_SESSION):
             extra = {**request.extra, "structured_outputs": {"regex": shell_call_regex(tool)}}
             request = request.model_copy(update={"extra": extra, "max_tokens": STEERED_MAX_TOKENS})
             request._dump = None  # the copy must not reuse the original's cached dump
@@ -207,6 +212,7 @@ class ConversationCount:
     edited: int           # of those, calls that repeat an earlier call's messages but not its reply
     branches: int         # a second turn going on from one reply
     forks: int            # a second attempt of one turn that is also continued
+    branch_calls: list[Any] = field(default_factory=list)  # the records that started a branch
 
 
 def count_conversations(records: list[Any]) -> ConversationCount:
@@ -217,6 +223,7 @@ def count_conversations(records: list[Any]) -> ConversationCount:
     of a turn that is continued too (a fork)."""
     turns: dict[str, _Turn] = {}
     roots = edited = 0
+    branch_calls: list[Any] = []
     for rec in records:
         messages = [message_key(m) for m in rec.normalized_request.get("messages") or []]
         key = json.dumps(messages)
@@ -237,7 +244,10 @@ def count_conversations(records: list[Any]) -> ConversationCount:
             edited += any(t is not turn and len(t.messages) < len(messages) and messages[:len(t.messages)] ==
                           t.messages for t in turns.values())
         else:
-            parent[0].children.setdefault(parent[1], set()).add(key)
+            kids = parent[0].children.setdefault(parent[1], set())
+            if kids:
+                branch_calls.append(rec)
+            kids.add(key)
     branches = sum(max(0, len(kids) - 1) for t in turns.values() for kids in t.children.values())
     forks = sum(max(0, len(t.children) - 1) for t in turns.values())
-    return ConversationCount(roots + branches + forks, roots, edited, branches, forks)
+    return ConversationCount(roots + branches + forks, roots, edited, branches, forks, branch_calls)

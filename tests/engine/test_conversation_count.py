@@ -51,3 +51,4 @@ def test_retries_side_requests_branches_forks_and_edits_are_counted_apart() -> N
     count = count_conversations(calls)
     assert (count.roots, count.edited, count.branches, count.forks) == (3, 1, 1, 1)
     assert count.conversations == 5
+    assert [c.response["message"]["content"] for c in count.branch_calls] == ["E"]

@@ -150,10 +150,13 @@ async def test_six_real_harnesses_in_token_in_mode_give_one_contiguous_chain_per
         for rec in records:
             if "<tool_call>" in str((rec.response.get("message") or {}).get("content") or ""):
                 assert rec.unparseable_tool_calls >= 1, (harness, rec.index)
-        if len(trajectory.traces) != count.conversations or count.edited:
+        # a harness edits its history only when something went wrong (e.g. two tool uses with one id: Claude Code
+        # interrupts the second and every later call re-branches from the first); side requests may branch
+        if (len(trajectory.traces) != count.conversations or count.edited
+                or any(not r.side_request for r in count.branch_calls)):
             failures[harness] = (len(trajectory.traces), count, trajectory.diagnostics.get("breaks"))
         if engine.steered.get(spec.session_id):
             assert sampled_calls >= 1, f"{harness}: the engine sampled the steered shell call"
-    assert failures == {}, "chains == conversations, and no harness edited its history"
+    assert failures == {}, "chains == conversations, and no harness edited or re-branched its history"
     await client.aclose()
     service.journal.close()

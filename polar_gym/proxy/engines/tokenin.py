@@ -19,7 +19,7 @@ from polar_gym.proxy.engines.base import HttpEngine
 from polar_gym.proxy.engines.sglang import generate_answer, sampling_params
 from polar_gym.proxy.engines.vllm import _ints
 from polar_gym.proxy.errors import translate_upstream_errors
-from polar_gym.proxy.parsers.base import OutputParser
+from polar_gym.proxy.parsers.base import OutputParser, call_id
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
@@ -90,6 +90,12 @@ class TokenInEngine(HttpEngine):
                 if prompt_ids != plan.prompt_ids:
                     raise ValueError("the engine reports other prompt token IDs than the ones sent")
             parsed = self.parser.parse(text, request.tools, thinking=plan.thinking)
+            if parsed.message.tool_calls:
+                # ids from the prompt's length too: a call sampled again later in the conversation (a command run
+                # twice) must not repeat an id the harness holds (Claude Code interrupts such a tool_use); a replay
+                # of the same prompt and sample keeps them
+                parsed.message.tool_calls = [c.model_copy(update={"id": call_id(f"{len(prompt_ids)}:{text}", i)})
+                                             for i, c in enumerate(parsed.message.tool_calls)]
             reason: FinishReason = _FINISH.get(finish, "stop")
             if parsed.message.tool_calls and reason == "stop":
                 reason = "tool_calls"
