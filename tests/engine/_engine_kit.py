@@ -130,6 +130,8 @@ STEERED_COMMANDS = ("ls",)
 STEERED_PER_SESSION = 8
 #: room for the whole block (the grammar ends the reply there), whatever cap the test's proxy sets on free replies
 STEERED_MAX_TOKENS = 160
+#: a steered call cut here never closes its block (``<tool_call>`` alone is 4 tokens of this tokenizer)
+CUT_MAX_TOKENS = 12
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
 
 
@@ -152,24 +154,32 @@ def shell_call_regex(tool: Any) -> str:
 class ToolSteeredEngine(VLLMTokenInEngine):
     """The token-in engine, asking vLLM for structured output (a regex over a shell ``<tool_call>`` block) on the
     first :data:`STEERED_TOOL_TURNS` calls of a conversation that offers a shell tool: random weights almost never
-    write a well-formed tool call, but the harness's tool loop is what the chains must survive. The engine still
-    samples every token (the grammar only masks its logits) and returns its own IDs and logprobs."""
+    write a well-formed tool call, but the harness's tool loop is what the chains must survive. The next call of the
+    conversation (once per session) starts the same block but is cut at :data:`CUT_MAX_TOKENS`, as a real model cut
+    at max_tokens mid-call: an unclosed block the parser must answer as text and flag. The engine still samples
+    every token (the grammar only masks its logits) and returns its own IDs and logprobs."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.steered: dict[str, int] = {}  # session -> calls sent with the regex
+        self.cut: dict[str, int] = {}      # session -> of those, calls cut before the block closes
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
         from polar_gym.proxy.engines.oracle import find_shell_tool
 
         tool = find_shell_tool(request.tools)
         done = sum(1 for m in request.messages if m.role == "tool")
-        if (tool is not None and done < STEERED_TOOL_TURNS and request.tool_choice != "none"
+        if (tool is not None and done <= STEERED_TOOL_TURNS and request.tool_choice != "none"
                 and self.steered.get(session_id, 0) < STEERED_PER_SESSION):
+            cut = done == STEERED_TOOL_TURNS
+            if cut and self.cut.get(session_id):
+                return await super().complete(request, session_id)
             extra = {**request.extra, "structured_outputs": {"regex": shell_call_regex(tool)}}
-            request = request.model_copy(update={"extra": extra, "max_tokens": STEERED_MAX_TOKENS})
+            request = request.model_copy(update={"extra": extra,
+                                                 "max_tokens": CUT_MAX_TOKENS if cut else STEERED_MAX_TOKENS})
             request._dump = None  # the copy must not reuse the original's cached dump
             self.steered[session_id] = self.steered.get(session_id, 0) + 1
+            self.cut[session_id] = self.cut.get(session_id, 0) + cut
         return await super().complete(request, session_id)
 
 

@@ -145,11 +145,13 @@ async def test_six_real_harnesses_in_token_in_mode_give_one_contiguous_chain_per
              f"traces={len(trajectory.traces)} breaks={trajectory.diagnostics.get('breaks')} "
              f"superseded={len(trajectory.diagnostics.get('superseded') or [])} proxy_new_chains={dict(new_chains)} "
              f"steered={engine.steered.get(spec.session_id, 0)} tool_calls_sampled={sampled_calls} "
-             f"unparseable={unparseable}")
-        # a malformed block is answered as text and counted on the record
+             f"cut={engine.cut.get(spec.session_id, 0)} unparseable={unparseable}")
+        # a malformed block (the cut call) is answered as text and counted on the record
         for rec in records:
-            if "<tool_call>" in str((rec.response.get("message") or {}).get("content") or ""):
-                assert rec.unparseable_tool_calls >= 1, (harness, rec.index)
+            message = rec.response.get("message") or {}
+            if "<tool_call>" in str(message.get("content") or ""):
+                assert rec.unparseable_tool_calls >= 1 and not message.get("tool_calls"), (harness, rec.index)
+        assert unparseable == engine.cut.get(spec.session_id, 0), harness
         # a harness edits its history only when something went wrong (e.g. two tool uses with one id: Claude Code
         # interrupts the second and every later call re-branches from the first); side requests may branch
         if (len(trajectory.traces) != count.conversations or count.edited
