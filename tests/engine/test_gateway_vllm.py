@@ -139,7 +139,8 @@ async def test_six_real_harnesses_in_token_in_mode_give_one_contiguous_chain_per
         unparseable = sum(r.unparseable_tool_calls for r in records)
         new_chains = Counter(n.split(":", 1)[1] for r in records for n in r.normalizations
                              if n.startswith("token_in_new_chain:"))
-        _say(f"{harness}: status={result.status.value} calls={len(records)} "
+        _say(f"{harness}: status={result.status.value} session={result.timings.get('total', 0):.1f}s "
+             f"calls={len(records)} "
              f"side={sum(r.side_request for r in records)} conversations={count.conversations} "
              f"(roots={count.roots} edited={count.edited} branches={count.branches} forks={count.forks}) "
              f"traces={len(trajectory.traces)} breaks={trajectory.diagnostics.get('breaks')} "
