@@ -67,12 +67,15 @@ def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name
     """The command that serves the tiny model with vLLM's CPU build. ``python -m ...api_server``, because the
     ``vllm serve`` entry point crashes in this build; the hermes tool parser and ``--enable-auto-tool-choice``
     because vLLM refuses ``tools`` with the default ``tool_choice`` of "auto" without them; the qwen3 reasoning
-    parser so that ``<think>`` text comes back as ``reasoning``, as on a real Qwen3 deployment."""
+    parser so that ``<think>`` text comes back as ``reasoning``, as on a real Qwen3 deployment. Structured outputs
+    apply from the first sampled token: this tokenizer has no ``</think>`` token, so vLLM's reasoning gate would
+    otherwise never open and a token prompt's grammar would be silently ignored."""
     return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir or tiny_model_dir()), "--served-model-name", served_name,
             "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", str(max_model_len),
             "--host", host, "--port", str(port),
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+            "--structured-outputs-config.enable_in_reasoning", "true"]
 
 
 def vllm_server_env(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -359,7 +359,7 @@ class ProxyService:
                 try:
                     reply = await asyncio.wait_for(asyncio.shield(task), self.keepalive_interval)
                 except TimeoutError:
-                    yield b": keepalive\n\n"
+                    yield provider.keepalive
                     continue
                 except ProxyError as exc:
                     self.stats["errors"] += 1

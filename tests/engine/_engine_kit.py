@@ -18,6 +18,8 @@ from polar_gym.assets import (
     tokenizer_dir,
 )
 from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.chat import ChatRequest, ChatResult
+from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.tokenizer import HFChatTokenizer
@@ -115,3 +117,147 @@ def sglang_proxy() -> Iterator[EngineProxy]:
     service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True), model_names=[model])
     for running in serve(service):
         yield EngineProxy(running.url, service, transport, server)
+
+
+# -- real harnesses on the real engine: steering tool calls, counting conversations -----------------------------------
+#: calls of one conversation that the engine is made to answer with a shell call (later calls sample freely)
+STEERED_TOOL_TURNS = 2
+#: the commands a steered call may choose between: one, so each conversation runs the same command twice, as agents
+#: re-run a test (the two calls must still get two ids)
+STEERED_COMMANDS = ("ls",)
+#: steered calls per session at most (retries and sub-agents included): a harness that never answers a call with a
+#: tool result cannot keep the engine calling tools until its deadline
+STEERED_PER_SESSION = 8
+#: room for the whole block (the grammar ends the reply there), whatever cap the test's proxy sets on free replies
+STEERED_MAX_TOKENS = 160
+#: a steered call cut here never closes its block (``<tool_call>`` alone is 4 tokens of this tokenizer)
+CUT_MAX_TOKENS = 12
+_REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
+
+
+def _regex_literal(text: str) -> str:
+    return "".join("\\n" if c == "\n" else "\\" + c if c in _REGEX_SPECIAL else c for c in text)
+
+
+def shell_call_regex(tool: Any) -> str:
+    """A regex for one hermes ``<tool_call>`` block calling ``tool`` (the harness's own shell tool, its arguments
+    shaped by its schema) with one of :data:`STEERED_COMMANDS`."""
+    from polar_gym.proxy.engines.oracle import shell_arguments
+
+    marker = "POLARCOMMANDSLOT"
+    body = json.dumps({"name": tool.name, "arguments": shell_arguments(tool, marker)})
+    head, tail = body.split(marker)
+    choice = "(" + "|".join(_regex_literal(c) for c in STEERED_COMMANDS) + ")"
+    return _regex_literal("<tool_call>\n" + head) + choice + _regex_literal(tail + "\n</tool_call>")
+
+
+class ToolSteeredEngine(VLLMTokenInEngine):
+    """The token-in engine, asking vLLM for structured output (a regex over a shell ``<tool_call>`` block) on the
+    first :data:`STEERED_TOOL_TURNS` calls of a conversation that offers a shell tool: random weights almost never
+    write a well-formed tool call, but the harness's tool loop is what the chains must survive. The next call of the
+    conversation (once per session) starts the same block but is cut at :data:`CUT_MAX_TOKENS`, as a real model cut
+    at max_tokens mid-call: an unclosed block the parser must answer as text and flag. The engine still samples
+    every token (the grammar only masks its logits) and returns its own IDs and logprobs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steered: dict[str, int] = {}  # session -> calls sent with the regex
+        self.cut: dict[str, int] = {}      # session -> of those, calls cut before the block closes
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        from polar_gym.proxy.engines.oracle import find_shell_tool
+
+        tool = find_shell_tool(request.tools)
+        done = sum(1 for m in request.messages if m.role == "tool")
+        if (tool is not None and done <= STEERED_TOOL_TURNS and request.tool_choice != "none"
+                and self.steered.get(session_id, 0) < STEERED_PER_SESSION):
+            cut = done == STEERED_TOOL_TURNS
+            if cut and self.cut.get(session_id):
+                return await super().complete(request, session_id)
+            extra = {**request.extra, "structured_outputs": {"regex": shell_call_regex(tool)}}
+            request = request.model_copy(update={"extra": extra,
+                                                 "max_tokens": CUT_MAX_TOKENS if cut else STEERED_MAX_TOKENS})
+            request._dump = None  # the copy must not reuse the original's cached dump
+            self.steered[session_id] = self.steered.get(session_id, 0) + 1
+            self.cut[session_id] = self.cut.get(session_id, 0) + cut
+        return await super().complete(request, session_id)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def _arguments(raw: Any) -> Any:
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return raw
+
+
+def message_key(message: dict[str, Any]) -> str:
+    """A message as a conversation sees it: an assistant turn by its text (surrounding whitespace aside) and its
+    tool calls' names and arguments (IDs, reasoning and argument formatting aside); any other message whole."""
+    role = message.get("role")
+    if role != "assistant":
+        return json.dumps({k: v for k, v in message.items() if v not in (None, "")}, sort_keys=True)
+    calls = [(c["function"]["name"], _arguments(c["function"].get("arguments")))
+             for c in message.get("tool_calls") or []]
+    return json.dumps({"role": role, "content": _text(message.get("content")).strip(), "calls": calls},
+                      sort_keys=True)
+
+
+@dataclass
+class _Turn:
+    messages: list[str]
+    attempts: list[str] = field(default_factory=list)             # each call's reply
+    children: dict[int, set[str]] = field(default_factory=dict)   # attempt index -> turns going on from it
+
+
+@dataclass
+class ConversationCount:
+    conversations: int
+    roots: int            # calls that go on from no earlier call
+    edited: int           # of those, calls that repeat an earlier call's messages but not its reply
+    branches: int         # a second turn going on from one reply
+    forks: int            # a second attempt of one turn that is also continued
+    branch_calls: list[Any] = field(default_factory=list)  # the records that started a branch
+
+
+def count_conversations(records: list[Any]) -> ConversationCount:
+    """Conversations among ``records`` (journal order), from the request messages alone, independently of any
+    builder: a call continues an earlier one when its messages start with that call's messages plus its reply (the
+    longest such); calls with the same messages are attempts at one turn (a retry). A conversation starts at every
+    call that continues none, at every further turn continuing one reply (a branch), and at every further attempt
+    of a turn that is continued too (a fork)."""
+    turns: dict[str, _Turn] = {}
+    roots = edited = 0
+    branch_calls: list[Any] = []
+    for rec in records:
+        messages = [message_key(m) for m in rec.normalized_request.get("messages") or []]
+        key = json.dumps(messages)
+        reply = message_key({"role": "assistant", **(rec.response.get("message") or {})})
+        if key in turns:
+            turns[key].attempts.append(reply)
+            continue
+        turn = turns[key] = _Turn(messages, [reply])
+        parent: tuple[_Turn, int] | None = None
+        for earlier in turns.values():
+            size = len(earlier.messages)
+            if earlier is turn or size >= len(messages) or messages[:size] != earlier.messages:
+                continue
+            if messages[size] in earlier.attempts and (parent is None or size > len(parent[0].messages)):
+                parent = earlier, earlier.attempts.index(messages[size])
+        if parent is None:
+            roots += 1
+            edited += any(t is not turn and len(t.messages) < len(messages) and messages[:len(t.messages)] ==
+                          t.messages for t in turns.values())
+        else:
+            kids = parent[0].children.setdefault(parent[1], set())
+            if kids:
+                branch_calls.append(rec)
+            kids.add(key)
+    branches = sum(max(0, len(kids) - 1) for t in turns.values() for kids in t.children.values())
+    forks = sum(max(0, len(t.children) - 1) for t in turns.values())
+    return ConversationCount(roots + branches + forks, roots, edited, branches, forks, branch_calls)

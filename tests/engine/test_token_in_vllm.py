@@ -2,8 +2,8 @@
 multi-turn conversation through the proxy is ONE chain whose every prompt extends the previous prompt + response
 token for token, and the captured IDs and logprobs are exactly the engine's.
 
-Random weights emit gibberish and rarely call a tool (structured outputs do not constrain this CPU build's sampling),
-so the tool round trip is in the conversation's history and later sampled tool calls, if any, are answered."""
+Random weights emit gibberish and rarely call a tool, so the tool round trip is in the conversation's history and
+later sampled tool calls, if any, are answered (test_gateway_vllm.py has the engine sample them under a regex)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import pydantic
 
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FinishReason, FunctionCall, Tool, ToolCall, Usage
 from polar_gym.proxy.engines.base import Engine
-from polar_gym.proxy.engines.tokenin import keep_token_in_result, plan_prompt
+from polar_gym.proxy.engines.tokenin import keep_token_in_result, parse_reply, plan_prompt
 from polar_gym.proxy.errors import SessionMetadataError, validation_message
 from polar_gym.proxy.parsers.base import OutputParser, parser_for
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan, TemplateTokenizer
@@ -263,7 +263,7 @@ class OracleEngine(Engine):
         plan: PromptPlan = await plan_prompt(renderer, request, session_id)
         async with self.pool.lease(session_id) as server:
             _, response_ids, finish, drift = self.sample(request, session_id, think=plan.thinking)
-            parsed = self.parser.parse(self.tokenizer.decode(response_ids), request.tools, thinking=plan.thinking)
+            parsed = parse_reply(self.parser, self.tokenizer.decode(response_ids), request, plan)
             if parsed.message.tool_calls and finish == "stop":
                 finish = "tool_calls"
             result = self.result(session_id, parsed.message, finish, plan.prompt_ids, response_ids, drift)

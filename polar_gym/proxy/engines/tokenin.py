@@ -17,13 +17,13 @@ from polar_gym.proxy.chat import ChatRequest, ChatResult, FinishReason, Usage
 from polar_gym.proxy.engines.base import HttpEngine
 from polar_gym.proxy.engines.sglang import generate_answer, sampling_params
 from polar_gym.proxy.engines.vllm import _ints
-from polar_gym.proxy.parsers.base import OutputParser, ParsedReply
+from polar_gym.proxy.parsers.base import OutputParser, ParsedReply, call_id
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
 
 __all__ = ["SGLangTokenInEngine", "TokenInEngine", "VLLMTokenInEngine", "completions_body", "keep_token_in_result",
-           "plan_prompt"]
+           "parse_reply", "plan_prompt"]
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
 
@@ -49,6 +49,17 @@ async def plan_prompt(renderer: PrefixRenderer, request: ChatRequest, session_id
     if plan is None:
         plan = await asyncio.to_thread(renderer.plan, request, session_id)
     return plan
+
+
+def parse_reply(parser: OutputParser, text: str, request: ChatRequest, plan: PromptPlan) -> ParsedReply:
+    """The sampled text as the protocol's message. Tool-call ids come from the prompt's length and the text: a call
+    sampled again later in the conversation (a command run twice) must not repeat an id the harness holds (Claude
+    Code interrupts such a tool_use), and a replay of the same prompt and sample keeps them."""
+    parsed = parser.parse(text, request.tools, thinking=plan.thinking)
+    if parsed.message.tool_calls:
+        parsed.message.tool_calls = [c.model_copy(update={"id": call_id(f"{len(plan.prompt_ids)}:{text}", i)})
+                                     for i, c in enumerate(parsed.message.tool_calls)]
+    return parsed
 
 
 def keep_token_in_result(renderer: PrefixRenderer, session_id: str, plan: PromptPlan, parsed: ParsedReply,
@@ -104,7 +115,7 @@ class TokenInEngine(HttpEngine):
             prompt_ids, response_ids, logprobs, text, finish, extra = self.read_answer(data, plan)
             if prompt_ids != plan.prompt_ids:
                 raise ValueError("the engine reports other prompt token IDs than the ones sent")
-            parsed.append(self.parser.parse(text, request.tools, thinking=plan.thinking))
+            parsed.append(parse_reply(self.parser, text, request, plan))
             reason: FinishReason = _FINISH.get(finish, "stop")
             if parsed[0].message.tool_calls and reason == "stop":
                 reason = "tool_calls"

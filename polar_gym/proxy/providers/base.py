@@ -112,6 +112,8 @@ class Provider(abc.ABC, Generic[S]):
     error_style: ClassVar[ErrorStyle] = "openai"
     #: the prefix of the response ids it renders (``msg_``, ``chatcmpl-``, ``resp_``)
     id_prefix: ClassVar[str] = ""
+    #: what a slow stream is sent while its engine call runs (before any event): an SSE comment
+    keepalive: ClassVar[bytes] = b": keepalive\n\n"
 
     @abc.abstractmethod
     def parse(self, body: dict[str, Any], route: Route) -> Inbound[S]:

@@ -441,6 +441,10 @@ class GoogleProvider(Provider[GoogleRenderState]):
     name = "google"
     conversation_field = "contents"
     error_style = "google"
+    #: blank lines, not a comment: the google-genai SDK copy Gemini CLI bundles reads events only while its buffer
+    #: starts with ``data:`` after whitespace, so a comment first leaves the whole stream unread and the call is sent
+    #: again (a blank line is a no-op for any SSE reader)
+    keepalive = b"\n"
 
     def parse(self, body: dict[str, Any], route: Route) -> Inbound[GoogleRenderState]:
         if route.action is None:
