@@ -6,7 +6,9 @@ What it fakes, and how far (a documented fake, not a mock):
   answered in vLLM's shape (``choices[0].prompt_token_ids``, ``token_ids`` ending with the stop token, ``text``
   without it, ``logprobs.token_logprobs``, ``finish_reason``/``stop_reason``, ``usage``); errors in vLLM's
   ``{"error": {message, type, param, code}}`` shape; ``GET /v1/models``. Real vLLM also takes text prompts; this
-  one refuses anything but a list of token IDs (400), so a prompt that was not sent as tokens is caught.
+  one refuses anything but a list of token IDs (400), so a prompt that was not sent as tokens is caught. For
+  contrast, ``POST /v1/chat/completions`` plays the same model the chat-mode way (vLLM renders and tokenizes the
+  whole history itself, and parses the answer into a message).
 - The model: it decodes the prompt, reads the conversation (the agent's name from ``You are NAME`` in the system
   prompt, its first tool, the last user task ``... N steps ...``, how many assistant turns followed it) and answers
   like a Qwen3 agent: a ``<think>`` block (unless the prompt closed it), then a hermes ``<tool_call>`` JSON for the
@@ -35,7 +37,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from polar_gym.proxy.tokenizer import HFChatTokenizer
+from polar_gym.proxy.chat import ChatRequest
+from polar_gym.proxy.parsers.base import parser_for
+from polar_gym.proxy.tokenizer import HFChatTokenizer, template_messages
 from polar_gym.serving import EmbeddedServer, free_port
 
 __all__ = ["DriftingVLLM", "Exchange", "agent_reply", "drifting_vllm", "noncanonical", "read_turns"]
@@ -137,6 +141,7 @@ class DriftingVLLM:
         self._release = threading.Event()
         self.app = FastAPI()
         self.app.post("/v1/completions")(self.completions)
+        self.app.post("/v1/chat/completions")(self.chat_completions)
         self.app.get("/v1/models")(self.models)
 
     def fail_next(self) -> None:
@@ -150,10 +155,6 @@ class DriftingVLLM:
 
     def release(self) -> None:
         self._release.set()
-
-    def drift_share(self, exchanges: list[Exchange] | None = None) -> float:
-        done = [e for e in (self.exchanges if exchanges is None else exchanges) if e.status == 200]
-        return sum(e.drift for e in done) / len(done) if done else 0.0
 
     async def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
@@ -169,8 +170,53 @@ class DriftingVLLM:
                           "must be a non-empty list of token IDs", "body.prompt")
         if body.get("model") not in (None, self.model):
             return _error(404, "NotFoundError", f"The model `{body.get('model')}` does not exist.", "model")
+        sampled = await self._sample(list(prompt), body.get("max_tokens"))
+        if isinstance(sampled, JSONResponse):
+            return sampled
+        exchange, text, finish, stop = sampled
+        ids, logprobs = exchange.token_ids, exchange.logprobs
+        pieces = [self.tok.decode([t]) for t in ids]
+        offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+        choice = {"index": 0, "text": text, "finish_reason": finish, "stop_reason": stop,
+                  "token_ids": ids, "prompt_token_ids": list(prompt), "prompt_logprobs": None,
+                  "logprobs": {"text_offset": offsets, "token_logprobs": logprobs, "tokens": pieces,
+                               "top_logprobs": [{p: lp} for p, lp in zip(pieces, logprobs, strict=True)]}}
+        return JSONResponse({"id": f"cmpl-{self.calls}", "object": "text_completion", "created": int(time.time()),
+                             "model": self.model, "choices": [choice], "usage": _usage(prompt, ids)})
+
+    async def chat_completions(self, request: Request) -> JSONResponse:
+        """vLLM's chat endpoint with ``return_token_ids`` (the proxy's ``prompt_mode: chat``): the server renders
+        the messages with the chat template and tokenizes the whole history again on every call."""
+        body = await request.json()
+        chat = ChatRequest.model_validate({k: body[k] for k in ("model", "messages", "tools") if k in body})
+        messages, tools = template_messages(chat)
+        text = self.tok.render_text(messages, tools, template_kwargs=body.get("chat_template_kwargs"))
+        prompt = self.tok.encode(text)
+        sampled = await self._sample(prompt, body.get("max_tokens"))
+        if isinstance(sampled, JSONResponse):
+            return sampled
+        exchange, text, finish, _ = sampled
+        reply = parser_for("qwen3").parse(text, chat.tools).message
+        calls = [{"id": c.id, "type": "function", "function": {"name": c.function.name,
+                                                                "arguments": c.function.arguments}}
+                 for c in reply.tool_calls or []]
+        message = {"role": "assistant", "content": reply.content, "reasoning_content": reply.reasoning_content,
+                   "tool_calls": calls}
+        content: list[dict[str, Any]] = [
+            {"token": self.tok.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+            for t, lp in zip(exchange.token_ids, exchange.logprobs, strict=True)]
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else finish,
+                  "token_ids": exchange.token_ids, "logprobs": {"content": content}}
+        return JSONResponse({"id": f"chatcmpl-{self.calls}", "object": "chat.completion",
+                             "created": int(time.time()), "model": self.model, "choices": [choice],
+                             "prompt_token_ids": prompt, "usage": _usage(prompt, exchange.token_ids)})
+
+    async def _sample(self, prompt: list[int],
+                      max_tokens: Any) -> tuple[Exchange, str, str, int | None] | JSONResponse:
+        """The scripted model's answer to ``prompt`` (after any scripted fault): the exchange (sampled IDs and
+        logprobs), the text, the finish reason and vLLM's stop_reason."""
         self.calls += 1
-        exchange = Exchange(list(prompt), 200)
+        exchange = Exchange(prompt, 200)
         self.exchanges.append(exchange)
         if self._fail_next:
             self._fail_next = False
@@ -186,23 +232,19 @@ class DriftingVLLM:
         text = agent_reply(read_turns(self.tok.decode(prompt)), sample)
         drift = self.calls % 10 in DRIFT_CALLS
         ids = [*(noncanonical(self.tok, text) if drift else self.tok.encode(text)), self.eot]
-        max_tokens = body.get("max_tokens")
-        finish, stop_reason = "stop", self.eot
+        finish = "stop"
+        stop: int | None = self.eot  # vLLM's stop_reason: the stop token that ended the turn
         if isinstance(max_tokens, int) and len(ids) > max_tokens:
-            ids, finish, stop_reason = ids[:max_tokens], "length", None
+            ids, finish, stop = ids[:max_tokens], "length", None
             text = self.tok.decode(ids)
-        logprobs = [_logprob(digest, i) for i in range(len(ids))]
-        exchange.token_ids, exchange.logprobs, exchange.drift = ids, logprobs, drift and finish == "stop"
-        pieces = [self.tok.decode([t]) for t in ids]
-        offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
-        choice = {"index": 0, "text": text, "finish_reason": finish, "stop_reason": stop_reason,
-                  "token_ids": ids, "prompt_token_ids": list(prompt), "prompt_logprobs": None,
-                  "logprobs": {"text_offset": offsets, "token_logprobs": logprobs, "tokens": pieces,
-                               "top_logprobs": [{p: lp} for p, lp in zip(pieces, logprobs, strict=True)]}}
-        return JSONResponse({"id": f"cmpl-{self.calls}", "object": "text_completion", "created": int(time.time()),
-                             "model": self.model, "choices": [choice],
-                             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                                       "total_tokens": len(prompt) + len(ids), "prompt_tokens_details": None}})
+        exchange.token_ids, exchange.logprobs = ids, [_logprob(digest, i) for i in range(len(ids))]
+        exchange.drift = drift and finish == "stop"
+        return exchange, text, finish, stop
+
+
+def _usage(prompt: list[int], ids: list[int]) -> dict[str, Any]:
+    return {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids),
+            "prompt_tokens_details": None}
 
 
 @contextlib.contextmanager

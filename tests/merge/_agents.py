@@ -110,7 +110,7 @@ class ChatAgent(Agent):
 
     def ask(self, client: openai.OpenAI) -> tuple[str, str, list[tuple[str, str]]]:
         resp = client.chat.completions.create(model="policy", messages=self.messages,  # type: ignore[arg-type]
-                                              tools=[{"type": "function", "function": self.tool}],  # type: ignore[list-item]
+                                              tools=[{"type": "function", "function": self.tool}],  # type: ignore[typeddict-item]
                                               max_tokens=2048)
         msg = resp.choices[0].message
         calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []  # type: ignore[union-attr]

@@ -23,6 +23,7 @@ from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
+from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.parsers.base import parser_for
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.tokenizer import HFChatTokenizer
@@ -59,6 +60,16 @@ def proxy(tok: HFChatTokenizer, upstream: DriftingVLLM) -> Iterator[RunningProxy
     engine = VLLMTokenInEngine(tok, parser_for("qwen3"), UpstreamPool([upstream.url]), upstream_model=upstream.model,
                                client=httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0),
                                                         limits=httpx.Limits(max_keepalive_connections=0)))
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
+    yield from serve(service)
+
+
+@pytest.fixture
+def chat_proxy(upstream: DriftingVLLM) -> Iterator[RunningProxy]:
+    """The proxy in ``prompt_mode: chat`` on the same upstream (its /v1/chat/completions)."""
+    engine = VLLMEngine(UpstreamPool([upstream.url]), httpx.AsyncClient(
+        timeout=httpx.Timeout(120.0, connect=5.0), limits=httpx.Limits(max_keepalive_connections=0)),
+        upstream_model=upstream.model)
     service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
     yield from serve(service)
 
@@ -118,7 +129,7 @@ def check_builder(traj: Trajectory, conversation: dict[str, str], ordered: dict[
     label = f"on_rerender={name}"
     who = [[conversation.get(c, "abandoned" if c in abandoned else "?") for c in t.metadata["completion_ids"]]
            for t in traj.traces]
-    traces = {conversation.get(t.metadata["completion_ids"][0]): t for t in traj.traces}
+    traces = {conversation.get(t.metadata["completion_ids"][0], "?"): t for t in traj.traces}
     assert len(traj.traces) == len(ordered) == len(traces), (label, who, traj.diagnostics)  # one per conversation
     for conv, trace in traces.items():
         # exactly that conversation's used completions, in its order
@@ -145,8 +156,8 @@ def abandon_next_call(upstream: DriftingVLLM, ledger: Ledger, conversation: str,
 def test_the_upstream_speaks_vllm_and_refuses_text_prompts(upstream: DriftingVLLM, tok: HFChatTokenizer) -> None:
     models = httpx.get(upstream.url + "/v1/models").json()
     assert models["data"][0]["id"] == upstream.model and models["object"] == "list"
-    for prompt in ("hi", [], [1, "2"], [[1, 2]], [1.5]):
-        resp = httpx.post(upstream.url + "/v1/completions", json={"model": upstream.model, "prompt": prompt})
+    for refused in ("hi", [], [1, "2"], [[1, 2]], [1.5]):
+        resp = httpx.post(upstream.url + "/v1/completions", json={"model": upstream.model, "prompt": refused})
         assert resp.status_code == 400
         assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
     prompt = tok.render([{"role": "system", "content": "You are probe."}, {"role": "user", "content": "1 step"}],
@@ -239,13 +250,12 @@ def test_sub_agent_interleaved_with_the_main_agent(proxy: RunningProxy, upstream
     assert counts == {**counts, "conversations": 2, "completions": 12, "used": 12}
 
 
-def test_one_harness_session_with_all_of_it(proxy: RunningProxy, upstream: DriftingVLLM) -> None:
+def run_all_of_it(proxy: RunningProxy, upstream: DriftingVLLM, key: str) -> Ledger:
     """One Claude-Code-like run in one session: a main agent with many tool turns (thinking dropped, its own tool
     IDs), a helper sub-agent interleaved with its first turns, an engine error the SDK retries, a client timeout
     retried while the first attempt still runs, two sequential explorer sub-agents from the same first prompt, then
     compaction (a summary of the whole history, and the work continued from it)."""
     ledger = Ledger()
-    key = "ses-all"
     with anthropic_client(proxy, key, max_retries=2) as client:
         explorers = iter(range(2))
 
@@ -274,9 +284,35 @@ def test_one_harness_session_with_all_of_it(proxy: RunningProxy, upstream: Drift
         summary = main.run(client)
         AnthropicAgent("compacted", ledger, "You are main-agent, a coder.", f"{summary}\nContinue: 3 steps.",
                        tool_spec("Bash")).run(client)
-    counts = check_session(captured(proxy, key, ledger), ledger, upstream)
+    return ledger
+
+
+def test_one_harness_session_with_all_of_it(proxy: RunningProxy, upstream: DriftingVLLM) -> None:
+    ledger = run_all_of_it(proxy, upstream, "ses-all")
+    counts = check_session(captured(proxy, "ses-all", ledger), ledger, upstream)
     assert counts == {**counts, "conversations": 5, "completions": 28, "used": 26, "abandoned": 1, "failed": 1}
     assert counts["drifted"] >= 0.2 * counts["used"]
+
+
+def test_the_same_session_in_chat_mode_breaks_at_drift(chat_proxy: RunningProxy, upstream: DriftingVLLM) -> None:
+    """The contrast: the same run with ``prompt_mode: chat`` (vLLM renders and tokenizes the whole history on every
+    call). Where the model sampled a non-canonical tokenization, or thought, the next prompt no longer extends what
+    it sampled: the default builder starts new chains there, and merging joins them over a context the model never
+    saw."""
+    ledger = run_all_of_it(chat_proxy, upstream, "ses-all-chat")
+    sess = captured(chat_proxy, "ses-all-chat", ledger)
+    assert {r.prompt_mode for r in sess.completions if r.status == "ok"} == {"chat"}
+    by_response = {r.response.get("id"): r for r in sess.completions if r.status == "ok"}
+    not_extending = sum(later.prompt_ids[:len(earlier.prompt_ids + earlier.response_ids)]
+                        != earlier.prompt_ids + earlier.response_ids
+                        for ids in ledger.calls.values()
+                        for earlier, later in itertools.pairwise([by_response[rid] for rid in ids]))
+    assert not_extending > 0
+    broken = prefix_merging(sess, CONFIGS["break"])
+    check_invariants(sess, broken)
+    assert len(broken.traces) > len(ledger.calls)
+    assert {"drift", "thinking_dropped"} & set(broken.diagnostics["breaks"]), broken.diagnostics["breaks"]
+    assert prefix_merging(sess, CONFIGS["merge"]).diagnostics["rerender_merged"] > 0
 
 
 ONE_CALL_LIMIT = ("known builder limit (prefix_merging docstring): a one-call conversation followed, after its "
