@@ -17,8 +17,10 @@ from typing import Any
 
 import anthropic
 import openai
+from google import genai
+from google.genai import types
 
-__all__ = ["Agent", "AnthropicAgent", "ChatAgent", "Ledger", "ResponsesAgent", "tool_spec"]
+__all__ = ["Agent", "AnthropicAgent", "ChatAgent", "GoogleAgent", "Ledger", "ResponsesAgent", "tool_spec"]
 
 Results = Callable[[str], str]
 
@@ -196,3 +198,43 @@ class ResponsesAgent(Agent):
 
     def final_text(self) -> str:
         return str(self.items[-1]["content"])
+
+
+class GoogleAgent(Agent):
+    """google-genai ``generate_content`` as Gemini CLI uses it: ``contents`` with model turns sent back without
+    their thought parts, function calls without IDs, results as ``function_response`` parts matched by name."""
+
+    def start(self, task: str) -> None:
+        self.contents: list[types.Content] = [types.Content(role="user", parts=[types.Part(text=task)])]
+
+    def say(self, text: str) -> None:
+        self.contents.append(types.Content(role="user", parts=[types.Part(text=text)]))
+
+    def ask(self, client: genai.Client) -> tuple[str, str, list[tuple[str, str]]]:
+        declaration = types.FunctionDeclaration(name=self.tool["name"], description=self.tool["description"],
+                                                parameters_json_schema=self.tool["parameters"])
+        config = types.GenerateContentConfig(
+            system_instruction=self.system, tools=[types.Tool(function_declarations=[declaration])],
+            automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True), max_output_tokens=2048,
+            thinking_config=types.ThinkingConfig(include_thoughts=True))
+        resp = client.models.generate_content(model="gemini-2.5-pro", contents=self.contents, config=config)
+        parts = resp.candidates[0].content.parts if resp.candidates and resp.candidates[0].content else None
+        assert parts and parts[0].thought  # the model thought; the client drops it below
+        text = "".join(p.text or "" for p in parts if not p.thought and p.text)
+        calls = [(p.function_call.name or "", json.dumps(p.function_call.args))
+                 for p in parts if p.function_call is not None]
+        return str(resp.response_id), text, calls
+
+    def append(self, text: str, calls: list[tuple[str, str, str]], outputs: list[str]) -> None:
+        parts = [types.Part(text=text)] if text else []
+        parts += [types.Part(function_call=types.FunctionCall(name=name, args=json.loads(args)))
+                  for _, name, args in calls]
+        self.contents.append(types.Content(role="model", parts=parts))
+        if calls:
+            self.contents.append(types.Content(role="user", parts=[
+                types.Part.from_function_response(name=name, response={"output": out})
+                for (_, name, _), out in zip(calls, outputs, strict=True)]))
+
+    def final_text(self) -> str:
+        parts = self.contents[-1].parts or []
+        return "".join(p.text or "" for p in parts)

@@ -9,6 +9,7 @@ the engine with its logprob, NeMo RL's contiguity rule on every trace, and no ``
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +18,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+from google import genai
+from google.genai import types
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
@@ -32,7 +35,7 @@ from polar_gym.schema import CompletionSession, Trajectory
 from tests._drifting_vllm import DriftingVLLM, drifting_vllm
 from tests._serving import RunningProxy, serve
 from tests._waiting import until_sync
-from tests.merge._agents import AnthropicAgent, ChatAgent, Ledger, ResponsesAgent, tool_spec
+from tests.merge._agents import AnthropicAgent, ChatAgent, GoogleAgent, Ledger, ResponsesAgent, tool_spec
 from tests.merge._sessions import EOT, check_invariants, rec, session
 
 pytestmark = pytest.mark.sdk
@@ -80,6 +83,13 @@ def openai_client(proxy: RunningProxy, key: str, **options: Any) -> openai.OpenA
 
 def anthropic_client(proxy: RunningProxy, key: str, max_retries: int = 0) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=max_retries)
+
+
+def google_client(proxy: RunningProxy, key: str, stack: contextlib.ExitStack) -> genai.Client:
+    options = types.HttpOptions(base_url=proxy.url, retry_options=types.HttpRetryOptions(attempts=1))
+    client = genai.Client(api_key=key, http_options=options)
+    stack.callback(client.close)
+    return client
 
 
 def captured(proxy: RunningProxy, key: str, ledger: Ledger) -> CompletionSession:
@@ -235,18 +245,24 @@ def test_compaction_replaces_the_history_with_a_summary(proxy: RunningProxy, ups
     assert counts == {**counts, "conversations": 2, "completions": 11, "used": 11}
 
 
-def test_sub_agent_interleaved_with_the_main_agent(proxy: RunningProxy, upstream: DriftingVLLM) -> None:
-    """(d) A sub-agent with its own system prompt and tool calls between the main agent's turns."""
+@pytest.mark.parametrize("sdk", ["openai_chat", "google"])
+def test_sub_agent_interleaved_with_the_main_agent(proxy: RunningProxy, upstream: DriftingVLLM, sdk: str) -> None:
+    """(d) A sub-agent with its own system prompt and tool calls between the main agent's turns (OpenAI Chat, and
+    google-genai as Gemini CLI uses it)."""
     ledger = Ledger()
-    with openai_client(proxy, "ses-interleaved") as client:
-        main = ChatAgent("main", ledger, "You are main-agent.", "Port the module: 6 steps.", tool_spec("shell"))
-        helper = ChatAgent("helper", ledger, "You are helper-agent, who searches code.", "Find the callers: 4 steps.",
-                           tool_spec("grep"))
+    key = f"ses-interleaved-{sdk}"
+    make = ChatAgent if sdk == "openai_chat" else GoogleAgent
+    with contextlib.ExitStack() as stack:
+        client: Any = stack.enter_context(openai_client(proxy, key)) if sdk == "openai_chat" else google_client(
+            proxy, key, stack)
+        main = make("main", ledger, "You are main-agent.", "Port the module: 6 steps.", tool_spec("shell"))
+        helper = make("helper", ledger, "You are helper-agent, who searches code.", "Find the callers: 4 steps.",
+                      tool_spec("grep"))
         while not (main.done and helper.done):
             for agent in (main, helper):
                 if not agent.done:
                     agent.step(client)
-    counts = check_session(captured(proxy, "ses-interleaved", ledger), ledger, upstream)
+    counts = check_session(captured(proxy, key, ledger), ledger, upstream)
     assert counts == {**counts, "conversations": 2, "completions": 12, "used": 12}
 
 
