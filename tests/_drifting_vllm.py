@@ -12,11 +12,13 @@ What it fakes, and how far (a documented fake, not a mock):
 - The model: it decodes the prompt, reads the conversation (the agent's name from ``You are NAME`` in the system
   prompt, its first tool, the last user task ``... N steps ...``, how many assistant turns followed it) and answers
   like a Qwen3 agent: a ``<think>`` block (unless the prompt closed it), then a hermes ``<tool_call>`` JSON for the
-  next step, or a final text; a task that starts with ``Summarize`` asks for a one-line summary. The n-th time one
-  exact prompt is seen it answers variant n (``sample n``), as sampling would: a retry gets another answer, two
-  sub-agents from one prompt diverge. Logprobs are a deterministic function of the prompt and the position.
+  next step (after a line of text on every other step, unless the task says ``quietly``), or a final text; a task
+  that starts with ``Summarize`` asks for a one-line summary. The n-th time one exact prompt is seen it answers
+  variant n (``sample n``), as sampling would: a retry gets another answer, two sub-agents from one prompt diverge
+  (in their tool calls; the line of text before them stays the same, as it often does with a real model).
+  Logprobs are a deterministic function of the prompt and the position.
 - Faults on demand: :meth:`DriftingVLLM.fail_next` answers the next call 500; :meth:`DriftingVLLM.hold_next` keeps
-  the next call until :meth:`DriftingVLLM.release` (a client-timeout retry while the first attempt still runs).
+  the next call until its gate opens (a client-timeout retry while the first attempt still runs).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def agent_reply(turns: list[Turn], sample: int) -> str:
         return text + f"Summary: {name} made {calls} tool calls so far (sample {sample})."
     if done < steps and tool is not None:
         call = json.dumps({"name": tool, "arguments": {"command": f"{name} step {done + 1} sample {sample}"}})
-        lead = f"Step {done + 1}: checking.\n" if done % 2 == 0 else ""
+        lead = f"Step {done + 1}: checking.\n" if done % 2 == 0 and "quietly" not in task else ""
         return text + f"{lead}<tool_call>\n{call}\n</tool_call>"
     return text + f"{name} is done after {steps} steps (sample {sample})."
 
@@ -137,8 +139,8 @@ class DriftingVLLM:
         self.calls = 0
         self.held = 0
         self._fail_next = False
-        self._hold_next = False
-        self._release = threading.Event()
+        self._hold_next: threading.Event | None = None
+        self._gates: list[threading.Event] = []
         self.app = FastAPI()
         self.app.post("/v1/completions")(self.completions)
         self.app.post("/v1/chat/completions")(self.chat_completions)
@@ -148,13 +150,17 @@ class DriftingVLLM:
         """Answer the next completion call with a 500 (an engine error a client retries)."""
         self._fail_next = True
 
-    def hold_next(self) -> None:
-        """Keep the next completion call until :meth:`release` (a slow attempt the client gives up on)."""
-        self._release.clear()
-        self._hold_next = True
+    def hold_next(self) -> threading.Event:
+        """Keep the next completion call until the returned gate is set (or :meth:`release`): a slow attempt."""
+        gate = threading.Event()
+        self._gates.append(gate)
+        self._hold_next = gate
+        return gate
 
     def release(self) -> None:
-        self._release.set()
+        """Answer every held call."""
+        for gate in self._gates:
+            gate.set()
 
     async def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
@@ -222,10 +228,10 @@ class DriftingVLLM:
             self._fail_next = False
             exchange.status = 500
             return _error(500, "InternalServerError", "EngineCore encountered an issue (scripted failure)")
-        if self._hold_next:
-            self._hold_next = False
+        if self._hold_next is not None:
+            gate, self._hold_next = self._hold_next, None
             self.held += 1
-            await asyncio.to_thread(self._release.wait, _HOLD_SECONDS)
+            await asyncio.to_thread(gate.wait, _HOLD_SECONDS)
         digest = hashlib.sha256(json.dumps(prompt).encode()).digest()
         sample = self.seen[digest]
         self.seen[digest] += 1

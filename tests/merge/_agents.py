@@ -60,6 +60,7 @@ class Agent:
 
     def __init__(self, label: str, ledger: Ledger, system: str, task: str, tool: dict[str, Any]) -> None:
         self.label, self.ledger, self.system, self.tool = label, ledger, system, tool
+        self.max_tokens = 2048  # a test may lower it for one call (an answer cut at max_tokens)
         self.turns = 0
         self.done = False
         self.start(task)
@@ -113,7 +114,7 @@ class ChatAgent(Agent):
     def ask(self, client: openai.OpenAI) -> tuple[str, str, list[tuple[str, str]]]:
         resp = client.chat.completions.create(model="policy", messages=self.messages,  # type: ignore[arg-type]
                                               tools=[{"type": "function", "function": self.tool}],  # type: ignore[typeddict-item]
-                                              max_tokens=2048)
+                                              max_tokens=self.max_tokens)
         msg = resp.choices[0].message
         calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []  # type: ignore[union-attr]
                  ]
@@ -133,7 +134,10 @@ class ChatAgent(Agent):
 
 
 class AnthropicAgent(Agent):
-    """Anthropic Messages with thinking on: every other call streamed; thinking blocks are not sent back."""
+    """Anthropic Messages with thinking on: every other call streamed; thinking blocks are not sent back (unless
+    ``keep_thinking``: then they are, signature and all, as Claude Code does within a tool loop)."""
+
+    keep_thinking = False
 
     def start(self, task: str) -> None:
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
@@ -153,12 +157,15 @@ class AnthropicAgent(Agent):
         else:
             msg = client.messages.create(**kwargs)
         assert [b.type for b in msg.content][:1] == ["thinking"]  # the model thought; the client drops it below
+        self.thinking = [{"type": "thinking", "thinking": b.thinking, "signature": b.signature}
+                         for b in msg.content if b.type == "thinking"]
         text = "".join(b.text for b in msg.content if b.type == "text")
         calls = [(b.name, json.dumps(b.input)) for b in msg.content if b.type == "tool_use"]
         return msg.id, text, calls
 
     def append(self, text: str, calls: list[tuple[str, str, str]], outputs: list[str]) -> None:
-        blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        blocks: list[dict[str, Any]] = list(self.thinking) if self.keep_thinking else []
+        blocks += [{"type": "text", "text": text}] if text else []
         blocks += [{"type": "tool_use", "id": cid, "name": name, "input": json.loads(args)}
                    for cid, name, args in calls]
         self.messages.append({"role": "assistant", "content": blocks})
