@@ -26,6 +26,7 @@ from google.genai import types
 from polar_gym.assets import tokenizer_dir
 from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
 from polar_gym.merge.prefix_merging import prefix_merging
+from polar_gym.proxy import prefix
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
 from polar_gym.proxy.engines.vllm import VLLMEngine
@@ -292,6 +293,28 @@ def test_parallel_sub_agents_started_a_moment_apart(proxy: RunningProxy, upstrea
             run.result()
     counts = check_session(captured(proxy, "ses-staggered", ledger), ledger, upstream)
     assert counts == {**counts, "conversations": 2, "completions": 8, "used": 8}
+
+
+EVICTION = ("renderer limit: PrefixRenderer keeps MAX_NODES (256) chain nodes per session and drops the OLDEST "
+            "first, leaves included: a conversation idle while others make that many calls loses its chain and "
+            "its next prompt is rendered whole (thinking dropped, drifted tokens re-tokenized): a new chain")
+
+
+@pytest.mark.xfail(strict=True, reason=EVICTION)
+def test_a_long_sub_agent_run_between_two_main_agent_turns(proxy: RunningProxy, upstream: DriftingVLLM,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main agent waits on one tool call while a sub-agent makes more calls than the renderer keeps nodes per
+    session (256; 16 here, so the test stays fast: the same mechanism)."""
+    monkeypatch.setattr(prefix, "MAX_NODES", 16)
+    ledger = Ledger()
+    with openai_client(proxy, "ses-long-sub") as client:
+        main = ChatAgent("main", ledger, "You are main-agent.", "Port the module: 3 steps.", tool_spec("shell"))
+        helper = ChatAgent("helper", ledger, "You are helper-agent.", "Find every caller: 20 steps.",
+                           tool_spec("grep"))
+        main.step(client, lambda command: helper.run(client))
+        main.run(client)
+    counts = check_session(captured(proxy, "ses-long-sub", ledger), ledger, upstream)
+    assert counts == {**counts, "conversations": 2, "completions": 25, "used": 25}
 
 
 TIMEOUT_BUG = ("builder bug: two attempts at one turn whose answers share their text but not their tool calls; the "
