@@ -32,6 +32,7 @@ are never visited: finding a chain costs about the same whatever their number.
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Sequence
@@ -166,30 +167,47 @@ def _continues(later: CompletionRecord, attempts: list[CompletionRecord]) -> Com
     if not sent_before:
         return None
 
-    msgs = _messages(later)
-    at = len(_messages(attempts[0]))
-    said = _text_of(msgs[at]) if at < len(msgs) else None
-    answers = [_text_of(a.response.get("message")) for a in sent_before]
-    if said is not None and None not in answers:  # the messages tell which answer the harness went on with
-        matching = [a for a, answer in zip(sent_before, answers, strict=True) if answer == said]
-        return matching[-1] if matching else None  # None: an answer not captured here (no usable record)
-
     def shown(a: CompletionRecord) -> tuple[bool, int, float, int]:
         reply = a.response_ids
         seen = q[n:n + len(reply)]
         return seen == reply, common_prefix_len(seen, reply), a.started_at, a.index
+
+    msgs = _messages(later)
+    at = len(_messages(attempts[0]))
+    said = _said(msgs[at]) if at < len(msgs) else None
+    answers = [_said(a.response.get("message")) for a in sent_before]
     faithful = [a for a in sent_before if a.token_faithful and a.response_ids]  # only their tokens can be shown
+    if said is not None and None not in answers:  # the messages tell which answer the harness went on with
+        matching = [a for a, answer in zip(sent_before, answers, strict=True) if answer == said]
+        tied = [a for a in matching if a in faithful]
+        if len(matching) > 1 and tied:  # the same text and calls: the tokens the prompt shows decide
+            return max(tied, key=shown)
+        return matching[-1] if matching else None  # None: an answer not captured here (no usable record)
     return max(faithful, key=shown) if faithful else None
 
 
-def _text_of(message: Any) -> str | None:
-    """An assistant message's text, whether its content is a string or a list of text parts (None if it has none)."""
+def _said(message: Any) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """What an assistant message says: its text (a string or text parts, stripped) and its tool calls (name and
+    arguments, canonical JSON; ids are left out, harnesses rename them); None if it says nothing."""
     if not isinstance(message, dict):
         return None
     content = message.get("content")
     if isinstance(content, list):
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content.strip() if isinstance(content, str) and content.strip() else None
+    text = content.strip() if isinstance(content, str) else ""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        calls.append((str(function.get("name")), json.dumps(arguments, sort_keys=True, ensure_ascii=False)))
+    return (text, tuple(calls)) if text or calls else None
 
 
 def _retries(later: CompletionRecord, first: CompletionRecord) -> bool:

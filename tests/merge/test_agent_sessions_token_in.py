@@ -264,12 +264,8 @@ def test_an_answer_cut_at_max_tokens_and_continued(proxy: RunningProxy, upstream
     assert counts == {**counts, "conversations": 1, "completions": 5, "used": 5}
 
 
-STAGGERED_BUG = ("builder bug, the same root as the timeout one: two sub-agents from one first prompt, the second sent "
-                 "0.3 s after the first while its first call runs, both first answers with the same text and other "
-                 "tool calls, the first journaled first: the first sub-agent's first answer is superseded as a retry")
-
-
-@pytest.mark.xfail(strict=True, reason=STAGGERED_BUG)
+# Was a builder bug (fixed): both first answers share their text but not their tool calls; the builder compared
+# text only, so the first sub-agent's first answer was superseded as a retry.
 def test_parallel_sub_agents_started_a_moment_apart(proxy: RunningProxy, upstream: DriftingVLLM) -> None:
     """Parallel sub-agents from one first prompt, the second launched a moment after the first (more than the 0.2 s
     the builder allows parallel twins) while the first one's first call still runs; that call answers first."""
@@ -317,13 +313,9 @@ def test_a_long_sub_agent_run_between_two_main_agent_turns(proxy: RunningProxy, 
     assert counts == {**counts, "conversations": 2, "completions": 25, "used": 25}
 
 
-TIMEOUT_BUG = ("builder bug: two attempts at one turn whose answers share their text but not their tool calls; the "
-               "abandoned one, journaled last, is taken as 'used' (prefix_merging._continues compares text only and "
-               "breaks the tie by journal order) and trained as its own trace labelled 'fork'")
-
-
-@pytest.mark.parametrize("held_turn_has_text", [
-    False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=TIMEOUT_BUG))])
+# Was a builder bug (fixed): two attempts at one turn whose answers share their text but not their tool calls; the
+# abandoned one, journaled last, was taken as 'used' and trained as its own trace labelled 'fork'.
+@pytest.mark.parametrize("held_turn_has_text", [False, True])
 def test_retry_after_an_error_and_after_a_client_timeout(proxy: RunningProxy, upstream: DriftingVLLM,
                                                           held_turn_has_text: bool) -> None:
     """(b) The engine fails a call (the SDK retries it), and a call the client gives up on (timeout) is sent again
@@ -478,7 +470,6 @@ def test_two_sequential_sub_agents_from_the_same_first_prompt(proxy: RunningProx
     calls = 3 + 2 * (explorer_steps + 1)
     assert counts == {**counts, "conversations": 3, "completions": calls, "used": calls}
 
-@pytest.mark.xfail(strict=True, reason=TIMEOUT_BUG)
 def test_minimal_repro_of_the_abandoned_attempt_with_the_same_text() -> None:
     """The bug above without a proxy: attempt A times out on the client and still runs; B (same prompt, same text,
     another tool call) answers; A is journaled after B; the next call goes on from B (its messages and tokens)."""
