@@ -267,6 +267,17 @@ def superseded_attempts(usable: list[CompletionRecord],
     return superseded, forks
 
 
+def _shows_a_twin(rec: CompletionRecord, last: CompletionRecord,
+                  placed: dict[tuple[int, tuple[int, ...]], list[CompletionRecord]]) -> bool:
+    """Whether ``rec``'s prompt shows, exactly, the reply of another trained completion sent with ``last``'s prompt
+    (a twin): then it goes on from that twin, not from a re-rendering of ``last``'s reply, and merging it into
+    ``last``'s chain would train a turn after a reply it never saw."""
+    n, q = len(last.prompt_ids), rec.prompt_ids
+    return any(other is not last and other.prompt_ids == last.prompt_ids
+               and q[n:n + len(other.response_ids)] == other.response_ids
+               for other in placed.get(_prompt_key(last.prompt_ids), ()))
+
+
 def _rank(match: _Match, rec: CompletionRecord) -> tuple[int, bool, int, int]:
     """Longest prefix first; then an exact re-rendering; then how much of the last reply the new prompt shows
     (so a drifted twin is told from its sibling); then the latest chain."""
@@ -334,6 +345,7 @@ def prefix_merging(session: CompletionSession, config: MergeConfig | None = None
     rerender_merged = 0
 
     index = _ChainIndex()
+    placed: dict[tuple[int, tuple[int, ...]], list[CompletionRecord]] = {}  # every trained record, by prompt key
     trainable = {rec.completion_id for rec in usable}
     untrainable = [r for r in session.completions if r.status == "ok" and r.completion_id not in trainable]
     thrown_away, forks = superseded_attempts(usable, untrainable)
@@ -342,17 +354,21 @@ def prefix_merging(session: CompletionSession, config: MergeConfig | None = None
             superseded.append(rec)
             continue
         best = index.best(rec, eot, rejected)
-        if best is not None and best.bridge is not None and (best.exact or config.on_rerender == "merge"):
+        twin = best is not None and not best.exact and _shows_a_twin(rec, best.chain.trace.last, placed)
+        if (best is not None and best.bridge is not None and not twin
+                and (best.exact or config.on_rerender == "merge")):
             index.remove(best.chain)
             best.chain.trace.add(rec, best.bridge)
             index.add(best.chain)
             rerender_merged += not best.exact
         else:
-            cause = best.cause if best is not None else _classify_new(rec, chains, rec.completion_id in forks)
+            cause = "fork" if twin else best.cause if best is not None else _classify_new(
+                rec, chains, rec.completion_id in forks)
             if cause != "first":
                 breaks[cause] += 1
             chains.append(_Chain(TraceBuilder(rec), cause))
             index.add(chains[-1])
+        placed.setdefault(_prompt_key(rec.prompt_ids), []).append(rec)
 
     traces = [c.trace.build(i, {"chain_cause": c.cause}) for i, c in enumerate(chains) if c.trace.records]
     if config.keep_superseded:
