@@ -174,6 +174,17 @@ class _Session:
         self.nodes: OrderedDict[int, ChainNode] = OrderedDict()
         self.by_head: dict[bytes, list[int]] = {}
         self.counter = 0
+        self.key_of: dict[int, int] = {}  # id(node) -> key, to find a new node's parent
+        self.extended: set[int] = set()   # keys of nodes a later node extends (no chain's latest turn)
+
+    def evict_one(self) -> None:
+        """Drop the oldest node some later node already extends; only when there is none, the oldest node. A chain's
+        latest node is what its next call extends: a long sub-agent run must not evict the waiting main agent's."""
+        key = min(self.extended) if self.extended else next(iter(self.nodes))
+        old = self.nodes.pop(key)
+        self.extended.discard(key)
+        self.key_of.pop(id(old), None)
+        self.by_head[_head(list(old.messages))].remove(key)
 
 
 def _head(messages: list[dict[str, Any]]) -> bytes:
@@ -254,10 +265,13 @@ class PrefixRenderer:
             key = session.counter
             session.counter += 1
             session.nodes[key] = node
+            session.key_of[id(node)] = key
             session.by_head.setdefault(_head(plan.messages), []).append(key)
+            parent_key = session.key_of.get(id(plan.parent)) if plan.parent is not None else None
+            if parent_key is not None:
+                session.extended.add(parent_key)
             while len(session.nodes) > MAX_NODES:
-                old_key, old = session.nodes.popitem(last=False)
-                session.by_head[_head(list(old.messages))].remove(old_key)
+                session.evict_one()
 
     def forget(self, session_id: str) -> None:
         with self._lock:

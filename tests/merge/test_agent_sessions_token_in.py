@@ -291,12 +291,8 @@ def test_parallel_sub_agents_started_a_moment_apart(proxy: RunningProxy, upstrea
     assert counts == {**counts, "conversations": 2, "completions": 8, "used": 8}
 
 
-EVICTION = ("renderer limit: PrefixRenderer keeps MAX_NODES (256) chain nodes per session and drops the OLDEST "
-            "first, leaves included: a conversation idle while others make that many calls loses its chain and "
-            "its next prompt is rendered whole (thinking dropped, drifted tokens re-tokenized): a new chain")
-
-
-@pytest.mark.xfail(strict=True, reason=EVICTION)
+# Was a renderer limit (fixed): PrefixRenderer dropped the OLDEST of its MAX_NODES nodes first, a chain's latest
+# node included, so a conversation idle while others made that many calls lost its chain.
 def test_a_long_sub_agent_run_between_two_main_agent_turns(proxy: RunningProxy, upstream: DriftingVLLM,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The main agent waits on one tool call while a sub-agent makes more calls than the renderer keeps nodes per
