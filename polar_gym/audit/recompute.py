@@ -1,0 +1,113 @@
+"""Recompute the logprob of chosen tokens of one sequence with a transformers causal LM, computing the output layer
+only at the rows that predict them.
+
+The output layer is what costs: Qwen's is 151,936 wide, so logits for every position of a 2k-token trace are
+~1.2 GB in fp32 and most of the compute (issue 14 measured a GRPO step at ~35 s on 2 cores, ~2-3 s once the head
+ran only at response positions). Here the decoder body runs over the sequence in chunks of ``chunk_tokens`` with a
+KV cache (memory stays bounded for long traces: attention scores are chunk x seen, not length x length), its last
+hidden state is kept only at the rows that predict a wanted token, and the head runs over those rows
+``head_rows`` at a time. Logits are upcast to fp32 before the softmax, as trainers do.
+
+The logprob is of the raw model distribution (no temperature, no top-p): what vLLM reports by default
+(``logprobs_mode=raw_logprobs``) and what SGLang's ``return_logprob`` reports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from polar_gym.audit.inputs import AuditTrace
+
+__all__ = ["DTYPES", "ModelRecompute", "load_model", "token_logprobs"]
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Any:
+    """A causal LM from a local directory (never the hub), in eval mode, on ``device``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True)
+    return model.to(device).eval()
+
+
+def _head_logprobs(model: Any, hidden: Any, targets: Any, head_rows: int) -> Any:
+    """log p(target_i) from hidden rows ``hidden[i]``, the head applied ``head_rows`` rows at a time."""
+    import torch
+
+    head = model.get_output_embeddings()
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    out = []
+    for start in range(0, hidden.shape[0], head_rows):
+        logits = head(hidden[start:start + head_rows]).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        logprobs = torch.log_softmax(logits, dim=-1)
+        out.append(logprobs.gather(-1, targets[start:start + head_rows].unsqueeze(-1)).squeeze(-1))
+    return torch.cat(out) if out else torch.empty(0)
+
+
+def token_logprobs(model: Any, input_ids: Sequence[int], positions: Sequence[int], *, chunk_tokens: int = 4096,
+                   head_rows: int = 256) -> list[float]:
+    """``log p(input_ids[t] | input_ids[:t])`` for each ``t`` in ``positions`` (in that order; 1 <= t < len)."""
+    import torch
+    from transformers import DynamicCache
+
+    if not positions:
+        return []
+    if min(positions) < 1 or max(positions) >= len(input_ids):
+        raise ValueError(f"positions must lie in [1, {len(input_ids) - 1}]")
+    if chunk_tokens < 1 or head_rows < 1:
+        raise ValueError("chunk_tokens and head_rows must be positive")
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(input_ids)], dtype=torch.long, device=device)
+    rows = sorted({t - 1 for t in positions})  # the hidden row that predicts token t is t - 1
+    body = model.get_decoder()
+    upto = rows[-1] + 1  # nothing after the last wanted row is needed
+    kept = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config) if upto > chunk_tokens else None
+        for start in range(0, upto, chunk_tokens):
+            end = min(start + chunk_tokens, upto)
+            out = body(input_ids=ids[:, start:end], past_key_values=cache, use_cache=cache is not None)
+            local = [r - start for r in rows if start <= r < end]
+            if local:
+                kept.append(out.last_hidden_state[0, local])
+        hidden = torch.cat(kept)
+        targets = ids[0, [r + 1 for r in rows]]
+        values = _head_logprobs(model, hidden, targets, head_rows).tolist()
+    by_row = dict(zip(rows, values, strict=True))
+    return [float(by_row[t - 1]) for t in positions]
+
+
+class ModelRecompute:
+    """A :data:`polar_gym.audit.core.Recompute` over model directories: loads one model at a time (the audit asks
+    for all of one directory's tokens before the next) and drops it when another is asked for."""
+
+    def __init__(self, dtype: str = "float32", device: str = "cpu", chunk_tokens: int = 4096,
+                 head_rows: int = 256) -> None:
+        self.dtype, self.device, self.chunk_tokens, self.head_rows = dtype, device, chunk_tokens, head_rows
+        self._path: str | None = None
+        self._model: Any = None
+        self.load_seconds: dict[str, float] = {}
+
+    def model(self, path: str) -> Any:
+        if path != self._path:
+            self._model = None  # free the previous weights before loading the next
+            started = time.monotonic()
+            self._model = load_model(path, self.dtype, self.device)
+            self._path = path
+            self.load_seconds[path] = round(time.monotonic() - started, 3)
+        return self._model
+
+    def __call__(self, path: str, trace: AuditTrace, positions: list[int]) -> list[float]:
+        prompt = len(trace.prompt_ids)
+        return token_logprobs(self.model(path), [*trace.prompt_ids, *trace.response_ids],
+                              [prompt + i for i in positions], chunk_tokens=self.chunk_tokens,
+                              head_rows=self.head_rows)
