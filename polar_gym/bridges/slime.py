@@ -4,14 +4,15 @@ server, so Slime trains on unmodified harness sessions instead of its own SGLang
     --rollout-function-path polar_gym.bridges.slime.generate_rollout
     POLAR_SERVER_URL=http://HOST:8700 POLAR_ADMIN_TOKEN=... (the rollout server; gateways registered with it)
 
-Each Slime sample's ``metadata["polar_task"]`` holds the task (TaskRequest fields; ``task_id`` and ``num_samples``
-are set here: one session per sample of the group). The samples come back filled from the session's prefix-merged
-trace (``polar_gym.merge.exports.slime_samples``): ``tokens`` = prompt + response, ``response_length``,
-``loss_mask`` and ``rollout_log_probs`` over the response, ``reward``, ``status``. A session that did not complete
-gives an "aborted" sample with an all-zero loss mask, so it is kept (group sizes stay fixed) but never trained on.
-When a session has several chains (sub-agents, compaction), the sample takes the main one (the chain with the most
-sampled tokens) and ``metadata["polar_extra_traces"]`` says how many were left out; ``extra_chains="fail"`` refuses
-such sessions instead.
+Each Slime sample's ``metadata["polar_task"]`` holds the task (TaskRequest fields; ``task_id`` and ``num_samples`` are
+set here: one session per sample of the group). The samples come back filled from the session's prefix-merged trace
+(``polar_gym.merge.exports.slime_samples``): ``tokens`` = prompt + response, ``response_length``, ``loss_mask`` and
+``rollout_log_probs`` over the response (the engine's logprobs: truncated importance correction and ``python -m
+polar_gym.audit`` use them), ``reward``, ``status``, ``weight_versions`` (the policy version of each sampled turn) and
+``metadata["polar"]["spans"]`` (each turn's response range and version). A session that did not complete gives an
+"aborted" sample with an all-zero loss mask, so it is kept (group sizes stay fixed) but never trained on. When a session
+has several chains (sub-agents, compaction), the sample takes the main one (the chain with the most sampled tokens) and
+``metadata["polar_extra_traces"]`` says how many were left out; ``extra_chains="fail"`` refuses such sessions instead.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ def fill_group(group: Sequence[Any], results: Sequence[SessionResult], group_ind
             sample.tokens, sample.response_length = list(main.tokens), main.response_length
             sample.loss_mask, sample.rollout_log_probs = list(main.loss_mask), list(main.rollout_log_probs)
             sample.reward, sample.status = main.reward, _status(sample, main.status)
+            # slime's own field: one policy version per sampled turn (staleness); per-token ranges in
+            # metadata["polar"]["spans"], so a trainer can weight each span by the version that sampled it
+            sample.weight_versions = list(main.weight_versions)
             meta.update(polar=main.metadata, polar_extra_traces=len(chains) - 1)
         else:  # no model call at all (e.g. the sandbox failed to start): nothing to train, kept for the group size
             sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = [], 0, [], []

@@ -10,9 +10,12 @@ Shapes (all pydantic v2, ``model_dump()`` gives the JSON):
 - :class:`SlimeSample`, one per trace; the fields of slime's ``Sample`` (``slime.utils.types``) that a trainer reads:
   ``tokens`` = prompt + response, ``response_length``, ``loss_mask`` and ``rollout_log_probs`` over the response
   only, ``reward``, ``status`` ("completed" | "truncated" | "aborted"), ``group_index``/``index``,
-  ``weight_versions`` (policy versions that sampled the trace), ``metadata``; plus ``group_id`` from the task.
+  ``weight_versions`` (the policy version of each sampled span, in order, as slime appends one per generate
+  call), ``metadata`` (``spans``: each span's response range, version and completion id, for importance
+  correction and staleness per token); plus ``group_id`` from the task.
 - :class:`NemoOutputItem`, one per sampled completion of a trace: ``prompt_token_ids`` (cumulative: the trace's
   prompt and every response token before this completion), ``generation_token_ids``, ``generation_log_probs``.
+  ``policy_version`` (the version that sampled it) and ``logprobs_missing`` (the log probs are placeholder zeros).
   Each trace is its own chain (its own list), satisfying NeMo RL's prefix-contiguity rule, which
   :func:`check_contiguity` implements.
 - :class:`TraceLine`, a Trace plus ``session_id``, ``trace_index`` and ``builder`` (one JSON object per line).
@@ -23,7 +26,7 @@ Shapes (all pydantic v2, ``model_dump()`` gives the JSON):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -132,12 +135,14 @@ def slime_samples(source: Source, task: TaskMetadata | Mapping[str, Any] | None 
         n = len(trace.response_ids)
         logprobs = list(trace.response_logprobs) if trace.response_logprobs else [0.0] * n
         meta = trace.metadata
+        spans = _spans(trace)
         samples.append(SlimeSample.model_construct(
             group_index=group_index, index=index_base + i, group_id=group_id, prompt=trace.prompt_messages,
             tokens=[*trace.prompt_ids, *trace.response_ids], response_length=n,
             reward=0.0 if reward is None else reward,
             loss_mask=[0] * n if masked else list(trace.loss_mask), rollout_log_probs=logprobs,
-            weight_versions=[str(v) for v in meta.get("policy_versions", [])], status=status,
+            weight_versions=[str(s.policy_version) for s in spans]
+            if any(s.policy_version is not None for s in spans) else [], status=status,
             metadata={
                 "session_id": traj.session_id, "task_id": result.task_id, "trace_index": i,
                 "builder": traj.builder, "weight": meta.get("weight", 1.0), "finish_reason": trace.finish_reason,
@@ -145,6 +150,8 @@ def slime_samples(source: Source, task: TaskMetadata | Mapping[str, Any] | None 
                 "reason": result.reason, "masked": masked, "reward_missing": reward is None,
                 "logprobs_missing": not trace.response_logprobs,  # rollout_log_probs then holds placeholder zeros
                 "prompt_length": len(trace.prompt_ids),
+                "spans": [{"start": s.start, "end": s.end, "policy_version": s.policy_version,
+                           "completion_id": s.completion_id} for s in spans],
             }))
     return samples
 
@@ -157,6 +164,10 @@ class NemoOutputItem(_Export):
     generation_token_ids: list[int]
     generation_log_probs: list[float]
     completion_id: str | None = None
+    #: the policy version that sampled this completion (None: not recorded), for staleness and importance weights
+    policy_version: int | str | None = None
+    #: the capture had no log probs: generation_log_probs holds placeholder zeros, never to be used as pi_old
+    logprobs_missing: bool = False
 
 
 class ContiguityError(ValueError):
@@ -168,18 +179,29 @@ class ContiguityError(ValueError):
         self.position = position
 
 
-def _spans(trace: Trace) -> list[tuple[int, int, str | None]]:
-    """Sampled ranges of ``response_ids``: the builder's spans, else the runs of mask 1 (a Trace from elsewhere)."""
+class _Span(NamedTuple):
+    start: int
+    end: int
+    completion_id: str | None
+    policy_version: int | str | None
+
+
+def _spans(trace: Trace) -> list[_Span]:
+    """Sampled ranges of ``response_ids``: the builder's spans, else the runs of mask 1 (a Trace from elsewhere;
+    their version is the trace's when it names exactly one)."""
     spans = trace.metadata.get("spans")
     if spans:
-        return sorted((int(s["start"]), int(s["end"]), s.get("completion_id")) for s in spans)
-    runs: list[tuple[int, int, str | None]] = []
+        return sorted((_Span(int(s["start"]), int(s["end"]), s.get("completion_id"), s.get("policy_version"))
+                       for s in spans), key=lambda s: (s.start, s.end))
+    versions = trace.metadata.get("policy_versions") or []
+    version = versions[0] if len(versions) == 1 else None
+    runs: list[_Span] = []
     start = None
     for i, m in enumerate([*trace.loss_mask, 0]):
         if m and start is None:
             start = i
         elif not m and start is not None:
-            runs.append((start, i, None))
+            runs.append(_Span(start, i, None, version))
             start = None
     return runs
 
@@ -193,12 +215,12 @@ def nemo_items(trace: Trace) -> list[NemoOutputItem]:
     """
     logprobs = list(trace.response_logprobs) if trace.response_logprobs else None
     items = []
-    for start, end, completion_id in _spans(trace):
+    for start, end, completion_id, version in _spans(trace):
         gen = trace.response_ids[start:end]
         items.append(NemoOutputItem.model_construct(
             prompt_token_ids=[*trace.prompt_ids, *trace.response_ids[:start]], generation_token_ids=gen,
             generation_log_probs=logprobs[start:end] if logprobs is not None else [0.0] * len(gen),
-            completion_id=completion_id))
+            completion_id=completion_id, policy_version=version, logprobs_missing=logprobs is None))
     return items
 
 

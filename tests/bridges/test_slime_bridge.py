@@ -44,6 +44,7 @@ class Sample:
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
     status: Status = Status.PENDING
+    weight_versions: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
@@ -139,3 +140,15 @@ def test_a_group_without_a_polar_task_is_refused() -> None:
         group_task([Sample(metadata={})], 0, 0)
     task = group_task([Sample(metadata={"polar_task": _task("demo-calc-add")})] * 3, 4, 1)
     assert task.num_samples == 3 and task.task_id.startswith("slime-r4-g1-") and task.metadata.group_id
+
+
+def test_samples_carry_the_policy_version_of_every_turn() -> None:
+    trace = _trace([1, 2], [3, 4, 5, 6], [1, 1, 0, 1])
+    trace.metadata = {"spans": [{"start": 0, "end": 2, "policy_version": 5, "completion_id": "a"},
+                                {"start": 3, "end": 4, "policy_version": 6, "completion_id": "b"}],
+                      "policy_versions": [5, 6]}
+    [sample] = fill_group([Sample()], [_result(0, [trace])], 0)
+    assert sample.weight_versions == ["5", "6"]
+    assert [(s["start"], s["end"], s["policy_version"]) for s in sample.metadata["polar"]["spans"]] == [
+        (0, 2, 5), (3, 4, 6)]
+    assert sample.rollout_log_probs == [-0.5] * 4

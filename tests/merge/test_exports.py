@@ -218,3 +218,21 @@ def test_slime_sample_of_a_trace_without_logprobs_says_so():
     none, full = slime_samples(traj)
     assert none.metadata["logprobs_missing"] is True and full.metadata["logprobs_missing"] is False
     assert full.rollout_log_probs == traj.traces[1].response_logprobs
+
+
+def test_slime_and_nemo_carry_the_policy_version_of_every_span():
+    """A trainer sees staleness and weights each span by the version that sampled it (issue 14)."""
+    traj = built(records=(rec(0, [1, 2], [10, EOT], policy_version=3),
+                          rec(1, [1, 2, 10, EOT, 50], [11, 12, EOT], policy_version=4)))
+    [trace] = traj.traces
+    [sample] = slime_samples(result(traj))
+    assert sample.weight_versions == ["3", "4"]  # one per sampled turn, in order, as slime appends them
+    assert [(s["start"], s["end"], s["policy_version"]) for s in sample.metadata["spans"]] == [(0, 2, 3), (3, 6, 4)]
+    assert sample.rollout_log_probs == trace.response_logprobs
+    items = nemo_items(trace)
+    assert [(i.policy_version, i.logprobs_missing) for i in items] == [(3, False), (4, False)]
+    assert [i.generation_log_probs for i in items] == [trace.response_logprobs[0:2], trace.response_logprobs[3:6]]
+    bare = trace.model_copy(update={"response_logprobs": [], "metadata": {"policy_versions": [7]}})
+    assert [(i.policy_version, i.logprobs_missing) for i in nemo_items(bare)] == [(7, True), (7, True)]
+    [unversioned] = slime_samples(built(records=(rec(0, [1], [10, EOT]),)))
+    assert unversioned.weight_versions == [] and unversioned.metadata["spans"][0]["policy_version"] is None

@@ -80,13 +80,20 @@ def rollout_parts(payload: dict[str, Any], extra_chains: str = "report") -> dict
         "extra_chain_generation_tokens": sum(_sampled(c) for c in others),
         "contiguity_errors": {str(c.get("trace_index")): c["contiguity_error"] for c in chains
                               if c.get("contiguity_error")},
+        # per token-carrying item of the main chain, in order: the policy version that sampled it (staleness,
+        # importance correction) and whether its generation_log_probs are placeholders
+        "policy_versions": [i.get("policy_version") for i in (chains[main].get("items") or [])]
+        if main is not None else [],
+        "logprobs_missing": any(i.get("logprobs_missing") for i in (chains[main].get("items") or []))
+        if main is not None else False,
     }
     metadata = {"polar_reward": "" if reward is None else repr(float(reward)),
                 "polar_session_id": str(payload.get("session_id") or ""),
                 "polar_status": str(payload.get("status") or ""),
                 "polar_extra_chains": str(summary["extra_chains"]),
                 "polar_extra_chain_items": str(summary["extra_chain_items"]),
-                "polar_extra_chain_generation_tokens": str(summary["extra_chain_generation_tokens"])}
+                "polar_extra_chain_generation_tokens": str(summary["extra_chain_generation_tokens"]),
+                "polar_policy_versions": json.dumps(summary["policy_versions"])}
     extras: dict[str, Any] = {"polar": summary}
     if extra_chains == "separate_rows":
         extras["polar_extra_chains"] = [{"trace_index": c.get("trace_index"), "chain_cause": c.get("chain_cause"),

@@ -18,9 +18,10 @@ TYPES = {"message": NeMoGymResponseOutputMessageForTraining, "function_call": Ne
          "function_call_output": NeMoGymResponseFunctionCallOutput}
 
 
-def _item(prompt: list[int], generated: list[int], turn: dict[str, Any] | None) -> dict[str, Any]:
+def _item(prompt: list[int], generated: list[int], turn: dict[str, Any] | None, version: int = 1) -> dict[str, Any]:
     return {"prompt_token_ids": prompt, "generation_token_ids": generated,
-            "generation_log_probs": [-0.25] * len(generated), "turn": turn}
+            "generation_log_probs": [-0.25] * len(generated), "turn": turn, "policy_version": version,
+            "logprobs_missing": False}
 
 
 PAYLOAD = {
@@ -32,7 +33,7 @@ PAYLOAD = {
                                      "tool_calls": [{"id": "c1", "function": {"name": "bash",
                                                                               "arguments": "{\"cmd\": \"ls\"}"}}],
                                      "tool_results": [{"role": "tool", "tool_call_id": "c1", "content": "a.py"}]}),
-            _item([1, 2, 3, 4, 5, 6, 7], [8], {"role": "assistant", "content": "done", "tool_results": []})]},
+            _item([1, 2, 3, 4, 5, 6, 7], [8], {"role": "assistant", "content": "done", "tool_results": []}, 2)]},
         {"trace_index": 1, "chain_cause": "sub_agent", "contiguity_error": None, "items": [
             _item([9], [10], None)]},
     ],
@@ -47,6 +48,12 @@ class PolarConvertTest(unittest.TestCase):
         self.assertEqual(output[0].generation_token_ids, [4, 5])
         self.assertEqual(parts["metadata"]["polar_reward"], "1.0")
         self.assertEqual(parts["extras"]["polar"]["extra_chains"], 1)
+
+    def test_the_policy_version_of_every_sampled_turn_is_carried(self) -> None:
+        parts = rollout_parts(PAYLOAD)
+        self.assertEqual(parts["extras"]["polar"]["policy_versions"], [1, 2])
+        self.assertEqual(parts["metadata"]["polar_policy_versions"], "[1, 2]")
+        self.assertFalse(parts["extras"]["polar"]["logprobs_missing"])
 
     def test_prompts_are_cumulative(self) -> None:
         seen: list[int] = []
