@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                               "(default %(default)s)")
     args = p.parse_args(argv)
     console = Console()
+    if not console.is_terminal:  # piped or logged: wide enough that the numbers are never cut
+        console = Console(width=max(console.width, 160))
     try:
         settings = AuditSettings(models=parse_models(args.model), dtype=args.dtype, device=args.device,
                                  chunk_tokens=args.chunk_tokens, head_rows=args.head_rows,

@@ -95,6 +95,7 @@ class TraceAudit(_Model):
     unaudited_tokens: int = Field(default=0, description="trained tokens of a version with no model to audit it")
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
     outliers: list[Outlier] = Field(default_factory=list)
+    worst: Outlier | None = Field(default=None, description="the token with the largest |delta|, outlier or not")
 
 
 class AuditSummary(_Model):
@@ -110,6 +111,7 @@ class AuditSummary(_Model):
     thresholds: AuditThresholds
     failures: list[str] = Field(default_factory=list)
     outliers: list[Outlier] = Field(default_factory=list)
+    worst: Outlier | None = None
     seconds: float = 0.0
     tokens_per_second: float | None = None
 
@@ -130,19 +132,22 @@ def model_for(models: Mapping[str, str], version: int | str | None) -> str | Non
 
 
 def _outliers(trace: AuditTrace, positions: list[int], training: list[float], settings: AuditSettings,
-              decode: Callable[[int], str | None]) -> list[Outlier]:
+              decode: Callable[[int], str | None]) -> tuple[list[Outlier], Outlier | None]:
+    """The tokens past the outlier bar, worst first, and the worst token of all (past the bar or not)."""
     found = []
     for i, train in zip(positions, training, strict=True):
         roll = trace.logprobs[i]
         diff = abs(train - roll) if math.isfinite(train) and math.isfinite(roll) else math.inf
-        if diff > settings.outlier_abs_diff:
-            found.append((diff, i, train, roll))
+        found.append((diff, i, train, roll))
     found.sort(key=lambda x: -x[0])
     prompt = len(trace.prompt_ids)
-    return [Outlier(session_id=trace.session_id, trace_index=trace.trace_index, position=i,
-                    absolute_position=prompt + i, token_id=trace.response_ids[i], token=decode(trace.response_ids[i]),
-                    policy_version=trace.version_at(i), rollout_logprob=roll, training_logprob=train, abs_diff=diff)
-            for diff, i, train, roll in found[:settings.max_outliers]]
+    tokens = [Outlier(session_id=trace.session_id, trace_index=trace.trace_index, position=i,
+                      absolute_position=prompt + i, token_id=trace.response_ids[i],
+                      token=decode(trace.response_ids[i]), policy_version=trace.version_at(i), rollout_logprob=roll,
+                      training_logprob=train, abs_diff=diff)
+              for diff, i, train, roll in found[:max(settings.max_outliers, 1)]]
+    return [o for o in tokens if o.abs_diff > settings.outlier_abs_diff][:settings.max_outliers], \
+        (tokens[0] if tokens else None)
 
 
 def judge_trace(trace: AuditTrace, positions: list[int], training: list[float], unaudited: int,
@@ -152,11 +157,12 @@ def judge_trace(trace: AuditTrace, positions: list[int], training: list[float], 
     rollout = [trace.logprobs[i] for i in positions]
     metrics = mismatch_metrics([training], [rollout], thresholds.is_threshold)
     versions = sorted({str(trace.version_at(i)) for i in positions}, key=str)
+    outliers, worst = _outliers(trace, positions, training, settings, decode)
     return TraceAudit(session_id=trace.session_id, trace_index=trace.trace_index, task_id=trace.task_id,
                       skipped=None if metrics is not None else "no_finite_tokens", policy_versions=versions,
                       tokens=len(positions), unaudited_tokens=unaudited,
                       metrics=metrics.as_dict() if metrics is not None else {},
-                      outliers=_outliers(trace, positions, training, settings, decode))
+                      outliers=outliers, worst=worst)
 
 
 def check_thresholds(metrics: Mapping[str, float | int | None], thresholds: AuditThresholds) -> list[str]:
@@ -190,11 +196,12 @@ def summarize(source: str, audits: list[TraceAudit], run_training: list[list[flo
         failures.append("no token could be audited")
     outliers = sorted((o for a in audits for o in a.outliers), key=lambda o: -o.abs_diff)[:settings.max_outliers]
     tokens = sum(a.tokens for a in audits if not a.skipped)
+    worst = max((a.worst for a in audits if a.worst is not None), key=lambda o: o.abs_diff, default=None)
     return AuditSummary(
         input=source, models=dict(settings.models), dtype=settings.dtype, device=settings.device,
         traces=len(audits), audited=sum(1 for a in audits if not a.skipped), skipped=dict(skipped),
         unaudited_tokens=sum(a.unaudited_tokens for a in audits), metrics=values, thresholds=thresholds,
-        failures=failures, outliers=outliers, seconds=round(seconds, 3),
+        failures=failures, outliers=outliers, worst=worst, seconds=round(seconds, 3),
         tokens_per_second=round(tokens / seconds, 1) if seconds > 0 and tokens else None)
 
 

@@ -30,7 +30,10 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     """A causal LM from a local directory (never the hub), in eval mode, on ``device``."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    # the audit prints its own report; no bars in logs (transformers leaves this function unannotated)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True)

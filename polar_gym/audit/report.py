@@ -104,11 +104,12 @@ def print_report(console: Console, audits: list[TraceAudit], summary: AuditSumma
                   f"{summary.unaudited_tokens} tokens of versions without a model; {summary.seconds:.1f}s"
                   + (f", {summary.tokens_per_second:.0f} tokens/s" if summary.tokens_per_second else ""),
                   highlight=False)
-    if summary.outliers:
-        worst = Table(title="worst tokens")
+    shown = summary.outliers or ([summary.worst] if summary.worst is not None else [])
+    if shown:
+        worst = Table(title="worst tokens" if summary.outliers else "worst token (under the outlier bar)")
         for header in ["trace", "pos", "token id", "token", "version", "rollout", "training", "|Δ|"]:
             worst.add_column(header)
-        for o in summary.outliers[:10]:
+        for o in shown[:10]:
             worst.add_row(escape(f"{o.session_id}#{o.trace_index}"), str(o.position), str(o.token_id),
                           escape(repr(o.token)) if o.token is not None else "-", str(o.policy_version),
                           f"{o.rollout_logprob:.5f}", f"{o.training_logprob:.5f}", f"{o.abs_diff:.3e}")

@@ -43,6 +43,7 @@ def test_exact_logprobs_pass(tmp_path: Path, model_dir: Path, rows: list[dict[st
     s = summary(run)
     assert s["passed"] and s["audited"] == 3 and s["metrics"]["audit/tokens"] == 3 * 24
     assert s["metrics"]["audit/logprob_abs_diff_max"] < 1e-5 and s["metrics"]["rollout_corr/k3_kl"] < 1e-9
+    assert s["outliers"] == [] and s["worst"]["abs_diff"] == s["metrics"]["audit/logprob_abs_diff_max"]
     lines = [json.loads(x) for x in (run / "audit.jsonl").read_text().splitlines()]
     assert [(a["session_id"], a["tokens"], a["policy_versions"]) for a in lines] == [
         ("s0", 24, ["0"]), ("s1", 24, ["0"]), ("s2", 24, ["0"])]
