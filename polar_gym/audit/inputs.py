@@ -21,6 +21,7 @@ from polar_gym.schema import Trace
 __all__ = ["AuditTrace", "Span", "read_traces", "resolve_input", "trace_from_row"]
 
 RUN_FILE = "trajectories.jsonl"
+TRACES_FILE = "traces.jsonl"
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,15 @@ def trace_from_row(row: Mapping[str, Any], line: int = 0) -> AuditTrace:
 
 
 def resolve_input(path: str | Path) -> Path:
-    """The JSONL file behind ``path``: the file itself, or a run folder's trajectories.jsonl."""
+    """The JSONL file behind ``path``: the file itself, or a folder's trajectories.jsonl (a launch) or
+    traces.jsonl."""
     p = Path(path)
     if p.is_dir():
-        if (p / RUN_FILE).is_file():
-            return p / RUN_FILE
-        raise FileNotFoundError(f"{p}: a folder without {RUN_FILE} (expected a launch output folder)")
+        for name in (RUN_FILE, TRACES_FILE):
+            if (p / name).is_file():
+                return p / name
+        raise FileNotFoundError(f"{p}: a folder without {RUN_FILE} or {TRACES_FILE} (expected a launch output "
+                                "folder)")
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such file or folder")
     return p
