@@ -92,8 +92,7 @@ def rollout_parts(payload: dict[str, Any], extra_chains: str = "report") -> dict
                 "polar_status": str(payload.get("status") or ""),
                 "polar_extra_chains": str(summary["extra_chains"]),
                 "polar_extra_chain_items": str(summary["extra_chain_items"]),
-                "polar_extra_chain_generation_tokens": str(summary["extra_chain_generation_tokens"]),
-                "polar_policy_versions": json.dumps(summary["policy_versions"])}
+                "polar_extra_chain_generation_tokens": str(summary["extra_chain_generation_tokens"])}
     extras: dict[str, Any] = {"polar": summary}
     if extra_chains == "separate_rows":
         extras["polar_extra_chains"] = [{"trace_index": c.get("trace_index"), "chain_cause": c.get("chain_cause"),

@@ -52,7 +52,6 @@ class PolarConvertTest(unittest.TestCase):
     def test_the_policy_version_of_every_sampled_turn_is_carried(self) -> None:
         parts = rollout_parts(PAYLOAD)
         self.assertEqual(parts["extras"]["polar"]["policy_versions"], [1, 2])
-        self.assertEqual(parts["metadata"]["polar_policy_versions"], "[1, 2]")
         self.assertFalse(parts["extras"]["polar"]["logprobs_missing"])
 
     def test_prompts_are_cumulative(self) -> None:
