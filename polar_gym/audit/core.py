@@ -231,7 +231,7 @@ def audit_traces(traces: Iterable[AuditTrace], settings: AuditSettings, recomput
             continue
         for i in trace.trained_positions():
             model = model_for(settings.models, trace.version_at(i))
-            if model is None:
+            if model is None or (not trace.prompt_ids and i == 0):  # the very first token has no context to score
                 unaudited[n] += 1
             else:
                 plan.setdefault(model, {}).setdefault(n, []).append(i)
