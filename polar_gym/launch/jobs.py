@@ -107,7 +107,8 @@ def inference_command(settings: InferenceJobSettings, port: int) -> tuple[list[s
     if settings.kind == "tiny_vllm":
         from polar_gym.assets import vllm_server_command, vllm_server_env
 
-        cmd = vllm_server_command(port, host="0.0.0.0", dtype=settings.dtype) + settings.args
+        cmd = vllm_server_command(port, host="0.0.0.0", dtype=settings.dtype,
+                                  weight_updates=settings.weight_updates) + settings.args
         base = vllm_server_env({}, weight_updates=settings.weight_updates)
         return cmd, {**base, **settings.env}
     if not settings.model_path:
