@@ -2,7 +2,7 @@
 with real gateways (oracle engine: it has no weights, so an update stamps the version): every gateway pauses, loads,
 resumes under the new version, and later sessions' trace spans carry it; a gateway that cannot load makes the update
 fail by name with every gateway back under its old version; a gateway registering later resumes under the fleet's
-version."""
+version; sessions running during an update wait and complete, their later calls under the new version."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from polar_gym.server import RolloutClient
 from polar_gym.server.client import WeightUpdateFailed, traces_of
+from tests._waiting import until
 from tests.server._server_kit import SERVER_TOKEN, Harness, make_task
 
 pytestmark = pytest.mark.slow
@@ -53,3 +54,23 @@ async def test_fleet_update_without_gateways_is_refused(harness: Harness) -> Non
     srv = await harness.server()
     resp = await srv.http.post("/backends/weights", json={"checkpoint": "/ckpt", "policy_version": 1})
     assert resp.status_code == 409 and resp.json()["error"]["type"] == "no_gateways"
+
+
+async def test_sessions_in_flight_wait_through_an_update_and_go_on_under_the_new_version(harness: Harness) -> None:
+    gw = await harness.gateway()
+    srv = await harness.server()
+    await srv.register(gw, 4)
+    pool = gw.service.engine.pool
+    async with RolloutClient(srv.url, SERVER_TOKEN) as client:
+        await client.submit(make_task("t-during", 2, calls=3, sleep=1.0))
+        await until(lambda: sum(s.served for s in pool.servers()) >= 2, what="each session's first model call")
+        reply = await client.update_weights("/ckpt/step-1", 1)
+        assert reply.updated
+        view = await client.wait("t-during", timeout=120)
+        assert set(view["sessions"].values()) == {"COMPLETED"}  # none lost
+        results = [r async for r in client.results(["t-during"], timeout=60)]
+    for result in results:
+        traces = sorted(traces_of(result), key=lambda t: t.metadata["completion_indices"][0])
+        versions = [span["policy_version"] for t in traces for span in t.metadata["spans"]]
+        assert len(versions) == 3 and versions[0] is None and versions[-1] == 1, versions
+        assert versions == sorted(versions, key=lambda v: -1 if v is None else v)  # never back to the old one
