@@ -139,7 +139,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
 @pytest.fixture(scope="session")
 def vllm_train_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[VLLMServer]:
     """A second server, as a training loop runs it: float32 (its logprobs match a float32 trainer's) and open to
-    weight updates (VLLM_SERVER_DEV_MODE, polar_gym.vllm_worker). Started only by the tests that ask for it, once
+    weight updates (VLLM_SERVER_DEV_MODE, polar_vllm_worker). Started only by the tests that ask for it, once
     per session (~40-60 s here, alongside the bf16 one). A test that loads other weights into it loads the tiny
     model's own back before it ends."""
     yield from _serve_vllm(tmp_path_factory, pytestconfig, name="vllm-train", dtype="float32", weight_updates=True)

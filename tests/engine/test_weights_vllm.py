@@ -5,7 +5,7 @@ on; afterwards the engine's logprobs equal transformers' on the new weights (max
 old ones, also on a turn whose prompt prefix the engine had cached before the update (the prefix cache must not
 keep old-weight values); records carry the old version before and the new one after. The checkpoint changes every
 tensor, the tied embedding / output layer included (vLLM's CPU build keeps a packed copy of it that a plain reload
-leaves stale: polar_gym.vllm_worker)."""
+leaves stale: polar_vllm_worker)."""
 
 from __future__ import annotations
 

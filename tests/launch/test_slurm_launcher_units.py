@@ -98,8 +98,8 @@ def test_inference_commands() -> None:
     train, train_env = inference_command(InferenceJobSettings(kind="tiny_vllm", dtype="float32", weight_updates=True),
                                          8002)
     assert _flag(train, "--dtype") == "float32"
-    assert _flag(train, "--worker-extension-cls") == "polar_gym.vllm_worker.WeightReload"
+    assert _flag(train, "--worker-extension-cls") == "polar_vllm_worker.WeightReload"
     assert train_env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert (Path(train_env["PYTHONPATH"]) / "polar_gym" / "vllm_worker.py").exists()
+    assert (Path(train_env["PYTHONPATH"]) / "polar_vllm_worker.py").exists()
     with pytest.raises(ValueError, match="model_path is required"):
         inference_command(InferenceJobSettings(kind="sglang"), 1)

@@ -2,7 +2,8 @@
 
 New weights without a restart (:func:`reload_vllm_weights`, both vLLM engines): ``/collective_rpc`` runs
 ``reload_weights`` from a checkpoint directory in place, then the worker extension's ``polar_refresh_tied_weights``
-(:mod:`polar_gym.vllm_worker`: on the CPU build a tied output layer otherwise keeps the old embedding),
+(``polar_gym/vllm_plugin/polar_vllm_worker.py``: on the CPU build a tied output layer otherwise keeps the old
+embedding),
 ``/reset_prefix_cache`` drops the KV blocks computed with the old weights (without it a cached prefix keeps
 old-weight values), ``/update_weight_version`` tags the server. All are development routes: the server needs
 ``VLLM_SERVER_DEV_MODE=1`` (``polar_gym.assets.vllm_server_env(weight_updates=True)`` sets it and the extension).
@@ -37,8 +38,8 @@ async def _refresh_tied_weights(engine: HttpEngine, server_url: str) -> None:
     except WeightUpdateError as exc:
         if "has no attribute 'polar_refresh_tied_weights'" not in exc.message:
             raise
-        log.warning("%s has no polar_gym.vllm_worker extension: a tied output layer may keep its old weights on "
-                    "vLLM's CPU build (start it with --worker-extension-cls polar_gym.vllm_worker.WeightReload)",
+        log.warning("%s has no polar_vllm_worker extension: a tied output layer may keep its old weights on "
+                    "vLLM's CPU build (start it with --worker-extension-cls polar_vllm_worker.WeightReload)",
                     server_url)
 
 

@@ -1,5 +1,6 @@
-"""Runs inside vLLM's own venv (a worker extension: ``--worker-extension-cls polar_gym.vllm_worker.WeightReload``),
-never in the project's: methods a weight update calls through vLLM's ``/collective_rpc``.
+"""Runs inside vLLM's own venv (a worker extension: ``--worker-extension-cls polar_vllm_worker.WeightReload``), never
+in the project's: methods a weight update calls through vLLM's ``/collective_rpc``. Its folder (no package) is the
+vLLM server's whole PYTHONPATH, so the server sees this module and nothing else of the project's venv.
 
 Why: vLLM's in-place ``reload_weights`` re-processes only the layers whose weights it loaded. On the CPU build, a
 layer packs its weight for oneDNN once when processed; a tied output layer (the tiny Qwen3's ``lm_head`` shares
@@ -8,7 +9,7 @@ layer packs its weight for oneDNN once when processed; a tied output layer (the 
 re-processes such layers from the values the reload wrote into their shared storage. On GPU builds the step finds
 nothing packed and does the same harmless re-processing.
 
-Ground layer; imports only torch-free stdlib at import time (vLLM imports it in every worker process).
+Imports only the standard library at import time (vLLM imports it in every worker process).
 """
 
 from __future__ import annotations
