@@ -34,6 +34,10 @@ _SDIST_MEMBERS = {
 }
 
 
+#: the folder of the vLLM worker extension a weight update calls (polar_vllm_worker.py), a vLLM server's PYTHONPATH
+VLLM_PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("POLAR_CACHE", Path.home() / ".cache" / "polar_gym"))
 
@@ -63,25 +67,36 @@ def tiny_model_dir() -> Path:
 
 
 def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name: str = TINY_MODEL_NAME,
-                        max_model_len: int = 65536, host: str = "127.0.0.1") -> list[str]:
+                        max_model_len: int = 65536, host: str = "127.0.0.1", dtype: str = "bfloat16",
+                        weight_updates: bool = False) -> list[str]:
     """The command that serves the tiny model with vLLM's CPU build. ``python -m ...api_server``, because the
     ``vllm serve`` entry point crashes in this build; the hermes tool parser and ``--enable-auto-tool-choice``
     because vLLM refuses ``tools`` with the default ``tool_choice`` of "auto" without them; the qwen3 reasoning
     parser so that ``<think>`` text comes back as ``reasoning``, as on a real Qwen3 deployment. Structured outputs
     apply from the first sampled token: this tokenizer has no ``</think>`` token, so vLLM's reasoning gate would
-    otherwise never open and a token prompt's grammar would be silently ignored."""
+    otherwise never open and a token prompt's grammar would be silently ignored. ``dtype`` float32 for training:
+    bfloat16 logprobs differ from a float32 trainer's by up to 0.3 on a peaked model, float32 ones by ~2e-5.
+    ``weight_updates``: the worker extension a weight update calls (``polar_gym/vllm_plugin/polar_vllm_worker.py``);
+    pair it with ``vllm_server_env(weight_updates=True)``."""
     return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir or tiny_model_dir()), "--served-model-name", served_name,
-            "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", str(max_model_len),
+            "--dtype", dtype, "--enforce-eager", "--max-model-len", str(max_model_len),
             "--host", host, "--port", str(port),
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
-            "--structured-outputs-config.enable_in_reasoning", "true"]
+            "--structured-outputs-config.enable_in_reasoning", "true",
+            *(["--worker-extension-cls", "polar_vllm_worker.WeightReload"] if weight_updates else [])]
 
 
-def vllm_server_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment vLLM's CPU build needs here: OpenMP bound to the two cores, a 1 GiB KV cache, no hub."""
+def vllm_server_env(base: dict[str, str] | None = None, *, weight_updates: bool = False) -> dict[str, str]:
+    """The environment vLLM's CPU build needs here: OpenMP bound to the two cores, a 1 GiB KV cache, no hub.
+    ``weight_updates``: vLLM's development routes (``/collective_rpc`` reload_weights, ``/reset_prefix_cache``), so
+    a training loop loads new weights without a restart; they let any client of the port run methods on the
+    engine, so only a server a trainer owns turns them on."""
     env = dict(os.environ if base is None else base)
     env.pop("PYTHONPATH", None)  # the vLLM venv must not see the main venv's packages
+    if weight_updates:  # the development routes, and the worker extension's folder (nothing else of ours)
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        env["PYTHONPATH"] = str(VLLM_PLUGIN_DIR)
     env.update({"VLLM_CPU_OMP_THREADS_BIND": env.get("POLAR_VLLM_THREADS_BIND", "0-1"),
                 "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})

@@ -31,6 +31,7 @@ __all__ = [
     "CompletionSession",
     "EvalResult",
     "EvaluatorSpec",
+    "FleetWeightUpdate",
     "GatewayHealth",
     "GatewayRegistration",
     "GatewayView",
@@ -57,6 +58,8 @@ __all__ = [
     "UpstreamChange",
     "UpstreamRemoved",
     "UpstreamsView",
+    "WeightUpdateReply",
+    "WeightUpdateRequest",
 ]
 
 
@@ -424,6 +427,7 @@ class UpstreamsView(_Open):
 
     paused: bool
     policy_version: int | str | None = None
+    checkpoint: str | None = None
     servers: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -441,6 +445,54 @@ class ResumeRequest(_Model):
 class ResumeReply(_Open):
     paused: bool
     policy_version: int | str | None = None
+
+
+class WeightUpdateRequest(_Model):
+    """POST /admin/weights (proxy, gateway) and the rollout server's POST /backends/weights: load ``checkpoint`` (a
+    directory as the inference servers' hosts see it) into every server and stamp ``policy_version`` on every later
+    completion. ``drain_timeout``: how long in-flight model calls may take to finish first. ``resume`` false leaves
+    the pool paused after a success (the rollout server resumes every gateway once all of them took the weights)."""
+
+    checkpoint: str = Field(min_length=1, max_length=4096)
+    policy_version: int | str
+    drain_timeout: float = Field(default=600.0, gt=0)
+    resume: bool = True
+
+    @field_validator("policy_version")
+    @classmethod
+    def _short_version(cls, value: int | str) -> int | str:
+        if (isinstance(value, str) and not 0 < len(value) <= 256) or (isinstance(value, int) and abs(value) >= 2**63):
+            raise ValueError("a policy version is an int64 or a string of 1 to 256 characters")
+        return value
+
+
+class WeightUpdateReply(_Open):
+    """What a weight update did: per server the seconds of each step (vLLM: reload, cache reset, version tag), the
+    time to drain in-flight calls, and the version later completions carry. A failure answers in the error
+    envelope instead (502 ``weight_update_failed``, the server named)."""
+
+    checkpoint: str
+    policy_version: int | str | None = None
+    previous_version: int | str | None = None
+    paused: bool = False
+    drained_seconds: float = 0.0
+    update_seconds: float = 0.0
+    total_seconds: float = 0.0
+    servers: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
+class FleetWeightUpdate(_Open):
+    """The rollout server's POST /backends/weights: whether every live gateway took the checkpoint (``updated``), the
+    version later completions carry (the old one when not), what went wrong (``message``) and each gateway's
+    answers to the three phases (``pause``, ``weights``, ``resume``: ``{"status", "body"}`` or ``{"status": None,
+    "error"}``)."""
+
+    updated: bool
+    checkpoint: str
+    policy_version: int | str | None = None
+    message: str = ""
+    seconds: float = 0.0
+    gateways: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class GatewayRegistration(_Model):

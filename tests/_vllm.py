@@ -1,8 +1,9 @@
 """The real vLLM CPU server (tiny random Qwen3, real Qwen tokenizer), one for the whole test session and shared by
 every folder that needs it (engine tier, NeMo Gym policy test): the root conftest registers the fixture once, so it
-starts at most once (35-60 s here). It logs to a file named on the terminal and is torn down with its whole process
-group however the session ends. A missing vLLM venv or model is a failure, not a skip: run
-``bash scripts/setup.sh --engine``. ``POLAR_SKIP_ENGINE=1`` skips it on purpose.
+starts at most once (35-60 s here); ``vllm_train_server`` is a second one as a training loop runs it (float32, open
+to weight updates), started only when a test asks for it. Each logs to a file named on the terminal and is torn
+down with its whole process group however the session ends. A missing vLLM venv or model is a failure, not a skip:
+run ``bash scripts/setup.sh --engine``. ``POLAR_SKIP_ENGINE=1`` skips it on purpose.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from polar_gym.assets import (
     vllm_server_env,
 )
 
-__all__ = ["SETUP_HINT", "VLLMServer", "vllm_server"]
+__all__ = ["SETUP_HINT", "VLLMServer", "vllm_server", "vllm_train_server"]
 
 READY_TIMEOUT = float(os.environ.get("POLAR_ENGINE_READY_TIMEOUT", "180"))
 SETUP_HINT = "run `bash scripts/setup.sh --engine` (installs vLLM's CPU build and builds the tiny model, ~4 min once)"
@@ -82,8 +83,9 @@ class VLLMServer:
     seconds_to_ready: float
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[VLLMServer]:
+def _serve_vllm(tmp_path_factory: pytest.TempPathFactory, config: pytest.Config, *, name: str, dtype: str = "bfloat16",
+                weight_updates: bool = False) -> Iterator[VLLMServer]:
+    """Start vLLM on the tiny model, yield it once it answers /health, stop its process group."""
     if os.environ.get("POLAR_SKIP_ENGINE") == "1":
         pytest.skip("POLAR_SKIP_ENGINE=1: the real vLLM engine tier is skipped on purpose")
     python, model = vllm_python(), tiny_model_dir()
@@ -96,14 +98,17 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
 
     port = _free_port()
     log_path = Path(os.environ.get("POLAR_ENGINE_LOG") or tmp_path_factory.mktemp("vllm") / "vllm-server.log")
-    cmd = vllm_server_command(port)
-    _say(pytestconfig, f"starting vLLM on 127.0.0.1:{port} (up to {READY_TIMEOUT:.0f} s); log: {log_path}")
+    if name != "vllm":
+        log_path = log_path.with_name(f"{name}-server.log")
+    cmd = vllm_server_command(port, dtype=dtype, weight_updates=weight_updates)
+    _say(config, f"starting {name} on 127.0.0.1:{port} (up to {READY_TIMEOUT:.0f} s); log: {log_path}")
     started = time.monotonic()
     with open(log_path, "wb") as log:
         log.write((" ".join(cmd) + "\n").encode())
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=vllm_server_env(), cwd=str(log_path.parent), start_new_session=True)
+                                env=vllm_server_env(weight_updates=weight_updates), cwd=str(log_path.parent),
+                                start_new_session=True)
     atexit.register(_kill_group, proc)  # also when the session dies without running fixture teardown
     url = f"http://127.0.0.1:{port}"
     try:
@@ -119,10 +124,22 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
                             pytrace=False)
             time.sleep(0.5)
         ready = time.monotonic() - started
-        _say(pytestconfig, f"vLLM ready after {ready:.1f} s")
+        _say(config, f"{name} ready after {ready:.1f} s")
         yield VLLMServer(url, TINY_MODEL_NAME, model, tokenizer_dir(), log_path, ready)
     finally:
         _kill_group(proc)
-        _say(pytestconfig, "vLLM stopped")
+        _say(config, f"{name} stopped")
 
 
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[VLLMServer]:
+    yield from _serve_vllm(tmp_path_factory, pytestconfig, name="vllm")
+
+
+@pytest.fixture(scope="session")
+def vllm_train_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[VLLMServer]:
+    """A second server, as a training loop runs it: float32 (its logprobs match a float32 trainer's) and open to
+    weight updates (VLLM_SERVER_DEV_MODE, polar_vllm_worker). Started only by the tests that ask for it, once
+    per session (~40-60 s here, alongside the bf16 one). A test that loads other weights into it loads the tiny
+    model's own back before it ends."""
+    yield from _serve_vllm(tmp_path_factory, pytestconfig, name="vllm-train", dtype="float32", weight_updates=True)

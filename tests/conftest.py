@@ -10,7 +10,7 @@ import pytest
 from hypothesis import settings
 
 from tests._serving import RunningProxy, oracle_service, serve
-from tests._vllm import vllm_server  # noqa: F401  (one real vLLM per session, for every folder that asks)
+from tests._vllm import vllm_server, vllm_train_server  # noqa: F401  (one real vLLM each per session, on demand)
 
 # CI (scripts/test.sh sets POLAR_HYPOTHESIS=ci) runs the same examples every time, so its verdict is reproducible;
 # a bare pytest explores new ones, which is where a property finds a new bug (then pinned as an explicit case).

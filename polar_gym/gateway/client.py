@@ -34,6 +34,8 @@ from polar_gym.schema import (
     UpstreamChange,
     UpstreamRemoved,
     UpstreamsView,
+    WeightUpdateReply,
+    WeightUpdateRequest,
 )
 
 __all__ = ["GatewayClient", "PolledSessions"]
@@ -126,6 +128,13 @@ class GatewayClient:
     async def resume(self, policy_version: int | str | None = None, timeout: float | None = None) -> ResumeReply:
         body = ResumeRequest(policy_version=policy_version).model_dump_json().encode()
         return _parse(ResumeReply, await self._send("POST", "/admin/resume", body, timeout=timeout))
+
+    async def update_weights(self, update: WeightUpdateRequest, timeout: float | None = None) -> WeightUpdateReply:
+        """POST /admin/weights: pause, load ``update.checkpoint`` into every upstream, resume under its version.
+        A failure is a GatewayRefused: 409 ``weights_unsupported``, 502 ``weight_update_failed`` (the message names
+        the server), 504 ``drain_timeout``."""
+        body = update.model_dump_json().encode()
+        return _parse(WeightUpdateReply, await self._send("POST", "/admin/weights", body, timeout=timeout))
 
     # -- the one place httpx is spoken -----------------------------------------------------------------------
 

@@ -54,6 +54,10 @@ class InferenceJobSettings(BaseModel):
     port: int = Field(default=0, ge=0, description="the server's port (0: a free port picked on the node)")
     args: list[str] = Field(default_factory=list, description="extra arguments of the server command")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of the server")
+    dtype: str = Field(default="bfloat16", description="tiny_vllm's --dtype (float32 for a training loop: its "
+                       "logprobs then match a float32 trainer's)")
+    weight_updates: bool = Field(default=False, description="tiny_vllm: VLLM_SERVER_DEV_MODE=1, so weight updates "
+                                 "(POST /backends/weights) reload it in place")
     gpus_per_node: int = Field(default=1, ge=0, description="GPUs per inference job (also its tensor parallelism)")
     cpus_per_task: int = Field(default=16, ge=1, description="CPUs per inference job")
     mem_gb: float = Field(default=128, gt=0, description="memory per inference job, in GB")
@@ -103,8 +107,9 @@ def inference_command(settings: InferenceJobSettings, port: int) -> tuple[list[s
     if settings.kind == "tiny_vllm":
         from polar_gym.assets import vllm_server_command, vllm_server_env
 
-        cmd = vllm_server_command(port, host="0.0.0.0") + settings.args
-        base = vllm_server_env({})
+        cmd = vllm_server_command(port, host="0.0.0.0", dtype=settings.dtype,
+                                  weight_updates=settings.weight_updates) + settings.args
+        base = vllm_server_env({}, weight_updates=settings.weight_updates)
         return cmd, {**base, **settings.env}
     if not settings.model_path:
         raise ValueError(f"inference_jobs.model_path is required for kind={settings.kind}")

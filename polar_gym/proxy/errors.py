@@ -5,8 +5,10 @@
     │   ├── PayloadTooLarge          (413)
     │   ├── SessionMetadataError     (400) a session's metadata the engine needs is invalid (an oracle script)
     │   └── UnsupportedRoute         (404)
+    ├── WeightsUnsupported           (409) the engine cannot load new weights (openai: an outside API)
     ├── AuthError                    (401) missing or unknown session key
     └── UpstreamError                (502) the engine answered garbage or an error
+        ├── WeightUpdateError        (502) a server did not take a checkpoint (no dev mode, bad path, ...)
         ├── UpstreamUnavailable      (503) no server, connection refused, paused past the wait limit
         └── UpstreamTimeout          (504)
 
@@ -35,6 +37,8 @@ __all__ = [
     "UpstreamError",
     "UpstreamTimeout",
     "UpstreamUnavailable",
+    "WeightUpdateError",
+    "WeightsUnsupported",
     "error_body",
     "error_type",
     "translate_upstream_errors",
@@ -70,6 +74,13 @@ class UnsupportedRoute(RequestError):
     kind = "not_found"
 
 
+class WeightsUnsupported(ProxyError):
+    """Raised by :meth:`Engine.update_weights` of an engine that has no weights to load into (the admin API: 409)."""
+
+    status = 409
+    kind = "invalid_request"
+
+
 class AuthError(ProxyError):
     status = 401
     kind = "authentication"
@@ -78,6 +89,10 @@ class AuthError(ProxyError):
 class UpstreamError(ProxyError):
     status = 502
     kind = "upstream"
+
+
+class WeightUpdateError(UpstreamError):
+    """An inference server did not take new weights; the message names the server and what it answered."""
 
 
 class UpstreamUnavailable(UpstreamError):

@@ -36,6 +36,10 @@ class UpstreamPool:
         self._running.set()
         self._changed = asyncio.Condition()
         self.policy_version = policy_version
+        #: the checkpoint the servers last loaded through a weight update (None: the one they started with)
+        self.checkpoint: str | None = None
+        #: held by a weight update from pause to resume, so two updates never interleave
+        self.weights_lock = asyncio.Lock()
         self.wait_for_server_seconds = wait_for_server_seconds
         for url in urls or []:
             self.add(url)

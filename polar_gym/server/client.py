@@ -21,12 +21,21 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from polar_gym.schema import SessionResult, SessionStatus, TaskRequest, Trace
+from polar_gym.schema import FleetWeightUpdate, SessionResult, SessionStatus, TaskRequest, Trace, WeightUpdateRequest
 from polar_gym.serving import free_port, serving
 
-__all__ = ["CallbackReceiver", "RolloutClient", "traces_of"]
+__all__ = ["CallbackReceiver", "RolloutClient", "WeightUpdateFailed", "traces_of"]
 
 _DONE = {"COMPLETED", "ERROR", "CANCELLED", "TIMEOUT"}
+
+
+class WeightUpdateFailed(RuntimeError):
+    """A fleet weight update did not reach every gateway; ``reply`` holds each gateway's answers (the fleet went on
+    under its old version)."""
+
+    def __init__(self, reply: FleetWeightUpdate) -> None:
+        super().__init__(reply.message or "the weight update failed")
+        self.reply = reply
 
 
 class RolloutClient:
@@ -66,6 +75,20 @@ class RolloutClient:
         resp = await self.http.get("/gateways")
         resp.raise_for_status()
         return list(resp.json()["gateways"])
+
+    async def update_weights(self, checkpoint: str, policy_version: int | str, *,
+                             drain_timeout: float = 600.0) -> FleetWeightUpdate:
+        """Load ``checkpoint`` (a directory the inference servers can read) into every engine of the fleet and stamp
+        ``policy_version`` on every later completion; in-flight model calls finish first (up to ``drain_timeout``),
+        sessions only wait. Raises WeightUpdateFailed when a gateway did not take it."""
+        body = WeightUpdateRequest(checkpoint=checkpoint, policy_version=policy_version, drain_timeout=drain_timeout)
+        resp = await self.http.post("/backends/weights", content=body.model_dump_json(),
+                                    headers={"content-type": "application/json"}, timeout=drain_timeout + 300.0)
+        resp.raise_for_status()
+        reply = FleetWeightUpdate.model_validate_json(resp.content)
+        if not reply.updated:
+            raise WeightUpdateFailed(reply)
+        return reply
 
     async def submit_all(self, tasks: Iterable[TaskRequest]) -> list[dict[str, Any]]:
         return [await self.submit(task) for task in tasks]

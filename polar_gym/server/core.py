@@ -53,6 +53,9 @@ class RolloutServer:
         self.counters = ServerCounters()
         #: the LLM backends every gateway's proxy is told about (a new gateway gets them on registering)
         self.backends: list[str] = []
+        #: the policy version the fleet's last weight update stamped (a gateway registering later resumes under it)
+        self.policy_version: int | str | None = None
+        self.weights_lock = asyncio.Lock()  # one fleet weight update at a time
         self.links = Links(transport)
         self.background = Background()
         self.callbacks = Callbacks(store, self.counters, self.background, lambda: self.links.client,
@@ -171,6 +174,9 @@ class RolloutServer:
         for url in self.backends:  # a new gateway gets the fleet's current LLM backends
             with contextlib.suppress(GatewayCallError):
                 await self.links.gateway(gw).add_upstream(url)
+        if self.policy_version is not None:
+            with contextlib.suppress(GatewayCallError):
+                await self.links.gateway(gw).resume(self.policy_version)
         self.ledger.wake.set()
         return gw
 

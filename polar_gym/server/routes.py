@@ -7,7 +7,8 @@ answer in the polar_gym.web envelope. Everything but ``health_router`` needs the
     sessions_router  GET /sessions/{id}/result (202 while running; ``?wait=S`` long-polls),
                      GET /sessions/{id}/nemo (NeMo Gym token items per chain), POST /sessions/{id}/cancel
     gateways_router  POST /gateways/register, GET /gateways, POST /gateways/{id}/heartbeat, POST /gateways/{id}/drain
-    backends_router  GET/POST/DELETE /backends, POST /backends/pause, /backends/resume: forwarded to every gateway
+    backends_router  GET/POST/DELETE /backends, POST /backends/pause, /backends/resume: forwarded to every gateway;
+                     POST /backends/weights: every gateway loads a checkpoint (polar_gym.server.weights)
     health_router    GET /health, GET /metrics (Prometheus text)
 """
 
@@ -26,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, excerpt, json_depth
 from polar_gym.merge.nemo_payload import session_nemo_payload
 from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
-from polar_gym.schema import TaskRequest
+from polar_gym.schema import FleetWeightUpdate, TaskRequest, WeightUpdateRequest
 from polar_gym.server.core import RolloutServer
 from polar_gym.server.fleet import GatewayRegistration
 from polar_gym.server.metrics import server_metrics
+from polar_gym.server.weights import update_fleet_weights
 from polar_gym.web import ADMIN_ONLY, ApiError
 
 __all__ = ["Backend", "Resume", "backends_router", "gateways_router", "health_router", "rollout_server",
@@ -198,6 +200,12 @@ async def pause(request: Request) -> dict[str, Any]:
 @backends_router.post("/backends/resume")
 async def resume(request: Request, body: Resume) -> dict[str, Any]:
     return {"gateways": await rollout_server(request).fanout("POST", "/admin/resume", body.model_dump())}
+
+
+@backends_router.post("/backends/weights")
+async def weights(request: Request, body: WeightUpdateRequest) -> FleetWeightUpdate:
+    """200 with ``updated`` false when a gateway failed (every gateway resumed under its old version)."""
+    return await update_fleet_weights(rollout_server(request), body)
 
 
 @health_router.get("/health")

@@ -17,7 +17,7 @@ from polar_gym.gateway.errors import GatewayBadReply, GatewayRefused, GatewayUnr
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
-from polar_gym.schema import AgentSpec, SessionSpec, SessionStatus
+from polar_gym.schema import AgentSpec, SessionSpec, SessionStatus, WeightUpdateRequest
 from tests._fakes import ByteTokenizer
 from tests.gateway._gw_doubles import ScriptedStages
 
@@ -83,6 +83,9 @@ async def test_health_and_the_proxy_admin_calls(gateway: tuple[GatewayClient, Ga
     assert (await client.upstreams()).paused
     resumed = await client.resume(policy_version=7)
     assert (resumed.paused, resumed.policy_version) == (False, 7)
+    updated = await client.update_weights(WeightUpdateRequest(checkpoint="/ckpt/step-8", policy_version=8))
+    assert (updated.policy_version, updated.previous_version, updated.servers) == (8, 7, {})  # the oracle: a stamp
+    assert (await client.upstreams()).checkpoint == "/ckpt/step-8"
     assert (await client.remove_upstream("http://127.0.0.1:9/v1")).removed is True
     assert [s["url"] for s in (await client.upstreams()).servers if not s["removed"]] == ["oracle://local"]
 

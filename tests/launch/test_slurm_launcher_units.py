@@ -93,5 +93,13 @@ def test_inference_commands() -> None:
     tiny, tiny_env = inference_command(InferenceJobSettings(kind="tiny_vllm"), 8001)
     assert _flag(tiny, "--port") == "8001" and _flag(tiny, "--host") == "0.0.0.0"
     assert tiny_env["HF_HUB_OFFLINE"] == "1" and "PYTHONPATH" not in tiny_env
+    assert _flag(tiny, "--dtype") == "bfloat16" and "--worker-extension-cls" not in tiny
+    assert "VLLM_SERVER_DEV_MODE" not in tiny_env  # its development routes stay closed unless asked for
+    train, train_env = inference_command(InferenceJobSettings(kind="tiny_vllm", dtype="float32", weight_updates=True),
+                                         8002)
+    assert _flag(train, "--dtype") == "float32"
+    assert _flag(train, "--worker-extension-cls") == "polar_vllm_worker.WeightReload"
+    assert train_env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert (Path(train_env["PYTHONPATH"]) / "polar_vllm_worker.py").exists()
     with pytest.raises(ValueError, match="model_path is required"):
         inference_command(InferenceJobSettings(kind="sglang"), 1)

@@ -7,6 +7,11 @@ What callers need to know of an engine it declares here rather than being asked 
 an assistant turn (``end_of_turn_ids``, the builders' default) and per-session state it keeps (``open_session`` /
 ``close_session``, the oracle's scripts).
 
+New weights (``POST /admin/weights``): an engine says how it takes them (``weight_updates``: "reload" when each
+server loads a checkpoint through :meth:`Engine.update_weights`, "stamp" when it has no weights and only the policy
+version changes, None when it cannot and the update is refused); :mod:`polar_gym.proxy.weights` pauses the pool
+around the calls.
+
 An upstream's HTTP error is mapped by status: 400/413/422 mean the engine refused this request (a prompt longer than
 the context, say), which the harness must see as its own 400 rather than retry; 429/503 mean the server is
 momentarily unavailable; anything else is an upstream failure (502).
@@ -17,16 +22,26 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import httpx
 import orjson
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
-from polar_gym.proxy.errors import RequestError, UpstreamError, UpstreamUnavailable, translate_upstream_errors
+from polar_gym.proxy.errors import (
+    RequestError,
+    UpstreamError,
+    UpstreamUnavailable,
+    WeightsUnsupported,
+    WeightUpdateError,
+    translate_upstream_errors,
+)
 from polar_gym.proxy.upstreams import UpstreamPool
 
-__all__ = ["Engine", "HttpEngine", "approx_token_count", "upstream_status_error"]
+__all__ = ["Engine", "HttpEngine", "WeightUpdateMode", "approx_token_count", "upstream_status_error"]
+
+#: how an engine takes new weights (see the module docstring)
+WeightUpdateMode = Literal["reload", "stamp"]
 
 _REFUSED = {400, 413, 422}
 _BUSY = {429, 503}
@@ -54,6 +69,8 @@ class Engine(abc.ABC):
     name: ClassVar[str]
     #: whether the engine reports the exact prompt and sampled token IDs
     token_faithful: ClassVar[bool] = True
+    #: how the engine takes new weights; None: it cannot (an update is refused before the pool pauses)
+    weight_updates: ClassVar[WeightUpdateMode | None] = None
 
     def __init__(self, pool: UpstreamPool | None = None) -> None:
         self.pool = pool if pool is not None else UpstreamPool()
@@ -79,6 +96,12 @@ class Engine(abc.ABC):
     def close_session(self, session_id: str) -> None:
         """The session is over: drop what the engine keeps for it."""
         return None
+
+    async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
+        """Make the server at ``server_url`` serve the weights in ``checkpoint`` (a directory as the server's host
+        sees it), tagged ``version``; answers the seconds each step took. Called only while the pool is paused and
+        drained. Raises WeightsUnsupported, or WeightUpdateError naming the server."""
+        raise WeightsUnsupported(f"the {self.name} engine cannot load new weights")
 
     async def aclose(self) -> None:
         return None
@@ -127,6 +150,27 @@ class HttpEngine(Engine):
             if not isinstance(data, dict):
                 raise ValueError("upstream answer is not a JSON object")
             return data
+
+    async def admin_post(self, server_url: str, path: str, body: dict[str, Any], *,
+                         missing: str = "") -> dict[str, Any]:
+        """POST to one of a server's management routes (weights, caches): its JSON answer (``{}`` for an empty
+        one); any failure is a WeightUpdateError naming the server, and ``missing`` says why a 404 may happen."""
+        url = server_url + path
+        try:
+            with translate_upstream_errors(server_url):
+                resp = await self.client.post(url, content=orjson.dumps(body),
+                                              headers={"content-type": "application/json"})
+                if resp.status_code >= 400:
+                    hint = f" ({missing})" if resp.status_code == 404 and missing else ""
+                    raise WeightUpdateError(f"{url} answered {resp.status_code}{hint}: {resp.text[:500]}")
+                data = orjson.loads(resp.content) if resp.content.strip() else {}
+                if not isinstance(data, dict):
+                    raise ValueError("the answer is not a JSON object")
+                return data
+        except WeightUpdateError:
+            raise
+        except UpstreamError as exc:
+            raise WeightUpdateError(f"{url}: {exc.message}") from exc
 
     async def exchange(self, session_id: str, body: dict[str, Any],
                        read: Callable[[dict[str, Any]], ChatResult]) -> ChatResult:

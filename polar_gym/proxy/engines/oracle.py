@@ -18,12 +18,12 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import pydantic
 
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FinishReason, FunctionCall, Tool, ToolCall, Usage
-from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.engines.base import Engine, WeightUpdateMode
 from polar_gym.proxy.engines.tokenin import keep_token_in_result, parse_reply, plan_prompt
 from polar_gym.proxy.errors import SessionMetadataError, validation_message
 from polar_gym.proxy.parsers.base import OutputParser, parser_for
@@ -125,6 +125,9 @@ class OracleTokenizer(ChatTokenizer, TemplateTokenizer, Protocol):
 
 class OracleEngine(Engine):
     name = "oracle"
+    #: the oracle has no weights: a weight update only stamps its policy version on later answers, so a training
+    #: loop runs end to end against it (its logprobs do not change)
+    weight_updates: ClassVar[WeightUpdateMode | None] = "stamp"
 
     def __init__(self, tokenizer: ChatTokenizer, pool: UpstreamPool | None = None, *,
                  default_script: OracleScript | None = None, drift_every: int = 0, think: bool = True,

@@ -6,23 +6,40 @@ the engine's ``meta_info``, whose ``output_token_logprobs`` lists ``[logprob, to
 (text is null unless SGLang decodes it; some versions clamp ``-inf`` to ``-999999999.0``). SGLang parses reasoning
 and tool calls itself when started with ``--reasoning-parser`` / ``--tool-call-parser``.
 
+New weights without a restart (:func:`update_sglang_weights`, both SGLang engines): ``/update_weights_from_disk``
+with the checkpoint and a ``weight_version`` tag (later answers carry it in ``meta_info``); SGLang flushes its radix
+cache itself.
+
 The native ``/generate`` API, fed exact prompt token IDs, is the token-in engine
 (:class:`polar_gym.proxy.engines.tokenin.SGLangTokenInEngine`); this module holds the readers both share.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
-from polar_gym.proxy.engines.base import HttpEngine
+from polar_gym.proxy.engines.base import HttpEngine, WeightUpdateMode
 from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, usage_in
+from polar_gym.proxy.errors import WeightUpdateError
 
 __all__ = ["GenerateAnswer", "SGLangEngine", "generate_answer", "output_tokens_in",
-           "sampling_params"]
+           "sampling_params", "update_sglang_weights"]
 
+
+async def update_sglang_weights(engine: HttpEngine, server_url: str, checkpoint: str,
+                                version: int | str) -> dict[str, float]:
+    """Load ``checkpoint`` into the SGLang server at ``server_url`` tagged ``version``; the seconds it took."""
+    started = time.perf_counter()
+    answer = await engine.admin_post(server_url, "/update_weights_from_disk",
+                                     {"model_path": checkpoint, "weight_version": str(version)})
+    if answer.get("success") is False:
+        raise WeightUpdateError(f"{server_url}/update_weights_from_disk refused {checkpoint}: "
+                                f"{str(answer.get('message'))[:500]}")
+    return {"reload_seconds": time.perf_counter() - started}
 
 
 def output_tokens_in(meta_info: dict[str, Any]) -> tuple[list[int], list[float]]:
@@ -74,6 +91,10 @@ class SGLangEngine(HttpEngine):
     """SGLang's OpenAI chat server with token IDs and logprobs per choice."""
 
     name = "sglang"
+    weight_updates: ClassVar[WeightUpdateMode | None] = "reload"
+
+    async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
+        return await update_sglang_weights(self, server_url, checkpoint, version)
 
     def build(self, request: ChatRequest) -> dict[str, Any]:
         body = request.to_openai()

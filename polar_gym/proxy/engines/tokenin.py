@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import httpx
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult, FinishReason, Usage
-from polar_gym.proxy.engines.base import HttpEngine
-from polar_gym.proxy.engines.sglang import generate_answer, sampling_params
-from polar_gym.proxy.engines.vllm import _ints
+from polar_gym.proxy.engines.base import HttpEngine, WeightUpdateMode
+from polar_gym.proxy.engines.sglang import generate_answer, sampling_params, update_sglang_weights
+from polar_gym.proxy.engines.vllm import _ints, reload_vllm_weights
 from polar_gym.proxy.parsers.base import OutputParser, ParsedReply, call_id
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
 from polar_gym.proxy.tokenizer import HFChatTokenizer
@@ -143,6 +143,10 @@ class VLLMTokenInEngine(TokenInEngine):
 
     name = "vllm"
     path: ClassVar[str] = "/v1/completions"
+    weight_updates: ClassVar[WeightUpdateMode | None] = "reload"
+
+    async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
+        return await reload_vllm_weights(self, server_url, checkpoint, version)
 
     def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
         return completions_body(request, plan.prompt_ids, self.tokenizer.end_of_turn_ids)
@@ -169,6 +173,10 @@ class SGLangTokenInEngine(TokenInEngine):
 
     name = "sglang"
     path: ClassVar[str] = "/generate"
+    weight_updates: ClassVar[WeightUpdateMode | None] = "reload"
+
+    async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
+        return await update_sglang_weights(self, server_url, checkpoint, version)
 
     def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
         params = sampling_params(request)

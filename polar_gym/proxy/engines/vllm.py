@@ -1,14 +1,73 @@
-"""vLLM's OpenAI server with ``return_token_ids``: prompt and sampled token IDs plus per-token logprobs."""
+"""vLLM's OpenAI server with ``return_token_ids``: prompt and sampled token IDs plus per-token logprobs.
+
+New weights without a restart (:func:`reload_vllm_weights`, both vLLM engines): ``/collective_rpc`` runs
+``reload_weights`` from a checkpoint directory in place, then the worker extension's ``polar_refresh_tied_weights``
+(``polar_gym/vllm_plugin/polar_vllm_worker.py``: on the CPU build a tied output layer otherwise keeps the old
+embedding),
+``/reset_prefix_cache`` drops the KV blocks computed with the old weights (without it a cached prefix keeps
+old-weight values), ``/update_weight_version`` tags the server. All are development routes: the server needs
+``VLLM_SERVER_DEV_MODE=1`` (``polar_gym.assets.vllm_server_env(weight_updates=True)`` sets it and the extension).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+import time
+from typing import Any, ClassVar
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
-from polar_gym.proxy.engines.base import HttpEngine
+from polar_gym.proxy.engines.base import HttpEngine, WeightUpdateMode
 from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, usage_in
+from polar_gym.proxy.errors import WeightUpdateError
 
-__all__ = ["VLLMEngine", "logprobs_in"]
+__all__ = ["VLLMEngine", "logprobs_in", "reload_vllm_weights"]
+
+log = logging.getLogger(__name__)
+
+DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 to load new weights without a restart"
+#: how long a prefix-cache reset may be retried while blocks are still held (requests of other clients)
+CACHE_RESET_SECONDS = 30.0
+
+
+async def _refresh_tied_weights(engine: HttpEngine, server_url: str) -> None:
+    """Re-process tied layers after a reload; a server without the worker extension is told of in the log (a GPU
+    build does not need it, the CPU build serves a stale tied output layer without it)."""
+    try:
+        await engine.admin_post(server_url, "/collective_rpc", {"method": "polar_refresh_tied_weights"})
+    except WeightUpdateError as exc:
+        if "has no attribute 'polar_refresh_tied_weights'" not in exc.message:
+            raise
+        log.warning("%s has no polar_vllm_worker extension: a tied output layer may keep its old weights on "
+                    "vLLM's CPU build (start it with --worker-extension-cls polar_vllm_worker.WeightReload)",
+                    server_url)
+
+
+async def reload_vllm_weights(engine: HttpEngine, server_url: str, checkpoint: str,
+                              version: int | str) -> dict[str, float]:
+    """Reload ``checkpoint`` into the vLLM server at ``server_url``, reset its prefix cache and tag it
+    ``version``; the seconds of each step. A build without ``/update_weight_version`` is only not tagged."""
+    started = time.perf_counter()
+    await engine.admin_post(server_url, "/collective_rpc",
+                            {"method": "reload_weights", "kwargs": {"weights_path": checkpoint}},
+                            missing=DEV_MODE_HINT)
+    await _refresh_tied_weights(engine, server_url)
+    loaded = time.perf_counter()
+    delay, deadline = 0.02, loaded + CACHE_RESET_SECONDS
+    while not (await engine.admin_post(server_url, "/reset_prefix_cache", {}, missing=DEV_MODE_HINT)).get("success"):
+        if time.perf_counter() > deadline:  # blocks still held: a request the proxy does not see is running
+            raise WeightUpdateError(f"{server_url} did not reset its prefix cache within {CACHE_RESET_SECONDS:.0f} s "
+                                    "(requests from another client still running?)")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+    reset = time.perf_counter()
+    try:
+        await engine.admin_post(server_url, "/update_weight_version", {"new_version": str(version)})
+    except WeightUpdateError as exc:
+        if " answered 404" not in exc.message:
+            raise
+    return {"reload_seconds": loaded - started, "cache_reset_seconds": reset - loaded,
+            "version_tag_seconds": time.perf_counter() - reset}
 
 
 def logprobs_in(choice: dict[str, Any], n_tokens: int) -> list[float]:
@@ -31,6 +90,10 @@ def _ints(values: Any) -> list[int]:
 
 class VLLMEngine(HttpEngine):
     name = "vllm"
+    weight_updates: ClassVar[WeightUpdateMode | None] = "reload"
+
+    async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
+        return await reload_vllm_weights(self, server_url, checkpoint, version)
 
     def build(self, request: ChatRequest) -> dict[str, Any]:
         body = request.to_openai()

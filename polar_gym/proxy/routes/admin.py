@@ -6,6 +6,9 @@ envelope): session registration, and the engine pool's upstreams, pause and resu
     GET    /admin/upstreams            the pool: servers, paused, policy version
     POST   /admin/upstreams            add a server; POST /admin/upstreams/remove drops one
     POST   /admin/pause, /admin/resume hold new model calls (in-flight ones drain), then resume under a new version
+    POST   /admin/weights              pause, load a checkpoint into every upstream, resume under its version
+                                       (polar_gym.proxy.weights; 409 weights_unsupported, 502 weight_update_failed
+                                       naming the server, 504 drain_timeout)
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, field_validator
 
 from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, json_depth
-from polar_gym.proxy.errors import SessionMetadataError
+from polar_gym.proxy.errors import SessionMetadataError, WeightsUnsupported, WeightUpdateError
 from polar_gym.proxy.routes.common import proxy_service
 from polar_gym.proxy.service import SessionInfo, new_session_key
+from polar_gym.proxy.weights import DrainTimeout, update_pool_weights
+from polar_gym.schema import WeightUpdateReply, WeightUpdateRequest
 from polar_gym.web import ADMIN_ONLY, ApiError
 
 __all__ = ["Resume", "SessionRegistration", "UpstreamAdd", "UpstreamChange", "router"]
@@ -73,7 +78,7 @@ async def unregister(request: Request, session_id: str) -> dict[str, Any]:
 @router.get("/upstreams")
 async def upstreams(request: Request) -> dict[str, Any]:
     pool = proxy_service(request).engine.pool
-    return {"paused": pool.paused, "policy_version": pool.policy_version,
+    return {"paused": pool.paused, "policy_version": pool.policy_version, "checkpoint": pool.checkpoint,
             "servers": [vars(s) for s in pool.servers()]}
 
 
@@ -99,3 +104,15 @@ async def resume(request: Request, body: Resume) -> dict[str, Any]:
     pool = proxy_service(request).engine.pool
     pool.resume(body.policy_version)
     return {"paused": False, "policy_version": pool.policy_version}
+
+
+@router.post("/weights")
+async def weights(request: Request, body: WeightUpdateRequest) -> WeightUpdateReply:
+    try:
+        return await update_pool_weights(proxy_service(request).engine, body)
+    except WeightsUnsupported as exc:
+        raise ApiError(409, "weights_unsupported", exc.message) from exc
+    except DrainTimeout as exc:
+        raise ApiError(504, "drain_timeout", exc.message) from exc
+    except WeightUpdateError as exc:
+        raise ApiError(502, "weight_update_failed", exc.message) from exc

@@ -1,0 +1,70 @@
+"""A weight update of the whole fleet (POST /backends/weights): every live gateway's proxy loads a checkpoint into
+its inference servers and stamps the new policy version, in three phases so that no server is reloaded while any
+gateway still has a call on it (gateways share servers):
+
+1. pause every gateway: new model calls wait, in-flight ones finish (if one cannot, all resume and nothing loads);
+2. every gateway loads the checkpoint into its servers and stays paused (``resume: false``);
+3. every gateway resumes under the new version, or, when one failed, under its old one (the failure names it).
+
+Sessions only wait; none is lost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from polar_gym.schema import FleetWeightUpdate, WeightUpdateRequest
+from polar_gym.server.core import FANOUT_TIMEOUT, RolloutServer
+from polar_gym.server.errors import ServerError
+
+__all__ = ["update_fleet_weights"]
+
+
+def _failed(answers: dict[str, Any]) -> dict[str, Any]:
+    return {gid: answer for gid, answer in answers.items() if answer.get("status") != 200}
+
+
+def _why(answer: dict[str, Any]) -> str:
+    error = (answer.get("body") or {}).get("error") if isinstance(answer.get("body"), dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message"))[:500]
+    return str(answer.get("error") or answer.get("body"))[:500]
+
+
+async def update_fleet_weights(server: RolloutServer, update: WeightUpdateRequest) -> FleetWeightUpdate:
+    """Load ``update.checkpoint`` into every live gateway's servers (see the module docstring)."""
+    async with server.weights_lock:
+        return await _update(server, update)
+
+
+async def _update(server: RolloutServer, update: WeightUpdateRequest) -> FleetWeightUpdate:
+    if not server.fleet.live():
+        raise ServerError(409, "no_gateways", "no live gateway to update")
+    started = time.perf_counter()
+    wait = update.drain_timeout + FANOUT_TIMEOUT
+    phases: dict[str, dict[str, Any]] = {}
+    paused = await server.broadcast(lambda c: c.pause(timeout=wait))
+    failed, loaded = _failed(paused), {}
+    if not failed:
+        staged = update.model_copy(update={"resume": False})
+        loaded = await server.broadcast(lambda c: c.update_weights(staged, timeout=wait))
+        failed = _failed(loaded)
+    updated = not failed
+    version = update.policy_version if updated else None
+    resumed = await server.broadcast(lambda c: c.resume(version, timeout=FANOUT_TIMEOUT))
+    for name, answers in (("pause", paused), ("weights", loaded), ("resume", resumed)):
+        for gid, answer in answers.items():
+            phases.setdefault(gid, {})[name] = answer
+    if updated:
+        server.policy_version = update.policy_version
+        message = ""
+    else:
+        stage = "load the checkpoint" if loaded else "drain"
+        message = (f"{len(failed)} gateway(s) could not {stage}; every gateway resumed under its old version: "
+                   + "; ".join(f"{gid}: {_why(answer)}" for gid, answer in failed.items()))
+    if _failed(resumed):
+        message += ("; " if message else "") + "these gateways did not resume: " + ", ".join(_failed(resumed))
+    return FleetWeightUpdate(updated=updated, checkpoint=update.checkpoint,
+                             policy_version=update.policy_version if updated else server.policy_version,
+                             message=message, seconds=time.perf_counter() - started, gateways=phases)
