@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 from polar_gym.trainer.batch import TrainSequence, sequence_of_trace
 
-__all__ = ["ChatTokenizer", "SkippedRecord", "assistant_spans", "load_sft_file", "sequence_of_record"]
+__all__ = ["ChatTokenizer", "SkippedRecord", "assistant_spans", "load_sft_file", "sequence_of_record",
+           "template_message"]
 
 
 class ChatTokenizer(Protocol):
@@ -36,9 +37,31 @@ class SkippedRecord(ValueError):
     """A record that cannot be trained on faithfully (the reason says why)."""
 
 
+def _arguments(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as vLLM hands it to the chat template (as :func:`polar_gym.proxy.tokenizer.template_messages`
+    does for requests): null content as "", tool-call arguments parsed into objects."""
+    out = {**message, "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [{**call, "function": {**call["function"],
+                                                   "arguments": _arguments(call["function"].get("arguments"))}}
+                             for call in message["tool_calls"]]
+    return out
+
+
 def _render(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
             generation_prompt: bool) -> str:
-    text = tokenizer.apply_chat_template(list(messages), tools=list(tools) or None, tokenize=False,
+    text = tokenizer.apply_chat_template([template_message(m) for m in messages], tools=list(tools) or None,
+                                         tokenize=False,
                                          add_generation_prompt=generation_prompt)
     return str(text)
 
