@@ -3,8 +3,8 @@
 Every key of every group is checked before anything starts, and every problem names its Hydra key
 (``harness.config.bogus: extra inputs are not permitted``): each section against its model (AgentSpec, RuntimeSpec,
 BuilderSpec, EvaluatorSpec, InferenceSettings, DatagenConfig, TrainerSettings), every name against its registry,
-each plug-in's own config against the model it declares (:mod:`polar_gym.launch.checks`), and the ``launcher`` and ``tasks`` plug
-points (``_target_`` through one loader) against their settings model or signature.
+each plug-in's own config against the model it declares (:mod:`polar_gym.launch.checks`), and the ``launcher`` and
+``tasks`` plug points (``_target_`` through one loader) against their settings model or signature.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ class TrainerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: Literal["sft", "grpo"] = Field(default="sft", description="sft: datagen exports; grpo: traces from the fleet")
+    algorithm: Literal["sft", "grpo"] = Field(default="sft", description="sft: datagen exports; grpo: traces from "
+                                              "the fleet")
     model: str | None = Field(default=None, description="the starting HF model directory (null: the tiny Qwen3 "
                               "from setup.sh --engine)")
     steps: int = Field(default=10, ge=1, description="optimizer steps")
