@@ -35,9 +35,10 @@ PAD_ID = 151643  # <|endoftext|>: never attended to (attention mask 0), any id w
 
 @runtime_checkable
 class WeightSync(Protocol):
-    """Update every engine of the fleet to ``checkpoint`` as ``version`` (``RolloutClient.update_weights``)."""
+    """Update every engine of the fleet to ``checkpoint`` as ``policy_version`` (``RolloutClient.update_weights``:
+    the rollout server's ``POST /backends/weights``); raises when the fleet did not take it."""
 
-    async def update_weights(self, checkpoint: str, version: int | str) -> Any: ...
+    async def update_weights(self, checkpoint: str, policy_version: int | str, /) -> Any: ...
 
 
 class RolloutSource(Protocol):
