@@ -203,6 +203,9 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
             await client.submit(request)
         results = [r async for r in client.results([r.task_id for r in requests], timeout=timeout)]
         rollout_seconds = time.monotonic() - started
+        if results and all(r.status is SessionStatus.ERROR for r in results):
+            raise RuntimeError(f"every session of step {step} ended in ERROR (the fleet, not the policy): "
+                               f"{results[0].reason}")
         sequences = [s for s in grpo_sequences(results, completed_only=settings.completed_only) if any(s.loss_mask)]
         row: dict[str, Any] = {"step": step, "version": settings.initial_version + step - 1,
                                "sessions": len(results), "traces": len(sequences),

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_gym.assets import tiny_model_dir, vllm_python, vllm_server_command, vllm_server_env
+from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python, vllm_server_command, vllm_server_env
 from polar_gym.datagen.export import write_dataset
 from polar_gym.fleet import InferenceSettings, local_fleet
 from polar_gym.gateway.config import GatewayPools
@@ -80,7 +80,8 @@ async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(tmp_path: Path) ->
 
     # 3. GRPO on vLLM fp32: the engine starts on the stock weights; the SFT checkpoint goes in as version 0
     with fp32_vllm(tmp_path / "vllm.log") as engine_url:
-        inference = InferenceSettings(engine="vllm", upstreams=[engine_url], max_tokens_cap=256)
+        inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
+                                      max_tokens_cap=256)
         out = tmp_path / "grpo"
         async with (local_fleet(out, inference, pools=GatewayPools(run_slots=4)) as (url, token),
                     RolloutClient(url, token) as client):
