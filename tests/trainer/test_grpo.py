@@ -109,3 +109,21 @@ def test_grpo_sequences_group_by_task_and_skip_unfinished_sessions() -> None:
     assert sequences[0].advantage == pytest.approx(-sequences[1].advantage) and sequences[0].advantage > 0
     assert sequences[2].advantage == sequences[3].advantage == 0.0
     assert len(grpo_sequences(results, completed_only=False)) == 5
+
+
+class BrokenFleet(FakeFleet):
+    """Every session ends in ERROR, as when the engine is unreachable."""
+
+    def _session(self, task: TaskRequest, index: int) -> SessionResult:
+        return SessionResult(session_id=f"{task.task_id}-{index}", task_id=task.task_id, status=SessionStatus.ERROR,
+                             reason="upstream_error: answered 404")
+
+
+async def test_a_step_whose_sessions_all_errored_stops_the_run(tmp_path: Path) -> None:
+    model_dir = small_qwen3_dir(tmp_path)
+    fleet = BrokenFleet(model_dir)
+    tasks = [DEMO_TASKS["demo-calc-add"].to_request(harness="pi", model_name="policy", num_samples=2)]
+    with pytest.raises(RuntimeError, match="upstream_error: answered 404"):
+        await run_grpo(TrainerSettings(algorithm="grpo", model=str(model_dir), steps=2), tasks, fleet,
+                       tmp_path / "run", weights=fleet, echo=lambda _: None)
+    assert fleet.updates == []  # nothing pushed
