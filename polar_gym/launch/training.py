@@ -47,6 +47,9 @@ def train(job: LaunchJob) -> int:
 async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console) -> int:
     assert job.trainer is not None
     settings, inference = job.trainer, job.inference
+    if settings.push_weights and not issubclass(RolloutClient, WeightSync):
+        raise ConfigError("this rollout server client has no update_weights (the fleet's weight-update call); "
+                          "trainer.push_weights=false trains without updating the engines", key="trainer.push_weights")
     with sigterm_cancels_run():
         if not inference.await_upstreams:
             await ensure_upstreams(inference, inference.upstreams, console)
@@ -55,10 +58,6 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console) -> in
                                 heartbeat=launcher.settings.heartbeat_seconds, pools=launcher.pools) as (url, token),
                     RolloutClient(url, token) as client):
             weights = client if isinstance(client, WeightSync) else None
-            if settings.push_weights and weights is None:
-                raise ConfigError("this rollout server client has no update_weights (the fleet's weight-update "
-                                  "call); trainer.push_weights=false trains without updating the engines",
-                                  key="trainer.push_weights")
             final = await run_grpo(settings, job.requests, client, job.out_dir / "trainer", weights=weights,
                                    echo=console.print, timeout=max(r.timeout_seconds for r in job.requests) * 2)
     console.print(f"grpo: last checkpoint {final}; metrics {job.out_dir / 'trainer' / 'train_metrics.jsonl'}")
