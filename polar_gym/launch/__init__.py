@@ -7,6 +7,7 @@ and what it answered), or a session's model calls failed for infrastructure reas
 
     python -m polar_gym.launch                                   # pi on the demo tasks, oracle engine, local sandbox
     python -m polar_gym.launch +harness=codex +builder=prefix_merging num_samples=2 out_dir=runs/codex
+    python -m polar_gym.launch +trainer=sft trainer.data=[runs/demo/datagen/sft/train.jsonl] out_dir=runs/sft
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def run(cfg: DictConfig) -> int:
         return 2
     assert job.launcher is not None
     try:
+        if job.trainer is not None:
+            from polar_gym.launch.training import train
+
+            return train(job)
         return int(job.launcher.launch(job))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM
         print(f"polar_gym.launch: interrupted; the unfinished tasks were cancelled (files so far in {job.out_dir})",

@@ -2,9 +2,9 @@
 
 Every key of every group is checked before anything starts, and every problem names its Hydra key
 (``harness.config.bogus: extra inputs are not permitted``): each section against its model (AgentSpec, RuntimeSpec,
-BuilderSpec, EvaluatorSpec, InferenceSettings, DatagenConfig), every name against its registry, each plug-in's own
-config against the model it declares (:mod:`polar_gym.launch.checks`), and the ``launcher`` and ``tasks`` plug
-points (``_target_`` through one loader) against their settings model or signature.
+BuilderSpec, EvaluatorSpec, InferenceSettings, DatagenConfig, TrainerSettings), every name against its registry,
+each plug-in's own config against the model it declares (:mod:`polar_gym.launch.checks`), and the ``launcher`` and
+``tasks`` plug points (``_target_`` through one loader) against their settings model or signature.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.registry import BUILDERS, ENGINES, EVALUATORS, HARNESSES, RUNTIMES, Registry, RegistryError, load_dotted
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar_gym.settings import ConfigError, Problem, validate
+from polar_gym.trainer.settings import TrainerSettings
 
 __all__ = [
     "TOP_LEVEL_KEYS",
@@ -48,7 +49,7 @@ __all__ = [
 
 #: the keys of a composed config (``hydra`` is Hydra's own)
 TOP_LEVEL_KEYS = frozenset({"harness", "builder", "runtime", "evaluator", "inference", "tasks", "launcher",
-                            "num_samples", "timeout_seconds", "out_dir", "datagen", "hydra"})
+                            "num_samples", "timeout_seconds", "out_dir", "datagen", "trainer", "hydra"})
 
 
 class RunSettings(RunShape):
@@ -77,6 +78,8 @@ class LaunchJob:
     datagen: DatagenConfig | None = None
     #: the ``launcher`` group's launcher, built from its validated settings
     launcher: Launcher | None = None
+    #: ``+trainer=sft|grpo``: train instead of only rolling out (polar_gym.launch.training)
+    trainer: TrainerSettings | None = None
 
 
 def section(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -211,6 +214,9 @@ def build_job(cfg: DictConfig) -> LaunchJob:
     datagen = None
     if cfg.get("datagen") is not None:
         datagen = _validated(DatagenConfig, section(cfg, "datagen"), "datagen", problems)
+    trainer = None
+    if cfg.get("trainer") is not None:
+        trainer = _validated(TrainerSettings, section(cfg, "trainer"), "trainer", problems)
     out_dir = cfg.get("out_dir")
     if not out_dir and not any(k == "out_dir" for k, _ in problems):
         problems.append(("out_dir", "must be set (a directory for the run's files)"))
@@ -223,4 +229,5 @@ def build_job(cfg: DictConfig) -> LaunchJob:
         raise ConfigError("", problems=problems)
     assert template is not None and inference is not None
     return LaunchJob(requests=_requests(cfg, template), inference=inference, out_dir=Path(str(out_dir)),
-                     resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen, launcher=launcher)
+                     resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen, launcher=launcher,
+                     trainer=trainer)

@@ -25,6 +25,7 @@ from polar_gym.launch.local import LocalLauncherSettings
 from polar_gym.launch.reference import README, check
 from polar_gym.launch.submitit_launcher import SlurmLauncherSettings
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
+from polar_gym.trainer.settings import TrainerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,6 +57,7 @@ MISTYPED = [
     (["+tasks.bogus=1"], "tasks.bogus"),
     (["tasks=dataset", "tasks.path=x.jsonl", "+tasks.bogus=1"], "tasks.bogus"),
     (["+datagen=sft", "+datagen.bogus=1"], "datagen.bogus"),
+    (["+trainer=grpo", "+trainer.bogus=1"], "trainer.bogus"),
     (["+bogus=1"], "bogus"),
     (["num_samples=0"], "num_samples"),
 ]
@@ -113,6 +115,8 @@ CONF_MODELS: list[tuple[str, type[BaseModel], Any, set[str]]] = [
     ("launcher/local.yaml", LocalLauncherSettings, None, set()),
     ("launcher/slurm.yaml", SlurmLauncherSettings, None, set()),
     ("datagen/sft.yaml", DatagenConfig, None, set()),
+    ("trainer/sft.yaml", TrainerSettings, None, set()),
+    ("trainer/grpo.yaml", TrainerSettings, None, {"algorithm"}),
     ("runtime/local.yaml", RuntimeSpec, None, set()),
     ("runtime/docker.yaml", RuntimeSpec, None, {"backend", "image"}),
     ("runtime/apptainer.yaml", RuntimeSpec, None, {"backend", "image"}),

@@ -1,0 +1,42 @@
+"""The reference trainer (SFT and GRPO, torch) for validation and small experiments: see :mod:`.loops`.
+
+Pure core: :mod:`.batch`, :mod:`.logprobs`, :mod:`.losses`; data: :mod:`.sft_data`; files: :mod:`.checkpoint`,
+:mod:`.metrics`. Names load on first use, so ``launch`` can validate the ``trainer`` settings without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from polar_gym.trainer.settings import TrainerSettings
+
+if TYPE_CHECKING:
+    from polar_gym.trainer.batch import TrainBatch, TrainSequence, collate, sequence_of_trace
+    from polar_gym.trainer.checkpoint import load_policy, save_checkpoint
+    from polar_gym.trainer.logprobs import full_logprobs, trained_logprobs
+    from polar_gym.trainer.loops import RolloutSource, Trainer, WeightSync, grpo_sequences, run_grpo, run_sft
+    from polar_gym.trainer.losses import group_advantages, logprob_diff_stats, policy_loss, sft_loss
+    from polar_gym.trainer.metrics import MetricsLog, svg_plot
+    from polar_gym.trainer.sft_data import SkippedRecord, load_sft_file, sequence_of_record
+
+__all__ = ["MetricsLog", "RolloutSource", "SkippedRecord", "TrainBatch", "TrainSequence", "Trainer",
+           "TrainerSettings", "WeightSync", "collate", "full_logprobs", "group_advantages", "grpo_sequences",
+           "load_policy", "load_sft_file", "logprob_diff_stats", "policy_loss", "run_grpo", "run_sft",
+           "save_checkpoint", "sequence_of_record", "sequence_of_trace", "sft_loss", "svg_plot", "trained_logprobs"]
+
+_HOME = {"batch": ("TrainBatch", "TrainSequence", "collate", "sequence_of_trace"),
+         "checkpoint": ("load_policy", "save_checkpoint"),
+         "logprobs": ("full_logprobs", "trained_logprobs"),
+         "loops": ("RolloutSource", "Trainer", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"),
+         "losses": ("group_advantages", "logprob_diff_stats", "policy_loss", "sft_loss"),
+         "metrics": ("MetricsLog", "svg_plot"),
+         "sft_data": ("SkippedRecord", "load_sft_file", "sequence_of_record")}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'polar_gym.trainer' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"polar_gym.trainer.{module}"), name)

@@ -1,0 +1,244 @@
+"""The training loops: the thin shell around the pure core (model, data and fleet in; files and metrics out).
+
+``run_sft`` trains on datagen's exports; ``run_grpo`` asks the fleet for rollouts of a set of tasks each step
+(``num_samples`` sessions per task form one GRPO group), trains on their traces, writes an HF checkpoint and pushes
+it to every engine through a :class:`WeightSync` (the rollout server's weight-update call, ``RolloutClient``), so
+the next step's sessions are sampled by the new policy version. Torch work runs in a worker thread: a fleet served
+by the same event loop keeps answering while a step computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
+from polar_gym.trainer.batch import TrainSequence, collate, sequence_of_trace
+from polar_gym.trainer.checkpoint import load_policy, save_checkpoint
+from polar_gym.trainer.logprobs import trained_logprobs
+from polar_gym.trainer.losses import group_advantages, logprob_diff_stats, policy_loss, sft_loss
+from polar_gym.trainer.metrics import MetricsLog
+from polar_gym.trainer.settings import TrainerSettings
+from polar_gym.trainer.sft_data import load_sft_file
+
+__all__ = ["RolloutSource", "StepReport", "Trainer", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"]
+
+PAD_ID = 151643  # <|endoftext|>: never attended to (attention mask 0), any id works
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Update every engine of the fleet to ``checkpoint`` as ``policy_version`` (``RolloutClient.update_weights``:
+    the rollout server's ``POST /backends/weights``); raises when the fleet did not take it."""
+
+    async def update_weights(self, checkpoint: str, policy_version: int | str, /) -> Any: ...
+
+
+class RolloutSource(Protocol):
+    """The two RolloutClient calls the GRPO loop needs."""
+
+    async def submit(self, task: TaskRequest) -> dict[str, Any]: ...
+
+    def results(self, task_ids: Iterable[str], *, timeout: float = ..., poll: float = ...) -> Any: ...
+
+
+@dataclass(frozen=True)
+class StepReport:
+    loss: float
+    tokens: int
+    grad_norm: float
+    stats: Mapping[str, float]
+    logprobs: torch.Tensor
+
+
+class Trainer:
+    """A policy, its optimizer and one step of either algorithm (synchronous; no I/O but the checkpoint)."""
+
+    def __init__(self, settings: TrainerSettings, model_dir: Path) -> None:
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        torch.manual_seed(settings.seed)
+        self.settings = settings
+        self.model_dir = model_dir
+        self.model = load_policy(model_dir)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
+                                           weight_decay=settings.weight_decay)
+
+    def _apply(self, loss: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
+        self.optimizer.step()
+        return float(norm)
+
+    def sft_step(self, sequences: Sequence[TrainSequence]) -> StepReport:
+        batch = collate(sequences, PAD_ID)
+        logprobs = trained_logprobs(self.model, batch)
+        loss = sft_loss(logprobs)
+        norm = self._apply(loss)
+        return StepReport(loss.item(), batch.trained_tokens, norm, {}, logprobs.detach())
+
+    def grpo_step(self, sequences: Sequence[TrainSequence]) -> StepReport:
+        batch = collate(sequences, PAD_ID)
+        if not batch.has_old_logprobs:
+            raise ValueError("GRPO needs the captured logprobs of every trained token")
+        s = self.settings
+        logprobs = trained_logprobs(self.model, batch)
+        loss, stats = policy_loss(logprobs, batch.old_logprobs, batch.advantages, clip_low=s.clip_low,
+                                  clip_high=s.clip_high, tis_cap=s.tis_cap)
+        diff = logprob_diff_stats(logprobs, batch.old_logprobs)
+        norm = self._apply(loss) if bool((batch.advantages != 0).any()) else 0.0
+        return StepReport(loss.item(), batch.trained_tokens, norm, {**stats, **diff}, logprobs.detach())
+
+    def save(self, out_dir: Path) -> Path:
+        return save_checkpoint(self.model, out_dir, self.model_dir)
+
+
+def _model_dir(settings: TrainerSettings) -> Path:
+    if settings.model:
+        return Path(settings.model)
+    from polar_gym.assets import tiny_model_dir
+
+    return tiny_model_dir()
+
+
+def _finish(log: MetricsLog, out: Path, keys: Sequence[str], title: str) -> None:
+    log.plot(out / "train_metrics.svg", keys, title)
+
+
+def run_sft(settings: TrainerSettings, out_dir: Path, *, echo: Any = print) -> Path:
+    """SFT for ``settings.steps`` steps on ``settings.data``; returns the final checkpoint directory
+    (``out_dir/checkpoints/final``)."""
+    from transformers import AutoTokenizer
+
+    model_dir = _model_dir(settings)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    sequences, skipped = load_sft_file(settings.data, tokenizer, settings.min_reward)
+    for reason in skipped:
+        echo(f"sft: skipped {reason}")
+    if not sequences:
+        raise ValueError(f"no trainable SFT record in {settings.data}")
+    trainer = Trainer(settings, model_dir)
+    log = MetricsLog(out_dir / "train_metrics.jsonl")
+    order = random.Random(settings.seed)
+    pool: list[TrainSequence] = []
+    for step in range(1, settings.steps + 1):
+        if len(pool) < settings.batch_size:  # epochs, reshuffled
+            fresh = list(sequences)
+            order.shuffle(fresh)
+            pool += fresh
+        batch, pool = pool[:settings.batch_size], pool[settings.batch_size:]
+        started = time.monotonic()
+        report = trainer.sft_step(batch)
+        row = {"step": step, "loss": report.loss, "tokens": report.tokens, "grad_norm": report.grad_norm,
+               "seconds": time.monotonic() - started, "sequences": len(batch)}
+        log.write(row)
+        echo(f"sft step {step}: loss {report.loss:.4f} tokens {report.tokens} {row['seconds']:.2f} s")
+        if settings.save_every and step % settings.save_every == 0 and step < settings.steps:
+            trainer.save(out_dir / "checkpoints" / f"step-{step}")
+    final = trainer.save(out_dir / "checkpoints" / "final")
+    _finish(log, out_dir, ["loss", "seconds"], "SFT")
+    return final
+
+
+def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = True) -> list[TrainSequence]:
+    """Every trace of ``results`` with its GRPO advantage (group: the session's task, one prompt).
+    A session's traces share its reward (trace reward, else the evaluation's, else 0)."""
+    traces: list[tuple[str, float, Any]] = []
+    for result in results:
+        if result.trajectory is None or (completed_only and result.status is not SessionStatus.COMPLETED):
+            continue
+        group = result.task_id
+        outcome = result.evaluation.reward if result.evaluation is not None else None
+        for trace in result.trajectory.traces:
+            reward = trace.reward if trace.reward is not None else outcome
+            traces.append((group, float(reward or 0.0), trace))
+    advantages = group_advantages([r for _, r, _ in traces], [g for g, _, _ in traces])
+    return [sequence_of_trace(t.prompt_ids, t.response_ids, t.loss_mask, t.response_logprobs, reward=r, group=g,
+                              advantage=a) for (g, r, t), a in zip(traces, advantages, strict=True)]
+
+
+def _step_request(task: TaskRequest, step: int) -> TaskRequest:
+    meta = task.metadata.model_copy(update={"group_id": task.task_id})
+    return task.model_copy(update={"task_id": f"{task.task_id}-step{step}", "metadata": meta})
+
+
+def _versions(results: Sequence[SessionResult]) -> list[str]:
+    found = {str(v) for r in results if r.trajectory for t in r.trajectory.traces
+             for v in t.metadata.get("policy_versions", [])}
+    return sorted(found)
+
+
+def _reward_stats(results: Sequence[SessionResult]) -> dict[str, float]:
+    rewards = [float(r.evaluation.reward or 0.0) if r.evaluation else 0.0 for r in results]
+    if not rewards:
+        return {"reward_mean": 0.0, "reward_std": 0.0}
+    mean = sum(rewards) / len(rewards)
+    return {"reward_mean": mean, "reward_std": (sum((x - mean) ** 2 for x in rewards) / len(rewards)) ** 0.5}
+
+
+async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], client: RolloutSource,
+                   out_dir: Path, *, weights: WeightSync | None = None, echo: Any = print,
+                   timeout: float = 3600.0) -> Path:
+    """GRPO for ``settings.steps`` steps on ``tasks`` (each ``num_samples`` sessions: one group); after each step
+    the checkpoint ``out_dir/checkpoints/step-N`` is pushed to the fleet as policy version ``initial_version + N``.
+    Returns the last checkpoint."""
+    if settings.push_weights and weights is None:
+        raise ValueError("push_weights needs a WeightSync (the fleet's weight-update call)")
+    model_dir = _model_dir(settings)
+    trainer = await asyncio.to_thread(Trainer, settings, model_dir)
+    log = MetricsLog(out_dir / "train_metrics.jsonl")
+    checkpoint = model_dir
+    for step in range(1, settings.steps + 1):
+        started = time.monotonic()
+        requests = [_step_request(t, step) for t in tasks]
+        for request in requests:
+            await client.submit(request)
+        results = [r async for r in client.results([r.task_id for r in requests], timeout=timeout)]
+        rollout_seconds = time.monotonic() - started
+        if results and all(r.status is SessionStatus.ERROR for r in results):
+            raise RuntimeError(f"every session of step {step} ended in ERROR (the fleet, not the policy): "
+                               f"{results[0].reason}")
+        sequences = [s for s in grpo_sequences(results, completed_only=settings.completed_only) if any(s.loss_mask)]
+        row: dict[str, Any] = {"step": step, "version": settings.initial_version + step - 1,
+                               "sessions": len(results), "traces": len(sequences),
+                               "errored": sum(r.status is not SessionStatus.COMPLETED for r in results),
+                               "sampled_versions": _versions(results), "rollout_seconds": rollout_seconds,
+                               **_reward_stats(results)}
+        train_started = time.monotonic()
+        if sequences:
+            report = await asyncio.to_thread(trainer.grpo_step, sequences)
+            row.update({"loss": report.loss, "tokens": report.tokens, "grad_norm": report.grad_norm,
+                        **report.stats})
+        row["train_seconds"] = time.monotonic() - train_started
+        checkpoint = await asyncio.to_thread(trainer.save, out_dir / "checkpoints" / f"step-{step}")
+        version = settings.initial_version + step
+        if weights is not None and settings.push_weights:
+            push_started = time.monotonic()
+            await weights.update_weights(str(checkpoint), version)
+            row["push_seconds"] = time.monotonic() - push_started
+        row["seconds"] = time.monotonic() - started
+        log.write(row)
+        echo(f"grpo step {step}: reward {row['reward_mean']:.3f} loss {row.get('loss', float('nan')):.4f} "
+             f"traces {len(sequences)} -> version {version} ({row['seconds']:.1f} s)")
+        _finish(log, out_dir, ["reward_mean", "loss", "rollout_corr/max_abs_diff", "seconds"], "GRPO")
+        _prune(out_dir / "checkpoints", checkpoint, settings.save_every)
+    return checkpoint
+
+
+def _prune(folder: Path, keep: Path, every: int) -> None:
+    """Drop step checkpoints but the last (the engines read it) and every ``every``-th."""
+    import shutil
+
+    for path in folder.glob("step-*"):
+        number = path.name.removeprefix("step-")
+        if path == keep or not number.isdigit() or (every and int(number) % every == 0):
+            continue
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,43 @@
+"""The ``trainer`` group's settings (``conf/trainer/{sft,grpo}.yaml``), validated like every other group."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["TrainerSettings"]
+
+
+class TrainerSettings(BaseModel):
+    """What ``+trainer=sft`` / ``+trainer=grpo`` configure. Checkpoints, ``train_metrics.jsonl`` and the plot go
+    under the run's ``out_dir/trainer/``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: Literal["sft", "grpo"] = Field(default="sft", description="sft: datagen exports; grpo: traces from "
+                                              "the fleet")
+    model: str | None = Field(default=None, description="the starting HF model directory (null: the tiny Qwen3 "
+                              "from setup.sh --engine)")
+    steps: int = Field(default=10, ge=1, description="optimizer steps")
+    learning_rate: float = Field(default=1e-4, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="gradient clipping by global norm")
+    seed: int = Field(default=0, description="seed of the data order and of torch")
+    threads: int | None = Field(default=None, ge=1, description="torch CPU threads (null: torch's default)")
+    save_every: int = Field(default=0, ge=0, description="also keep a checkpoint every N steps (0: only the last "
+                            "and, for grpo, the one each update pushes)")
+    # sft
+    data: list[str] = Field(default_factory=list, description="sft: JSONL files (datagen's sft/train.jsonl, or "
+                            "token-id lines such as a launch's trajectories.jsonl)")
+    batch_size: int = Field(default=4, ge=1, description="sft: sequences per step")
+    min_reward: float | None = Field(default=None, description="sft: keep only records with reward >= this")
+    # grpo
+    clip_low: float = Field(default=0.2, ge=0, description="grpo: the ratio's lower clip, 1 - clip_low")
+    clip_high: float = Field(default=0.28, ge=0, description="grpo: the ratio's upper clip, 1 + clip_high (DAPO)")
+    tis_cap: float | None = Field(default=None, gt=0, description="grpo: truncated importance correction with "
+                                  "this cap C (null: off; ratio then taken against the captured logprobs)")
+    push_weights: bool = Field(default=True, description="grpo: after each step, update every engine of the "
+                               "fleet to the new checkpoint and policy version")
+    initial_version: int = Field(default=0, ge=0, description="grpo: the policy version of the starting weights")
+    completed_only: bool = Field(default=True, description="grpo: train only on traces of COMPLETED sessions")
