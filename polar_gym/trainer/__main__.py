@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-model-len", type=int, default=32768)
     args = parser.parse_args(argv)
-    command = vllm_server_command(args.port, model_dir=args.model_dir, max_model_len=args.max_model_len)
-    command[command.index("--dtype") + 1] = "float32"
-    env = {**vllm_server_env(), "VLLM_SERVER_DEV_MODE": "1"}
+    command = vllm_server_command(args.port, model_dir=args.model_dir, max_model_len=args.max_model_len,
+                                  dtype="float32", weight_updates=True)
+    env = vllm_server_env(weight_updates=True)
     os.execvpe(command[0], command, env)
 
 

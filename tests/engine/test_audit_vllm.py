@@ -8,12 +8,7 @@ server start, 35-60 s, for the module."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_server_command, vllm_server_env
+from polar_gym.assets import tiny_model_dir, tokenizer_dir
 from polar_gym.audit.__main__ import main as audit_main
 from polar_gym.merge import MergeConfig
 from polar_gym.merge.exports import trace_lines
@@ -34,42 +29,9 @@ from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.schema import CompletionSession
 from tests._serving import serve
-from tests._vllm import READY_TIMEOUT, VLLMServer, _free_port, _kill_group, _tail
+from tests._vllm import VLLMServer
 
 pytestmark = pytest.mark.engine
-
-
-def _fp32_command(port: int) -> list[str]:
-    cmd = vllm_server_command(port)
-    cmd[cmd.index("--dtype") + 1] = "float32"
-    return cmd
-
-
-@pytest.fixture(scope="module")
-def vllm_fp32(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    if os.environ.get("POLAR_SKIP_ENGINE") == "1":
-        pytest.skip("POLAR_SKIP_ENGINE=1: the real vLLM engine tier is skipped on purpose")
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("vllm-fp32") / "vllm-server.log"
-    started = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(_fp32_command(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=vllm_server_env(), cwd=str(log_path.parent), start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"fp32 vLLM exited with {proc.returncode}; log {log_path}:\n{_tail(log_path)}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() - started > READY_TIMEOUT:
-                pytest.fail(f"fp32 vLLM not ready after {READY_TIMEOUT:.0f} s; log {log_path}:\n{_tail(log_path)}")
-            time.sleep(0.5)
-        yield VLLMServer(url, TINY_MODEL_NAME, tiny_model_dir(), tokenizer_dir(), log_path,
-                         time.monotonic() - started)
-    finally:
-        _kill_group(proc)
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +110,8 @@ def retokenized(row: dict[str, Any], tokenizer: HFChatTokenizer) -> dict[str, An
             "metadata": {**row["metadata"], "spans": spans}}
 
 
-def test_fp32_engine_audits_clean(vllm_fp32: VLLMServer, tokenizer: HFChatTokenizer, tmp_path: Path) -> None:
-    rows = capture(vllm_fp32, tokenizer, "audit-fp32-a") + capture(vllm_fp32, tokenizer, "audit-fp32-b")
+def test_fp32_engine_audits_clean(vllm_train_server: VLLMServer, tokenizer: HFChatTokenizer, tmp_path: Path) -> None:
+    rows = capture(vllm_train_server, tokenizer, "audit-fp32-a") + capture(vllm_train_server, tokenizer, "audit-fp32-b")
     assert rows and all(r["metadata"]["policy_versions"] == [0] for r in rows)
     traces = write(tmp_path / "traces.jsonl", rows)
     assert audit_main(["--model", f"0={tiny_model_dir()}", str(traces)]) == 0

@@ -6,26 +6,22 @@ the policy version that sampled it and the versions advance with the steps, no s
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python, vllm_server_command, vllm_server_env
+from polar_gym.assets import TINY_MODEL_NAME
 from polar_gym.datagen.export import write_dataset
 from polar_gym.fleet import InferenceSettings, local_fleet
 from polar_gym.gateway.config import GatewayPools
+from polar_gym.proxy.engines.vllm import VLLMEngine
+from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.server.client import RolloutClient
 from polar_gym.tasks import DEMO_TASKS
 from polar_gym.trainer import TrainerSettings, WeightSync, run_grpo, run_sft
-from tests._vllm import SETUP_HINT, _free_port, _kill_group, _tail
+from tests._vllm import VLLMServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -33,32 +29,7 @@ TASKS = ("demo-calc-add", "demo-slugify")
 MAX_DIFF = 1e-4  # the issue's audit bound: fp32 engine vs fp32 trainer measured 2.2e-5
 
 
-@contextlib.contextmanager
-def fp32_vllm(log_path: Path) -> Iterator[str]:
-    """vLLM CPU serving the stock tiny model in float32 with weight updates on (dev routes + worker extension)."""
-    if not vllm_python().exists() or not (tiny_model_dir() / ".complete").exists():
-        pytest.fail(SETUP_HINT, pytrace=False)
-    port = _free_port()
-    cmd = vllm_server_command(port, dtype="float32", weight_updates=True, max_model_len=32768)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=vllm_server_env(weight_updates=True), start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + float(os.environ.get("POLAR_ENGINE_READY_TIMEOUT", "240"))
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"vLLM fp32 did not start; log {log_path}:\n{_tail(log_path)}", pytrace=False)
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
-        yield url
-    finally:
-        _kill_group(proc)
-
-
-async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(tmp_path: Path) -> None:
+async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(vllm_train_server: VLLMServer, tmp_path: Path) -> None:
     if shutil.which("bwrap") is None:
         pytest.fail("bubblewrap is needed: run `bash scripts/setup.sh`")
     requests = [DEMO_TASKS[name].to_request(harness="pi", model_name="policy", num_samples=2) for name in TASKS]
@@ -79,7 +50,8 @@ async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(tmp_path: Path) ->
     assert sft_rows[-1]["loss"] < sft_rows[0]["loss"]
 
     # 3. GRPO on vLLM fp32: the engine starts on the stock weights; the SFT checkpoint goes in as version 0
-    with fp32_vllm(tmp_path / "vllm.log") as engine_url:
+    engine_url = vllm_train_server.url
+    try:
         inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
                                       max_tokens_cap=256)
         out = tmp_path / "grpo"
@@ -92,6 +64,12 @@ async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(tmp_path: Path) ->
                                        initial_version=0)
             await run_grpo(settings, [r.model_copy(update={"timeout_seconds": 300.0}) for r in requests], client,
                            out / "trainer", weights=client, echo=lambda _: None, timeout=1200)
+    finally:  # the session's training server goes back to the stock weights for the tests after this one
+        engine = VLLMEngine(UpstreamPool([engine_url]))
+        try:
+            await engine.update_weights(engine_url, str(vllm_train_server.model_dir), "stock")
+        finally:
+            await engine.aclose()
     rows = [json.loads(x) for x in (out / "trainer" / "train_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for step, row in enumerate(rows):
