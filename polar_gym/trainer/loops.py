@@ -93,7 +93,7 @@ class Trainer:
         logprobs = trained_logprobs(self.model, batch)
         loss, stats = policy_loss(logprobs, batch.old_logprobs, batch.advantages, clip_low=s.clip_low,
                                   clip_high=s.clip_high, tis_cap=s.tis_cap)
-        diff = logprob_diff_stats(logprobs, batch.old_logprobs)
+        diff = logprob_diff_stats(logprobs, batch.old_logprobs, batch.rows)
         norm = self._apply(loss) if bool((batch.advantages != 0).any()) else 0.0
         return StepReport(loss.item(), batch.trained_tokens, norm, {**stats, **diff}, logprobs.detach())
 
@@ -228,7 +228,7 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
         log.write(row)
         echo(f"grpo step {step}: reward {row['reward_mean']:.3f} loss {row.get('loss', float('nan')):.4f} "
              f"traces {len(sequences)} -> version {version} ({row['seconds']:.1f} s)")
-        _finish(log, out_dir, ["reward_mean", "loss", "rollout_corr/max_abs_diff", "seconds"], "GRPO")
+        _finish(log, out_dir, ["reward_mean", "loss", "audit/logprob_abs_diff_max", "seconds"], "GRPO")
         _prune(out_dir / "checkpoints", checkpoint, settings.save_every)
     return checkpoint
 

@@ -16,8 +16,8 @@ Definitions followed (cited per function):
   taken against the trainer's own logprobs before the update (``proximal``, detached) and each token is weighted by
   ``min(exp(proximal - rollout), C)``, which corrects for the engine sampling from a slightly different
   distribution than the trainer computes.
-- Mismatch statistics (:func:`logprob_diff_stats`): verl's ``rollout_corr`` names; k3 is Schulman's estimator
-  ``exp(d) - d - 1`` with ``d = train - rollout`` (KL(rollout || train) from samples of the rollout).
+- Mismatch statistics (:func:`logprob_diff_stats`): :func:`polar_gym.audit.metrics.mismatch_metrics` over the
+  step's trained tokens, under verl's names (``rollout_corr/k3_kl``, ``audit/logprob_abs_diff_max``, ...).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 import torch
+
+from polar_gym.audit.metrics import mismatch_metrics
 
 __all__ = ["GRPO_EPS", "group_advantages", "logprob_diff_stats", "policy_loss", "sft_loss"]
 
@@ -91,15 +93,19 @@ def policy_loss(new: torch.Tensor, rollout: torch.Tensor, advantages: torch.Tens
     return loss, stats
 
 
-def logprob_diff_stats(train: torch.Tensor, rollout: torch.Tensor) -> Mapping[str, float]:
-    """Trainer vs engine logprobs of the same tokens (``[N]`` each): the few numbers a run log needs.
-    ``polar_gym.audit`` has the full set per trace; this is the per-step summary the loop writes."""
+def logprob_diff_stats(train: torch.Tensor, rollout: torch.Tensor, rows: torch.Tensor) -> Mapping[str, float]:
+    """Trainer vs engine logprobs of the same tokens (``[N]`` each, token ``k`` from batch row ``rows[k]``): the
+    mismatch metrics of :mod:`polar_gym.audit.metrics` (verl's names), one sequence per row, so a step's log and
+    an audit of its traces say the same thing under the same names."""
     if train.numel() == 0:
         return {}
-    d = (train.detach() - rollout).double()
-    ppl_train, ppl_rollout = -train.detach().double().mean(), -rollout.double().mean()
-    return {"rollout_corr/kl_k3": (torch.exp(d) - d - 1).mean().item(),
-            "rollout_corr/log_ppl_diff": (ppl_train - ppl_rollout).item(),
-            "rollout_corr/max_abs_diff": d.abs().max().item(),
-            "rollout_corr/mean_abs_diff": d.abs().mean().item(),
-            "rollout_corr/ratio_gt_2_fraction": (torch.exp(d) > 2.0).double().mean().item()}
+    t, r, row = train.detach().double().tolist(), rollout.double().tolist(), rows.tolist()
+    by_row: dict[int, tuple[list[float], list[float]]] = {}
+    for a, b, k in zip(t, r, row, strict=True):
+        seq = by_row.setdefault(k, ([], []))
+        seq[0].append(a)
+        seq[1].append(b)
+    metrics = mismatch_metrics([s[0] for s in by_row.values()], [s[1] for s in by_row.values()])
+    if metrics is None:
+        return {}
+    return {k: float(v) for k, v in metrics.as_dict().items() if v is not None}

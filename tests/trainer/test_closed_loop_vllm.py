@@ -76,4 +76,4 @@ async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(vllm_train_server:
         assert row["sessions"] == 4 and row["errored"] == 0, row  # no session lost or errored across updates
         assert row["sampled_versions"] == [str(step)], row  # each step sampled by the version pushed before it
         # the engine's logprobs equal the trainer's for the weights it was just given
-        assert row["tokens"] > 0 and row["rollout_corr/max_abs_diff"] < MAX_DIFF, row
+        assert row["tokens"] > 0 and row["audit/logprob_abs_diff_max"] < MAX_DIFF, row

@@ -83,7 +83,7 @@ async def test_grpo_steps_push_versions_and_train_on_matching_logprobs(tmp_path:
     assert [r["sampled_versions"] for r in rows] == [["0"], ["1"], ["2"]]  # each step sampled by the last push
     assert [t.task_id for t in fleet.submitted[:2]] == ["demo-calc-add-step1", "demo-slugify-step1"]
     for row in rows:  # the engine sampled with the weights the trainer holds: logprobs agree
-        assert row["rollout_corr/max_abs_diff"] < 1e-4 and row["sessions"] == 8 and row["tokens"] == 32
+        assert row["audit/logprob_abs_diff_max"] < 1e-4 and row["sessions"] == 8 and row["tokens"] == 32
         assert {"loss", "reward_mean", "reward_std", "seconds", "train_seconds", "push_seconds"} <= set(row)
     assert last == out / "checkpoints" / "step-3" and fleet.updates[-1][0] == str(last)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3"]  # older steps pruned

@@ -54,15 +54,16 @@ def test_truncated_importance_weights_the_on_policy_gradient() -> None:
 
 
 def test_logprob_diff_stats() -> None:
-    train = torch.tensor([-1.0, -2.0])
-    rollout = torch.tensor([-1.0, -2.0 - math.log(3)])  # the second token: train/rollout ratio 3
-    stats = logprob_diff_stats(train, rollout)
+    train = torch.tensor([-1.0, -2.0, -0.5])
+    rollout = torch.tensor([-1.0, -2.0 - math.log(3), -0.5])  # the second token: train/rollout ratio 3
+    stats = logprob_diff_stats(train, rollout, torch.tensor([0, 0, 1]))
     d = math.log(3)
-    assert stats["rollout_corr/kl_k3"] == pytest.approx((math.exp(d) - d - 1) / 2)
-    assert stats["rollout_corr/max_abs_diff"] == pytest.approx(d)
-    assert stats["rollout_corr/ratio_gt_2_fraction"] == pytest.approx(0.5)
-    assert stats["rollout_corr/log_ppl_diff"] == pytest.approx(-d / 2)
-    assert logprob_diff_stats(torch.tensor([]), torch.tensor([])) == {}
+    assert stats["rollout_corr/k3_kl"] == pytest.approx((math.exp(d) - d - 1) / 3)
+    assert stats["audit/logprob_abs_diff_max"] == pytest.approx(d)
+    assert stats["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(1 / 3)
+    assert stats["audit/sequences"] == 2  # one per batch row
+    assert stats["rollout_corr/log_ppl_diff"] == pytest.approx((-d / 2 + 0.0) / 2)
+    assert logprob_diff_stats(torch.tensor([]), torch.tensor([]), torch.tensor([], dtype=torch.long)) == {}
 
 
 def test_collate_lists_only_trained_positions() -> None:
