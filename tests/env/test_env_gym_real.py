@@ -54,7 +54,7 @@ def test_the_agents_own_gym_layout_tests_pass_in_gyms_interpreter() -> None:
 def test_gym_lists_the_agent(tmp_path: Path) -> None:
     gym = gym_venv_or_skip() / "bin" / "gym"
     out = subprocess.run([str(gym), "--json", "list", "agents", "--search-dir", str(ENV_DIR)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+                         capture_output=True, text=True, timeout=300, check=True).stdout
     agents = {a["name"]: a for a in json.loads(out[out.index("["):])}
     assert "polar_gym_agent" in agents and agents["polar_gym_agent"]["description"]
     assert not agents["polar_gym_agent"]["self_contained"]
