@@ -75,6 +75,22 @@ async def oracle_demos(out: Path, tasks: list[str], samples: int) -> Path:
     return out / "datagen" / "sft" / "train.jsonl"
 
 
+def without_strict(data: Path, out: Path) -> Path:
+    """A copy of datagen's SFT records whose tool definitions drop ``function.strict``: the records carry pi's
+    ``"strict": false``, the prompt the proxy renders for vLLM (token_in) does not, and a model memorising two demos
+    sampled garbage on the 16-token-different rollout prompt (measured: reward 0 at step 1 with SFT NLL 0.007)."""
+    lines = []
+    for line in data.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        for tool in record.get("tools") or []:
+            tool.get("function", {}).pop("strict", None)
+        lines.append(json.dumps(record))
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
 class Recorder:
     """The RolloutClient calls run_grpo makes, passed through; keeps every step's results for samples.jsonl."""
 
@@ -108,7 +124,7 @@ class Recorder:
 
 
 def start_vllm(model_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    cmd = ["nice", "-n", "10", *vllm_server_command(port, model_dir=model_dir, max_model_len=16384,
+    cmd = [*vllm_server_command(port, model_dir=model_dir, max_model_len=16384,
                                                     dtype="float32", weight_updates=True),
            "--override-generation-config", json.dumps({"temperature": 1.0, "top_p": 1.0})]
     with open(log_path, "wb") as log:
@@ -150,6 +166,8 @@ async def grpo(args: argparse.Namespace, sft_checkpoint: Path, engine_url: str, 
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(sft_checkpoint))
     async with (local_fleet(out, inference, pools=GatewayPools(run_slots=args.slots)) as (url, token),
                 RolloutClient(url, token) as client):
+        if args.engine_url:  # a running engine: the SFT checkpoint goes in as policy version 0
+            await client.update_weights(str(sft_checkpoint), 0)
         recorder = Recorder(client, tokenizer, out / "samples.jsonl")
         await run_grpo(settings, _requests(args.tasks, args.samples, args.session_timeout), recorder,
                        out / "trainer", weights=client, echo=_say, timeout=3600)
@@ -195,9 +213,16 @@ def main() -> int:
     parser.add_argument("--sft-steps", type=int, default=120)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
     parser.add_argument("--sft-batch", type=int, default=2)
+    parser.add_argument("--sft-from", type=Path, help="SFT starts from this checkpoint (default: the stock tiny "
+                        "model) to continue an earlier SFT run")
+    parser.add_argument("--sft-data", type=Path, help="skip phase 1: SFT on this datagen sft/train.jsonl")
+    parser.add_argument("--keep-strict", action="store_true", help="train on the records' tools as exported "
+                        "(with function.strict, which the rollout prompt lacks)")
     parser.add_argument("--sft-save-every", type=int, default=0, help="also keep SFT checkpoints every N steps")
     parser.add_argument("--sft-checkpoint", type=Path, help="skip phases 1-2: start GRPO from this checkpoint")
     parser.add_argument("--sft-only", action="store_true", help="stop after SFT")
+    parser.add_argument("--engine-url", help="use this running fp32 vLLM with weight updates (python -m "
+                        "polar_gym.trainer serve) instead of starting one")
     parser.add_argument("--grpo-steps", type=int, default=10)
     parser.add_argument("--grpo-lr", type=float, default=1e-4)
     parser.add_argument("--samples", type=int, default=4, help="sessions per task per GRPO step (one group)")
@@ -209,9 +234,12 @@ def main() -> int:
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sft_checkpoint is None:
-        data = asyncio.run(oracle_demos(args.out / "demo", args.tasks, args.demos))
+        data = args.sft_data or asyncio.run(oracle_demos(args.out / "demo", args.tasks, args.demos))
+        if not args.keep_strict:
+            data = without_strict(data, args.out / "sft-train.jsonl")
         _say(f"phase 1 done ({time.monotonic() - started:.0f} s)")
-        sft = TrainerSettings(algorithm="sft", data=[str(data)], steps=args.sft_steps, batch_size=args.sft_batch,
+        sft = TrainerSettings(algorithm="sft", model=str(args.sft_from) if args.sft_from else None, data=[str(data)],
+                              steps=args.sft_steps, batch_size=args.sft_batch,
                               learning_rate=args.sft_lr, threads=args.threads,
                               save_every=args.sft_save_every)
         checkpoint = run_sft(sft, args.out / "sft", echo=_say)
@@ -220,13 +248,16 @@ def main() -> int:
             return 0
     else:
         checkpoint = args.sft_checkpoint
-    port = _free_port()
     (args.out / "grpo").mkdir(parents=True, exist_ok=True)
-    proc = start_vllm(checkpoint, port, args.out / "grpo" / "vllm-server.log")
-    try:
-        metrics = asyncio.run(grpo(args, checkpoint, f"http://127.0.0.1:{port}", args.out / "grpo"))
-    finally:
-        stop(proc)
+    if args.engine_url:
+        metrics = asyncio.run(grpo(args, checkpoint, args.engine_url, args.out / "grpo"))
+    else:
+        port = _free_port()
+        proc = start_vllm(checkpoint, port, args.out / "grpo" / "vllm-server.log")
+        try:
+            metrics = asyncio.run(grpo(args, checkpoint, f"http://127.0.0.1:{port}", args.out / "grpo"))
+        finally:
+            stop(proc)
     wall = time.monotonic() - started
     temperatures = request_temperatures(args.out / "grpo" / "capture")
     sft_note = (f"SFT {args.sft_steps} steps lr {args.sft_lr} batch {args.sft_batch} on {args.demos} oracle demos/task"
