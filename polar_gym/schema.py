@@ -453,9 +453,9 @@ class WeightUpdateRequest(_Model):
     completion. ``drain_timeout``: how long in-flight model calls may take to finish first. ``resume`` false leaves
     the pool paused after a success (the rollout server resumes every gateway once all of them took the weights)."""
 
-    checkpoint: str = Field(min_length=1, max_length=4096)
+    checkpoint: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f]+$")  # a path: no NUL, no newline
     policy_version: int | str
-    drain_timeout: float = Field(default=600.0, gt=0)
+    drain_timeout: float = Field(default=600.0, gt=0, le=86400, allow_inf_nan=False)
     resume: bool = True
 
     @field_validator("policy_version")

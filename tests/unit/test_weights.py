@@ -193,7 +193,10 @@ async def test_openai_engine_refuses_before_pausing_and_oracle_only_stamps():
 
 @pytest.mark.parametrize("body", [{"checkpoint": "", "policy_version": 1}, {"checkpoint": CKPT},
                                   {"checkpoint": CKPT, "policy_version": "x" * 300},
-                                  {"checkpoint": CKPT, "policy_version": 1, "drain_timeout": 0}])
+                                  {"checkpoint": CKPT, "policy_version": 1, "drain_timeout": 0},
+                                  {"checkpoint": CKPT, "policy_version": 1, "drain_timeout": 1e12},
+                                  {"checkpoint": "/ckpt\x00/../etc", "policy_version": 1},
+                                  {"checkpoint": "/ckpt\nstep-1", "policy_version": 1}])
 async def test_bad_update_bodies_are_refused(body: dict[str, Any]):
     _, client = vllm_proxy(FakeFleet())
     reply = await client.post("/admin/weights", json=body, headers=ADMIN)
