@@ -21,7 +21,7 @@ from typing import Any
 
 from polar_gym.audit.inputs import AuditTrace
 
-__all__ = ["DTYPES", "ModelRecompute", "load_model", "token_logprobs"]
+__all__ = ["DTYPES", "ModelRecompute", "head_logprobs", "load_model", "token_logprobs"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -40,8 +40,10 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     return model.to(device).eval()
 
 
-def _head_logprobs(model: Any, hidden: Any, targets: Any, head_rows: int) -> Any:
-    """log p(target_i) from hidden rows ``hidden[i]``, the head applied ``head_rows`` rows at a time."""
+def head_logprobs(model: Any, hidden: Any, targets: Any, head_rows: int) -> Any:
+    """log p(target_i) from hidden rows ``hidden[i]``, the head applied ``head_rows`` rows at a time (with the
+    model's final logit softcapping, if it has one). The trainer computes its logprobs through this too, so an
+    audit and a training step score a token the same way; gradients flow when the caller allows them."""
     import torch
 
     head = model.get_output_embeddings()
@@ -84,7 +86,7 @@ def token_logprobs(model: Any, input_ids: Sequence[int], positions: Sequence[int
                 kept.append(out.last_hidden_state[0, local])
         hidden = torch.cat(kept)
         targets = ids[0, [r + 1 for r in rows]]
-        values = _head_logprobs(model, hidden, targets, head_rows).tolist()
+        values = head_logprobs(model, hidden, targets, head_rows).tolist()
     by_row = dict(zip(rows, values, strict=True))
     return [float(by_row[t - 1]) for t in positions]
 

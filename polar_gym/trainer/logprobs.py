@@ -13,29 +13,26 @@ from typing import Any
 
 import torch
 
+from polar_gym.audit.recompute import head_logprobs
 from polar_gym.trainer.batch import TrainBatch
 
 __all__ = ["full_logprobs", "trained_logprobs"]
 
 
-def _parts(model: Any) -> tuple[Any, Any]:
-    """The decoder stack and output layer of a transformers causal LM (``model.model``, ``model.lm_head``)."""
-    base = getattr(model, "model", None)
-    head = getattr(model, "lm_head", None) or (model.get_output_embeddings() if hasattr(model, "get_output_embeddings")
-                                               else None)
-    if base is None or head is None:
-        raise TypeError(f"{type(model).__name__} has no .model decoder stack and output layer")
-    return base, head
+#: hidden states per output-layer call: bounds the [rows, vocabulary] logits a step holds at once
+HEAD_ROWS = 1024
 
 
 def trained_logprobs(model: Any, batch: TrainBatch) -> torch.Tensor:
     """``[N]`` log p(target | prefix) for the batch's trained tokens, with gradients; the output layer runs on
-    ``N`` hidden states instead of ``B x T``."""
-    base, head = _parts(model)
-    hidden = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    ``N`` hidden states instead of ``B x T``, through the audit's :func:`~polar_gym.audit.recompute.head_logprobs`
+    (one definition of a token's logprob for the trainer and the audit)."""
+    if not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
+        raise TypeError(f"{type(model).__name__} is not a transformers causal LM (no decoder and output layer)")
+    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     picked = hidden[batch.rows, batch.positions - 1]  # [N, H]: the state that predicts each trained token
-    logits = head(picked).float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    logprobs: torch.Tensor = head_logprobs(model, picked, batch.targets, HEAD_ROWS)
+    return logprobs
 
 
 def full_logprobs(model: Any, batch: TrainBatch) -> torch.Tensor:
