@@ -250,6 +250,11 @@ class CompletionRecord(_Model):
     #: tool-call blocks the output parser could not read (answered to the harness as text): a trainer may mask or
     #: zero such a completion (token_in mode; 0 elsewhere)
     unparseable_tool_calls: int = Field(default=0, ge=0)
+    #: whether the harness was still connected when its answer was ready to send: False means it had hung up (a
+    #: client timeout, a retry usually follows) and never read the answer; None: not known (a caller that is not an
+    #: HTTP client, journals older than the field). Builders keep a delivered answer that nothing went on from as
+    #: its own conversation instead of reading a later call with the same prompt as its retry.
+    delivered: bool | None = None
     status: Literal["ok", "error"] = "ok"
     error: str | None = None
     started_at: float = Field(default_factory=time.time)

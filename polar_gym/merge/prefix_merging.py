@@ -22,8 +22,10 @@ come back, or while it still ran but not together with it (a client timeout; par
 superseded, never a new chain (also when the retry's own answer cannot be trained: it carries no token IDs, and
 is matched to the attempt by its messages). Every used attempt is trained in its own chain (a fork), so a second
 conversation from the first one's prompt never costs the first its answer, and merge mode never splices the two.
-Known limit: a one-call conversation followed, after its answer, by another from the same prompt reads as a retry
-(the tokens cannot tell them apart).
+An attempt whose answer reached the harness (the proxy journals ``delivered``: the client was still connected when
+the answer was ready) is never superseded: a harness retries an answer it did not get, so a one-call conversation
+followed, after its answer, by another from the same prompt is two conversations. Without that flag (journals
+older than it, callers that are not HTTP clients) such a pair still reads as a retry: tokens cannot tell them apart.
 
 Cost. Chains are indexed by their last prompt's length and last tokens; a completion looks itself up cut at those
 lengths, longest first, and stops at the first that matches, so the chains a drift leaves behind (shorter prompts)
@@ -163,7 +165,8 @@ def _continues(later: CompletionRecord, attempts: list[CompletionRecord]) -> Com
     q = later.prompt_ids
     if len(q) <= n or not _starts_with(q, prompt):
         return None
-    sent_before = [a for a in attempts if a.started_at <= later.started_at]
+    # a harness goes on only from an answer it got: one it had hung up on (not delivered) is never continued
+    sent_before = [a for a in attempts if a.started_at <= later.started_at and a.delivered is not False]
     if not sent_before:
         return None
 
@@ -223,9 +226,9 @@ def superseded_attempts(usable: list[CompletionRecord],
 
     Completions sent with one prompt are attempts at one turn, or forks (parallel sub-agents, or two conversations
     that begin alike). An attempt is superseded when no later completion goes on from its answer and another
-    attempt was sent after it (whether the first had come back or was still running: a client timeout); every
-    attempt some later completion goes on from was used, so each is trained in its own chain. The latest attempt of
-    a final turn is kept. Cost: one pass over the prompts' keys, and a scan of the session per repeated prompt.
+    attempt was sent after it (whether the first had come back or was still running: a client timeout), unless its
+    answer was delivered to the harness; every attempt some later completion goes on from was used, so each is
+    trained in its own chain. The latest attempt of a final turn is kept. Cost: one pass over the prompts' keys, and a scan of the session per repeated prompt.
 
     ``untrainable`` are answered completions no trace may use (no token IDs, no reply tokens): they join the attempts
     of the usable completion sent with the same messages, so the retry that answered a timed-out attempt still
@@ -260,7 +263,8 @@ def superseded_attempts(usable: list[CompletionRecord],
                 continue
             used = {id(a) for later in usable if (a := _continues(later, attempts)) is not None}
             order = sorted(attempts, key=lambda a: (a.started_at, a.index))
-            kept = [a for i, a in enumerate(order) if id(a) in used or not any(_retries(b, a) for b in order[i + 1:])]
+            kept = [a for i, a in enumerate(order)
+                    if id(a) in used or a.delivered or not any(_retries(b, a) for b in order[i + 1:])]
             superseded |= {a.completion_id for a in attempts if a not in kept and id(a) in trainable}
             if len(kept) > 1:
                 forks |= {a.completion_id for a in kept if id(a) in trainable}

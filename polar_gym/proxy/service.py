@@ -274,15 +274,18 @@ class ProxyService:
             inbound.chat = ChatRequest.model_validate({**inbound.chat.model_dump(), "max_tokens": cap})
         return inbound
 
-    async def handle(self, provider_name: str, raw: bytes, route: Route, headers: Mapping[str, str]) -> Reply:
-        """One model call, start to finish. Every failure becomes a provider-shaped error reply."""
+    async def handle(self, provider_name: str, raw: bytes, route: Route, headers: Mapping[str, str],
+                     disconnected: Callable[[], Awaitable[bool]] | None = None) -> Reply:
+        """One model call, start to finish. Every failure becomes a provider-shaped error reply. ``disconnected``
+        tells whether the caller has hung up (journaled as the record's ``delivered``)."""
         self.stats["requests"] += 1
         try:
             provider = self.provider(provider_name)
             info = self.sessions.resolve(session_key(headers, route.query))
             body = self._read_body(raw)
             inbound = self._parse(provider, body, route)
-            work = self._counted(info.session_id, self._complete(provider, inbound, body, info, route))
+            work = self._counted(info.session_id,
+                                 self._complete(provider, inbound, body, info, route, disconnected))
             if inbound.stream and self.keepalive_after is not None and not inbound.stream_json_array:
                 return await self._stream_with_keepalive(provider, work)
             return await work
@@ -371,7 +374,8 @@ class ProxyService:
         return Reply(200, b"", "text/event-stream", {"cache-control": "no-cache"}, stream=chunks())
 
     async def _complete(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
-                        info: SessionInfo, route: Route) -> Reply:
+                        info: SessionInfo, route: Route,
+                        disconnected: Callable[[], Awaitable[bool]] | None = None) -> Reply:
         started = time.time()
         t0 = time.perf_counter()
         record = CompletionRecord(
@@ -424,6 +428,8 @@ class ProxyService:
         record.server, record.policy_version = result.server, result.policy_version
         record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))
         record.total_seconds = time.perf_counter() - t0
+        if disconnected is not None:  # a harness that hung up (timed out) never reads this answer
+            record.delivered = not await disconnected()
         await self.journal.append(record, info.attempt)
         self._note_call(info.session_id, None)
         self.stats["prompt_tokens"] += len(result.prompt_ids)

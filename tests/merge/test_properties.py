@@ -78,6 +78,7 @@ class SessionPlan:
     alphabet: int | None = None  # None: every content token unique; else drawn from this many ids (collisions)
     messages: bool = True  # records carry the messages the harness sent
     shared_system: bool = False  # sub-agents reuse the main agent's system prompt (their tasks differ)
+    delivery: bool = False  # the proxy journaled whether each answer reached the harness (``delivered``)
 
     def twin_rerendered(self) -> bool:
         """Twins whose first reply a later prompt may not show as sampled (drifted, rewritten, or an answer without
@@ -177,6 +178,8 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
             }
             if kind == "error":
                 fields.update(status="error", error="upstream 500", finish_reason=None)
+            elif plan.delivery:  # a thrown-away answer never reached the harness: it had hung up (timed out)
+                fields["delivered"] = kind == "kept"
             if kind == "kept" and turn.no_logprobs:
                 fields["response_logprobs"] = []
             if kind == "kept" and turn.unfaithful:
@@ -220,8 +223,11 @@ def simulate(plan: SessionPlan) -> tuple[CompletionSession, Truth]:
             truth.rendered[r.completion_id] = c["_rendered"]
         c["_id"] = r.completion_id
     usable = {r.completion_id for r in partition(session(*records), BREAK)[0]}
-    by_turn = itertools.groupby(sorted(calls, key=lambda c: (c["_agent"], c["_turn"], c["_start"])),
-                                key=lambda c: (c["_agent"], c["_turn"]))
+    def asked(c: dict[str, Any]) -> tuple[Any, ...]:
+        """Calls with one prompt: a turn's attempts, and twins' first calls (one group, one first prompt)."""
+        return ("group", plan.agents[c["_agent"]].group) if c["_turn"] == 0 else ("agent", c["_agent"], c["_turn"])
+
+    by_turn = itertools.groupby(sorted(calls, key=lambda c: (asked(c), c["_start"])), key=asked)
     for _, group in by_turn:
         attempts = list(group)
         for n, c in enumerate(attempts):
@@ -371,22 +377,27 @@ def turn_plans(*, clean: bool = False, rerender: bool = False) -> st.SearchStrat
 def session_plans(draw: st.DrawFn, *, clean: bool = False, rerender: bool = False) -> SessionPlan:
     turns = turn_plans(clean=clean, rerender=rerender)
     agents = [AgentPlan(0, 0.0, tuple(draw(st.lists(turns, max_size=10))))]
+    delivery = draw(st.booleans())
     for group in range(1, draw(st.integers(0, 3)) + 1):
         start = draw(st.integers(0, 30)) / 2
         size = 1 if clean else draw(st.sampled_from([1, 1, 2, 3]))
+        # with delivery known, twins may also start one after another (a sub-agent delegated twice), each after the
+        # previous one's first turn: then one of them may be a single call, and their first turns may be retried
+        sequential = size > 1 and delivery and draw(st.booleans())
         for twin in range(size):
             first = draw(turns)
-            if size > 1:  # twins' first calls run at once and are never retried: nothing could tell them apart
+            if size > 1 and not sequential:  # parallel twins' first calls are never retried: nothing tells them apart
                 first = replace(first, errors=0, discarded=0, timeout=False)
                 if not draw(_rarely(True, False, 2)):
                     first = replace(first, render="exact", unfaithful="")
-            rest = draw(st.lists(turns, max_size=4))
-            agents.append(AgentPlan(group, start + twin * 0.05, (first, *rest)))
+            rest = draw(st.lists(turns, max_size=4 if draw(st.booleans()) or not sequential else 0))
+            agents.append(AgentPlan(group, start + twin * (60.0 if sequential else 0.05), (first, *rest)))
     if draw(_rarely(True, False)):
         agents.append(AgentPlan(9, draw(st.integers(0, 20)) / 2, (TurnPlan(),), side=True))
     alphabet = None if clean else draw(st.sampled_from([None, None, None, 3, 50]))
     shared = False if clean else draw(_rarely(True, False, 3))
-    return SessionPlan(tuple(agents), draw(st.integers(0, 2**16)), alphabet, draw(_rarely(False, True)), shared)
+    return SessionPlan(tuple(agents), draw(st.integers(0, 2**16)), alphabet, draw(_rarely(False, True)), shared,
+                       delivery)
 
 
 EMPTY = SessionPlan(())
@@ -425,6 +436,28 @@ TWINS_WITHOUT_MESSAGES = SessionPlan((
 @pytest.mark.parametrize("plan", [TWINS_WITH_TIMEOUT_RETRY, TWINS_WITHOUT_MESSAGES], ids=["messages", "tokens"])
 def test_twins_with_a_timeout_retry_keep_one_chain_each(plan: SessionPlan) -> None:
     check_session(plan)
+
+
+# A sub-agent delegated twice (Claude Code's Task tool): the second starts from the first one's first prompt after
+# the first one answered, and each is one call. Only the journaled delivery tells the two conversations from a retry.
+SEQUENTIAL_ONE_CALL_TWINS = SessionPlan((
+    AgentPlan(0, 0.0, (TurnPlan(), TurnPlan())),
+    AgentPlan(1, 1.0, (TurnPlan(),)),
+    AgentPlan(1, 61.0, (TurnPlan(),)),
+), delivery=True)
+
+
+def test_sequential_one_call_twins_are_two_conversations_when_delivery_is_known() -> None:
+    check_session(SEQUENTIAL_ONE_CALL_TWINS)
+    sess, truth = simulate(SEQUENTIAL_ONE_CALL_TWINS)
+    assert all(r.delivered for r in sess.completions) and not truth.detectable
+    for config in (BREAK, MERGE):
+        traj = prefix_merging(sess, config)
+        assert not traj.diagnostics["superseded"] and len(traj.traces) == 3
+    # without the flag (an older journal) the same pair reads as a retry: the first answer is superseded
+    blind = session(*(r.model_copy(update={"delivered": None}) for r in sess.completions))
+    first = next(c for c, agent in truth.agent.items() if agent == 1)
+    assert prefix_merging(blind, BREAK).diagnostics["superseded"] == [first]
 
 
 @settings(PROFILE, max_examples=150)

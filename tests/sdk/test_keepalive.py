@@ -17,6 +17,7 @@ from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.errors import UpstreamUnavailable
 from tests._fakes import ByteTokenizer
 from tests._serving import SCRIPT, oracle_service, serve
+from tests._waiting import until_sync
 from tests.sdk._sdk_kit import closing
 
 pytestmark = pytest.mark.sdk
@@ -75,3 +76,18 @@ def test_late_failure_is_an_in_stream_error(slow_proxy):
             stream.get_final_message()
     records = slow_proxy.completions("ka-fail")
     assert [r["status"] for r in records] == ["error", "error"]
+
+
+def test_a_harness_that_hangs_up_mid_stream_is_journaled_as_not_delivered(slow_proxy):
+    """The harness gives up while the engine still runs (its timeout): the call is journaled when it finishes, with
+    ``delivered`` false, so a builder never reads a later call as going on from an answer the harness never got."""
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with httpx.stream("POST", slow_proxy.url + "/v1/chat/completions", json=body,
+                      headers={"authorization": "Bearer gone"}) as resp:
+        assert next(resp.iter_raw()).startswith(b": keepalive")  # the call is in flight; hang up now
+    until_sync(lambda: slow_proxy.completions("gone"), what="the abandoned call to be journaled")
+    with httpx.stream("POST", slow_proxy.url + "/v1/chat/completions", json=body,
+                      headers={"authorization": "Bearer gone"}) as resp:
+        assert b"".join(resp.iter_raw()).rstrip().endswith(b"data: [DONE]")
+    until_sync(lambda: len(slow_proxy.completions("gone")) == 2, what="the answered call to be journaled")
+    assert [(r["status"], r["delivered"]) for r in slow_proxy.completions("gone")] == [("ok", False), ("ok", True)]

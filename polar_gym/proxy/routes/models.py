@@ -48,7 +48,8 @@ async def model_call(request: Request, provider: str, route: Route) -> Response:
     raw = await _keyed_body(request, provider, route)
     if isinstance(raw, Response):
         return raw
-    return to_response(await proxy_service(request).handle(provider, raw, route, request.headers))
+    return to_response(await proxy_service(request).handle(provider, raw, route, request.headers,
+                                                           request.is_disconnected))
 
 
 async def count_call(request: Request, provider: str, route: Route) -> Response:
@@ -134,4 +135,4 @@ async def detected(request: Request, path: str) -> Response:
                                        "type": "invalid_request_error", "param": None, "code": None}},
                             status_code=404)
     return to_response(await service.handle(provider, raw, Route("/" + path, query=request.query_params),
-                                            request.headers))
+                                            request.headers, request.is_disconnected))
