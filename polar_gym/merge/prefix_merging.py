@@ -228,7 +228,8 @@ def superseded_attempts(usable: list[CompletionRecord],
     that begin alike). An attempt is superseded when no later completion goes on from its answer and another
     attempt was sent after it (whether the first had come back or was still running: a client timeout), unless its
     answer was delivered to the harness; every attempt some later completion goes on from was used, so each is
-    trained in its own chain. The latest attempt of a final turn is kept. Cost: one pass over the prompts' keys, and a scan of the session per repeated prompt.
+    trained in its own chain. The latest attempt of a final turn is kept. Cost: one pass over the prompts' keys,
+    and a scan of the session per repeated prompt.
 
     ``untrainable`` are answered completions no trace may use (no token IDs, no reply tokens): they join the attempts
     of the usable completion sent with the same messages, so the retry that answered a timed-out attempt still
