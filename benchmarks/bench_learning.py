@@ -75,22 +75,6 @@ async def oracle_demos(out: Path, tasks: list[str], samples: int) -> Path:
     return out / "datagen" / "sft" / "train.jsonl"
 
 
-def without_strict(data: Path, out: Path) -> Path:
-    """A copy of datagen's SFT records whose tool definitions drop ``function.strict``: the records carry pi's
-    ``"strict": false``, the prompt the proxy renders for vLLM (token_in) does not, and a model memorising two demos
-    sampled garbage on the 16-token-different rollout prompt (measured: reward 0 at step 1 with SFT NLL 0.007)."""
-    lines = []
-    for line in data.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        for tool in record.get("tools") or []:
-            tool.get("function", {}).pop("strict", None)
-        lines.append(json.dumps(record))
-    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return out
-
-
 class Recorder:
     """The RolloutClient calls run_grpo makes, passed through; keeps every step's results for samples.jsonl."""
 
@@ -216,8 +200,6 @@ def main() -> int:
     parser.add_argument("--sft-from", type=Path, help="SFT starts from this checkpoint (default: the stock tiny "
                         "model) to continue an earlier SFT run")
     parser.add_argument("--sft-data", type=Path, help="skip phase 1: SFT on this datagen sft/train.jsonl")
-    parser.add_argument("--keep-strict", action="store_true", help="train on the records' tools as exported "
-                        "(with function.strict, which the rollout prompt lacks)")
     parser.add_argument("--sft-save-every", type=int, default=0, help="also keep SFT checkpoints every N steps")
     parser.add_argument("--sft-checkpoint", type=Path, help="skip phases 1-2: start GRPO from this checkpoint")
     parser.add_argument("--sft-only", action="store_true", help="stop after SFT")
@@ -235,8 +217,6 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sft_checkpoint is None:
         data = args.sft_data or asyncio.run(oracle_demos(args.out / "demo", args.tasks, args.demos))
-        if not args.keep_strict:
-            data = without_strict(data, args.out / "sft-train.jsonl")
         _say(f"phase 1 done ({time.monotonic() - started:.0f} s)")
         sft = TrainerSettings(algorithm="sft", model=str(args.sft_from) if args.sft_from else None, data=[str(data)],
                               steps=args.sft_steps, batch_size=args.sft_batch,

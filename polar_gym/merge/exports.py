@@ -45,6 +45,7 @@ __all__ = [
     "sample_status",
     "sft_records",
     "slime_samples",
+    "template_tool",
     "trace_lines",
 ]
 
@@ -314,6 +315,17 @@ def openai_message(message: Mapping[str, Any], include_reasoning: bool = True) -
     return out
 
 
+def template_tool(function: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool definition as the chat template renders it for the model: ``{type, function: {name, description,
+    parameters}}`` in that order, missing fields null. vLLM hands tools to the template this way (``strict`` and any
+    other field dropped), and so does the proxy in token_in mode, so an SFT record renders the prompt the policy is
+    later sampled with (with pi's ``"strict": false`` kept, it differed by 16 tokens, and a model taught on it
+    sampled garbage on the real prompt)."""
+    return {"type": "function", "function": {"name": str(function.get("name", "")),
+                                             "description": function.get("description"),
+                                             "parameters": function.get("parameters")}}
+
+
 def sft_records(source: Source, instance_id: str | None = None, min_reward: float | None = None,
                 include_reasoning: bool = True) -> list[SFTRecord]:
     """One SFTRecord per trace whose reward is at least ``min_reward`` (None: keep all). Use prefix_merging traces:
@@ -330,7 +342,8 @@ def sft_records(source: Source, instance_id: str | None = None, min_reward: floa
         records.append(SFTRecord(
             instance_id=instance_id or result.task_id, task_id=result.task_id, session_id=traj.session_id,
             trace_index=i, builder=traj.builder, reward=reward,
-            passed=evaluation.passed if evaluation is not None else None, messages=messages, tools=trace.tools,
+            passed=evaluation.passed if evaluation is not None else None, messages=messages,
+            tools=[template_tool(t.get("function") or {}) for t in trace.tools],
             metadata={"num_messages": len(messages),
                       "num_assistant_turns": sum(m["role"] == "assistant" for m in messages),
                       "finish_reason": trace.finish_reason, "session_status": SessionStatus(result.status).value,

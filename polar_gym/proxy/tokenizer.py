@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from polar_gym.merge.exports import template_tool
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, message_text
 
 __all__ = ["ChatTokenizer", "HFChatTokenizer", "template_messages"]
@@ -36,9 +37,7 @@ def template_messages(request: ChatRequest) -> tuple[list[dict[str, Any]], list[
     out = [_template_message(msg) for msg in request.messages]
     tools = None
     if request.tools:
-        tools = [{"type": "function", "function": {"name": t.name, "description": t.function.get("description"),
-                                                   "parameters": t.function.get("parameters")}}
-                 for t in request.tools]
+        tools = [template_tool(t.function) for t in request.tools]
     return out, tools
 
 

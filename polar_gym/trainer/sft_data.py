@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from polar_gym.merge.exports import template_tool
 from polar_gym.trainer.batch import TrainSequence, sequence_of_trace
 
 __all__ = ["ChatTokenizer", "SkippedRecord", "assistant_spans", "load_sft_file", "sequence_of_record",
@@ -60,9 +61,10 @@ def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
 
 def _render(tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
             generation_prompt: bool) -> str:
-    text = tokenizer.apply_chat_template([template_message(m) for m in messages], tools=list(tools) or None,
-                                         tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+    # tools as the engine hands them to the template (exports older than template_tool kept pi's "strict": false)
+    shown = [template_tool(t["function"] if isinstance(t.get("function"), Mapping) else t) for t in tools]
+    text = tokenizer.apply_chat_template([template_message(m) for m in messages], tools=shown or None,
+                                         tokenize=False, add_generation_prompt=generation_prompt)
     return str(text)
 
 

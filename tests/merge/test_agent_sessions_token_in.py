@@ -25,6 +25,7 @@ from google.genai import types
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
+from polar_gym.merge.exports import sft_records, template_tool
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.proxy import prefix
 from polar_gym.proxy.capture import CaptureJournal
@@ -483,3 +484,29 @@ def test_minimal_repro_of_the_abandoned_attempt_with_the_same_text() -> None:
     check_invariants(sess, traj)
     assert traj.diagnostics["superseded"] == ["c2"]
     assert [t.metadata["completion_ids"] for t in traj.traces] == [["c1", "c3"]]
+
+
+def test_sft_records_render_the_prompt_the_policy_is_sampled_with(proxy: RunningProxy, upstream: DriftingVLLM) -> None:
+    """datagen's SFT records (messages + tools), rendered by the chat template as the trainer does, give exactly the
+    prompt ids the proxy sent the engine, although the harness's tools carry a field the template never sees (pi's
+    ``"strict": false``: kept in the records, the SFT prompt was 16 tokens off the rollout prompt)."""
+    from transformers import AutoTokenizer
+
+    from polar_gym.trainer.sft_data import sequence_of_record
+
+    ledger = Ledger()
+    tool = {**tool_spec("bash"), "strict": False}
+    with openai_client(proxy, "ses-sft", max_retries=0) as client:
+        ChatAgent("main", ledger, "You are main-agent.", "Fix it: 2 steps.", tool).run(client)
+    sess = captured(proxy, "ses-sft", ledger)
+    assert sess.completions[0].normalized_request["tools"][0]["function"]["strict"] is False  # as the harness sent
+    (record,) = sft_records(prefix_merging(sess))
+    assert record.tools == [template_tool(tool)] and "strict" not in record.tools[0]["function"]
+    hf = AutoTokenizer.from_pretrained(str(tokenizer_dir()), local_files_only=True)
+    # up to the first answer (Qwen3's template adds an empty think block to the last assistant turn only, so a
+    # record whose earlier answers have no reasoning is skipped as re-rendered; the prompt is what matters here)
+    first = {**record.model_dump(), "messages": record.messages[:3]}
+    assert sequence_of_record(first, hf).prompt_ids == sess.completions[0].prompt_ids
+    # an export older than the fix (strict kept) is read the same way
+    old = {**first, "tools": [{"type": "function", "function": tool}]}
+    assert sequence_of_record(old, hf).prompt_ids == sess.completions[0].prompt_ids
