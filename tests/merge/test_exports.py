@@ -198,7 +198,9 @@ def test_sft_records_in_openai_chat_shape():
     assert record.messages[2] == {"role": "assistant", "content": "", "reasoning_content": "look first",
                                   "tool_calls": [CALL]}
     assert record.messages[3] == {"role": "tool", "content": "a.py", "tool_call_id": "call_1"}
-    assert record.tools == [TOOL]
+    # tools as vLLM hands them to the chat template: name, description (null when missing), parameters
+    assert record.tools == [{"type": "function", "function": {"name": "bash", "description": None,
+                                                              "parameters": {"type": "object"}}}]
     assert record.metadata["num_assistant_turns"] == 2 and record.metadata["num_messages"] == 5
     (plain,) = sft_records(result(traj), include_reasoning=False)
     assert "reasoning_content" not in plain.messages[2] and plain.instance_id == "task-1"
