@@ -456,12 +456,24 @@ class WeightUpdateRequest(_Model):
     """POST /admin/weights (proxy, gateway) and the rollout server's POST /backends/weights: load ``checkpoint`` (a
     directory as the inference servers' hosts see it) into every server and stamp ``policy_version`` on every later
     completion. ``drain_timeout``: how long in-flight model calls may take to finish first. ``resume`` false leaves
-    the pool paused after a success (the rollout server resumes every gateway once all of them took the weights)."""
+    the pool paused after a success (the rollout server resumes every gateway once all of them took the weights).
+
+    ``servers``: inference servers already serving ``checkpoint`` (restarted on it: an engine that cannot reload, or
+    a change a reload cannot make). They replace the pool's servers instead of a reload, once each answers; the old
+    ones leave the pool drained, for the caller to stop. On the rollout server they also become its backends."""
 
     checkpoint: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f]+$")  # a path: no NUL, no newline
     policy_version: int | str
     drain_timeout: float = Field(default=600.0, gt=0, le=86400, allow_inf_nan=False)
     resume: bool = True
+    servers: list[str] | None = Field(default=None, min_length=1, max_length=256)
+
+    @field_validator("servers")
+    @classmethod
+    def _server_urls(cls, value: list[str] | None) -> list[str] | None:
+        from polar_gym.httpguard import check_upstream_url  # only where a request is parsed
+
+        return None if value is None else list(dict.fromkeys(check_upstream_url(u).rstrip("/") for u in value))
 
     @field_validator("policy_version")
     @classmethod
@@ -484,6 +496,8 @@ class WeightUpdateReply(_Open):
     update_seconds: float = 0.0
     total_seconds: float = 0.0
     servers: dict[str, dict[str, float]] = Field(default_factory=dict)
+    #: servers an update with ``servers`` took out of the pool, drained (the caller stops them)
+    replaced: list[str] = Field(default_factory=list)
 
 
 class FleetWeightUpdate(_Open):

@@ -136,6 +136,11 @@ class GatewayClient:
         body = update.model_dump_json().encode()
         return _parse(WeightUpdateReply, await self._send("POST", "/admin/weights", body, timeout=timeout))
 
+    async def undo_weights(self, timeout: float | None = None) -> WeightUpdateReply:
+        """POST /admin/weights/undo: undo an update staged with ``resume: false`` (its servers load their previous
+        checkpoint back) and resume under the old version; GatewayRefused 409 ``nothing_staged`` when none is."""
+        return _parse(WeightUpdateReply, await self._send("POST", "/admin/weights/undo", timeout=timeout))
+
     # -- the one place httpx is spoken -----------------------------------------------------------------------
 
     async def _send(self, method: str, path: str, body: bytes | None = None, *, expect: int = 200,

@@ -92,7 +92,10 @@ class UpstreamError(ProxyError):
 
 
 class WeightUpdateError(UpstreamError):
-    """An inference server did not take new weights; the message names the server and what it answered."""
+    """An inference server did not take new weights; the message names the server and what it answered.
+    ``weights_changed``: the failure came after the server had loaded them (a later step, such as the cache reset)."""
+
+    weights_changed = False
 
 
 class UpstreamUnavailable(UpstreamError):

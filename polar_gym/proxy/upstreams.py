@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from polar_gym.proxy.errors import UpstreamUnavailable
 
-__all__ = ["Upstream", "UpstreamPool"]
+__all__ = ["StagedUpdate", "Upstream", "UpstreamPool"]
 
 
 @dataclass
@@ -22,6 +22,17 @@ class Upstream:
     served: int = 0
     failures: int = 0
     removed: bool = False
+
+
+@dataclass
+class StagedUpdate:
+    """A weight update loaded but not resumed yet (``resume: false``): what undoing it takes (the rollout server undoes
+    it on every gateway that took it when another gateway failed)."""
+
+    checkpoint: str | None  # the pool's checkpoint before it
+    restore: dict[str, str | None] = field(default_factory=dict)  # reload: what each server served before
+    added: list[str] = field(default_factory=list)  # swap: the servers it put in the pool
+    replaced: list[str] = field(default_factory=list)  # swap: the servers it took out
 
 
 class UpstreamPool:
@@ -40,6 +51,8 @@ class UpstreamPool:
         self.checkpoint: str | None = None
         #: held by a weight update from pause to resume, so two updates never interleave
         self.weights_lock = asyncio.Lock()
+        #: an update loaded while paused and not resumed yet (None once resumed)
+        self.staged: StagedUpdate | None = None
         self.wait_for_server_seconds = wait_for_server_seconds
         for url in urls or []:
             self.add(url)
@@ -136,4 +149,5 @@ class UpstreamPool:
     def resume(self, policy_version: int | str | None = None) -> None:
         if policy_version is not None:
             self.policy_version = policy_version
+        self.staged = None  # committed: nothing left to undo
         self._running.set()

@@ -76,12 +76,15 @@ class RolloutClient:
         resp.raise_for_status()
         return list(resp.json()["gateways"])
 
-    async def update_weights(self, checkpoint: str, policy_version: int | str, *,
-                             drain_timeout: float = 600.0) -> FleetWeightUpdate:
+    async def update_weights(self, checkpoint: str, policy_version: int | str, *, drain_timeout: float = 600.0,
+                             servers: list[str] | None = None) -> FleetWeightUpdate:
         """Load ``checkpoint`` (a directory the inference servers can read) into every engine of the fleet and stamp
         ``policy_version`` on every later completion; in-flight model calls finish first (up to ``drain_timeout``),
-        sessions only wait. Raises WeightUpdateFailed when a gateway did not take it."""
-        body = WeightUpdateRequest(checkpoint=checkpoint, policy_version=policy_version, drain_timeout=drain_timeout)
+        sessions only wait. ``servers``: inference servers you restarted on ``checkpoint`` (engines that cannot
+        reload): they replace the fleet's backends instead. Raises WeightUpdateFailed when a gateway did not take
+        it."""
+        body = WeightUpdateRequest(checkpoint=checkpoint, policy_version=policy_version, drain_timeout=drain_timeout,
+                                   servers=servers)
         resp = await self.http.post("/backends/weights", content=body.model_dump_json(),
                                     headers={"content-type": "application/json"}, timeout=drain_timeout + 300.0)
         resp.raise_for_status()

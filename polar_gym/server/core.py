@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 import httpx
@@ -208,9 +208,9 @@ class RolloutServer:
         answers (or errors) by gateway id."""
         return await self.broadcast(admin_call(method, path, body))
 
-    async def broadcast(self, call: AdminCall) -> dict[str, Any]:
-        """``call`` on every live gateway at once: ``{"status", "body"}`` per answer, ``{"status": None, "error"}``
-        per gateway that gave none."""
+    async def broadcast(self, call: AdminCall, only: Collection[str] | None = None) -> dict[str, Any]:
+        """``call`` on every live gateway (of ``only``, when given) at once: ``{"status", "body"}`` per answer,
+        ``{"status": None, "error"}`` per gateway that gave none."""
 
         async def one(gw: GatewayState) -> tuple[str, dict[str, Any]]:
             try:
@@ -225,7 +225,8 @@ class RolloutServer:
             self.counters.errors["backend_fanout_failed"] += 1
             return gw.gateway_id, {"status": None, "error": repr(error)}
 
-        return dict(await asyncio.gather(*(one(gw) for gw in self.fleet.live())))
+        return dict(await asyncio.gather(*(one(gw) for gw in self.fleet.live()
+                                           if only is None or gw.gateway_id in only)))
 
 
 def admin_call(method: str, path: str, body: dict[str, Any] | None = None) -> AdminCall:

@@ -4,9 +4,13 @@ gateway still has a call on it (gateways share servers):
 
 1. pause every gateway: new model calls wait, in-flight ones finish (if one cannot, all resume and nothing loads);
 2. every gateway loads the checkpoint into its servers and stays paused (``resume: false``);
-3. every gateway resumes under the new version, or, when one failed, under its old one (the failure names it).
+3. every gateway resumes under the new version, or, when one failed, under its old one (the failure names it)
+   after the gateways that took the checkpoint undid it (``POST /admin/weights/undo``: their servers load their
+   previous weights back); a gateway that cannot undo is drained, so no new session runs on weights its version
+   does not name.
 
-Sessions only wait; none is lost.
+Sessions only wait; none is lost. With ``servers`` (engines restarted on the checkpoint instead of reloaded), phase
+2 swaps every gateway's servers for them, and they replace the server's backends.
 """
 
 from __future__ import annotations
@@ -51,18 +55,29 @@ async def _update(server: RolloutServer, update: WeightUpdateRequest) -> FleetWe
         loaded = await server.broadcast(lambda c: c.update_weights(staged, timeout=wait))
         failed = _failed(loaded)
     updated = not failed
+    undone: dict[str, Any] = {}
+    if failed and loaded:  # the gateways that took the checkpoint go back to what they served before
+        took = [gid for gid in loaded if gid not in failed]
+        undone = await server.broadcast(lambda c: c.undo_weights(timeout=wait), only=took) if took else {}
     version = update.policy_version if updated else None
     resumed = await server.broadcast(lambda c: c.resume(version, timeout=FANOUT_TIMEOUT))
-    for name, answers in (("pause", paused), ("weights", loaded), ("resume", resumed)):
+    for name, answers in (("pause", paused), ("weights", loaded), ("undo", undone), ("resume", resumed)):
         for gid, answer in answers.items():
             phases.setdefault(gid, {})[name] = answer
     if updated:
         server.policy_version = update.policy_version
+        if update.servers is not None:  # restarted servers replaced the old ones: they are the backends now
+            server.backends[:] = update.servers
         message = ""
     else:
         stage = "load the checkpoint" if loaded else "drain"
         message = (f"{len(failed)} gateway(s) could not {stage}; every gateway resumed under its old version: "
                    + "; ".join(f"{gid}: {_why(answer)}" for gid, answer in failed.items()))
+        if _failed(undone):  # their servers may serve the new weights under the old version: no new sessions there
+            for gid in _failed(undone):
+                await server.drain(gid)
+            message += ("; these gateways took the new weights and could not load the old ones back, so they are "
+                        "drained: " + ", ".join(_failed(undone)))
     if _failed(resumed):
         message += ("; " if message else "") + "these gateways did not resume: " + ", ".join(_failed(resumed))
     return FleetWeightUpdate(updated=updated, checkpoint=update.checkpoint,

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from polar_gym.proxy.errors import WeightUpdateError
+from polar_gym.proxy.routes import admin as admin_routes
 from polar_gym.server import RolloutClient
 from polar_gym.server.client import WeightUpdateFailed, traces_of
+from polar_gym.server.fleet import DRAINING
 from tests._waiting import until
 from tests.server._server_kit import SERVER_TOKEN, Harness, make_task
 
@@ -42,8 +45,22 @@ async def test_fleet_update_reaches_every_gateway_and_later_spans_carry_the_vers
         bad = next(gid for gid, gw in ids.items() if gw is second)
         assert bad in failed.value.reply.message and "cannot load new weights" in failed.value.reply.message
         assert failed.value.reply.gateways[bad]["weights"]["status"] == 409
+        good = next(gid for gid in ids if gid != bad)
+        # the gateway that had taken the checkpoint undid it (its servers load their previous weights back)
+        phases = failed.value.reply.gateways
+        assert phases[good]["undo"]["status"] == 200 and "undo" not in phases[bad]
         assert all(gw.service.engine.pool.policy_version == 1 and not gw.service.engine.pool.paused
-                   for gw in ids.values())  # every gateway back under its old version
+                   and gw.service.engine.pool.staged is None for gw in ids.values())  # all back under the old version
+
+        async def cannot_undo(engine: object) -> None:
+            raise WeightUpdateError("http://engine1: connection refused")
+
+        monkeypatch.setattr(admin_routes, "undo_staged_update", cannot_undo)
+        with pytest.raises(WeightUpdateFailed) as failed:
+            await client.update_weights("/ckpt/step-2", 2)
+        assert failed.value.reply.gateways[good]["undo"]["status"] == 502
+        assert f"could not load the old ones back, so they are drained: {good}" in failed.value.reply.message
+        assert srv.core.gateway(good).row.state == DRAINING  # no new session goes where the version lies
 
     late = await harness.gateway()
     await srv.register(late, 2)

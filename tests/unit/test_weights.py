@@ -43,12 +43,21 @@ class FakeFleet:
         self.missing: dict[str, set[str]] = {}  # host -> paths answering 404 (no dev mode, no extension)
         self.cache_busy = 0  # /reset_prefix_cache answers success false this many times first
         self.chats = 0
+        self.down: set[str] = set()  # hosts that refuse connections
+        self.served: dict[str, str] = {}  # host -> the model it serves (default "policy")
+        self.hosts: list[str] = []  # the host of every chat call
 
     async def handler(self, request: httpx.Request) -> httpx.Response:
         host, path = request.url.host, request.url.path
+        if path == "/v1/models":  # what a server serves, and the checkpoint it started from
+            if host in self.down:
+                raise httpx.ConnectError("connection refused", request=request)
+            return httpx.Response(200, json={"object": "list", "data": [
+                {"id": self.served.get(host, "policy"), "object": "model", "root": f"/models/{host}-start"}]})
         body = json.loads(request.content or b"{}")
         if path == "/v1/chat/completions":
             self.chats += 1
+            self.hosts.append(host)
             await self.gate.wait()
             return httpx.Response(200, json=self.vllm.answer(body))
         self.calls.append((host, path, body))
@@ -132,12 +141,103 @@ async def test_a_failing_server_leaves_the_pool_under_the_old_version_and_is_nam
     assert error["type"] == "weight_update_failed"
     assert "http://engine2/collective_rpc answered 404" in error["message"]
     assert "VLLM_SERVER_DEV_MODE" in error["message"]
-    assert "took the new weights: http://engine1" in error["message"]
+    # engine1 had taken the new weights: it loads back the checkpoint it reports it started from
+    assert "back on their previous weights: http://engine1" in error["message"]
+    reloads = [b["kwargs"]["weights_path"] for h, p, b in fleet.calls
+               if h == "engine1" and p == "/collective_rpc" and b["method"] == "reload_weights"]
+    assert reloads == [CKPT, "/models/engine1-start"]
     pool = service.engine.pool
     assert not pool.paused and pool.policy_version == 2 and pool.checkpoint is None
+    assert sorted(s.url for s in pool.servers()) == SERVERS
     assert (await chat(client, "after")).status_code == 200  # the pool serves on, under the old version
     (rec,) = await service.journal.records("after")
     assert rec.policy_version == 2
+
+
+async def test_a_server_that_took_the_new_weights_and_cannot_go_back_leaves_the_pool():
+    fleet = FakeFleet()
+    fleet.missing["engine2"] = {"/collective_rpc"}
+    service, client = vllm_proxy(fleet)
+    assert (await update(client, checkpoint="/ckpt/step-1", policy_version=2)).status_code == 502
+    fleet.missing["engine2"] = set()
+    assert (await update(client, checkpoint="/ckpt/step-2")).status_code == 200  # both on step-2 now, version 3
+    fleet.missing["engine2"] = {"/collective_rpc"}
+    fleet.missing["engine1"] = {"/reset_prefix_cache"}  # engine1 loads step-3, then fails, and so does its way back
+    reply = await update(client, policy_version=4)
+    message = reply.json()["error"]["message"]
+    assert reply.status_code == 502 and "taken out of the pool" in message
+    pool = service.engine.pool
+    assert [s.url for s in pool.servers()] == ["http://engine2"] and pool.policy_version == 3
+    assert pool.checkpoint == "/ckpt/step-2"
+
+
+async def test_restarted_servers_replace_an_engine_that_cannot_reload():
+    """The openai engine cannot load weights: servers restarted on the checkpoint take the pool's place (checked
+    first), after in-flight calls drained; later calls go to them under the new version."""
+    fleet = FakeFleet()
+    engine = OpenAIEngine(UpstreamPool(["http://old1"], policy_version=1),
+                          client=httpx.AsyncClient(transport=httpx.MockTransport(fleet.handler)),
+                          upstream_model="policy")
+    service, client = proxy(engine)
+    fleet.gate.clear()
+    before = asyncio.create_task(chat(client, "s1"))
+    await until(lambda: fleet.chats == 1, what="a model call in flight")
+    updating = asyncio.create_task(update(client, servers=["http://new1", "http://new2/"], policy_version=2))
+    await until(lambda: engine.pool.paused, what="the pool to pause")
+    fleet.gate.set()
+    reply = await asyncio.wait_for(updating, BOUND)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["replaced"] == ["http://old1"] and sorted(body["servers"]) == ["http://new1", "http://new2"]
+    assert (body["policy_version"], body["previous_version"]) == (2, 1)
+    assert (await before).status_code == 200
+    assert (await chat(client, "s1")).status_code == 200  # the same session: its sticky server is gone
+    first, second = await service.journal.records("s1")
+    assert (first.server, first.policy_version) == ("http://old1", 1)
+    assert second.server in ("http://new1", "http://new2") and second.policy_version == 2
+    assert fleet.hosts == ["old1", second.server.removeprefix("http://")]
+    view = (await client.get("/admin/upstreams", headers=ADMIN)).json()
+    assert view["checkpoint"] == CKPT and sorted(s["url"] for s in view["servers"]) == ["http://new1", "http://new2"]
+
+
+@pytest.mark.parametrize(("trouble", "named"), [("down", "did not answer"), ("other_model", "not 'policy'")])
+async def test_a_restarted_server_that_cannot_serve_changes_nothing(trouble: str, named: str):
+    fleet = FakeFleet()
+    if trouble == "down":
+        fleet.down.add("new1")
+    else:
+        fleet.served["new1"] = "base-model"
+    engine = VLLMEngine(UpstreamPool(["http://old1"], policy_version=1), upstream_model="policy",
+                        client=httpx.AsyncClient(transport=httpx.MockTransport(fleet.handler)))
+    _, client = proxy(engine)
+    reply = await update(client, servers=["http://new1"])
+    assert reply.status_code == 502 and named in reply.json()["error"]["message"]
+    assert "http://new1" in reply.json()["error"]["message"]
+    assert [s.url for s in engine.pool.servers()] == ["http://old1"] and not engine.pool.paused
+    assert engine.pool.policy_version == 1 and fleet.calls == []
+
+
+async def test_a_staged_update_is_undone_on_request():
+    """The rollout server's answer to another gateway failing: a reload staged with resume false goes back to the
+    servers' previous checkpoints, a staged swap puts the old servers back; both resume under the old version."""
+    fleet = FakeFleet()
+    service, client = vllm_proxy(fleet)
+    assert (await client.post("/admin/weights/undo", headers=ADMIN)).status_code == 409  # nothing staged
+    assert (await update(client, resume=False)).status_code == 200
+    fleet.calls.clear()
+    undone = await client.post("/admin/weights/undo", headers=ADMIN)
+    assert undone.status_code == 200, undone.text
+    pool = service.engine.pool
+    assert not pool.paused and pool.policy_version == 2 and pool.checkpoint is None
+    back = sorted((h, b["kwargs"]["weights_path"]) for h, p, b in fleet.calls
+                  if p == "/collective_rpc" and b["method"] == "reload_weights")
+    assert back == [("engine1", "/models/engine1-start"), ("engine2", "/models/engine2-start")]
+    assert (await update(client, servers=["http://engine3"], resume=False)).status_code == 200
+    assert (await client.post("/admin/weights/undo", headers=ADMIN)).status_code == 200
+    assert sorted(s.url for s in pool.servers()) == SERVERS and pool.policy_version == 2
+    assert (await update(client, resume=False)).status_code == 200
+    await client.post("/admin/resume", json={"policy_version": 3}, headers=ADMIN)
+    assert (await client.post("/admin/weights/undo", headers=ADMIN)).status_code == 409  # committed: nothing to undo
 
 
 async def test_a_server_without_the_worker_extension_or_version_route_still_updates():
@@ -171,7 +271,7 @@ async def test_staged_update_stays_paused_until_resumed():
     assert not service.engine.pool.paused and service.engine.pool.policy_version == 3
 
 
-async def test_openai_engine_refuses_before_pausing_and_oracle_only_stamps():
+async def test_openai_engine_refuses_a_reload_before_pausing_and_oracle_only_stamps():
     calls: list[str] = []
 
     def record(request: httpx.Request) -> httpx.Response:
@@ -196,7 +296,11 @@ async def test_openai_engine_refuses_before_pausing_and_oracle_only_stamps():
                                   {"checkpoint": CKPT, "policy_version": 1, "drain_timeout": 0},
                                   {"checkpoint": CKPT, "policy_version": 1, "drain_timeout": 1e12},
                                   {"checkpoint": "/ckpt\x00/../etc", "policy_version": 1},
-                                  {"checkpoint": "/ckpt\nstep-1", "policy_version": 1}])
+                                  {"checkpoint": "/ckpt\nstep-1", "policy_version": 1},
+                                  {"checkpoint": CKPT, "policy_version": 1, "servers": []},
+                                  {"checkpoint": CKPT, "policy_version": 1, "servers": ["file:///etc/passwd"]},
+                                  {"checkpoint": CKPT, "policy_version": 1, "servers": "http://new1"},
+                                  {"checkpoint": CKPT, "policy_version": 1, "servers": ["http://a b"]}])
 async def test_bad_update_bodies_are_refused(body: dict[str, Any]):
     _, client = vllm_proxy(FakeFleet())
     reply = await client.post("/admin/weights", json=body, headers=ADMIN)
@@ -209,6 +313,8 @@ async def test_sglang_loads_from_disk_with_the_version_tag_and_its_refusal_is_na
     refuse = {"engine2"}
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "policy", "root": "/models/start"}]})
         seen.append((request.url.host, request.url.path, json.loads(request.content)))
         if request.url.host in refuse:
             return httpx.Response(200, json={"success": False, "message": "Failed to get weights iterator"})

@@ -9,8 +9,9 @@ an assistant turn (``end_of_turn_ids``, the builders' default) and per-session s
 
 New weights (``POST /admin/weights``): an engine says how it takes them (``weight_updates``: "reload" when each
 server loads a checkpoint through :meth:`Engine.update_weights`, "stamp" when it has no weights and only the policy
-version changes, None when it cannot and the update is refused); :mod:`polar_gym.proxy.weights` pauses the pool
-around the calls.
+version changes, None when it cannot); :mod:`polar_gym.proxy.weights` pauses the pool around the calls. Any engine
+with servers can instead be given servers already restarted on the checkpoint (the update's ``servers``): they are
+checked (:meth:`Engine.check_server`) and replace the pool's.
 
 An upstream's HTTP error is mapped by status: 400/413/422 mean the engine refused this request (a prompt longer than
 the context, say), which the harness must see as its own 400 rather than retry; 429/503 mean the server is
@@ -103,6 +104,16 @@ class Engine(abc.ABC):
         drained. Raises WeightsUnsupported, or WeightUpdateError naming the server."""
         raise WeightsUnsupported(f"the {self.name} engine cannot load new weights")
 
+    async def check_server(self, server_url: str) -> None:
+        """Raise WeightUpdateError unless ``server_url`` serves this engine's model (before it joins the pool in a
+        weight update that replaces servers); WeightsUnsupported for an engine without servers."""
+        raise WeightsUnsupported(f"the {self.name} engine has no inference servers to replace")
+
+    async def started_checkpoint(self, server_url: str) -> str | None:
+        """The checkpoint ``server_url`` was started on, if it says (a weight update that fails half way loads it
+        back into the servers that had taken the new weights); None when unknown."""
+        return None
+
     async def aclose(self) -> None:
         return None
 
@@ -171,6 +182,31 @@ class HttpEngine(Engine):
             raise
         except UpstreamError as exc:
             raise WeightUpdateError(f"{url}: {exc.message}") from exc
+
+    async def _models(self, server_url: str) -> list[dict[str, Any]]:
+        """The server's model cards (vLLM, SGLang and OpenAI-compatible servers all list them at /v1/models)."""
+        url = server_url + "/v1/models"
+        try:
+            resp = await self.client.get(url, timeout=30.0)
+            data = orjson.loads(resp.content) if resp.status_code == 200 else None
+        except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+            raise WeightUpdateError(f"{url} did not answer: {exc.__class__.__name__}: {exc}") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+            raise WeightUpdateError(f"{url} answered {resp.status_code}, not a model list: {resp.text[:300]}")
+        return [m for m in data["data"] if isinstance(m, dict)]
+
+    async def check_server(self, server_url: str) -> None:
+        served = [m.get("id") for m in await self._models(server_url)]
+        if self.upstream_model is not None and self.upstream_model not in served:
+            raise WeightUpdateError(f"{server_url} serves {served}, not {self.upstream_model!r}")
+
+    async def started_checkpoint(self, server_url: str) -> str | None:
+        try:
+            models = await self._models(server_url)
+        except WeightUpdateError:
+            return None
+        root = models[0].get("root") if models else None  # vLLM and SGLang: the path the server started from
+        return root if isinstance(root, str) and root else None
 
     async def exchange(self, session_id: str, body: dict[str, Any],
                        read: Callable[[dict[str, Any]], ChatResult]) -> ChatResult:

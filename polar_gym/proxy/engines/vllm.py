@@ -51,21 +51,26 @@ async def reload_vllm_weights(engine: HttpEngine, server_url: str, checkpoint: s
     await engine.admin_post(server_url, "/collective_rpc",
                             {"method": "reload_weights", "kwargs": {"weights_path": checkpoint}},
                             missing=DEV_MODE_HINT)
-    await _refresh_tied_weights(engine, server_url)
-    loaded = time.perf_counter()
-    delay, deadline = 0.02, loaded + CACHE_RESET_SECONDS
-    while not (await engine.admin_post(server_url, "/reset_prefix_cache", {}, missing=DEV_MODE_HINT)).get("success"):
-        if time.perf_counter() > deadline:  # blocks still held: a request the proxy does not see is running
-            raise WeightUpdateError(f"{server_url} did not reset its prefix cache within {CACHE_RESET_SECONDS:.0f} s "
-                                    "(requests from another client still running?)")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 1.0)
-    reset = time.perf_counter()
     try:
-        await engine.admin_post(server_url, "/update_weight_version", {"new_version": str(version)})
+        await _refresh_tied_weights(engine, server_url)
+        loaded = time.perf_counter()
+        delay, deadline = 0.02, loaded + CACHE_RESET_SECONDS
+        while not (await engine.admin_post(server_url, "/reset_prefix_cache", {},
+                                           missing=DEV_MODE_HINT)).get("success"):
+            if time.perf_counter() > deadline:  # blocks still held: a request the proxy does not see is running
+                raise WeightUpdateError(f"{server_url} did not reset its prefix cache within "
+                                        f"{CACHE_RESET_SECONDS:.0f} s (requests from another client still running?)")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        reset = time.perf_counter()
+        try:
+            await engine.admin_post(server_url, "/update_weight_version", {"new_version": str(version)})
+        except WeightUpdateError as exc:
+            if " answered 404" not in exc.message:
+                raise
     except WeightUpdateError as exc:
-        if " answered 404" not in exc.message:
-            raise
+        exc.weights_changed = True  # the reload went through: the server holds (some of) the new weights
+        raise
     return {"reload_seconds": loaded - started, "cache_reset_seconds": reset - loaded,
             "version_tag_seconds": time.perf_counter() - reset}
 

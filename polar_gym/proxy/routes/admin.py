@@ -8,7 +8,9 @@ envelope): session registration, and the engine pool's upstreams, pause and resu
     POST   /admin/pause, /admin/resume hold new model calls (in-flight ones drain), then resume under a new version
     POST   /admin/weights              pause, load a checkpoint into every upstream, resume under its version
                                        (polar_gym.proxy.weights; 409 weights_unsupported, 502 weight_update_failed
-                                       naming the server, 504 drain_timeout)
+                                       naming the server, 504 drain_timeout); with ``servers``, swap in servers
+                                       restarted on the checkpoint instead
+    POST   /admin/weights/undo         undo an update loaded with resume false (409 nothing_staged)
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, json_depth
 from polar_gym.proxy.errors import SessionMetadataError, WeightsUnsupported, WeightUpdateError
 from polar_gym.proxy.routes.common import proxy_service
 from polar_gym.proxy.service import SessionInfo, new_session_key
-from polar_gym.proxy.weights import DrainTimeout, update_pool_weights
+from polar_gym.proxy.weights import DrainTimeout, NothingStaged, undo_staged_update, update_pool_weights
 from polar_gym.schema import WeightUpdateReply, WeightUpdateRequest
 from polar_gym.web import ADMIN_ONLY, ApiError
 
@@ -114,5 +116,15 @@ async def weights(request: Request, body: WeightUpdateRequest) -> WeightUpdateRe
         raise ApiError(409, "weights_unsupported", exc.message) from exc
     except DrainTimeout as exc:
         raise ApiError(504, "drain_timeout", exc.message) from exc
+    except WeightUpdateError as exc:
+        raise ApiError(502, "weight_update_failed", exc.message) from exc
+
+
+@router.post("/weights/undo")
+async def undo_weights(request: Request) -> WeightUpdateReply:
+    try:
+        return await undo_staged_update(proxy_service(request).engine)
+    except NothingStaged as exc:
+        raise ApiError(409, "nothing_staged", exc.message) from exc
     except WeightUpdateError as exc:
         raise ApiError(502, "weight_update_failed", exc.message) from exc
