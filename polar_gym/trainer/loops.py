@@ -10,6 +10,7 @@ by the same event loop keeps answering while a step computes.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from polar_gym.merge.exports import trace_lines
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.trainer.batch import TrainSequence, collate, sequence_of_trace
 from polar_gym.trainer.checkpoint import load_policy, save_checkpoint
@@ -189,7 +191,7 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
                    timeout: float = 3600.0) -> Path:
     """GRPO for ``settings.steps`` steps on ``tasks`` (each ``num_samples`` sessions: one group); after each step
     the checkpoint ``out_dir/checkpoints/step-N`` is pushed to the fleet as policy version ``initial_version + N``.
-    Returns the last checkpoint."""
+    Every step's traces go to ``out_dir/trajectories.jsonl``. Returns the last checkpoint."""
     if settings.push_weights and weights is None:
         raise ValueError("push_weights needs a WeightSync (the fleet's weight-update call)")
     model_dir = _model_dir(settings)
@@ -203,6 +205,7 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
             await client.submit(request)
         results = [r async for r in client.results([r.task_id for r in requests], timeout=timeout)]
         rollout_seconds = time.monotonic() - started
+        _keep_traces(out_dir / "trajectories.jsonl", results, step)
         if results and all(r.status is SessionStatus.ERROR for r in results):
             raise RuntimeError(f"every session of step {step} ended in ERROR (the fleet, not the policy): "
                                f"{results[0].reason}")
@@ -231,6 +234,19 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
         _finish(log, out_dir, ["reward_mean", "loss", "audit/logprob_abs_diff_max", "seconds"], "GRPO")
         _prune(out_dir / "checkpoints", checkpoint, settings.save_every)
     return checkpoint
+
+
+def _keep_traces(path: Path, results: Sequence[SessionResult], step: int) -> None:
+    """Append the step's traces to the run's trajectories.jsonl (one trace per line with its session, task, reward
+    and step), so ``python -m polar_gym.audit OUT_DIR --model VERSION=CHECKPOINT ...`` re-checks any step."""
+    with path.open("a", encoding="utf-8") as f:
+        for result in results:
+            if result.trajectory is None:
+                continue
+            reward = result.evaluation.reward if result.evaluation else None
+            for line in trace_lines(result):
+                row = line.model_dump(mode="json")
+                f.write(json.dumps({**row, "task_id": result.task_id, "reward": reward, "step": step}) + "\n")
 
 
 def _prune(folder: Path, keep: Path, every: int) -> None:

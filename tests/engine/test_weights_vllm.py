@@ -22,14 +22,17 @@ import pytest
 from polar_gym.gateway.client import GatewayClient
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
+from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.parsers.base import parser_for
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.schema import CompletionRecord, WeightUpdateRequest
+from polar_gym.server import RolloutClient
 from tests._serving import ADMIN, served_gateway
 from tests._vllm import VLLMServer
 from tests._waiting import BOUND, until
+from tests.server._server_kit import SERVER_TOKEN, Harness
 
 pytestmark = pytest.mark.engine
 
@@ -181,3 +184,42 @@ async def run_updates(vllm_train_server: VLLMServer, training_proxy: ProxyServic
         assert gap(rec, original) > CHANGED, rec.session_id
     say(f"max |Δ logprob| engine vs transformers: old weights {gap(long_rec, original):.2e}, new weights "
          f"{max(gap(waited, new), gap(cached_after, new)):.2e}; new vs old {gap(cached_after, original):.2f}")
+
+
+async def test_a_restarted_server_replaces_the_old_one_through_the_rollout_server(
+        vllm_server: VLLMServer, vllm_train_server: VLLMServer, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An engine the proxy cannot reload (or a change a reload cannot make: dtype, parallelism): the trainer
+    restarts a server on the checkpoint and the fleet swaps it in through the rollout server's backends. Here the
+    gateway starts on the session's bfloat16 server; the "restarted" one is the float32 server on the stock weights
+    (a restart takes 40-125 s, so the session's running one stands in). A session's call before the swap ran on the
+    old server under version 0, its next call on the new one under version 1 with float32 logprobs (checked against
+    transformers); the rollout server's backends are the new server."""
+    harness = Harness(tmp_path)
+    engine = VLLMEngine(UpstreamPool([vllm_server.url], policy_version=0), timeout=300.0,
+                        upstream_model=vllm_server.model)
+    try:
+        gateway = await harness.gateway(engine=engine)
+        srv = await harness.server()
+        await srv.register(gateway, 2)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=300.0) as http, \
+                RolloutClient(srv.url, SERVER_TOKEN) as client:
+            call = Caller(http, vllm_server.model)
+            first = [{"role": "user", "content": PROMPT}]
+            before = await call("swapped", first, 16)
+            reply = await client.update_weights(str(vllm_train_server.model_dir), 1, servers=[vllm_train_server.url])
+            assert reply.updated and srv.core.backends == [vllm_train_server.url]
+            (answer,) = reply.gateways.values()
+            assert answer["weights"]["body"]["replaced"] == [vllm_server.url]
+            second = [*first, {"role": "assistant", "content": before["choices"][0]["message"]["content"] or ""},
+                      {"role": "user", "content": "Again."}]
+            await call("swapped", second, 16)
+        with capsys.disabled():
+            print(f"\n[weights-vllm] swap to a restarted server: {reply.seconds:.2f} s", flush=True)
+    finally:
+        await harness.close()
+        await engine.aclose()
+    old, new = await gateway.service.journal.records("swapped")
+    assert (old.server, old.policy_version) == (vllm_server.url, 0)
+    assert (new.server, new.policy_version) == (vllm_train_server.url, 1)
+    assert gap(new, vllm_train_server.model_dir) < SAME_WEIGHTS

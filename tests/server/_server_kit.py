@@ -22,6 +22,7 @@ import uvicorn
 
 from polar_gym.gateway import GatewayConfig, GatewayNode, build_gateway
 from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.runtime.base import GatewayEndpoint
@@ -138,9 +139,11 @@ class Harness:
     gateways: list[RunningGateway] = field(default_factory=list)
     servers: list[RunningServer] = field(default_factory=list)
 
-    async def gateway(self, run_slots: int = 4) -> RunningGateway:
+    async def gateway(self, run_slots: int = 4, engine: Engine | None = None) -> RunningGateway:
+        """A gateway on its own port; its proxy runs ``engine`` (default: an oracle that runs ``echo hi``)."""
         port = free_port()
-        engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(commands=["echo hi"], final_answer="ok"))
+        engine = engine or OracleEngine(ByteTokenizer(),
+                                        default_script=OracleScript(commands=["echo hi"], final_answer="ok"))
         service = ProxyService(engine, CaptureJournal(self.tmp / f"capture-{port}"),
                                SessionRegistry(allow_adhoc=False))
         cfg = GatewayConfig(workdir=self.tmp / f"gw-{port}", endpoint=GatewayEndpoint("127.0.0.1", port),

@@ -1,13 +1,17 @@
 """The closed loop on the engine tier (issue 14): SFT on oracle-generated demo trajectories, then GRPO steps through
 a real harness CLI (pi) on vLLM CPU in fp32, with every step's weights reloaded into the running engine through the
 fleet's weight-update call (``RolloutClient.update_weights``). Asserts: the trainer's logprobs equal the engine's for
-every step's traces (so the engine serves exactly the trainer's new weights after each update), every trace carries
-the policy version that sampled it and the versions advance with the steps, no session is lost or errored."""
+every step's traces, in the loop and by ``python -m polar_gym.audit`` on the run folder afterwards (so the engine
+serves exactly the trainer's new weights after each update); every trace carries the policy version that sampled it
+and the versions advance with the steps; no session is lost or errored."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,7 +65,7 @@ async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(vllm_train_server:
                 pytest.fail("RolloutClient.update_weights (the fleet's weight-update call) is not there")
             await client.update_weights(str(sft), 0)
             settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=3, learning_rate=1e-3,
-                                       initial_version=0)
+                                       initial_version=0, save_every=1)
             await run_grpo(settings, [r.model_copy(update={"timeout_seconds": 300.0}) for r in requests], client,
                            out / "trainer", weights=client, echo=lambda _: None, timeout=1200)
     finally:  # the session's training server goes back to the stock weights for the tests after this one
@@ -77,3 +81,16 @@ async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(vllm_train_server:
         assert row["sampled_versions"] == [str(step)], row  # each step sampled by the version pushed before it
         # the engine's logprobs equal the trainer's for the weights it was just given
         assert row["tokens"] > 0 and row["audit/logprob_abs_diff_max"] < MAX_DIFF, row
+
+    # the mismatch audit, as a user runs it on the run folder: every step's traces under the weights that sampled them
+    trainer_dir = out / "trainer"
+    models = [f"0={sft}", *(f"{n}={trainer_dir / 'checkpoints' / f'step-{n}'}" for n in (1, 2))]
+    command = [sys.executable, "-m", "polar_gym.audit", str(trainer_dir), "--max-abs-diff", str(MAX_DIFF),
+               *(arg for m in models for arg in ("--model", m))]
+    audit = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=900, check=False)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    summary = json.loads((trainer_dir / "audit_summary.json").read_text())
+    traces = [json.loads(x) for x in (trainer_dir / "trajectories.jsonl").read_text().splitlines()]
+    assert {t["step"] for t in traces} == {1, 2, 3}
+    assert summary["audited"] == len(traces) - sum(summary["skipped"].values())
+    assert summary["audited"] > 0 and summary["metrics"]["audit/logprob_abs_diff_max"] < MAX_DIFF, summary
