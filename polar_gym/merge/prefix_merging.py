@@ -22,10 +22,12 @@ come back, or while it still ran but not together with it (a client timeout; par
 superseded, never a new chain (also when the retry's own answer cannot be trained: it carries no token IDs, and
 is matched to the attempt by its messages). Every used attempt is trained in its own chain (a fork), so a second
 conversation from the first one's prompt never costs the first its answer, and merge mode never splices the two.
-An attempt whose answer reached the harness (the proxy journals ``delivered``: the client was still connected when
-the answer was ready) is never superseded: a harness retries an answer it did not get, so a one-call conversation
-followed, after its answer, by another from the same prompt is two conversations. Without that flag (journals
-older than it, callers that are not HTTP clients) such a pair still reads as a retry: tokens cannot tell them apart.
+A one-call conversation followed, after its answer, by another from the same prompt (a sub-agent delegated twice)
+is told from a retry by what the harness did meanwhile: the answer reached it (the proxy journals ``delivered``: the
+client was still connected when the answer was ready) and another model call of the session was sent and answered
+before the second one (the parent's turn that delegated again); a harness re-sends an answer it rejects at once, too
+soon for a whole call to fit in between. Without the flag (journals older than it, callers that are not HTTP
+clients), or with no whole call in between, the pair reads as a retry: tokens cannot tell them apart.
 
 Cost. Chains are indexed by their last prompt's length and last tokens; a completion looks itself up cut at those
 lengths, longest first, and stops at the first that matches, so the chains a drift leaves behind (shorter prompts)
@@ -35,7 +37,7 @@ are never visited: finding a chain costs about the same whatever their number.
 from __future__ import annotations
 
 import json
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -220,6 +222,22 @@ def _retries(later: CompletionRecord, first: CompletionRecord) -> bool:
             or later.started_at - first.started_at >= _SENT_TOGETHER_SECONDS)
 
 
+def _another_conversation(first: CompletionRecord, later: CompletionRecord,
+                          calls: list[tuple[float, float, int]], attempts: list[CompletionRecord]) -> bool:
+    """``later`` (same prompt, sent after ``first`` came back) starts a second conversation rather than retrying
+    ``first``: ``first``'s answer reached the harness, and the harness made another call and had its answer before
+    sending ``later`` (the parent agent's turn that delegated again). A harness re-sends an answer it rejects at once
+    (Qwen Code re-sent an unparseable tool-call block within 0.3 s): no whole model call fits in between.
+    ``calls``: (sent, came back, id) of the session's answered calls, by time sent."""
+    if not first.delivered:
+        return False
+    came_back, sent = first.started_at + first.total_seconds, later.started_at
+    mine = {id(a) for a in attempts}
+    return any(end < sent and key not in mine
+               for _, end, key in calls[bisect_right(calls, (came_back, float("inf"), 0)):
+                                        bisect_left(calls, (sent, float("-inf"), 0))])
+
+
 def superseded_attempts(usable: list[CompletionRecord],
                         untrainable: Sequence[CompletionRecord] = ()) -> tuple[set[str], set[str]]:
     """The attempts a harness threw away, and the completions that share their prompt with a used one (forks).
@@ -227,8 +245,9 @@ def superseded_attempts(usable: list[CompletionRecord],
     Completions sent with one prompt are attempts at one turn, or forks (parallel sub-agents, or two conversations
     that begin alike). An attempt is superseded when no later completion goes on from its answer and another
     attempt was sent after it (whether the first had come back or was still running: a client timeout), unless its
-    answer was delivered to the harness; every attempt some later completion goes on from was used, so each is
-    trained in its own chain. The latest attempt of a final turn is kept. Cost: one pass over the prompts' keys,
+    answer reached the harness and a whole other call of the session fits before the later one
+    (``_another_conversation``); every attempt some later completion goes on from was used, so each is trained in
+    its own chain. The latest attempt of a final turn is kept. Cost: one pass over the prompts' keys,
     and a scan of the session per repeated prompt.
 
     ``untrainable`` are answered completions no trace may use (no token IDs, no reply tokens): they join the attempts
@@ -255,6 +274,7 @@ def superseded_attempts(usable: list[CompletionRecord],
                 if _messages(attempts[0]) == msgs:
                     attempts.append(rec)
                     break
+    calls = sorted((rec.started_at, rec.started_at + rec.total_seconds, id(rec)) for rec in [*usable, *untrainable])
     trainable = {id(rec) for rec in usable}
     superseded: set[str] = set()
     forks: set[str] = set()
@@ -265,7 +285,8 @@ def superseded_attempts(usable: list[CompletionRecord],
             used = {id(a) for later in usable if (a := _continues(later, attempts)) is not None}
             order = sorted(attempts, key=lambda a: (a.started_at, a.index))
             kept = [a for i, a in enumerate(order)
-                    if id(a) in used or a.delivered or not any(_retries(b, a) for b in order[i + 1:])]
+                    if id(a) in used or not any(_retries(b, a) and not _another_conversation(a, b, calls, attempts)
+                                                for b in order[i + 1:])]
             superseded |= {a.completion_id for a in attempts if a not in kept and id(a) in trainable}
             if len(kept) > 1:
                 forks |= {a.completion_id for a in kept if id(a) in trainable}

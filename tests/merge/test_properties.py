@@ -100,6 +100,9 @@ class Truth:
     rendered: dict[str, list[int]] = field(default_factory=dict)  # kept reply -> how later prompts show it
     discarded: set[str] = field(default_factory=set)  # answers the harness threw away
     detectable: set[str] = field(default_factory=set)  # ... of which a usable or answered same-prompt attempt followed
+    #: a rejected answer reached the harness and a whole other call fits before its retry: the builder
+    #: reads the pair as two conversations (its known limit), so the session has no exact truth to compare with
+    rejected_looks_delegated: bool = False
 
 
 # -- simulation -------------------------------------------------------------------------------------------------
@@ -178,8 +181,8 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
             }
             if kind == "error":
                 fields.update(status="error", error="upstream 500", finish_reason=None)
-            elif plan.delivery:  # a thrown-away answer never reached the harness: it had hung up (timed out)
-                fields["delivered"] = kind == "kept"
+            elif plan.delivery:  # an abandoned answer never reached the harness (it had hung up); a discarded one did
+                fields["delivered"] = kind != "abandoned"
             if kind == "kept" and turn.no_logprobs:
                 fields["response_logprobs"] = []
             if kind == "kept" and turn.unfaithful:
@@ -231,6 +234,14 @@ def simulate(plan: SessionPlan) -> tuple[CompletionSession, Truth]:
     for _, group in by_turn:
         attempts = list(group)
         for n, c in enumerate(attempts):
+            # the builder compares a rejected (delivered) answer with the next attempt it can see: when a whole
+            # other call fits in between, that reads as a second conversation
+            visible = [o for o in attempts[n + 1:] if o["_id"] in usable or (plan.messages and o["_kind"] != "error")]
+            if c["_kind"] == "discarded" and plan.delivery and visible and c["_id"] in usable:
+                came_back, retried = c["_end"], visible[0]["_start"]
+                truth.rejected_looks_delegated |= any(
+                    came_back < o["_start"] and o["_end"] < retried and o["_kind"] != "error" and o not in visible
+                    for o in calls)
             if c["_kind"] in ("discarded", "abandoned"):
                 truth.discarded.add(c["_id"])
                 # a later attempt that was answered shows the retry: trainable, or told apart by its messages
@@ -309,7 +320,10 @@ def check_bridges(sess: CompletionSession, traj: Trajectory, truth: Truth) -> No
 
 def unambiguous(plan: SessionPlan, sess: CompletionSession, truth: Truth) -> bool:
     """Whether the ground truth is decidable from tokens and messages: unique content tokens, or colliding ones
-    with messages, no twins, and no identical prompts but a turn's own attempts."""
+    with messages, no twins, and no identical prompts but a turn's own attempts; and no rejected answer whose retry
+    another conversation's call preceded."""
+    if truth.rejected_looks_delegated:
+        return False
     if plan.alphabet is None:
         return True
     groups = [a.group for a in plan.agents]
@@ -382,7 +396,8 @@ def session_plans(draw: st.DrawFn, *, clean: bool = False, rerender: bool = Fals
         start = draw(st.integers(0, 30)) / 2
         size = 1 if clean else draw(st.sampled_from([1, 1, 2, 3]))
         # with delivery known, twins may also start one after another (a sub-agent delegated twice), each after the
-        # previous one's first turn: then one of them may be a single call, and their first turns may be retried
+        # previous one's first turn and a call of the parent that delegates again: then one of them may be a single
+        # call, and their first turns may be retried
         sequential = size > 1 and delivery and draw(st.booleans())
         for twin in range(size):
             first = draw(turns)
@@ -391,7 +406,9 @@ def session_plans(draw: st.DrawFn, *, clean: bool = False, rerender: bool = Fals
                 if not draw(_rarely(True, False, 2)):
                     first = replace(first, render="exact", unfaithful="")
             rest = draw(st.lists(turns, max_size=4 if draw(st.booleans()) or not sequential else 0))
-            agents.append(AgentPlan(group, start + twin * (60.0 if sequential else 0.05), (first, *rest)))
+            agents.append(AgentPlan(group, start + twin * (120.0 if sequential else 0.05), (first, *rest)))
+            if sequential and twin:
+                agents.append(AgentPlan(10 + 4 * group + twin, start + twin * 120.0 - 10.0, (TurnPlan(),)))
     if draw(_rarely(True, False)):
         agents.append(AgentPlan(9, draw(st.integers(0, 20)) / 2, (TurnPlan(),), side=True))
     alphabet = None if clean else draw(st.sampled_from([None, None, None, 3, 50]))
@@ -439,10 +456,12 @@ def test_twins_with_a_timeout_retry_keep_one_chain_each(plan: SessionPlan) -> No
 
 
 # A sub-agent delegated twice (Claude Code's Task tool): the second starts from the first one's first prompt after
-# the first one answered, and each is one call. Only the journaled delivery tells the two conversations from a retry.
+# the first one answered and the parent's next call (agent 2 here), and each is one call. Only the journaled delivery
+# and that call in between tell the two conversations from a retry.
 SEQUENTIAL_ONE_CALL_TWINS = SessionPlan((
     AgentPlan(0, 0.0, (TurnPlan(), TurnPlan())),
     AgentPlan(1, 1.0, (TurnPlan(),)),
+    AgentPlan(2, 50.0, (TurnPlan(),)),
     AgentPlan(1, 61.0, (TurnPlan(),)),
 ), delivery=True)
 
@@ -453,11 +472,27 @@ def test_sequential_one_call_twins_are_two_conversations_when_delivery_is_known(
     assert all(r.delivered for r in sess.completions) and not truth.detectable
     for config in (BREAK, MERGE):
         traj = prefix_merging(sess, config)
-        assert not traj.diagnostics["superseded"] and len(traj.traces) == 3
+        assert not traj.diagnostics["superseded"] and len(traj.traces) == 4
+    first = next(c for c, agent in truth.agent.items() if agent == 1)
     # without the flag (an older journal) the same pair reads as a retry: the first answer is superseded
     blind = session(*(r.model_copy(update={"delivered": None}) for r in sess.completions))
-    first = next(c for c, agent in truth.agent.items() if agent == 1)
     assert prefix_merging(blind, BREAK).diagnostics["superseded"] == [first]
+    # ... and so it does when nothing happened in between: a harness re-sending an answer it rejected
+    at_once = SessionPlan(tuple(a for a in SEQUENTIAL_ONE_CALL_TWINS.agents if a.group != 2), delivery=True)
+    sess, truth = simulate(at_once)
+    first = next(c for c, agent in truth.agent.items() if agent == 1)
+    assert prefix_merging(sess, BREAK).diagnostics["superseded"] == [first]
+
+
+def test_a_rejected_answer_re_sent_at_once_is_superseded() -> None:
+    """Qwen Code re-sent a prompt 0.3 s after an answer it rejected (an unparseable tool-call block): the answer
+    reached it, but nothing else happened before the retry, so it is a retry, not a second conversation."""
+    plan = SessionPlan((AgentPlan(0, 0.0, (TurnPlan(), TurnPlan(discarded=1), TurnPlan())),), delivery=True)
+    sess, truth = simulate(plan)
+    (rejected,) = truth.discarded
+    assert next(r for r in sess.completions if r.completion_id == rejected).delivered
+    assert truth.detectable == {rejected} and not truth.rejected_looks_delegated
+    check_session(plan)
 
 
 @settings(PROFILE, max_examples=150)
