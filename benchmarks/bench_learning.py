@@ -150,8 +150,8 @@ async def grpo(args: argparse.Namespace, sft_checkpoint: Path, engine_url: str, 
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(sft_checkpoint))
     async with (local_fleet(out, inference, pools=GatewayPools(run_slots=args.slots)) as (url, token),
                 RolloutClient(url, token) as client):
-        if args.engine_url:  # a running engine: the SFT checkpoint goes in as policy version 0
-            await client.update_weights(str(sft_checkpoint), 0)
+        # the SFT checkpoint as policy version 0 (a running engine loads it; one started on it only gets the tag)
+        await client.update_weights(str(sft_checkpoint), 0)
         recorder = Recorder(client, tokenizer, out / "samples.jsonl")
         await run_grpo(settings, _requests(args.tasks, args.samples, args.session_timeout), recorder,
                        out / "trainer", weights=client, echo=_say, timeout=3600)

@@ -82,18 +82,24 @@ async def update_pool_weights(engine: Engine, request: WeightUpdateRequest) -> W
                 + (f"; back on their previous weights: {', '.join(restored)}" if restored else "")
                 + (f"; taken out of the pool (they serve the new weights and could not load the old ones back): "
                    f"{', '.join(dropped)}" if dropped else ""))
-        staged = StagedUpdate(pool.checkpoint, restore=restore)
-        pool.checkpoint = request.checkpoint
-        if request.resume:
-            pool.resume(request.policy_version)
-        else:
-            pool.staged = staged
-        updated = time.perf_counter()
-        return WeightUpdateReply(
-            checkpoint=request.checkpoint, policy_version=pool.policy_version, previous_version=previous,
-            paused=pool.paused, drained_seconds=drained - started, update_seconds=updated - drained,
-            total_seconds=updated - started,
-            servers={url: out for url, out in zip(servers, outcomes, strict=True) if isinstance(out, dict)})
+        return _commit(engine, request, StagedUpdate(pool.checkpoint, restore=restore), previous, started, drained,
+                       {url: out for url, out in zip(servers, outcomes, strict=True) if isinstance(out, dict)})
+
+
+def _commit(engine: Engine, request: WeightUpdateRequest, undo: StagedUpdate, previous: int | str | None,
+            started: float, drained: float, servers: dict[str, dict[str, float]]) -> WeightUpdateReply:
+    """The servers serve the checkpoint: resume under its version, or stay paused with what undoing it takes."""
+    pool = engine.pool
+    pool.checkpoint = request.checkpoint
+    if request.resume:
+        pool.resume(request.policy_version)
+    else:
+        pool.staged = undo
+    updated = time.perf_counter()
+    return WeightUpdateReply(
+        checkpoint=request.checkpoint, policy_version=pool.policy_version, previous_version=previous,
+        paused=pool.paused, drained_seconds=drained - started, update_seconds=updated - drained,
+        total_seconds=updated - started, servers=servers, replaced=undo.replaced)
 
 
 async def undo_staged_update(engine: Engine) -> WeightUpdateReply:
@@ -165,15 +171,6 @@ def _swap(engine: Engine, request: WeightUpdateRequest, previous: int | str | No
         pool.add(url)
     for url in replaced:
         pool.remove(url)
-    staged = StagedUpdate(pool.checkpoint, added=[u for u in request.servers if u not in replaced_before],
-                          replaced=replaced)
-    pool.checkpoint = request.checkpoint
-    if request.resume:
-        pool.resume(request.policy_version)
-    else:
-        pool.staged = staged
-    updated = time.perf_counter()
-    return WeightUpdateReply(
-        checkpoint=request.checkpoint, policy_version=pool.policy_version, previous_version=previous,
-        paused=pool.paused, drained_seconds=drained - started, update_seconds=updated - drained,
-        total_seconds=updated - started, servers={url: {} for url in request.servers}, replaced=replaced)
+    undo = StagedUpdate(pool.checkpoint, added=[u for u in request.servers if u not in replaced_before],
+                        replaced=replaced)
+    return _commit(engine, request, undo, previous, started, drained, {url: {} for url in request.servers})
