@@ -1,5 +1,6 @@
 """The run's files: trajectories.jsonl (one line per trace), results.jsonl (SessionResults without trajectories),
-summary.md (a table per session plus totals), the resolved config and, for a datagen run, the SFT dataset.
+summary.md (a table per session plus totals and the token-fidelity line, :mod:`polar_gym.merge.fidelity`), the
+resolved config and, for a datagen run, the SFT dataset.
 
 Errors are reported by cause (a line per cause with its count, in the console and summary.md; ``error_cause`` on
 every line of results.jsonl), so a broken upstream is not mistaken for a policy that scores 0. The gateway's rule
@@ -21,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from polar_gym.merge.fidelity import Fidelity, run_fidelity
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
 
 if TYPE_CHECKING:
@@ -128,6 +130,10 @@ def summary_rows(outcomes: list[SessionOutcome]) -> list[list[str]]:
             for o in outcomes]
 
 
+def _fidelity(outcomes: list[SessionOutcome]) -> Fidelity:
+    return run_fidelity(o.result.trajectory for o in outcomes)
+
+
 def _totals(outcomes: list[SessionOutcome], wall: float) -> dict[str, Any]:
     rewards = [o.reward for o in outcomes if o.reward is not None]
     return {"sessions": len(outcomes),
@@ -137,7 +143,7 @@ def _totals(outcomes: list[SessionOutcome], wall: float) -> dict[str, Any]:
             "errors_by_cause": {cause: n for cause, (n, _) in errors_by_cause(outcomes).items()},
             "failed_model_calls": _failed_calls(outcomes)[0],
             "traces": sum(o.traces for o in outcomes), "completions": sum(o.completions for o in outcomes),
-            "wall_seconds": wall}
+            "wall_seconds": wall, "fidelity": _fidelity(outcomes).model_dump()}
 
 
 def _summary_md(outcomes: list[SessionOutcome], wall: float) -> str:
@@ -147,7 +153,8 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float) -> str:
     t = _totals(outcomes, wall)
     mean = "-" if t["mean_reward"] is None else f"{t['mean_reward']:.3f}"
     lines += [f"| **total** ({t['sessions']} sessions) | | | {t['completed']} completed, {t['errored']} errored "
-              f"| mean {mean} | {t['traces']} | {t['completions']} | {wall:.1f} wall |", ""]
+              f"| mean {mean} | {t['traces']} | {t['completions']} | {wall:.1f} wall |", "",
+              Fidelity.model_validate(t["fidelity"]).line(), ""]
     causes = errors_by_cause(outcomes)
     if causes:
         lines += ["## Errors by cause", "", "| cause | sessions | first reason |", "|---|---|---|"]
@@ -191,6 +198,9 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
     console.print(f"{totals['completed']}/{totals['sessions']} completed, mean reward "
                   f"{'-' if mean is None else f'{mean:.3f}'}, {totals['traces']} traces, "
                   f"{totals['completions']} completions in {totals['wall_seconds']:.1f}s; files in {out_dir}")
+    fidelity = Fidelity.model_validate(totals["fidelity"])
+    style = "bold red" if fidelity.not_contiguous else "default"
+    console.print(f"[{style}]{escape(fidelity.line())}[/]", highlight=False)
     causes = errors_by_cause(outcomes)
     if causes:
         console.print("errors by cause:")

@@ -111,7 +111,8 @@ class TraceBuilder:
             self.without_logprobs.append(rec.completion_id)
         self.records.append(rec)
         span = {"completion_id": rec.completion_id, "start": start, "end": len(self.response_ids),
-                "policy_version": rec.policy_version, "engine": rec.engine, "server": rec.server}
+                "policy_version": rec.policy_version, "engine": rec.engine, "server": rec.server,
+                "prompt_mode": rec.prompt_mode}
         if rec.unparseable_tool_calls:  # sampled tool calls the proxy answered as text: a trainer may mask the span
             span["unparseable_tool_calls"] = rec.unparseable_tool_calls
         self.spans.append(span)

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(out: Path, *overrides: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(results, capture records) of a launch on two demo tasks with the oracle drifting every second call."""
+    """(results, capture records) of a launch on two demo tasks with the oracle drifting every second call; its
+    fidelity line (summary.md and the console) says what results.jsonl says."""
     if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
         pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
     proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "tasks.ids=[demo-calc-add,demo-slugify]",
@@ -33,6 +34,19 @@ def launch(out: Path, *overrides: str) -> tuple[list[dict[str, Any]], list[dict[
     records = [json.loads(line) for path in sorted((out / "capture").glob("*/attempts/*/records.jsonl"))
                for line in path.read_text().splitlines()]
     assert len(records) == sum(r["completions"] for r in results)
+    breaks: dict[str, int] = {}
+    for r in results:
+        for cause, n in r["trajectory_diagnostics"]["breaks"].items():
+            breaks[cause] = breaks.get(cause, 0) + n
+    modes = {m: sum(r["prompt_mode"] == m for r in records) for m in {r["prompt_mode"] for r in records}}
+    trainable = sum(r["trajectory_diagnostics"]["trainable_tokens"] for r in results)
+    expected = (f"fidelity: {trainable} trainable", f"in {sum(r['traces'] for r in results)} traces",
+                "new chains by cause: " + (", ".join(f"{c} {n}" for c, n in sorted(breaks.items(),
+                                                                                 key=lambda x: -x[1])) or "none"),
+                "contiguity ok", "prompt mode " + ", ".join(f"{m} {n}" for m, n in modes.items()))
+    summary, console = (out / "summary.md").read_text(), " ".join((proc.stdout + proc.stderr).split())
+    for part in expected:
+        assert part in summary and part in console, (part, summary, console[-3000:])
     return results, records
 
 
