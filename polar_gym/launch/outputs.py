@@ -28,8 +28,8 @@ from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
 if TYPE_CHECKING:
     from polar_gym.launch.config import LaunchJob
 
-__all__ = ["INFRA_CAUSES", "SessionOutcome", "error_cause", "errors_by_cause", "finish", "print_summary",
-           "summary_rows", "write_outputs"]
+__all__ = ["INFRA_CAUSES", "HarnessFailure", "SessionOutcome", "error_cause", "errors_by_cause", "finish",
+           "harness_failures", "print_summary", "summary_rows", "write_outputs"]
 
 _FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
 #: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
@@ -79,6 +79,46 @@ def _failed_calls(outcomes: list[SessionOutcome]) -> tuple[int, int]:
         if isinstance(failures, dict):
             per.append(int(failures.get("failed", 0)))
     return sum(per), len(per)
+
+
+@dataclass(frozen=True)
+class HarnessFailure:
+    """A session whose harness did not exit cleanly (it may still have completed, scored 0): the harness's own
+    status and exit code, and the end of its stderr (``artifacts/harness.stderr`` in the session's folder)."""
+
+    outcome: SessionOutcome
+    status: str
+    exit_code: int | None
+    stderr_tail: str
+
+
+def harness_failures(outcomes: list[SessionOutcome], tail_bytes: int = 2000) -> list[HarnessFailure]:
+    """Every session whose harness failed, timed out or exited non-zero, with the tail of its stderr."""
+    out = []
+    for o in outcomes:
+        harness = o.result.metadata.get("harness")
+        if not isinstance(harness, dict):
+            continue
+        status, code = str(harness.get("status") or ""), harness.get("exit_code")
+        if status in ("", "ok", "completed") and code in (0, None):
+            continue
+        tail = ""
+        session_dir = o.result.metadata.get("session_dir")
+        if isinstance(session_dir, str):
+            path = Path(session_dir) / "artifacts" / "harness.stderr"
+            try:
+                with path.open("rb") as f:
+                    f.seek(max(0, path.stat().st_size - tail_bytes))
+                    tail = f.read().decode("utf-8", "replace")
+            except OSError:
+                tail = ""
+        out.append(HarnessFailure(o, status, code if isinstance(code, int) else None, tail))
+    return out
+
+
+def _last_lines(text: str, lines: int = 3, limit: int = 300) -> str:
+    kept = " / ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
+    return kept if len(kept) <= limit else "…" + kept[-(limit - 1):]
 
 
 def _excerpt(text: str, limit: int = 160) -> str:
@@ -164,6 +204,14 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float) -> str:
     if calls:
         lines += [f"{calls} model call(s) failed for infrastructure reasons, in {sessions} session(s); "
                   "see `model_call_failures` in results.jsonl.", ""]
+    failures = harness_failures(outcomes)
+    if failures:
+        lines += ["## Harness failures", "",
+                  "| task | sample | harness | status | exit code | session | stderr (end) |", "|" + "---|" * 7]
+        lines += [f"| {f.outcome.spec.task_id} | {f.outcome.spec.sample_index} | {f.outcome.spec.agent.harness} | "
+                  f"{f.status} | {'-' if f.exit_code is None else f.exit_code} | `{f.outcome.spec.session_id}` | "
+                  f"{_last_lines(f.stderr_tail).replace('|', '/') or '(empty)'} |" for f in failures]
+        lines.append("")
     problems = [o for o in outcomes if o.result.status is not SessionStatus.COMPLETED]
     if problems:
         lines += ["## Sessions that did not complete", ""]
@@ -211,6 +259,14 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
     calls, sessions = _failed_calls(outcomes)
     if calls:
         console.print(f"{calls} model call(s) failed for infrastructure reasons, in {sessions} session(s)")
+    failures = harness_failures(outcomes)
+    if failures:
+        console.print(f"[yellow]{len(failures)} session(s) whose harness failed[/] (summary.md lists them):")
+        for f in failures[:5]:
+            code = "" if f.exit_code is None else f" exit {f.exit_code}"
+            console.print(f"  {escape(f.outcome.spec.task_id)}#{f.outcome.spec.sample_index} "
+                          f"{f.outcome.spec.agent.harness}: {f.status}{code}; stderr: "
+                          f"{escape(_last_lines(f.stderr_tail, 2, 200)) or '(empty)'}", highlight=False)
 
 
 def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wall: float) -> int:

@@ -203,3 +203,26 @@ def test_ctrl_c_cancels_the_run_on_the_server_and_leaves_no_sandbox(tmp_path, st
     assert len(statuses) == 24 and "CANCELLED" in statuses, statuses
     assert all(flag == 1 for (flag,) in cancelled) or "COMPLETED" in statuses
     assert not {"REGISTERED", "RUNNING"} & set(statuses), statuses  # nothing left pending on the server
+
+
+@pytest.mark.slow
+def test_a_harness_that_fails_is_named_with_its_stderr_in_summary_and_console(tmp_path):
+    """A harness that exits non-zero leaves the session COMPLETED with reward 0: the run's summary.md and the
+    console say which harness failed, with its exit code and the end of its stderr (not only an artifact file)."""
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap is needed: run `bash scripts/setup.sh`")
+    out = tmp_path / "run"
+    command = "echo first-line >&2; echo 'harness broke | here' >&2; exit 3"
+    proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "+harness=shell",
+                           f'+harness.config.command="{command}"', "tasks.ids=[demo-calc-add]", f"out_dir={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (result,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert result["metadata"]["harness"]["exit_code"] == 3 and result["evaluation"]["reward"] == 0
+    summary = (out / "summary.md").read_text()
+    assert "## Harness failures" in summary
+    assert (f"| demo-calc-add | 0 | shell | failed | 3 | `{result['session_id']}` | first-line / harness broke / here |"
+            in summary)  # a | in stderr cannot break the table
+    console = " ".join(proc.stderr.split())
+    assert "1 session(s) whose harness failed" in console
+    assert "demo-calc-add#0 shell: failed exit 3; stderr: first-line / harness broke | here" in console
