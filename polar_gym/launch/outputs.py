@@ -186,11 +186,10 @@ def _totals(outcomes: list[SessionOutcome], wall: float) -> dict[str, Any]:
             "wall_seconds": wall, "fidelity": _fidelity(outcomes).model_dump()}
 
 
-def _summary_md(outcomes: list[SessionOutcome], wall: float) -> str:
+def _summary_md(outcomes: list[SessionOutcome], wall: float, t: dict[str, Any]) -> str:
     header = ["task", "sample", "harness", "status", "reward", "traces", "completions", "seconds"]
     lines = ["# polar_gym launch summary", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in summary_rows(outcomes)]
-    t = _totals(outcomes, wall)
     mean = "-" if t["mean_reward"] is None else f"{t['mean_reward']:.3f}"
     lines += [f"| **total** ({t['sessions']} sessions) | | | {t['completed']} completed, {t['errored']} errored "
               f"| mean {mean} | {t['traces']} | {t['completions']} | {wall:.1f} wall |", "",
@@ -230,8 +229,9 @@ def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float) ->
     with (out_dir / "results.jsonl").open("w") as f:
         for o in outcomes:
             f.write(_result_line(o) + "\n")
-    (out_dir / "summary.md").write_text(_summary_md(outcomes, wall))
-    return _totals(outcomes, wall)
+    totals = _totals(outcomes, wall)  # once: the fidelity totals walk every trace
+    (out_dir / "summary.md").write_text(_summary_md(outcomes, wall, totals))
+    return totals
 
 
 def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict[str, Any], out_dir: Path) -> None:

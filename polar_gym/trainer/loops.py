@@ -237,8 +237,9 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
 
 
 def _keep_traces(path: Path, results: Sequence[SessionResult], step: int) -> None:
-    """Append the step's traces to the run's trajectories.jsonl (one trace per line with its session, task, reward
-    and step), so ``python -m polar_gym.audit OUT_DIR --model VERSION=CHECKPOINT ...`` re-checks any step."""
+    """Append the step's traces to the run's trajectories.jsonl (one trace per line with its session, task, the
+    session's reward and the step, as a launch's trajectories.jsonl names them), so ``python -m polar_gym.audit
+    OUT_DIR --model VERSION=CHECKPOINT ...`` re-checks any step."""
     with path.open("a", encoding="utf-8") as f:
         for result in results:
             if result.trajectory is None:
@@ -246,7 +247,7 @@ def _keep_traces(path: Path, results: Sequence[SessionResult], step: int) -> Non
             reward = result.evaluation.reward if result.evaluation else None
             for line in trace_lines(result):
                 row = line.model_dump(mode="json")
-                f.write(json.dumps({**row, "task_id": result.task_id, "reward": reward, "step": step}) + "\n")
+                f.write(json.dumps({**row, "task_id": result.task_id, "session_reward": reward, "step": step}) + "\n")
 
 
 def _prune(folder: Path, keep: Path, every: int) -> None:

@@ -88,6 +88,12 @@ async def test_grpo_steps_push_versions_and_train_on_matching_logprobs(tmp_path:
     assert last == out / "checkpoints" / "step-3" and fleet.updates[-1][0] == str(last)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3"]  # older steps pruned
     assert (out / "train_metrics.svg").exists()
+    # every step's traces, for the audit CLI: the session's reward beside the trace's own (not written over it)
+    traces = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in traces] == [1] * 8 + [2] * 8 + [3] * 8
+    assert all(t["reward"] is None and t["session_reward"] == t["response_ids"].count(GOOD) for t in traces)
+    assert {t["task_id"] for t in traces} == {f"{name}-step{n}" for name in ("demo-calc-add", "demo-slugify")
+                                               for n in (1, 2, 3)}
 
 
 async def test_grpo_needs_a_weight_sync_unless_told_not_to_push(tmp_path: Path) -> None:
