@@ -117,7 +117,10 @@ def harness_failures(outcomes: list[SessionOutcome], tail_bytes: int = 2000) -> 
 
 
 def _last_lines(text: str, lines: int = 3, limit: int = 300) -> str:
+    """The last lines of what a harness wrote, on one line and printable only: the sandboxed agent writes it, and
+    terminal escape sequences must not reach the user's console."""
     kept = " / ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
+    kept = "".join(c if c.isprintable() else "\N{REPLACEMENT CHARACTER}" for c in kept)
     return kept if len(kept) <= limit else "…" + kept[-(limit - 1):]
 
 

@@ -212,7 +212,8 @@ def test_a_harness_that_fails_is_named_with_its_stderr_in_summary_and_console(tm
     if shutil.which("bwrap") is None:
         pytest.fail("bubblewrap is needed: run `bash scripts/setup.sh`")
     out = tmp_path / "run"
-    command = "echo first-line >&2; echo 'harness broke | here' >&2; exit 3"
+    # what the agent writes is hostile input: a terminal escape sequence must not reach the user's console
+    command = "echo first-line >&2; printf '\\033[2Jharness broke | here\\n' >&2; exit 3"
     proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "+harness=shell",
                            f'+harness.config.command="{command}"', "tasks.ids=[demo-calc-add]", f"out_dir={out}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
@@ -221,8 +222,9 @@ def test_a_harness_that_fails_is_named_with_its_stderr_in_summary_and_console(tm
     assert result["metadata"]["harness"]["exit_code"] == 3 and result["evaluation"]["reward"] == 0
     summary = (out / "summary.md").read_text()
     assert "## Harness failures" in summary
-    assert (f"| demo-calc-add | 0 | shell | failed | 3 | `{result['session_id']}` | first-line / harness broke / here |"
-            in summary)  # a | in stderr cannot break the table
+    assert (f"| demo-calc-add | 0 | shell | failed | 3 | `{result['session_id']}` | first-line / \ufffd[2Jharness "
+            "broke / here |" in summary)  # a | in stderr cannot break the table
     console = " ".join(proc.stderr.split())
     assert "1 session(s) whose harness failed" in console
-    assert "demo-calc-add#0 shell: failed exit 3; stderr: first-line / harness broke | here" in console
+    assert "demo-calc-add#0 shell: failed exit 3; stderr: first-line / \ufffd[2Jharness broke | here" in console
+    assert "\x1b[2J" not in proc.stderr + proc.stdout + summary

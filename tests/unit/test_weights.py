@@ -223,6 +223,7 @@ async def test_a_staged_update_is_undone_on_request():
     fleet = FakeFleet()
     service, client = vllm_proxy(fleet)
     assert (await client.post("/admin/weights/undo", headers=ADMIN)).status_code == 409  # nothing staged
+    assert (await client.post("/admin/weights/undo")).status_code == 401  # admin only
     assert (await update(client, resume=False)).status_code == 200
     fleet.calls.clear()
     undone = await client.post("/admin/weights/undo", headers=ADMIN)
