@@ -22,9 +22,10 @@ done
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
-# apt packages the tests use: bubblewrap for the local sandbox, gcc + libc6-dev to build its static relay helper
+# apt packages the tests use: bubblewrap for the local sandbox, gcc + libc6-dev to build its static relay helper,
+# chromium for the browser tests of report.html and the trace viewer (Playwright drives it; it cannot download its own)
 need_apt=()
-for pkg in git util-linux bubblewrap gcc libc6-dev; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+for pkg in git util-linux bubblewrap gcc libc6-dev chromium; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
 command -v npm >/dev/null || need_apt+=(nodejs npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
