@@ -1,5 +1,6 @@
 """The rollout server's HTTP app, assembled from the routers in polar_gym.server.routes (the API is listed there).
-Everything but /metrics, /health and the OpenAPI docs needs the admin token.
+Everything but /metrics, /health and the OpenAPI docs needs the admin token (the trace viewer under /view
+checks it itself, so a browser can use the HttpOnly cookie that ``/view/?token=`` hands out).
 
 Input is bounded before a route sees it (polar_gym.httpguard through polar_gym.web.install): the token is checked
 before the body is read, bodies are capped (``max_body_bytes``), validation errors quote only excerpts, query
@@ -25,6 +26,9 @@ from polar_gym.server.routes import (
     sessions_router,
     tasks_router,
 )
+from polar_gym.server.viewer import StoreViewSource
+from polar_gym.view.router import PREFIX as VIEW_PREFIX
+from polar_gym.view.router import ViewerAuth, viewer_router
 from polar_gym.web import error_response, install
 
 __all__ = ["OPEN_PATHS", "create_server_app"]
@@ -60,7 +64,10 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
     app.state.server = server
     for router in (tasks_router, sessions_router, gateways_router, backends_router, health_router):
         app.include_router(router)
-    install(app, TokenCheck(admin_token), needs_token=lambda method, path: path not in OPEN_PATHS,
+    # the trace viewer (GETs only): its routes check the admin token themselves, or the cookie ?token= hands out
+    app.include_router(viewer_router(StoreViewSource(server.store), ViewerAuth(TokenCheck(admin_token))))
+    install(app, TokenCheck(admin_token), needs_token=lambda method, path: path not in OPEN_PATHS and not (
+                method == "GET" and (path == VIEW_PREFIX or path.startswith(VIEW_PREFIX + "/"))),
             limit=lambda method, path: max_body_bytes)
     app.add_exception_handler(ServerError, _server_error)
     return app

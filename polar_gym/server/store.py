@@ -312,6 +312,29 @@ class Store:
         total = await self._q("SELECT COUNT(*) FROM tasks")
         return sessions, {"open": open_[0][0], "finished": total[0][0] - open_[0][0]}
 
+    # -- the trace viewer's reads (polar_gym.server.viewer): light columns, bounded pages ---------------------
+
+    _VIEW_COLUMNS = ("session_id, task_id, sample_index, status, reason, created, finished, "
+                     "json_extract(spec, '$.agent.harness') AS harness")
+
+    async def open_session_rows(self, limit: int) -> list[dict[str, Any]]:
+        """Sessions not finished yet, oldest first, without their specs' or results' bodies."""
+        rows = await self._q(f"SELECT {self._VIEW_COLUMNS} FROM sessions WHERE finished IS NULL "
+                             f"ORDER BY created LIMIT ?", limit)
+        return [dict(r) for r in rows]
+
+    async def finished_session_rows(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """Finished sessions with ``finished >= since`` in finishing order, with the few result fields a table
+        shows (SQLite reads them out of the stored JSON; a finished row never changes, so callers keep them)."""
+        rows = await self._q(
+            f"SELECT {self._VIEW_COLUMNS}, json_extract(result, '$.evaluation.reward') AS reward, "
+            "json_extract(result, '$.metadata.artifacts.error_cause') AS artifacts_cause, "
+            "json_array_length(result, '$.trajectory.traces') AS traces, "
+            "json_extract(result, '$.trajectory.diagnostics.completions') AS completions, "
+            "json_extract(result, '$.timings.total') AS seconds "
+            "FROM sessions WHERE finished IS NOT NULL AND finished >= ? ORDER BY finished LIMIT ?", since, limit)
+        return [dict(r) for r in rows]
+
     # -- gateways --------------------------------------------------------------------------------------------
 
     async def save_gateway(self, gw: GatewayRow) -> None:

@@ -1,0 +1,41 @@
+"""``python -m polar_gym.view OUT_DIR [--host 127.0.0.1] [--port N]``: serve the trace viewer of a run's folder
+and print its URL (see polar_gym.view.app)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["main", "parse_args"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m polar_gym.view", description="the trace viewer of a polar_gym run")
+    p.add_argument("out_dir", type=Path, help="a launch's out_dir (results.jsonl, trajectories.jsonl, capture/)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    p.add_argument("--port", type=int, default=8765, help="port (0: any free port)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer directory to decode ids (default: the run's, else "
+                                                  "the cached Qwen tokenizer)")
+    p.add_argument("--ids", action="store_true", help="show token ids, do not decode")
+    args = p.parse_args(argv)
+    if not (args.out_dir / "results.jsonl").is_file():
+        p.error(f"{args.out_dir} has no results.jsonl: give a launch's out_dir")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process glue
+    import asyncio
+
+    from polar_gym.view.serve import serve_forever
+
+    args = parse_args(argv)
+    try:
+        asyncio.run(serve_forever(args.out_dir, args.host, args.port, tokenizer=args.tokenizer, decode=not args.ids))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

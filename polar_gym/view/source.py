@@ -1,0 +1,182 @@
+"""Where the viewer reads a run from: a small protocol, and its implementation over a finished run's folder.
+
+``OutDirSource`` reads what ``launch`` wrote: results.jsonl (one row per session), trajectories.jsonl (one line per
+trace; indexed once by byte offset so opening a session reads only its own lines) and capture/ (the proxy's journal
+per session, read with polar_gym.journal, for per-call timings). Files are re-read when they change, so the viewer
+can be started while a run is still writing. The rollout server's implementation over its live store is in
+polar_gym.server.viewer (the server sits above this layer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from polar_gym.journal import ATTEMPTS_DIR, CURRENT_ATTEMPT, RECORDS_FILE, read_current_attempt, read_session
+from polar_gym.view.model import SessionData, session_row, valid_session_id
+from polar_gym.view.tokens import TokenText, find_tokenizer
+
+__all__ = ["OutDirSource", "ViewSource"]
+
+_HEAD = re.compile(rb'^\{"session_id": ?"((?:[^"\\]|\\.)*)"')
+
+
+class ViewSource(Protocol):
+    """What the viewer's routes read. Every method is a read; answers are bounded by the caller."""
+
+    #: shown in the page's header (the run's folder, or "live")
+    title: str
+
+    async def rows(self) -> list[dict[str, Any]]:
+        """Every session of the run as a table row (polar_gym.view.model.session_row)."""
+
+    async def session(self, session_id: str) -> SessionData | None:
+        """One session, or None when the run has no such session."""
+
+    def tokens(self) -> TokenText | None:
+        """The run's tokenizer, when one is known."""
+
+
+class _Cached:
+    """A file's parsed form, rebuilt when its size or mtime changes."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.value: Any = None
+
+
+def _stat_key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+class OutDirSource:
+    """A finished (or running) launch's out dir."""
+
+    def __init__(self, out_dir: str | Path, *, tokenizer: str | Path | None = None, decode: bool = True) -> None:
+        self.out_dir = Path(out_dir).resolve()
+        self.title = str(self.out_dir)
+        self._lock = threading.Lock()
+        self._results, self._index = _Cached(), _Cached()
+        self._tokens: TokenText | None = None
+        if decode:
+            found = Path(tokenizer) if tokenizer else find_tokenizer(self._configured_tokenizer())
+            self._tokens = TokenText(found) if found is not None else None
+
+    def _configured_tokenizer(self) -> str | None:
+        path = self.out_dir / "config.yaml"
+        if not path.is_file():
+            return None
+        try:
+            from omegaconf import OmegaConf
+
+            value = OmegaConf.select(OmegaConf.load(path), "inference.tokenizer", default=None)
+        except Exception:  # an unreadable config: the default tokenizer (or ids)
+            return None
+        return str(value) if value else None
+
+    def tokens(self) -> TokenText | None:
+        return self._tokens
+
+    # -- results.jsonl ------------------------------------------------------------------------------------------
+
+    def _read_results(self) -> dict[str, dict[str, Any]]:
+        path = self.out_dir / "results.jsonl"
+        key = _stat_key(path)
+        with self._lock:
+            if key is not None and key == self._results.key:
+                return dict(self._results.value)
+        results: dict[str, dict[str, Any]] = {}
+        if key is not None:
+            for line in path.read_bytes().splitlines():
+                try:
+                    data = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a torn last line of a run still writing
+                if isinstance(data, dict) and isinstance(data.get("session_id"), str):
+                    results[data["session_id"]] = data
+        with self._lock:
+            self._results.key, self._results.value = key, results
+        return results
+
+    async def rows(self) -> list[dict[str, Any]]:
+        results = await asyncio.to_thread(self._read_results)
+        return [session_row(r) for r in results.values()]
+
+    # -- trajectories.jsonl -------------------------------------------------------------------------------------
+
+    def _trace_index(self) -> tuple[Path, dict[str, list[tuple[int, int]]]]:
+        """session id -> (offset, length) of each of its trace lines, built in one pass over the file."""
+        path = self.out_dir / "trajectories.jsonl"
+        key = _stat_key(path)
+        with self._lock:
+            if key is not None and key == self._index.key:
+                return path, self._index.value
+        index: dict[str, list[tuple[int, int]]] = {}
+        if key is not None:
+            offset = 0
+            with path.open("rb") as fh:
+                for line in fh:
+                    match = _HEAD.match(line)
+                    if match:
+                        sid = orjson.loads(b'"' + match.group(1) + b'"')
+                    else:
+                        try:
+                            sid = orjson.loads(line).get("session_id")
+                        except (orjson.JSONDecodeError, AttributeError):
+                            sid = None
+                    if isinstance(sid, str):
+                        index.setdefault(sid, []).append((offset, len(line)))
+                    offset += len(line)
+        with self._lock:
+            self._index.key, self._index.value = key, index
+        return path, index
+
+    def _traces(self, session_id: str) -> list[dict[str, Any]]:
+        path, index = self._trace_index()
+        traces = []
+        with path.open("rb") as fh:
+            for offset, length in index.get(session_id, ()):
+                fh.seek(offset)
+                try:
+                    traces.append(orjson.loads(fh.read(length)))
+                except orjson.JSONDecodeError:
+                    continue
+        traces.sort(key=lambda t: t.get("trace_index", 0) if isinstance(t.get("trace_index"), int) else 0)
+        return traces
+
+    # -- capture/ -----------------------------------------------------------------------------------------------
+
+    def _calls(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's captured calls (its current dispatch attempt), without their token arrays' weight in
+        the answer: the routes need counts and timings."""
+        capture = self.out_dir / "capture"
+        session_dir = capture / session_id
+        if not session_dir.is_dir() or session_dir.resolve().parent != capture.resolve():
+            return []
+        attempt = read_current_attempt(session_dir) if (session_dir / CURRENT_ATTEMPT).exists() else None
+        if attempt is not None and not valid_session_id(attempt):
+            return []
+        stream = session_dir / ATTEMPTS_DIR / attempt if attempt else session_dir
+        if not (stream / RECORDS_FILE).is_file():
+            return []
+        return [record.model_dump(mode="json", exclude={"request", "normalized_request", "response"})
+                for record in read_session(stream)]
+
+    def _session(self, session_id: str) -> SessionData | None:
+        results = self._read_results()
+        row = results.get(session_id)
+        if row is None or not valid_session_id(session_id):
+            return None  # only ids the run itself names ever become paths
+        return SessionData(row=row, traces=self._traces(session_id), calls=self._calls(session_id))
+
+    async def session(self, session_id: str) -> SessionData | None:
+        return await asyncio.to_thread(self._session, session_id)

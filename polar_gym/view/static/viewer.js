@@ -1,0 +1,300 @@
+// polar_gym trace viewer. Run data (model output, tool output, task ids) is hostile: it is only ever inserted with
+// textContent / DOM properties, never as HTML. The page is served under a CSP with no inline script.
+"use strict";
+
+(function () {
+  const $ = (sel) => document.querySelector(sel);
+
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function fmt(value, digits) {
+    if (value === null || value === undefined) return "";
+    if (typeof value === "number") return digits === undefined ? String(value) : value.toFixed(digits);
+    return String(value);
+  }
+
+  function showError(message) {
+    const box = $("#error");
+    box.textContent = message;
+    box.hidden = !message;
+  }
+
+  async function getJSON(path) {
+    const resp = await fetch(path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!resp.ok) {
+      let message = resp.status + " " + resp.statusText;
+      try { message = (await resp.json()).error.message || message; } catch (e) { /* not JSON */ }
+      throw new Error(message);
+    }
+    return resp.json();
+  }
+
+  // -- the sessions table ----------------------------------------------------------------------------------------
+
+  const form = $("#filters");
+  let optionsFilled = false;
+
+  function fillSelect(name, values) {
+    const select = form.elements[name];
+    for (const value of values) {
+      const option = el("option", null, value);
+      option.value = value;
+      select.appendChild(option);
+    }
+  }
+
+  function query() {
+    const params = new URLSearchParams();
+    for (const name of ["status", "task", "harness", "cause", "reward", "reward_min", "reward_max"]) {
+      const value = form.elements[name].value.trim();
+      if (value !== "") params.set(name, value);
+    }
+    return params;
+  }
+
+  async function loadSessions() {
+    const params = query();
+    const data = await getJSON("api/sessions?" + params.toString());
+    if (!optionsFilled) {
+      fillSelect("status", data.options.status);
+      fillSelect("harness", data.options.harness);
+      fillSelect("cause", data.options.error_cause);
+      const list = $("#task-options");
+      for (const task of data.options.task_id) { const o = el("option"); o.value = task; list.appendChild(o); }
+      optionsFilled = true;
+    }
+    $("#count").textContent = data.matched + " of " + data.total + " sessions" +
+      (data.sessions.length < data.matched ? " (first " + data.sessions.length + " shown)" : "");
+    const body = $("#sessions tbody");
+    const rows = document.createDocumentFragment();
+    for (const s of data.sessions) {
+      const tr = el("tr");
+      tr.dataset.session = s.session_id;
+      const cells = [s.session_id, s.task_id, fmt(s.sample_index), s.harness, s.status, fmt(s.reward),
+        s.error_cause || "", fmt(s.traces), fmt(s.completions), fmt(s.seconds, 1)];
+      cells.forEach((text, i) => {
+        const td = el("td", i === 4 ? "status-" + s.status : null, text);
+        if (i === 6 && s.reason) td.title = s.reason;
+        tr.appendChild(td);
+      });
+      tr.addEventListener("click", () => { location.hash = "#/session/" + encodeURIComponent(s.session_id); });
+      rows.appendChild(tr);
+    }
+    body.replaceChildren(rows);
+  }
+
+  let pending = null;
+  function refilter() {
+    clearTimeout(pending);
+    pending = setTimeout(() => loadSessions().catch((e) => showError(e.message)), 150);
+  }
+  form.addEventListener("input", refilter);
+  form.addEventListener("change", refilter);
+  form.addEventListener("reset", () => setTimeout(refilter, 0));
+  form.addEventListener("submit", (e) => { e.preventDefault(); refilter(); });
+
+  // -- one session ------------------------------------------------------------------------------------------------
+
+  function fact(dl, name, value) {
+    if (value === null || value === undefined || value === "") return;
+    dl.appendChild(el("dt", null, name));
+    dl.appendChild(el("dd", null, typeof value === "string" ? value : JSON.stringify(value)));
+  }
+
+  function prettyArguments(raw) {
+    if (typeof raw !== "string") return JSON.stringify(raw, null, 2);
+    try { return JSON.stringify(JSON.parse(raw), null, 2); } catch (e) { return raw; }
+  }
+
+  function contentText(content) {
+    if (content === null || content === undefined) return "";
+    if (typeof content === "string") return content;
+    if (Array.isArray(content)) {
+      return content.map((part) => (part && typeof part.text === "string") ? part.text : JSON.stringify(part))
+        .join("\n");
+    }
+    return JSON.stringify(content);
+  }
+
+  function renderMessage(msg) {
+    const role = typeof msg.role === "string" ? msg.role : "?";
+    const box = el("div", "msg role-" + role.replace(/[^a-z_]/gi, ""));
+    const head = el("div");
+    head.appendChild(el("span", "role", role));
+    if (msg.tool_call_id) head.appendChild(el("span", "muted", " (" + msg.tool_call_id + ")"));
+    box.appendChild(head);
+    const reasoning = msg.reasoning_content || msg.reasoning;
+    if (reasoning) box.appendChild(el("pre", "reasoning", contentText(reasoning)));
+    const text = contentText(msg.content);
+    if (text) box.appendChild(el("pre", "content", text));
+    for (const call of (Array.isArray(msg.tool_calls) ? msg.tool_calls : [])) {
+      const fn = (call && call.function) || {};
+      const div = el("div", "tool-call");
+      div.appendChild(el("span", "name", "\u2192 " + (fn.name || "?") + "()"));
+      if (call.id) div.appendChild(el("span", "muted", "  " + call.id));
+      div.appendChild(el("pre", null, prettyArguments(fn.arguments)));
+      box.appendChild(div);
+    }
+    return box;
+  }
+
+  // The token stream: one span per token, built from the arrays into one fragment, then inserted once.
+  function renderTokens(container, data) {
+    const vocab = data.vocab;
+    const marks = new Map();
+    (data.spans || []).forEach((span, i) => {
+      if (typeof span.start === "number") marks.set(data.prompt_len + span.start, { i, span });
+    });
+    const frag = document.createDocumentFragment();
+    const ids = data.ids, mask = data.mask, logprobs = data.logprobs;
+    for (let i = 0; i < ids.length; i++) {
+      const mark = marks.get(i);
+      if (mark !== undefined) {
+        const m = el("span", "call-mark", "\u25b8");
+        m.title = "call " + mark.i + " " + (mark.span.completion_id || "") + " engine " + (mark.span.engine || "") +
+          " policy " + fmt(mark.span.policy_version) + " tokens " + mark.span.start + "-" + mark.span.end;
+        frag.appendChild(m);
+      }
+      const id = ids[i];
+      const span = document.createElement("span");
+      span.className = mask[i] === 1 ? "t m1" : "t m0";
+      const text = vocab ? vocab[id] : undefined;
+      span.textContent = text !== undefined ? text : id + " ";
+      const lp = logprobs[i];
+      span.title = "#" + i + " id " + id + " mask " + mask[i] + (lp === null || lp === undefined ? "" :
+        " logprob " + lp);
+      frag.appendChild(span);
+    }
+    container.replaceChildren(frag);
+  }
+
+  async function loadTokens(sessionId, index, container, button) {
+    button.disabled = true;
+    button.textContent = "loading tokens\u2026";
+    const data = await getJSON("api/sessions/" + encodeURIComponent(sessionId) + "/traces/" + index + "/tokens");
+    renderTokens(container, data);
+    container.hidden = false;
+    button.remove();
+  }
+
+  function renderTrace(sessionId, trace, auto) {
+    const box = el("section", "trace");
+    box.dataset.trace = trace.index;
+    const head = el("div", "chain-boundary");
+    head.appendChild(document.createTextNode("trace " + trace.index + " \u00b7 chain " + fmt(trace.chain) +
+      " \u00b7 started by: "));
+    head.appendChild(el("span", "cause", trace.chain_cause || "?"));
+    head.appendChild(el("span", "muted", "  (" + trace.prompt_tokens + " prompt + " + trace.response_tokens +
+      " response tokens, " + trace.trainable_tokens + " trainable; finish " + fmt(trace.finish_reason) +
+      "; reward " + fmt(trace.reward) + (trace.side_request ? "; side request" : "") + ")"));
+    box.appendChild(head);
+    const prompt = el("details", "prompt");
+    prompt.appendChild(el("summary", null, trace.prompt_messages.length + " prompt messages"));
+    box.appendChild(prompt);
+    let promptRendered = false;
+    prompt.addEventListener("toggle", () => {
+      if (promptRendered || !prompt.open) return;
+      promptRendered = true;
+      const frag = document.createDocumentFragment();
+      trace.prompt_messages.forEach((m) => frag.appendChild(renderMessage(m)));
+      prompt.appendChild(frag);
+    });
+    const responses = document.createDocumentFragment();
+    trace.response_messages.forEach((m) => responses.appendChild(renderMessage(m)));
+    box.appendChild(responses);
+    const tokens = el("div", "tokens");
+    tokens.hidden = true;
+    const button = el("button", "load", "show tokens");
+    button.type = "button";
+    button.addEventListener("click", () => loadTokens(sessionId, trace.index, tokens, button)
+      .catch((e) => showError(e.message)));
+    box.appendChild(button);
+    box.appendChild(tokens);
+    if (auto) loadTokens(sessionId, trace.index, tokens, button).catch((e) => showError(e.message));
+    return box;
+  }
+
+  function renderChains(container, data) {
+    const d = data.diagnostics || {};
+    const parts = [];
+    parts.push((d.chains !== undefined ? d.chains : data.traces.length) + " chain(s)");
+    const breaks = d.breaks || {};
+    const names = Object.keys(breaks);
+    parts.push(names.length ? "breaks: " + names.map((k) => k + " \u00d7" + JSON.stringify(breaks[k])).join(", ")
+      : "no breaks");
+    if (d.completions_merged !== undefined) parts.push(d.completions_merged + " completions merged");
+    if (d.rerender_merged) parts.push(d.rerender_merged + " merged over a re-rendering");
+    container.replaceChildren(el("p", null, parts.join("; ")));
+    const list = el("ul", "chain-list");
+    for (const t of data.traces) {
+      list.appendChild(el("li", null, "trace " + t.index + ": chain " + fmt(t.chain) + ", cause " +
+        (t.chain_cause || "?")));
+    }
+    container.appendChild(list);
+  }
+
+  async function openSession(sessionId) {
+    $("#sessions-view").hidden = true;
+    $("#session-view").hidden = false;
+    $("#session-title").textContent = sessionId;
+    $("#traces").replaceChildren();
+    const data = await getJSON("api/sessions/" + encodeURIComponent(sessionId));
+    const row = data.row;
+    $("#session-title").textContent = row.session_id + "  (" + row.status + ")";
+    const dl = $("#session-facts");
+    dl.replaceChildren();
+    fact(dl, "task", row.task_id + (row.sample_index !== null ? " #" + row.sample_index : ""));
+    fact(dl, "harness", row.harness);
+    fact(dl, "reward", fmt(row.reward));
+    fact(dl, "error cause", row.error_cause);
+    fact(dl, "reason", data.reason);
+    if (data.harness_run) fact(dl, "harness run", data.harness_run);
+    fact(dl, "timings (s)", Object.entries(data.timings).map(([k, v]) => k + " " + fmt(v, 3)).join(", "));
+    if (data.status_history.length) {
+      const t0 = data.status_history[0].at;
+      fact(dl, "status history", data.status_history.map((h) => h.status + " +" +
+        (typeof h.at === "number" ? (h.at - t0).toFixed(2) : "?") + "s").join(" \u2192 "));
+    }
+    renderChains($("#chains"), data);
+    const calls = document.createDocumentFragment();
+    for (const c of data.calls) {
+      const tr = el("tr");
+      [fmt(c.index), c.completion_id, fmt(c.trace), c.span ? c.span.join("\u2013") : "", c.engine, c.server,
+        c.policy_version === null || c.policy_version === undefined ? "none" : fmt(c.policy_version), c.prompt_mode, (c.status || "") + (c.error ? ": " + c.error : "") +
+        (c.side_request ? " (side)" : ""), fmt(c.offset_seconds, 3), fmt(c.upstream_seconds, 3),
+        fmt(c.total_seconds, 3), fmt(c.prompt_tokens), fmt(c.response_tokens)]
+        .forEach((text) => tr.appendChild(el("td", null, text)));
+      calls.appendChild(tr);
+    }
+    $("#calls tbody").replaceChildren(calls);
+    const traces = document.createDocumentFragment();
+    data.traces.forEach((t, i) => traces.appendChild(renderTrace(row.session_id, t, i === 0)));
+    $("#traces").replaceChildren(traces);
+  }
+
+  // -- routing ----------------------------------------------------------------------------------------------------
+
+  function route() {
+    showError("");
+    const match = location.hash.match(/^#\/session\/(.+)$/);
+    if (match) {
+      openSession(decodeURIComponent(match[1])).catch((e) => showError(e.message));
+    } else {
+      $("#session-view").hidden = true;
+      $("#sessions-view").hidden = false;
+      loadSessions().catch((e) => showError(e.message));
+    }
+  }
+
+  window.addEventListener("hashchange", route);
+  getJSON("api/run").then((run) => {
+    $("#run-title").textContent = run.title;
+    $("#run-tokenizer").textContent = run.tokenizer ? "tokens decoded with " + run.tokenizer : "token ids (no tokenizer)";
+  }).catch((e) => showError(e.message));
+  route();
+})();
