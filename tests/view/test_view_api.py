@@ -1,0 +1,180 @@
+"""The viewer's API over a run's folder written by hand (tests/view/_view_kit.py): filters, one session's payload and
+token arrays against trajectories.jsonl, per-call timings from the capture journal, security headers, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from polar_gym.view import SECURITY_HEADERS, OutDirSource, create_view_app, find_tokenizer
+from polar_gym.view.model import RowFilter, filter_rows, session_row
+from tests.view._view_kit import HOSTILE, make_session, write_run
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    sessions = [
+        make_session("s-a0", "calc", chains=2, turns=5, reward=1.0),
+        make_session("s-a1", "calc", reward=0.0, harness="codex", seed=1),
+        make_session("s-b0", "slugify", reward=0.5, seed=2),
+        make_session("s-err", "slugify", status="ERROR", reward=None, error_cause="upstream_unreachable",
+                     content="upstream_unreachable: refused", seed=3),
+        make_session("s-evil", "evil", content=HOSTILE, seed=4),
+    ]
+    return write_run(tmp_path / "run", sessions)
+
+
+@pytest.fixture
+def client(run: Path) -> TestClient:
+    return TestClient(create_view_app(OutDirSource(run, decode=False)), base_url="http://127.0.0.1")
+
+
+def _ids(answer: dict[str, Any]) -> set[str]:
+    return {row["session_id"] for row in answer["sessions"]}
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ("", {"s-a0", "s-a1", "s-b0", "s-err", "s-evil"}),
+    ("status=ERROR", {"s-err"}),
+    ("task=calc", {"s-a0", "s-a1"}),
+    ("task=slug&status=COMPLETED", {"s-b0"}),
+    ("harness=codex", {"s-a1"}),
+    ("cause=upstream_unreachable", {"s-err"}),
+    ("cause=none", {"s-a0", "s-a1", "s-b0", "s-evil"}),
+    ("reward=0.5", {"s-b0"}),
+    ("reward_min=0.5", {"s-a0", "s-b0", "s-evil"}),
+    ("reward_min=0.1&reward_max=0.9", {"s-b0"}),
+    ("reward_max=0", {"s-a1"}),
+])
+def test_filters(client: TestClient, query: str, expected: set[str]) -> None:
+    answer = client.get(f"/view/api/sessions?{query}").json()
+    assert _ids(answer) == expected
+    assert answer["total"] == 5 and answer["matched"] == len(expected)
+    assert answer["options"]["status"] == ["COMPLETED", "ERROR"]
+    assert answer["options"]["error_cause"] == ["none", "upstream_unreachable"]
+
+
+def test_rows_carry_counts_and_cause(client: TestClient) -> None:
+    rows = {r["session_id"]: r for r in client.get("/view/api/sessions").json()["sessions"]}
+    assert rows["s-a0"]["traces"] == 2 and rows["s-a0"]["completions"] == 5
+    assert rows["s-err"]["error_cause"] == "upstream_unreachable" and rows["s-err"]["reward"] is None
+    assert rows["s-err"]["reason"] == "run: upstream_unreachable: refused"
+
+
+def test_paging_is_bounded(client: TestClient) -> None:
+    answer = client.get("/view/api/sessions?limit=2&offset=1").json()
+    assert len(answer["sessions"]) == 2 and answer["matched"] == 5 and answer["offset"] == 1
+    assert client.get("/view/api/sessions?limit=100000").status_code == 422
+
+
+def test_session_payload_and_tokens_match_trajectories(client: TestClient, run: Path) -> None:
+    lines = [json.loads(x) for x in (run / "trajectories.jsonl").read_text().splitlines()]
+    traces = [t for t in lines if t["session_id"] == "s-a0"]
+    payload = client.get("/view/api/sessions/s-a0").json()
+    assert [t["chain"] for t in payload["traces"]] == [0, 1]
+    assert [t["chain_cause"] for t in payload["traces"]] == ["first", "drift"]
+    assert payload["diagnostics"]["breaks"] == {"drift": 1}
+    for i, trace in enumerate(traces):
+        tokens = client.get(f"/view/api/sessions/s-a0/traces/{i}/tokens").json()
+        n_prompt, n_resp = len(trace["prompt_ids"]), len(trace["response_ids"])
+        assert tokens["prompt_len"] == n_prompt
+        assert tokens["ids"] == trace["prompt_ids"] + trace["response_ids"]
+        assert len(tokens["ids"]) == len(tokens["mask"]) == len(tokens["logprobs"]) == n_prompt + n_resp
+        assert tokens["mask"] == [0] * n_prompt + trace["loss_mask"]
+        assert tokens["logprobs"][n_prompt:] == trace["response_logprobs"]
+        assert tokens["vocab"] is None  # decode=False: the page shows ids
+    # per-call rows: the journal's timings joined with the spans that hold each call's tokens
+    calls = payload["calls"]
+    assert len(calls) == 5 and [c["index"] for c in calls] == [0, 1, 2, 3, 4]
+    assert [c["trace"] for c in calls] == [0, 0, 0, 1, 1]
+    assert [c["policy_version"] for c in calls] == [0, 0, 0, 1, 1]
+    assert calls[1]["offset_seconds"] == 1.0 and calls[1]["upstream_seconds"] == 0.02
+    assert calls[0]["span"] == [0, 40] and calls[0]["engine"] == "oracle"
+    assert calls[0]["response_tokens"] == 40
+
+
+def test_calls_without_a_journal_come_from_the_spans(client: TestClient, run: Path) -> None:
+    import shutil
+
+    shutil.rmtree(run / "capture" / "s-a1")
+    calls = client.get("/view/api/sessions/s-a1").json()["calls"]
+    assert len(calls) == 3 and all(c["upstream_seconds"] is None and c["engine"] == "oracle" for c in calls)
+
+
+def test_hostile_content_is_data(client: TestClient) -> None:
+    payload = client.get("/view/api/sessions/s-evil").json()
+    assert payload["traces"][0]["response_messages"][-1]["content"] == HOSTILE
+
+
+@pytest.mark.parametrize("path", [
+    "/view/api/sessions/nope", "/view/api/sessions/..%2F..%2Fetc%2Fpasswd", "/view/api/sessions/..",
+    "/view/api/sessions/%2E%2E", "/view/api/sessions/s-a0/traces/7/tokens", "/view/api/sessions/s-a0/traces/-1/tokens",
+    "/view/static/..%2Fmodel.py", "/view/static/index.html", "/view/api/sessions/.hidden",
+])
+def test_unknown_and_traversal_ids_are_404(client: TestClient, path: str) -> None:
+    resp = client.get(path)
+    assert resp.status_code == 404, (path, resp.text)
+    assert resp.headers["content-security-policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+
+
+def test_an_id_that_names_a_path_is_refused_even_if_the_run_lists_it(tmp_path: Path) -> None:
+    """A results.jsonl is data too: an id like ``../x`` never becomes a path, whatever the file says."""
+    evil = make_session("../../outside", "t")
+    run = write_run(tmp_path / "run", [make_session("ok", "t")])
+    (run / "results.jsonl").write_text((run / "results.jsonl").read_text() + json.dumps(evil.result) + "\n")
+    client = TestClient(create_view_app(run), base_url="http://127.0.0.1")
+    assert client.get("/view/api/sessions/..%2F..%2Foutside").status_code == 404
+    assert client.get("/view/api/sessions/ok").status_code == 200
+
+
+def test_page_and_assets_carry_the_security_headers(client: TestClient) -> None:
+    for path, kind in [("/view/", "text/html"), ("/view/static/viewer.js", "text/javascript"),
+                       ("/view/static/viewer.css", "text/css"), ("/view/api/run", "application/json")]:
+        resp = client.get(path)
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith(kind)
+        for name, value in SECURITY_HEADERS.items():
+            assert resp.headers[name] == value
+    csp = SECURITY_HEADERS["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "default-src 'none'" in csp
+    page = client.get("/view/").text
+    assert "<script>" not in page and 'src="static/viewer.js"' in page  # no inline script
+    assert client.get("/", follow_redirects=False).headers["location"] == "/view/"
+
+
+def test_a_foreign_host_header_is_refused(run: Path) -> None:
+    """DNS re-binding: a page of another site resolving its name to 127.0.0.1 gets nothing."""
+    client = TestClient(create_view_app(run), base_url="http://attacker.example")
+    assert client.get("/view/api/sessions").status_code == 400
+    assert TestClient(create_view_app(run), base_url="http://localhost:8765").get("/view/").status_code == 200
+
+
+def test_no_method_but_get_and_no_body(client: TestClient) -> None:
+    assert client.post("/view/api/sessions", content=b"x").status_code in (405, 413)
+
+
+def test_tokens_are_decoded_with_the_run_tokenizer(run: Path) -> None:
+    if find_tokenizer(None) is None:
+        pytest.skip("the cached Qwen tokenizer is not built (scripts/setup.sh builds it)")
+    client = TestClient(create_view_app(OutDirSource(run)), base_url="http://127.0.0.1")
+    assert client.get("/view/api/run").json()["tokenizer"]
+    tokens = client.get("/view/api/sessions/s-b0/traces/0/tokens").json()
+    assert set(tokens["vocab"]) == {str(i) for i in tokens["ids"]}
+    assert all(isinstance(v, str) and v for v in tokens["vocab"].values())
+
+
+def test_reread_when_the_run_grows(run: Path, client: TestClient) -> None:
+    assert client.get("/view/api/sessions").json()["total"] == 5
+    write_run(run, [make_session("s-new", "later", seed=9)])  # a new results.jsonl (launch rewrites it)
+    assert _ids(client.get("/view/api/sessions").json()) == {"s-new"}
+    assert client.get("/view/api/sessions/s-new/traces/0/tokens").status_code == 200
+
+
+def test_row_filter_units() -> None:
+    rows = [session_row(make_session(f"s{i}", reward=r).result) for i, r in enumerate([0.0, 0.25, 1.0, None])]
+    assert [r["session_id"] for r in filter_rows(rows, RowFilter(reward_min=0.2))["sessions"]] == ["s1", "s2"]
+    assert filter_rows(rows, RowFilter())["matched"] == 4
+    assert filter_rows(rows, RowFilter(reward=1.0))["matched"] == 1
