@@ -211,12 +211,12 @@ def session_payload(data: SessionData) -> dict[str, Any]:
 
 def trace_tokens(trace: dict[str, Any], vocab: dict[int, str] | None) -> dict[str, Any]:
     """One trace's token stream: prompt then response ids, the mask over all of them (the prompt is 0), the
-    response's logprobs aligned to it (null where absent), and the text of each distinct id when a tokenizer is
-    known."""
+    response's logprobs aligned to it (null where absent; the wire's ``{token, token_id, logprob}`` or floats),
+    and the text of each distinct id when a tokenizer is known."""
     prompt = list(trace.get("prompt_ids") or ())
     response = list(trace.get("response_ids") or ())
     mask = list(trace.get("loss_mask") or ())
-    logprobs = list(trace.get("response_logprobs") or ())
+    logprobs = [x.get("logprob") if isinstance(x, dict) else x for x in trace.get("response_logprobs") or ()]
     ids = prompt + response
     out = {"prompt_len": len(prompt), "ids": ids, "mask": [0] * len(prompt) + mask,
            "logprobs": [None] * len(prompt) + [_number(x) for x in logprobs]

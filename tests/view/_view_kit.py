@@ -87,7 +87,9 @@ def make_session(session_id: str, task_id: str = "task-a", *, turns: int = 3, ch
         traces.append({
             "session_id": session_id, "task_id": task_id, "sample_index": 0, "harness": harness,
             "builder": "prefix_merging", "status": status, "session_reward": reward, "trace_index": chain,
-            "prompt_ids": prompt, "response_ids": response, "loss_mask": mask, "response_logprobs": logprobs,
+            "prompt_ids": prompt, "response_ids": response, "loss_mask": mask,
+            "response_logprobs": [{"token": None, "token_id": i, "logprob": lp} for i, lp in zip(response, logprobs,
+                                                                                                   strict=True)],
             "prompt_messages": [{"role": "system", "content": "you are a test"},
                                 {"role": "user", "content": f"task {task_id}"}],
             "response_messages": messages, "tools": [], "finish_reason": "stop", "reward": reward,
@@ -144,16 +146,19 @@ def _listening(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def running_viewer(out_dir: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+def running_viewer(out_dir: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``python -m polar_gym.view OUT_DIR`` on a free loopback port; yields (page URL, process) once it listens."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "polar_gym.view", str(out_dir), "--port", str(port), *extra],
-                            cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log = out_dir.parent / f"viewer-{port}.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "polar_gym.view", str(out_dir), "--port", str(port), *extra],
+                                cwd=_ROOT, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ,
+                                                                                      "PYTHONUNBUFFERED": "1"})
     try:
         until_sync(lambda: proc.poll() is not None or _listening(port), timeout=60, what="the viewer to listen")
         if proc.poll() is not None:
-            raise AssertionError(f"the viewer exited: {proc.stdout.read() if proc.stdout else ''}")
+            raise AssertionError(f"the viewer exited: {log.read_text()[-3000:]}")
+        until_sync(lambda: "http://127.0.0.1" in log.read_text(), timeout=10, what="the viewer to print its URL")
         yield f"http://127.0.0.1:{port}/view/", proc
     finally:
         proc.terminate()

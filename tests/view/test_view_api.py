@@ -85,7 +85,7 @@ def test_session_payload_and_tokens_match_trajectories(client: TestClient, run: 
         assert tokens["ids"] == trace["prompt_ids"] + trace["response_ids"]
         assert len(tokens["ids"]) == len(tokens["mask"]) == len(tokens["logprobs"]) == n_prompt + n_resp
         assert tokens["mask"] == [0] * n_prompt + trace["loss_mask"]
-        assert tokens["logprobs"][n_prompt:] == trace["response_logprobs"]
+        assert tokens["logprobs"][n_prompt:] == [x["logprob"] for x in trace["response_logprobs"]]
         assert tokens["vocab"] is None  # decode=False: the page shows ids
     # per-call rows: the journal's timings joined with the spans that hold each call's tokens
     calls = payload["calls"]

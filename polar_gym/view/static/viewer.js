@@ -171,15 +171,18 @@
       frag.appendChild(span);
     }
     container.replaceChildren(frag);
+    return container.querySelectorAll(".t")[data.prompt_len] || null;
   }
 
   async function loadTokens(sessionId, index, container, button) {
     button.disabled = true;
     button.textContent = "loading tokens\u2026";
     const data = await getJSON("api/sessions/" + encodeURIComponent(sessionId) + "/traces/" + index + "/tokens");
-    renderTokens(container, data);
+    const firstResponse = renderTokens(container, data);
     container.hidden = false;
     button.remove();
+    // the prompt is long and the same in every trace: start the view where this trace's response starts
+    if (firstResponse) container.scrollTop = Math.max(0, firstResponse.offsetTop - container.offsetTop - 40);
   }
 
   function renderTrace(sessionId, trace, auto) {

@@ -1,0 +1,107 @@
+"""The viewer in real headless Chromium, served by ``python -m polar_gym.view OUT_DIR`` as a user starts it: a run
+written by hand with hostile content (it must stay text), and a real launch (slow) whose drift breaks chains."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._browser import chromium_or_skip, open_page
+from tests.view._view_kit import HOSTILE, make_session, running_viewer, write_run
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINABLE, MASKED = "rgb(170, 230, 170)", "rgb(226, 226, 236)"
+
+
+def _open_session(page: Any, session_id: str) -> None:
+    page.wait_for_selector("#sessions tbody tr")
+    page.click(f'#sessions tbody tr[data-session="{session_id}"]')
+    page.wait_for_selector(".trace .tokens .t")
+
+
+def test_hostile_content_shows_as_text(tmp_path: Path) -> None:
+    chromium_or_skip()
+    run = write_run(tmp_path / "run", [make_session("ok-0", "calm"),
+                                       make_session("evil-0", HOSTILE, content=HOSTILE, turns=2)])
+    with running_viewer(run, "--ids") as (url, _), open_page(url) as browser:
+        page = browser.page
+        page.wait_for_selector("#sessions tbody tr")
+        assert page.locator("#sessions tbody tr").count() == 2
+        _open_session(page, "evil-0")
+        shown = page.locator("#traces").inner_text()
+        assert HOSTILE in shown  # the markup is on screen, literally
+        assert page.locator("#traces img, #traces script, #sessions img").count() == 0
+        assert page.evaluate("window.__pwned") is None
+        assert browser.problems == []
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A real launch (oracle engine, pi CLI, the demo tasks) whose oracle drifts every other call in chat prompt
+    mode, so the prefix-merging builder starts new chains on ``drift``."""
+    out = tmp_path_factory.mktemp("launch") / "out"
+    proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", f"out_dir={out}", "num_samples=1",
+                           "inference.drift_every=2", "inference.prompt_mode=chat", "launcher.progress=false"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    yield out
+
+
+def _drifted(out: Path) -> tuple[str, list[dict[str, Any]]]:
+    """A session whose traces include a chain started by drift, and its trajectories.jsonl lines."""
+    traces = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    for t in traces:
+        if t["metadata"].get("chain_cause") == "drift":
+            return t["session_id"], [x for x in traces if x["session_id"] == t["session_id"]]
+    raise AssertionError("the launch made no drift chain")
+
+
+@pytest.mark.slow
+def test_viewer_on_a_real_launch(launched: Path) -> None:
+    chromium_or_skip()
+    session_id, traces = _drifted(launched)
+    results = [json.loads(line) for line in (launched / "results.jsonl").read_text().splitlines()]
+    task_id = next(r["task_id"] for r in results if r["session_id"] == session_id)
+    with running_viewer(launched) as (url, _), open_page(url) as browser:
+        page = browser.page
+        page.wait_for_selector("#sessions tbody tr")
+        assert page.locator("#sessions tbody tr").count() == len(results)
+        browser.screenshot("viewer-sessions")
+        # a filter: the table keeps only the sessions of one task
+        page.select_option("#filters select[name=status]", "COMPLETED")
+        page.fill("#filters input[name=task]", task_id)
+        page.wait_for_function("n => document.querySelectorAll('#sessions tbody tr').length === n",
+                               arg=sum(1 for r in results if r["task_id"] == task_id and r["status"] == "COMPLETED"))
+        assert set(page.locator("#sessions tbody tr td:nth-child(2)").all_inner_texts()) == {task_id}
+        _open_session(page, session_id)
+        # the token stream: a trainable and a masked token in their colours, the logprob on hover
+        first = traces[0]
+        n_prompt = len(first["prompt_ids"])
+        j = first["loss_mask"].index(1)
+        tokens = page.locator(".trace[data-trace='0'] .tokens .t")
+        assert tokens.count() == n_prompt + len(first["response_ids"])
+        trainable, masked = tokens.nth(n_prompt + j), tokens.nth(0)
+        assert trainable.evaluate("e => getComputedStyle(e).backgroundColor") == TRAINABLE
+        assert masked.evaluate("e => getComputedStyle(e).backgroundColor") == MASKED
+        title = trainable.get_attribute("title") or ""
+        assert f"id {first['response_ids'][j]} " in title and "mask 1" in title
+        expected = first["response_logprobs"][j]["logprob"]
+        assert float(title.rsplit("logprob ", 1)[1]) == pytest.approx(expected, abs=1e-12)
+        assert "logprob" not in (masked.get_attribute("title") or "")  # the prompt has no logprobs
+        # the token text is decoded with the run's tokenizer, not shown as ids
+        assert page.locator("#run-tokenizer").inner_text().startswith("tokens decoded with")
+        # chain boundaries with their causes
+        boundaries = page.locator(".chain-boundary").all_inner_texts()
+        assert len(boundaries) == len(traces) and any("drift" in b for b in boundaries)
+        # per-call timings, engine and policy version
+        assert page.locator("#calls tbody tr").count() >= len(traces)
+        assert "oracle" in page.locator("#calls tbody tr").first.inner_text()
+        page.locator(".tool-call").first.wait_for()
+        browser.screenshot("viewer-session")
+        assert browser.problems == []
