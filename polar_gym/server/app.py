@@ -26,7 +26,7 @@ from polar_gym.server.routes import (
     sessions_router,
     tasks_router,
 )
-from polar_gym.server.viewer import StoreViewSource
+from polar_gym.server.viewer import lazy_source
 from polar_gym.view.router import PREFIX as VIEW_PREFIX
 from polar_gym.view.router import ViewerAuth, viewer_router
 from polar_gym.web import error_response, install
@@ -65,7 +65,7 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
     for router in (tasks_router, sessions_router, gateways_router, backends_router, health_router):
         app.include_router(router)
     # the trace viewer (GETs only): its routes check the admin token themselves, or the cookie ?token= hands out
-    app.include_router(viewer_router(StoreViewSource(server.store), ViewerAuth(TokenCheck(admin_token))))
+    app.include_router(viewer_router(lazy_source(lambda: server.store), ViewerAuth(TokenCheck(admin_token))))
     install(app, TokenCheck(admin_token), needs_token=lambda method, path: path not in OPEN_PATHS and not (
                 method == "GET" and (path == VIEW_PREFIX or path.startswith(VIEW_PREFIX + "/"))),
             limit=lambda method, path: max_body_bytes)

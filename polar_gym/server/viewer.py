@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Any
 
 from polar_gym.server.store import SessionRow, Store
 from polar_gym.view.model import SessionData, session_row
 from polar_gym.view.tokens import TokenText, find_tokenizer
 
-__all__ = ["StoreViewSource"]
+__all__ = ["StoreViewSource", "lazy_source"]
 
 _PAGE = 500
 _OPENED = 8
@@ -102,3 +103,15 @@ class StoreViewSource:
             while len(self._opened) > _OPENED:
                 self._opened.popitem(last=False)
         return data
+
+
+def lazy_source(store: Callable[[], Store]) -> Callable[[], StoreViewSource]:
+    """The source made at the first viewer request (an app is built before its server has started)."""
+    made: list[StoreViewSource] = []
+
+    def get() -> StoreViewSource:
+        if not made:
+            made.append(StoreViewSource(store()))
+        return made[0]
+
+    return get

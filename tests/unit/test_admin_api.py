@@ -63,7 +63,10 @@ _PROXY_PUBLIC = _DOCS | {"/v1/messages", "/v1/chat/completions", "/chat/completi
 #: routes that do not need the admin token, on purpose
 PUBLIC = {
     "proxy": _PROXY_PUBLIC,
-    "server": set(OPEN_PATHS),
+    # the trace viewer checks the admin token or its cookie in the route (tests/view/test_view_server.py)
+    "server": set(OPEN_PATHS) | {"/view", "/view/", "/view/static/{name}", "/view/api/run", "/view/api/sessions",
+                                 "/view/api/sessions/{session_id}",
+                                 "/view/api/sessions/{session_id}/traces/{index}/tokens"},
     "gateway": _PROXY_PUBLIC | {"/gateway/health", "/metrics", "/sessions/{session_id}",
                                 "/sessions/{session_id}/result"},
 }
