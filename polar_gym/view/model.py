@@ -160,7 +160,7 @@ def call_rows(traces: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list
             "engine": call.get("engine"), "server": call.get("server"), "policy_version": call.get("policy_version"),
             "prompt_mode": call.get("prompt_mode"), "side_request": bool(call.get("side_request")),
             "status": call.get("status", "ok"), "error": call.get("error"), "finish_reason": call.get("finish_reason"),
-            "prompt_tokens": len(call.get("prompt_ids") or ()), "response_tokens": len(call.get("response_ids") or ()),
+            "prompt_tokens": call.get("prompt_tokens"), "response_tokens": call.get("response_tokens"),
             "offset_seconds": None if started is None or t0 is None else round(started - t0, 4),
             "upstream_seconds": _number(call.get("upstream_seconds")),
             "total_seconds": _number(call.get("total_seconds"))})

@@ -25,6 +25,9 @@ async def serve_forever(out_dir: Path, host: str, port: int, *, tokenizer: Path 
         from polar_gym.serving import free_port
 
         port = free_port(host)
+    tokens = source.tokens()
+    if tokens is not None:
+        await asyncio.to_thread(tokens.texts, [])  # load it now: the first session opened should not wait for it
     async with serving(app, host, port):
         print(f"polar_gym viewer of {source.title}: http://{url_host(host)}:{port}{PREFIX}/", flush=True)
         await asyncio.Event().wait()

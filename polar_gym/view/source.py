@@ -17,12 +17,14 @@ from typing import Any, Protocol
 
 import orjson
 
-from polar_gym.journal import ATTEMPTS_DIR, CURRENT_ATTEMPT, RECORDS_FILE, read_current_attempt, read_session
+from polar_gym.journal import ATTEMPTS_DIR, CURRENT_ATTEMPT, RECORDS_FILE, read_current_attempt, read_file
 from polar_gym.view.model import SessionData, session_row, valid_session_id
 from polar_gym.view.tokens import TokenText, find_tokenizer
 
 __all__ = ["OutDirSource", "ViewSource"]
 
+#: record fields the viewer leaves out: the request and response bodies, and the token arrays (counted instead)
+_HEAVY = frozenset({"request", "normalized_request", "response", "prompt_ids", "response_ids", "response_logprobs"})
 _HEAD = re.compile(rb'^\{"session_id": ?"((?:[^"\\]|\\.)*)"')
 
 
@@ -40,6 +42,14 @@ class ViewSource(Protocol):
 
     def tokens(self) -> TokenText | None:
         """The run's tokenizer, when one is known."""
+
+
+def _count(field: Any) -> int:
+    """Tokens in a journal record's token field: a reference ``{keep, len}`` (the first ``keep`` tokens are shared
+    with an earlier record, ``len`` are stored here) or, from an older writer, the list itself."""
+    if isinstance(field, dict):
+        return int(field.get("keep", 0) or 0) + int(field.get("len", 0) or 0)
+    return len(field) if isinstance(field, list) else 0
 
 
 class _Cached:
@@ -156,8 +166,9 @@ class OutDirSource:
     # -- capture/ -----------------------------------------------------------------------------------------------
 
     def _calls(self, session_id: str) -> list[dict[str, Any]]:
-        """The session's captured calls (its current dispatch attempt), without their token arrays' weight in
-        the answer: the routes need counts and timings."""
+        """The session's captured calls (its current dispatch attempt): every field but the bodies and the token
+        arrays, which the page does not need (a count each). Read from the journal's record lines without
+        rebuilding the prompts: a 200-turn session's prompts are millions of ids."""
         capture = self.out_dir / "capture"
         session_dir = capture / session_id
         if not session_dir.is_dir() or session_dir.resolve().parent != capture.resolve():
@@ -166,10 +177,19 @@ class OutDirSource:
         if attempt is not None and not valid_session_id(attempt):
             return []
         stream = session_dir / ATTEMPTS_DIR / attempt if attempt else session_dir
-        if not (stream / RECORDS_FILE).is_file():
-            return []
-        return [record.model_dump(mode="json", exclude={"request", "normalized_request", "response"})
-                for record in read_session(stream)]
+        calls = []
+        for line in read_file(stream / RECORDS_FILE).splitlines():
+            try:
+                data = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                break  # a torn last line: the journal's own reader stops there too
+            if not isinstance(data, dict):
+                continue
+            call = {k: v for k, v in data.items() if k not in _HEAVY}
+            call["prompt_tokens"], call["response_tokens"] = _count(data.get("prompt_ids")), _count(
+                data.get("response_ids"))
+            calls.append(call)
+        return calls
 
     def _session(self, session_id: str) -> SessionData | None:
         results = self._read_results()

@@ -94,7 +94,8 @@ def test_session_payload_and_tokens_match_trajectories(client: TestClient, run: 
     assert [c["policy_version"] for c in calls] == [0, 0, 0, 1, 1]
     assert calls[1]["offset_seconds"] == 1.0 and calls[1]["upstream_seconds"] == 0.02
     assert calls[0]["span"] == [0, 40] and calls[0]["engine"] == "oracle"
-    assert calls[0]["response_tokens"] == 40
+    assert calls[0]["response_tokens"] == 40 and calls[0]["prompt_tokens"] == 60
+    assert calls[1]["prompt_tokens"] == 60 + 40 + 40  # the journal shares the prompt prefix: counted, not rebuilt
 
 
 def test_calls_without_a_journal_come_from_the_spans(client: TestClient, run: Path) -> None:

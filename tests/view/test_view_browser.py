@@ -89,10 +89,13 @@ def test_viewer_on_a_real_launch(launched: Path) -> None:
         trainable, masked = tokens.nth(n_prompt + j), tokens.nth(0)
         assert trainable.evaluate("e => getComputedStyle(e).backgroundColor") == TRAINABLE
         assert masked.evaluate("e => getComputedStyle(e).backgroundColor") == MASKED
+        trainable.hover()
         title = trainable.get_attribute("title") or ""
         assert f"id {first['response_ids'][j]} " in title and "mask 1" in title
         expected = first["response_logprobs"][j]["logprob"]
         assert float(title.rsplit("logprob ", 1)[1]) == pytest.approx(expected, abs=1e-12)
+        masked.hover()
+        assert "mask 0" in (masked.get_attribute("title") or "")
         assert "logprob" not in (masked.get_attribute("title") or "")  # the prompt has no logprobs
         # the token text is decoded with the run's tokenizer, not shown as ids
         assert page.locator("#run-tokenizer").inner_text().startswith("tokens decoded with")

@@ -143,35 +143,57 @@
     return box;
   }
 
-  // The token stream: one span per token, built from the arrays into one fragment, then inserted once.
+  // The token stream: one span per token, built from the arrays into one fragment, then inserted once. A token's
+  // title (id, mask, logprob) is set when the pointer first reaches it: 40k title strings up front cost more than
+  // the whole rest of the render.
+  function tokenTitle(data, i) {
+    const lp = data.logprobs[i];
+    return "#" + i + " id " + data.ids[i] + " mask " + data.mask[i] +
+      (lp === null || lp === undefined ? "" : " logprob " + lp);
+  }
+
   function renderTokens(container, data) {
     const vocab = data.vocab;
     const marks = new Map();
     (data.spans || []).forEach((span, i) => {
       if (typeof span.start === "number") marks.set(data.prompt_len + span.start, { i, span });
     });
+    // Tokens go in blocks of a few hundred, each cut after a token that ends a line (so the text flows as one),
+    // and styled content-visibility: auto: the browser lays out and paints only the blocks on screen.
     const frag = document.createDocumentFragment();
-    const ids = data.ids, mask = data.mask, logprobs = data.logprobs;
+    const ids = data.ids, mask = data.mask;
+    let firstResponse = null;
+    let chunk = el("div", "chunk"), inChunk = 0;
+    frag.appendChild(chunk);
     for (let i = 0; i < ids.length; i++) {
       const mark = marks.get(i);
       if (mark !== undefined) {
         const m = el("span", "call-mark", "\u25b8");
         m.title = "call " + mark.i + " " + (mark.span.completion_id || "") + " engine " + (mark.span.engine || "") +
           " policy " + fmt(mark.span.policy_version) + " tokens " + mark.span.start + "-" + mark.span.end;
-        frag.appendChild(m);
+        chunk.appendChild(m);
       }
       const id = ids[i];
       const span = document.createElement("span");
       span.className = mask[i] === 1 ? "t m1" : "t m0";
       const text = vocab ? vocab[id] : undefined;
       span.textContent = text !== undefined ? text : id + " ";
-      const lp = logprobs[i];
-      span.title = "#" + i + " id " + id + " mask " + mask[i] + (lp === null || lp === undefined ? "" :
-        " logprob " + lp);
-      frag.appendChild(span);
+      span.tokenIndex = i;
+      if (i === data.prompt_len) firstResponse = span;
+      chunk.appendChild(span);
+      inChunk++;
+      if ((inChunk >= 400 && span.textContent.endsWith("\n")) || inChunk >= 2000) {
+        chunk = el("div", "chunk");
+        frag.appendChild(chunk);
+        inChunk = 0;
+      }
     }
+    container.onmouseover = (event) => {
+      const target = event.target;
+      if (target.tokenIndex !== undefined && !target.title) target.title = tokenTitle(data, target.tokenIndex);
+    };
     container.replaceChildren(frag);
-    return container.querySelectorAll(".t")[data.prompt_len] || null;
+    return firstResponse;
   }
 
   async function loadTokens(sessionId, index, container, button) {
