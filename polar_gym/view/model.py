@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["MAX_ROWS", "SESSION_ID", "RowFilter", "SessionData", "call_rows", "error_cause", "filter_rows",
-           "session_payload", "session_row", "trace_tokens", "valid_session_id"]
+           "session_payload", "session_row", "trace_prompt", "trace_tokens", "valid_session_id"]
 
 #: the most session rows one answer carries (a run of 100k sessions is paged, not sent whole)
 MAX_ROWS = 5000
@@ -187,13 +187,14 @@ def _trace_head(index: int, trace: dict[str, Any]) -> dict[str, Any]:
         "side_request": bool(metadata.get("side_request")), "policy_versions": metadata.get("policy_versions"),
         "prompt_tokens": len(trace.get("prompt_ids") or ()), "response_tokens": len(trace.get("response_ids") or ()),
         "trainable_tokens": sum(1 for m in trace.get("loss_mask") or () if m == 1),
-        "prompt_messages": trace.get("prompt_messages") or [], "response_messages": trace.get("response_messages")
-        or [], "spans": _spans(trace)}
+        "prompt_messages": len(trace.get("prompt_messages") or ()),
+        "response_messages": trace.get("response_messages") or [], "spans": _spans(trace)}
 
 
 def session_payload(data: SessionData) -> dict[str, Any]:
-    """One session opened: its row, result details, traces (messages, chain, spans; tokens are fetched per trace)
-    and its calls."""
+    """One session opened: its row, result details, traces (response messages, chain, spans; a trace's prompt
+    messages and tokens are fetched when shown: with the per_request builder every trace repeats the conversation
+    so far, and sending every prompt would grow with turns squared) and its calls."""
     result = data.row
     diagnostics = result.get("trajectory_diagnostics") or {}
     evaluation = result.get("evaluation")
@@ -207,6 +208,11 @@ def session_payload(data: SessionData) -> dict[str, Any]:
                                                           "excluded", "rerender_merged") if k in diagnostics},
         "traces": [_trace_head(i, t) for i, t in enumerate(data.traces)],
         "calls": call_rows(data.traces, data.calls)}
+
+
+def trace_prompt(trace: dict[str, Any]) -> dict[str, Any]:
+    """One trace's prompt messages and tools."""
+    return {"prompt_messages": trace.get("prompt_messages") or [], "tools": trace.get("tools") or []}
 
 
 def trace_tokens(trace: dict[str, Any], vocab: dict[int, str] | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ serving the static page and its read-only JSON routes over a ViewSource.
     GET /view/api/run                                  the run's title and tokenizer
     GET /view/api/sessions?status=&task=&harness=&cause=&reward=&reward_min=&reward_max=&offset=&limit=
     GET /view/api/sessions/{id}                        one session: traces' messages, chains, calls
+    GET /view/api/sessions/{id}/traces/{i}/prompt      one trace's prompt messages and tools
     GET /view/api/sessions/{id}/traces/{i}/tokens      one trace's token stream as arrays
 
 Run data is hostile (model output, tool output, task ids): the page inserts it as text only, and every answer
@@ -33,7 +34,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from polar_gym.httpguard import TokenCheck
-from polar_gym.view.model import MAX_ROWS, RowFilter, filter_rows, session_payload, trace_tokens, valid_session_id
+from polar_gym.view.model import (
+    MAX_ROWS,
+    RowFilter,
+    filter_rows,
+    session_payload,
+    trace_prompt,
+    trace_tokens,
+    valid_session_id,
+)
 from polar_gym.view.source import ViewSource
 from polar_gym.web import ApiError
 
@@ -144,12 +153,22 @@ def viewer_router(source: ViewSource | Callable[[], ViewSource], auth: ViewerAut
         return Response(await asyncio.to_thread(lambda: orjson.dumps(session_payload(data))),
                         media_type="application/json", headers=SECURITY_HEADERS)
 
-    @router.get("/api/sessions/{session_id}/traces/{index}/tokens", dependencies=guarded)
-    async def tokens(session_id: str, index: int) -> Response:
+    async def _trace(session_id: str, index: int) -> dict[str, Any]:
         data = await _session(session_id)
         if not 0 <= index < len(data.traces):
             raise ApiError(404, "unknown_trace", "no such trace in this session")
-        trace, decoder = data.traces[index], current().tokens()
+        trace: dict[str, Any] = data.traces[index]
+        return trace
+
+    @router.get("/api/sessions/{session_id}/traces/{index}/prompt", dependencies=guarded)
+    async def prompt(session_id: str, index: int) -> Response:
+        trace = await _trace(session_id, index)
+        return Response(await asyncio.to_thread(lambda: orjson.dumps(trace_prompt(trace))),
+                        media_type="application/json", headers=SECURITY_HEADERS)
+
+    @router.get("/api/sessions/{session_id}/traces/{index}/tokens", dependencies=guarded)
+    async def tokens(session_id: str, index: int) -> Response:
+        trace, decoder = await _trace(session_id, index), current().tokens()
 
         def build() -> bytes:
             ids = list(trace.get("prompt_ids") or ()) + list(trace.get("response_ids") or ())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 from polar_gym.serving import serving
@@ -19,6 +20,9 @@ def url_host(host: str) -> str:
 
 async def serve_forever(out_dir: Path, host: str, port: int, *, tokenizer: Path | None = None,
                         decode: bool = True) -> None:  # pragma: no cover - process glue (tests run the process)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving {out_dir} on {host} to anyone who can reach it, with no token: the viewer is "
+              "meant for loopback (ssh -L to see it from elsewhere)", file=sys.stderr, flush=True)
     source = OutDirSource(out_dir, tokenizer=tokenizer, decode=decode)
     app = create_view_app(source, host=host)
     if port == 0:

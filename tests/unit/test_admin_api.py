@@ -66,7 +66,8 @@ PUBLIC = {
     # the trace viewer checks the admin token or its cookie in the route (tests/view/test_view_server.py)
     "server": set(OPEN_PATHS) | {"/view", "/view/", "/view/static/{name}", "/view/api/run", "/view/api/sessions",
                                  "/view/api/sessions/{session_id}",
-                                 "/view/api/sessions/{session_id}/traces/{index}/tokens"},
+                                 "/view/api/sessions/{session_id}/traces/{index}/tokens",
+                                 "/view/api/sessions/{session_id}/traces/{index}/prompt"},
     "gateway": _PROXY_PUBLIC | {"/gateway/health", "/metrics", "/sessions/{session_id}",
                                 "/sessions/{session_id}/result"},
 }

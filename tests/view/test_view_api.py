@@ -78,6 +78,9 @@ def test_session_payload_and_tokens_match_trajectories(client: TestClient, run: 
     assert [t["chain"] for t in payload["traces"]] == [0, 1]
     assert [t["chain_cause"] for t in payload["traces"]] == ["first", "drift"]
     assert payload["diagnostics"]["breaks"] == {"drift": 1}
+    assert [t["prompt_messages"] for t in payload["traces"]] == [2, 2]  # counts: the messages come per trace
+    prompt = client.get("/view/api/sessions/s-a0/traces/1/prompt").json()
+    assert prompt["prompt_messages"] == traces[1]["prompt_messages"]
     for i, trace in enumerate(traces):
         tokens = client.get(f"/view/api/sessions/s-a0/traces/{i}/tokens").json()
         n_prompt, n_resp = len(trace["prompt_ids"]), len(trace["response_ids"])
@@ -114,6 +117,7 @@ def test_hostile_content_is_data(client: TestClient) -> None:
 @pytest.mark.parametrize("path", [
     "/view/api/sessions/nope", "/view/api/sessions/..%2F..%2Fetc%2Fpasswd", "/view/api/sessions/..",
     "/view/api/sessions/%2E%2E", "/view/api/sessions/s-a0/traces/7/tokens", "/view/api/sessions/s-a0/traces/-1/tokens",
+    "/view/api/sessions/s-a0/traces/2/prompt",
     "/view/static/..%2Fmodel.py", "/view/static/index.html", "/view/api/sessions/.hidden",
 ])
 def test_unknown_and_traversal_ids_are_404(client: TestClient, path: str) -> None:

@@ -106,5 +106,9 @@ def test_viewer_on_a_real_launch(launched: Path) -> None:
         assert page.locator("#calls tbody tr").count() >= len(traces)
         assert "oracle" in page.locator("#calls tbody tr").first.inner_text()
         page.locator(".tool-call").first.wait_for()
+        # prompt messages come when opened
+        page.click(".trace[data-trace='0'] details.prompt summary")
+        page.locator(".trace[data-trace='0'] details.prompt .msg").first.wait_for()
+        assert page.locator(".trace[data-trace='0'] details.prompt .msg").count() == len(first["prompt_messages"])
         browser.screenshot("viewer-session")
         assert browser.problems == []

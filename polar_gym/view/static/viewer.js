@@ -219,15 +219,21 @@
       "; reward " + fmt(trace.reward) + (trace.side_request ? "; side request" : "") + ")"));
     box.appendChild(head);
     const prompt = el("details", "prompt");
-    prompt.appendChild(el("summary", null, trace.prompt_messages.length + " prompt messages"));
+    prompt.appendChild(el("summary", null, trace.prompt_messages + " prompt messages"));
     box.appendChild(prompt);
     let promptRendered = false;
     prompt.addEventListener("toggle", () => {
       if (promptRendered || !prompt.open) return;
       promptRendered = true;
-      const frag = document.createDocumentFragment();
-      trace.prompt_messages.forEach((m) => frag.appendChild(renderMessage(m)));
-      prompt.appendChild(frag);
+      getJSON("api/sessions/" + encodeURIComponent(sessionId) + "/traces/" + trace.index + "/prompt").then((data) => {
+        const frag = document.createDocumentFragment();
+        data.prompt_messages.forEach((m) => frag.appendChild(renderMessage(m)));
+        if (data.tools.length) {
+          const names = data.tools.map((t) => (t && t.function && t.function.name) || (t && t.name) || "?");
+          frag.appendChild(el("p", "muted", "tools: " + names.join(", ")));
+        }
+        prompt.appendChild(frag);
+      }).catch((e) => showError(e.message));
     });
     const responses = document.createDocumentFragment();
     trace.response_messages.forEach((m) => responses.appendChild(renderMessage(m)));
