@@ -323,16 +323,18 @@ class Store:
                              f"ORDER BY created LIMIT ?", limit)
         return [dict(r) for r in rows]
 
-    async def finished_session_rows(self, since: float, limit: int) -> list[dict[str, Any]]:
-        """Finished sessions with ``finished >= since`` in finishing order, with the few result fields a table
-        shows (SQLite reads them out of the stored JSON; a finished row never changes, so callers keep them)."""
+    async def finished_session_rows(self, after: tuple[float, str], limit: int) -> list[dict[str, Any]]:
+        """Finished sessions after ``(finished, session_id)`` in that order (a keyset page), with the few result
+        fields a table shows (SQLite reads them out of the stored JSON; a finished row never changes, so callers
+        keep them)."""
         rows = await self._q(
             f"SELECT {self._VIEW_COLUMNS}, json_extract(result, '$.evaluation.reward') AS reward, "
             "json_extract(result, '$.metadata.artifacts.error_cause') AS artifacts_cause, "
             "json_array_length(result, '$.trajectory.traces') AS traces, "
             "json_extract(result, '$.trajectory.diagnostics.completions') AS completions, "
             "json_extract(result, '$.timings.total') AS seconds "
-            "FROM sessions WHERE finished IS NOT NULL AND finished >= ? ORDER BY finished LIMIT ?", since, limit)
+            "FROM sessions WHERE finished IS NOT NULL AND (finished > ? OR (finished = ? AND session_id > ?)) "
+            "ORDER BY finished, session_id LIMIT ?", after[0], after[0], after[1], limit)
         return [dict(r) for r in rows]
 
     # -- gateways --------------------------------------------------------------------------------------------

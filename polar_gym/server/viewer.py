@@ -16,12 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from polar_gym.server.store import SessionRow, Store
-from polar_gym.view.model import SessionData, session_row
+from polar_gym.view.model import MAX_ROWS, SessionData, session_row
 from polar_gym.view.tokens import TokenText, find_tokenizer
 
 __all__ = ["StoreViewSource", "lazy_source"]
 
-_PAGE = 500
+#: finished rows read per store call (SQLite parses each stored result to extract its fields, under the store's
+#: lock: short calls let the server's own reads and writes go between them) and store calls per table load
+_PAGE = 50
+_PAGES = 40
 _OPENED = 8
 
 
@@ -56,11 +59,12 @@ class StoreViewSource:
 
     title = "live rollout server"
 
-    def __init__(self, store: Store, *, max_rows: int = 100_000, tokens: TokenText | None = None) -> None:
+    def __init__(self, store: Store, *, max_rows: int = 100_000, max_open_rows: int = MAX_ROWS,
+                 tokens: TokenText | None = None) -> None:
         self.store = store
-        self.max_rows = max_rows
+        self.max_rows, self.max_open_rows = max_rows, max_open_rows
         self._finished: dict[str, dict[str, Any]] = {}
-        self._since = 0.0
+        self._after: tuple[float, str] = (0.0, "")
         self._lock = asyncio.Lock()
         self._opened: collections.OrderedDict[str, SessionData] = collections.OrderedDict()
         if tokens is None:
@@ -72,21 +76,23 @@ class StoreViewSource:
         return self._tokens
 
     async def _catch_up(self) -> None:
-        """Read the sessions finished since the last load, a page at a time (each page one short store call)."""
+        """Read the sessions finished since the last load, a page at a time (each page one short store call); a
+        backlog larger than one load's budget is read on by the next loads."""
         async with self._lock:
-            while len(self._finished) < self.max_rows:
-                page = await self.store.finished_session_rows(self._since, _PAGE)
-                fresh = [r for r in page if r["session_id"] not in self._finished]
-                for r in fresh:
+            for _ in range(_PAGES):
+                if len(self._finished) >= self.max_rows:
+                    break
+                page = await self.store.finished_session_rows(self._after, _PAGE)
+                for r in page:
                     self._finished[r["session_id"]] = session_row(_row(r))
                 if page:
-                    self._since = max(self._since, max(float(r["finished"]) for r in page))
-                if len(page) < _PAGE or not fresh:
+                    self._after = (float(page[-1]["finished"]), str(page[-1]["session_id"]))
+                if len(page) < _PAGE:
                     break
 
     async def rows(self) -> list[dict[str, Any]]:
         await self._catch_up()
-        live = await self.store.open_session_rows(self.max_rows)
+        live = await self.store.open_session_rows(self.max_open_rows)
         return list(self._finished.values()) + [session_row(_row(r)) for r in live
                                                 if r["session_id"] not in self._finished]
 

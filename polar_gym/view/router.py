@@ -113,7 +113,8 @@ def viewer_router(source: ViewSource | Callable[[], ViewSource], auth: ViewerAut
             if cookie is None:
                 raise ApiError(401, "unauthorized", "wrong admin token")
             answer = RedirectResponse(f"{PREFIX}/", status_code=303, headers=SECURITY_HEADERS)
-            answer.set_cookie(ViewerAuth.COOKIE, cookie, httponly=True, samesite="strict", path=PREFIX)
+            answer.set_cookie(ViewerAuth.COOKIE, cookie, httponly=True, samesite="strict", path=PREFIX,
+                              secure=request.url.scheme == "https")
             return answer
         await allowed(request)
         return Response(_asset("index.html"), media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)

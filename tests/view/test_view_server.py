@@ -120,3 +120,20 @@ async def test_live_server_serves_the_viewer(harness: Harness) -> None:
         assert (await anon.get(f"/view/api/sessions/{sid}")).status_code == 401
         assert (await anon.get(f"/view/?token={SERVER_TOKEN}")).status_code == 303
         assert (await anon.get("/view/")).status_code == 200
+
+
+async def test_store_source_reads_finished_rows_in_short_pages(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One result per store call, with every finish at the same instant: keyset pages still read each once."""
+    import polar_gym.server.viewer as viewer
+
+    monkeypatch.setattr(viewer, "_PAGE", 1)
+    monkeypatch.setattr("polar_gym.server.store.time.time", lambda: 1_800_000_000.0)
+    store = await _store_with_a_run(tmp_path / "db.sqlite")
+    try:
+        source = StoreViewSource(store)
+        rows = await source.rows()
+        assert sorted(r["status"] for r in rows) == ["COMPLETED", "ERROR", "REGISTERED"]
+        assert len(await source.rows()) == 3
+    finally:
+        store.close()
