@@ -3,6 +3,7 @@ cookie that ``/view/?token=`` hands out) and never without it; rows come from it
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 from polar_gym.schema import SessionResult, SessionStatus, Trace, Trajectory
 from polar_gym.server import RolloutServer, Store, create_server_app
 from polar_gym.server.viewer import StoreViewSource
+from tests._browser import chromium_or_skip, open_page
 from tests.server._server_kit import SERVER_TOKEN, Harness, make_task
 
 
@@ -120,6 +122,20 @@ async def test_live_server_serves_the_viewer(harness: Harness) -> None:
         assert (await anon.get(f"/view/api/sessions/{sid}")).status_code == 401
         assert (await anon.get(f"/view/?token={SERVER_TOKEN}")).status_code == 303
         assert (await anon.get("/view/")).status_code == 200
+    await asyncio.to_thread(_browse_live, srv.url, sid, len(trace["prompt_ids"]) + len(trace["response_ids"]))
+
+
+def _browse_live(url: str, session_id: str, n_tokens: int) -> None:
+    """A browser opens ``/view/?token=`` once, lands on ``/view/`` with the cookie, and reads a session."""
+    chromium_or_skip()
+    with open_page(f"{url}/view/?token={SERVER_TOKEN}") as browser:
+        page = browser.page
+        assert page.url == f"{url}/view/"  # the token left the address bar
+        page.wait_for_selector(f'#sessions tbody tr[data-session="{session_id}"]')
+        page.click(f'#sessions tbody tr[data-session="{session_id}"]')
+        page.wait_for_function("n => document.querySelectorAll('.trace[data-trace=\"0\"] .tokens .t').length === n",
+                               arg=n_tokens)
+        assert browser.problems == []
 
 
 async def test_store_source_reads_finished_rows_in_short_pages(tmp_path: Path,

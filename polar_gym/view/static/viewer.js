@@ -97,6 +97,7 @@
   form.addEventListener("change", refilter);
   form.addEventListener("reset", () => setTimeout(refilter, 0));
   form.addEventListener("submit", (e) => { e.preventDefault(); refilter(); });
+  $("#refresh").addEventListener("click", refilter);  // a live run: sessions finish while the page is open
 
   // -- one session ------------------------------------------------------------------------------------------------
 
