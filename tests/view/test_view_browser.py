@@ -110,5 +110,11 @@ def test_viewer_on_a_real_launch(launched: Path) -> None:
         page.click(".trace[data-trace='0'] details.prompt summary")
         page.locator(".trace[data-trace='0'] details.prompt .msg").first.wait_for()
         assert page.locator(".trace[data-trace='0'] details.prompt .msg").count() == len(first["prompt_messages"])
+        frame = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+        trainable.scroll_into_view_if_needed()  # the response, in the token box and in the window
+        page.evaluate(frame)
+        browser.screenshot("viewer-tokens", full_page=False)  # the token blocks on screen are painted
+        page.evaluate("() => window.scrollTo(0, 0)")
+        page.evaluate(frame)
         browser.screenshot("viewer-session")
         assert browser.problems == []

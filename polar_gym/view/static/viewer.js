@@ -180,7 +180,12 @@
       const text = vocab ? vocab[id] : undefined;
       span.textContent = text !== undefined ? text : id + " ";
       span.tokenIndex = i;
-      if (i === data.prompt_len) firstResponse = span;
+      if (i === data.prompt_len && inChunk > 0) {  // the response starts a block: the view scrolls to it
+        chunk = el("div", "chunk");
+        frag.appendChild(chunk);
+        inChunk = 0;
+      }
+      if (i === data.prompt_len) firstResponse = chunk;
       chunk.appendChild(span);
       inChunk++;
       if ((inChunk >= 400 && span.textContent.endsWith("\n")) || inChunk >= 2000) {
@@ -204,8 +209,9 @@
     const firstResponse = renderTokens(container, data);
     container.hidden = false;
     button.remove();
-    // the prompt is long and the same in every trace: start the view where this trace's response starts
-    if (firstResponse) container.scrollTop = Math.max(0, firstResponse.offsetTop - container.offsetTop - 40);
+    // the prompt is long and the same in every trace: start the view where this trace's response starts (the
+    // block's box, not a token's: tokens of blocks off screen are not laid out)
+    if (firstResponse) container.scrollTop = Math.max(0, firstResponse.offsetTop - container.offsetTop);
   }
 
   function renderTrace(sessionId, trace, auto) {
