@@ -1,6 +1,7 @@
 """The trace viewer on a long session: a 200-turn session must open in under a second.
 
     .venv/bin/python benchmarks/bench_view.py [--turns 200] [--baseline 20] [--browser] [--repeat 5]
+                                              [--out benchmarks/results]
 
 A run folder is written with two sessions in launch's shapes (tests/view/_view_kit.py): one of ``--turns`` model
 calls merged into one chain (each call samples 100 tokens, each tool answers 100: tens of thousands of tokens) and a
@@ -8,12 +9,14 @@ baseline of ``--baseline`` calls. Timed in the same run, for each: the API's ans
 session payload plus the first trace's token arrays, decoded with the cached Qwen tokenizer when it is built),
 in-process through the ASGI app, median of ``--repeat``; with ``--browser``, the whole open in headless Chromium
 (``python -m polar_gym.view`` as a process; from navigation to the last token span in the DOM). Printed: times,
-answer sizes, and the long/baseline ratios next to the turn ratio (under it: the cost grows less than linearly).
+answer sizes, and the long/baseline ratios next to the turn ratio (under it: the cost grows less than linearly);
+written to ``OUT/bench_view.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--baseline", type=int, default=20)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--browser", action="store_true", help="also time the open in headless Chromium")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-view-") as tmp:
         run = write_run(Path(tmp) / "run", [
@@ -96,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     total = results["long"].get("browser_s", results["long"]["api_s"])
     print(f"{args.turns}-turn session opens in {total * 1000:.0f} ms "
           f"({'browser' if 'browser_s' in results['long'] else 'API only'}; target under 1000 ms)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_view.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 

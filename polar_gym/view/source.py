@@ -76,6 +76,8 @@ class OutDirSource:
         self.title = str(self.out_dir)
         self._lock = threading.Lock()
         self._results, self._index = _Cached(), _Cached()
+        self._rows_of: dict[str, dict[str, Any]] | None = None  # the results the cached rows were made from
+        self._rows_cache: list[dict[str, Any]] = []
         self._tokens: TokenText | None = None
         if decode:
             found = Path(tokenizer) if tokenizer else find_tokenizer(self._configured_tokenizer())
@@ -103,8 +105,9 @@ class OutDirSource:
         key = _stat_key(path)
         with self._lock:
             if key is not None and key == self._results.key:
-                return dict(self._results.value)
-        results: dict[str, dict[str, Any]] = {}
+                results: dict[str, dict[str, Any]] = self._results.value
+                return results
+        results = {}
         if key is not None:
             for line in path.read_bytes().splitlines():
                 try:
@@ -117,9 +120,18 @@ class OutDirSource:
             self._results.key, self._results.value = key, results
         return results
 
+    def _rows(self) -> list[dict[str, Any]]:
+        results = self._read_results()
+        with self._lock:
+            if self._rows_of is results:
+                return self._rows_cache
+        rows = [session_row(r) for r in results.values()]
+        with self._lock:
+            self._rows_of, self._rows_cache = results, rows
+        return rows
+
     async def rows(self) -> list[dict[str, Any]]:
-        results = await asyncio.to_thread(self._read_results)
-        return [session_row(r) for r in results.values()]
+        return await asyncio.to_thread(self._rows)
 
     # -- trajectories.jsonl -------------------------------------------------------------------------------------
 
