@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ __all__ = ["PALETTE", "figure", "label", "line_panels", "svg_of"]
 #: the colours every plot of ours uses (colour-blind safe, after Okabe & Ito)
 PALETTE = {"blue": "#0072b2", "orange": "#e69f00", "green": "#009e73", "red": "#d55e00", "purple": "#cc79a7",
            "sky": "#56b4e9", "yellow": "#f0e442", "grey": "#7f7f7f"}
+_GROUP_ID = re.compile(r'<g id="[^"]*"')
 _RC = {"svg.fonttype": "none", "text.parse_math": False, "font.size": 9.0, "axes.titlesize": 10.0,
        "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
        "figure.dpi": 96.0}
@@ -42,12 +44,13 @@ def figure(name: str, width: float = 6.4, height: float = 3.2, **subplots: Any) 
 
 
 def svg_of(fig: Figure) -> str:
-    """The figure as one ``<svg>`` element (no XML prolog or doctype, no date): inlinable in HTML, and still a
-    valid stand-alone SVG file."""
+    """The figure as one ``<svg>`` element (no XML prolog, doctype or metadata): inlinable in HTML (ids unique per
+    figure), and still a valid stand-alone SVG file."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    # matplotlib names its groups figure_1, axes_1...: the same in every figure, and nothing refers to them
+    return _GROUP_ID.sub("<g", text[text.index("<svg"):])
 
 
 def label(text: str, limit: int = 40) -> str:
