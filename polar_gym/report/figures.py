@@ -92,8 +92,8 @@ def reward_histogram(sessions: Sequence[SessionRow]) -> str:
     with figure("reward-histogram", 6.4, 2.6) as (fig, ax):
         if rewards:
             low, high = min(rewards), max(rewards)
-            bins = 10 if low == high else min(20, max(2, len(set(rewards))))
-            ax.hist(rewards, bins=bins, range=(low - 0.5, high + 0.5) if low == high else None,
+            bins = 11 if low == high else min(20, max(2, len(set(rewards))))  # one value: its bar centred
+            ax.hist(rewards, bins=bins, range=(low - 0.55, high + 0.55) if low == high else None,
                     color=PALETTE["blue"], edgecolor="white")
         else:
             _empty(ax, "no scored sessions")
