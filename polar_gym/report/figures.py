@@ -6,6 +6,7 @@ strip plot shows at most a few hundred points per stage (a fixed sample), a bar 
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -64,7 +65,7 @@ def status_figure(sessions: Sequence[SessionRow], infra: frozenset[str]) -> str:
             right.bar_label(bars, padding=2)
         else:
             _empty(right, "no errors")
-        right.set_title("Errors by cause (infrastructure: red, hatched)")
+        right.set_title("Errors by cause (red: infrastructure)")
         right.set_xlabel("sessions")
         return svg_of(fig)
 
@@ -90,11 +91,18 @@ def reward_histogram(sessions: Sequence[SessionRow]) -> str:
     """The distribution of session rewards (scored sessions only: an unscored error is not a 0)."""
     rewards = [s.reward for s in sessions if s.reward is not None]
     with figure("reward-histogram", 6.4, 2.6) as (fig, ax):
-        if rewards:
-            low, high = min(rewards), max(rewards)
-            bins = 11 if low == high else min(20, max(2, len(set(rewards))))  # one value: its bar centred
-            ax.hist(rewards, bins=bins, range=(low - 0.55, high + 0.55) if low == high else None,
-                    color=PALETTE["blue"], edgecolor="white")
+        distinct = sorted(set(rewards))
+        if rewards and len(distinct) <= 10:  # a few reward levels (pass/fail): one bar each, with its count
+            gaps = [b - a for a, b in itertools.pairwise(distinct)]
+            counts = [rewards.count(v) for v in distinct]
+            bars = ax.bar(distinct, counts, width=0.6 * min(gaps) if gaps else 0.1, color=PALETTE["blue"])
+            ax.bar_label(bars, padding=2)
+            ax.set_xticks(distinct, [f"{v:g}" for v in distinct])
+            ax.margins(x=0.1, y=0.15)
+            if len(distinct) == 1:
+                ax.set_xlim(distinct[0] - 0.5, distinct[0] + 0.5)
+        elif rewards:
+            ax.hist(rewards, bins=20, color=PALETTE["blue"], edgecolor="white")
         else:
             _empty(ax, "no scored sessions")
         ax.set_title(f"Reward distribution ({len(rewards)} scored of {len(sessions)} sessions)")
