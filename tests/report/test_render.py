@@ -11,9 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import polar_gym.report as report_pkg
+from polar_gym import plots
 from polar_gym.merge.fidelity import Fidelity, run_fidelity
 from polar_gym.plots import line_panels
-from polar_gym.report import RunData, SessionRow, build_report, load_run
+from polar_gym.report import RunData, SessionRow, build_report, causes, figures, files, load_run, model, render
+from polar_gym.report.__main__ import main
 from polar_gym.report.figures import FIGURES
 from polar_gym.report.files import fidelity_of_diagnostics, fidelity_of_files
 from polar_gym.report.model import HarnessFailureRow
@@ -120,9 +125,20 @@ def test_python_m_polar_gym_report_rebuilds_the_page_from_a_runs_files(tmp_path:
     assert "Harness failures (1)" in page and "Traceback: &lt;script&gt;" in page and "exit 3" in page
     assert "name: pi" in page and "new chains by cause: none" in page and "prompt mode token_in 4" in page
     assert load_run(out).fidelity == fidelity_of_files(rows, [trace_line("s0", 0), trace_line("s1", 0)])
-    missing = subprocess.run([sys.executable, "-m", "polar_gym.report", str(tmp_path / "nothing")],
-                             capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert missing.returncode == 2 and "no results.jsonl" in missing.stderr
+
+
+def test_the_report_command_options_and_a_folder_without_results(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out = write_run(tmp_path / "run", [row("s0", "t1")])
+    assert main([str(out), "--out", str(tmp_path / "elsewhere.html"), "--title", "nightly <eval>"]) == 0
+    page = (tmp_path / "elsewhere.html").read_text()
+    assert "<h1>nightly &lt;eval&gt;</h1>" in page and not (out / "report.html").exists()
+    assert main([str(tmp_path / "nothing")]) == 2 and "no results.jsonl" in capsys.readouterr().err
+
+
+def test_the_report_package_exports() -> None:
+    for module in (report_pkg, causes, model, figures, render, files, plots):
+        assert all(hasattr(module, name) for name in module.__all__), module.__name__
 
 
 def test_a_thousand_sessions_stay_a_small_page(tmp_path: Path) -> None:
