@@ -166,7 +166,9 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float, t: dict[str, Any]) 
               f"| mean {mean} | {t['traces']} | {t['completions']} | {wall:.1f} wall |", "",
               Fidelity.model_validate(t["fidelity"]).line(), "",
               f"Report: [{REPORT}]({REPORT}) (plots, token fidelity, harness failures, config); rebuild it with "
-              "`python -m polar_gym.report OUT_DIR`.", ""]
+              "`python -m polar_gym.report OUT_DIR`." if "report_error" not in t else
+              f"Report: {REPORT} was not written ({_excerpt(t['report_error'])}); "
+              "`python -m polar_gym.report OUT_DIR` retries it.", ""]
     causes = errors_by_cause(outcomes)
     if causes:
         lines += ["## Errors by cause", "", "| cause | sessions | first reason |", "|---|---|---|"]
@@ -205,8 +207,11 @@ def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float, *,
         for row in rows:
             f.write(json.dumps(row) + "\n")
     totals = _totals(outcomes, wall)  # once: the fidelity totals walk every trace
+    try:
+        write_report(out_dir, outcomes, rows, Fidelity.model_validate(totals["fidelity"]), wall=wall, title=title)
+    except Exception as exc:  # the run's data files are written: a failed page must not cost its exit code
+        totals["report_error"] = f"{type(exc).__name__}: {exc}"
     (out_dir / "summary.md").write_text(_summary_md(outcomes, wall, totals))
-    write_report(out_dir, outcomes, rows, Fidelity.model_validate(totals["fidelity"]), wall=wall, title=title)
     return totals
 
 
@@ -238,7 +243,11 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
     console.print(f"{totals['completed']}/{totals['sessions']} completed, mean reward "
                   f"{'-' if mean is None else f'{mean:.3f}'}, {totals['traces']} traces, "
                   f"{totals['completions']} completions in {totals['wall_seconds']:.1f}s; files in {out_dir}")
-    console.print(f"report: {escape(str(out_dir / REPORT))}", highlight=False)
+    if "report_error" in totals:
+        console.print(f"[bold red]{REPORT} was not written[/]: {escape(totals['report_error'])} (`python -m "
+                      f"polar_gym.report {escape(str(out_dir))}` retries it)", highlight=False)
+    else:
+        console.print(f"report: {escape(str(out_dir / REPORT))}", highlight=False)
     fidelity = Fidelity.model_validate(totals["fidelity"])
     style = "bold red" if fidelity.not_contiguous else "default"
     console.print(f"[{style}]{escape(fidelity.line())}[/]", highlight=False)
