@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 __all__ = ["FIGURES", "fidelity_figure", "figures", "reward_figure", "reward_histogram", "slot_figure",
-           "stage_figure", "status_figure"]
+           "stage_figure", "status_figure", "thin_steps"]
 
 #: the figure ids, in page order (the training figure only when the run trained)
 FIGURES = ("status", "rewards", "reward-histogram", "stages", "slots", "fidelity", "training")
@@ -35,6 +35,7 @@ _STATUS_COLOURS = {"COMPLETED": PALETTE["green"], "ERROR": PALETTE["red"], "TIME
                    "CANCELLED": PALETTE["grey"]}
 _MAX_TASKS = 40
 _MAX_POINTS = 300
+_MAX_STEPS = 2000
 
 
 def _empty(ax: Axes, text: str) -> None:
@@ -134,16 +135,33 @@ def stage_figure(sessions: Sequence[SessionRow], stages: Sequence[str]) -> str:
         return svg_of(fig)
 
 
+def thin_steps(times: Sequence[float], counts: dict[str, list[int]],
+               limit: int = _MAX_STEPS) -> tuple[list[float], dict[str, list[int]]]:
+    """At most ``limit`` points of a step series: the most sessions of each stage within each of ``limit`` equal
+    slices of the run (peaks survive; a 100k-session run stays a small plot)."""
+    if len(times) <= limit:
+        return list(times), counts
+    span = (times[-1] - times[0]) or 1.0
+    slots = [times[0] + span * i / limit for i in range(limit)]
+    thinned = {stage: [0] * limit for stage in counts}
+    for i, t in enumerate(times):
+        slot = min(int((t - times[0]) / span * limit), limit - 1)
+        for stage, values in counts.items():
+            thinned[stage][slot] = max(thinned[stage][slot], values[i])
+    return slots, thinned
+
+
 def slot_figure(sessions: Sequence[SessionRow]) -> str:
     """Sessions in each stage over the run's wall time (from the status histories)."""
     use = slot_use(sessions)
+    times, series = thin_steps(use.times, use.counts)
     colours = {"queued": PALETTE["grey"], "init": PALETTE["orange"], "ready": PALETTE["sky"],
                "run": PALETTE["blue"], "postrun": PALETTE["green"]}
     with figure("slots", 6.4, 3.0) as (fig, ax):
-        if use.times:
-            for stage, counts in use.counts.items():
+        if times:
+            for stage, counts in series.items():
                 if any(counts):
-                    ax.step(use.times, counts, where="post", label=stage, color=colours.get(stage),
+                    ax.step(times, counts, where="post", label=stage, color=colours.get(stage),
                             linewidth=2.2 if stage == "run" else 1.2)
             ax.legend(loc="upper right", fontsize=8)
             ax.yaxis.get_major_locator().set_params(integer=True)

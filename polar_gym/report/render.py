@@ -20,7 +20,10 @@ from polar_gym.report.model import (
     status_counts,
 )
 
-__all__ = ["CSP", "render_html"]
+__all__ = ["CSP", "MAX_ROWS", "render_html"]
+
+#: rows a table shows at most (a page for 100k sessions stays one a browser opens quickly)
+MAX_ROWS = 2000
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 _CSS = """
@@ -72,6 +75,11 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[object]], numeric: Ite
     return f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>"
 
 
+def _more(total: int) -> str:
+    return (f'<p class="note">the first {MAX_ROWS} of {total} rows; every one is in results.jsonl</p>'
+            if total > MAX_ROWS else "")
+
+
 def _figure(figures: Mapping[str, str], name: str) -> str:
     svg = figures.get(name)
     return f'<figure id="fig-{name}">{svg}</figure>' if svg else ""
@@ -116,10 +124,11 @@ def _sessions_section(run: RunData, figures: Mapping[str, str]) -> str:
 
 
 def _rewards_section(run: RunData, figures: Mapping[str, str]) -> str:
-    rows = [(t.task_id, t.sessions, t.scored, _num(t.mean)) for t in reward_per_task(run.sessions)]
-    table = _table(["task", "sessions", "scored", "mean reward"], rows, numeric=[1, 2, 3])
+    tasks = reward_per_task(run.sessions)
+    rows = [(t.task_id, t.sessions, t.scored, _num(t.mean)) for t in tasks[:MAX_ROWS]]
+    table = _table(["task", "sessions", "scored", "mean reward"], rows, numeric=[1, 2, 3]) + _more(len(tasks))
     if len(rows) > 20:
-        table = f"<details><summary>reward of each of the {len(rows)} tasks</summary>{table}</details>"
+        table = f"<details><summary>reward of each of the {len(tasks)} tasks</summary>{table}</details>"
     return (f'<section id="rewards"><h2>Rewards</h2><div class="row">{_figure(figures, "rewards")}'
             f'{_figure(figures, "reward-histogram")}</div>{table}</section>')
 
@@ -175,9 +184,10 @@ def _session_table(run: RunData) -> str:
                                            "completions", "seconds"]
     rows = [([s.step] if step else []) + [s.task_id, s.sample_index, s.harness, s.status, s.cause or "",
                                          _num(s.reward, "{:g}"), s.traces, s.completions, f"{s.seconds:.1f}"]
-            for s in run.sessions]
+            for s in run.sessions[:MAX_ROWS]]
     shift = 1 if step else 0
-    table = _table(header, rows, numeric=[i + shift for i in (1, 6, 7, 8, 9)] + ([0] if step else []))
+    table = (_table(header, rows, numeric=[i + shift for i in (1, 6, 7, 8, 9)] + ([0] if step else []))
+             + _more(len(run.sessions)))
     opened = " open" if len(rows) <= 200 else ""
     return (f'<section id="session-table"><h2>Sessions ({len(rows)})</h2><details{opened}><summary>one row per '
             f"session</summary>{table}</details></section>")

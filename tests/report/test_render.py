@@ -148,3 +148,16 @@ def test_a_thousand_sessions_stay_a_small_page(tmp_path: Path) -> None:
     assert len(run.sessions) == 1000 and html.escape("from results.jsonl's builder diagnostics") in page
     assert len(page) < 3_000_000 and figure_ids(page) == [f for f in FIGURES if f != "training"]
     assert "(first 40 tasks)" in page and "reward of each of the 50 tasks" in page
+
+
+def test_big_runs_thin_the_slot_plot_keeping_peaks_and_cap_the_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    times = [float(i) for i in range(10)]
+    counts = {"run": [0, 1, 5, 1, 0, 0, 2, 0, 0, 0]}
+    slots, thinned = figures.thin_steps(times, counts, limit=3)
+    assert slots == [0.0, 3.0, 6.0] and thinned["run"] == [5, 1, 2]
+    assert figures.thin_steps(times, counts) == (times, counts)
+    monkeypatch.setattr(render, "MAX_ROWS", 3)
+    sessions = [SessionRow.from_row(row(f"s{i}", f"task-{i}")) for i in range(5)]
+    page = build_report(RunData("launch", sessions, Fidelity(sessions=5)))
+    assert page.count("the first 3 of 5 rows; every one is in results.jsonl") == 2  # tasks and sessions
+    assert "<td>task-2</td>" in page and "<td>task-3</td>" not in page
