@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,39 +22,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from polar_gym.merge.fidelity import Fidelity, run_fidelity
+from polar_gym.report import INFRA_CAUSES, HarnessFailureRow, RunData, SessionRow, error_cause, harness_failed
+from polar_gym.report import stderr_tail as read_stderr_tail
+from polar_gym.report import write_report as write_report_file
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
 
 if TYPE_CHECKING:
     from polar_gym.launch.config import LaunchJob
 
-__all__ = ["INFRA_CAUSES", "HarnessFailure", "SessionOutcome", "error_cause", "errors_by_cause", "finish",
-           "harness_failures", "print_summary", "summary_rows", "write_outputs"]
+__all__ = ["INFRA_CAUSES", "REPORT", "HarnessFailure", "SessionOutcome", "error_cause", "errors_by_cause", "finish",
+           "harness_failures", "print_summary", "result_row", "summary_rows", "write_outputs", "write_report"]
 
 _FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
-#: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
-INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error"})
-_STAGES = {"queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm"}
-_CAUSE = re.compile(r"([a-z_]+): ")
-
-
-def error_cause(result: SessionResult) -> str | None:
-    """Why a session did not complete cleanly, as one short word (None: it did). The gateway names model-call
-    failures (``artifacts.error_cause``: upstream_unreachable, upstream_timeout, upstream_error, engine_error);
-    other errors are named by the stage that failed (``init_failed``), or by their status (timeout, cancelled)."""
-    artifacts = result.metadata.get("artifacts")
-    cause = artifacts.get("error_cause") if isinstance(artifacts, dict) else None
-    if cause:
-        return str(cause)
-    if result.status is SessionStatus.COMPLETED:
-        return None
-    if result.status is not SessionStatus.ERROR:
-        return str(result.status.value).lower()
-    match = _CAUSE.match(result.reason or "")
-    if match and match.group(1) in INFRA_CAUSES:
-        return match.group(1)
-    if match and match.group(1) in _STAGES:
-        return f"{match.group(1)}_failed"
-    return "error"
+#: the run report's file name, beside summary.md
+REPORT = "report.html"
 
 
 def errors_by_cause(outcomes: list[SessionOutcome]) -> dict[str, tuple[int, str]]:
@@ -96,23 +76,9 @@ def harness_failures(outcomes: list[SessionOutcome], tail_bytes: int = 2000) -> 
     """Every session whose harness failed, timed out or exited non-zero, with the tail of its stderr."""
     out = []
     for o in outcomes:
-        harness = o.result.metadata.get("harness")
-        if not isinstance(harness, dict):
-            continue
-        status, code = str(harness.get("status") or ""), harness.get("exit_code")
-        if status in ("", "ok", "completed") and code in (0, None):
-            continue
-        tail = ""
-        session_dir = o.result.metadata.get("session_dir")
-        if isinstance(session_dir, str):
-            path = Path(session_dir) / "artifacts" / "harness.stderr"
-            try:
-                with path.open("rb") as f:
-                    f.seek(max(0, path.stat().st_size - tail_bytes))
-                    tail = f.read().decode("utf-8", "replace")
-            except OSError:
-                tail = ""
-        out.append(HarnessFailure(o, status, code if isinstance(code, int) else None, tail))
+        failed = harness_failed(o.result.metadata)
+        if failed is not None:
+            out.append(HarnessFailure(o, failed[0], failed[1], read_stderr_tail(o.result.metadata, tail_bytes)))
     return out
 
 
@@ -157,13 +123,15 @@ def _trace_lines(o: SessionOutcome) -> list[str]:
             for i, trace in enumerate(o.result.trajectory.traces)]
 
 
-def _result_line(o: SessionOutcome) -> str:
+def result_row(o: SessionOutcome) -> dict[str, Any]:
+    """One line of results.jsonl: the SessionResult without its trajectory, plus the launch's columns and the
+    builder's diagnostics."""
     data: dict[str, Any] = o.result.model_dump(mode="json", exclude={"trajectory"})
     data.update(harness=o.spec.agent.harness, traces=o.traces, completions=o.completions, seconds=round(o.seconds, 3),
                 error_cause=error_cause(o.result))
     if o.result.trajectory is not None:
         data["trajectory_diagnostics"] = o.result.trajectory.diagnostics
-    return json.dumps(data)
+    return data
 
 
 def summary_rows(outcomes: list[SessionOutcome]) -> list[list[str]]:
@@ -196,7 +164,11 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float, t: dict[str, Any]) 
     mean = "-" if t["mean_reward"] is None else f"{t['mean_reward']:.3f}"
     lines += [f"| **total** ({t['sessions']} sessions) | | | {t['completed']} completed, {t['errored']} errored "
               f"| mean {mean} | {t['traces']} | {t['completions']} | {wall:.1f} wall |", "",
-              Fidelity.model_validate(t["fidelity"]).line(), ""]
+              Fidelity.model_validate(t["fidelity"]).line(), "",
+              f"Report: [{REPORT}]({REPORT}) (plots, token fidelity, harness failures, config); rebuild it with "
+              "`python -m polar_gym.report OUT_DIR`." if "report_error" not in t else
+              f"Report: {REPORT} was not written ({_excerpt(t['report_error'])}); "
+              "`python -m polar_gym.report OUT_DIR` retries it.", ""]
     causes = errors_by_cause(outcomes)
     if causes:
         lines += ["## Errors by cause", "", "| cause | sessions | first reason |", "|---|---|---|"]
@@ -222,19 +194,41 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float, t: dict[str, Any]) 
     return "\n".join(lines)
 
 
-def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float) -> dict[str, Any]:
-    """Write trajectories.jsonl, results.jsonl and summary.md under ``out_dir``; returns the totals."""
+def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float, *,
+                  title: str = "launch") -> dict[str, Any]:
+    """Write trajectories.jsonl, results.jsonl, summary.md and report.html under ``out_dir``; returns the totals."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "trajectories.jsonl").open("w") as f:
         for o in outcomes:
             for line in _trace_lines(o):
                 f.write(line + "\n")
+    rows = [result_row(o) for o in outcomes]
     with (out_dir / "results.jsonl").open("w") as f:
-        for o in outcomes:
-            f.write(_result_line(o) + "\n")
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
     totals = _totals(outcomes, wall)  # once: the fidelity totals walk every trace
+    try:
+        write_report(out_dir, outcomes, rows, Fidelity.model_validate(totals["fidelity"]), wall=wall, title=title)
+    except Exception as exc:  # the run's data files are written: a failed page must not cost its exit code
+        totals["report_error"] = f"{type(exc).__name__}: {exc}"
     (out_dir / "summary.md").write_text(_summary_md(outcomes, wall, totals))
     return totals
+
+
+def write_report(out_dir: Path, outcomes: list[SessionOutcome], rows: list[dict[str, Any]], fidelity: Fidelity, *,
+                 wall: float | None, title: str, train_rows: list[dict[str, Any]] | None = None,
+                 train_keys: list[str] | None = None) -> Path:
+    """report.html (:mod:`polar_gym.report`) from the run's outcomes, their results.jsonl rows, the fidelity
+    totals and config.yaml (written by the launcher before the run)."""
+    config = out_dir / "config.yaml"
+    failures = [HarnessFailureRow(f.outcome.spec.session_id, f.outcome.spec.task_id, f.outcome.spec.sample_index,
+                                  f.outcome.spec.agent.harness, f.status, f.exit_code, f.stderr_tail)
+                for f in harness_failures(outcomes)]
+    run = RunData(title=title, sessions=[SessionRow.from_row(r) for r in rows], fidelity=fidelity,
+                  config_text=config.read_text(encoding="utf-8", errors="replace") if config.exists() else "",
+                  harness_failures=failures, wall_seconds=wall, out_dir=str(out_dir), train_rows=train_rows or [],
+                  train_keys=train_keys or [])
+    return write_report_file(run, out_dir / REPORT)
 
 
 def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict[str, Any], out_dir: Path) -> None:
@@ -249,6 +243,11 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
     console.print(f"{totals['completed']}/{totals['sessions']} completed, mean reward "
                   f"{'-' if mean is None else f'{mean:.3f}'}, {totals['traces']} traces, "
                   f"{totals['completions']} completions in {totals['wall_seconds']:.1f}s; files in {out_dir}")
+    if "report_error" in totals:
+        console.print(f"[bold red]{REPORT} was not written[/]: {escape(totals['report_error'])} (`python -m "
+                      f"polar_gym.report {escape(str(out_dir))}` retries it)", highlight=False)
+    else:
+        console.print(f"report: {escape(str(out_dir / REPORT))}", highlight=False)
     fidelity = Fidelity.model_validate(totals["fidelity"])
     style = "bold red" if fidelity.not_contiguous else "default"
     console.print(f"[{style}]{escape(fidelity.line())}[/]", highlight=False)
@@ -276,7 +275,7 @@ def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wal
     """Write the run's files (and the datagen export), print the summary; the exit code: 3 if a session failed for
     infrastructure reasons (its model calls did not reach a working upstream), else 1 if any session ended ERROR or
     CANCELLED (a datagen run counts only what it kept, so its empty generations do not fail the run)."""
-    totals = write_outputs(job.out_dir, outcomes, wall)
+    totals = write_outputs(job.out_dir, outcomes, wall, title="datagen" if job.datagen is not None else "launch")
     print_summary(console, outcomes, totals, job.out_dir)
     infra = sorted(set(totals["errors_by_cause"]) & INFRA_CAUSES)
     if infra:

@@ -192,6 +192,10 @@ def test_sessions_whose_model_calls_never_reach_an_upstream_end_in_error_with_th
         f"{dead} unreachable" in summary
     assert "errors by cause:\n  upstream_unreachable: 2 session(s), e.g. upstream " + dead in proc.stderr
     assert "sessions failed for infrastructure reasons (upstream_unreachable)" in proc.stderr
+    report = (out / "report.html").read_text()  # the run report shows the cause apart from rewards of 0
+    assert 'data-key="errors by cause"><div class="value">2 upstream_unreachable</div>' in report
+    assert '<span class="infra">upstream_unreachable</span></td><td class=num>2</td><td>infrastructure' in report
+    assert "Reward distribution (0 scored of 2 sessions)" in report and f"report: {out / 'report.html'}" in proc.stderr
 
 
 def test_error_causes_of_other_failures() -> None:

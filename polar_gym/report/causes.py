@@ -1,0 +1,68 @@
+"""Why a session did not complete cleanly, and whether its harness failed: one word per session, read the same way
+by the launch (console, summary.md, results.jsonl's ``error_cause``, the exit code) and by the run report.
+
+Infrastructure causes (:data:`INFRA_CAUSES`) say the fleet failed, not the policy: the gateway's rule for model
+calls that fail for infrastructure reasons (upstream unreachable, 5xx, timeout; a 4xx the server answers to the
+harness's own request does not count) ends a session ERROR, unscored, with the cause first in its reason when no
+call succeeded after the last such failure."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from polar_gym.schema import SessionResult, SessionStatus
+
+__all__ = ["INFRA_CAUSES", "error_cause", "harness_failed", "stderr_tail"]
+
+#: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
+INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error"})
+_STAGES = {"queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm"}
+_CAUSE = re.compile(r"([a-z_]+): ")
+
+
+def error_cause(result: SessionResult) -> str | None:
+    """Why a session did not complete cleanly, as one short word (None: it did). The gateway names model-call
+    failures (``artifacts.error_cause``: upstream_unreachable, upstream_timeout, upstream_error, engine_error);
+    other errors are named by the stage that failed (``init_failed``), or by their status (timeout, cancelled)."""
+    artifacts = result.metadata.get("artifacts")
+    cause = artifacts.get("error_cause") if isinstance(artifacts, dict) else None
+    if cause:
+        return str(cause)
+    if result.status is SessionStatus.COMPLETED:
+        return None
+    if result.status is not SessionStatus.ERROR:
+        return str(result.status.value).lower()
+    match = _CAUSE.match(result.reason or "")
+    if match and match.group(1) in INFRA_CAUSES:
+        return match.group(1)
+    if match and match.group(1) in _STAGES:
+        return f"{match.group(1)}_failed"
+    return "error"
+
+
+def harness_failed(metadata: dict[str, Any]) -> tuple[str, int | None] | None:
+    """(the harness's status, its exit code) when a session's harness failed, timed out or exited non-zero (from
+    the session's ``metadata.harness``); None when it exited cleanly or never ran."""
+    harness = metadata.get("harness")
+    if not isinstance(harness, dict):
+        return None
+    status, code = str(harness.get("status") or ""), harness.get("exit_code")
+    if status in ("", "ok", "completed") and code in (0, None):
+        return None
+    return status, code if isinstance(code, int) else None
+
+
+def stderr_tail(metadata: dict[str, Any], tail_bytes: int = 2000) -> str:
+    """The end of the harness's stderr (``artifacts/harness.stderr`` in the session's folder), "" if none."""
+    session_dir = metadata.get("session_dir")
+    if not isinstance(session_dir, str):
+        return ""
+    path = Path(session_dir) / "artifacts" / "harness.stderr"
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - tail_bytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -1,0 +1,103 @@
+"""Drift shows where a researcher looks: a launch whose engine drifts (the oracle samples a non-canonical
+tokenization every second call) with prompts rendered by the engine (``prompt_mode=chat``: in token_in mode the
+proxy reuses the sampled ids and drift breaks nothing) counts the new chains by cause in the console, summary.md and
+report.html, with the numbers of results.jsonl. And finish() writes the report (a harness's stderr escaped), or says
+why it could not while keeping the run's files and exit code."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from polar_gym.assets import tokenizer_dir
+from polar_gym.datagen.template import TaskTemplate
+from polar_gym.fleet.settings import InferenceSettings
+from polar_gym.launch import outputs
+from polar_gym.launch.config import LaunchJob
+from polar_gym.launch.outputs import SessionOutcome, finish
+from polar_gym.launch.tasks import demo_requests
+from polar_gym.schema import (
+    AgentSpec,
+    BuilderSpec,
+    EvalResult,
+    EvaluatorSpec,
+    RuntimeSpec,
+    SessionResult,
+    SessionSpec,
+    SessionStatus,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_drift_breaks_show_by_cause_in_the_console_summary_and_report(tmp_path: Path) -> None:
+    if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "launcher.progress=false",
+                           "inference.drift_every=2", "inference.prompt_mode=chat", f"out_dir={out}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    drift = sum(r["trajectory_diagnostics"]["breaks"].get("drift", 0) for r in results)
+    assert drift > 0 and sum(r["traces"] for r in results) > len(results)  # more chains than conversations
+    line = f"new chains by cause: drift {drift};"
+    assert line in proc.stderr and line in (out / "summary.md").read_text()
+    assert "prompt mode chat" in proc.stderr
+    report = (out / "report.html").read_text()
+    assert line in report and f"<td>drift breaks</td><td class=num>{drift}</td>" in report
+    assert f"report: {out / 'report.html'}" in proc.stderr
+
+
+def _outcome(tmp_path: Path, status: SessionStatus, stderr: str | None = None,
+             harness: dict[str, object] | None = None) -> SessionOutcome:
+    request = demo_requests(TaskTemplate(agent=AgentSpec(harness="shell"), runtime=RuntimeSpec(),
+                                         builder=BuilderSpec(), evaluator=EvaluatorSpec()), ids=["demo-calc-add"])[0]
+    spec = SessionSpec.from_task(request, 0)
+    metadata: dict[str, object] = {"harness": harness} if harness else {}
+    if stderr is not None:
+        (tmp_path / "s" / "artifacts").mkdir(parents=True)
+        (tmp_path / "s" / "artifacts" / "harness.stderr").write_text(stderr)
+        metadata["session_dir"] = str(tmp_path / "s")
+    result = SessionResult(session_id=spec.session_id, task_id=spec.task_id, status=status, metadata=metadata,
+                           evaluation=EvalResult(reward=0.0) if status is SessionStatus.COMPLETED else None)
+    return SessionOutcome(spec, result, 1, 2.0)
+
+
+def test_finish_writes_the_report_with_the_harness_failures_stderr_escaped(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("harness:\n  command: echo <b>\n")
+    failed = _outcome(tmp_path, SessionStatus.COMPLETED, "oops <script>alert(1)</script>\x1b[2J",
+                      {"status": "ok", "exit_code": 3})
+    job = LaunchJob(requests=[], inference=InferenceSettings(), out_dir=out, resolved_config="")
+    console = Console(record=True, file=io.StringIO(), width=200)
+    assert finish(console, job, [failed], 1.0) == 0
+    page = (out / "report.html").read_text()
+    assert "Harness failures (1)" in page and "oops &lt;script&gt;alert(1)&lt;/script&gt;\ufffd[2J" in page
+    assert "echo &lt;b&gt;" in page and "<script" not in page
+    assert f"report: {out / 'report.html'}" in console.export_text()
+    assert "Report: [report.html](report.html)" in (out / "summary.md").read_text()
+
+
+def test_a_report_that_cannot_be_written_keeps_the_runs_files_and_exit_code(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> Path:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(outputs, "write_report_file", broken)
+    job = LaunchJob(requests=[], inference=InferenceSettings(), out_dir=tmp_path / "run", resolved_config="")
+    console = Console(record=True, file=io.StringIO(), width=200)
+    assert finish(console, job, [_outcome(tmp_path, SessionStatus.ERROR)], 1.0) == 1
+    assert "report.html was not written: OSError: disk full" in console.export_text()
+    assert "Report: report.html was not written (OSError: disk full)" in (tmp_path / "run" / "summary.md").read_text()
+    assert (tmp_path / "run" / "results.jsonl").exists() and not (tmp_path / "run" / "report.html").exists()
