@@ -7,7 +7,7 @@ first use); :mod:`.render` writes the HTML; :mod:`.files` reads a run's folder a
 
 from __future__ import annotations
 
-from polar_gym.report.causes import INFRA_CAUSES, error_cause, harness_failed, stderr_tail
+from polar_gym.causes import INFRA_CAUSES, error_cause, harness_failed, stderr_tail
 from polar_gym.report.files import build_report, load_run, write_report
 from polar_gym.report.model import HarnessFailureRow, RunData, SessionRow
 

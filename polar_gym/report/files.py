@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from polar_gym.causes import harness_failed, stderr_tail
 from polar_gym.merge.fidelity import Fidelity, run_fidelity
 from polar_gym.private_files import write_secret
-from polar_gym.report.causes import harness_failed, stderr_tail
 from polar_gym.report.model import TIMED_STAGES, HarnessFailureRow, RunData, SessionRow
 from polar_gym.schema import Trace, Trajectory
 

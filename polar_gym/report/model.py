@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar_gym.causes import INFRA_CAUSES
 from polar_gym.merge.fidelity import Fidelity
-from polar_gym.report.causes import INFRA_CAUSES
 
 __all__ = ["STAGES", "TIMED_STAGES", "HarnessFailureRow", "RunData", "SessionRow", "SlotUse", "StageStats",
            "TaskReward", "cause_counts", "percentile", "reward_per_task", "slot_use", "stage_intervals", "stage_stats",

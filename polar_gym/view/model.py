@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from polar_gym.causes import cause_of
+
 __all__ = ["MAX_ROWS", "SESSION_ID", "RowFilter", "SessionData", "call_rows", "error_cause", "filter_rows",
            "session_payload", "session_row", "trace_prompt", "trace_tokens", "valid_session_id"]
 
@@ -21,9 +23,6 @@ __all__ = ["MAX_ROWS", "SESSION_ID", "RowFilter", "SessionData", "call_rows", "e
 MAX_ROWS = 5000
 #: a session id the viewer accepts: what polar_gym's ids are made of; anything else (``..``, ``/``) is a 404
 SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+=-]{0,255}")
-_INFRA = ("upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error")
-_STAGES = ("queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm")
-_CAUSE = re.compile(r"([a-z_]+): ")
 
 
 def valid_session_id(session_id: str) -> bool:
@@ -41,24 +40,14 @@ class SessionData:
 
 
 def error_cause(result: dict[str, Any]) -> str | None:
-    """The run's ``error_cause`` when the row carries it (launch writes it); else the same rule for a stored
-    result of a live run (the gateway's model-call cause, the failed stage, or the status)."""
+    """The run's ``error_cause`` when the row carries it (launch writes it); else the same rule the launch uses
+    (:func:`polar_gym.causes.cause_of`), for a stored result of a live run."""
     if "error_cause" in result:
         return result["error_cause"] if isinstance(result["error_cause"], str) else None
-    artifacts = (result.get("metadata") or {}).get("artifacts")
-    if isinstance(artifacts, dict) and artifacts.get("error_cause"):
-        return str(artifacts["error_cause"])
-    status = str(result.get("status") or "")
-    if status == "COMPLETED":
-        return None
-    if status != "ERROR":
-        return status.lower() or None
-    match = _CAUSE.match(str(result.get("reason") or ""))
-    if match and match.group(1) in _INFRA:
-        return match.group(1)
-    if match and match.group(1) in _STAGES:
-        return f"{match.group(1)}_failed"
-    return "error"
+    metadata = result.get("metadata")
+    reason = result.get("reason")
+    return cause_of(str(result.get("status") or ""), reason if isinstance(reason, str) else None,
+                    metadata if isinstance(metadata, dict) else {})
 
 
 def _number(value: Any) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polar_gym.report.causes import INFRA_CAUSES, error_cause, harness_failed, stderr_tail
+from polar_gym.causes import INFRA_CAUSES, error_cause, harness_failed, stderr_tail
 from polar_gym.schema import SessionResult, SessionStatus
 
 

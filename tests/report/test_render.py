@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import polar_gym.report as report_pkg
-from polar_gym import plots
+from polar_gym import causes, plots
 from polar_gym.merge.fidelity import Fidelity, run_fidelity
 from polar_gym.plots import line_panels
-from polar_gym.report import RunData, SessionRow, build_report, causes, figures, files, load_run, model, render
+from polar_gym.report import RunData, SessionRow, build_report, figures, files, load_run, model, render
 from polar_gym.report.__main__ import main
 from polar_gym.report.figures import FIGURES
 from polar_gym.report.files import fidelity_of_diagnostics, fidelity_of_files

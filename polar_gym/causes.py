@@ -1,5 +1,6 @@
 """Why a session did not complete cleanly, and whether its harness failed: one word per session, read the same way
-by the launch (console, summary.md, results.jsonl's ``error_cause``, the exit code) and by the run report.
+by the launch (console, summary.md, results.jsonl's ``error_cause``, the exit code), the run report and the trace
+viewer (a ground module so the report and the viewer, independent siblings, share one rule).
 
 Infrastructure causes (:data:`INFRA_CAUSES`) say the fleet failed, not the policy: the gateway's rule for model
 calls that fail for infrastructure reasons (upstream unreachable, 5xx, timeout; a 4xx the server answers to the
@@ -9,12 +10,13 @@ call succeeded after the last such failure."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from polar_gym.schema import SessionResult, SessionStatus
 
-__all__ = ["INFRA_CAUSES", "error_cause", "harness_failed", "stderr_tail"]
+__all__ = ["INFRA_CAUSES", "cause_of", "error_cause", "harness_failed", "stderr_tail"]
 
 #: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
 INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error"})
@@ -26,15 +28,20 @@ def error_cause(result: SessionResult) -> str | None:
     """Why a session did not complete cleanly, as one short word (None: it did). The gateway names model-call
     failures (``artifacts.error_cause``: upstream_unreachable, upstream_timeout, upstream_error, engine_error);
     other errors are named by the stage that failed (``init_failed``), or by their status (timeout, cancelled)."""
-    artifacts = result.metadata.get("artifacts")
+    return cause_of(result.status.value, result.reason, result.metadata)
+
+
+def cause_of(status: str, reason: str | None, metadata: Mapping[str, Any]) -> str | None:
+    """:func:`error_cause` on a result's parts as they are on the wire (a results.jsonl row, a stored result)."""
+    artifacts = metadata.get("artifacts")
     cause = artifacts.get("error_cause") if isinstance(artifacts, dict) else None
     if cause:
         return str(cause)
-    if result.status is SessionStatus.COMPLETED:
+    if status == SessionStatus.COMPLETED.value:
         return None
-    if result.status is not SessionStatus.ERROR:
-        return str(result.status.value).lower()
-    match = _CAUSE.match(result.reason or "")
+    if status != SessionStatus.ERROR.value:
+        return status.lower() or None
+    match = _CAUSE.match(reason or "")
     if match and match.group(1) in INFRA_CAUSES:
         return match.group(1)
     if match and match.group(1) in _STAGES:
@@ -42,7 +49,7 @@ def error_cause(result: SessionResult) -> str | None:
     return "error"
 
 
-def harness_failed(metadata: dict[str, Any]) -> tuple[str, int | None] | None:
+def harness_failed(metadata: Mapping[str, Any]) -> tuple[str, int | None] | None:
     """(the harness's status, its exit code) when a session's harness failed, timed out or exited non-zero (from
     the session's ``metadata.harness``); None when it exited cleanly or never ran."""
     harness = metadata.get("harness")
@@ -54,7 +61,7 @@ def harness_failed(metadata: dict[str, Any]) -> tuple[str, int | None] | None:
     return status, code if isinstance(code, int) else None
 
 
-def stderr_tail(metadata: dict[str, Any], tail_bytes: int = 2000) -> str:
+def stderr_tail(metadata: Mapping[str, Any], tail_bytes: int = 2000) -> str:
     """The end of the harness's stderr (``artifacts/harness.stderr`` in the session's folder), "" if none."""
     session_dir = metadata.get("session_dir")
     if not isinstance(session_dir, str):
