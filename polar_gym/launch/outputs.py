@@ -168,7 +168,9 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float, t: dict[str, Any]) 
               f"Report: [{REPORT}]({REPORT}) (plots, token fidelity, harness failures, config); rebuild it with "
               "`python -m polar_gym.report OUT_DIR`." if "report_error" not in t else
               f"Report: {REPORT} was not written ({_excerpt(t['report_error'])}); "
-              "`python -m polar_gym.report OUT_DIR` retries it.", ""]
+              "`python -m polar_gym.report OUT_DIR` retries it.",
+              "Traces: `python -m polar_gym.view OUT_DIR` opens the sessions, their messages and token streams (by "
+              "loss mask, with logprobs) in a browser.", ""]
     causes = errors_by_cause(outcomes)
     if causes:
         lines += ["## Errors by cause", "", "| cause | sessions | first reason |", "|---|---|---|"]
@@ -248,6 +250,7 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
                       f"polar_gym.report {escape(str(out_dir))}` retries it)", highlight=False)
     else:
         console.print(f"report: {escape(str(out_dir / REPORT))}", highlight=False)
+    console.print(f"traces: python -m polar_gym.view {escape(str(out_dir))}", highlight=False)
     fidelity = Fidelity.model_validate(totals["fidelity"])
     style = "bold red" if fidelity.not_contiguous else "default"
     console.print(f"[{style}]{escape(fidelity.line())}[/]", highlight=False)

@@ -56,6 +56,7 @@ def test_drift_breaks_show_by_cause_in_the_console_summary_and_report(tmp_path: 
     report = (out / "report.html").read_text()
     assert line in report and f"<td>drift breaks</td><td class=num>{drift}</td>" in report
     assert f"report: {out / 'report.html'}" in proc.stderr
+    assert f"traces: python -m polar_gym.view {out}" in proc.stderr
 
 
 def _outcome(tmp_path: Path, status: SessionStatus, stderr: str | None = None,
