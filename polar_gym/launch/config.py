@@ -3,14 +3,16 @@
 Every key of every group is checked before anything starts, and every problem names its Hydra key
 (``harness.config.bogus: extra inputs are not permitted``): each section against its model (AgentSpec, RuntimeSpec,
 BuilderSpec, EvaluatorSpec, InferenceSettings, DatagenConfig, TrainerSettings), every name against its registry,
-each plug-in's own config against the model it declares (:mod:`polar_gym.launch.checks`), and the ``launcher`` and
+``logging`` / ``telemetry`` against their settings (and whether their packages are installed), each plug-in's own
+config against the model it declares (:mod:`polar_gym.launch.checks`), and the ``launcher`` and
 ``tasks`` plug points (``_target_`` through one loader) against their settings model or signature.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +33,7 @@ from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.registry import BUILDERS, ENGINES, EVALUATORS, HARNESSES, RUNTIMES, Registry, RegistryError, load_dotted
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar_gym.settings import ConfigError, Problem, validate
+from polar_gym.telemetry import LoggingSettings, TelemetrySettings, missing_packages
 from polar_gym.trainer.settings import TrainerSettings
 
 __all__ = [
@@ -49,7 +52,8 @@ __all__ = [
 
 #: the keys of a composed config (``hydra`` is Hydra's own)
 TOP_LEVEL_KEYS = frozenset({"harness", "builder", "runtime", "evaluator", "inference", "tasks", "launcher",
-                            "num_samples", "timeout_seconds", "out_dir", "datagen", "trainer", "hydra"})
+                            "num_samples", "timeout_seconds", "out_dir", "datagen", "trainer", "logging",
+                            "telemetry", "hydra"})
 
 
 class RunSettings(RunShape):
@@ -80,6 +84,12 @@ class LaunchJob:
     launcher: Launcher | None = None
     #: ``+trainer=sft|grpo``: train instead of only rolling out (polar_gym.launch.training)
     trainer: TrainerSettings | None = None
+    #: ``logging.wandb`` / ``logging.tensorboard``: where run and training metrics go besides the run's files
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    #: ``telemetry``: the gateways' OpenTelemetry spans (resource attributes name this launch)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    #: this launch's id (W&B config, the spans' polar_gym.launch_id)
+    launch_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 def section(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -204,6 +214,24 @@ def _requests(cfg: DictConfig, template: TaskTemplate) -> list[TaskRequest]:
     return list(requests)
 
 
+def _metrics(cfg: DictConfig, problems: list[Problem]) -> tuple[LoggingSettings | None, TelemetrySettings | None]:
+    logging_settings = telemetry = None
+    if cfg.get("logging") is not None:
+        logging_settings = _validated(LoggingSettings, section(cfg, "logging"), "logging", problems)
+    if cfg.get("telemetry") is not None:
+        telemetry = _validated(TelemetrySettings, section(cfg, "telemetry"), "telemetry", problems)
+    problems += missing_packages(logging_settings, telemetry)
+    return logging_settings, telemetry
+
+
+def _launch_telemetry(telemetry: TelemetrySettings, out_dir: Path, launch_id: str) -> TelemetrySettings:
+    """The gateways' telemetry for this launch: an absolute span file (a gateway job runs elsewhere) and the
+    resource attributes that name the run."""
+    resource = {"polar_gym.out_dir": str(out_dir.resolve()), "polar_gym.launch_id": launch_id, **telemetry.resource}
+    file = str(Path(telemetry.file).resolve()) if telemetry.file else None
+    return telemetry.model_copy(update={"resource": resource, "file": file})
+
+
 def build_job(cfg: DictConfig) -> LaunchJob:
     """Validate every key of a composed config, build the launcher and materialize the TaskRequests (through the
     ``tasks`` plug point); nothing is started. Raises ConfigError listing every problem found."""
@@ -217,6 +245,7 @@ def build_job(cfg: DictConfig) -> LaunchJob:
     trainer = None
     if cfg.get("trainer") is not None:
         trainer = _validated(TrainerSettings, section(cfg, "trainer"), "trainer", problems)
+    logging_settings, telemetry = _metrics(cfg, problems)
     out_dir = cfg.get("out_dir")
     if not out_dir and not any(k == "out_dir" for k, _ in problems):
         problems.append(("out_dir", "must be set (a directory for the run's files)"))
@@ -228,6 +257,9 @@ def build_job(cfg: DictConfig) -> LaunchJob:
     if problems:
         raise ConfigError("", problems=problems)
     assert template is not None and inference is not None
+    launch_id = uuid.uuid4().hex[:12]
     return LaunchJob(requests=_requests(cfg, template), inference=inference, out_dir=Path(str(out_dir)),
                      resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen, launcher=launcher,
-                     trainer=trainer)
+                     trainer=trainer, logging=logging_settings or LoggingSettings(),
+                     telemetry=_launch_telemetry(telemetry or TelemetrySettings(), Path(str(out_dir)), launch_id),
+                     launch_id=launch_id)

@@ -280,6 +280,9 @@ def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wal
     CANCELLED (a datagen run counts only what it kept, so its empty generations do not fail the run)."""
     totals = write_outputs(job.out_dir, outcomes, wall, title="datagen" if job.datagen is not None else "launch")
     print_summary(console, outcomes, totals, job.out_dir)
+    from polar_gym.launch.run_metrics import log_run_metrics  # logging.wandb / logging.tensorboard
+
+    log_run_metrics(job, outcomes, totals)
     infra = sorted(set(totals["errors_by_cause"]) & INFRA_CAUSES)
     if infra:
         console.print(f"[bold red]sessions failed for infrastructure reasons ({', '.join(infra)}): the rewards of "
