@@ -23,6 +23,7 @@ from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.server import RolloutServer, Store, create_server_app
 from polar_gym.serving import free_port, serving
 from polar_gym.settings import ConfigError
+from polar_gym.telemetry import TelemetrySettings
 
 __all__ = ["local_fleet", "rollout_server", "write_server_info"]
 
@@ -47,11 +48,12 @@ async def rollout_server(db: Path, host: str, port: int, admin_token: str,
 @contextlib.asynccontextmanager
 async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str = "127.0.0.1", gateway_port: int = 0,
                       server_port: int = 0, heartbeat: float = 1.0,
-                      pools: GatewayPools | None = None) -> AsyncIterator[tuple[str, str]]:
+                      pools: GatewayPools | None = None,
+                      telemetry: TelemetrySettings | None = None) -> AsyncIterator[tuple[str, str]]:
     """A rollout server and one registered gateway node (proxy + sandboxes) in this event loop, on ``host``;
     yields the server's URL and admin token (also written to ``out_dir/server.json``). Everything is stopped and
-    torn down when the block ends. Raises ConfigError (keys below ``inference.``) for an engine that cannot be
-    built."""
+    torn down when the block ends; ``telemetry``: the gateway's OpenTelemetry spans. Raises ConfigError (keys
+    below ``inference.``) for an engine that cannot be built."""
     await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
     try:
         engine = build_engine(inference)
@@ -61,7 +63,7 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
                            max_tokens_cap=inference.max_tokens_cap)
     port = gateway_port or free_port(host)
     config = GatewayConfig(workdir=out_dir / "gateway", endpoint=GatewayEndpoint(host, port),
-                           **dict(pools or GatewayPools()))
+                           telemetry=telemetry, **dict(pools or GatewayPools()))
     gateway_token, server_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     node, app = build_gateway(service, config, gateway_token)
     link: ServerLink | None = None

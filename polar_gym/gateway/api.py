@@ -11,6 +11,7 @@ from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.node import GatewayNode
 from polar_gym.gateway.routes import admin_router, metrics_router, sessions_router
 from polar_gym.gateway.sandbox import SandboxStages
+from polar_gym.gateway.telemetry import GatewayTelemetry
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.service import ProxyService
 
@@ -29,5 +30,8 @@ def build_gateway(service: ProxyService, config: GatewayConfig, admin_token: str
     """A node with the real stage functions, and its app. The service must serve registered keys only."""
     if service.sessions.allow_adhoc:
         raise ValueError("a gateway serves registered sessions only: use SessionRegistry(allow_adhoc=False)")
-    node = GatewayNode(SandboxStages(service, config), config)
+    telemetry = None
+    if config.telemetry is not None and config.telemetry.enabled:  # spans of sessions, stages and model calls
+        telemetry = GatewayTelemetry(config.telemetry, service.journal.records)
+    node = GatewayNode(SandboxStages(service, config), config, telemetry)
     return node, create_gateway_app(node, service, admin_token)

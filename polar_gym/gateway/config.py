@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.schema import SessionResult
+from polar_gym.telemetry import TelemetrySettings
 
 __all__ = ["GatewayConfig", "GatewayPools", "ResultHook"]
 
@@ -69,6 +70,8 @@ class GatewayConfig(GatewayPools):
     #: finished sessions remembered for GET /sessions/{id}/result (oldest forgotten first)
     max_finished: int = 10_000
     hooks: list[ResultHook] = Field(default_factory=list)
+    #: OpenTelemetry spans of every finished session (None or nothing enabled: none)
+    telemetry: TelemetrySettings | None = None
 
     def pools(self) -> GatewayPools:
         """The operator's part of this config."""

@@ -28,6 +28,7 @@ from polar_gym.gateway.errors import DeadlineExceeded, DuplicateSession, Gateway
 from polar_gym.gateway.pools import LatencyStats, Pool, UtilizationTracker
 from polar_gym.gateway.session import Session, stage_of
 from polar_gym.gateway.stages import Stages
+from polar_gym.gateway.telemetry import GatewayTelemetry
 from polar_gym.runtime.base import ExecStatus
 from polar_gym.schema import GatewayHealth, SessionResult, SessionSpec, SessionStatus
 
@@ -41,9 +42,11 @@ S = SessionStatus
 
 
 class GatewayNode:
-    def __init__(self, stages: Stages, config: GatewayConfig | None = None) -> None:
+    def __init__(self, stages: Stages, config: GatewayConfig | None = None,
+                 telemetry: GatewayTelemetry | None = None) -> None:
         self.stages = stages
         self.config = config or GatewayConfig()
+        self.telemetry = telemetry
         c = self.config
         self.init_pool = Pool("init", c.init_workers)
         self.ready_pool = Pool("ready", c.ready_buffer)
@@ -354,6 +357,8 @@ class GatewayNode:
         url = getattr(s.spec.metadata, "callback_url", None)
         if isinstance(url, str) and url:
             await self._callback(url, result)
+        if self.telemetry is not None:  # spans last: never ahead of the result
+            await self.telemetry.finished(s, result)
 
     async def _callback(self, url: str, result: SessionResult) -> None:
         if self._client is None:
@@ -366,6 +371,8 @@ class GatewayNode:
             log.warning("callback %s for session %s failed: %s", url, result.session_id, exc)
 
     async def _close_client(self) -> None:
+        if self.telemetry is not None:
+            await self.telemetry.close()
         if self._client is not None:
             await self._client.aclose()
             self._client = None

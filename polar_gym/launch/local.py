@@ -66,7 +66,7 @@ class LocalLauncher:
             await ensure_upstreams(inference, inference.upstreams, self.console)
         async with local_fleet(job.out_dir, inference, host=settings.host, gateway_port=settings.port,
                                server_port=settings.server_port, heartbeat=settings.heartbeat_seconds,
-                               pools=self.pools) as (server_url, server_token):
+                               pools=self.pools, telemetry=job.telemetry) as (server_url, server_token):
             self.console.print(f"rollout server {server_url} (token in {job.out_dir / 'server.json'})")
             async with RolloutClient(server_url, server_token) as client:
                 if inference.await_upstreams:  # the policy may start after the fleet: wait for it (bounded)

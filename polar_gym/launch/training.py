@@ -109,7 +109,8 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console) -> in
             await ensure_upstreams(inference, inference.upstreams, console)
         async with (local_fleet(job.out_dir, inference, host=launcher.settings.host,
                                 gateway_port=launcher.settings.port, server_port=launcher.settings.server_port,
-                                heartbeat=launcher.settings.heartbeat_seconds, pools=launcher.pools) as (url, token),
+                                heartbeat=launcher.settings.heartbeat_seconds, pools=launcher.pools,
+                                telemetry=job.telemetry) as (url, token),
                     RolloutClient(url, token) as client):
             weights = client if isinstance(client, WeightSync) else None
             recorder, started = SessionRecorder(client), time.monotonic()
