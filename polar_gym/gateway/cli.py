@@ -31,8 +31,9 @@ from polar_gym.proxy.cli import add_proxy_arguments, admin_token_from, config_ex
 from polar_gym.proxy.settings import ProxySettings, build_service, check_engine
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.settings import ConfigError, validate
+from polar_gym.telemetry import TelemetrySettings
 
-__all__ = ["build_parser", "config_from_args", "main", "parse_args"]
+__all__ = ["build_parser", "config_from_args", "main", "parse_args", "telemetry_from_args"]
 
 #: GatewayPools field -> its flag, where it is not the field's name with dashes
 _POOL_FLAGS = {"postrun_grace_seconds": "--postrun-grace", "runtime_options": "--runtime-option",
@@ -66,7 +67,37 @@ def build_parser() -> argparse.ArgumentParser:
                         "memory_mb=2048); the only way options that reach the host's command line are set")
     p.add_argument("--expose-root", dest="expose_root", action="append", default=[], type=Path, metavar="DIR",
                    help="a host directory under which requests may expose paths read-only (runtime.options.expose)")
+    t = p.add_argument_group("telemetry", "OpenTelemetry spans of every finished session (its stages, its model calls)")
+    t.add_argument("--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+                   help="an OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_ENDPOINT)")
+    t.add_argument("--telemetry-file", default=None, help="also write every span as a JSON line to this file")
+    t.add_argument("--telemetry-service-name", default=s, help="the spans' service.name (default: polar_gym-gateway)")
+    t.add_argument("--telemetry-timeout", type=float, default=s, help="seconds one export may take (default: 5)")
+    t.add_argument("--telemetry-resource", action="append", default=[], metavar="KEY=VALUE",
+                   help="a resource attribute of every span (e.g. polar_gym.launch_id=...)")
     return p
+
+
+def telemetry_from_args(args: argparse.Namespace) -> TelemetrySettings | None:
+    """The node's telemetry settings from its flags (None: no exporter asked for)."""
+    if not (getattr(args, "otlp_endpoint", None) or getattr(args, "telemetry_file", None)):
+        return None
+    given: dict[str, Any] = {"otlp_endpoint": args.otlp_endpoint, "file": args.telemetry_file}
+    for field, name in (("service_name", "telemetry_service_name"), ("export_timeout_seconds", "telemetry_timeout")):
+        if hasattr(args, name):
+            given[field] = getattr(args, name)
+    resource: dict[str, str] = {}
+    for item in args.telemetry_resource:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"wants KEY=VALUE, got {item!r}", key="--telemetry-resource")
+        resource[key] = value
+    flags = {"otlp_endpoint": "--otlp-endpoint", "file": "--telemetry-file",
+             "service_name": "--telemetry-service-name", "export_timeout_seconds": "--telemetry-timeout"}
+    try:
+        return validate(TelemetrySettings, {**given, "resource": resource})
+    except ConfigError as exc:
+        raise exc.renamed(lambda key: flags.get(key, key)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,7 +128,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         pools = validate(GatewayPools, given)
     except ConfigError as exc:
         raise exc.renamed(lambda key: _POOL_FLAGS.get(key, flag_of(key))) from None
-    return GatewayConfig(workdir=args.workdir, endpoint=GatewayEndpoint(host, args.port), **dict(pools))
+    return GatewayConfig(workdir=args.workdir, endpoint=GatewayEndpoint(host, args.port),
+                         telemetry=telemetry_from_args(args), **dict(pools))
 
 
 async def serve_gateway(settings: ProxySettings, config: GatewayConfig, args: argparse.Namespace,

@@ -24,9 +24,10 @@ from polar_gym.fleet.settings import InferenceSettings
 from polar_gym.gateway.config import GatewayPools
 from polar_gym.proxy.settings import ENGINES_WITH_TOKENIZER
 from polar_gym.serving import free_port
+from polar_gym.telemetry import TelemetrySettings
 
 __all__ = ["GatewayJobSettings", "InferenceJobSettings", "gateway_argv", "inference_command", "node_port",
-           "run_gateway_job", "run_inference_job", "run_server_job"]
+           "run_gateway_job", "run_inference_job", "run_server_job", "telemetry_argv"]
 
 
 class GatewayJobSettings(GatewayPools):
@@ -67,9 +68,11 @@ class InferenceJobSettings(BaseModel):
 
 
 def gateway_argv(inference: InferenceSettings, pools: GatewayJobSettings, upstreams: list[str], *,
-                 server_url: str, workdir: Path, heartbeat: float) -> list[str]:
+                 server_url: str, workdir: Path, heartbeat: float,
+                 telemetry: TelemetrySettings | None = None) -> list[str]:
     """``python -m polar_gym.gateway`` arguments for a gateway job (port and advertised host are added on the node).
-    The engine comes from the ``inference`` group; ``upstreams`` are its URLs plus those of inference jobs."""
+    The engine comes from the ``inference`` group; ``upstreams`` are its URLs plus those of inference jobs;
+    ``telemetry`` the launch's span settings."""
     argv = ["--engine", inference.engine, "--host", "0.0.0.0", "--workdir", str(workdir),
             "--capture-dir", str(workdir / "capture"), "--server-url", server_url, "--heartbeat", str(heartbeat),
             "--run-slots", str(pools.run_slots), "--init-workers", str(pools.init_workers),
@@ -93,12 +96,27 @@ def gateway_argv(inference: InferenceSettings, pools: GatewayJobSettings, upstre
         from polar_gym.assets import tokenizer_dir
 
         tokenizer = str(tokenizer_dir())  # the project's built Qwen tokenizer (a path the nodes share)
+    if telemetry is not None and telemetry.enabled:
+        argv += telemetry_argv(telemetry)
     for flag, value in (("--tokenizer", tokenizer), ("--oracle-script", inference.oracle_script),
                         ("--upstream-model", inference.upstream_model),
                         ("--policy-version", inference.policy_version),
                         ("--max-tokens-cap", inference.max_tokens_cap)):
         if value is not None:
             argv += [flag, str(value)]
+    return argv
+
+
+def telemetry_argv(telemetry: TelemetrySettings) -> list[str]:
+    """The gateway flags of the ``telemetry`` settings (``python -m polar_gym.gateway --help``)."""
+    argv = ["--telemetry-service-name", telemetry.service_name,
+            "--telemetry-timeout", str(telemetry.export_timeout_seconds)]
+    if telemetry.otlp_endpoint:
+        argv += ["--otlp-endpoint", telemetry.otlp_endpoint]
+    if telemetry.file:
+        argv += ["--telemetry-file", telemetry.file]
+    for key, value in telemetry.resource.items():
+        argv += ["--telemetry-resource", f"{key}={value}"]
     return argv
 
 

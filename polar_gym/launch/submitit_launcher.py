@@ -205,7 +205,8 @@ class SlurmLauncher:
                                   timeout_min=pools.timeout_min)
         for i in range(self.gateways):
             argv = gateway_argv(job.inference, pools, upstreams, server_url=server_url,
-                                workdir=job.out_dir / "gateways" / f"gateway-{i}", heartbeat=self.heartbeat)
+                                workdir=job.out_dir / "gateways" / f"gateway-{i}", heartbeat=self.heartbeat,
+                                telemetry=job.telemetry)
             self._submit(executor, f"polar-gateway-{i}", run_gateway_job, argv, self.advertise_host, token,
                          out_dir=job.out_dir)
 

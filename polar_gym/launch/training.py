@@ -32,6 +32,7 @@ from polar_gym.report.files import TRAIN_KEYS, read_jsonl
 from polar_gym.schema import SessionResult, TaskRequest
 from polar_gym.server.client import RolloutClient
 from polar_gym.settings import ConfigError
+from polar_gym.telemetry import MetricSinks
 from polar_gym.trainer.loops import RolloutSource, WeightSync, run_grpo, run_sft
 
 __all__ = ["SessionRecorder", "train", "write_training_report"]
@@ -87,7 +88,8 @@ def train(job: LaunchJob) -> int:
             raise ConfigError("sft needs data: trainer.data=[path/to/sft/train.jsonl, ...]", key="trainer.data")
         started = time.monotonic()
         try:
-            final = run_sft(job.trainer, out, echo=console.print)
+            with _sinks(job) as sinks:
+                final = run_sft(job.trainer, out, echo=console.print, sinks=sinks)
         finally:
             write_training_report(job.out_dir, "sft", [], time.monotonic() - started)
         console.print(f"sft: checkpoint {final}; metrics {out / 'train_metrics.jsonl'}; report "
@@ -96,6 +98,13 @@ def train(job: LaunchJob) -> int:
     if not isinstance(job.launcher, LocalLauncher):
         raise ConfigError("grpo runs on a local fleet: launcher=local", key="launcher")
     return asyncio.run(_grpo(job, job.launcher, console))
+
+
+def _sinks(job: LaunchJob) -> MetricSinks:
+    """``logging.wandb`` / ``logging.tensorboard`` for the training metrics (``train/KEY`` at each step)."""
+    assert job.trainer is not None
+    return MetricSinks.open(job.logging, job.out_dir, job_type=job.trainer.algorithm,
+                            config={"trainer": job.trainer.model_dump(mode="json"), "launch_id": job.launch_id})
 
 
 async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console) -> int:
@@ -115,8 +124,10 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console) -> in
             weights = client if isinstance(client, WeightSync) else None
             recorder, started = SessionRecorder(client), time.monotonic()
             try:
-                final = await run_grpo(settings, job.requests, recorder, job.out_dir / "trainer", weights=weights,
-                                       echo=console.print, timeout=max(r.timeout_seconds for r in job.requests) * 2)
+                with _sinks(job) as sinks:
+                    final = await run_grpo(settings, job.requests, recorder, job.out_dir / "trainer",
+                                           weights=weights, echo=console.print,
+                                           timeout=max(r.timeout_seconds for r in job.requests) * 2, sinks=sinks)
             finally:
                 write_training_report(job.out_dir, "grpo", recorder.sessions, time.monotonic() - started)
     console.print(f"grpo: last checkpoint {final}; metrics {job.out_dir / 'trainer' / 'train_metrics.jsonl'}; "

@@ -14,8 +14,6 @@ never a slow or failed session) over OTLP/HTTP and/or to a JSON-lines file.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +23,7 @@ from polar_gym.settings import ConfigError
 from polar_gym.telemetry.settings import TelemetrySettings, traces_url
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
 __all__ = ["STAGE_OF_STATUS", "SessionTracer", "stage_intervals"]
@@ -55,32 +53,6 @@ def stage_intervals(history: Sequence[Mapping[str, Any]]) -> list[tuple[str, flo
     return out
 
 
-class _JsonLinesExporter:
-    """Every span as one JSON line (``ReadableSpan.to_json``, compact) appended to a file."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._lock = threading.Lock()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        lines = "".join(json.dumps(json.loads(span.to_json())) + "\n" for span in spans)
-        try:
-            with self._lock, self.path.open("a", encoding="utf-8") as f:
-                f.write(lines)
-        except OSError:
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-
 def _provider(settings: TelemetrySettings) -> TracerProvider:
     try:
         from opentelemetry.sdk.resources import Resource
@@ -101,7 +73,9 @@ def _provider(settings: TelemetrySettings) -> TracerProvider:
         exporters.append(OTLPSpanExporter(endpoint=traces_url(settings.otlp_endpoint),
                                           timeout=settings.export_timeout_seconds))
     if settings.file:
-        exporters.append(_JsonLinesExporter(Path(settings.file)))  # type: ignore[arg-type]  # a duck-typed exporter
+        from polar_gym.telemetry.file_export import JsonLinesSpanExporter
+
+        exporters.append(JsonLinesSpanExporter(Path(settings.file)))
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=int(
             settings.export_timeout_seconds * 1000)))
@@ -117,7 +91,7 @@ def _cause(result: SessionResult) -> str | None:
         return None
     if result.status is SessionStatus.ERROR and result.reason and ":" in result.reason:
         return result.reason.split(":", 1)[0].strip().replace(" ", "_")
-    return result.status.value.lower()
+    return str(result.status.value).lower()
 
 
 def _call_attributes(record: CompletionRecord) -> dict[str, Any]:

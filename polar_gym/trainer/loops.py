@@ -22,6 +22,7 @@ import torch
 
 from polar_gym.merge.exports import trace_lines
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
+from polar_gym.telemetry import MetricSinks
 from polar_gym.trainer.batch import TrainSequence, collate, sequence_of_trace
 from polar_gym.trainer.checkpoint import load_policy, save_checkpoint
 from polar_gym.trainer.logprobs import trained_logprobs
@@ -111,13 +112,20 @@ def _model_dir(settings: TrainerSettings) -> Path:
     return tiny_model_dir()
 
 
+def _write(log: MetricsLog, row: Mapping[str, Any], sinks: MetricSinks | None) -> None:
+    """One train_metrics.jsonl row, also to the W&B / TensorBoard sinks (``train/KEY`` at the row's step)."""
+    log.write(row)
+    if sinks is not None:
+        sinks.log(int(row["step"]), {"train": row})
+
+
 def _finish(log: MetricsLog, out: Path, keys: Sequence[str], title: str) -> None:
     log.plot(out / "train_metrics.svg", keys, title)
 
 
-def run_sft(settings: TrainerSettings, out_dir: Path, *, echo: Any = print) -> Path:
+def run_sft(settings: TrainerSettings, out_dir: Path, *, echo: Any = print, sinks: MetricSinks | None = None) -> Path:
     """SFT for ``settings.steps`` steps on ``settings.data``; returns the final checkpoint directory
-    (``out_dir/checkpoints/final``)."""
+    (``out_dir/checkpoints/final``). Every metrics row also goes to ``sinks``."""
     from transformers import AutoTokenizer
 
     model_dir = _model_dir(settings)
@@ -141,7 +149,7 @@ def run_sft(settings: TrainerSettings, out_dir: Path, *, echo: Any = print) -> P
         report = trainer.sft_step(batch)
         row = {"step": step, "loss": report.loss, "tokens": report.tokens, "grad_norm": report.grad_norm,
                "seconds": time.monotonic() - started, "sequences": len(batch)}
-        log.write(row)
+        _write(log, row, sinks)
         echo(f"sft step {step}: loss {report.loss:.4f} tokens {report.tokens} {row['seconds']:.2f} s")
         if settings.save_every and step % settings.save_every == 0 and step < settings.steps:
             trainer.save(out_dir / "checkpoints" / f"step-{step}")
@@ -188,10 +196,11 @@ def _reward_stats(results: Sequence[SessionResult]) -> dict[str, float]:
 
 async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], client: RolloutSource,
                    out_dir: Path, *, weights: WeightSync | None = None, echo: Any = print,
-                   timeout: float = 3600.0) -> Path:
+                   timeout: float = 3600.0, sinks: MetricSinks | None = None) -> Path:
     """GRPO for ``settings.steps`` steps on ``tasks`` (each ``num_samples`` sessions: one group); after each step
     the checkpoint ``out_dir/checkpoints/step-N`` is pushed to the fleet as policy version ``initial_version + N``.
-    Every step's traces go to ``out_dir/trajectories.jsonl``. Returns the last checkpoint."""
+    Every step's traces go to ``out_dir/trajectories.jsonl``, every metrics row also to ``sinks``. Returns the last
+    checkpoint."""
     if settings.push_weights and weights is None:
         raise ValueError("push_weights needs a WeightSync (the fleet's weight-update call)")
     model_dir = _model_dir(settings)
@@ -228,7 +237,7 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
             await weights.update_weights(str(checkpoint), version)
             row["push_seconds"] = time.monotonic() - push_started
         row["seconds"] = time.monotonic() - started
-        log.write(row)
+        _write(log, row, sinks)
         echo(f"grpo step {step}: reward {row['reward_mean']:.3f} loss {row.get('loss', float('nan')):.4f} "
              f"traces {len(sequences)} -> version {version} ({row['seconds']:.1f} s)")
         _finish(log, out_dir, ["reward_mean", "loss", "audit/logprob_abs_diff_max", "seconds"], "GRPO")
