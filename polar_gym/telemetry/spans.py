@@ -124,6 +124,7 @@ class SessionTracer:
         self.settings = settings
         self.provider = _provider(settings)
         self.tracer: Tracer = self.provider.get_tracer("polar_gym.gateway")
+        self._closed = False
 
     def session(self, result: SessionResult, *, harness: str, records: Sequence[CompletionRecord] = (),
                 teardown_seconds: float = 0.0) -> None:
@@ -167,5 +168,7 @@ class SessionTracer:
         root.end(end_time=_ns(end))
 
     def close(self) -> None:
-        """Export what is queued and stop (a collector that is down costs at most the export timeout)."""
-        self.provider.shutdown()
+        """Export what is queued and stop (a collector that is down costs at most the export timeout); once."""
+        if not self._closed:
+            self._closed = True
+            self.provider.shutdown()
