@@ -33,6 +33,7 @@ from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, load_dotted
 from polar_gym.runtime.base import Runtime
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
 from polar_gym.settings import reference_rows, reference_table
+from polar_gym.telemetry import LoggingSettings, TelemetrySettings
 from polar_gym.trainer.settings import TrainerSettings
 
 __all__ = ["MARKER", "MEANINGS", "README", "check", "reference", "write"]
@@ -123,7 +124,9 @@ def reference() -> str:
             "### tasks=demo", "", _tasks("polar_gym.launch.tasks:demo_requests"),
             "### tasks=dataset", "", _tasks("polar_gym.datagen:dataset_requests"),
             "### datagen (`+datagen=sft`)", "", _table(DatagenConfig, "datagen"),
-            "### trainer (`+trainer=sft`, `+trainer=grpo`)", "", _table(TrainerSettings, "trainer")]
+            "### trainer (`+trainer=sft`, `+trainer=grpo`)", "", _table(TrainerSettings, "trainer"),
+            "### logging (W&B, TensorBoard)", "", _table(LoggingSettings, "logging"),
+            "### telemetry (OpenTelemetry spans)", "", _table(TelemetrySettings, "telemetry")]
     return "\n".join(out).rstrip() + "\n"
 
 

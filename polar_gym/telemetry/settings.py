@@ -40,7 +40,7 @@ class WandbSettings(BaseModel):
             return {"enabled": True, "mode": data}
         if isinstance(data, str) and data.lower() in ("true", "false"):
             return {"enabled": data.lower() == "true"}
-        if not isinstance(data, dict | BaseModel):
+        if isinstance(data, str):
             raise ValueError(f"wants true, false, offline, online or a mapping of keys, got {data!r}")
         return data
 

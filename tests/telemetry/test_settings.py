@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import polar_gym.telemetry.sinks as sinks_module
 from polar_gym.fleet.settings import InferenceSettings
@@ -102,3 +102,13 @@ def test_the_gateway_flags_and_a_slurm_gateway_job_carry_the_telemetry(tmp_path:
     with pytest.raises(ConfigError) as err:
         config_from_args(parse_args(["--telemetry-file", "x", "--telemetry-resource", "novalue", "--port", "1"]))
     assert err.value.keys == ["--telemetry-resource"]
+
+
+def test_conf_defaults_are_the_models_defaults() -> None:
+    """conf/config.yaml lists every key (so each overrides without `+`) with the models' defaults: one source."""
+    cfg = composed()
+    assert LoggingSettings.model_validate(OmegaConf.to_container(cfg.logging)) == LoggingSettings()
+    assert TelemetrySettings.model_validate(OmegaConf.to_container(cfg.telemetry)) == TelemetrySettings()
+    assert set(cfg.logging.wandb) == set(WandbSettings.model_fields)
+    assert set(cfg.logging.tensorboard) == set(TensorboardSettings.model_fields)
+    assert set(cfg.telemetry) == set(TelemetrySettings.model_fields)
