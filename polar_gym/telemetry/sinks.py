@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -84,7 +83,6 @@ class WandbSink:
 
     def __init__(self, settings: WandbSettings, out_dir: Path, *, run_name: str, config: Mapping[str, Any] | None,
                  job_type: str) -> None:
-        os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
         folder = Path(settings.dir) if settings.dir else out_dir
