@@ -38,10 +38,15 @@ class Outcome(Protocol):
 
 
 def session_values(outcome: Outcome) -> dict[str, Any]:
-    """One session's point of the series: reward, seconds, completions, traces and its per-stage timings."""
+    """One session's point of the series: reward, seconds, completions, traces, its per-stage timings and its
+    token fidelity (trainable / masked tokens, chains, new chains by cause: its trajectory_diagnostics)."""
+    trajectory = outcome.result.trajectory
+    diagnostics = trajectory.diagnostics if trajectory is not None else {}
+    fidelity = {key: diagnostics.get(key) for key in ("trainable_tokens", "masked_tokens", "chains", "breaks")}
     return {"reward": outcome.reward, "seconds": outcome.seconds, "completions": outcome.completions,
             "traces": outcome.traces, "completed": outcome.result.status is SessionStatus.COMPLETED,
-            "errored": outcome.result.status is SessionStatus.ERROR, "timings": dict(outcome.result.timings)}
+            "errored": outcome.result.status is SessionStatus.ERROR, "timings": dict(outcome.result.timings),
+            "fidelity": fidelity}
 
 
 def run_summary(totals: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,8 @@ def test_a_launch_writes_its_sessions_and_totals_to_wandb_offline_and_tensorboar
     assert [row["session/traces"] for row in history] == [r["traces"] for r in results]
     assert [row["session/seconds"] for row in history] == pytest.approx([r["seconds"] for r in results], abs=1e-3)
     assert [row["session/timings/run"] for row in history] == [r["timings"]["run"] for r in results]
+    assert [row["session/fidelity/trainable_tokens"] for row in history] == [
+        r["trajectory_diagnostics"]["trainable_tokens"] for r in results]
     summary = wandb_summary(wandb_run_dir(out))
     assert summary["run/sessions"] == len(results) == 4
     assert summary["run/completed"] == 4 and summary["run/errored"] == 0
