@@ -68,6 +68,8 @@ class Sink(Protocol):
     """One destination of metrics."""
 
     name: str
+    #: where a user finds what the sink wrote (one line for the console)
+    where: str
 
     def log(self, step: int, values: Mapping[str, float]) -> None: ...
 
@@ -91,6 +93,9 @@ class WandbSink:
                               group=settings.group, tags=settings.tags or None, dir=str(folder), mode=settings.mode,
                               job_type=job_type, config=dict(config or {}),
                               settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+        run_dir = Path(self.run.dir).parent
+        self.where = (f"W&B offline run {run_dir} (`wandb sync {run_dir}` uploads it)" if settings.mode == "offline"
+                      else f"W&B run {self.run.url or run_dir}")
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self.run.log(dict(values), step=step)
@@ -99,7 +104,11 @@ class WandbSink:
         self.run.summary.update(dict(values))
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        if wandb.run is None:  # W&B's service writes the run's log in the background: stopping it completes the log
+            wandb.teardown()  # now (not at exit); left alone while another run of this process is live
 
 
 class TensorboardSink:
@@ -112,6 +121,7 @@ class TensorboardSink:
 
         self.dir = Path(settings.dir) if settings.dir else out_dir / "tensorboard"
         self.writer = SummaryWriter(logdir=str(self.dir))
+        self.where = f"TensorBoard event files in {self.dir} (`tensorboard --logdir {self.dir}`)"
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         for key, value in values.items():
@@ -167,7 +177,10 @@ class MetricSinks:
             self._each(lambda sink: sink.summary(flat))
 
     def close(self) -> None:
+        """Close every sink (W&B finishes its run) and say where each one's files are."""
         self._each(lambda sink: sink.close())
+        for sink in self.sinks:
+            log.info("metrics: %s", sink.where)
         self.sinks.clear()
 
     def _each(self, call: Any) -> None:

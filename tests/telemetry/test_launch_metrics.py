@@ -27,6 +27,9 @@ def test_a_launch_writes_its_sessions_and_totals_to_wandb_offline_and_tensorboar
                   "logging.wandb.mode=offline", "logging.tensorboard.enabled=true", out=out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "wandb:" not in proc.stdout + proc.stderr  # W&B's console chatter is silenced
+    run_dir = wandb_run_dir(out)
+    assert f"metrics: W&B offline run {run_dir} (`wandb sync {run_dir}` uploads it)" in proc.stdout
+    assert f"metrics: TensorBoard event files in {out / 'tensorboard'}" in proc.stdout
     results = results_of(out)
     rewards = [r["evaluation"]["reward"] for r in results]
     mean = sum(rewards) / len(rewards)

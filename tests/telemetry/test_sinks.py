@@ -46,6 +46,7 @@ def test_wandb_offline_and_tensorboard_get_the_series_and_the_summary(tmp_path: 
 
 class _Recording:
     name = "recording"
+    where = "in memory"
 
     def __init__(self) -> None:
         self.logged: list[tuple[int, dict[str, float]]] = []
@@ -71,14 +72,15 @@ class _Broken(_Recording):
 def test_a_failing_sink_is_dropped_with_a_warning_and_the_others_go_on(caplog: pytest.LogCaptureFixture) -> None:
     good, broken = _Recording(), _Broken()
     sinks = MetricSinks([broken, good])
-    with caplog.at_level(logging.WARNING, logger="polar_gym.telemetry"):
+    with caplog.at_level(logging.INFO, logger="polar_gym.telemetry"):
         sinks.log(1, {"a": 1})
         sinks.log(2, {"a": 2})
         sinks.summary({"b": 3})
         sinks.close()
     assert good.logged == [(1, {"a": 1.0}), (2, {"a": 2.0}), (-1, {"b": 3.0})] and good.closed
     assert [r.getMessage() for r in caplog.records] == [
-        "broken logging failed and is off for the rest of this run: ConnectionError: the service went away"]
+        "broken logging failed and is off for the rest of this run: ConnectionError: the service went away",
+        "metrics: in memory"]
 
 
 def test_a_sink_that_cannot_start_is_left_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
