@@ -14,6 +14,8 @@ never a slow or failed session) over OTLP/HTTP and/or to a JSON-lines file.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +25,8 @@ from polar_gym.settings import ConfigError
 from polar_gym.telemetry.settings import TelemetrySettings, traces_url
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer
 
 __all__ = ["STAGE_OF_STATUS", "SessionTracer", "stage_intervals"]
@@ -53,33 +56,38 @@ def stage_intervals(history: Sequence[Mapping[str, Any]]) -> list[tuple[str, flo
     return out
 
 
-def _provider(settings: TelemetrySettings) -> TracerProvider:
+def _provider(settings: TelemetrySettings) -> tuple[TracerProvider, list[tuple[SpanProcessor, SpanExporter]]]:
+    """The tracer provider and its (processor, exporter) pairs, the file's first (it flushes at once)."""
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
         raise ConfigError("needs the opentelemetry-sdk package: pip install 'polar_gym[metrics]'",
                           key="telemetry") from None
     resource = Resource.create({"service.name": settings.service_name, **settings.resource})
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # SessionTracer.close bounds the flush
     exporters: list[SpanExporter] = []
-    if settings.otlp_endpoint:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            raise ConfigError("needs the opentelemetry-exporter-otlp-proto-http package: "
-                              "pip install 'polar_gym[metrics]'", key="telemetry.otlp_endpoint") from None
-        exporters.append(OTLPSpanExporter(endpoint=traces_url(settings.otlp_endpoint),
-                                          timeout=settings.export_timeout_seconds))
     if settings.file:
         from polar_gym.telemetry.file_export import JsonLinesSpanExporter
 
         exporters.append(JsonLinesSpanExporter(Path(settings.file)))
+    if settings.otlp_endpoint:
+        try:
+            from opentelemetry.exporter.otlp.proto.http import trace_exporter
+        except ImportError:
+            raise ConfigError("needs the opentelemetry-exporter-otlp-proto-http package: "
+                              "pip install 'polar_gym[metrics]'", key="telemetry.otlp_endpoint") from None
+        # one error line per batch a collector did not take, not a warning per retry
+        logging.getLogger(trace_exporter.__name__).setLevel(logging.ERROR)
+        exporters.append(trace_exporter.OTLPSpanExporter(endpoint=traces_url(settings.otlp_endpoint),
+                                                         timeout=settings.export_timeout_seconds))
+    processors: list[tuple[SpanProcessor, SpanExporter]] = []
     for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=int(
-            settings.export_timeout_seconds * 1000)))
-    return provider
+        processor = BatchSpanProcessor(exporter, export_timeout_millis=int(settings.export_timeout_seconds * 1000))
+        provider.add_span_processor(processor)
+        processors.append((processor, exporter))
+    return provider, processors
 
 
 def _cause(result: SessionResult) -> str | None:
@@ -122,7 +130,7 @@ class SessionTracer:
 
     def __init__(self, settings: TelemetrySettings) -> None:
         self.settings = settings
-        self.provider = _provider(settings)
+        self.provider, self._processors = _provider(settings)
         self.tracer: Tracer = self.provider.get_tracer("polar_gym.gateway")
         self._closed = False
 
@@ -168,7 +176,15 @@ class SessionTracer:
         root.end(end_time=_ns(end))
 
     def close(self) -> None:
-        """Export what is queued and stop (a collector that is down costs at most the export timeout); once."""
-        if not self._closed:
-            self._closed = True
-            self.provider.shutdown()
+        """Export what is queued and stop, once. Each exporter gets the export timeout (plus a second): a collector
+        that is down then has its retries cut short and what it still had queued is dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        for processor, exporter in self._processors:
+            flush = threading.Thread(target=processor.shutdown, name="polar_gym-spans-flush", daemon=True)
+            flush.start()
+            flush.join(self.settings.export_timeout_seconds + 1.0)
+            if flush.is_alive():
+                exporter.shutdown()  # interrupts the exporter's retries; the worker then drains at once
+                flush.join(1.0)
