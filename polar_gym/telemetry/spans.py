@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from polar_gym.causes import error_cause
 from polar_gym.schema import CompletionRecord, SessionResult, SessionStatus
 from polar_gym.settings import ConfigError
 from polar_gym.telemetry.settings import TelemetrySettings, traces_url
@@ -90,18 +91,6 @@ def _provider(settings: TelemetrySettings) -> tuple[TracerProvider, list[tuple[S
     return provider, processors
 
 
-def _cause(result: SessionResult) -> str | None:
-    artifacts = result.metadata.get("artifacts")
-    cause = artifacts.get("error_cause") if isinstance(artifacts, dict) else None
-    if cause:
-        return str(cause)
-    if result.status is SessionStatus.COMPLETED:
-        return None
-    if result.status is SessionStatus.ERROR and result.reason and ":" in result.reason:
-        return result.reason.split(":", 1)[0].strip().replace(" ", "_")
-    return str(result.status.value).lower()
-
-
 def _call_attributes(record: CompletionRecord) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat", "gen_ai.system": record.engine,
@@ -149,7 +138,7 @@ class SessionTracer:
                                       "polar_gym.completions": len(records)}
         if reward is not None:
             attributes["polar_gym.reward"] = float(reward)
-        cause = _cause(result)
+        cause = error_cause(result)  # the launch's and the report's rule
         if cause:
             attributes["polar_gym.cause"] = cause
         if result.reason:

@@ -70,4 +70,4 @@ def test_a_timeout_without_an_artifact_cause_is_named_by_its_status(tmp_path: Pa
                                      metadata={"status_history": history}), harness="pi")
     tracer.close()
     causes = sorted(s.attributes["polar_gym.cause"] for s in file_spans(path) if s.name == "session")
-    assert causes == ["init", "timeout"]
+    assert causes == ["init_failed", "timeout"]
