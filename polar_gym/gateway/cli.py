@@ -4,6 +4,7 @@
     python -m polar_gym.gateway --engine {vllm,sglang,openai,oracle} [--upstream URL ...] --port N
         --capture-dir DIR --workdir DIR [--init-workers N --ready-buffer N --run-slots N --postrun-workers N]
         [--runtime-option KEY=JSON ...] [--expose-root DIR ...]
+        [--otlp-endpoint URL] [--telemetry-file PATH] [--telemetry-resource KEY=VALUE ...]
 
 With ``--server-url`` the node registers with a rollout server once it listens, pushes its stage metrics as
 heartbeats and registers again if the server forgot it. Only registered sessions are served. The admin token (for
@@ -11,6 +12,10 @@ POST /sessions, cancel, drain, /admin/*) comes from ``--admin-token`` or ``POLAR
 one is written to ``--admin-token-file`` (default ``WORKDIR/admin-token``, mode 600) and only that path is printed,
 so the token never lands in a job log other users can read. On SIGINT/SIGTERM the server stops and every live
 session is cancelled and torn down; POST /gateway/drain?wait=true first for a graceful end.
+
+With ``--otlp-endpoint`` (default ``$OTEL_EXPORTER_OTLP_ENDPOINT``) or ``--telemetry-file`` every finished session's
+OpenTelemetry spans (session, stages, model calls; :mod:`polar_gym.gateway.telemetry`) are exported in the
+background.
 
 Pool defaults are :class:`~polar_gym.gateway.config.GatewayPools`' (one source); a Slurm gateway job calls
 :func:`main` with its argv.

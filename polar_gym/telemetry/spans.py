@@ -125,7 +125,8 @@ class SessionTracer:
 
     def session(self, result: SessionResult, *, harness: str, records: Sequence[CompletionRecord] = (),
                 teardown_seconds: float = 0.0) -> None:
-        """The spans of one finished session (never raises for odd data: a span is a report, not a check)."""
+        """The spans of one finished session (a session without a status history has none). The gateway calls it
+        in a worker thread and logs what it raises: a span is a report, never a reason for a session to fail."""
         from opentelemetry import trace
 
         stages = stage_intervals(result.metadata.get("status_history") or [])
