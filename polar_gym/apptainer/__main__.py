@@ -5,6 +5,14 @@
 
 ``--dry-run`` prints the rendered definition (or Dockerfile and setup script) and the build command, and builds
 nothing. The last line printed by a real build is the image (SIF path or OCI tag), so scripts can capture it.
+
+``--offline`` builds from what set-up cached, with no image registry: a Debian base made by debootstrap from the
+host's apt mirror (git, python3, bash, coreutils), the host's node and the cached pinned CLIs (all six by default,
+or each ``--harness``). ``--format oci`` (podman) makes the image ``runtime=docker`` runs by default;
+``--format sif --dry-run`` prints the same recipe as an Apptainer definition:
+
+    python -m polar_gym.apptainer build --offline --format oci                 # localhost/polar-gym/harnesses:<pins>
+    python -m polar_gym.apptainer build --offline --format oci --harness pi    # localhost/polar-gym/pi:<pins>
 """
 
 from __future__ import annotations
@@ -15,7 +23,18 @@ import sys
 from pathlib import Path
 
 from polar_gym.apptainer.images import DEFAULT_BASE, DEFAULT_NODE_VERSION, ImageRecipe, build, plan, reusable
+from polar_gym.apptainer.offline import (
+    ALL_HARNESSES,
+    BASE_PACKAGES,
+    OfflineRecipe,
+    build_oci,
+    debootstrap_argv,
+    host_apt_source,
+    render_offline_definition,
+    render_offline_dockerfile,
+)
 from polar_gym.harness.install import PINS
+from polar_gym.runtime.podman_host import host_defaults
 
 __all__ = ["main"]
 
@@ -25,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="render and build one image")
-    b.add_argument("--harness", choices=sorted(PINS), help="the pinned harness CLI to bake in (default: none)")
+    b.add_argument("--harness", choices=sorted(PINS), action="append", default=[],
+                   help="the pinned harness CLI to bake in (default: none; --offline: all; repeatable with --offline)")
+    b.add_argument("--offline", action="store_true", help="no registry: Debian base + the cached CLIs (see above)")
     b.add_argument("--base", default=DEFAULT_BASE, help=f"base image (default {DEFAULT_BASE})")
     b.add_argument("--node-version", default=DEFAULT_NODE_VERSION, help="Node.js installed if the base lacks it")
     b.add_argument("--install-node", choices=["auto", "yes", "no"], default="auto")
@@ -40,13 +61,47 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--binary", default="apptainer", help="apptainer CLI for SIF builds")
     b.add_argument("--engine", default="podman", help="docker or podman for OCI builds")
     b.add_argument("--build-arg", action="append", default=[], metavar="ARG", help="extra builder argument")
-    b.add_argument("--out", type=Path, required=True, help="directory for images, sidecars and build files")
+    b.add_argument("--out", type=Path, help="directory for images, sidecars and build files (--offline: "
+                   "~/.cache/polar_gym/images)")
     b.add_argument("--dry-run", action="store_true", help="print what would be built and how; build nothing")
     return parser
 
 
+def _offline(args: argparse.Namespace) -> int:
+    """``build --offline``: the registry-free recipe (polar_gym.apptainer.offline)."""
+    out = (args.out or Path.home() / ".cache" / "polar_gym" / "images").resolve()
+    try:
+        mirror, suite = host_apt_source()
+        recipe = OfflineRecipe(harnesses=tuple(args.harness) or ALL_HARNESSES, mirror=mirror, suite=suite,
+                               packages=tuple(dict.fromkeys([*BASE_PACKAGES, *args.apt])))
+        if args.dry_run:
+            context = out / f"{recipe.name}.build"
+            bootstrap = shlex.join(debootstrap_argv(recipe, out / "rootfs"))
+            print(f"# ---- {context / 'Dockerfile'} (base {recipe.base_tag}: {bootstrap})")
+            print(render_offline_dockerfile(recipe), end="")
+            print(f"# ---- {context / 'apptainer.def'}")
+            print(render_offline_definition(recipe, context), end="")
+            print(recipe.tag)
+            return 0
+        if args.format != "oci":
+            print("error: --offline builds OCI images (podman); for a SIF use --dry-run and apptainer build",
+                  file=sys.stderr)
+            return 2
+        image = build_oci(recipe, out, host_defaults(tuple(args.engine.split())).cli)
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(image)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.offline:
+        return _offline(args)
+    if args.out is None or len(args.harness) > 1:
+        print("error: --out is required, and one --harness at most (without --offline)", file=sys.stderr)
+        return 2
     env = []
     for item in args.env:
         key, sep, value = item.partition("=")
@@ -59,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     install_node = {"auto": None, "yes": True, "no": False}[args.install_node]
     try:
-        recipe = ImageRecipe(base=args.base, harness=args.harness, node_version=args.node_version,
+        harness = args.harness[0] if args.harness else None
+        recipe = ImageRecipe(base=args.base, harness=harness, node_version=args.node_version,
                              install_node=install_node, apt=tuple(args.apt), pip=tuple(args.pip), env=tuple(env),
                              post=tuple(args.post), workdir=args.workdir)
         lock = args.lock.read_bytes() if args.lock is not None else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import os
 import posixpath
@@ -57,6 +58,7 @@ from polar_gym.runtime.docker_commands import (
 )
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
 from polar_gym.runtime.local import DEFAULTS, LoopbackAllocator
+from polar_gym.runtime.podman_host import default_cli, host_defaults
 from polar_gym.runtime.relay import GatewayRelay, relay_program
 from polar_gym.schema import RuntimeSpec
 
@@ -202,8 +204,10 @@ def _unpack(archive: Path, dst: Path) -> None:
 class DockerRuntime(Runtime):
     """A session in a container, through the Docker CLI.
 
-    ``options``: ``cli`` (argv or a string; else $POLAR_DOCKER_CLI, else ``docker``), ``run_args`` (extra ``run``
-    arguments; else $POLAR_DOCKER_RUN_ARGS), ``session_id`` (names the container; else the session directory's
+    ``options``: ``cli`` (argv or a string; else $POLAR_DOCKER_CLI, else podman (with runc) if installed, else
+    docker), ``run_args`` (extra ``run`` arguments; else $POLAR_DOCKER_RUN_ARGS; without a ``--ulimit`` among them,
+    the limits this host needs come first, probed once by :func:`~polar_gym.runtime.podman_host.host_defaults`),
+    ``session_id`` (names the container; else the session directory's
     name and a hash of its path), the default limits ``memory_mb``, ``max_processes``, ``max_connections`` (as the
     local backend's, :data:`~polar_gym.runtime.local.DEFAULTS`; 0 turns one off): only from the constructor (the
     gateway's configuration). ``shell`` (``/bin/sh``) and ``start_timeout`` (seconds, 120) also from a request.
@@ -220,8 +224,10 @@ class DockerRuntime(Runtime):
                  options: dict[str, Any] | None = None) -> None:
         super().__init__(spec, session_dir, gateway=gateway, options=options)
         opts = self.options
-        cli = opts.get("cli") or os.environ.get("POLAR_DOCKER_CLI") or "docker"
+        cli = opts.get("cli") or os.environ.get("POLAR_DOCKER_CLI") or default_cli()
         run_args = opts.get("run_args") or os.environ.get("POLAR_DOCKER_RUN_ARGS") or ()
+        #: no --ulimit configured: start() adds the ones this host needs (podman's, probed once per process)
+        self._host_run_args = "--ulimit" not in (shlex.split(run_args) if isinstance(run_args, str) else run_args)
         self.commands = DockerCommands(cli=tuple(shlex.split(cli) if isinstance(cli, str) else cli),
                                        run_args=tuple(shlex.split(run_args) if isinstance(run_args, str) else run_args),
                                        shell=str(opts.get("shell") or "/bin/sh"))
@@ -281,6 +287,10 @@ class DockerRuntime(Runtime):
         session_dir = self.session_dir.resolve()
         if ":" in str(session_dir):
             raise SandboxStartError(f"session directory {session_dir} contains ':' and cannot be bind-mounted")
+        if self._host_run_args:
+            found = await asyncio.to_thread(host_defaults, self.commands.cli)
+            self.commands = dataclasses.replace(self.commands, run_args=(*found.run_args, *self.commands.run_args))
+            self._host_run_args = False
         self._created = True  # from here on, stop() has something to clean up
         try:
             await asyncio.to_thread(_prepare_private, self._private)

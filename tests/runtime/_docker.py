@@ -1,9 +1,10 @@
 """The docker backend in the runtime conformance suite, configured for podman on this machine.
 
 Podman 4.3 here runs as root only, with ``--runtime runc`` (crun fails on this host's cgroups) and explicit ulimits
-(REFERENCE.md, "Sandboxes on this machine"); ``--pull never`` because nothing can be pulled. The image is the busybox
-test image from :mod:`polar_gym.runtime.testimage`, imported on first use. When any of that is missing, the docker
-parameters skip with the reason, found once per test session by a real ``run --rm``.
+(REFERENCE.md, "Sandboxes on this machine"), which the backend now probes itself; ``--pull never`` because nothing
+can be pulled. The image is the busybox test image from :mod:`polar_gym.runtime.testimage`, imported on first use.
+When any of that is missing, the docker parameters skip with the reason, found once per test session by a real
+``run --rm``.
 """
 
 from __future__ import annotations
@@ -19,19 +20,29 @@ import pytest
 
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.runtime.docker import LABEL, DockerRuntime
+from polar_gym.runtime.podman_host import host_defaults
 from polar_gym.runtime.testimage import TEST_IMAGE, ensure_test_image
 from polar_gym.schema import RuntimeSpec
 from tests.runtime._runtime_kit import Backend
 
-__all__ = ["PODMAN_CLI", "PODMAN_RUN_ARGS", "docker_backend", "leftover_containers", "make_docker", "podman_options",
+__all__ = ["PODMAN_CLI", "PODMAN_RUN_ARGS", "direct_run_args", "docker_backend", "leftover_containers", "make_docker",
+           "podman_options",
            "unavailable_reason"]
 
 PODMAN_CLI = ["podman", "--runtime", "runc"]
-PODMAN_RUN_ARGS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--pull", "never"]
+#: no --ulimit here: the backend probes the limits this host needs itself (polar_gym.runtime.podman_host)
+PODMAN_RUN_ARGS = ["--pull", "never"]
+#: what the helper's own probe runs (outside the backend) add to reach a started container
+_TRIAL_ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 
 
 def podman_options() -> dict[str, Any]:
     return {"cli": list(PODMAN_CLI), "run_args": list(PODMAN_RUN_ARGS)}
+
+
+def direct_run_args() -> list[str]:
+    """For a test's own ``podman run`` (not through the backend): the probed limits, then the helper's."""
+    return [*host_defaults(tuple(PODMAN_CLI)).run_args, *PODMAN_RUN_ARGS]
 
 
 @functools.cache
@@ -46,7 +57,8 @@ def unavailable_reason() -> str | None:
         ensure_test_image(PODMAN_CLI)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
         return f"cannot build the busybox test image: {exc}"
-    trial = subprocess.run([*PODMAN_CLI, "run", "--rm", *PODMAN_RUN_ARGS, "--network", "none", TEST_IMAGE, "true"],
+    trial = subprocess.run([*PODMAN_CLI, "run", "--rm", *_TRIAL_ULIMITS, *PODMAN_RUN_ARGS, "--network", "none",
+                            TEST_IMAGE, "true"],
                            capture_output=True, text=True, timeout=120)
     if trial.returncode != 0:
         return f"podman cannot run a container: {trial.stderr.strip()[-500:]}"

@@ -44,7 +44,7 @@ from polar_gym.runtime.testimage import (
 )
 from polar_gym.schema import RuntimeSpec
 from tests._waiting import until
-from tests.runtime._docker import PODMAN_CLI, leftover_containers, make_docker, podman_options, require_podman
+from tests.runtime._docker import PODMAN_CLI, direct_run_args, leftover_containers, make_docker, require_podman
 
 PODMAN = DockerCommands(cli=("podman", "--runtime", "runc"), run_args=("--ulimit", "nofile=1024:1024"))
 INIT = ["-c", KEEPALIVE, "polar-init", "/polar/.polar-docker/ready"]  # then the workdir
@@ -381,7 +381,7 @@ async def test_large_streams_in_and_out(tmp_path: Path) -> None:
 async def test_stop_removes_every_container_of_the_session(tmp_path: Path) -> None:
     rt = make_docker(_spec(), tmp_path / "s")
     await rt.start()
-    _podman("run", "-d", *podman_options()["run_args"], "--stop-timeout", "0", "--label", f"{LABEL}={rt.session_id}",
+    _podman("run", "-d", *direct_run_args(), "--stop-timeout", "0", "--label", f"{LABEL}={rt.session_id}",
             TEST_IMAGE, "sleep", "600")
     assert len(leftover_containers(rt.session_id)) == 2
     await rt.stop()
@@ -454,7 +454,7 @@ def test_test_image_is_built_once_from_a_rootfs() -> None:
         created = _podman("image", "inspect", "--format", "{{.Id}}", tag)
         assert ensure_test_image(PODMAN_CLI, tag) == tag  # idempotent: the same image, not a new import
         assert _podman("image", "inspect", "--format", "{{.Id}}", tag) == created
-        run = _podman("run", "--rm", *podman_options()["run_args"], "--network", "none", tag, "sh", "-c",
+        run = _podman("run", "--rm", *direct_run_args(), "--network", "none", tag, "sh", "-c",
                       "ls -ld /tmp | cut -c1-10; whoami; echo $PATH")
         assert run.split() == ["drwxrwxrwt", "root", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     finally:

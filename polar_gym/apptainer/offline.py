@@ -1,0 +1,298 @@
+"""Harness images built offline from what set-up cached: a Debian base from Debian's own packages plus the pinned CLIs.
+
+No image registry is needed. The base is a ``debootstrap --variant=minbase`` root filesystem of :data:`BASE_PACKAGES`
+(git, python3, bash, coreutils and what Node.js links against) from the host's apt mirror, imported with
+``<engine> import`` under a tag keyed by its package list. A harness image is that base plus the host's ``node``
+binary and the npm dependency closure of the chosen CLIs, copied from the cached install
+(:func:`polar_gym.harness.install.install_dir`), with their binaries on PATH. The same :class:`OfflineRecipe`
+renders the Dockerfile (``podman build``) and the Apptainer definition (``Bootstrap: debootstrap``, ``%files``).
+
+Pure: :func:`apt_source`, :func:`npm_closure`, the keys, tags and renderers. I/O: :func:`stage_context`,
+:func:`ensure_base`, :func:`build_oci`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar_gym.harness.install import PINS, install_dir, pins_hash
+from polar_gym.runtime.testimage import import_argv
+
+__all__ = [
+    "ALL_HARNESSES",
+    "BASE_PACKAGES",
+    "HARNESS_PREFIX",
+    "OfflineRecipe",
+    "apt_source",
+    "build_oci",
+    "debootstrap_argv",
+    "default_image",
+    "ensure_base",
+    "host_apt_source",
+    "npm_closure",
+    "render_offline_definition",
+    "render_offline_dockerfile",
+    "stage_context",
+]
+
+#: what the demo and SWE-style tasks and the harnesses need besides Node.js (libstdc++6: the node binary links it)
+BASE_PACKAGES = ("bash", "ca-certificates", "coreutils", "git", "libstdc++6", "procps", "python3")
+#: bump when the way the base is made changes (its key, hence its tag, changes with it)
+BASE_RECIPE_VERSION = "1"
+HARNESS_PREFIX = "/opt/polar-harness"
+ALL_HARNESSES = tuple(sorted(PINS))
+IMAGE_PATH = f"{HARNESS_PREFIX}/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+Runner = Callable[[Sequence[str]], int]
+
+
+def apt_source(texts: Iterable[str]) -> tuple[str, str]:
+    """(mirror URL, suite) of the first Debian main archive in apt source files (one-line or deb822 format)."""
+    for text in texts:
+        uris = re.findall(r"^URIs:\s*(\S+)", text, re.M)
+        suites = re.findall(r"^Suites:\s*(\S+)", text, re.M)
+        for uri, suite in zip(uris, suites, strict=False):
+            if "security" not in uri and "security" not in suite:
+                return uri, suite
+        for line in text.splitlines():
+            parts = re.sub(r"\[[^]]*\]", "", line).split()
+            if len(parts) >= 3 and parts[0] == "deb" and "security" not in parts[1]:
+                return parts[1], parts[2]
+    raise ValueError("no Debian archive found in the apt sources (need a 'deb URL SUITE main' entry)")
+
+
+def host_apt_source() -> tuple[str, str]:
+    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    return apt_source(f.read_text() for f in files if f.is_file())
+
+
+@dataclass(frozen=True)
+class OfflineRecipe:
+    """An offline harness image: which CLIs, on which Debian base."""
+
+    harnesses: tuple[str, ...] = ALL_HARNESSES
+    mirror: str = "http://deb.debian.org/debian"
+    suite: str = "bookworm"
+    packages: tuple[str, ...] = BASE_PACKAGES
+
+    def __post_init__(self) -> None:
+        unknown = [h for h in self.harnesses if h not in PINS]
+        if unknown or not self.harnesses:
+            raise ValueError(f"unknown harness {', '.join(unknown) or '(none)'}; pinned: {', '.join(PINS)}")
+        object.__setattr__(self, "harnesses", tuple(sorted(set(self.harnesses))))
+
+    @property
+    def base_key(self) -> str:
+        doc = {"suite": self.suite, "mirror": self.mirror, "packages": sorted(set(self.packages)),
+               "version": BASE_RECIPE_VERSION}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def base_tag(self) -> str:
+        return f"localhost/polar-gym/base:{self.suite}-{self.base_key[:12]}"
+
+    @property
+    def name(self) -> str:
+        return "harnesses" if self.harnesses == ALL_HARNESSES else "-".join(self.harnesses).replace("_", "-")
+
+    @property
+    def key(self) -> str:
+        """Covers the base, the CLI pins and the templates: a harness image with the same key is reused."""
+        pins = {h: f"{PINS[h].package}@{PINS[h].version}" for h in self.harnesses}
+        doc = {"base": self.base_key, "pins": pins, "path": IMAGE_PATH, "template": _DOCKERFILE}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def tag(self) -> str:
+        """Named by the pins (the all-CLI image's tag is what ``conf/runtime/docker.yaml`` names)."""
+        return f"localhost/polar-gym/{self.name}:{pins_hash()}"
+
+    def labels(self) -> dict[str, str]:
+        return {"org.polar_gym.key": self.key[:16], "org.polar_gym.base": self.base_tag,
+                "org.polar_gym.harnesses": ",".join(f"{h}={PINS[h].package}@{PINS[h].version}"
+                                                     for h in self.harnesses)}
+
+
+def default_image() -> str:
+    """The all-CLI image's tag: ``runtime=docker``'s default image."""
+    return OfflineRecipe().tag
+
+
+def debootstrap_argv(recipe: OfflineRecipe, target: Path) -> list[str]:
+    return ["debootstrap", "--variant=minbase", f"--include={','.join(sorted(set(recipe.packages)))}",
+            recipe.suite, str(target), recipe.mirror]
+
+
+def npm_closure(packages: Mapping[str, Any], roots: Iterable[str]) -> list[str]:
+    """The ``node_modules/...`` paths (package-lock v2/v3 ``packages`` keys) the root packages need at run time,
+    resolved as Node does (nearest ``node_modules`` up the tree). Optional dependencies absent from the lock (other
+    platforms') are skipped."""
+
+    def resolve(origin: str, dep: str) -> str | None:
+        base = origin
+        while True:
+            candidate = f"{base}/node_modules/{dep}"
+            if candidate in packages:
+                return candidate
+            cut = base.rfind("/node_modules/")
+            if cut < 0:
+                top = f"node_modules/{dep}"
+                return top if top in packages else None
+            base = base[:cut]
+
+    seen: set[str] = set()
+    stack = [f"node_modules/{r}" for r in roots]
+    while stack:
+        path = stack.pop()
+        if path in seen or path not in packages:
+            continue
+        seen.add(path)
+        entry = packages[path]
+        deps = {**entry.get("dependencies", {}), **entry.get("optionalDependencies", {}),
+                **entry.get("peerDependencies", {})}
+        stack += [found for dep in deps if (found := resolve(path, dep)) is not None]
+    return sorted(seen)
+
+
+_DOCKERFILE = """\
+# rendered by polar_gym.apptainer.offline ({title}); build context: this file's directory (staged offline)
+FROM {base}
+{labels}
+COPY node /usr/local/bin/node
+COPY node_modules {prefix}/node_modules
+ENV PATH={path}
+WORKDIR /workspace
+"""
+
+_DEFINITION = """\
+Bootstrap: debootstrap
+OSVersion: {suite}
+MirrorURL: {mirror}
+Include: {packages}
+
+%labels
+{labels}
+
+%files
+    {context}/node /usr/local/bin/node
+    {context}/node_modules {prefix}/node_modules
+
+%environment
+    export PATH={path}
+
+%post
+    mkdir -p /polar /workspace
+    rm -rf /var/cache/apt/archives/*.deb /var/lib/apt/lists/*
+"""
+
+
+def _title(recipe: OfflineRecipe) -> str:
+    return ", ".join(f"{h} {PINS[h].package}@{PINS[h].version}" for h in recipe.harnesses)
+
+
+def render_offline_dockerfile(recipe: OfflineRecipe) -> str:
+    labels = "\n".join(f'LABEL {k}="{v}"' for k, v in recipe.labels().items())
+    return _DOCKERFILE.format(title=_title(recipe), base=recipe.base_tag, labels=labels, prefix=HARNESS_PREFIX,
+                              path=IMAGE_PATH)
+
+
+def render_offline_definition(recipe: OfflineRecipe, context: Path) -> str:
+    """The Apptainer definition of the same image (its ``%files`` come from a context staged by
+    :func:`stage_context`)."""
+    labels = "\n".join(f"    {k} {v}" for k, v in recipe.labels().items())
+    return _DEFINITION.format(suite=recipe.suite, mirror=recipe.mirror, packages=",".join(sorted(set(
+        recipe.packages))), labels=labels, context=context, prefix=HARNESS_PREFIX, path=IMAGE_PATH)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def stage_context(recipe: OfflineRecipe, context: Path, *, npm_dir: Path | None = None,
+                  node: str | None = None) -> Path:
+    """Fill ``context`` with the node binary and the CLIs' closure from the cached install (hard links where the
+    file system allows). Raises ``RuntimeError`` when set-up has not cached them."""
+    npm_dir = npm_dir or install_dir(cache_root=os.environ.get("POLAR_CACHE"))
+    lock = npm_dir / "package-lock.json"
+    if not lock.is_file():
+        raise RuntimeError(f"no cached harness CLIs at {npm_dir}: run `python -m polar_gym.harness.install` "
+                           "(bash scripts/setup.sh does)")
+    node = node or shutil.which("node")
+    if node is None:
+        raise RuntimeError("no node binary on PATH to copy into the image (install Node.js >= 20)")
+    shutil.rmtree(context, ignore_errors=True)
+    (context / "node_modules" / ".bin").mkdir(parents=True)
+    shutil.copy2(os.path.realpath(node), context / "node")
+    packages = json.loads(lock.read_text()).get("packages", {})
+    for rel in npm_closure(packages, [PINS[h].package for h in recipe.harnesses]):
+        src = npm_dir / rel
+        if not src.is_dir():
+            continue
+        shutil.copytree(src, context / rel, symlinks=True, copy_function=_link_or_copy,
+                        ignore=lambda d, names, top=str(src): ["node_modules"] if d == top else [])
+    for h in recipe.harnesses:
+        link = npm_dir / "node_modules" / ".bin" / PINS[h].binary
+        os.symlink(os.readlink(link), context / "node_modules" / ".bin" / PINS[h].binary)
+    return context
+
+
+def _image_label(cli: Sequence[str], tag: str) -> str | None:
+    done = subprocess.run([*cli, "image", "inspect", "--format", '{{index .Labels "org.polar_gym.key"}}', tag],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _run(argv: Sequence[str]) -> int:  # pragma: no cover - the real builders; tests inject a runner
+    return subprocess.run(list(argv), check=False).returncode
+
+
+def ensure_base(recipe: OfflineRecipe, cli: Sequence[str] = ("podman",), *, runner: Runner = _run) -> str:
+    """The base image (debootstrap, then import), made once per package list. Needs root (debootstrap)."""
+    if _image_label(cli, recipe.base_tag) is not None:
+        return recipe.base_tag
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
+    with tempfile.TemporaryDirectory(prefix="polar-base-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        if runner(debootstrap_argv(recipe, rootfs)) != 0:
+            raise RuntimeError(f"debootstrap failed: {' '.join(debootstrap_argv(recipe, rootfs))}")
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for item in (rootfs / junk).glob("*"):
+                if item.is_file():
+                    item.unlink()
+        tar = Path(tmp) / "rootfs.tar"
+        if runner(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tar), "."]) != 0:
+            raise RuntimeError("packing the base root filesystem failed")
+        if runner(import_argv(cli, tar, recipe.base_tag)) != 0:
+            raise RuntimeError(f"importing the base image {recipe.base_tag} failed")
+    return recipe.base_tag
+
+
+def build_oci(recipe: OfflineRecipe, out_dir: Path, cli: Sequence[str] = ("podman",), *, runner: Runner = _run,
+              npm_dir: Path | None = None) -> str:
+    """Build (or reuse: same key label) the harness image; returns its tag."""
+    if _image_label(cli, recipe.tag) == recipe.key[:16]:
+        return recipe.tag
+    ensure_base(recipe, cli, runner=runner)
+    context = stage_context(recipe, out_dir / f"{recipe.name}.build", npm_dir=npm_dir)
+    (context / "Dockerfile").write_text(render_offline_dockerfile(recipe))
+    argv = [*cli, "build", "--pull=never", "-t", recipe.tag, "-f", str(context / "Dockerfile"), str(context)]
+    try:
+        if runner(argv) != 0:
+            raise RuntimeError(f"image build failed: {' '.join(argv)}")
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    return recipe.tag

@@ -1,0 +1,135 @@
+"""The offline harness image recipe (issue 16): apt source parsing, the npm closure, keys and tags, both renderings,
+the context staged from a cached install, the base made once, and the default image conf/runtime/docker.yaml names."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from polar_gym.apptainer.__main__ import main
+from polar_gym.apptainer.offline import (
+    ALL_HARNESSES,
+    OfflineRecipe,
+    apt_source,
+    debootstrap_argv,
+    default_image,
+    npm_closure,
+    render_offline_definition,
+    render_offline_dockerfile,
+    stage_context,
+)
+from polar_gym.harness.install import PINS, pins_hash
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DEB822 = """Types: deb
+URIs: http://mirror.example/debian
+Suites: bookworm bookworm-updates
+Components: main
+
+Types: deb
+URIs: http://mirror.example/debian-security
+Suites: bookworm-security
+"""
+
+
+def test_apt_source_reads_deb822_and_one_line_files_and_skips_security() -> None:
+    assert apt_source([DEB822]) == ("http://mirror.example/debian", "bookworm")
+    one_line = ("deb http://sec.example/debian-security bookworm-security main\n"
+                "deb [arch=amd64] http://m.example/d trixie main\n")
+    assert apt_source(["# nothing\n", one_line]) == ("http://m.example/d", "trixie")
+    with pytest.raises(ValueError, match="no Debian archive"):
+        apt_source(["# empty\n"])
+
+
+def test_npm_closure_resolves_nearest_node_modules_and_skips_absent_optionals() -> None:
+    packages = {
+        "": {"dependencies": {"cli": "1"}},
+        "node_modules/cli": {"dependencies": {"a": "1", "@s/b": "1"}, "optionalDependencies": {"other-os": "1"}},
+        "node_modules/a": {"dependencies": {"c": "2"}},
+        "node_modules/a/node_modules/c": {},  # a's own c shadows the top-level one
+        "node_modules/c": {},
+        "node_modules/@s/b": {"dependencies": {"c": "1"}},
+        "node_modules/unrelated": {},
+    }
+    assert npm_closure(packages, ["cli"]) == ["node_modules/@s/b", "node_modules/a", "node_modules/a/node_modules/c",
+                                              "node_modules/c", "node_modules/cli"]
+
+
+def test_keys_and_tags_follow_the_base_packages_and_pins() -> None:
+    everything, pi = OfflineRecipe(), OfflineRecipe(harnesses=("pi",))
+    assert everything.harnesses == ALL_HARNESSES and everything.tag == f"localhost/polar-gym/harnesses:{pins_hash()}"
+    assert pi.tag == f"localhost/polar-gym/pi:{pins_hash()}" and pi.base_tag == everything.base_tag
+    assert OfflineRecipe(harnesses=("pi", "codex")).name == "codex-pi"
+    reordered = OfflineRecipe(packages=tuple(reversed(everything.packages)))
+    assert reordered.base_tag == everything.base_tag and reordered.key == everything.key
+    more = OfflineRecipe(packages=(*everything.packages, "ripgrep"))
+    assert more.base_tag != everything.base_tag and more.key != everything.key
+    with pytest.raises(ValueError, match="unknown harness"):
+        OfflineRecipe(harnesses=("nope",))
+    argv = debootstrap_argv(everything, Path("/r"))
+    assert argv[:2] == ["debootstrap", "--variant=minbase"] and "git" in argv[2] and "python3" in argv[2]
+
+
+def test_docker_yaml_names_the_all_cli_image_of_the_current_pins() -> None:
+    conf = yaml.safe_load((ROOT / "conf" / "runtime" / "docker.yaml").read_text())
+    assert conf["image"] == default_image()
+
+
+def test_one_recipe_renders_the_dockerfile_and_the_apptainer_definition(tmp_path: Path) -> None:
+    recipe = OfflineRecipe(harnesses=("pi",), mirror="http://m.example/debian", suite="bookworm")
+    dockerfile = render_offline_dockerfile(recipe)
+    assert dockerfile.splitlines()[1] == f"FROM {recipe.base_tag}"
+    assert "COPY node /usr/local/bin/node" in dockerfile
+    assert "ENV PATH=/opt/polar-harness/node_modules/.bin:" in dockerfile
+    assert f'org.polar_gym.key="{recipe.key[:16]}"' in dockerfile
+    definition = render_offline_definition(recipe, tmp_path)
+    assert definition.startswith("Bootstrap: debootstrap\nOSVersion: bookworm\nMirrorURL: http://m.example/debian\n")
+    assert "Include: bash,ca-certificates,coreutils,git,libstdc++6,procps,python3" in definition
+    assert f"{tmp_path}/node_modules /opt/polar-harness/node_modules" in definition
+
+
+def _fake_install(root: Path) -> Path:
+    """A cached install of pi with one dependency, plus an unrelated package that must stay out."""
+    pin = PINS["pi"]
+    lock = {"packages": {f"node_modules/{pin.package}": {"dependencies": {"dep": "1"}}, "node_modules/dep": {},
+                         "node_modules/unrelated": {}}}
+    (root / "package-lock.json").parent.mkdir(parents=True)
+    (root / "package-lock.json").write_text(json.dumps(lock))
+    for rel in (f"node_modules/{pin.package}/dist", "node_modules/dep", "node_modules/unrelated", "node_modules/.bin"):
+        (root / rel).mkdir(parents=True)
+    (root / f"node_modules/{pin.package}/dist/cli.js").write_text("#!/usr/bin/env node\n")
+    (root / "node_modules/dep/index.js").write_text("")
+    os.symlink(f"../{pin.package}/dist/cli.js", root / "node_modules/.bin/pi")
+    return root
+
+
+def test_stage_context_copies_only_the_closure_and_the_bin_link(tmp_path: Path) -> None:
+    npm = _fake_install(tmp_path / "npm")
+    node = tmp_path / "node"
+    node.write_text("binary")
+    ctx = stage_context(OfflineRecipe(harnesses=("pi",)), tmp_path / "ctx", npm_dir=npm, node=str(node))
+    assert (ctx / "node").read_text() == "binary"
+    assert (ctx / "node_modules/.bin/pi").resolve() == (ctx / f"node_modules/{PINS['pi'].package}/dist/cli.js")
+    assert (ctx / "node_modules/dep/index.js").exists() and not (ctx / "node_modules/unrelated").exists()
+    with pytest.raises(RuntimeError, match="no cached harness CLIs"):
+        stage_context(OfflineRecipe(harnesses=("pi",)), tmp_path / "ctx2", npm_dir=tmp_path / "none", node=str(node))
+
+
+def test_dry_run_prints_both_renderings_and_the_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--offline", "--harness", "pi", "--out", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "FROM localhost/polar-gym/base:" in out and "Bootstrap: debootstrap" in out
+    assert out.splitlines()[-1] == OfflineRecipe(harnesses=("pi",)).tag
+    assert main(["build", "--offline", "--format", "sif", "--out", str(tmp_path)]) == 2
+
+
+def test_without_offline_one_harness_and_an_out_dir_are_required(tmp_path: Path) -> None:
+    assert main(["build", "--harness", "pi"]) == 2
+    assert main(["build", "--harness", "pi", "--harness", "codex", "--out", str(tmp_path), "--dry-run"]) == 2
+
+
