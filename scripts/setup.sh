@@ -112,4 +112,12 @@ if [ "$WITH_ENGINE" = 1 ]; then
   "$VENV/bin/python" -m polar_gym.assets vllm
   "$VENV/bin/python" -m polar_gym.assets nemo_gym
 fi
+
+# 5. runtime=docker's default image (the six CLIs, git, python3 on a debootstrap Debian; built offline, ~2.5 min once,
+#    reused while pins and packages stay). Root only here (debootstrap; podman).
+if [ "$(id -u)" = 0 ] && command -v podman >/dev/null; then
+  dpkg -s debootstrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq debootstrap; }
+  "$VENV/bin/python" -m polar_gym.apptainer build --offline --format oci >"$POLAR_CACHE/images-build.log" 2>&1 \
+    && log "harness image ready" || log "harness image not built (see $POLAR_CACHE/images-build.log)"
+fi
 log "done"

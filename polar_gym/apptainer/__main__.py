@@ -18,6 +18,7 @@ or each ``--harness``). ``--format oci`` (podman) makes the image ``runtime=dock
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -62,14 +63,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--engine", default="podman", help="docker or podman for OCI builds")
     b.add_argument("--build-arg", action="append", default=[], metavar="ARG", help="extra builder argument")
     b.add_argument("--out", type=Path, help="directory for images, sidecars and build files (--offline: "
-                   "~/.cache/polar_gym/images)")
+                   "$POLAR_CACHE/images, else ~/.cache/polar_gym/images: the staged context, removed after)")
     b.add_argument("--dry-run", action="store_true", help="print what would be built and how; build nothing")
     return parser
 
 
 def _offline(args: argparse.Namespace) -> int:
     """``build --offline``: the registry-free recipe (polar_gym.apptainer.offline)."""
-    out = (args.out or Path.home() / ".cache" / "polar_gym" / "images").resolve()
+    cache = Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar_gym")
+    out = (args.out or cache / "images").resolve()
     try:
         mirror, suite = host_apt_source()
         recipe = OfflineRecipe(harnesses=tuple(args.harness) or ALL_HARNESSES, mirror=mirror, suite=suite,

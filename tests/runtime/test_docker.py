@@ -33,6 +33,7 @@ from polar_gym.runtime.errors import (
     SandboxStateError,
     SandboxUnavailable,
 )
+from polar_gym.runtime.podman_host import default_cli
 from polar_gym.runtime.testimage import (
     TEST_IMAGE,
     ensure_test_image,
@@ -129,7 +130,7 @@ def test_options_names_and_addresses(tmp_path: Path) -> None:
                                                           "run_args": ["--pull", "never"]})
     assert rt.commands == DockerCommands(cli=("podman",), run_args=("--pull", "never"), shell="/bin/ash")
     assert rt.session_id == "task-7-sample-2" and rt.container == "polar-task-7-sample-2"
-    assert DockerRuntime(RuntimeSpec(), tmp_path).commands.cli == ("docker",)
+    assert DockerRuntime(RuntimeSpec(), tmp_path).commands.cli == default_cli()  # podman (runc) here, else docker
     a, b = session_id_for(tmp_path / "a" / "s", {}), session_id_for(tmp_path / "b" / "s", {})
     assert a.startswith("s-") and a != b  # same directory name, different sessions
     assert container_name("x") == "polar-x"
