@@ -144,6 +144,14 @@ def _prepare_private(private: Path) -> None:
     (private / "ready").unlink(missing_ok=True)
 
 
+def _image_hint(image: str) -> str:
+    """How to make one of our own images (they are built locally, never pulled), for a failed ``run``."""
+    if not image.startswith("localhost/polar-gym/"):
+        return ""
+    return ("; this image is built locally, not pulled: python -m polar_gym.apptainer build --offline --format oci "
+            "(bash scripts/setup.sh does it as root)")
+
+
 def _clean_private(session_dir: Path) -> None:
     """Remove our bookkeeping and the relay's mount point (the session's own files stay)."""
     shutil.rmtree(session_dir / PRIVATE_DIR, ignore_errors=True)
@@ -306,7 +314,7 @@ class DockerRuntime(Runtime):
             code, _, err = await self._cli(argv, timeout=self.start_timeout, env=env)
             if code != 0:
                 raise SandboxStartError(f"{self.commands.cli[0]} run failed (exit {code}): "
-                                        f"{err.decode(errors='replace').strip()}")
+                                        f"{err.decode(errors='replace').strip()}{_image_hint(self.spec.image)}")
             await self._wait_ready()
         except BaseException:
             with contextlib.suppress(SandboxError):

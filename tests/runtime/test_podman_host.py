@@ -3,11 +3,15 @@ by probing instead of known by a test helper. Pure parts directly; the probe on 
 
 from __future__ import annotations
 
+import asyncio
+import re
 import shutil
+import subprocess
 
 import pytest
 
 from polar_gym.runtime.docker import DockerRuntime
+from polar_gym.runtime.errors import SandboxStartError
 from polar_gym.runtime.podman_host import (
     HostDefaults,
     default_cli,
@@ -16,6 +20,7 @@ from polar_gym.runtime.podman_host import (
     probe_verdict,
     ulimit_candidates,
 )
+from polar_gym.runtime.testimage import TEST_IMAGE
 from polar_gym.schema import RuntimeSpec
 from tests.runtime._docker import PODMAN_CLI, require_podman
 
@@ -64,9 +69,17 @@ def test_the_probe_finds_run_options_that_start_a_real_container() -> None:
     require_podman()
     found = host_defaults(tuple(PODMAN_CLI))
     assert found.cli == tuple(PODMAN_CLI) and found.note == "probed"
-    import subprocess
-
-    from polar_gym.runtime.testimage import TEST_IMAGE
     done = subprocess.run([*PODMAN_CLI, "run", "--rm", "--network", "none", *found.run_args, TEST_IMAGE, "true"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+
+def test_a_missing_harness_image_says_how_to_build_it(tmp_path) -> None:
+    """Through the backend: the default image's family is never pulled, so its absence names the build command."""
+    require_podman()
+    spec = RuntimeSpec(backend="docker", image="localhost/polar-gym/absent:0", network="none")
+    (tmp_path / "s").mkdir()
+    rt = DockerRuntime(spec, tmp_path / "s", options={"run_args": ["--pull", "never"]})
+    with pytest.raises(SandboxStartError, match=re.escape("python -m polar_gym.apptainer build --offline")):
+        asyncio.run(rt.start())
