@@ -35,7 +35,7 @@ from polar_gym.apptainer.offline import (
     render_offline_dockerfile,
 )
 from polar_gym.harness.install import PINS
-from polar_gym.runtime.podman_host import host_defaults
+from polar_gym.runtime.podman_host import default_cli, host_defaults
 
 __all__ = ["main"]
 
@@ -89,7 +89,9 @@ def _offline(args: argparse.Namespace) -> int:
             print("error: --offline builds OCI images (podman); for a SIF use --dry-run and apptainer build",
                   file=sys.stderr)
             return 2
-        image = build_oci(recipe, out, host_defaults(tuple(args.engine.split())).cli)
+        engine = tuple(args.engine.split())
+        host = host_defaults(default_cli() if engine == ("podman",) else engine)
+        image = build_oci(recipe, out, host.cli, run_args=host.run_args)
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -235,7 +235,7 @@ def stage_context(recipe: OfflineRecipe, context: Path, *, npm_dir: Path | None 
         raise RuntimeError("no node binary on PATH to copy into the image (install Node.js >= 20)")
     shutil.rmtree(context, ignore_errors=True)
     (context / "node_modules" / ".bin").mkdir(parents=True)
-    shutil.copy2(os.path.realpath(node), context / "node")
+    _link_or_copy(os.path.realpath(node), str(context / "node"))
     packages = json.loads(lock.read_text()).get("packages", {})
     for rel in npm_closure(packages, [PINS[h].package for h in recipe.harnesses]):
         src = npm_dir / rel
@@ -282,8 +282,9 @@ def ensure_base(recipe: OfflineRecipe, cli: Sequence[str] = ("podman",), *, runn
 
 
 def build_oci(recipe: OfflineRecipe, out_dir: Path, cli: Sequence[str] = ("podman",), *, runner: Runner = _run,
-              npm_dir: Path | None = None) -> str:
-    """Build (or reuse: same key label) the harness image; returns its tag."""
+              npm_dir: Path | None = None, run_args: Sequence[str] = ()) -> str:
+    """Build (or reuse: same key label) the harness image, then check that its node runs (``run_args``: what the
+    host needs to start a container); returns its tag."""
     if _image_label(cli, recipe.tag) == recipe.key[:16]:
         return recipe.tag
     ensure_base(recipe, cli, runner=runner)
@@ -295,4 +296,8 @@ def build_oci(recipe: OfflineRecipe, out_dir: Path, cli: Sequence[str] = ("podma
             raise RuntimeError(f"image build failed: {' '.join(argv)}")
     finally:
         shutil.rmtree(context, ignore_errors=True)
+    if runner([*cli, "run", "--rm", "--network", "none", *run_args, recipe.tag, "node", "--version"]) != 0:
+        runner([*cli, "rmi", "-f", recipe.tag])
+        raise RuntimeError("node does not run in the built image: the host's node must be a self-contained binary "
+                           "(nodesource or nodejs.org builds are; Debian's links libnode)")
     return recipe.tag

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from polar_gym.apptainer.offline import (
     ALL_HARNESSES,
     OfflineRecipe,
     apt_source,
+    build_oci,
     debootstrap_argv,
     default_image,
     npm_closure,
@@ -133,3 +136,27 @@ def test_without_offline_one_harness_and_an_out_dir_are_required(tmp_path: Path)
     assert main(["build", "--harness", "pi", "--harness", "codex", "--out", str(tmp_path), "--dry-run"]) == 2
 
 
+
+
+def test_build_makes_the_base_once_then_the_image_and_checks_node_runs(tmp_path: Path) -> None:
+    """The build's command sequence with a recording runner and an engine that knows no image (``false``)."""
+    if shutil.which("debootstrap") is None:
+        pytest.skip("debootstrap not installed (apt-get install debootstrap)")
+    npm = _fake_install(tmp_path / "npm")
+    calls: list[list[str]] = []
+
+    def runner(argv: Sequence[str]) -> int:
+        calls.append(list(argv))
+        return 1 if argv[-2:] == ["node", "--version"] and len(calls) > 5 else 0
+
+    recipe = OfflineRecipe(harnesses=("pi",))
+    tag = build_oci(recipe, tmp_path / "out", ("false",), runner=runner, npm_dir=npm, run_args=["--ulimit", "x"])
+    assert tag == recipe.tag
+    assert [c[0] for c in calls] == ["debootstrap", "tar", "false", "false", "false"]
+    assert calls[2][1] == "import" and calls[2][-1] == recipe.base_tag
+    assert calls[3][1:5] == ["build", "--pull=never", "-t", recipe.tag]
+    assert calls[4] == ["false", "run", "--rm", "--network", "none", "--ulimit", "x", recipe.tag, "node", "--version"]
+    assert not (tmp_path / "out" / "pi.build").exists()  # the staged context is removed
+    with pytest.raises(RuntimeError, match="node does not run"):
+        build_oci(recipe, tmp_path / "out", ("false",), runner=runner, npm_dir=npm)
+    assert calls[-1] == ["false", "rmi", "-f", recipe.tag]
