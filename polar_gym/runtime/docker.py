@@ -144,9 +144,13 @@ def _prepare_private(private: Path) -> None:
     (private / "ready").unlink(missing_ok=True)
 
 
+#: the images ``python -m polar_gym.apptainer build --offline`` makes (and the test image): local only
+LOCAL_IMAGES = ("localhost/polar-gym/", "localhost/polar-test-")
+
+
 def _image_hint(image: str) -> str:
     """How to make one of our own images (they are built locally, never pulled), for a failed ``run``."""
-    if not image.startswith("localhost/polar-gym/"):
+    if not image.startswith(LOCAL_IMAGES[0]):
         return ""
     return ("; this image is built locally, not pulled: python -m polar_gym.apptainer build --offline --format oci "
             "(bash scripts/setup.sh does it as root)")
@@ -235,7 +239,8 @@ class DockerRuntime(Runtime):
         cli = opts.get("cli") or os.environ.get("POLAR_DOCKER_CLI") or default_cli()
         run_args = opts.get("run_args") or os.environ.get("POLAR_DOCKER_RUN_ARGS") or ()
         #: no --ulimit configured: start() adds the ones this host needs (podman's, probed once per process)
-        self._host_run_args = "--ulimit" not in (shlex.split(run_args) if isinstance(run_args, str) else run_args)
+        given = shlex.split(run_args) if isinstance(run_args, str) else list(run_args)
+        self._host_run_args = not any(str(arg).startswith("--ulimit") for arg in given)
         self.commands = DockerCommands(cli=tuple(shlex.split(cli) if isinstance(cli, str) else cli),
                                        run_args=tuple(shlex.split(run_args) if isinstance(run_args, str) else run_args),
                                        shell=str(opts.get("shell") or "/bin/sh"))
@@ -299,6 +304,9 @@ class DockerRuntime(Runtime):
             found = await asyncio.to_thread(host_defaults, self.commands.cli)
             self.commands = dataclasses.replace(self.commands, run_args=(*found.run_args, *self.commands.run_args))
             self._host_run_args = False
+        if self.spec.image.startswith(LOCAL_IMAGES) and not any(a.startswith("--pull") for a in self.commands.run_args):
+            # built here, never in a registry: fail at once instead of after podman's pull retries
+            self.commands = dataclasses.replace(self.commands, run_args=(*self.commands.run_args, "--pull", "never"))
         self._created = True  # from here on, stop() has something to clean up
         try:
             await asyncio.to_thread(_prepare_private, self._private)

@@ -80,6 +80,7 @@ def test_a_missing_harness_image_says_how_to_build_it(tmp_path) -> None:
     require_podman()
     spec = RuntimeSpec(backend="docker", image="localhost/polar-gym/absent:0", network="none")
     (tmp_path / "s").mkdir()
-    rt = DockerRuntime(spec, tmp_path / "s", options={"run_args": ["--pull", "never"]})
+    rt = DockerRuntime(spec, tmp_path / "s", options={"cli": PODMAN_CLI})
     with pytest.raises(SandboxStartError, match=re.escape("python -m polar_gym.apptainer build --offline")):
         asyncio.run(rt.start())
+    assert rt.commands.run_args[-2:] == ("--pull", "never")  # no pull retries against a registry that is not there
