@@ -131,22 +131,32 @@ read_token() {  # TOKEN: POLAR_ADMIN_TOKEN, else the token file's content (never
   fi
 }
 
-wait_http() {  # URL SECONDS PID
-  "$PY" -c '@SNIPPET@' "$1" "$2" "$3"
+forward_signals() {  # from here on SIGTERM/SIGINT (scancel, the time limit) stop the service; the job ends with it
+  trap 'kill -TERM "$child" ${waiter:+"$waiter"} 2>/dev/null || true; wait_child' TERM INT
 }
 
-run_child() {  # forwards SIGTERM/SIGINT (scancel, time limit) to the service and waits for it
-  trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
-  wait "$child" || status=$?
-  trap - TERM INT
+wait_child() {  # waits for the service; exits the job with its status
+  while true; do  # a trapped signal interrupts wait (status > 128) while the service is still stopping
+    status=0
+    wait "$child" || status=$?
+    kill -0 "$child" 2>/dev/null || break
+  done
+  exit "$status"
+}
+
+wait_http() {  # URL SECONDS: returns once the service answers 200; else stops it and fails the job
+  "$PY" -c '@SNIPPET@' "$1" "$2" "$child" &
+  waiter=$!
+  wait "$waiter" && return 0
+  kill -TERM "$child" 2>/dev/null || true
   wait "$child" 2>/dev/null || true
-  exit "${status:-0}"
+  exit 1
 }""".replace("@SNIPPET@", _WAIT_PY).replace("@BOOT@", _BOOT_PY)
 
 # The per-job state directory (the scripts that keep state): POLAR_STATE_DIR, else one per job under XDG_STATE_HOME.
 assert "'" not in _BOOT_PY + _WAIT_PY + _ADD_BACKEND_PY, "snippets are single-quoted in bash"
 
-_STATE = """STATE_HOME="${XDG_STATE_HOME:-${HOME:?set POLAR_STATE_DIR}/.local/state}"
+_STATE = """STATE_HOME="${XDG_STATE_HOME:-${HOME:-}/.local/state}"
 POLAR_STATE_DIR="${POLAR_STATE_DIR:-$STATE_HOME/polar_gym/${SLURM_JOB_NAME:-@JOB@}-${SLURM_JOB_ID:-local-$$}}"
 case "$POLAR_STATE_DIR" in /*) ;; *) POLAR_STATE_DIR="$SUBMIT_DIR/$POLAR_STATE_DIR" ;; esac
 POLAR_ADMIN_TOKEN_FILE="${POLAR_ADMIN_TOKEN_FILE:-$POLAR_STATE_DIR/admin-token}"
@@ -206,10 +216,10 @@ if [ -n "${MODEL_PATH:-}" ]; then
 fi
 POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -m polar_gym.gateway "${args[@]}" "$@" &
 child=$!
-URL="http://$HOST:$PORT"
-wait_http "http://127.0.0.1:$PORT/gateway/health" 300 "$child"
-echo "gateway up: $URL"
-run_child"""
+forward_signals
+wait_http "http://127.0.0.1:$PORT/gateway/health" 300
+echo "gateway up: http://$HOST:$PORT"
+wait_child"""
     return _script(resources, doc, "gateway", body)
 
 
@@ -233,10 +243,11 @@ read_token
 PORT="${PORT:-8700}"
 POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$POLAR_DB" "$@" &
 child=$!
-wait_http "http://127.0.0.1:$PORT/health" 120 "$child"
+forward_signals
+wait_http "http://127.0.0.1:$PORT/health" 120
 echo "POLAR_SERVER_URL=http://$HOST:$PORT"
 echo "gateways and sglang jobs: POLAR_ADMIN_TOKEN_FILE=$POLAR_ADMIN_TOKEN_FILE (the token itself is never logged)"
-run_child"""
+wait_child"""
     return _script(resources, doc, "server", body)
 
 
@@ -266,12 +277,13 @@ read -r -a extra <<< "${SGLANG_ARGS:-}"
 "$SGLANG_PYTHON" -m sglang.launch_server --model-path "$MODEL_PATH" --host 0.0.0.0 --port "$PORT" --tp-size "$TP" \\
   ${extra[@]+"${extra[@]}"} "$@" &
 child=$!
-wait_http "http://127.0.0.1:$PORT/health" 1800 "$child"
+forward_signals
+wait_http "http://127.0.0.1:$PORT/health" 1800
 echo "POLAR_UPSTREAM=http://$HOST:$PORT"
 if [ -n "${POLAR_SERVER_URL:-}" ]; then
   POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -c '@SNIPPET@' "${POLAR_SERVER_URL%/}/backends" "http://$HOST:$PORT"
 fi
-run_child""".replace("@SNIPPET@", _ADD_BACKEND_PY)
+wait_child""".replace("@SNIPPET@", _ADD_BACKEND_PY)
     return _script(resources, doc, "sglang", body, state=False)
 
 

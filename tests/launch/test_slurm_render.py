@@ -51,7 +51,8 @@ def test_gateway_golden_details() -> None:
     text = render_gateway()
     assert "#SBATCH --output=polar-gateway-%j.out" in text
     assert 'POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -m polar_gym.gateway "${args[@]}" "$@" &' in text
-    assert '/gateway/health" 300 "$child"' in text
+    assert '/gateway/health" 300\n' in text
+    assert text.index("\nforward_signals\n") < text.index("\nwait_http ")  # scancel while starting stops it too
     assert 'args+=(--server-url "$POLAR_SERVER_URL")' in text  # the gateway registers and heartbeats itself
     assert text.index("\npreflight\n") < text.rindex("-m polar_gym.gateway")  # checked before anything starts
 
