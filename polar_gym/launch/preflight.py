@@ -27,7 +27,7 @@ from polar_gym.private_files import write_secret
 from polar_gym.proxy.settings import ProxySettings, check_engine
 from polar_gym.settings import ConfigError, validate
 
-__all__ = ["SERVICES", "main", "prepare", "problems"]
+__all__ = ["SERVICES", "main", "prepare", "problems", "python_has_module"]
 
 #: service -> the modules its process imports (a missing dependency shows up importing them)
 SERVICES: dict[str, tuple[str, ...]] = {
@@ -53,7 +53,7 @@ def _missing_module(modules: tuple[str, ...]) -> str | None:
     return None
 
 
-def _has_module(python: str, module: str) -> bool:
+def python_has_module(python: str, module: str) -> bool:
     """Whether ``python`` can import ``module`` (without importing it: sglang takes seconds to import)."""
     code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
     try:
@@ -149,7 +149,7 @@ def _sglang(env: Mapping[str, str], has_module: Callable[[str, str], bool]) -> l
 
 
 def problems(service: str, env: Mapping[str, str], *,
-             has_module: Callable[[str, str], bool] = _has_module) -> list[str]:
+             has_module: Callable[[str, str], bool] = python_has_module) -> list[str]:
     """Every reason the ``service`` job cannot work with ``env``, one line each (empty: go ahead)."""
     found: list[str] = []
     missing = _missing_module(SERVICES[service])

@@ -2,7 +2,9 @@
 
 The files under ``slurm/`` are exactly ``render_all()``'s output (a test checks it); regenerate them with
 ``python -m polar_gym.launch.slurm [DIR]``. Each script documents the environment variables it reads at its top and
-works on its own: ``PORT=8100 POLAR_ENGINE=sglang POLAR_UPSTREAM=http://h100-01:30000 sbatch slurm/gateway.sbatch``.
+works on its own: ``POLAR_SERVER_URL=http://node:8700 POLAR_ADMIN_TOKEN_FILE=... POLAR_UPSTREAM=http://h100-01:30000
+sbatch slurm/gateway.sbatch``. Each first runs :mod:`polar_gym.launch.preflight` (its python, its settings: one line
+per problem, exit 2) and keeps its state under ``POLAR_STATE_DIR``, never the submit directory.
 """
 
 from __future__ import annotations

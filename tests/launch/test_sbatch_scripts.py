@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from polar_gym.assets import cache_root, tokenizer_dir
-from polar_gym.launch.preflight import problems
+from polar_gym.launch.preflight import SERVICES, main, prepare, problems, python_has_module
 from tests._procs import processes_with
 from tests._waiting import until_sync
 
@@ -267,3 +267,48 @@ def test_gateway_and_sglang_jobs_join_the_server_job_through_its_token_file(serv
     until_sync(lambda: not processes_with(str(gateway.state)) and not processes_with(str(fake)), 30,
                "every process of the stopped jobs to end")
     assert not list(server_job.submit.iterdir())
+
+
+def test_preflight_checks_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The same checks called directly: each problem names its variable; prepare() makes the state and the token."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    gateway = problems("gateway", {"POLAR_SERVER_URL": "node:8700", "POLAR_ENGINE": "oracle",
+                                   "POLAR_ADMIN_TOKEN": "t", "POLAR_WORKDIR": str(a_file / "work")})
+    assert gateway == ["POLAR_SERVER_URL=node:8700 is not an http(s) URL",
+                       f"POLAR_WORKDIR={a_file / 'work'} cannot be created or written"]
+    assert problems("gateway", {"POLAR_SERVER_URL": "none", "POLAR_ENGINE": "no-such-engine"})[0].startswith(
+        "POLAR_ENGINE: ")
+    sglang = problems("sglang", {"MODEL_PATH": str(tmp_path / "missing"), "TP_SIZE": "two"},
+                      has_module=lambda python, module: module != "sglang")
+    assert [line.split(" ", 1)[0] for line in sglang] == [f"MODEL_PATH={tmp_path / 'missing'}",
+                                                         f"SGLANG_PYTHON={sys.executable}", "TP_SIZE=two"]
+    joining = problems("gateway", {"POLAR_SERVER_URL": "http://node:8700", "POLAR_ENGINE": "oracle"})
+    assert joining == ["no admin token given: set POLAR_ADMIN_TOKEN_FILE to the rollout server's token file "
+                       "(server.sbatch prints its path) or export POLAR_ADMIN_TOKEN"]
+    assert problems("gateway", {"POLAR_SERVER_URL": "http://node:8700", "POLAR_ENGINE": "oracle",
+                                "POLAR_SERVER_TOKEN": "t"}) == []  # its own token is minted; the server's is given
+    assert problems("sglang", {"POLAR_SERVER_URL": "http://node:8700"}, has_module=lambda python, module: True) == [
+        "MODEL_PATH is not set: set it to the model directory or hub id to serve", joining[0]]
+    monkeypatch.setitem(SERVICES, "server", ("no_such_module_here",))
+    assert "has polar_gym but cannot import no_such_module_here" in problems("server", {})[0]
+    monkeypatch.undo()
+    assert python_has_module(sys.executable, "json") and not python_has_module(sys.executable, "no_such_module_here")
+    assert not python_has_module(str(tmp_path / "no-python"), "json")
+
+    env = {"POLAR_STATE_DIR": str(tmp_path / "state"), "POLAR_ADMIN_TOKEN_FILE": str(tmp_path / "state" / "tok")}
+    assert prepare("server", env)[1] == f"admin token written to {tmp_path / 'state' / 'tok'} (mode 600)"
+    assert stat.S_IMODE((tmp_path / "state" / "tok").stat().st_mode) == 0o600
+    assert prepare("server", env)[1] == f"admin token read from {tmp_path / 'state' / 'tok'}"
+    assert prepare("gateway", {**env, "POLAR_ADMIN_TOKEN_FILE": str(tmp_path / "g")}) == [
+        f"state directory: {tmp_path / 'state'}"]  # a gateway without a token mints its own (its CLI)
+    assert not (tmp_path / "g").exists()
+
+    assert main(["nope"]) == 2
+    monkeypatch.setattr(os, "environ", {**env, "PORT": "8700"})
+    assert main(["server"]) == 0 and "admin token read from" in capsys.readouterr().out
+    monkeypatch.setattr(os, "environ", {**env, "PORT": "-1"})
+    assert main(["server"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["polar_gym server job: PORT=-1 is not a positive integer",
+                                                    "polar_gym server job: nothing was started (1 problem(s) above)"]
