@@ -135,11 +135,12 @@ def _wait_for_line(proc: subprocess.Popen[str], log: Path, needle: str, timeout:
 
 def test_server_sbatch_writes_a_fresh_token_to_a_private_file_and_never_prints_it(tmp_path: Path) -> None:
     port = free_port()
-    with _script("server.sbatch", tmp_path, PORT=str(port), POLAR_DB=str(tmp_path / "srv.sqlite")) as (proc, log):
+    with _script("server.sbatch", tmp_path, PORT=str(port), POLAR_DB=str(tmp_path / "srv.sqlite"),
+                 POLAR_STATE_DIR=str(tmp_path / "state")) as (proc, log):
         text = _wait_for_line(proc, log, "POLAR_SERVER_URL=")
-        token_file = tmp_path / "polar-server-local.token"
+        token_file = tmp_path / "state" / "admin-token"
         token = token_file.read_text().strip()
-        assert f"admin token written to {token_file.name} (mode 600)" in text and token not in text
+        assert f"admin token written to {token_file} (mode 600)" in text and token not in text
         assert _private(token_file)
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/gateways", headers={"x-admin-token": token}).status_code == 200
@@ -151,10 +152,10 @@ def test_gateway_without_a_token_writes_it_to_a_private_file_and_prints_only_the
     _needs_assets()
     port = free_port()
     workdir = tmp_path / "gw"
-    with _script("gateway.sbatch", tmp_path, PORT=str(port), POLAR_ENGINE="oracle",
-                 POLAR_WORKDIR=str(workdir)) as (proc, log):
+    with _script("gateway.sbatch", tmp_path, PORT=str(port), POLAR_ENGINE="oracle", POLAR_SERVER_URL="none",
+                 POLAR_WORKDIR=str(workdir), POLAR_STATE_DIR=str(tmp_path / "state")) as (proc, log):
         text = _wait_for_line(proc, log, "gateway up:")
-        token_file = workdir / "admin-token"
+        token_file = tmp_path / "state" / "admin-token"
         token = token_file.read_text().strip()
         assert f"admin token written to {token_file} (mode 600)" in text and token not in text
         assert _private(token_file) and len(token) >= 32
