@@ -210,7 +210,9 @@ if [ -n "${POLAR_UPSTREAM:-}" ]; then
   read -r -a upstreams <<< "$POLAR_UPSTREAM"
   args+=(--upstream "${upstreams[@]}")
 fi
-if [ "$POLAR_SERVER_URL" != none ]; then
+if [ "$POLAR_SERVER_URL" = none ]; then
+  unset POLAR_SERVER_URL  # the gateway would take it for a URL
+else
   args+=(--server-url "$POLAR_SERVER_URL")
 fi
 if [ -n "${MODEL_PATH:-}" ]; then

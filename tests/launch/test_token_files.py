@@ -25,6 +25,7 @@ from polar_gym.assets import tokenizer_dir
 from polar_gym.launch.slurm import render_all
 from polar_gym.launch.submitit_launcher import SlurmLauncher, SlurmLauncherSettings
 from polar_gym.private_files import write_secret
+from tests._procs import processes_with
 from tests._serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,6 +163,8 @@ def test_gateway_without_a_token_writes_it_to_a_private_file_and_prints_only_the
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/admin/upstreams", headers={"x-admin-token": token}).status_code == 200
         assert httpx.get(f"{base}/admin/upstreams").status_code == 401
+        # POLAR_SERVER_URL=none: a gateway on its own, which must not take "none" for a server URL
+        assert [line for line in processes_with("POLAR_SERVER_URL=none") if "polar_gym.gateway" in line] == []
 
 
 def test_standalone_proxy_without_a_token_prints_only_the_path_of_its_private_file(tmp_path: Path) -> None:
