@@ -129,6 +129,15 @@ def test_the_clone_venv_is_found_from_the_submit_directory_when_sbatch_runs_a_co
     env["SLURM_SUBMIT_DIR"] = str(spool)  # no clone around: python3, which has no polar_gym here
     bare = subprocess.run(["bash", str(copy)], cwd=spool, env=env, capture_output=True, text=True, timeout=120)
     assert bare.returncode == 2 and "cannot import polar_gym" in bare.stderr
+    # submitted from elsewhere by its full path: Slurm knows the original (scontrol show job: Command=...)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "JobId=$4 JobName=polar-gateway Command={ROOT}/slurm/'
+                                      'gateway.sbatch WorkDir=/elsewhere"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env.update(SLURM_JOB_ID="31", PATH=f"{bin_dir}:{env['PATH']}")
+    asked = subprocess.run(["bash", str(copy)], cwd=spool, env=env, capture_output=True, text=True, timeout=120)
+    assert "POLAR_SERVER_URL is not set" in asked.stderr, asked.stderr
 
 
 def test_gateway_names_every_missing_setting(tmp_path: Path) -> None:
