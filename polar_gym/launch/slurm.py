@@ -2,7 +2,9 @@
 
 The files under ``slurm/`` are exactly ``render_all()``'s output (a test checks it); regenerate them with
 ``python -m polar_gym.launch.slurm [DIR]``. Each script documents the environment variables it reads at its top and
-works on its own: ``PORT=8100 POLAR_ENGINE=sglang POLAR_UPSTREAM=http://h100-01:30000 sbatch slurm/gateway.sbatch``.
+works on its own: ``POLAR_SERVER_URL=http://node:8700 POLAR_ADMIN_TOKEN_FILE=... POLAR_UPSTREAM=http://h100-01:30000
+sbatch slurm/gateway.sbatch``. Each first runs :mod:`polar_gym.launch.preflight` (its python, its settings: one line
+per problem, exit 2) and keeps its state under ``POLAR_STATE_DIR``, never the submit directory.
 """
 
 from __future__ import annotations
@@ -68,101 +70,189 @@ req = urllib.request.Request(sys.argv[1], data=json.dumps({"url": sys.argv[2]}).
 with urllib.request.urlopen(req, timeout=60) as r:
     print("backend added:", r.read().decode())"""
 
-_PREAMBLE = """set -euo pipefail
-PY="${POLAR_PYTHON:-python3}"
-HOST="${POLAR_ADVERTISE_HOST:-$(hostname)}"
-cd "${SLURM_SUBMIT_DIR:-$PWD}"
+# Runs the preflight (polar_gym.launch.preflight) with argv[1] = the service; a python without polar_gym or one of its
+# dependencies gets one line saying so instead of a traceback.
+_BOOT_PY = """import sys
+try:
+    from polar_gym.launch.preflight import main
+except ModuleNotFoundError as exc:
+    name = exc.name or "?"
+    head = f"polar_gym {sys.argv[1]} job: POLAR_PYTHON={sys.executable}"
+    if name.split(".")[0] == "polar_gym":
+        print(f"{head} cannot import polar_gym: set POLAR_PYTHON to the python of a polar_gym install "
+              "(.venv/bin/python in the clone, made by bash scripts/setup.sh)", file=sys.stderr)
+    else:
+        print(f"{head} has polar_gym but cannot import {name}: install the dependencies of polar_gym into it "
+              "(bash scripts/setup.sh builds .venv in the clone) or point POLAR_PYTHON at a python that has them",
+              file=sys.stderr)
+    sys.exit(2)
+sys.exit(main(sys.argv[1:]))"""
 
-wait_http() {  # URL SECONDS PID
-  "$PY" -c '@SNIPPET@' "$1" "$2" "$3"
+_PREAMBLE = """set -euo pipefail
+SUBMIT_DIR="${SLURM_SUBMIT_DIR:-$PWD}"
+cd "$SUBMIT_DIR"  # relative paths in the variables mean the submit directory; nothing is written to it
+HOST="${POLAR_ADVERTISE_HOST:-$(hostname)}"
+
+clone_python() {  # DIR: the .venv python of the polar_gym clone at DIR, if it is one
+  if [ -x "$1/.venv/bin/python" ] && [ -f "$1/polar_gym/__init__.py" ]; then
+    echo "$(cd "$1" && pwd)/.venv/bin/python"
+  fi
 }
 
-run_child() {  # forwards SIGTERM/SIGINT (scancel, time limit) to the service and waits for it
-  trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
-  wait "$child" || status=$?
-  trap - TERM INT
+find_python() {  # POLAR_PYTHON, else the clone's .venv (around this script or the submit directory), else python3
+  local root found script
+  if [ -n "${POLAR_PYTHON:-}" ]; then echo "$POLAR_PYTHON"; return; fi
+  for root in "$(dirname "$0")/.." "$SUBMIT_DIR" "$SUBMIT_DIR/.."; do
+    found="$(clone_python "$root")"
+    if [ -n "$found" ]; then echo "$found"; return; fi
+  done
+  if [ -n "${SLURM_JOB_ID:-}" ] && command -v scontrol >/dev/null 2>&1; then  # sbatch ran a copy: where from?
+    script="$(timeout 10 scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'Command=[^ ]*' | cut -d= -f2-)" \\
+      || true
+    found="$( [ -n "$script" ] && clone_python "$(dirname "$script")/.." || true)"
+    if [ -n "$found" ]; then echo "$found"; return; fi
+  fi
+  echo python3
+}
+
+PY="$(find_python)"
+if ! command -v "$PY" >/dev/null 2>&1; then
+  echo "polar_gym @SERVICE@ job: POLAR_PYTHON=$PY not found: set POLAR_PYTHON to the python of a polar_gym install" \\
+    "(the clone's .venv/bin/python, made by bash scripts/setup.sh)" >&2
+  exit 2
+fi
+
+preflight() {  # every missing setting or module, one line each, exit 2; else the state prepared (paths logged)
+  "$PY" -c '@BOOT@' @SERVICE@
+}
+
+read_token() {  # TOKEN: POLAR_ADMIN_TOKEN, else the token file's content (never printed), else empty
+  TOKEN="${POLAR_ADMIN_TOKEN:-}"
+  if [ -z "$TOKEN" ] && [ -n "${POLAR_ADMIN_TOKEN_FILE:-}" ] && [ -f "$POLAR_ADMIN_TOKEN_FILE" ]; then
+    TOKEN="$(cat "$POLAR_ADMIN_TOKEN_FILE")"
+  fi
+}
+
+forward_signals() {  # from here on SIGTERM/SIGINT (scancel, the time limit) stop the service; the job ends with it
+  trap 'kill -TERM "$child" ${waiter:+"$waiter"} 2>/dev/null || true; wait_child' TERM INT
+}
+
+wait_child() {  # waits for the service; exits the job with its status
+  while true; do  # a trapped signal interrupts wait (status > 128) while the service is still stopping
+    status=0
+    wait "$child" || status=$?
+    kill -0 "$child" 2>/dev/null || break
+  done
+  exit "$status"
+}
+
+wait_http() {  # URL SECONDS: returns once the service answers 200; else stops it and fails the job
+  "$PY" -c '@SNIPPET@' "$1" "$2" "$child" &
+  waiter=$!
+  wait "$waiter" && return 0
+  kill -TERM "$child" 2>/dev/null || true
   wait "$child" 2>/dev/null || true
-  exit "${status:-0}"
-}""".replace("@SNIPPET@", _WAIT_PY)
+  exit 1
+}""".replace("@SNIPPET@", _WAIT_PY).replace("@BOOT@", _BOOT_PY)
+
+# The per-job state directory (the scripts that keep state): POLAR_STATE_DIR, else one per job under XDG_STATE_HOME.
+assert "'" not in _BOOT_PY + _WAIT_PY + _ADD_BACKEND_PY, "snippets are single-quoted in bash"
+
+_STATE = """STATE_HOME="${XDG_STATE_HOME:-${HOME:-}/.local/state}"
+POLAR_STATE_DIR="${POLAR_STATE_DIR:-$STATE_HOME/polar_gym/${SLURM_JOB_NAME:-@JOB@}-${SLURM_JOB_ID:-local-$$}}"
+case "$POLAR_STATE_DIR" in /*) ;; *) POLAR_STATE_DIR="$SUBMIT_DIR/$POLAR_STATE_DIR" ;; esac
+POLAR_ADMIN_TOKEN_FILE="${POLAR_ADMIN_TOKEN_FILE:-$POLAR_STATE_DIR/admin-token}"
+export POLAR_STATE_DIR POLAR_ADMIN_TOKEN_FILE"""
 
 
-def _script(resources: SbatchResources, doc: str, body: str) -> str:
-    return f"#!/bin/bash\n{resources.header()}\n#\n{doc}\n\n{_PREAMBLE}\n\n{body.strip()}\n"
+def _script(resources: SbatchResources, doc: str, service: str, body: str, *, state: bool = True) -> str:
+    preamble = _PREAMBLE.replace("@SERVICE@", service)
+    if state:
+        preamble += "\n\n" + _STATE.replace("@JOB@", resources.job_name)
+    return f"#!/bin/bash\n{resources.header()}\n#\n{doc}\n\n{preamble}\n\n{body.strip()}\n"
+
+
+_PYTHON_DOC = ("POLAR_PYTHON", "python with polar_gym and its dependencies (default: the .venv of the clone this "
+               "script or the submit directory is in, else python3)")
+_STATE_DOC = ("POLAR_STATE_DIR", "this job's files; reuse one to resume (default: ~/.local/state/polar_gym/"
+              "JOBNAME-JOBID)")
 
 
 def render_gateway(resources: SbatchResources | None = None) -> str:
-    """``slurm/gateway.sbatch``: one gateway node, registered with the rollout server when POLAR_SERVER_URL is set."""
+    """``slurm/gateway.sbatch``: one gateway node, registered with the rollout server POLAR_SERVER_URL names."""
     resources = resources or SbatchResources("polar-gateway", cpus=8, mem="16G")
     doc = _doc("polar_gym gateway node (python -m polar_gym.gateway) as a Slurm job.", [
-        ("POLAR_SERVER_URL", "rollout server the gateway registers and heartbeats with (unset: none)"),
-        ("POLAR_ADMIN_TOKEN", "admin token of gateway and server (unset: a fresh one in POLAR_ADMIN_TOKEN_FILE)"),
-        ("POLAR_ADMIN_TOKEN_FILE", "where a fresh token is written, mode 600 (default: $WORKDIR/admin-token)"),
+        ("POLAR_SERVER_URL", "rollout server to register and heartbeat with (required; none: serve on its own)"),
+        ("POLAR_ADMIN_TOKEN", "the server's admin token, also this node's (unset: read from POLAR_ADMIN_TOKEN_FILE)"),
+        ("POLAR_ADMIN_TOKEN_FILE", "file holding it (mode 600), e.g. the server job's; created fresh without a "
+                                   "server (default: $POLAR_STATE_DIR/admin-token)"),
         ("POLAR_ENGINE", "vllm, sglang, sglang_generate, openai or oracle (default: sglang)"),
         ("POLAR_UPSTREAM", "space-separated inference base URLs (required except for oracle)"),
         ("MODEL_PATH", "tokenizer directory for oracle / sglang_generate (default: polar_gym's built one)"),
         ("PORT", "listening port (default: 8100)"),
         ("POLAR_CAPACITY", "concurrent run slots, also the capacity registered (default: 8)"),
-        ("POLAR_WORKDIR", "session directories and journal (default: polar-gateway-$SLURM_JOB_ID)"),
+        ("POLAR_WORKDIR", "session directories and capture journal, e.g. node-local scratch "
+                          "(default: $POLAR_STATE_DIR/work)"),
+        _STATE_DOC,
         ("POLAR_ADVERTISE_HOST", "host the server and sandboxes use to reach it (default: $(hostname))"),
-        ("POLAR_PYTHON", "python with polar_gym installed (default: python3)"),
+        _PYTHON_DOC,
     ])
-    body = """ENGINE="${POLAR_ENGINE:-sglang}"
+    body = """POLAR_ENGINE="${POLAR_ENGINE:-sglang}"
+POLAR_WORKDIR="${POLAR_WORKDIR:-$POLAR_STATE_DIR/work}"
+export POLAR_ENGINE POLAR_WORKDIR
+preflight
+read_token
 PORT="${PORT:-8100}"
-CAPACITY="${POLAR_CAPACITY:-8}"
-WORKDIR="${POLAR_WORKDIR:-polar-gateway-${SLURM_JOB_ID:-local}}"
-args=(--engine "$ENGINE" --host 0.0.0.0 --port "$PORT" --advertise-host "$HOST" --workdir "$WORKDIR"
-      --capture-dir "$WORKDIR/capture" --run-slots "$CAPACITY")
-if [ -n "${POLAR_ADMIN_TOKEN_FILE:-}" ]; then  # without POLAR_ADMIN_TOKEN the gateway writes its fresh token there
-  args+=(--admin-token-file "$POLAR_ADMIN_TOKEN_FILE")
-fi
+args=(--engine "$POLAR_ENGINE" --host 0.0.0.0 --port "$PORT" --advertise-host "$HOST" --workdir "$POLAR_WORKDIR"
+      --capture-dir "$POLAR_WORKDIR/capture" --run-slots "${POLAR_CAPACITY:-8}"
+      --admin-token-file "$POLAR_ADMIN_TOKEN_FILE")  # the gateway writes a fresh token there if it has none
 if [ -n "${POLAR_UPSTREAM:-}" ]; then
   read -r -a upstreams <<< "$POLAR_UPSTREAM"
   args+=(--upstream "${upstreams[@]}")
 fi
-if [ -n "${POLAR_SERVER_URL:-}" ]; then
+if [ "$POLAR_SERVER_URL" = none ]; then
+  unset POLAR_SERVER_URL  # the gateway would take it for a URL
+else
   args+=(--server-url "$POLAR_SERVER_URL")
 fi
 if [ -n "${MODEL_PATH:-}" ]; then
   args+=(--tokenizer "$MODEL_PATH")
-elif [ "$ENGINE" = oracle ] || [ "$ENGINE" = sglang_generate ]; then
-  args+=(--tokenizer "$("$PY" -c 'from polar_gym.assets import tokenizer_dir; print(tokenizer_dir())')")
 fi
-mkdir -p "$WORKDIR"
-"$PY" -m polar_gym.gateway "${args[@]}" "$@" &
+POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -m polar_gym.gateway "${args[@]}" "$@" &
 child=$!
-URL="http://$HOST:$PORT"
-wait_http "http://127.0.0.1:$PORT/gateway/health" 300 "$child"
-echo "gateway up: $URL"
-run_child"""
-    return _script(resources, doc, body)
+forward_signals
+wait_http "http://127.0.0.1:$PORT/gateway/health" 300
+echo "gateway up: http://$HOST:$PORT"
+wait_child"""
+    return _script(resources, doc, "gateway", body)
 
 
 def render_server(resources: SbatchResources | None = None) -> str:
     """``slurm/server.sbatch``: the rollout server with its SQLite store."""
     resources = resources or SbatchResources("polar-server", cpus=4, mem="8G", time="7-00:00:00")
     doc = _doc("polar_gym rollout server (python -m polar_gym.server) as a Slurm job.", [
-        ("POLAR_ADMIN_TOKEN", "admin token of /tasks, /gateways, /backends (unset: fresh, in POLAR_ADMIN_TOKEN_FILE)"),
-        ("POLAR_ADMIN_TOKEN_FILE", "where a fresh token goes, mode 600 (default: polar-server-$SLURM_JOB_ID.token)"),
+        ("POLAR_ADMIN_TOKEN", "admin token of /tasks, /gateways, /backends (unset: read from POLAR_ADMIN_TOKEN_FILE)"),
+        ("POLAR_ADMIN_TOKEN_FILE", "file holding it, mode 600; a fresh one is written if it does not exist "
+                                   "(default: $POLAR_STATE_DIR/admin-token)"),
         ("PORT", "listening port (default: 8700)"),
-        ("POLAR_DB", "SQLite store; reuse it to resume a run (default: polar-server.sqlite)"),
+        ("POLAR_DB", "SQLite store; reuse it to resume a run (default: $POLAR_STATE_DIR/server.sqlite)"),
+        _STATE_DOC,
         ("POLAR_ADVERTISE_HOST", "host gateways and trainers use to reach it (default: $(hostname))"),
-        ("POLAR_PYTHON", "python with polar_gym installed (default: python3)"),
+        _PYTHON_DOC,
     ])
-    body = """PORT="${PORT:-8700}"
-DB="${POLAR_DB:-polar-server.sqlite}"
-if [ -z "${POLAR_ADMIN_TOKEN:-}" ]; then  # never echoed: the job log may be readable by others
-  TOKEN_FILE="${POLAR_ADMIN_TOKEN_FILE:-polar-server-${SLURM_JOB_ID:-local}.token}"
-  (umask 077 && rm -f "$TOKEN_FILE" && "$PY" -c 'import secrets; print(secrets.token_urlsafe(24))' > "$TOKEN_FILE")
-  POLAR_ADMIN_TOKEN="$(cat "$TOKEN_FILE")"
-  echo "admin token written to $TOKEN_FILE (mode 600)"
-fi
-export POLAR_ADMIN_TOKEN
-"$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$DB" "$@" &
+    body = """POLAR_DB="${POLAR_DB:-$POLAR_STATE_DIR/server.sqlite}"
+export POLAR_DB
+preflight  # also writes a fresh token to POLAR_ADMIN_TOKEN_FILE if there is none
+read_token
+PORT="${PORT:-8700}"
+POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$POLAR_DB" "$@" &
 child=$!
-wait_http "http://127.0.0.1:$PORT/health" 120 "$child"
+forward_signals
+wait_http "http://127.0.0.1:$PORT/health" 120
 echo "POLAR_SERVER_URL=http://$HOST:$PORT"
-run_child"""
-    return _script(resources, doc, body)
+echo "gateways and sglang jobs: POLAR_ADMIN_TOKEN_FILE=$POLAR_ADMIN_TOKEN_FILE (the token itself is never logged)"
+wait_child"""
+    return _script(resources, doc, "server", body)
 
 
 def render_sglang(resources: SbatchResources | None = None) -> str:
@@ -173,26 +263,32 @@ def render_sglang(resources: SbatchResources | None = None) -> str:
         ("PORT", "listening port (default: 30000)"),
         ("TP_SIZE", "tensor parallel size (default: the GPUs Slurm gave, else 1)"),
         ("SGLANG_ARGS", "extra launch_server arguments, space-separated"),
+        ("SGLANG_PYTHON", "python with sglang installed (default: POLAR_PYTHON)"),
         ("POLAR_SERVER_URL", "rollout server to add this backend to once healthy (unset: none)"),
-        ("POLAR_ADMIN_TOKEN", "the rollout server's admin token (with POLAR_SERVER_URL)"),
+        ("POLAR_ADMIN_TOKEN", "the rollout server's admin token (with POLAR_SERVER_URL; or POLAR_ADMIN_TOKEN_FILE)"),
+        ("POLAR_ADMIN_TOKEN_FILE", "the server job's token file (its log prints the path)"),
         ("POLAR_ADVERTISE_HOST", "host gateways use to reach it (default: $(hostname))"),
-        ("POLAR_PYTHON", "python with sglang installed (default: python3)"),
+        _PYTHON_DOC,
     ])
-    body = """: "${MODEL_PATH:?MODEL_PATH must name the model to serve}"
+    body = """SGLANG_PYTHON="${SGLANG_PYTHON:-$PY}"
+export SGLANG_PYTHON
+preflight
+read_token
 PORT="${PORT:-30000}"
 GPUS="${SLURM_GPUS_ON_NODE:-1}"
 TP="${TP_SIZE:-$GPUS}"
 read -r -a extra <<< "${SGLANG_ARGS:-}"
-"$PY" -m sglang.launch_server --model-path "$MODEL_PATH" --host 0.0.0.0 --port "$PORT" --tp-size "$TP" \\
+"$SGLANG_PYTHON" -m sglang.launch_server --model-path "$MODEL_PATH" --host 0.0.0.0 --port "$PORT" --tp-size "$TP" \\
   ${extra[@]+"${extra[@]}"} "$@" &
 child=$!
-wait_http "http://127.0.0.1:$PORT/health" 1800 "$child"
+forward_signals
+wait_http "http://127.0.0.1:$PORT/health" 1800
 echo "POLAR_UPSTREAM=http://$HOST:$PORT"
 if [ -n "${POLAR_SERVER_URL:-}" ]; then
-  "$PY" -c '@SNIPPET@' "${POLAR_SERVER_URL%/}/backends" "http://$HOST:$PORT"
+  POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -c '@SNIPPET@' "${POLAR_SERVER_URL%/}/backends" "http://$HOST:$PORT"
 fi
-run_child""".replace("@SNIPPET@", _ADD_BACKEND_PY)
-    return _script(resources, doc, body)
+wait_child""".replace("@SNIPPET@", _ADD_BACKEND_PY)
+    return _script(resources, doc, "sglang", body, state=False)
 
 
 def render_all() -> dict[str, str]:

@@ -95,10 +95,13 @@ def test_server_and_gateway_sbatch_register_and_cancel_cleanly(slurm_env: dict[s
         pytest.skip(f"the oracle engine's tokenizer {tokenizer_dir()} is not built (bash scripts/setup.sh)")
     token, server_port, gateway_port = "slurm-test-token", _free_port(), _free_port()
     common = {"POLAR_PYTHON": sys.executable, "POLAR_ADMIN_TOKEN": token, "POLAR_ADVERTISE_HOST": "127.0.0.1"}
-    server_job = _sbatch(slurm_env, ROOT / "slurm" / "server.sbatch", tmp_path, PORT=str(server_port), **common)
+    state = tmp_path.parent / f"{tmp_path.name}-state"  # the jobs' state, away from the submit directory
+    server_job = _sbatch(slurm_env, ROOT / "slurm" / "server.sbatch", tmp_path, PORT=str(server_port),
+                         POLAR_STATE_DIR=str(state / "server"), **common)
     server_url = f"http://127.0.0.1:{server_port}"
     gateway_job = _sbatch(slurm_env, ROOT / "slurm" / "gateway.sbatch", tmp_path, PORT=str(gateway_port),
-                          POLAR_ENGINE="oracle", POLAR_SERVER_URL=server_url, **common)
+                          POLAR_ENGINE="oracle", POLAR_SERVER_URL=server_url, POLAR_STATE_DIR=str(state / "gateway"),
+                          **common)
     jobs = [server_job, gateway_job]
     try:
         def registered() -> bool:
@@ -126,6 +129,11 @@ def test_server_and_gateway_sbatch_register_and_cancel_cleanly(slurm_env: dict[s
             return s.connect_ex(("127.0.0.1", port)) != 0
 
     _wait_for(lambda: port_closed(server_port) and port_closed(gateway_port), 30, "services to stop after scancel")
+    # the submit directory gets the job logs only; the db and the session directories are in the state directories
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"polar-server-{server_job}.out",
+                                                                 f"polar-gateway-{gateway_job}.out"])
+    assert (state / "server" / "server.sqlite").is_file() and (state / "gateway").is_dir()
+    assert token not in gateway_out.read_text()
 
 
 def _sacct_states(env: dict[str, str], job_ids: list[str]) -> dict[str, str]:

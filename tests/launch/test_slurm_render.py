@@ -15,12 +15,12 @@ SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
 
 DOCUMENTED = {
     "gateway.sbatch": ["POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN", "POLAR_ADMIN_TOKEN_FILE", "POLAR_ENGINE",
-                       "POLAR_UPSTREAM", "MODEL_PATH", "PORT", "POLAR_CAPACITY", "POLAR_WORKDIR",
+                       "POLAR_UPSTREAM", "MODEL_PATH", "PORT", "POLAR_CAPACITY", "POLAR_WORKDIR", "POLAR_STATE_DIR",
                        "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
-    "server.sbatch": ["POLAR_ADMIN_TOKEN", "POLAR_ADMIN_TOKEN_FILE", "PORT", "POLAR_DB", "POLAR_ADVERTISE_HOST",
-                      "POLAR_PYTHON"],
-    "sglang.sbatch": ["MODEL_PATH", "PORT", "TP_SIZE", "SGLANG_ARGS", "POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN",
+    "server.sbatch": ["POLAR_ADMIN_TOKEN", "POLAR_ADMIN_TOKEN_FILE", "PORT", "POLAR_DB", "POLAR_STATE_DIR",
                       "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
+    "sglang.sbatch": ["MODEL_PATH", "PORT", "TP_SIZE", "SGLANG_ARGS", "SGLANG_PYTHON", "POLAR_SERVER_URL",
+                      "POLAR_ADMIN_TOKEN", "POLAR_ADMIN_TOKEN_FILE", "POLAR_ADVERTISE_HOST", "POLAR_PYTHON"],
 }
 
 
@@ -43,23 +43,25 @@ def test_header_documents_every_variable_it_reads(name: str) -> None:
     for var in DOCUMENTED[name]:
         assert re.search(rf"^#   {var}\s+\S", header, re.M), f"{name} does not document {var}"
     body = text.split("\nset -euo pipefail", 1)[1]
-    read = set(re.findall(r"\$\{(POLAR_[A-Z_]+|MODEL_PATH|PORT|TP_SIZE|SGLANG_ARGS)\b", body))
+    read = set(re.findall(r"\$\{(POLAR_[A-Z_]+|MODEL_PATH|PORT|TP_SIZE|SGLANG_[A-Z]+)\b", body))
     assert read <= set(DOCUMENTED[name]), f"undocumented: {read - set(DOCUMENTED[name])}"
 
 
 def test_gateway_golden_details() -> None:
     text = render_gateway()
     assert "#SBATCH --output=polar-gateway-%j.out" in text
-    assert '"$PY" -m polar_gym.gateway "${args[@]}" "$@" &' in text
-    assert '/gateway/health" 300 "$child"' in text
+    assert 'POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -m polar_gym.gateway "${args[@]}" "$@" &' in text
+    assert '/gateway/health" 300\n' in text
+    assert text.index("\nforward_signals\n") < text.index("\nwait_http ")  # scancel while starting stops it too
     assert 'args+=(--server-url "$POLAR_SERVER_URL")' in text  # the gateway registers and heartbeats itself
+    assert text.index("\npreflight\n") < text.rindex("-m polar_gym.gateway")  # checked before anything starts
 
 
 def test_server_and_sglang_golden_details() -> None:
-    assert '"$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$DB" "$@" &' in render_server()
+    assert '"$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$POLAR_DB" "$@" &' in render_server()
     sglang = render_sglang()
     assert "#SBATCH --gres=gpu:1" in sglang
-    assert ': "${MODEL_PATH:?MODEL_PATH must name the model to serve}"' in sglang
+    assert sglang.index("\npreflight\n") < sglang.rindex("-m sglang.launch_server")
     assert '"${POLAR_SERVER_URL%/}/backends"' in sglang
 
 

@@ -25,6 +25,7 @@ from polar_gym.assets import tokenizer_dir
 from polar_gym.launch.slurm import render_all
 from polar_gym.launch.submitit_launcher import SlurmLauncher, SlurmLauncherSettings
 from polar_gym.private_files import write_secret
+from tests._procs import processes_with
 from tests._serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,11 +136,12 @@ def _wait_for_line(proc: subprocess.Popen[str], log: Path, needle: str, timeout:
 
 def test_server_sbatch_writes_a_fresh_token_to_a_private_file_and_never_prints_it(tmp_path: Path) -> None:
     port = free_port()
-    with _script("server.sbatch", tmp_path, PORT=str(port), POLAR_DB=str(tmp_path / "srv.sqlite")) as (proc, log):
+    with _script("server.sbatch", tmp_path, PORT=str(port), POLAR_DB=str(tmp_path / "srv.sqlite"),
+                 POLAR_STATE_DIR=str(tmp_path / "state")) as (proc, log):
         text = _wait_for_line(proc, log, "POLAR_SERVER_URL=")
-        token_file = tmp_path / "polar-server-local.token"
+        token_file = tmp_path / "state" / "admin-token"
         token = token_file.read_text().strip()
-        assert f"admin token written to {token_file.name} (mode 600)" in text and token not in text
+        assert f"admin token written to {token_file} (mode 600)" in text and token not in text
         assert _private(token_file)
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/gateways", headers={"x-admin-token": token}).status_code == 200
@@ -151,16 +153,18 @@ def test_gateway_without_a_token_writes_it_to_a_private_file_and_prints_only_the
     _needs_assets()
     port = free_port()
     workdir = tmp_path / "gw"
-    with _script("gateway.sbatch", tmp_path, PORT=str(port), POLAR_ENGINE="oracle",
-                 POLAR_WORKDIR=str(workdir)) as (proc, log):
+    with _script("gateway.sbatch", tmp_path, PORT=str(port), POLAR_ENGINE="oracle", POLAR_SERVER_URL="none",
+                 POLAR_WORKDIR=str(workdir), POLAR_STATE_DIR=str(tmp_path / "state")) as (proc, log):
         text = _wait_for_line(proc, log, "gateway up:")
-        token_file = workdir / "admin-token"
+        token_file = tmp_path / "state" / "admin-token"
         token = token_file.read_text().strip()
         assert f"admin token written to {token_file} (mode 600)" in text and token not in text
         assert _private(token_file) and len(token) >= 32
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/admin/upstreams", headers={"x-admin-token": token}).status_code == 200
         assert httpx.get(f"{base}/admin/upstreams").status_code == 401
+        # POLAR_SERVER_URL=none: a gateway on its own, which must not take "none" for a server URL
+        assert [line for line in processes_with("POLAR_SERVER_URL=none") if "polar_gym.gateway" in line] == []
 
 
 def test_standalone_proxy_without_a_token_prints_only_the_path_of_its_private_file(tmp_path: Path) -> None:
