@@ -61,7 +61,10 @@ def as_user(command: str, *, cwd: Path, timeout: float, env: dict[str, str] | No
     user = pwd.getpwnam(USER)
     login = {"HOME": user.pw_dir, "USER": USER, "LOGNAME": USER, "SHELL": "/bin/bash", "PATH": _LOGIN_PATH,
              "LANG": "C.UTF-8", "COLUMNS": "160", **(env or {})}
-    argv = ["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in login.items()), "bash", "-c", command]
+    runuser = shutil.which("runuser")
+    assert runuser is not None
+    argv = [runuser, "-u", USER, "--", "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in login.items()),
+            "bash", "-c", command]
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={"PATH": _LOGIN_PATH})
 
 
