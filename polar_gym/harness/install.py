@@ -124,11 +124,18 @@ def ensure_installed(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | No
         if node_dir is not None:
             _bundle_node(directory, node_dir)
         if not _installed(directory, pins):
-            _run_npm(directory, pins, str(node_dir / "npm") if node_dir is not None else npm, timeout, quiet,
+            _run_npm(directory, pins, _npm_of(node_dir) if node_dir is not None else npm, timeout, quiet,
                      node_dir)
         if node_dir is not None:
             _write_wrappers(directory, pins)
     return cli_paths(directory, pins)
+
+
+def _npm_of(node_dir: Path) -> str:
+    """npm's own entry script beside a node ``bin`` folder (``../lib/node_modules/npm/bin/npm-cli.js``: the Node.js
+    wheel's ``bin/npm`` is a copy that requires a path relative to itself and fails), else ``bin/npm``."""
+    cli = node_dir.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
+    return str(cli) if cli.is_file() else str(node_dir / "npm")
 
 
 def _bundle_node(directory: Path, node_dir: Path) -> None:
@@ -163,11 +170,13 @@ def _run_npm(directory: Path, pins: Mapping[str, Pin], npm: str, timeout: float,
     (directory / _MARKER).unlink(missing_ok=True)
     package_json = render_package_json(pins)
     (directory / "package.json").write_text(package_json)
-    npm_path = shutil.which(npm)
+    npm_path = npm if npm.endswith(".js") and os.path.isfile(npm) else shutil.which(npm)
     if npm_path is None:
         raise HarnessInstallError(f"{npm!r} is not on PATH: install Node.js and npm first, or give the Node.js "
                                   f"wheel's folder (--node-dir, python -m polar_gym.assets node)")
     cmd = [npm_path, "install", "--save-exact", "--no-audit", "--no-fund", "--no-update-notifier"]
+    if npm_path.endswith(".js") and node_dir is not None:
+        cmd.insert(0, str(node_dir / "node"))
     env = {**os.environ, "npm_config_update_notifier": "false"}
     if node_dir is not None:  # npm and the packages' install scripts find this node first
         env["PATH"] = f"{node_dir}{os.pathsep}{env.get('PATH', '')}"
