@@ -114,8 +114,8 @@ if command -v podman >/dev/null; then
 fi
 
 # The sandbox helper (gateway relay + in-sandbox limits), built statically once per source version: with gcc, else
-# with the zig toolchain from PyPI (a user without gcc).
-if ! command -v gcc >/dev/null; then
+# with the zig toolchain from PyPI (a user without gcc or libc6-dev).
+if ! command -v gcc >/dev/null || ! compgen -G '/usr/lib/*-linux-gnu/libc.a' >/dev/null; then
   "$VENV/bin/python" -m polar_gym.assets zig >/dev/null || log "the zig toolchain did not install from PyPI"
 fi
 if "$VENV/bin/python" -m polar_gym.runtime build-relay >/dev/null; then

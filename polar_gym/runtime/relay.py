@@ -34,6 +34,7 @@ __all__ = [
     "cache_dir",
     "helper_argv",
     "relay_compiler",
+    "relay_compilers",
     "relay_program",
 ]
 
@@ -53,19 +54,25 @@ def _relay_target(cache: Path | None = None) -> Path:
     return (cache or cache_dir()) / f"relay-{digest}" / "relay"
 
 
-def relay_compiler() -> list[str] | None:
-    """The C compiler command for the static helper: gcc when it is on PATH (root and CI set-ups), else the zig
-    toolchain set-up fetched from PyPI for users without gcc (``python -m polar_gym.assets zig``; it links statically
-    against its own musl, so no libc6-dev is needed), else None."""
+def relay_compilers() -> list[list[str]]:
+    """The C compiler commands for the static helper, to try in order: gcc when it is on PATH (root and CI
+    set-ups), then the zig toolchain set-up fetched from PyPI for users without gcc or without libc6-dev's static
+    libc (``python -m polar_gym.assets zig``; it links statically against its own musl)."""
+    found = []
     gcc = shutil.which("gcc")
     if gcc is not None:
-        return [gcc]
+        found.append([gcc])
     from polar_gym.assets import zig_path
 
     zig = zig_path()
     if zig.is_file():
-        return [str(zig), "cc", "-target", f"{platform.machine()}-linux-musl"]
-    return None
+        found.append([str(zig), "cc", "-target", f"{platform.machine()}-linux-musl"])
+    return found
+
+
+def relay_compiler() -> list[str] | None:
+    """The first of :func:`relay_compilers`, or None."""
+    return next(iter(relay_compilers()), None)
 
 
 def _compiler_env(argv: list[str], cache: Path) -> dict[str, str] | None:
@@ -78,7 +85,7 @@ def _compiler_env(argv: list[str], cache: Path) -> dict[str, str] | None:
 
 def build_relay(cache: Path | None = None, cc: str | None = None) -> Path:
     """Compile relay.c statically into ``<cache>/relay-<sha of source>/relay`` (once; keyed by the source), with
-    ``cc`` or else :func:`relay_compiler`'s choice.
+    ``cc`` or else the first of :func:`relay_compilers` that succeeds.
 
     Blocking (runs the compiler): call it from set-up or a thread. Raises ``FileNotFoundError`` without a compiler
     and ``subprocess.CalledProcessError`` when the build fails.
@@ -86,17 +93,23 @@ def build_relay(cache: Path | None = None, cc: str | None = None) -> Path:
     target = _relay_target(cache)
     if target.is_file():
         return target
-    compiler = [cc] if cc is not None else relay_compiler()
-    if compiler is None:
+    compilers = [[cc]] if cc is not None else relay_compilers()
+    if not compilers:
         raise FileNotFoundError("no C compiler for the sandbox helper: apt-get install gcc libc6-dev, or "
                                 "python -m polar_gym.assets zig")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / "relay"
-        subprocess.run([*compiler, "-O2", "-static", "-o", str(out), str(RELAY_SOURCE)], check=True,
-                       capture_output=True, env=_compiler_env(compiler, cache or cache_dir()))
-        out.chmod(0o755)
-        os.replace(out, target)  # atomic: concurrent builders never see a half-written binary
+    for i, compiler in enumerate(compilers):
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / "relay"
+            try:
+                subprocess.run([*compiler, "-O2", "-static", "-o", str(out), str(RELAY_SOURCE)], check=True,
+                               capture_output=True, env=_compiler_env(compiler, cache or cache_dir()))
+            except subprocess.CalledProcessError:
+                if i == len(compilers) - 1:
+                    raise
+                continue  # gcc without libc6-dev's libc.a: the next compiler
+            out.chmod(0o755)
+            os.replace(out, target)  # atomic: concurrent builders never see a half-written binary
     return target
 
 

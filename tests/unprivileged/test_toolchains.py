@@ -5,6 +5,7 @@ pinned wheels once into the cache, and pi from npm)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from polar_gym import assets
 from polar_gym.harness.install import PINS, ensure_installed, install_dir
 from polar_gym.runtime.local import LocalRuntime
-from polar_gym.runtime.relay import RELAY_FALLBACK, build_relay, relay_compiler, relay_program
+from polar_gym.runtime.relay import RELAY_FALLBACK, build_relay, relay_compiler, relay_compilers, relay_program
 from polar_gym.schema import RuntimeSpec
 
 
@@ -101,3 +102,20 @@ async def test_pi_runs_in_the_local_sandbox_on_the_node_wheel(tmp_path: Path) ->
     assert PINS["pi"].version in (result.stdout + result.stderr).decode()
     assert (tmp_path / "node-version").read_text() == wheel_version
     assert paths["pi"] == install / "bin" / "pi"  # the wrapper, next to the install's own node/bin/node
+
+
+def test_gcc_without_a_static_libc_falls_back_to_zig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gcc is there but cannot link statically (no libc6-dev): the build goes on with zig from the cache."""
+    _empty_path(tmp_path, monkeypatch)
+    (tmp_path / "path" / "gcc").write_text("#!/bin/sh\necho 'cannot find -lc' >&2\nexit 1\n")
+    (tmp_path / "path" / "gcc").chmod(0o755)
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "cache"))
+    zig = assets.zig_path()
+    zig.parent.mkdir(parents=True)
+    # a stand-in for zig cc: write the -o file
+    zig.write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\necho built > "$2"\n')
+    zig.chmod(0o755)
+    assert [argv[0] for argv in relay_compilers()] == [str(tmp_path / "path" / "gcc"), str(zig)]
+    relay = build_relay(tmp_path / "cache")
+    assert relay.read_text() == "built\n" and os.access(relay, os.X_OK)
+    assert relay.parent.name.startswith("relay-") and relay.is_relative_to(tmp_path / "cache")
