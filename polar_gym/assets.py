@@ -137,7 +137,9 @@ def build_tokenizer() -> Path:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         _log(f"downloading the {LLAMA_CPP_SDIST} sdist for its vendored Qwen vocabulary")
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+        # only this package as an sdist: ``--no-binary :all:`` would also build its build backend's whole chain
+        # (scikit-build-core, hatchling, ...) from source to read its metadata, minutes on a cold cache
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "llama-cpp-python",
                         "-d", str(tmp), LLAMA_CPP_SDIST], check=True)
         sdist = next(tmp.glob("*.tar.gz"))
         with tarfile.open(sdist) as tar:
