@@ -121,13 +121,12 @@ def ensure_installed(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | No
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if node_dir is not None:
-            _bundle_node(directory, node_dir)
         if not _installed(directory, pins):
             _run_npm(directory, pins, _npm_of(node_dir) if node_dir is not None else npm, timeout, quiet,
                      node_dir)
-        if node_dir is not None:
+        if node_dir is not None:  # the node last: cli_paths names the wrappers once it is there
             _write_wrappers(directory, pins)
+            _bundle_node(directory, node_dir)
     return cli_paths(directory, pins)
 
 
