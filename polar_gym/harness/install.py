@@ -117,6 +117,8 @@ def ensure_installed(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | No
             timeout: float = 1800.0, quiet: bool = True, node_dir: Path | None = None) -> dict[str, Path]:
     """Install the pinned CLIs (once) and return each harness's binary path. Safe to call concurrently.
     ``node_dir``: a folder with ``node`` and ``npm`` to use instead of the system's (see the module docstring)."""
+    if node_dir is not None and not (node_dir / "node").is_file():
+        raise HarnessInstallError(f"no node binary in {node_dir}")
     directory = install_dir(pins, cache_root)
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as lock:
@@ -140,8 +142,6 @@ def _npm_of(node_dir: Path) -> str:
 def _bundle_node(directory: Path, node_dir: Path) -> None:
     """Copy (hard-link where possible) ``node_dir/node`` to the install's own :data:`BUNDLED_NODE`."""
     source, target = node_dir / "node", directory / BUNDLED_NODE
-    if not source.is_file():
-        raise HarnessInstallError(f"no node binary in {node_dir}")
     if target.is_file() and target.stat().st_size == source.stat().st_size:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
