@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -85,6 +86,19 @@ def user_clone() -> Iterator[UserClone]:
     assert setup.returncode == 0, output[-6000:]
     print(f"\n[unprivileged] set-up as {USER}: {seconds:.1f} s wall")
     yield UserClone(home, clone, seconds, output)
+    _stop_podman_pause_process(user)
+
+
+def _stop_podman_pause_process(user: pwd.struct_passwd) -> None:
+    """Rootless podman (set-up builds the docker backend's test image when the user has a subuid range, which
+    useradd gives) leaves its per-user pause process running; stop it, by the pid podman wrote, if it is the user's."""
+    pid_file = Path(f"/tmp/podman-run-{user.pw_uid}/libpod/tmp/pause.pid")
+    try:
+        pid = int(pid_file.read_text().strip())
+        if os.stat(f"/proc/{pid}").st_uid == user.pw_uid:
+            os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
 
 
 def test_setup_and_the_main_job_as_an_unprivileged_user(user_clone: UserClone) -> None:
