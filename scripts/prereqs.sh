@@ -7,6 +7,7 @@ PY=${POLAR_PYTHON:-python3.11}
 me=$(id -un 2>/dev/null || id -u)
 rows=()
 apt=()
+optional=()
 other=()
 row() { rows+=("$(printf '%-26s %-8s %s' "$1" "$2" "$3")"); }
 
@@ -38,12 +39,12 @@ fi
 if command -v gcc >/dev/null && compgen -G '/usr/lib/*-linux-gnu/libc.a' >/dev/null; then
   row "gcc + libc6-dev" ok "the static sandbox helper"
 else
-  row "gcc + libc6-dev" replaced "the sandbox helper is built with zig from PyPI instead"; apt+=(gcc libc6-dev)
+  row "gcc + libc6-dev" replaced "the sandbox helper is built with zig from PyPI instead"; optional+=(gcc libc6-dev)
 fi
 if command -v node >/dev/null && command -v npm >/dev/null; then
   row "node + npm" ok "the harness CLIs ($(node --version 2>/dev/null))"
 else
-  row "node + npm" replaced "the harness CLIs run with Node.js from its PyPI wheel instead"; apt+=(nodejs npm)
+  row "node + npm" replaced "the harness CLIs run with Node.js from its PyPI wheel instead"; optional+=(nodejs npm)
 fi
 if command -v git >/dev/null; then
   row "git" ok "git inside sandboxes (harnesses, SWE-style tasks)"
@@ -73,5 +74,8 @@ if [ ${#apt[@]} -gt 0 ] || [ ${#other[@]} -gt 0 ]; then
   printf '  ask an admin for:\n'
   [ ${#apt[@]} -gt 0 ] && printf '    apt-get install %s\n' "${apt[*]}"
   for line in "${other[@]}"; do printf '    %s\n' "$line"; done
+fi
+if [ ${#optional[@]} -gt 0 ]; then
+  printf '  optional (set-up replaces them from PyPI): apt-get install %s\n' "${optional[*]}"
 fi
 exit 0
