@@ -139,6 +139,23 @@ def _npm_of(node_dir: Path) -> str:
     return str(cli) if cli.is_file() else str(node_dir / "npm")
 
 
+#: the system's npm configuration (registry, proxy, cafile an admin set) and CA bundle (Debian's paths)
+_SYSTEM_NPMRC = Path("/etc/npmrc")
+_SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def _system_npm_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """What a Node.js of its own misses of the system's: its npm reads ``<prefix>/etc/npmrc``, not /etc/npmrc, and
+    its node trusts only its bundled CAs, not the system's (a site's TLS proxy then fails every fetch with
+    SELF_SIGNED_CERT_IN_CHAIN). Variables already set win."""
+    out = {}
+    if _SYSTEM_NPMRC.is_file() and "npm_config_globalconfig" not in env:
+        out["npm_config_globalconfig"] = str(_SYSTEM_NPMRC)
+    if _SYSTEM_CA_BUNDLE.is_file() and "NODE_EXTRA_CA_CERTS" not in env:
+        out["NODE_EXTRA_CA_CERTS"] = str(_SYSTEM_CA_BUNDLE)
+    return out
+
+
 def _bundle_node(directory: Path, node_dir: Path) -> None:
     """Copy (hard-link where possible) ``node_dir/node`` to the install's own :data:`BUNDLED_NODE`."""
     source, target = node_dir / "node", directory / BUNDLED_NODE
@@ -179,6 +196,7 @@ def _run_npm(directory: Path, pins: Mapping[str, Pin], npm: str, timeout: float,
     env = {**os.environ, "npm_config_update_notifier": "false"}
     if node_dir is not None:  # npm and the packages' install scripts find this node first
         env["PATH"] = f"{node_dir}{os.pathsep}{env.get('PATH', '')}"
+        env.update(_system_npm_settings(env))
     try:
         proc = subprocess.run(cmd, cwd=directory, env=env, timeout=timeout, text=True,
                               capture_output=quiet, check=False)
