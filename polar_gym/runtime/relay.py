@@ -3,9 +3,10 @@ resource limits.
 
 Host side, :class:`GatewayRelay` is an asyncio Unix-socket server in the session directory
 (``<session>/gateway.sock``, so ``/polar/gateway.sock`` inside) that forwards each connection to the gateway's TCP
-endpoint. Inside, the helper (``relay.c``, built statically; ``relay_fallback.py`` where gcc is missing) listens on
-``127.0.0.1:GATEWAY_INNER_PORT`` and forwards to that socket. A sandbox without a network namespace route to the host
-can then reach the proxy and nothing else. Backends mount the helper read-only at :data:`~base.RELAY_PATH`.
+endpoint. Inside, the helper (``relay.c``, built statically with gcc or zig; ``relay_fallback.py`` where neither
+is there) listens on ``127.0.0.1:GATEWAY_INNER_PORT`` and forwards to that socket. A sandbox without a network
+namespace route to the host can then reach the proxy and nothing else. Backends mount the helper read-only at
+:data:`~base.RELAY_PATH`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -31,6 +33,8 @@ __all__ = [
     "build_relay",
     "cache_dir",
     "helper_argv",
+    "relay_compiler",
+    "relay_compilers",
     "relay_program",
 ]
 
@@ -50,8 +54,38 @@ def _relay_target(cache: Path | None = None) -> Path:
     return (cache or cache_dir()) / f"relay-{digest}" / "relay"
 
 
-def build_relay(cache: Path | None = None, cc: str = "gcc") -> Path:
-    """Compile relay.c statically into ``<cache>/relay-<sha of source>/relay`` (once; keyed by the source).
+def relay_compilers() -> list[list[str]]:
+    """The C compiler commands for the static helper, to try in order: gcc when it is on PATH (root and CI
+    set-ups), then the zig toolchain set-up fetched from PyPI for users without gcc or without libc6-dev's static
+    libc (``python -m polar_gym.assets zig``; it links statically against its own musl)."""
+    found = []
+    gcc = shutil.which("gcc")
+    if gcc is not None:
+        found.append([gcc])
+    from polar_gym.assets import zig_path
+
+    zig = zig_path()
+    if zig.is_file():
+        found.append([str(zig), "cc", "-target", f"{platform.machine()}-linux-musl"])
+    return found
+
+
+def relay_compiler() -> list[str] | None:
+    """The first of :func:`relay_compilers`, or None."""
+    return next(iter(relay_compilers()), None)
+
+
+def _compiler_env(argv: list[str], cache: Path) -> dict[str, str] | None:
+    """zig keeps its build cache under the polar_gym cache, not in ~/.cache/zig or the working directory."""
+    if Path(argv[0]).name != "zig":
+        return None
+    zig_cache = str(cache / "zig-cache")
+    return {**os.environ, "ZIG_GLOBAL_CACHE_DIR": zig_cache, "ZIG_LOCAL_CACHE_DIR": zig_cache}
+
+
+def build_relay(cache: Path | None = None, cc: str | None = None) -> Path:
+    """Compile relay.c statically into ``<cache>/relay-<sha of source>/relay`` (once; keyed by the source), with
+    ``cc`` or else the first of :func:`relay_compilers` that succeeds.
 
     Blocking (runs the compiler): call it from set-up or a thread. Raises ``FileNotFoundError`` without a compiler
     and ``subprocess.CalledProcessError`` when the build fails.
@@ -59,17 +93,29 @@ def build_relay(cache: Path | None = None, cc: str = "gcc") -> Path:
     target = _relay_target(cache)
     if target.is_file():
         return target
+    compilers = [[cc]] if cc is not None else relay_compilers()
+    if not compilers:
+        raise FileNotFoundError("no C compiler for the sandbox helper: apt-get install gcc libc6-dev, or "
+                                "python -m polar_gym.assets zig")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / "relay"
-        subprocess.run([cc, "-O2", "-static", "-o", str(out), str(RELAY_SOURCE)], check=True, capture_output=True)
-        out.chmod(0o755)
-        os.replace(out, target)  # atomic: concurrent builders never see a half-written binary
+    for i, compiler in enumerate(compilers):
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / "relay"
+            try:
+                subprocess.run([*compiler, "-O2", "-static", "-o", str(out), str(RELAY_SOURCE)], check=True,
+                               capture_output=True, env=_compiler_env(compiler, cache or cache_dir()))
+            except subprocess.CalledProcessError:
+                if i == len(compilers) - 1:
+                    raise
+                continue  # gcc without libc6-dev's libc.a: the next compiler
+            out.chmod(0o755)
+            os.replace(out, target)  # atomic: concurrent builders never see a half-written binary
     return target
 
 
 def relay_program(cache: Path | None = None) -> Path:
-    """The helper to mount into sandboxes: the compiled relay, built now if gcc is there, else the Python script."""
+    """The helper to mount into sandboxes: the compiled relay, built now if gcc is there, else the Python script
+    (set-up builds it with zig where gcc is missing)."""
     target = _relay_target(cache)
     if target.is_file():
         return target

