@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from matplotlib.ticker import FuncFormatter
@@ -44,30 +44,30 @@ def _empty(ax: Axes, text: str) -> None:
     ax.set_yticks([])
 
 
+def _count_bars(ax: Axes, counts: Mapping[str, int], *, title: str, xlabel: str, empty: str,
+                colour: Callable[[str], str], infra: frozenset[str] = frozenset()) -> None:
+    """Horizontal bars of counts by name, largest first from the top (names in ``infra`` hatched and marked)."""
+    if counts:
+        names = list(counts)[::-1]
+        bars = ax.barh([label(n) + (" (infra)" if n in infra else "") for n in names], [counts[n] for n in names],
+                       color=[colour(n) for n in names], hatch=["//" if n in infra else "" for n in names],
+                       edgecolor="white")
+        ax.bar_label(bars, padding=2)
+    else:
+        _empty(ax, empty)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+
+
 def status_figure(sessions: Sequence[SessionRow], infra: frozenset[str]) -> str:
     """Sessions by status (left) and errors by cause (right; infrastructure causes red and hatched)."""
     statuses, causes = status_counts(sessions), cause_counts(sessions)
     with figure("status", 8.0, 0.6 + 0.35 * max(len(statuses), len(causes), 3), ncols=2) as (fig, (left, right)):
-        if statuses:
-            names = list(statuses)[::-1]
-            bars = left.barh([label(n) for n in names], [statuses[n] for n in names],
-                             color=[_STATUS_COLOURS.get(n, PALETTE["blue"]) for n in names])
-            left.bar_label(bars, padding=2)
-        else:
-            _empty(left, "no sessions")
-        left.set_title("Sessions by status")
-        left.set_xlabel("sessions")
-        if causes:
-            names = list(causes)[::-1]
-            bars = right.barh([label(n) + (" (infra)" if n in infra else "") for n in names],
-                              [causes[n] for n in names],
-                              color=[PALETTE["red"] if n in infra else PALETTE["orange"] for n in names],
-                              hatch=["//" if n in infra else "" for n in names], edgecolor="white")
-            right.bar_label(bars, padding=2)
-        else:
-            _empty(right, "no errors")
-        right.set_title("Errors by cause (red: infrastructure)")
-        right.set_xlabel("sessions")
+        _count_bars(left, statuses, title="Sessions by status", xlabel="sessions", empty="no sessions",
+                    colour=lambda n: _STATUS_COLOURS.get(n, PALETTE["blue"]))
+        _count_bars(right, causes, title="Errors by cause (red: infrastructure)", xlabel="sessions",
+                    empty="no errors", colour=lambda n: PALETTE["red"] if n in infra else PALETTE["orange"],
+                    infra=infra)
         return svg_of(fig)
 
 
@@ -193,14 +193,8 @@ def fidelity_figure(run: RunData) -> str:
         per.set_title("Chains per session")
         per.set_xlabel("chains")
         per.set_ylabel("sessions")
-        if f.breaks:
-            names = list(f.breaks)[::-1]
-            bars = breaks.barh([label(n) for n in names], [f.breaks[n] for n in names], color=PALETTE["orange"])
-            breaks.bar_label(bars, padding=2)
-        else:
-            _empty(breaks, "no new chains (no breaks)")
-        breaks.set_title("New chains by cause")
-        breaks.set_xlabel("breaks")
+        _count_bars(breaks, f.breaks, title="New chains by cause", xlabel="breaks", empty="no new chains (no breaks)",
+                    colour=lambda _: PALETTE["orange"])
         return svg_of(fig)
 
 
