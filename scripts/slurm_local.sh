@@ -18,7 +18,9 @@
 #
 # Variables: SLURM_LOCAL_DIR (state dir, default /tmp/polar-slurm), SLURM_LOCAL_CPUS (default 32; config_overrides lets it exceed real cores),
 # SLURM_LOCAL_MEM_MB (default 131072, not enforced: task/none), SLURM_LOCAL_TIMEOUT (seconds to wait for each daemon, default 60),
-# SLURM_LOCAL_DB_PORT (MariaDB TCP port on 127.0.0.1, default 3307), SLURM_LOCAL_DBD_PORT (slurmdbd port, default 6819).
+# SLURM_LOCAL_DB_PORT (MariaDB TCP port on 127.0.0.1, default 3307), SLURM_LOCAL_DBD_PORT (slurmdbd port, default 6819),
+# SLURM_LOCAL_CTLD_PORT (slurmctld, default 6817), SLURM_LOCAL_SLURMD_PORT (slurmd, default 6818). With a state dir and
+# ports of its own, a second cluster runs beside the first (both use the machine's one munged).
 # Needs root (apt-get, munge key, slurmd). Everything but the key and packages lives in the state dir.
 set -euo pipefail
 
@@ -29,6 +31,8 @@ MEM_MB="${SLURM_LOCAL_MEM_MB:-131072}"
 TIMEOUT="${SLURM_LOCAL_TIMEOUT:-60}"
 DB_PORT="${SLURM_LOCAL_DB_PORT:-3307}"
 DBD_PORT="${SLURM_LOCAL_DBD_PORT:-6819}"
+CTLD_PORT="${SLURM_LOCAL_CTLD_PORT:-6817}"
+SLURMD_PORT="${SLURM_LOCAL_SLURMD_PORT:-6818}"
 DBD_CONF="$DIR/slurmdbd.conf"  # must sit next to $CONF: slurmdbd finds it through SLURM_CONF
 DB_DATA="$DIR/mysql"
 DB_RUN="$DIR/run/mariadb"
@@ -74,8 +78,8 @@ SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.log
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
