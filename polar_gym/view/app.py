@@ -1,8 +1,10 @@
 """The standalone viewer of a finished run: ``python -m polar_gym.view OUT_DIR``.
 
-Loopback by default and with no token (it serves the files of the user who runs it); a Host header that is not
-the address it listens on is refused, so a web page in the same browser cannot reach it through a DNS name that
-re-binds to 127.0.0.1. Every answer, errors included, carries the viewer's security headers.
+Loopback by default, and with a token (``python -m polar_gym.view`` makes a fresh one per start and prints the URL
+that carries it, as Jupyter does): on a shared login node every user reaches every loopback port, and a run's
+prompts and outputs are the user's own. A Host header that is not the address it listens on is refused, so a web
+page in the same browser cannot reach it through a DNS name that re-binds to 127.0.0.1. Every answer, errors
+included, carries the viewer's security headers.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import polar_gym
 from polar_gym.httpguard import TokenCheck
-from polar_gym.view.router import PREFIX, SECURITY_HEADERS, viewer_router
+from polar_gym.view.router import PREFIX, SECURITY_HEADERS, ViewerAuth, viewer_router
 from polar_gym.view.source import OutDirSource, ViewSource
 from polar_gym.web import install
 
@@ -52,13 +54,15 @@ class _SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-def create_view_app(source: ViewSource | str | Path, *, host: str = "127.0.0.1") -> FastAPI:
-    """The viewer app over a run's folder (or any ViewSource). The OpenAPI docs are off: the page is the UI."""
+def create_view_app(source: ViewSource | str | Path, *, host: str = "127.0.0.1", token: str | None = None) -> FastAPI:
+    """The viewer app over a run's folder (or any ViewSource). With ``token`` every route needs it (``/view/?token=``
+    once in a browser, which sets the viewer cookie; or the x-admin-token header). The OpenAPI docs are off: the
+    page is the UI."""
     if isinstance(source, str | Path):
         source = OutDirSource(source)
     app = FastAPI(title="polar_gym viewer", version=polar_gym.__version__, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.include_router(viewer_router(source))
+    app.include_router(viewer_router(source, ViewerAuth(TokenCheck(token)) if token else None))
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:

@@ -96,8 +96,9 @@ def viewer_router(source: ViewSource | Callable[[], ViewSource], auth: ViewerAut
 
     async def allowed(request: Request) -> None:
         if auth is not None and not auth.admits(request):
-            raise ApiError(401, "unauthorized", "the viewer needs the admin token: open /view/?token=TOKEN once, "
-                                                "or send the x-admin-token header")
+            raise ApiError(401, "unauthorized", "the viewer needs its token: open /view/?token=TOKEN once (the "
+                                                "URL the viewer printed, or the server's admin token), or send the "
+                                                "x-admin-token header")
 
     router = APIRouter(prefix=PREFIX)
     guarded = [Depends(allowed)]
@@ -111,7 +112,7 @@ def viewer_router(source: ViewSource | Callable[[], ViewSource], auth: ViewerAut
         if auth is not None and token is not None:
             cookie = auth.login(token)
             if cookie is None:
-                raise ApiError(401, "unauthorized", "wrong admin token")
+                raise ApiError(401, "unauthorized", "wrong token")
             answer = RedirectResponse(f"{PREFIX}/", status_code=303, headers=SECURITY_HEADERS)
             answer.set_cookie(ViewerAuth.COOKIE, cookie, httponly=True, samesite="strict", path=PREFIX,
                               secure=request.url.scheme == "https")

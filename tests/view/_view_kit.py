@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -145,9 +146,16 @@ def _listening(port: int) -> bool:
     return False
 
 
+def printed_url(output: str) -> str | None:
+    """The URL the viewer printed (with its one-time token unless started with --no-token)."""
+    found = re.search(r"polar_gym viewer of .*: (http://\S+)", output)
+    return found.group(1) if found else None
+
+
 @contextlib.contextmanager
 def running_viewer(out_dir: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``python -m polar_gym.view OUT_DIR`` on a free loopback port; yields (page URL, process) once it listens."""
+    """``python -m polar_gym.view OUT_DIR`` on a free loopback port; yields (the URL it printed, process) once it
+    listens."""
     port = free_port()
     log = out_dir.parent / f"viewer-{port}.log"
     with log.open("w") as sink:
@@ -158,8 +166,10 @@ def running_viewer(out_dir: Path, *extra: str) -> Iterator[tuple[str, subprocess
         until_sync(lambda: proc.poll() is not None or _listening(port), timeout=60, what="the viewer to listen")
         if proc.poll() is not None:
             raise AssertionError(f"the viewer exited: {log.read_text()[-3000:]}")
-        until_sync(lambda: "http://127.0.0.1" in log.read_text(), timeout=10, what="the viewer to print its URL")
-        yield f"http://127.0.0.1:{port}/view/", proc
+        until_sync(lambda: printed_url(log.read_text()) is not None, timeout=10, what="the viewer to print its URL")
+        url = printed_url(log.read_text())
+        assert url is not None and url.startswith(f"http://127.0.0.1:{port}/view/")
+        yield url, proc
     finally:
         proc.terminate()
         try:

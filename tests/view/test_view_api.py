@@ -3,7 +3,11 @@ token arrays against trajectories.jsonl, per-call timings from the capture journ
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from polar_gym.view import SECURITY_HEADERS, OutDirSource, create_view_app, find_tokenizer
 from polar_gym.view.model import RowFilter, filter_rows, session_row
-from tests.view._view_kit import HOSTILE, make_session, write_run
+from tests.view._view_kit import HOSTILE, make_session, running_viewer, write_run
 
 
 @pytest.fixture
@@ -183,3 +187,55 @@ def test_row_filter_units() -> None:
     assert [r["session_id"] for r in filter_rows(rows, RowFilter(reward_min=0.2))["sessions"]] == ["s1", "s2"]
     assert filter_rows(rows, RowFilter())["matched"] == 4
     assert filter_rows(rows, RowFilter(reward=1.0))["matched"] == 1
+
+
+def test_with_a_token_every_route_needs_it_or_the_cookie_it_hands_out(run: Path) -> None:
+    """A shared login node: other users reach the loopback port too, so the standalone viewer takes a token."""
+    client = TestClient(create_view_app(run, token="s3cret"), base_url="http://127.0.0.1")
+    for path in ("/view/", "/view/api/run", "/view/api/sessions", "/view/api/sessions/s-a0",
+                 "/view/static/viewer.js", "/view/api/sessions/s-a0/traces/0/tokens"):
+        refused = client.get(path)
+        assert refused.status_code == 401 and "token" in refused.json()["error"]["message"], path
+        assert refused.headers["content-security-policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+    assert client.get("/view/?token=wrong", follow_redirects=False).status_code == 401
+    assert client.get("/view/api/run", headers={"x-admin-token": "s3cret"}).status_code == 200
+    login = client.get("/view/?token=s3cret", follow_redirects=False)
+    assert login.status_code == 303 and login.headers["location"] == "/view/"
+    cookie = login.cookies.get("polar_view")
+    assert cookie and "s3cret" not in cookie and "httponly" in login.headers["set-cookie"].lower()
+    assert client.get("/view/api/sessions/s-a0").status_code == 200  # the client keeps the cookie
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    """GET as a browser would: cookies kept across the redirect."""
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_viewer_process_prints_a_url_with_a_fresh_token(run: Path, tmp_path: Path) -> None:
+    """``python -m polar_gym.view OUT_DIR`` as a user starts it: the printed URL opens the page; the same port
+    without the token answers 401; each start makes a new token; --token-file and --no-token as documented."""
+    tokens = []
+    for _ in range(2):
+        with running_viewer(run) as (url, _):
+            base, _, query = url.partition("?")
+            token = urllib.parse.parse_qs(query)["token"][0]
+            assert len(token) >= 24
+            tokens.append(token)
+            assert _status(url) == 200  # the redirect carries the cookie back to the page
+            assert _status(base + "api/sessions") == 401
+            assert _status(base + "api/sessions", {"x-admin-token": token}) == 200
+    assert tokens[0] != tokens[1]
+    token_file = tmp_path / "viewer.token"
+    token_file.write_text("chosen-token\n")
+    with running_viewer(run, "--token-file", str(token_file)) as (url, _):
+        assert url.endswith("?token=chosen-token") and _status(url) == 200
+    with running_viewer(run, "--no-token") as (url, _):
+        assert "token" not in url and _status(url + "api/sessions") == 200
+        port = urllib.parse.urlsplit(url).port
+        log = (run.parent / f"viewer-{port}.log").read_text()
+        assert "with no token: every user on this machine can read the run" in log
