@@ -19,7 +19,8 @@ from polar_gym.schema import SessionResult, SessionStatus
 __all__ = ["INFRA_CAUSES", "cause_of", "error_cause", "harness_failed", "stderr_tail"]
 
 #: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
-INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error"})
+INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error",
+                          "job_lost"})  # job_lost: a Slurm job the run needed was lost (polar_gym.launch.lost_jobs)
 _STAGES = {"queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm"}
 _CAUSE = re.compile(r"([a-z_]+): ")
 
