@@ -195,8 +195,22 @@ class JobWatch:
 
     async def run(self) -> None:
         while True:
-            for job_id, state in (await asyncio.to_thread(self._check)).items():
-                await self._lost(job_id, state)
+            await self.check()
+            await asyncio.sleep(self.interval)
+
+    async def check(self) -> None:
+        """One look at every job not known lost; raises :class:`JobLost` for a loss the run cannot survive."""
+        for job_id, state in (await asyncio.to_thread(self._check)).items():
+            await self._lost(job_id, state)
+
+    async def explain(self, timeout: float) -> None:
+        """After the run failed on its own (the server stopped answering): raise :class:`JobLost` if a job loss
+        is why, looking for ``timeout`` seconds (accounting lags the job's end); return if none is found."""
+        deadline = time.monotonic() + timeout
+        while True:
+            await self.check()
+            if time.monotonic() > deadline:
+                return
             await asyncio.sleep(self.interval)
 
     async def _lost(self, job_id: str, state: str) -> None:
@@ -207,7 +221,12 @@ class JobWatch:
             and self.replacements < self.max_replacements
         if replacing and self.replace is not None:
             self.replacements += 1
-            lost.replaced_by = await asyncio.to_thread(self.replace, lost)
+            try:
+                lost.replaced_by = await asyncio.to_thread(self.replace, lost)
+            except Exception as exc:  # sbatch refused: the run goes on with the gateways it has
+                self.console.print(f"[yellow]could not submit a gateway in place of job {job_id}: {exc}[/]",
+                                   highlight=False)
+            replacing = lost.replaced_by is not None
         self.console.print(f"[bold red]{lost.line()}[/]", highlight=False)
         self.changed()
         left = sum(1 for j in self.jobs if role_of(self.names.get(j.job_id, "")) == "gateway"

@@ -258,11 +258,20 @@ class SlurmLauncher:
             watching.cancel()
             await asyncio.gather(run, watching, return_exceptions=True)
             raise
+        exc: BaseException | None = None
         if run.done():
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-            return run.result()
-        exc = watching.exception()
+            if run.cancelled() or run.exception() is None:
+                return run.result()
+            try:  # the driver failed (its server stopped answering): a lost job may be why
+                await watch.explain(timeout=3 * self.settings.job_check_seconds + 30)
+            except JobLost as lost:
+                exc = lost
+            if exc is None:
+                return run.result()
+        else:
+            exc = watching.exception()
         if not isinstance(exc, JobLost):
             run.cancel()
             await asyncio.gather(run, return_exceptions=True)

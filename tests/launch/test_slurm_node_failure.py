@@ -146,3 +146,36 @@ def test_a_dead_and_a_partitioned_gateway_lose_no_session(slurm_env: dict[str, s
     _wait_for(lambda: not _squeue(slurm_env, all_jobs), 60, "every job to leave the queue")
     states = _sacct_states(slurm_env, all_jobs)
     assert states[killed] != "CANCELLED" and states[replacement] == "CANCELLED", states
+
+
+def test_a_lost_server_job_ends_the_run_with_every_session_accounted_for(slurm_env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    """The rollout server's job dies mid-run (SIGKILL to its processes): the launch does not hang; it stops with
+    a clear error, and results.jsonl has one line per session: the finished ones as they were, the others ERROR
+    with cause job_lost (exit 3: an infrastructure cause)."""
+    _needs_tokenizer()
+    out = tmp_path / "run"
+    script = tmp_path / "slow.json"
+    script.write_text(json.dumps({"commands": ["sleep 8"], "final_answer": "done"}))
+    proc = _launch(slurm_env, out, "launcher.server=job", "launcher.gateway.run_slots=2", "num_samples=4",
+                   "tasks.ids=[demo-calc-add]", f"inference.oracle_script={script}", "launcher.job_check_seconds=1")
+    try:
+        def some_done() -> bool:
+            assert proc.poll() is None, proc.communicate()[1][-4000:]
+            return bool(_query(out, "SELECT 1 FROM sessions WHERE status = 'COMPLETED'"))
+
+        _wait_for(some_done, 300, "a first session to finish")
+        server = _job_ids(out)["polar-server"]
+        assert _signal_job(slurm_env, server, signal.SIGKILL) >= 1
+        _, stderr = _finish(proc, 300)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 3, stderr[-4000:]
+    assert f"server job {server} (polar-server) lost" in stderr and "the run cannot go on" in stderr
+    results = _results(out)
+    assert len(results) == 4 and len({r["session_id"] for r in results}) == 4
+    causes = collections.Counter(r["error_cause"] for r in results)
+    assert causes[None] >= 1 and causes["job_lost"] >= 1 and set(causes) <= {None, "job_lost"}, causes
+    assert json.loads((out / "jobs.json").read_text())[0]["state"].startswith("lost: ")
+    summary = (out / "summary.md").read_text()
+    assert "## Lost jobs" in summary and "job_lost" in summary
