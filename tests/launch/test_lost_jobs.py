@@ -79,7 +79,7 @@ async def test_the_watch_replaces_a_lost_gateway_and_stops_on_a_lost_server() ->
     await watch.check()
     assert watch.lost["4"].replaced_by is None
     jobs[0].state = "FAILED"
-    with pytest.raises(JobLost, match="server job 1 .polar-server. lost: FAILED"):
+    with pytest.raises(JobLost, match=r"server job 1 \(polar-server\) lost: FAILED"):
         await asyncio.wait_for(watch.run(), 5)
     text = console.export_text()
     assert "gateway job 2 (polar-gateway-0) lost: FAILED after 0 s, replaced by job 4" in text
