@@ -82,7 +82,7 @@ class SlurmLauncherSettings(BaseModel):
                                         "sessions are re-dispatched either way")
     max_gateway_replacements: int = Field(default=4, ge=0, description="at most this many replacement gateway "
                                           "jobs per run")
-    job_check_seconds: float = Field(default=5.0, gt=0, description="seconds between two checks of the run's "
+    job_check_seconds: float = Field(default=10.0, gt=0, description="seconds between two checks of the run's "
                                      "jobs (sacct, squeue) for lost ones")
     progress: bool = Field(default=True, description="the rich live display")
 
