@@ -31,9 +31,11 @@ __all__ = ["JOB_LOST", "LIVE_STATES", "JobLost", "JobWatch", "LostJob", "fatal",
 
 #: the error cause of sessions a lost server or inference job left unfinished (see polar_gym.causes)
 JOB_LOST = "job_lost"
-#: states of a job that still counts as the run's (requeued ones included: Slurm brings them back)
+#: states of a job that still counts as the run's (requeued ones included: Slurm brings them back; QUEUED is
+#: submitit's debug executor)
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
-                         "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD"})
+                         "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD",
+                         "QUEUED"})
 Role = Literal["gateway", "server", "inference", "other"]
 
 
