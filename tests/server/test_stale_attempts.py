@@ -4,9 +4,12 @@ are never taken. Real gateways and server (tests/server/_server_kit.py); the par
 
 from __future__ import annotations
 
+import pytest
+
 from polar_gym.schema import SessionStatus
 from tests.server._server_kit import Harness, make_task, wait_for
 
+pytestmark = pytest.mark.slow
 JSON = {"content-type": "application/json"}
 
 
