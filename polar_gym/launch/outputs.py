@@ -25,6 +25,7 @@ from polar_gym.merge.fidelity import Fidelity, run_fidelity
 from polar_gym.report import INFRA_CAUSES, HarnessFailureRow, RunData, SessionRow, error_cause, harness_failed
 from polar_gym.report import stderr_tail as read_stderr_tail
 from polar_gym.report import write_report as write_report_file
+from polar_gym.report.files import lost_jobs
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
 
 if TYPE_CHECKING:
@@ -244,7 +245,7 @@ def write_report(out_dir: Path, outcomes: list[SessionOutcome], rows: list[dict[
     run = RunData(title=title, sessions=[SessionRow.from_row(r) for r in rows], fidelity=fidelity,
                   config_text=config.read_text(encoding="utf-8", errors="replace") if config.exists() else "",
                   harness_failures=failures, wall_seconds=wall, out_dir=str(out_dir), train_rows=train_rows or [],
-                  train_keys=train_keys or [])
+                  train_keys=train_keys or [], lost_jobs=lost_jobs(out_dir))
     return write_report_file(run, out_dir / REPORT)
 
 
