@@ -16,10 +16,13 @@ from typing import Any
 
 from polar_gym.schema import SessionResult, SessionStatus
 
-__all__ = ["INFRA_CAUSES", "cause_of", "error_cause", "harness_failed", "stderr_tail"]
+__all__ = ["INFRA_CAUSES", "STDERR_TAIL", "cause_of", "error_cause", "harness_failed", "stderr_tail"]
 
 #: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
-INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error"})
+INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error",
+                          "job_lost"})  # job_lost: a Slurm job the run needed was lost (polar_gym.launch.lost_jobs)
+#: the artifacts key of a failed harness's stderr tail in its result
+STDERR_TAIL = "harness_stderr_tail"
 _STAGES = {"queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm"}
 _CAUSE = re.compile(r"([a-z_]+): ")
 
@@ -62,14 +65,18 @@ def harness_failed(metadata: Mapping[str, Any]) -> tuple[str, int | None] | None
 
 
 def stderr_tail(metadata: Mapping[str, Any], tail_bytes: int = 2000) -> str:
-    """The end of the harness's stderr (``artifacts/harness.stderr`` in the session's folder), "" if none."""
+    """The end of the harness's stderr (``artifacts/harness.stderr`` in the session's folder; else the tail a
+    failed harness's result carries, for a session dir on a node's scratch), "" if none."""
+    artifacts = metadata.get("artifacts")
+    shipped = artifacts.get(STDERR_TAIL) if isinstance(artifacts, dict) else None
+    fallback = shipped[-tail_bytes:] if isinstance(shipped, str) else ""
     session_dir = metadata.get("session_dir")
     if not isinstance(session_dir, str):
-        return ""
+        return fallback
     path = Path(session_dir) / "artifacts" / "harness.stderr"
     try:
         with path.open("rb") as f:
             f.seek(max(0, path.stat().st_size - tail_bytes))
             return f.read().decode("utf-8", "replace")
     except OSError:
-        return ""
+        return fallback

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import logging
 import time
@@ -68,11 +69,17 @@ class GatewayNode:
     # -- public API ------------------------------------------------------------------------------------------
 
     def submit(self, spec: SessionSpec) -> Session:
-        """Dispatch one session; its driver starts at once and waits for an init slot."""
+        """Dispatch one session; its driver starts at once and waits for an init slot. A session id that still
+        runs here is refused (DuplicateSession); one that finished here starts a new attempt (the rollout server
+        re-dispatches a session whose earlier attempt here it gave up, e.g. after this node was partitioned)."""
         if not self.accepting:
             raise GatewayClosed("the gateway is draining or stopped and takes no new sessions")
-        if spec.session_id in self._sessions:
+        earlier = self._sessions.get(spec.session_id)
+        if earlier is not None and earlier.result is None:
             raise DuplicateSession(f"session {spec.session_id!r} was already dispatched to this gateway")
+        if earlier is not None:  # its result was never taken (the server gave that attempt up): a new attempt
+            with contextlib.suppress(ValueError):
+                self._finished_order.remove(spec.session_id)
         session = Session(spec)
         self._sessions[spec.session_id] = session
         self._record(session, S.REGISTERED)

@@ -1,7 +1,7 @@
 """The gateway's session API as routers (vLLM entrypoints style: routes read the node from ``app.state``), mounted
 on the proxy's app in front of its catch-all; refusals in the polar_gym.web envelope.
 
-    POST /sessions                 dispatch a SessionSpec (admin; 409 duplicate id, 503 draining)
+    POST /sessions                 dispatch a SessionSpec (admin; 409 an id still running here, 503 draining)
     GET  /sessions/{id}            status, stage, timings, history (admin or the session's key)
     GET  /sessions/{id}/result     the SessionResult (202 while not finished; ``?wait=S`` long-polls)
     POST /sessions/{id}/cancel     (admin)

@@ -28,6 +28,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from polar_gym.causes import STDERR_TAIL
 from polar_gym.dirnames import dirname_for
 from polar_gym.evaluate.base import EvalContext, Evaluator
 from polar_gym.gateway.config import GatewayConfig
@@ -246,6 +247,8 @@ class SandboxStages(Stages):
             self._revoke(s.session_id)  # the key lives exactly as long as the RUNNING stage
         artifacts = s.session_dir / "artifacts"
         await asyncio.to_thread(_write_outputs, artifacts, result.stdout, result.stderr)
+        if not result.ok and result.stderr:  # travels with the result: the session dir may be node-local scratch
+            s.artifacts[STDERR_TAIL] = result.stderr[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
         kept, missing = [], []
         for path in harness.log_paths(ctx):
             target = artifacts / "logs" / safe_name(posixpath.normpath(path).strip("/").replace("/", "__"))
@@ -432,6 +435,10 @@ def clean_dead_attempts(workdir: Path) -> list[str]:
                 shutil.rmtree(attempt_dir, ignore_errors=True)
                 removed.append(f"{session_dir.name}/{attempt_dir.name}")
     return removed
+
+
+#: bytes of a failed harness's stderr its result carries (``artifacts.harness_stderr_tail``)
+STDERR_TAIL_BYTES = 2000
 
 
 def _make_dirs(*paths: Path) -> None:

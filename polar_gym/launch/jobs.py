@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,8 +28,8 @@ from polar_gym.proxy.settings import ENGINES_WITH_TOKENIZER
 from polar_gym.serving import free_port
 from polar_gym.telemetry import TelemetrySettings
 
-__all__ = ["GatewayJobSettings", "InferenceJobSettings", "gateway_argv", "inference_command", "node_port",
-           "run_gateway_job", "run_inference_job", "run_server_job", "telemetry_argv"]
+__all__ = ["GatewayJobSettings", "InferenceJobSettings", "gateway_argv", "gateway_workdir", "inference_command",
+           "node_port", "node_workdir", "run_gateway_job", "run_inference_job", "run_server_job", "telemetry_argv"]
 
 
 class GatewayJobSettings(GatewayPools):
@@ -36,6 +38,12 @@ class GatewayJobSettings(GatewayPools):
     cpus_per_task: int = Field(default=8, ge=1, description="CPUs of the gateway job")
     mem_gb: float = Field(default=16, gt=0, description="memory of the gateway job, in GB")
     timeout_min: int = Field(default=1440, ge=1, description="the gateway job's time limit, in minutes")
+    workdir: str | None = Field(default=None, description="the job's working dir (session dirs, capture journal), "
+                                "made on the node: a template with {job_id}, {index} and environment variables, "
+                                "e.g. '$TMPDIR/polar-{job_id}' for node-local scratch; null: "
+                                "OUT_DIR/gateways/gateway-{index}")
+    keep_workdir: bool = Field(default=False, description="keep a templated workdir when the job ends (default: "
+                               "removed; OUT_DIR/gateways is always kept)")
 
 
 class InferenceJobSettings(BaseModel):
@@ -143,6 +151,43 @@ def inference_command(settings: InferenceJobSettings, port: int) -> tuple[list[s
 # -- inside the jobs ---------------------------------------------------------------------------------------------
 
 
+def gateway_workdir(pools: GatewayJobSettings, out_dir: Path, index: str) -> tuple[Path, dict[str, Any] | None]:
+    """The working dir a gateway job is started with, and its node-side scratch settings (None: the default
+    OUT_DIR/gateways/gateway-INDEX, which the job uses as it is). A template is resolved on the node by
+    :func:`node_workdir`; the argv carries a placeholder path until then."""
+    if pools.workdir is None:
+        return out_dir / "gateways" / f"gateway-{index}", None
+    return Path(_WORKDIR_PLACEHOLDER), {"template": pools.workdir, "index": index, "keep": pools.keep_workdir}
+
+
+_WORKDIR_PLACEHOLDER = "/polar-gateway-workdir-resolved-on-the-node"
+_VAR = re.compile(r"\$(?:(\w+)|\{(\w+)\})")
+
+
+def node_workdir(template: str, index: str, env: dict[str, str] | None = None) -> Path:
+    """A workdir template resolved on the node: ``{job_id}`` (SLURM_JOB_ID, else ``local-PID``), ``{index}``, then
+    ``$VARS`` and ``~``. An environment variable the node does not set is an error (a literal ``$TMPDIR`` directory
+    would be made in the job's current dir)."""
+    env = dict(os.environ if env is None else env)
+    job_id = env.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
+    text = template.replace("{job_id}", job_id).replace("{index}", index)
+    missing = [m.group(1) or m.group(2) for m in _VAR.finditer(text) if (m.group(1) or m.group(2)) not in env]
+    if missing:
+        raise ValueError(f"launcher.gateway.workdir={template!r} names {', '.join(missing)}, which this node does "
+                         "not set")
+    expanded = _VAR.sub(lambda m: env[m.group(1) or m.group(2)], text)
+    if expanded.startswith("~"):
+        expanded = os.path.expanduser(expanded)
+    if not os.path.isabs(expanded):
+        raise ValueError(f"launcher.gateway.workdir={template!r}: {expanded!r} is not an absolute path")
+    return Path(expanded)
+
+
+def _with_workdir(argv: list[str], workdir: Path) -> list[str]:
+    """``argv`` with the placeholder workdir (and its capture dir) replaced by the resolved one."""
+    return [arg.replace(_WORKDIR_PLACEHOLDER, str(workdir)) for arg in argv]
+
+
 def node_port() -> int:
     """A free TCP port on every interface of this node."""
     return free_port("0.0.0.0")
@@ -154,15 +199,29 @@ def _write_info(path: Path, info: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def run_gateway_job(argv: list[str], advertise_host: str | None = None, server_token: str | None = None) -> None:
+def run_gateway_job(argv: list[str], advertise_host: str | None = None, server_token: str | None = None,
+                    scratch: dict[str, Any] | None = None) -> None:
     """A gateway node until Slurm stops the job (SIGTERM: sessions are cancelled and torn down). The server's
-    token travels in the environment, not on the command line other users can read."""
+    token travels in the environment, not on the command line other users can read. ``scratch`` (from
+    :func:`gateway_workdir`): the workdir is made here, on the node, mode 0700, and removed when the gateway
+    stops unless ``keep``; results reach the launcher through the rollout server, never through this dir."""
     from polar_gym.gateway.cli import main
 
     if server_token:
         os.environ["POLAR_SERVER_TOKEN"] = server_token
     host = advertise_host or socket.gethostname()
-    main([*argv, "--port", str(node_port()), "--advertise-host", host])
+    workdir, keep = None, bool(scratch and scratch.get("keep"))
+    if scratch is not None:
+        workdir = node_workdir(str(scratch["template"]), str(scratch["index"]))
+        workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        argv = _with_workdir(argv, workdir)
+        print(f"gateway workdir: {workdir} ({'kept' if keep else 'removed'} when the job ends)",
+              file=sys.stderr, flush=True)
+    try:
+        main([*argv, "--port", str(node_port()), "--advertise-host", host])
+    finally:
+        if workdir is not None and not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_server_job(db: str, admin_token: str, info_path: str, advertise_host: str | None = None,

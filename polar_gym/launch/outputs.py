@@ -25,6 +25,7 @@ from polar_gym.merge.fidelity import Fidelity, run_fidelity
 from polar_gym.report import INFRA_CAUSES, HarnessFailureRow, RunData, SessionRow, error_cause, harness_failed
 from polar_gym.report import stderr_tail as read_stderr_tail
 from polar_gym.report import write_report as write_report_file
+from polar_gym.report.files import lost_jobs
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
 
 if TYPE_CHECKING:
@@ -171,6 +172,7 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float, t: dict[str, Any]) 
               "`python -m polar_gym.report OUT_DIR` retries it.",
               "Traces: `python -m polar_gym.view OUT_DIR` opens the sessions, their messages and token streams (by "
               "loss mask, with logprobs) in a browser.", ""]
+    lines += _lost_jobs_md(t.get("lost_jobs") or [])
     causes = errors_by_cause(outcomes)
     if causes:
         lines += ["## Errors by cause", "", "| cause | sessions | first reason |", "|---|---|---|"]
@@ -196,9 +198,22 @@ def _summary_md(outcomes: list[SessionOutcome], wall: float, t: dict[str, Any]) 
     return "\n".join(lines)
 
 
-def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float, *,
-                  title: str = "launch") -> dict[str, Any]:
-    """Write trajectories.jsonl, results.jsonl, summary.md and report.html under ``out_dir``; returns the totals."""
+def _lost_jobs_md(lost: list[dict[str, Any]]) -> list[str]:
+    """summary.md's section on the Slurm jobs lost mid-run (empty when none was)."""
+    if not lost:
+        return []
+    lines = ["## Lost jobs", "", "A gateway's sessions were re-dispatched to the others by the rollout server; a lost "
+             "server or inference job ended the run (its unfinished sessions are ERROR `job_lost`).", "",
+             "| job | name | role | state | after (s) | replaced by |", "|---|---|---|---|---|---|"]
+    lines += [f"| {j['job_id']} | {j['name']} | {j['role']} | {j['state']} | {float(j['seconds']):.0f} | "
+              f"{j.get('replaced_by') or '-'} |" for j in lost]
+    return [*lines, ""]
+
+
+def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float, *, title: str = "launch",
+                  lost_jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Write trajectories.jsonl, results.jsonl, summary.md and report.html under ``out_dir``; returns the totals
+    (``lost_jobs``: the Slurm jobs the run lost, :mod:`polar_gym.launch.lost_jobs`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "trajectories.jsonl").open("w") as f:
         for o in outcomes:
@@ -209,6 +224,7 @@ def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float, *,
         for row in rows:
             f.write(json.dumps(row) + "\n")
     totals = _totals(outcomes, wall)  # once: the fidelity totals walk every trace
+    totals["lost_jobs"] = list(lost_jobs or [])
     try:
         write_report(out_dir, outcomes, rows, Fidelity.model_validate(totals["fidelity"]), wall=wall, title=title)
     except Exception as exc:  # the run's data files are written: a failed page must not cost its exit code
@@ -229,7 +245,7 @@ def write_report(out_dir: Path, outcomes: list[SessionOutcome], rows: list[dict[
     run = RunData(title=title, sessions=[SessionRow.from_row(r) for r in rows], fidelity=fidelity,
                   config_text=config.read_text(encoding="utf-8", errors="replace") if config.exists() else "",
                   harness_failures=failures, wall_seconds=wall, out_dir=str(out_dir), train_rows=train_rows or [],
-                  train_keys=train_keys or [])
+                  train_keys=train_keys or [], lost_jobs=lost_jobs(out_dir))
     return write_report_file(run, out_dir / REPORT)
 
 
@@ -254,6 +270,10 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
     fidelity = Fidelity.model_validate(totals["fidelity"])
     style = "bold red" if fidelity.not_contiguous else "default"
     console.print(f"[{style}]{escape(fidelity.line())}[/]", highlight=False)
+    for lost in totals.get("lost_jobs") or []:
+        replaced = f", replaced by job {lost['replaced_by']}" if lost.get("replaced_by") else ""
+        console.print(f"[bold red]lost job[/] {escape(str(lost['job_id']))} ({escape(str(lost['name']))}): "
+                      f"{escape(str(lost['state']))}{replaced}", highlight=False)
     causes = errors_by_cause(outcomes)
     if causes:
         console.print("errors by cause:")
@@ -274,11 +294,13 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
                           f"{escape(_last_lines(f.stderr_tail, 2, 200)) or '(empty)'}", highlight=False)
 
 
-def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wall: float) -> int:
+def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wall: float, *,
+           lost_jobs: list[dict[str, Any]] | None = None) -> int:
     """Write the run's files (and the datagen export), print the summary; the exit code: 3 if a session failed for
     infrastructure reasons (its model calls did not reach a working upstream), else 1 if any session ended ERROR or
     CANCELLED (a datagen run counts only what it kept, so its empty generations do not fail the run)."""
-    totals = write_outputs(job.out_dir, outcomes, wall, title="datagen" if job.datagen is not None else "launch")
+    totals = write_outputs(job.out_dir, outcomes, wall, title="datagen" if job.datagen is not None else "launch",
+                           lost_jobs=lost_jobs)
     print_summary(console, outcomes, totals, job.out_dir)
     from polar_gym.launch.run_metrics import log_run_metrics  # logging.wandb / logging.tensorboard
 

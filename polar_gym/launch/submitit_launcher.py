@@ -18,12 +18,13 @@ import secrets
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
+from rich.markup import escape
 
 from polar_gym.fleet import ensure_upstreams, rollout_backends, rollout_server, write_server_info
 from polar_gym.launch.config import LaunchJob
@@ -32,11 +33,13 @@ from polar_gym.launch.jobs import (
     GatewayJobSettings,
     InferenceJobSettings,
     gateway_argv,
+    gateway_workdir,
     node_port,
     run_gateway_job,
     run_inference_job,
     run_server_job,
 )
+from polar_gym.launch.lost_jobs import JobLost, JobWatch, LostJob, lost_outcomes
 from polar_gym.launch.outputs import SessionOutcome, finish
 from polar_gym.private_files import write_secret
 from polar_gym.proxy.settings import check_upstreams_given
@@ -74,6 +77,13 @@ class SlurmLauncherSettings(BaseModel):
     register_timeout_seconds: float = Field(default=600.0, gt=0, description="how long the gateways (and a server "
                                             "job) may take to come up")
     heartbeat_seconds: float = Field(default=2.0, gt=0, description="seconds between the gateways' heartbeats")
+    replace_lost_gateways: bool = Field(default=False, description="submit a new gateway job when one is lost "
+                                        "mid-run (node failure, killed, time limit), so capacity comes back; its "
+                                        "sessions are re-dispatched either way")
+    max_gateway_replacements: int = Field(default=4, ge=0, description="at most this many replacement gateway "
+                                          "jobs per run")
+    job_check_seconds: float = Field(default=10.0, gt=0, description="seconds between two checks of the run's "
+                                     "jobs (sacct, squeue) for lost ones")
     progress: bool = Field(default=True, description="the rich live display")
 
 
@@ -101,12 +111,17 @@ class SlurmLauncher:
         self.console = Console(stderr=True)
         self.jobs: list[Any] = []
         self.names: dict[str, str] = {}
+        #: the lost-job watch of the running run (None before the gateways are up)
+        self.watch: JobWatch | None = None
+        #: submits one more gateway job under a name; set once the gateways are started
+        self._submit_gateway: Callable[[str], str] | None = None
 
     def launch(self, job: LaunchJob) -> int:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         write_secret(job.out_dir / "config.yaml", job.resolved_config)  # it may hold a key (runtime.env, ...)
         outcomes, wall = asyncio.run(self._main(job))
-        return finish(self.console, job, outcomes, wall)
+        lost = [j.as_dict() for j in self.watch.lost.values()] if self.watch is not None else []
+        return finish(self.console, job, outcomes, wall, lost_jobs=lost)
 
     async def _main(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
         try:
@@ -131,7 +146,7 @@ class SlurmLauncher:
                 if settings.await_upstreams:  # the policy may start after the fleet: wait for it (bounded)
                     await ensure_upstreams(settings, upstreams, self.console,
                                            backends=functools.partial(rollout_backends, client))
-                return await run_job(RunDriver(client, self.console, progress=self.progress), job)
+                return await self._run_watched(job, client)
 
     # -- the pieces ----------------------------------------------------------------------------------------------
 
@@ -150,10 +165,18 @@ class SlurmLauncher:
             submitted = executor.submit(fn, *args)
         self.jobs.append(submitted)
         self.names[submitted.job_id] = name
-        (out_dir / "jobs.json").write_text(json.dumps([{"job_id": j.job_id, "name": self.names[j.job_id]}
-                                                       for j in self.jobs], indent=1) + "\n")
+        self._write_jobs(out_dir)
         self.console.print(f"submitted {name} job {submitted.job_id}")
         return submitted
+
+    def _write_jobs(self, out_dir: Path) -> None:
+        """jobs.json: every job this launcher submitted, with ``state`` (live, or ``lost: STATE``) and, for a lost
+        gateway, the job that replaced it."""
+        states = self.watch.states() if self.watch is not None else {}
+        lost = self.watch.lost if self.watch is not None else {}
+        rows = [{"job_id": j.job_id, "name": self.names[j.job_id], "state": states.get(j.job_id, "live"),
+                 **({"replaced_by": lost[j.job_id].replaced_by} if j.job_id in lost else {})} for j in self.jobs]
+        (out_dir / "jobs.json").write_text(json.dumps(rows, indent=1) + "\n")
 
     @contextlib.asynccontextmanager
     async def _server(self, job: LaunchJob, token: str) -> AsyncIterator[str]:
@@ -203,12 +226,70 @@ class SlurmLauncher:
         pools = self.gateway
         executor = self._executor(job, "polar-gateway", cpus_per_task=pools.cpus_per_task, mem_gb=pools.mem_gb,
                                   timeout_min=pools.timeout_min)
+
+        def submit(index: str) -> str:
+            workdir, scratch = gateway_workdir(pools, job.out_dir, index)
+            argv = gateway_argv(job.inference, pools, upstreams, server_url=server_url, workdir=workdir,
+                                heartbeat=self.heartbeat, telemetry=job.telemetry)
+            return str(self._submit(executor, f"polar-gateway-{index}", run_gateway_job, argv, self.advertise_host,
+                                    token, scratch, out_dir=job.out_dir).job_id)
+
         for i in range(self.gateways):
-            argv = gateway_argv(job.inference, pools, upstreams, server_url=server_url,
-                                workdir=job.out_dir / "gateways" / f"gateway-{i}", heartbeat=self.heartbeat,
-                                telemetry=job.telemetry)
-            self._submit(executor, f"polar-gateway-{i}", run_gateway_job, argv, self.advertise_host, token,
-                         out_dir=job.out_dir)
+            submit(str(i))
+        self._submit_gateway = submit
+
+    # -- the lost-job watch (polar_gym.launch.lost_jobs) ---------------------------------------------------------
+
+    async def _run_watched(self, job: LaunchJob, client: RolloutClient) -> tuple[list[SessionOutcome], float]:
+        """The job's tasks while :class:`JobWatch` checks the jobs; a loss the run cannot survive stops the
+        driver (its tasks are cancelled on the server) and ends the sessions not finished as ``job_lost``."""
+        replace = self._replace_gateway if self.settings.replace_lost_gateways else None
+        self.watch = watch = JobWatch(self.jobs, self.names, console=self.console, cluster=self.cluster,
+                                      interval=self.settings.job_check_seconds, replace=replace,
+                                      max_replacements=self.settings.max_gateway_replacements,
+                                      changed=functools.partial(self._write_jobs, job.out_dir))
+        started = time.monotonic()
+        run = asyncio.ensure_future(run_job(RunDriver(client, self.console, progress=self.progress), job))
+        watching = asyncio.ensure_future(watch.run())
+        try:
+            await asyncio.wait({run, watching}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            run.cancel()
+            watching.cancel()
+            await asyncio.gather(run, watching, return_exceptions=True)
+            raise
+        exc: BaseException | None = None
+        if run.done():
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            if run.cancelled() or run.exception() is None:
+                return run.result()
+            try:  # the driver failed (its server stopped answering): a lost job may be why
+                await watch.explain(timeout=3 * self.settings.job_check_seconds + 30)
+            except JobLost as lost:
+                exc = lost
+            if exc is None:
+                return run.result()
+        else:
+            exc = watching.exception()
+        if not isinstance(exc, JobLost):
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            raise exc if exc is not None else RuntimeError("the job watch ended")
+        self.console.print(f"[bold red]the run cannot go on: {escape(str(exc))}[/]", highlight=False)
+        outcomes = await lost_outcomes(job.out_dir / "server.sqlite", job.requests, exc.lost,
+                                       time.monotonic() - started)
+        run.cancel()  # the driver cancels the tasks still open on the server (when it still answers)
+        await asyncio.gather(run, return_exceptions=True)
+        return outcomes, time.monotonic() - started
+
+    def _replace_gateway(self, lost: LostJob) -> str | None:
+        """Submit a gateway job in place of a lost one (same settings, a fresh working dir)."""
+        if self._submit_gateway is None:
+            return None
+        first = lost.name.removeprefix("polar-gateway-").split(".")[0]  # gateway-1 -> gateway-1.1 -> gateway-1.2
+        earlier = sum(1 for name in self.names.values() if name.startswith(f"polar-gateway-{first}."))
+        return self._submit_gateway(f"{first}.{earlier + 1}")
 
     async def _wait_for_gateways(self, client: RolloutClient) -> None:
         deadline = time.monotonic() + self.register_timeout

@@ -21,7 +21,7 @@ from polar_gym.report.model import TIMED_STAGES, HarnessFailureRow, RunData, Ses
 from polar_gym.schema import Trace, Trajectory
 
 __all__ = ["TRAIN_KEYS", "build_report", "failures_of_rows", "fidelity_of_diagnostics", "fidelity_of_files",
-           "load_run", "read_jsonl", "write_report"]
+           "load_run", "lost_jobs", "read_jsonl", "write_report"]
 
 #: what the training figure plots from train_metrics.jsonl, when present (SFT: loss; GRPO: reward and loss)
 TRAIN_KEYS = ["reward_mean", "loss", "grad_norm", "audit/logprob_abs_diff_max", "seconds"]
@@ -106,7 +106,17 @@ def load_run(out_dir: Path, title: str | None = None) -> RunData:
                    sessions=[SessionRow.from_row(r) for r in rows], fidelity=fidelity,
                    config_text=config.read_text(encoding="utf-8", errors="replace") if config.exists() else "",
                    harness_failures=failures_of_rows(rows), out_dir=str(out_dir), train_rows=train_rows,
-                   train_keys=TRAIN_KEYS, fidelity_note=note)
+                   train_keys=TRAIN_KEYS, fidelity_note=note, lost_jobs=lost_jobs(out_dir))
+
+
+def lost_jobs(out_dir: Path) -> list[dict[str, Any]]:
+    """The jobs a launcher=slurm run lost, from its jobs.json (none when there is no such file)."""
+    try:
+        rows = json.loads((out_dir / "jobs.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [r for r in rows if isinstance(r, dict) and str(r.get("state", "")).startswith("lost: ")] \
+        if isinstance(rows, list) else []
 
 
 def build_report(run: RunData) -> str:

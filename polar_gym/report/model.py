@@ -104,6 +104,8 @@ class RunData:
     #: where the fidelity numbers came from, when not from the traces themselves
     fidelity_note: str = ""
     infra_causes: frozenset[str] = INFRA_CAUSES
+    #: Slurm jobs the run lost (jobs.json rows whose state is ``lost: ...``: job_id, name, state, replaced_by)
+    lost_jobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def status_counts(sessions: Iterable[SessionRow]) -> dict[str, int]:

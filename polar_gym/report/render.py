@@ -119,6 +119,12 @@ def _sessions_section(run: RunData, figures: Mapping[str, str]) -> str:
         text += _table(["cause", "sessions", "kind", "first reason"], cause_rows, numeric=[1], raw=[0])
         text += ('<p class="note">Infrastructure causes (the fleet failed, not the policy) are unscored: they are '
                  "not rewards of 0.</p>")
+    if run.lost_jobs:
+        text += _table(["lost job", "name", "state", "replaced by"],
+                       [(j.get("job_id"), j.get("name"), j.get("state"), j.get("replaced_by") or "-")
+                        for j in run.lost_jobs])
+        text += ('<p class="note">A lost gateway\'s sessions were re-dispatched to the others; a lost server or '
+                 "inference job ended the run (its unfinished sessions: job_lost).</p>")
     return (f'<section id="sessions"><h2>Sessions by status and cause</h2><div class="row">'
             f'{_figure(figures, "status")}<div>{text}</div></div></section>')
 

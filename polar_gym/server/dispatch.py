@@ -36,7 +36,7 @@ def plan(fleet: Fleet, waiting: list[SessionRow]) -> list[tuple[SessionRow, Gate
     restored before it returns)."""
     chosen: list[tuple[SessionRow, GatewayState]] = []
     for row in waiting:
-        gw = fleet.pick()
+        gw = fleet.pick(row.session_id)
         if gw is None:
             break
         gw.sessions.add(row.session_id)  # so the next pick() counts it
@@ -105,12 +105,19 @@ class Dispatcher:
     async def post(self, row: SessionRow, gw: GatewayState, attempt: int) -> None:
         """Hand a claimed session (already counted in ``gw.sessions``) to its gateway; re-queue it on failure."""
         try:
-            await self.links.gateway(gw).start_session(row.spec)
+            view = await self.links.gateway(gw).start_session(row.spec)
+            if view.attempt_id:
+                gw.attempts[row.session_id] = view.attempt_id
+                gw.stale.discard(row.session_id)
         except GatewayRefused as exc:
-            if exc.status != 409:  # 409: it already runs there (a dispatch before a restart)
+            if exc.status == 409 and row.session_id in gw.stale:
+                await self._stale(row, gw)
+                return
+            if exc.status != 409:  # 409 otherwise: it already runs there (a dispatch before a restart)
                 await self._refused(row, gw, attempt, exc)
                 return
-        except GatewayBadReply as exc:  # a 201 all the same: the session runs there
+        except GatewayBadReply as exc:  # a 201 all the same: the session runs there (a new attempt)
+            gw.stale.discard(row.session_id)
             self.counters.errors["dispatch_bad_reply"] += 1
             log.warning("%s accepted %s with an unreadable answer: %s", gw.gateway_id, row.session_id, exc)
         except GatewayCallError as exc:
@@ -121,6 +128,16 @@ class Dispatcher:
                                                "gateway_id": gw.gateway_id, "attempt": attempt})
         self.watching.ensure_watcher(gw)
 
+    async def _stale(self, row: SessionRow, gw: GatewayState) -> None:
+        """The gateway still runs an attempt of this session that the server gave up (it came back after being
+        declared dead): never adopt it. Ask it to stop and put the session back, uncounted; the next round (at
+        most a second later, no wake-up: no hot loop) posts a fresh attempt, to another gateway if one is free."""
+        self.counters.errors["dispatch_stale_attempt"] += 1
+        gw.sessions.discard(row.session_id)
+        with contextlib.suppress(GatewayCallError):
+            await self.links.gateway(gw).cancel_session(row.session_id)
+        await self.store.release(row.session_id, gw.gateway_id)
+
     async def _unreachable(self, row: SessionRow, gw: GatewayState, attempt: int, exc: GatewayCallError) -> None:
         self.counters.errors["dispatch_unreachable"] += 1
         gw.sessions.discard(row.session_id)
@@ -129,6 +146,8 @@ class Dispatcher:
         row.attempts = attempt - 1 if unreached else attempt
         if unreached:
             await self.store.refund_attempt(row.session_id)
+        else:  # it may have got there: if that attempt runs, it is not the one the server will take
+            gw.stale.add(row.session_id)
         await self.ledger.lost(row, f"dispatch to {gw.gateway_id} failed: {exc}")
 
     async def _refused(self, row: SessionRow, gw: GatewayState, attempt: int, exc: GatewayRefused) -> None:

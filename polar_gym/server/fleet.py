@@ -26,6 +26,11 @@ class GatewayState:
     sessions: set[str] = field(default_factory=set)
     #: a dispatch could not connect: skipped until the next health answer
     suspect: bool = False
+    #: session id -> the attempt id the gateway answered when it accepted the session (its result must carry it)
+    attempts: dict[str, str] = field(default_factory=dict)
+    #: sessions this server gave up here (declared lost) whose attempt the gateway may still hold: their late
+    #: results are refused, and they go to another gateway when one has a free slot
+    stale: set[str] = field(default_factory=set)
     #: the batch watcher of this gateway's sessions (polar_gym.server.watching) and its wake-up
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     added: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -82,13 +87,15 @@ class Fleet:
     def live(self) -> list[GatewayState]:
         return [g for g in self.gateways.values() if g.row.state != DEAD]
 
-    def pick(self) -> GatewayState | None:
-        """The least-loaded healthy gateway with a free slot (ties go to the larger capacity)."""
+    def pick(self, session_id: str | None = None) -> GatewayState | None:
+        """The least-loaded healthy gateway with a free slot (ties go to the larger capacity); for a session given
+        up on some gateway, one that does not hold its stale attempt if any is free."""
         free = [g for g in self.gateways.values()
                 if g.row.state == HEALTHY and not g.suspect and len(g.sessions) < g.row.capacity]
         if not free:
             return None
-        return min(free, key=lambda g: (g.load, -g.row.capacity, g.gateway_id))
+        fresh = [g for g in free if session_id not in g.stale] if session_id is not None else free
+        return min(fresh or free, key=lambda g: (g.load, -g.row.capacity, g.gateway_id))
 
     def owner(self, session_id: str) -> GatewayState | None:
         for gw in self.gateways.values():

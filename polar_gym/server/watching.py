@@ -10,7 +10,7 @@ import logging
 import time
 
 from polar_gym.gateway.errors import GatewayCallError, GatewayRefused
-from polar_gym.schema import SessionStatus
+from polar_gym.schema import SessionResult, SessionStatus
 from polar_gym.server.background import Background
 from polar_gym.server.counters import ServerCounters
 from polar_gym.server.fleet import DEAD, Fleet, GatewayState
@@ -64,6 +64,9 @@ class Watching:
         gw.row.state = DEAD
         await self.store.save_gateway(gw.row)
         lost, gw.sessions = list(gw.sessions), set()
+        gw.stale.update(lost)  # if it comes back (a partition, a stopped process), its late results are refused
+        for session_id in lost:
+            gw.attempts.pop(session_id, None)
         for session_id in lost:
             row = await self.store.session(session_id)
             if row is not None and not row.status.terminal:
@@ -86,7 +89,8 @@ class Watching:
         last: dict[str, str] = {}
         while gw.row.state != DEAD:
             gw.added.clear()
-            ids = list(gw.sessions)
+            # a session re-posted where a stale attempt of it may sit is polled once the gateway named its new one
+            ids = [i for i in gw.sessions if i not in gw.stale or i in gw.attempts]
             if not ids:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(gw.added.wait(), 60.0)
@@ -105,6 +109,20 @@ class Watching:
             for result in reply.results:
                 last.pop(result.session_id, None)
             mine = [r for r in reply.results if r.session_id in gw.sessions]
+            stale = [r for r in mine if not _current_attempt(gw, r)]
+            for result in stale:  # an attempt this server did not hand out: never stored, never trained
+                self.counters.errors["result_stale_attempt"] += 1
+                log.warning("refused a result of %s from %s: attempt %s is not the one dispatched there (%s)",
+                            result.session_id, gw.gateway_id, result.metadata.get("attempt_id"),
+                            gw.attempts.get(result.session_id))
+                gw.sessions.discard(result.session_id)
+                gw.stale.add(result.session_id)
+                row = await self.store.session(result.session_id)
+                if row is not None and not row.status.terminal:
+                    await self.ledger.lost(row, f"{gw.gateway_id} answered with a stale attempt")
+            mine = [r for r in mine if _current_attempt(gw, r)]
+            for result in mine:
+                gw.attempts.pop(result.session_id, None)
             for start in range(0, len(mine), 64):  # concurrently: each finish waits on the store and callbacks
                 await asyncio.gather(*(self.ledger.finish(r, gw) for r in mine[start:start + 64]))
             for session_id, status in reply.statuses.items():
@@ -120,3 +138,11 @@ class Watching:
                     row = await self.store.session(session_id)
                     if row is not None and not row.status.terminal:
                         await self.ledger.lost(row, f"{gw.gateway_id} does not know the session any more")
+
+
+def _current_attempt(gw: GatewayState, result: SessionResult) -> bool:
+    """Whether a result comes from the attempt the gateway accepted (unknown after a server restart: accepted)."""
+    expected = gw.attempts.get(result.session_id)
+    if expected is None:
+        return result.session_id not in gw.stale
+    return result.metadata.get("attempt_id") == expected

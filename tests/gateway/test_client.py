@@ -45,11 +45,10 @@ async def test_sessions_start_poll_cancel(gateway: tuple[GatewayClient, GatewayN
     client, node, stages = gateway
     view = await client.start_session(_spec("quick"))
     assert view.session_id == "quick" and view.task_id == "t-client"
-    with pytest.raises(GatewayRefused) as dup:
-        await client.start_session(_spec("quick"))
-    assert (dup.value.status, dup.value.kind) == (409, "duplicate_session")
-
     await client.start_session(_spec("held", hold="run"))
+    with pytest.raises(GatewayRefused) as dup:  # it still runs here
+        await client.start_session(_spec("held", hold="run"))
+    assert (dup.value.status, dup.value.kind) == (409, "duplicate_session")
     seen: set[str] = set()
     while "quick" not in seen:  # a poll answers as soon as one of them finished
         polled = await client.poll(["quick", "held", "nope"], wait=10.0)
@@ -58,6 +57,11 @@ async def test_sessions_start_poll_cancel(gateway: tuple[GatewayClient, GatewayN
         assert "held" in polled.reply.statuses
     done = (await client.poll(["quick"], wait=0.0)).reply.results[0]
     assert done.status == SessionStatus.COMPLETED and done.task_id == "t-client"
+    # a finished session posted again (the rollout server gave that attempt up) runs as a new attempt
+    again = await client.start_session(_spec("quick"))
+    assert again.attempt_id and again.attempt_id != view.attempt_id
+    result = await node.wait("quick", 10.0)
+    assert result.metadata["attempt_id"] == again.attempt_id
 
     cancelled = await client.cancel_session("held")
     assert cancelled.cancelled and cancelled.session_id == "held"

@@ -111,6 +111,7 @@ async def test_an_upstream_that_fails_mid_session_ends_it_in_error_with_the_caus
                                                 "last_error": artifacts["model_call_failures"]["last_error"]}
     assert result.evaluation is None  # not scored: a reward 0 here would read as the policy's
     assert result.trajectory is not None and len(result.trajectory.traces) == 1  # the call that worked is kept
+    assert "curl: " in artifacts["harness_stderr_tail"]  # the failed harness's stderr travels with the result
 
 
 @pytest.mark.parametrize(("statuses", "expected"), [

@@ -23,3 +23,11 @@ def test_harness_failed_and_its_stderr(tmp_path: Path) -> None:
     (tmp_path / "artifacts").mkdir()
     (tmp_path / "artifacts" / "harness.stderr").write_bytes(b"a" * 100 + b"\xff end")
     assert stderr_tail({"session_dir": str(tmp_path)}, tail_bytes=5) == "\ufffd end"
+
+
+def test_a_failed_harness_stderr_travels_with_its_result(tmp_path: Path) -> None:
+    """A session dir on a node's scratch is gone (or unreadable) where the report is written: the tail the result
+    carries is used."""
+    shipped = {"session_dir": str(tmp_path / "on-the-node"), "artifacts": {"harness_stderr_tail": "boom\nno key"}}
+    assert stderr_tail(shipped) == "boom\nno key" and stderr_tail(shipped, tail_bytes=6) == "no key"
+    assert stderr_tail({"artifacts": {"harness_stderr_tail": "x"}}) == "x"

@@ -5,6 +5,7 @@ a run's files with the launch's fidelity numbers."""
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import subprocess
@@ -161,3 +162,16 @@ def test_big_runs_thin_the_slot_plot_keeping_peaks_and_cap_the_tables(monkeypatc
     page = build_report(RunData("launch", sessions, Fidelity(sessions=5)))
     assert page.count("the first 3 of 5 rows; every one is in results.jsonl") == 2  # tasks and sessions
     assert "<td>task-2</td>" in page and "<td>task-3</td>" not in page
+
+
+def test_the_jobs_a_slurm_run_lost_are_in_the_sessions_section(tmp_path: Path) -> None:
+    """jobs.json's lost jobs (launcher=slurm) show beside the causes; the other jobs do not."""
+    (tmp_path / "results.jsonl").write_text("")
+    (tmp_path / "jobs.json").write_text(json.dumps([
+        {"job_id": "6", "name": "polar-gateway-0", "state": "lost: NODE_FAIL", "replaced_by": "9"},
+        {"job_id": "7", "name": "polar-gateway-1", "state": "live"}]))
+    page = build_report(load_run(tmp_path))
+    assert "<td>6</td><td>polar-gateway-0</td><td>lost: NODE_FAIL</td><td>9</td>" in page
+    assert "polar-gateway-1" not in page
+    (tmp_path / "jobs.json").write_text("not json")
+    assert load_run(tmp_path).lost_jobs == []

@@ -176,3 +176,34 @@ def test_counters_are_typed() -> None:
     counters.dispatch(-1.0)  # a clock step back counts as no wait
     assert (counters.dispatched, counters.dispatch_seconds) == (2, 1.5)
     assert isinstance(counters.dispatched, int)
+
+
+async def test_a_session_given_up_on_a_gateway_is_not_adopted_there(make_server: Callable[..., RolloutServer]) -> None:
+    """409 from a gateway that holds an attempt this server gave up (it was declared dead, then came back): the
+    stale attempt is cancelled there and the session waits again, its attempt not counted; a fresh gateway is
+    preferred for it."""
+    calls: list[str] = []
+
+    async def gateway(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/sessions/poll":
+            await asyncio.Event().wait()
+        calls.append(f"{request.url.host} {request.url.path}")
+        if request.url.path.endswith("/cancel"):
+            return httpx.Response(200, json={"session_id": "s", "status": "CANCELLED", "cancelled": True})
+        return httpx.Response(409 if request.url.host == "back" else 201,
+                              json={"session_id": "s", "attempt_id": "a-new", "status": "INITIALIZING"})
+
+    server = make_server(gateway)
+    back = await server.register(GatewayRegistration(url="http://back", capacity=4))
+    rows = await _submitted(server, 1)
+    sid = rows[0].session_id
+    back.stale.add(sid)
+    assert await server.dispatcher.batch(rows) == 1
+    assert calls == ["back /sessions", f"back /sessions/{sid}/cancel"]
+    row = await server.store.session(sid)
+    assert row is not None and row.status is S.REGISTERED and row.attempts == 0 and back.sessions == set()
+    assert server.counters.errors["dispatch_stale_attempt"] == 1
+    fresh = await server.register(GatewayRegistration(url="http://fresh", capacity=1))
+    assert plan(server.fleet, [row]) == [(row, fresh)]  # the other gateway, though both are idle
+    assert await server.dispatcher.batch([row]) == 1
+    assert fresh.attempts == {sid: "a-new"} and sid not in fresh.stale
