@@ -1,0 +1,752 @@
+"""Scale in simulation: 1,000 sessions of a scripted harness with realistic stage durations, through the real rollout
+server and 3 real gateway processes, against the ideal schedule of the same work in the same run.
+
+    .venv/bin/python benchmarks/bench_scale.py [--quick] [--sessions 1000] [--gateways 3] [--run-slots 4]
+        [--time-scale 0.01] [--calls 4] [--slurm-conf PATH [--server-host HOST]] [--out benchmarks/results]
+
+Everything a session touches is real except the model: ``python -m polar_gym.server`` (SQLite store), gateways as
+``python -m polar_gym.gateway --engine oracle --server-url ...`` processes (``--launcher local``, on this host) or as
+Slurm jobs through submitit (``--slurm-conf PATH``: launcher=slurm's gateway job, ``polar_gym.launch.jobs``), the
+``local`` bubblewrap sandbox, the proxy with the real Qwen tokenizer (token-in prompts), the prefix-merging builder
+and the ``test_on_output`` evaluator. Each session is a ``shell`` harness running a tiny agent loop (``AGENT`` below:
+chat completions with a ``bash`` tool, the tool calls run in the sandbox); the oracle engine is the scripted policy:
+it plays the session's ``metadata.oracle.commands``, which are ``sleep`` commands that make up the harness run time.
+
+Stage durations (a SWE-style RL rollout, drawn per session, seconds before scaling; docs/scaling.md says why):
+INIT = prepare ``sleep`` lognormal(median 12, sigma 0.6) on top of the real sandbox start; RUN = turns lognormal
+(median 40, sigma 0.5, 5..150) x seconds per turn lognormal(median 5, sigma 0.8); EVALUATE = the test command
+``sleep`` lognormal(median 20, sigma 0.7); teardown is the real sandbox stop. Every duration is multiplied by
+``--time-scale`` (default 0.01: a 5-minute session plays in 3 s), so the run takes minutes. The RUN time is folded into
+``--calls`` model calls (the real turn count is kept in the results for docs/scaling.md): the proxy's cost per call
+does not shrink with time, so the real call rate would measure this 2-core host, not the system.
+
+Measured, from the server's store (status histories the gateways stamped) and /proc:
+- run-slot use over time: harnesses running / run slots, per gateway and overall, mean and p10 (0.1 s samples over
+  the makespan, and while work was queued: some session submitted and not yet running);
+- scheduling latency p50/p90/p99: submitted -> harness started, submitted -> dispatched, and a run slot freed ->
+  the next session running on that gateway (only while work was queued);
+- throughput, makespan, and the baseline: the ideal makespan (total RUN work / total run slots) and 100 % slot use;
+- CPU per session of the server and of each gateway process (not its sandboxes), and the server's CPU per heartbeat
+  in an idle window before the run; memory (RSS) per live session; gateway CPU per proxied model call (a
+  calibration of sessions with 1 call against sessions with ``1 + --calib-calls`` calls, no sleeps).
+
+Writes ``bench_scale.json`` (summary), ``bench_scale_sessions.jsonl`` (one line per session),
+``bench_scale_slots.jsonl`` (slot use over time), ``bench_scale.md`` (the table) and ``bench_scale_slots.svg``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import secrets
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from polar_gym.assets import tokenizer_dir  # noqa: E402
+from polar_gym.fleet.settings import InferenceSettings  # noqa: E402
+from polar_gym.launch.jobs import GatewayJobSettings, gateway_argv  # noqa: E402
+from polar_gym.schema import (  # noqa: E402
+    AgentSpec,
+    BuilderSpec,
+    EvaluatorSpec,
+    PrepareAction,
+    RuntimeSpec,
+    TaskRequest,
+)
+from polar_gym.server import CallbackReceiver, RolloutClient  # noqa: E402
+
+console = Console(width=140)
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+#: the scripted harness: a minimal agent loop (chat completions with one bash tool; stdlib only)
+AGENT = r'''
+import json, os, subprocess, urllib.request
+url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+headers = {"authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"}
+tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command in the repository.",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+messages = [{"role": "system", "content": os.environ.get("AGENT_SYSTEM", "")},
+            {"role": "user", "content": os.environ["POLAR_INSTRUCTION"]}]
+for _ in range(500):
+    body = json.dumps({"model": os.environ["POLAR_MODEL"], "messages": messages, "tools": tools, "max_tokens": 512})
+    with urllib.request.urlopen(urllib.request.Request(url, body.encode(), headers), timeout=600) as resp:
+        reply = json.load(resp)["choices"][0]["message"]
+    calls = reply.get("tool_calls") or []
+    turn = {"role": "assistant", "content": reply.get("content") or ""}
+    messages.append({**turn, "tool_calls": calls} if calls else turn)
+    if not calls:
+        break
+    for call in calls:
+        command = json.loads(call["function"]["arguments"])["command"]
+        out = subprocess.run(command, shell=True, capture_output=True, text=True)
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": (out.stdout + out.stderr)[-4000:]})
+print(reply.get("content"))
+'''
+SYSTEM = ("You are a coding agent working in a git repository. Use the bash tool to inspect files, run the tests "
+          "and edit code; keep answers short. ") * 12  # ~1.3 KB, a small harness's system prompt
+
+
+# -- the workload (pure) -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """One session's durations in real seconds (before ``time_scale``) and its real turn count."""
+
+    init: float
+    turns: int
+    run: float
+    evaluate: float
+
+
+def lognormal(rng: random.Random, median: float, sigma: float) -> float:
+    return rng.lognormvariate(math.log(median), sigma)
+
+
+def draw_plan(rng: random.Random) -> Plan:
+    """A SWE-style rollout's stages (docs/scaling.md: where each distribution comes from)."""
+    turns = min(150, max(5, round(lognormal(rng, 40, 0.5))))
+    run = sum(lognormal(rng, 5.0, 0.8) for _ in range(turns))
+    return Plan(init=lognormal(rng, 12.0, 0.6), turns=turns, run=run, evaluate=lognormal(rng, 20.0, 0.7))
+
+
+def split(total: float, parts: int, rng: random.Random) -> list[float]:
+    """``total`` seconds cut into ``parts`` random pieces (tool commands between model calls)."""
+    weights = [rng.uniform(0.5, 1.5) for _ in range(parts)]
+    return [total * w / sum(weights) for w in weights]
+
+
+def make_task(i: int, plan: Plan, scale: float, calls: int, rng: random.Random, callback_url: str | None,
+              prefix: str = "scale", commands: list[str] | None = None) -> TaskRequest:
+    """The session of ``plan`` as a TaskRequest: prepare sleeps INIT, the oracle plays ``calls - 1`` sleep commands
+    worth RUN (or ``commands``), then answers; the evaluator's test command sleeps EVALUATE."""
+    if commands is None:
+        commands = [f"sleep {s:.3f}" for s in split(plan.run * scale, calls - 1, rng)] if calls > 1 else []
+    return TaskRequest(
+        task_id=f"{prefix}-{i:05d}", instruction="Fix the failing test in tests/test_parser.py; run the suite.",
+        timeout_seconds=3600,
+        runtime=RuntimeSpec(backend="local", network="gateway", prepare=[
+            PrepareAction(type="exec", command=f"sleep {plan.init * scale:.3f}")]),
+        agent=AgentSpec(harness="shell", config={"command": "python3 -B agent.py", "files": {"agent.py": AGENT},
+                                                 "env": {"AGENT_SYSTEM": SYSTEM}}),
+        builder=BuilderSpec(strategy="prefix_merging"),
+        evaluator=EvaluatorSpec(strategy="test_on_output", config={
+            "command": f"sleep {plan.evaluate * scale:.3f}", "framework": "none"}),
+        callback_url=callback_url,
+        metadata={"group_id": f"g{i}", "oracle": {"commands": commands, "final_answer": "Fixed."},
+                  "plan": {"init": plan.init, "turns": plan.turns, "run": plan.run, "evaluate": plan.evaluate}})
+
+
+# -- the analysis (pure) -------------------------------------------------------------------------------------------
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def dist(values: list[float]) -> dict[str, float | None]:
+    """p50/p90/p99/max/mean in milliseconds."""
+    ms = [v * 1e3 for v in values]
+    return {"n": len(ms), "p50_ms": percentile(ms, 0.5), "p90_ms": percentile(ms, 0.9),
+            "p99_ms": percentile(ms, 0.99), "max_ms": max(ms, default=None),
+            "mean_ms": sum(ms) / len(ms) if ms else None}
+
+
+def stamps(result: dict[str, Any]) -> dict[str, float]:
+    """The first time the session entered each status (the gateway's wall clock)."""
+    out: dict[str, float] = {}
+    for item in (result.get("metadata") or {}).get("status_history") or []:
+        out.setdefault(item["status"], float(item["at"]))
+    return out
+
+
+def session_rows(db: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """One row per session from the server's store, and each gateway's run slots (its registered capacity)."""
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        con.row_factory = sqlite3.Row
+        rows = con.execute("SELECT s.session_id, s.task_id, s.status, s.gateway_id, s.attempts, s.created, "
+                           "s.dispatched, s.finished, s.result, t.request FROM sessions s JOIN tasks t "
+                           "USING (task_id)").fetchall()
+        slots = {r["gateway_id"]: r["capacity"] for r in con.execute("SELECT gateway_id, capacity FROM gateways")}
+    out = []
+    for r in rows:
+        result = json.loads(r["result"]) if r["result"] else {}
+        st = stamps(result)
+        meta = json.loads(r["request"])["metadata"]
+        out.append({"session_id": r["session_id"], "task_id": r["task_id"], "status": r["status"],
+                    "gateway": r["gateway_id"], "attempts": r["attempts"], "created": r["created"],
+                    "dispatched": r["dispatched"], "finished": r["finished"],
+                    "init_at": st.get("INITIALIZING"), "running_at": st.get("RUNNING"),
+                    "postrun_at": st.get("POST_RUN"), "done_at": st.get(r["status"]),
+                    "timings": result.get("timings") or {}, "plan": meta.get("plan"),
+                    "completions": ((result.get("metadata") or {}).get("artifacts") or {}).get("completions")})
+    return out, slots
+
+
+def slot_series(rows: list[dict[str, Any]], slots: dict[str, int], step: float) -> list[dict[str, Any]]:
+    """Busy run slots per gateway and overall every ``step`` s from the first submit to the last harness end, with
+    the backlog (sessions submitted and not yet running)."""
+    ran = [r for r in rows if r["running_at"] and r["postrun_at"]]
+    if not ran:
+        return []
+    t0 = min(r["created"] for r in rows)
+    t1 = max(r["postrun_at"] for r in ran)
+    series = []
+    n = int((t1 - t0) / step) + 1
+    for k in range(n):
+        t = t0 + k * step
+        busy = {g: 0 for g in slots}
+        for r in ran:
+            if r["running_at"] <= t < r["postrun_at"]:
+                busy[r["gateway"]] = busy.get(r["gateway"], 0) + 1
+        backlog = sum(1 for r in rows if r["created"] <= t and not (r["running_at"] and r["running_at"] <= t))
+        series.append({"t": round(t - t0, 3), "busy": busy, "overall": sum(busy.values()) / sum(slots.values()),
+                       "per_gateway": {g: busy[g] / slots[g] for g in slots}, "backlog": backlog})
+    return series
+
+
+def use_stats(series: list[dict[str, Any]], slots: dict[str, int]) -> dict[str, Any]:
+    """Mean and p10 of slot use, overall and per gateway, over the makespan and while work was queued."""
+    def stats(points: list[dict[str, Any]]) -> dict[str, Any]:
+        overall = [p["overall"] for p in points]
+        return {"mean": sum(overall) / len(overall) if overall else None, "p10": percentile(overall, 0.1),
+                "per_gateway": {g: {"mean": sum(p["per_gateway"][g] for p in points) / len(points) if points else None,
+                                    "p10": percentile([p["per_gateway"][g] for p in points], 0.1)} for g in slots}}
+    return {"makespan": stats(series), "while_queued": stats([p for p in series if p["backlog"] > 0])}
+
+
+def refill_latencies(rows: list[dict[str, Any]]) -> list[float]:
+    """Per run slot freed while work was queued: seconds until the next harness started on that gateway."""
+    out = []
+    ran = [r for r in rows if r["running_at"] and r["postrun_at"]]
+    starts: dict[str, list[float]] = {}
+    for r in ran:
+        starts.setdefault(r["gateway"], []).append(r["running_at"])
+    for values in starts.values():
+        values.sort()
+    for r in ran:
+        freed = r["postrun_at"]
+        queued = any(o["created"] <= freed and (o["running_at"] or math.inf) > freed for o in ran)
+        later = [s for s in starts[r["gateway"]] if s >= freed]
+        if queued and later:
+            out.append(later[0] - freed)
+    return out
+
+
+def analyse(rows: list[dict[str, Any]], slots: dict[str, int], scale: float, step: float) -> dict[str, Any]:
+    done = [r for r in rows if r["running_at"] and r["postrun_at"]]
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    t0 = min(r["created"] for r in rows)
+    makespan = max(r["finished"] or r["created"] for r in rows) - t0
+    run_work = sum(r["postrun_at"] - r["running_at"] for r in done)
+    total_slots = sum(slots.values())
+    ideal = run_work / total_slots
+    series = slot_series(rows, slots, step)
+    stage_means = {k: sum((r["timings"].get(k) or 0.0) for r in rows) / len(rows)
+                   for k in ("queued", "init", "ready_wait", "run", "postrun", "teardown", "total")}
+    return {
+        "sessions": len(rows), "statuses": statuses, "gateways": len(slots), "run_slots": slots,
+        "total_slots": total_slots, "time_scale": scale, "makespan_s": makespan,
+        "sessions_per_minute": len(rows) / makespan * 60,
+        "ideal_makespan_s": ideal, "makespan_ratio": makespan / ideal,
+        "run_work_s": run_work, "slot_use": use_stats(series, slots),
+        "stage_means_s": stage_means,
+        "latency": {
+            "submitted_to_running": dist([r["running_at"] - r["created"] for r in done]),
+            "submitted_to_dispatched": dist([r["dispatched"] - r["created"] for r in rows if r["dispatched"]]),
+            "dispatched_to_running": dist([r["running_at"] - r["dispatched"] for r in done if r["dispatched"]]),
+            "slot_freed_to_next_running": dist(refill_latencies(rows)),
+        },
+        "model_calls": sum(r["completions"] or 0 for r in rows),
+        "real_turns_per_session": sum(r["plan"]["turns"] for r in rows) / len(rows),
+        "real_run_seconds_mean": sum(r["plan"]["run"] for r in rows) / len(rows),
+    }, series
+
+
+# -- process accounting (/proc) ------------------------------------------------------------------------------------
+
+def proc_usage(pid: int | None) -> dict[str, float] | None:
+    """CPU seconds of the process itself and of its reaped children, and its RSS in MB; None if it is not visible
+    on this host."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        statm = Path(f"/proc/{pid}/statm").read_text().split()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return {"cpu_s": (utime + stime) / TICK, "children_cpu_s": (cutime + cstime) / TICK,
+            "rss_mb": int(statm[1]) * PAGE / 2**20}
+
+
+def delta(after: dict[str, float] | None, before: dict[str, float] | None, key: str = "cpu_s") -> float | None:
+    return None if after is None or before is None else after[key] - before[key]
+
+
+# -- the fleet -----------------------------------------------------------------------------------------------------
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(module_argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``python -m MODULE ...`` with its output in ``log``."""
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", *module_argv], cwd=ROOT, env=env, stdout=out, stderr=out)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def pid_of_job(job_id: str) -> int | None:
+    """The pid of a Slurm job's submitit process on this host (the gateway runs inside it), else None."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmd = (entry / "cmdline").read_bytes()
+            if b"submitit" in cmd and f"SLURM_JOB_ID={job_id}\0".encode() in (entry / "environ").read_bytes():
+                return int(entry.name)
+    return None
+
+
+@dataclass
+class Fleet:
+    """The rollout server process and the gateways (processes here, or Slurm jobs); ``pids`` by gateway URL."""
+
+    url: str
+    token: str
+    server: subprocess.Popen[bytes]
+    db: Path
+    gateway_procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)  # by port
+    jobs: list[Any] = field(default_factory=list)
+    #: the gateway processes to read in /proc: by gateway id (local) or by Slurm job (their ids are not matched)
+    pids: dict[str, int | None] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for job in self.jobs:
+            with contextlib.suppress(Exception):
+                job.cancel(check=False)
+        for proc in self.gateway_procs.values():
+            stop_process(proc)
+        stop_process(self.server)
+
+
+async def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    async with httpx.AsyncClient() as http:
+        end = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get(url)).status_code < 500:
+                    return
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the process behind {url} exited with {proc.returncode}")
+            if time.monotonic() > end:
+                raise RuntimeError(f"{url} did not come up in {timeout} s")
+            await asyncio.sleep(0.1)
+
+
+async def start_fleet(args: argparse.Namespace, work: Path) -> Fleet:
+    """The server as its own process, then ``args.gateways`` gateways registered with it."""
+    token = secrets.token_urlsafe(24)
+    slurm = args.slurm_conf is not None
+    host = "0.0.0.0" if slurm else "127.0.0.1"
+    port = free_port(host)
+    env = {**os.environ, "POLAR_ADMIN_TOKEN": token, "PYTHONPATH": str(ROOT)}
+    server = spawn(["polar_gym.server", "--host", host, "--port", str(port), "--db", str(work / "server.sqlite"),
+                    "--heartbeat", str(args.heartbeat), "--log-level", "warning"], env, work / "server.log")
+    advertised = args.server_host or (socket.getfqdn() if slurm else "127.0.0.1")
+    fleet = Fleet(f"http://{advertised}:{port}", token, server, work / "server.sqlite")
+    try:
+        await wait_http(f"http://127.0.0.1:{port}/health", proc=server)
+        pools = GatewayJobSettings(run_slots=args.run_slots, init_workers=args.init_workers,
+                                   ready_buffer=args.ready_buffer, postrun_workers=args.postrun_workers,
+                                   cpus_per_task=args.gateway_cpus, mem_gb=args.gateway_mem_gb, timeout_min=120)
+        inference = InferenceSettings(engine="oracle", tokenizer=str(tokenizer_dir()))
+        argvs = [gateway_argv(inference, pools, [], server_url=fleet.url, workdir=work / "gateways" / f"gateway-{i}",
+                              heartbeat=args.heartbeat) + ["--log-level", "warning"] for i in range(args.gateways)]
+        if slurm:
+            start_gateway_jobs(fleet, argvs, args, work)
+        else:
+            for i, argv in enumerate(argvs):
+                gport = free_port()
+                fleet.gateway_procs[gport] = spawn(
+                    ["polar_gym.gateway", *argv, "--port", str(gport), "--advertise-host", "127.0.0.1"],
+                    {**env, "POLAR_SERVER_TOKEN": token, "POLAR_ADMIN_TOKEN": secrets.token_urlsafe(24)},
+                    work / f"gateway-{i}.log")
+        await wait_for_gateways(fleet, args)
+    except BaseException:
+        fleet.close()
+        raise
+    return fleet
+
+
+def start_gateway_jobs(fleet: Fleet, argvs: list[list[str]], args: argparse.Namespace, work: Path) -> None:
+    """launcher=slurm's gateway job (polar_gym.launch.jobs.run_gateway_job) once per gateway, through submitit."""
+    import submitit
+
+    from polar_gym.launch.jobs import run_gateway_job
+
+    os.environ["SLURM_CONF"] = str(args.slurm_conf)
+    folder = work / "slurm"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm")
+    extra = {"slurm_partition": args.partition} if args.partition else {}
+    executor.update_parameters(name="polar-scale-gateway", nodes=1, tasks_per_node=1, cpus_per_task=args.gateway_cpus,
+                               mem_gb=args.gateway_mem_gb, timeout_min=120, **extra)
+    for argv in argvs:
+        job = executor.submit(run_gateway_job, argv, None, fleet.token)
+        fleet.jobs.append(job)
+        console.print(f"submitted gateway job {job.job_id}")
+
+
+async def wait_for_gateways(fleet: Fleet, args: argparse.Namespace) -> None:
+    """Until every gateway is registered and healthy; then find each one's process for /proc."""
+    deadline = time.monotonic() + args.register_timeout
+    async with RolloutClient(f"http://127.0.0.1:{fleet.url.rsplit(':', 1)[1]}", fleet.token) as client:
+        while True:
+            healthy = [g for g in await client.gateways() if g["state"] == "healthy"]
+            if len(healthy) >= args.gateways:
+                break
+            for proc in fleet.gateway_procs.values():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a gateway exited with {proc.returncode} (logs in {fleet.db.parent})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(healthy)}/{args.gateways} gateways registered")
+            await asyncio.sleep(0.5)
+    for gw in healthy:
+        proc = fleet.gateway_procs.get(int(gw["url"].rsplit(":", 1)[1]))
+        if proc is not None:
+            fleet.pids[gw["gateway_id"]] = proc.pid
+    for job in fleet.jobs:  # a job's process is visible only when its node is this host (a local cluster)
+        fleet.pids[f"job-{job.job_id}"] = pid_of_job(job.job_id)
+    console.print(f"{len(healthy)} gateways registered: {', '.join(g['url'] for g in healthy)}")
+
+
+# -- the run -------------------------------------------------------------------------------------------------------
+
+class Sampler:
+    """/proc of the server and the gateways, and the fleet's live sessions, every ``every`` seconds."""
+
+    def __init__(self, fleet: Fleet, client: RolloutClient, every: float = 1.0) -> None:
+        self.fleet, self.client, self.every = fleet, client, every
+        self.rows: list[dict[str, Any]] = []
+        self.stages: dict[str, int] = {}
+
+    def usage(self) -> dict[str, Any]:
+        return {"server": proc_usage(self.fleet.server.pid),
+                "gateways": {g: proc_usage(pid) for g, pid in self.fleet.pids.items()}}
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                live: dict[str, int] = {}
+                for gw in await self.client.gateways():
+                    for stage, n in ((gw.get("health") or {}).get("stages") or {}).items():
+                        live[stage] = live.get(stage, 0) + n
+                self.stages = live
+            self.rows.append({"at": time.time(), "live": sum(self.stages.values()), **self.usage()})
+            await asyncio.sleep(self.every)
+
+
+def memory_per_session(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """RSS growth per live session (MB): least squares of RSS on live sessions over the samples."""
+    def slope(xs: list[float], ys: list[float]) -> float | None:
+        if len(xs) < 3 or max(xs) == min(xs):
+            return None
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+    live = [float(r["live"]) for r in rows]
+    server = [r["server"]["rss_mb"] if r["server"] else 0.0 for r in rows]
+    gateways = [sum(u["rss_mb"] for u in r["gateways"].values() if u) for r in rows]
+    return {"server_mb_per_live_session": slope(live, server), "gateways_mb_per_live_session": slope(live, gateways),
+            "server_rss_mb_max": max(server, default=None), "gateway_rss_mb_max": max(
+                (u["rss_mb"] for r in rows for u in r["gateways"].values() if u), default=None)}
+
+
+async def submit_and_wait(client: RolloutClient, tasks: list[TaskRequest], receiver: CallbackReceiver,
+                          sampler: Sampler, what: str, timeout: float) -> float:
+    """Submit every task (8 at once, as a trainer's workers would), wait for every callback; shows progress."""
+    queue = list(reversed(tasks))
+    t0 = time.monotonic()
+
+    async def worker() -> None:
+        while queue:
+            await client.submit(queue.pop())
+
+    workers = asyncio.gather(*(worker() for _ in range(8)))
+    wanted = {f"polar-task-{t.task_id}" for t in tasks}
+    last = 0.0
+    while not wanted <= receiver.received.keys():
+        if workers.done():
+            workers.result()
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise TimeoutError(f"{what}: {len(wanted & receiver.received.keys())}/{len(tasks)} after {timeout} s")
+        if now - last >= 2.0:
+            last = now
+            stages = " · ".join(f"{k} {v}" for k, v in sampler.stages.items())
+            console.print(f"  [{what} {now - t0:6.1f} s] submitted {len(tasks) - len(queue)}/{len(tasks)}, "
+                          f"done {len(wanted & receiver.received.keys())}/{len(tasks)} · {stages}")
+        receiver.arrived.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(receiver.arrived.wait(), 0.5)
+    await workers
+    return time.monotonic() - t0
+
+
+async def calibrate_calls(client: RolloutClient, receiver: CallbackReceiver, sampler: Sampler, args: argparse.Namespace,
+                          callback: str) -> dict[str, Any]:
+    """Gateway CPU per proxied model call: N sessions with 1 call, then N with 1 + K calls (tool commands ``true``,
+    nothing sleeps); the difference over N*K calls."""
+    n, k = args.calib_sessions, args.calib_calls
+    zero = Plan(init=0.0, turns=1, run=0.0, evaluate=0.0)
+    rng = random.Random(args.seed + 1)
+    cpu: dict[int, float] = {}
+    for calls in (1, 1 + k):
+        tasks = [make_task(i, zero, 1.0, calls, rng, callback, prefix=f"calib{calls}",
+                           commands=["true"] * (calls - 1)) for i in range(n)]
+        before = sampler.usage()["gateways"]
+        await submit_and_wait(client, tasks, receiver, sampler, f"calibration {calls} call(s)", args.timeout)
+        after = sampler.usage()["gateways"]
+        spent = [delta(after[g], before[g]) for g in before]
+        cpu[calls] = sum(s for s in spent if s is not None)
+    per_call = (cpu[1 + k] - cpu[1]) / (n * k)
+    return {"sessions": n, "extra_calls": k, "gateway_cpu_s": {str(c): v for c, v in cpu.items()},
+            "gateway_cpu_ms_per_call": per_call * 1e3,
+            "gateway_cpu_ms_per_session_one_call": cpu[1] / n * 1e3}
+
+
+async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    plans = [draw_plan(rng) for _ in range(args.sessions)]
+    fleet = await start_fleet(args, work)
+    receiver = CallbackReceiver()
+    local_url = f"http://127.0.0.1:{fleet.url.rsplit(':', 1)[1]}"
+    try:
+        async with receiver.serve() as callback, RolloutClient(local_url, fleet.token) as client:
+            sampler = Sampler(fleet, client)
+            sampling = asyncio.create_task(sampler.run())
+            try:
+                console.print(f"[bold]idle[/]: {args.idle_seconds:.0f} s of heartbeats only")
+                idle0, t_idle = sampler.usage(), time.monotonic()
+                await asyncio.sleep(args.idle_seconds)
+                idle1, idle_s = sampler.usage(), time.monotonic() - t_idle
+                tasks = [make_task(i, p, args.time_scale, args.calls, rng, callback) for i, p in enumerate(plans)]
+                console.print(f"[bold]run[/]: {len(tasks)} sessions, {args.gateways} gateways x {args.run_slots} run "
+                              f"slots, time scale {args.time_scale}")
+                before = sampler.usage()
+                wall = await submit_and_wait(client, tasks, receiver, sampler, "run", args.timeout)
+                after = sampler.usage()
+                run_samples = list(sampler.rows)
+                calls = None
+                if args.calib_sessions:
+                    console.print("[bold]calibration[/]: gateway CPU per model call")
+                    calls = await calibrate_calls(client, receiver, sampler, args, callback)
+            finally:
+                sampling.cancel()
+                await asyncio.gather(sampling, return_exceptions=True)
+    finally:
+        fleet.close()
+    rows, slots = session_rows(fleet.db)
+    rows = [r for r in rows if r["task_id"].startswith("scale-")]
+    summary, series = analyse(rows, slots, args.time_scale, args.slot_step)
+    heartbeats = args.gateways * idle_s / args.heartbeat  # each gateway beats, and the server probes it, per interval
+    gw_cpu = {g: delta(after["gateways"][g], before["gateways"][g]) for g in before["gateways"]}
+    seen = [v for v in gw_cpu.values() if v is not None]
+    summary.update({
+        "launcher": "slurm" if args.slurm_conf else "local", "wall_s": wall, "cpus": os.cpu_count(),
+        "cpu": {
+            "server_ms_per_session": (delta(after["server"], before["server"]) or 0.0) / len(rows) * 1e3,
+            "server_idle_ms_per_heartbeat": (delta(idle1["server"], idle0["server"]) or 0.0) / heartbeats * 1e3,
+            "gateway_ms_per_session": sum(seen) / len(rows) * 1e3 if seen else None,
+            "gateway_ms_per_session_by_process": {g: v / max(1, sum(1 for r in rows if r["gateway"] == g)) * 1e3
+                                                  for g, v in gw_cpu.items() if v is not None and g in slots},
+            "sandbox_children_ms_per_session": (sum(
+                delta(after["gateways"][g], before["gateways"][g], "children_cpu_s") or 0.0
+                for g in before["gateways"]) / len(rows) * 1e3) if seen else None,
+        },
+        "memory": memory_per_session(run_samples), "calibration": calls,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    })
+    return {"summary": summary, "series": series, "sessions": rows}
+
+
+# -- report --------------------------------------------------------------------------------------------------------
+
+def fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(summary: dict[str, Any]) -> Table:
+    s = summary
+    use, lat, cpu = s["slot_use"], s["latency"], s["cpu"]
+    t = Table(title=f"scale: {s['sessions']} sessions, {s['gateways']} gateways, {s['total_slots']} run slots "
+                    f"({s['launcher']}), time scale {s['time_scale']}, {s['cpus']} CPUs")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_column("baseline / ratio", justify="right")
+    t.add_row("makespan s", fmt(s["makespan_s"]), f"ideal {s['ideal_makespan_s']:.1f} s: {s['makespan_ratio']:.2f}x")
+    t.add_row("throughput sessions/min", fmt(s["sessions_per_minute"]), "-")
+    for name in ("makespan", "while_queued"):
+        u = use[name]
+        t.add_row(f"slot use, {name.replace('_', ' ')}: mean / p10",
+                  f"{fmt(u['mean'], '.1%')} / {fmt(u['p10'], '.1%')}", f"vs 100 %: {fmt(u['mean'], '.2f')}x")
+        for g, v in sorted(u["per_gateway"].items()):
+            t.add_row(f"  {g}", f"{fmt(v['mean'], '.1%')} / {fmt(v['p10'], '.1%')}", "")
+    for name, d in lat.items():
+        t.add_row(f"{name.replace('_', ' ')} p50/p90/p99 ms",
+                  f"{fmt(d['p50_ms'])} / {fmt(d['p90_ms'])} / {fmt(d['p99_ms'])}", f"n={d['n']}")
+    t.add_row("server CPU ms / session", fmt(cpu["server_ms_per_session"], ".2f"), "")
+    t.add_row("server CPU ms / heartbeat (idle)", fmt(cpu["server_idle_ms_per_heartbeat"], ".2f"), "")
+    t.add_row("gateway CPU ms / session (process)", fmt(cpu["gateway_ms_per_session"], ".1f"),
+              f"sandboxes {fmt(cpu['sandbox_children_ms_per_session'], '.1f')}")
+    if s["calibration"]:
+        c = s["calibration"]
+        t.add_row("gateway CPU ms / model call", fmt(c["gateway_cpu_ms_per_call"], ".2f"),
+                  f"1-call session {fmt(c['gateway_cpu_ms_per_session_one_call'], '.1f')}")
+    m = s["memory"]
+    t.add_row("RSS MB / live session: server, gateways", f"{fmt(m['server_mb_per_live_session'], '.3f')}, "
+              f"{fmt(m['gateways_mb_per_live_session'], '.3f')}", "")
+    t.add_row("statuses", str(s["statuses"]), f"{s['model_calls']} model calls")
+    return t
+
+
+def plot(series: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+    """Slot use over time (overall and per gateway) with the backlog, as SVG text (None without matplotlib)."""
+    try:
+        from polar_gym.plots import PALETTE, figure, svg_of
+    except ImportError:
+        return None
+    xs = [p["t"] for p in series]
+    with figure("bench-scale-slots", width=8.0, height=3.6) as (fig, ax):
+        ax.plot(xs, [p["overall"] * 100 for p in series], color=PALETTE["blue"], lw=1.6, label="overall")
+        for g, colour in zip(sorted(summary["run_slots"]), ("orange", "green", "purple", "sky", "red"), strict=False):
+            ax.plot(xs, [p["per_gateway"][g] * 100 for p in series], color=PALETTE[colour], lw=0.6, alpha=0.7,
+                    label=g)
+        ax.set_xlabel("seconds since the first submit")
+        ax.set_ylabel("run slots busy, %")
+        ax.set_ylim(0, 105)
+        twin = ax.twinx()
+        twin.fill_between(xs, [p["backlog"] for p in series], color=PALETTE["grey"], alpha=0.15, lw=0)
+        twin.set_ylabel("sessions waiting to run")
+        ax.legend(loc="lower center", fontsize=7, ncols=5)
+        ax.set_title(f"run-slot use: {summary['sessions']} sessions on {summary['total_slots']} slots")
+        return svg_of(fig)
+
+
+def write_outputs(res: dict[str, Any], out: Path, rendered: Table) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_scale.json").write_text(json.dumps(res["summary"], indent=2) + "\n")
+    with (out / "bench_scale_sessions.jsonl").open("w") as f:
+        for row in res["sessions"]:
+            f.write(json.dumps(row) + "\n")
+    with (out / "bench_scale_slots.jsonl").open("w") as f:
+        for point in res["series"]:
+            f.write(json.dumps(point) + "\n")
+    with open(os.devnull, "w") as sink:
+        text = Console(width=140, record=True, file=sink)
+        text.print(rendered)
+    (out / "bench_scale.md").write_text("```\n" + text.export_text() + "```\n")
+    svg = plot(res["series"], res["summary"])
+    if svg is not None:
+        (out / "bench_scale_slots.svg").write_text(svg)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sessions", type=int, default=1000)
+    p.add_argument("--gateways", type=int, default=3)
+    p.add_argument("--run-slots", type=int, default=4, help="run slots per gateway")
+    p.add_argument("--init-workers", type=int, default=4)
+    p.add_argument("--ready-buffer", type=int, default=2)
+    p.add_argument("--postrun-workers", type=int, default=4)
+    p.add_argument("--time-scale", type=float, default=0.01, help="real seconds -> benchmark seconds")
+    p.add_argument("--calls", type=int, default=4, help="model calls per session (the RUN time is split across)")
+    p.add_argument("--heartbeat", type=float, default=2.0, help="gateway heartbeat and server probe interval, s")
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="heartbeats only, before the run (server cost)")
+    p.add_argument("--calib-sessions", type=int, default=20, help="sessions per calibration batch (0: skip)")
+    p.add_argument("--calib-calls", type=int, default=16, help="extra model calls per calibration session")
+    p.add_argument("--slot-step", type=float, default=0.1, help="slot-use sampling step, s")
+    p.add_argument("--seed", type=int, default=16)
+    p.add_argument("--timeout", type=float, default=3600.0, help="give up on a phase after this many seconds")
+    p.add_argument("--slurm-conf", type=Path, default=None,
+                   help="run the gateways as Slurm jobs on this cluster (launcher=slurm's gateway job)")
+    p.add_argument("--launcher", choices=("local", "slurm"), default=None,
+                   help="local (default): gateway processes on this host; slurm needs --slurm-conf")
+    p.add_argument("--server-host", default=None, help="how Slurm nodes reach this host (default: its FQDN)")
+    p.add_argument("--partition", default=None, help="Slurm partition of the gateway jobs")
+    p.add_argument("--gateway-cpus", type=int, default=1, help="CPUs per gateway job")
+    p.add_argument("--gateway-mem-gb", type=float, default=2.0, help="memory per gateway job, GB")
+    p.add_argument("--register-timeout", type=float, default=300.0)
+    p.add_argument("--quick", action="store_true", help="200 sessions, no idle window, 10 calibration sessions")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, db, gateway dirs)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sessions, args.idle_seconds, args.calib_sessions = 200, 4.0, 10
+    if (args.launcher == "slurm") != (args.slurm_conf is not None) and args.launcher is not None:
+        p.error("--launcher slurm goes with --slurm-conf PATH")
+    if args.calls < 1 or args.sessions < 1 or args.gateways < 1:
+        p.error("--calls, --sessions and --gateways must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if shutil.which("bwrap") is None:
+        raise SystemExit("bench_scale needs bubblewrap (the local sandbox): see README's set-up")
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=os.environ.get("POLAR_BENCH_TMP")))
+    try:
+        res = asyncio.run(main_async(args, work))
+    finally:
+        if args.keep:
+            console.print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    rendered = table(res["summary"])
+    console.print(rendered)
+    write_outputs(res, args.out, rendered)
+    console.print(f"written: {args.out}/bench_scale.json, bench_scale_sessions.jsonl, bench_scale_slots.jsonl, "
+                  f"bench_scale.md, bench_scale_slots.svg")
+    return res
+
+
+if __name__ == "__main__":
+    main()
