@@ -40,13 +40,11 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import secrets
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -62,230 +60,16 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.scale_model import Plan, analyse, draw_plan, make_task, session_rows  # noqa: E402
 from polar_gym.assets import tokenizer_dir  # noqa: E402
 from polar_gym.fleet.settings import InferenceSettings  # noqa: E402
 from polar_gym.launch.jobs import GatewayJobSettings, gateway_argv  # noqa: E402
-from polar_gym.schema import (  # noqa: E402
-    AgentSpec,
-    BuilderSpec,
-    EvaluatorSpec,
-    PrepareAction,
-    RuntimeSpec,
-    TaskRequest,
-)
+from polar_gym.schema import TaskRequest  # noqa: E402
 from polar_gym.server import CallbackReceiver, RolloutClient  # noqa: E402
 
 console = Console(width=140)
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-#: the scripted harness: a minimal agent loop (chat completions with one bash tool; stdlib only)
-AGENT = r'''
-import json, os, subprocess, urllib.request
-url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
-headers = {"authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"}
-tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command in the repository.",
-          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
-messages = [{"role": "system", "content": os.environ.get("AGENT_SYSTEM", "")},
-            {"role": "user", "content": os.environ["POLAR_INSTRUCTION"]}]
-for _ in range(500):
-    body = json.dumps({"model": os.environ["POLAR_MODEL"], "messages": messages, "tools": tools, "max_tokens": 512})
-    with urllib.request.urlopen(urllib.request.Request(url, body.encode(), headers), timeout=600) as resp:
-        reply = json.load(resp)["choices"][0]["message"]
-    calls = reply.get("tool_calls") or []
-    turn = {"role": "assistant", "content": reply.get("content") or ""}
-    messages.append({**turn, "tool_calls": calls} if calls else turn)
-    if not calls:
-        break
-    for call in calls:
-        command = json.loads(call["function"]["arguments"])["command"]
-        out = subprocess.run(command, shell=True, capture_output=True, text=True)
-        messages.append({"role": "tool", "tool_call_id": call["id"], "content": (out.stdout + out.stderr)[-4000:]})
-print(reply.get("content"))
-'''
-SYSTEM = ("You are a coding agent working in a git repository. Use the bash tool to inspect files, run the tests "
-          "and edit code; keep answers short. ") * 12  # ~1.3 KB, a small harness's system prompt
-
-
-# -- the workload (pure) -------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Plan:
-    """One session's durations in real seconds (before ``time_scale``) and its real turn count."""
-
-    init: float
-    turns: int
-    run: float
-    evaluate: float
-
-
-def lognormal(rng: random.Random, median: float, sigma: float) -> float:
-    return rng.lognormvariate(math.log(median), sigma)
-
-
-def draw_plan(rng: random.Random) -> Plan:
-    """A SWE-style rollout's stages (docs/scaling.md: where each distribution comes from)."""
-    turns = min(150, max(5, round(lognormal(rng, 40, 0.5))))
-    run = sum(lognormal(rng, 5.0, 0.8) for _ in range(turns))
-    return Plan(init=lognormal(rng, 12.0, 0.6), turns=turns, run=run, evaluate=lognormal(rng, 20.0, 0.7))
-
-
-def split(total: float, parts: int, rng: random.Random) -> list[float]:
-    """``total`` seconds cut into ``parts`` random pieces (tool commands between model calls)."""
-    weights = [rng.uniform(0.5, 1.5) for _ in range(parts)]
-    return [total * w / sum(weights) for w in weights]
-
-
-def make_task(i: int, plan: Plan, scale: float, calls: int, rng: random.Random, callback_url: str | None,
-              prefix: str = "scale", commands: list[str] | None = None) -> TaskRequest:
-    """The session of ``plan`` as a TaskRequest: prepare sleeps INIT, the oracle plays ``calls - 1`` sleep commands
-    worth RUN (or ``commands``), then answers; the evaluator's test command sleeps EVALUATE."""
-    if commands is None:
-        commands = [f"sleep {s:.3f}" for s in split(plan.run * scale, calls - 1, rng)] if calls > 1 else []
-    return TaskRequest(
-        task_id=f"{prefix}-{i:05d}", instruction="Fix the failing test in tests/test_parser.py; run the suite.",
-        timeout_seconds=3600,
-        runtime=RuntimeSpec(backend="local", network="gateway", prepare=[
-            PrepareAction(type="exec", command=f"sleep {plan.init * scale:.3f}")]),
-        agent=AgentSpec(harness="shell", config={"command": "python3 -B agent.py", "files": {"agent.py": AGENT},
-                                                 "env": {"AGENT_SYSTEM": SYSTEM}}),
-        builder=BuilderSpec(strategy="prefix_merging"),
-        evaluator=EvaluatorSpec(strategy="test_on_output", config={
-            "command": f"sleep {plan.evaluate * scale:.3f}", "framework": "none"}),
-        callback_url=callback_url,
-        metadata={"group_id": f"g{i}", "oracle": {"commands": commands, "final_answer": "Fixed."},
-                  "plan": {"init": plan.init, "turns": plan.turns, "run": plan.run, "evaluate": plan.evaluate}})
-
-
-# -- the analysis (pure) -------------------------------------------------------------------------------------------
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def dist(values: list[float]) -> dict[str, float | None]:
-    """p50/p90/p99/max/mean in milliseconds."""
-    ms = [v * 1e3 for v in values]
-    return {"n": len(ms), "p50_ms": percentile(ms, 0.5), "p90_ms": percentile(ms, 0.9),
-            "p99_ms": percentile(ms, 0.99), "max_ms": max(ms, default=None),
-            "mean_ms": sum(ms) / len(ms) if ms else None}
-
-
-def stamps(result: dict[str, Any]) -> dict[str, float]:
-    """The first time the session entered each status (the gateway's wall clock)."""
-    out: dict[str, float] = {}
-    for item in (result.get("metadata") or {}).get("status_history") or []:
-        out.setdefault(item["status"], float(item["at"]))
-    return out
-
-
-def session_rows(db: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """One row per session from the server's store, and each gateway's run slots (its registered capacity)."""
-    with contextlib.closing(sqlite3.connect(db)) as con:
-        con.row_factory = sqlite3.Row
-        rows = con.execute("SELECT s.session_id, s.task_id, s.status, s.gateway_id, s.attempts, s.created, "
-                           "s.dispatched, s.finished, s.result, t.request FROM sessions s JOIN tasks t "
-                           "USING (task_id)").fetchall()
-        slots = {r["gateway_id"]: r["capacity"] for r in con.execute("SELECT gateway_id, capacity FROM gateways")}
-    out = []
-    for r in rows:
-        result = json.loads(r["result"]) if r["result"] else {}
-        st = stamps(result)
-        meta = json.loads(r["request"])["metadata"]
-        out.append({"session_id": r["session_id"], "task_id": r["task_id"], "status": r["status"],
-                    "gateway": r["gateway_id"], "attempts": r["attempts"], "created": r["created"],
-                    "dispatched": r["dispatched"], "finished": r["finished"],
-                    "init_at": st.get("INITIALIZING"), "running_at": st.get("RUNNING"),
-                    "postrun_at": st.get("POST_RUN"), "done_at": st.get(r["status"]),
-                    "timings": result.get("timings") or {}, "plan": meta.get("plan"),
-                    "completions": ((result.get("metadata") or {}).get("artifacts") or {}).get("completions")})
-    return out, slots
-
-
-def slot_series(rows: list[dict[str, Any]], slots: dict[str, int], step: float) -> list[dict[str, Any]]:
-    """Busy run slots per gateway and overall every ``step`` s from the first submit to the last harness end, with
-    the backlog (sessions submitted and not yet running)."""
-    ran = [r for r in rows if r["running_at"] and r["postrun_at"]]
-    if not ran:
-        return []
-    t0 = min(r["created"] for r in rows)
-    t1 = max(r["postrun_at"] for r in ran)
-    series = []
-    n = int((t1 - t0) / step) + 1
-    for k in range(n):
-        t = t0 + k * step
-        busy = {g: 0 for g in slots}
-        for r in ran:
-            if r["running_at"] <= t < r["postrun_at"]:
-                busy[r["gateway"]] = busy.get(r["gateway"], 0) + 1
-        backlog = sum(1 for r in rows if r["created"] <= t and not (r["running_at"] and r["running_at"] <= t))
-        series.append({"t": round(t - t0, 3), "busy": busy, "overall": sum(busy.values()) / sum(slots.values()),
-                       "per_gateway": {g: busy[g] / slots[g] for g in slots}, "backlog": backlog})
-    return series
-
-
-def use_stats(series: list[dict[str, Any]], slots: dict[str, int]) -> dict[str, Any]:
-    """Mean and p10 of slot use, overall and per gateway, over the makespan and while work was queued."""
-    def stats(points: list[dict[str, Any]]) -> dict[str, Any]:
-        overall = [p["overall"] for p in points]
-        return {"mean": sum(overall) / len(overall) if overall else None, "p10": percentile(overall, 0.1),
-                "per_gateway": {g: {"mean": sum(p["per_gateway"][g] for p in points) / len(points) if points else None,
-                                    "p10": percentile([p["per_gateway"][g] for p in points], 0.1)} for g in slots}}
-    return {"makespan": stats(series), "while_queued": stats([p for p in series if p["backlog"] > 0])}
-
-
-def refill_latencies(rows: list[dict[str, Any]]) -> list[float]:
-    """Per run slot freed while work was queued: seconds until the next harness started on that gateway."""
-    out = []
-    ran = [r for r in rows if r["running_at"] and r["postrun_at"]]
-    starts: dict[str, list[float]] = {}
-    for r in ran:
-        starts.setdefault(r["gateway"], []).append(r["running_at"])
-    for values in starts.values():
-        values.sort()
-    for r in ran:
-        freed = r["postrun_at"]
-        queued = any(o["created"] <= freed and (o["running_at"] or math.inf) > freed for o in ran)
-        later = [s for s in starts[r["gateway"]] if s >= freed]
-        if queued and later:
-            out.append(later[0] - freed)
-    return out
-
-
-def analyse(rows: list[dict[str, Any]], slots: dict[str, int], scale: float, step: float) -> dict[str, Any]:
-    done = [r for r in rows if r["running_at"] and r["postrun_at"]]
-    statuses: dict[str, int] = {}
-    for r in rows:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    t0 = min(r["created"] for r in rows)
-    makespan = max(r["finished"] or r["created"] for r in rows) - t0
-    run_work = sum(r["postrun_at"] - r["running_at"] for r in done)
-    total_slots = sum(slots.values())
-    ideal = run_work / total_slots
-    series = slot_series(rows, slots, step)
-    stage_means = {k: sum((r["timings"].get(k) or 0.0) for r in rows) / len(rows)
-                   for k in ("queued", "init", "ready_wait", "run", "postrun", "teardown", "total")}
-    return {
-        "sessions": len(rows), "statuses": statuses, "gateways": len(slots), "run_slots": slots,
-        "total_slots": total_slots, "time_scale": scale, "makespan_s": makespan,
-        "sessions_per_minute": len(rows) / makespan * 60,
-        "ideal_makespan_s": ideal, "makespan_ratio": makespan / ideal,
-        "run_work_s": run_work, "slot_use": use_stats(series, slots),
-        "stage_means_s": stage_means,
-        "latency": {
-            "submitted_to_running": dist([r["running_at"] - r["created"] for r in done]),
-            "submitted_to_dispatched": dist([r["dispatched"] - r["created"] for r in rows if r["dispatched"]]),
-            "dispatched_to_running": dist([r["running_at"] - r["dispatched"] for r in done if r["dispatched"]]),
-            "slot_freed_to_next_running": dist(refill_latencies(rows)),
-        },
-        "model_calls": sum(r["completions"] or 0 for r in rows),
-        "real_turns_per_session": sum(r["plan"]["turns"] for r in rows) / len(rows),
-        "real_run_seconds_mean": sum(r["plan"]["run"] for r in rows) / len(rows),
-    }, series
-
 
 # -- process accounting (/proc) ------------------------------------------------------------------------------------
 
@@ -523,7 +307,7 @@ async def submit_and_wait(client: RolloutClient, tasks: list[TaskRequest], recei
             last = now
             stages = " · ".join(f"{k} {v}" for k, v in sampler.stages.items())
             console.print(f"  [{what} {now - t0:6.1f} s] submitted {len(tasks) - len(queue)}/{len(tasks)}, "
-                          f"done {len(wanted & receiver.received.keys())}/{len(tasks)} · {stages}")
+                          f"done {len(wanted & receiver.received.keys())}/{len(tasks)} · {stages}", markup=False)
         receiver.arrived.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(receiver.arrived.wait(), 0.5)
@@ -584,9 +368,11 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 await asyncio.gather(sampling, return_exceptions=True)
     finally:
         fleet.close()
-    rows, slots = session_rows(fleet.db)
+    rows, capacity = session_rows(fleet.db)
     rows = [r for r in rows if r["task_id"].startswith("scale-")]
+    slots = {g: args.run_slots for g in capacity}  # what a gateway registers is its dispatch capacity, not its slots
     summary, series = analyse(rows, slots, args.time_scale, args.slot_step)
+    summary["registered_capacity"] = capacity
     heartbeats = args.gateways * idle_s / args.heartbeat  # each gateway beats, and the server probes it, per interval
     gw_cpu = {g: delta(after["gateways"][g], before["gateways"][g]) for g in before["gateways"]}
     seen = [v for v in gw_cpu.values() if v is not None]
