@@ -70,6 +70,7 @@ from polar_gym.server import CallbackReceiver, RolloutClient  # noqa: E402
 console = Console(width=140)
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 # -- process accounting (/proc) ------------------------------------------------------------------------------------
 
@@ -337,6 +338,62 @@ async def calibrate_calls(client: RolloutClient, receiver: CallbackReceiver, sam
             "gateway_cpu_ms_per_session_one_call": cpu[1] / n * 1e3}
 
 
+async def store_phase(n: int, work: Path) -> dict[str, Any]:
+    """The server's own cost per session with nothing else in the process: the real RolloutServer and Store here,
+    ``n`` one-session tasks to one fake gateway process (bench_server's: sessions end at once); SQL statements per
+    session counted on the store's connection, and this process's CPU per session."""
+    import collections
+
+    from benchmarks.bench_server import GW_TOKEN, spawn_gateway, stop
+    from polar_gym.schema import GatewayRegistration, SessionStatus
+    from polar_gym.server import RolloutServer, Store
+
+    port = free_port()
+    gateway = spawn_gateway(port, 0.0)
+    store = Store(work / "store-phase.sqlite")
+    statements: collections.Counter[str] = collections.Counter()
+    in_tx = [False]
+
+    def trace(sql: str) -> None:
+        """Count statements, and commits: each COMMIT, and each write outside BEGIN..COMMIT (autocommit)."""
+        verb = sql.split(None, 1)[0].upper()
+        statements[verb] += 1
+        if verb == "BEGIN":
+            in_tx[0] = True
+        elif verb in ("COMMIT", "ROLLBACK"):
+            in_tx[0] = False
+            statements["(commits)"] += verb == "COMMIT"
+        elif verb in WRITES and not in_tx[0]:
+            statements["(commits)"] += 1
+
+    store._db.set_trace_callback(trace)
+    core = RolloutServer(store)
+    try:
+        await wait_http(f"http://127.0.0.1:{port}/gateway/health", proc=gateway)
+        await core.start()
+        await core.register(GatewayRegistration(url=f"http://127.0.0.1:{port}", capacity=64, admin_token=GW_TOKEN))
+        rng = random.Random(0)
+        tasks = [make_task(i, Plan(0, 1, 0, 0), 1.0, 1, rng, None, prefix="store") for i in range(n)]
+        statements.clear()
+        cpu0, t0 = time.process_time(), time.monotonic()
+        for task in tasks:
+            await core.submit(task)
+        while True:
+            sessions, _ = await store.counts()
+            if sum(v for k, v in sessions.items() if SessionStatus(k).terminal) >= n:
+                break
+            await asyncio.sleep(0.05)
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+    finally:
+        await core.stop()
+        store.close()
+        stop(gateway)
+    writes = sum(v for k, v in statements.items() if k in WRITES)
+    return {"sessions": n, "statements_per_session": {k: v / n for k, v in sorted(statements.items())},
+            "writes_per_session": writes / n, "commits_per_session": statements["(commits)"] / n,
+            "server_cpu_ms_per_session": cpu / n * 1e3, "sessions_per_second": n / wall}
+
+
 async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     plans = [draw_plan(rng) for _ in range(args.sessions)]
@@ -352,7 +409,8 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 idle0, t_idle = sampler.usage(), time.monotonic()
                 await asyncio.sleep(args.idle_seconds)
                 idle1, idle_s = sampler.usage(), time.monotonic() - t_idle
-                tasks = [make_task(i, p, args.time_scale, args.calls, rng, callback) for i, p in enumerate(plans)]
+                tasks = [make_task(i, p, args.time_scale, args.calls, rng, callback,
+                                   tool_output_bytes=int(args.tool_output_kb * 1024)) for i, p in enumerate(plans)]
                 console.print(f"[bold]run[/]: {len(tasks)} sessions, {args.gateways} gateways x {args.run_slots} run "
                               f"slots, time scale {args.time_scale}")
                 before = sampler.usage()
@@ -368,19 +426,27 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 await asyncio.gather(sampling, return_exceptions=True)
     finally:
         fleet.close()
+    store = None
+    if args.store_sessions:
+        console.print(f"[bold]store[/]: the server's own cost, {args.store_sessions} zero-time sessions in process")
+        store = await store_phase(args.store_sessions, work)
     rows, capacity = session_rows(fleet.db)
     rows = [r for r in rows if r["task_id"].startswith("scale-")]
     slots = {g: args.run_slots for g in capacity}  # what a gateway registers is its dispatch capacity, not its slots
     summary, series = analyse(rows, slots, args.time_scale, args.slot_step)
     summary["registered_capacity"] = capacity
     heartbeats = args.gateways * idle_s / args.heartbeat  # each gateway beats, and the server probes it, per interval
+    per_beat = (delta(idle1["server"], idle0["server"]) or 0.0) / heartbeats
+    server_run = delta(after["server"], before["server"]) or 0.0
     gw_cpu = {g: delta(after["gateways"][g], before["gateways"][g]) for g in before["gateways"]}
     seen = [v for v in gw_cpu.values() if v is not None]
     summary.update({
         "launcher": "slurm" if args.slurm_conf else "local", "wall_s": wall, "cpus": os.cpu_count(),
         "cpu": {
-            "server_ms_per_session": (delta(after["server"], before["server"]) or 0.0) / len(rows) * 1e3,
-            "server_idle_ms_per_heartbeat": (delta(idle1["server"], idle0["server"]) or 0.0) / heartbeats * 1e3,
+            "server_ms_per_session": server_run / len(rows) * 1e3,
+            "server_ms_per_session_net_of_heartbeats": max(0.0, server_run - per_beat * args.gateways * wall
+                                                           / args.heartbeat) / len(rows) * 1e3,
+            "server_idle_ms_per_heartbeat": per_beat * 1e3,
             "gateway_ms_per_session": sum(seen) / len(rows) * 1e3 if seen else None,
             "gateway_ms_per_session_by_process": {g: v / max(1, sum(1 for r in rows if r["gateway"] == g)) * 1e3
                                                   for g, v in gw_cpu.items() if v is not None and g in slots},
@@ -388,7 +454,7 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 delta(after["gateways"][g], before["gateways"][g], "children_cpu_s") or 0.0
                 for g in before["gateways"]) / len(rows) * 1e3) if seen else None,
         },
-        "memory": memory_per_session(run_samples), "calibration": calls,
+        "memory": memory_per_session(run_samples), "calibration": calls, "store": store,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     })
     return {"summary": summary, "series": series, "sessions": rows}
@@ -419,7 +485,8 @@ def table(summary: dict[str, Any]) -> Table:
     for name, d in lat.items():
         t.add_row(f"{name.replace('_', ' ')} p50/p90/p99 ms",
                   f"{fmt(d['p50_ms'])} / {fmt(d['p90_ms'])} / {fmt(d['p99_ms'])}", f"n={d['n']}")
-    t.add_row("server CPU ms / session", fmt(cpu["server_ms_per_session"], ".2f"), "")
+    t.add_row("server CPU ms / session", fmt(cpu["server_ms_per_session"], ".2f"),
+              f"net of heartbeats {fmt(cpu['server_ms_per_session_net_of_heartbeats'], '.2f')}")
     t.add_row("server CPU ms / heartbeat (idle)", fmt(cpu["server_idle_ms_per_heartbeat"], ".2f"), "")
     t.add_row("gateway CPU ms / session (process)", fmt(cpu["gateway_ms_per_session"], ".1f"),
               f"sandboxes {fmt(cpu['sandbox_children_ms_per_session'], '.1f')}")
@@ -427,6 +494,11 @@ def table(summary: dict[str, Any]) -> Table:
         c = s["calibration"]
         t.add_row("gateway CPU ms / model call", fmt(c["gateway_cpu_ms_per_call"], ".2f"),
                   f"1-call session {fmt(c['gateway_cpu_ms_per_session_one_call'], '.1f')}")
+    if s["store"]:
+        st = s["store"]
+        t.add_row("server alone: CPU ms / session, writes, commits", f"{st['server_cpu_ms_per_session']:.2f}, "
+                  f"{st['writes_per_session']:.1f}, {st['commits_per_session']:.1f}",
+                  f"{st['sessions_per_second']:.0f} sessions/s")
     m = s["memory"]
     t.add_row("RSS MB / live session: server, gateways", f"{fmt(m['server_mb_per_live_session'], '.3f')}, "
               f"{fmt(m['gateways_mb_per_live_session'], '.3f')}", "")
@@ -485,10 +557,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--postrun-workers", type=int, default=4)
     p.add_argument("--time-scale", type=float, default=0.01, help="real seconds -> benchmark seconds")
     p.add_argument("--calls", type=int, default=4, help="model calls per session (the RUN time is split across)")
+    p.add_argument("--tool-output-kb", type=float, default=0.0,
+                   help="text each tool command prints (36 with 4 calls: a ~30k-token trajectory, a real session's)")
     p.add_argument("--heartbeat", type=float, default=2.0, help="gateway heartbeat and server probe interval, s")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="heartbeats only, before the run (server cost)")
     p.add_argument("--calib-sessions", type=int, default=20, help="sessions per calibration batch (0: skip)")
     p.add_argument("--calib-calls", type=int, default=16, help="extra model calls per calibration session")
+    p.add_argument("--store-sessions", type=int, default=500, help="sessions of the store phase (0: skip)")
     p.add_argument("--slot-step", type=float, default=0.1, help="slot-use sampling step, s")
     p.add_argument("--seed", type=int, default=16)
     p.add_argument("--timeout", type=float, default=3600.0, help="give up on a phase after this many seconds")

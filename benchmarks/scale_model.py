@@ -15,8 +15,8 @@ from typing import Any
 
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, PrepareAction, RuntimeSpec, TaskRequest
 
-__all__ = ["AGENT", "SYSTEM", "Plan", "analyse", "dist", "draw_plan", "make_task", "percentile", "refill_latencies",
-           "session_rows", "slot_series", "split", "stamps", "use_stats"]
+__all__ = ["AGENT", "OUTPUT_LINE", "SYSTEM", "Plan", "analyse", "dist", "draw_plan", "make_task", "percentile",
+           "refill_latencies", "session_rows", "slot_series", "split", "stamps", "use_stats"]
 
 #: the scripted harness: a minimal agent loop (chat completions with one bash tool; stdlib only)
 AGENT = r'''
@@ -39,11 +39,15 @@ for _ in range(500):
     for call in calls:
         command = json.loads(call["function"]["arguments"])["command"]
         out = subprocess.run(command, shell=True, capture_output=True, text=True)
-        messages.append({"role": "tool", "tool_call_id": call["id"], "content": (out.stdout + out.stderr)[-4000:]})
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": (out.stdout + out.stderr)[-100000:]})
 print(reply.get("content"))
 '''
 SYSTEM = ("You are a coding agent working in a git repository. Use the bash tool to inspect files, run the tests "
           "and edit code; keep answers short. ") * 12  # ~1.3 KB, a small harness's system prompt
+
+
+#: what a tool command prints, repeated (about 4 characters per token)
+OUTPUT_LINE = "    assert parse_config(path).sections[0].timeout == 30, diff  # tests/test_parser.py::test_timeout"
 
 
 # -- the workload (pure) -------------------------------------------------------------------------------------------
@@ -76,11 +80,13 @@ def split(total: float, parts: int, rng: random.Random) -> list[float]:
 
 
 def make_task(i: int, plan: Plan, scale: float, calls: int, rng: random.Random, callback_url: str | None,
-              prefix: str = "scale", commands: list[str] | None = None) -> TaskRequest:
+              prefix: str = "scale", commands: list[str] | None = None, tool_output_bytes: int = 0) -> TaskRequest:
     """The session of ``plan`` as a TaskRequest: prepare sleeps INIT, the oracle plays ``calls - 1`` sleep commands
-    worth RUN (or ``commands``), then answers; the evaluator's test command sleeps EVALUATE."""
+    worth RUN (or ``commands``), each printing ``tool_output_bytes`` of code-like text (what makes the trajectory as
+    long as a real one's), then answers; the evaluator's test command sleeps EVALUATE."""
     if commands is None:
-        commands = [f"sleep {s:.3f}" for s in split(plan.run * scale, calls - 1, rng)] if calls > 1 else []
+        out = f" && yes '{OUTPUT_LINE}' | head -c {tool_output_bytes}" if tool_output_bytes else ""
+        commands = [f"sleep {s:.3f}{out}" for s in split(plan.run * scale, calls - 1, rng)] if calls > 1 else []
     return TaskRequest(
         task_id=f"{prefix}-{i:05d}", instruction="Fix the failing test in tests/test_parser.py; run the suite.",
         timeout_seconds=3600,

@@ -35,7 +35,7 @@ def test_bench_scale_runs_end_to_end_and_writes_what_the_docs_cite(tmp_path: Pat
         pytest.fail("the Qwen tokenizer asset is missing: run `bash scripts/setup.sh`")
     _bench().main(["--sessions", "20", "--gateways", "2", "--run-slots", "2", "--time-scale", "0.002",
                    "--calls", "3", "--idle-seconds", "1", "--calib-sessions", "2", "--calib-calls", "2",
-                   "--out", str(tmp_path)])
+                   "--store-sessions", "20", "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "bench_scale.json").read_text())
     assert summary["statuses"] == {"COMPLETED": 20} and summary["gateways"] == 2 and summary["total_slots"] == 4
     assert summary["model_calls"] == 20 * 3
@@ -52,6 +52,9 @@ def test_bench_scale_runs_end_to_end_and_writes_what_the_docs_cite(tmp_path: Pat
     assert cpu["server_idle_ms_per_heartbeat"] is not None
     assert summary["calibration"]["gateway_cpu_ms_per_call"] is not None
     assert {"server_mb_per_live_session", "gateways_mb_per_live_session"} <= summary["memory"].keys()
+    store = summary["store"]
+    assert store["sessions"] == 20 and store["writes_per_session"] >= 2 and store["commits_per_session"] >= 1
+    assert store["server_cpu_ms_per_session"] > 0
 
     sessions = [json.loads(line) for line in (tmp_path / "bench_scale_sessions.jsonl").read_text().splitlines()]
     assert len(sessions) == 20 and all(s["running_at"] and s["postrun_at"] and s["dispatched"] for s in sessions)
