@@ -39,12 +39,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import secrets
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -55,12 +55,12 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.scale_model import Plan, analyse, draw_plan, make_task, session_rows  # noqa: E402
+from benchmarks.scale_report import table, write_outputs  # noqa: E402
 from polar_gym.assets import tokenizer_dir  # noqa: E402
 from polar_gym.fleet.settings import InferenceSettings  # noqa: E402
 from polar_gym.launch.jobs import GatewayJobSettings, gateway_argv  # noqa: E402
@@ -394,6 +394,32 @@ async def store_phase(n: int, work: Path) -> dict[str, Any]:
             "server_cpu_ms_per_session": cpu / n * 1e3, "sessions_per_second": n / wall}
 
 
+def result_cost(db: Path) -> dict[str, float]:
+    """The stored results' size, and the CPU one process spends to parse and to write the largest (what the server
+    does per result on its event loop: the gateway's poll answer parsed, the result written to the store, a task view
+    or callback read back and written again)."""
+    from polar_gym.schema import SessionPollReply, SessionResult
+
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        sizes = [n for (n,) in con.execute("SELECT length(result) FROM sessions WHERE task_id LIKE 'scale-%' "
+                                           "AND result IS NOT NULL")]
+        (largest,) = con.execute("SELECT result FROM sessions WHERE task_id LIKE 'scale-%' "
+                                 "ORDER BY length(result) DESC LIMIT 1").fetchone()
+    poll = ('{"results":[' + largest + '],"statuses":{},"unknown":[]}').encode()
+    result = SessionResult.model_validate_json(largest)
+    times = {}
+    for name, fn in (("parse_ms", lambda: SessionPollReply.model_validate_json(poll)),
+                     ("write_ms", result.model_dump_json)):
+        t0 = time.process_time()
+        for _ in range(5):
+            fn()
+        times[name] = (time.process_time() - t0) / 5 * 1e3
+    tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in (result.trajectory.traces if result.trajectory
+                                                                   else []))
+    return {"result_kb_mean": sum(sizes) / len(sizes) / 1024, "largest_kb": len(largest) / 1024,
+            "largest_tokens": tokens, **times}
+
+
 async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     plans = [draw_plan(rng) for _ in range(args.sessions)]
@@ -430,6 +456,7 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if args.store_sessions:
         console.print(f"[bold]store[/]: the server's own cost, {args.store_sessions} zero-time sessions in process")
         store = await store_phase(args.store_sessions, work)
+    results = result_cost(fleet.db)
     rows, capacity = session_rows(fleet.db)
     rows = [r for r in rows if r["task_id"].startswith("scale-")]
     slots = {g: args.run_slots for g in capacity}  # what a gateway registers is its dispatch capacity, not its slots
@@ -455,96 +482,10 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 for g in before["gateways"]) / len(rows) * 1e3) if seen else None,
         },
         "memory": memory_per_session(run_samples), "calibration": calls, "store": store,
+        "results": results,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     })
     return {"summary": summary, "series": series, "sessions": rows}
-
-
-# -- report --------------------------------------------------------------------------------------------------------
-
-def fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def table(summary: dict[str, Any]) -> Table:
-    s = summary
-    use, lat, cpu = s["slot_use"], s["latency"], s["cpu"]
-    t = Table(title=f"scale: {s['sessions']} sessions, {s['gateways']} gateways, {s['total_slots']} run slots "
-                    f"({s['launcher']}), time scale {s['time_scale']}, {s['cpus']} CPUs")
-    t.add_column("measure")
-    t.add_column("value", justify="right")
-    t.add_column("baseline / ratio", justify="right")
-    t.add_row("makespan s", fmt(s["makespan_s"]), f"ideal {s['ideal_makespan_s']:.1f} s: {s['makespan_ratio']:.2f}x")
-    t.add_row("throughput sessions/min", fmt(s["sessions_per_minute"]), "-")
-    for name in ("makespan", "while_queued"):
-        u = use[name]
-        t.add_row(f"slot use, {name.replace('_', ' ')}: mean / p10",
-                  f"{fmt(u['mean'], '.1%')} / {fmt(u['p10'], '.1%')}", f"vs 100 %: {fmt(u['mean'], '.2f')}x")
-        for g, v in sorted(u["per_gateway"].items()):
-            t.add_row(f"  {g}", f"{fmt(v['mean'], '.1%')} / {fmt(v['p10'], '.1%')}", "")
-    for name, d in lat.items():
-        t.add_row(f"{name.replace('_', ' ')} p50/p90/p99 ms",
-                  f"{fmt(d['p50_ms'])} / {fmt(d['p90_ms'])} / {fmt(d['p99_ms'])}", f"n={d['n']}")
-    t.add_row("server CPU ms / session", fmt(cpu["server_ms_per_session"], ".2f"),
-              f"net of heartbeats {fmt(cpu['server_ms_per_session_net_of_heartbeats'], '.2f')}")
-    t.add_row("server CPU ms / heartbeat (idle)", fmt(cpu["server_idle_ms_per_heartbeat"], ".2f"), "")
-    t.add_row("gateway CPU ms / session (process)", fmt(cpu["gateway_ms_per_session"], ".1f"),
-              f"sandboxes {fmt(cpu['sandbox_children_ms_per_session'], '.1f')}")
-    if s["calibration"]:
-        c = s["calibration"]
-        t.add_row("gateway CPU ms / model call", fmt(c["gateway_cpu_ms_per_call"], ".2f"),
-                  f"1-call session {fmt(c['gateway_cpu_ms_per_session_one_call'], '.1f')}")
-    if s["store"]:
-        st = s["store"]
-        t.add_row("server alone: CPU ms / session, writes, commits", f"{st['server_cpu_ms_per_session']:.2f}, "
-                  f"{st['writes_per_session']:.1f}, {st['commits_per_session']:.1f}",
-                  f"{st['sessions_per_second']:.0f} sessions/s")
-    m = s["memory"]
-    t.add_row("RSS MB / live session: server, gateways", f"{fmt(m['server_mb_per_live_session'], '.3f')}, "
-              f"{fmt(m['gateways_mb_per_live_session'], '.3f')}", "")
-    t.add_row("statuses", str(s["statuses"]), f"{s['model_calls']} model calls")
-    return t
-
-
-def plot(series: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
-    """Slot use over time (overall and per gateway) with the backlog, as SVG text (None without matplotlib)."""
-    try:
-        from polar_gym.plots import PALETTE, figure, svg_of
-    except ImportError:
-        return None
-    xs = [p["t"] for p in series]
-    with figure("bench-scale-slots", width=8.0, height=3.6) as (fig, ax):
-        ax.plot(xs, [p["overall"] * 100 for p in series], color=PALETTE["blue"], lw=1.6, label="overall")
-        for g, colour in zip(sorted(summary["run_slots"]), ("orange", "green", "purple", "sky", "red"), strict=False):
-            ax.plot(xs, [p["per_gateway"][g] * 100 for p in series], color=PALETTE[colour], lw=0.6, alpha=0.7,
-                    label=g)
-        ax.set_xlabel("seconds since the first submit")
-        ax.set_ylabel("run slots busy, %")
-        ax.set_ylim(0, 105)
-        twin = ax.twinx()
-        twin.fill_between(xs, [p["backlog"] for p in series], color=PALETTE["grey"], alpha=0.15, lw=0)
-        twin.set_ylabel("sessions waiting to run")
-        ax.legend(loc="lower center", fontsize=7, ncols=5)
-        ax.set_title(f"run-slot use: {summary['sessions']} sessions on {summary['total_slots']} slots")
-        return svg_of(fig)
-
-
-def write_outputs(res: dict[str, Any], out: Path, rendered: Table) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_scale.json").write_text(json.dumps(res["summary"], indent=2) + "\n")
-    with (out / "bench_scale_sessions.jsonl").open("w") as f:
-        for row in res["sessions"]:
-            f.write(json.dumps(row) + "\n")
-    with (out / "bench_scale_slots.jsonl").open("w") as f:
-        for point in res["series"]:
-            f.write(json.dumps(point) + "\n")
-    with open(os.devnull, "w") as sink:
-        text = Console(width=140, record=True, file=sink)
-        text.print(rendered)
-    (out / "bench_scale.md").write_text("```\n" + text.export_text() + "```\n")
-    svg = plot(res["series"], res["summary"])
-    if svg is not None:
-        (out / "bench_scale_slots.svg").write_text(svg)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -55,6 +55,8 @@ def test_bench_scale_runs_end_to_end_and_writes_what_the_docs_cite(tmp_path: Pat
     store = summary["store"]
     assert store["sessions"] == 20 and store["writes_per_session"] >= 2 and store["commits_per_session"] >= 1
     assert store["server_cpu_ms_per_session"] > 0
+    assert summary["results"]["result_kb_mean"] > 0 and summary["results"]["parse_ms"] > 0
+    assert summary["cpu"]["server_ms_per_session_net_of_heartbeats"] is not None
 
     sessions = [json.loads(line) for line in (tmp_path / "bench_scale_sessions.jsonl").read_text().splitlines()]
     assert len(sessions) == 20 and all(s["running_at"] and s["postrun_at"] and s["dispatched"] for s in sessions)
