@@ -269,20 +269,21 @@ class Sampler:
             await asyncio.sleep(self.every)
 
 
-def memory_per_session(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """RSS growth per live session (MB): least squares of RSS on live sessions over the samples."""
-    def slope(xs: list[float], ys: list[float]) -> float | None:
-        if len(xs) < 3 or max(xs) == min(xs):
-            return None
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+def memory_use(rows: list[dict[str, Any]], sessions: int) -> dict[str, float | None]:
+    """RSS (MB) of the server and of the largest gateway: before the run, at its peak and at its end; the growth per
+    finished session. The samples go to bench_scale_samples.jsonl (RSS against live sessions over time)."""
+    def rss(row: dict[str, Any], who: str) -> float:
+        if who == "server":
+            return float(row["server"]["rss_mb"]) if row["server"] else 0.0
+        return max((u["rss_mb"] for u in row["gateways"].values() if u), default=0.0)
 
-    live = [float(r["live"]) for r in rows]
-    server = [r["server"]["rss_mb"] if r["server"] else 0.0 for r in rows]
-    gateways = [sum(u["rss_mb"] for u in r["gateways"].values() if u) for r in rows]
-    return {"server_mb_per_live_session": slope(live, server), "gateways_mb_per_live_session": slope(live, gateways),
-            "server_rss_mb_max": max(server, default=None), "gateway_rss_mb_max": max(
-                (u["rss_mb"] for r in rows for u in r["gateways"].values() if u), default=None)}
+    out: dict[str, float | None] = {}
+    for who in ("server", "gateway"):
+        values = [rss(r, who) for r in rows]
+        out |= {f"{who}_rss_mb_start": values[0] if values else None, f"{who}_rss_mb_max": max(values, default=None),
+                f"{who}_rss_mb_end": values[-1] if values else None,
+                f"{who}_mb_per_finished_session": (values[-1] - values[0]) / sessions if values else None}
+    return out
 
 
 async def submit_and_wait(client: RolloutClient, tasks: list[TaskRequest], receiver: CallbackReceiver,
@@ -481,11 +482,11 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 delta(after["gateways"][g], before["gateways"][g], "children_cpu_s") or 0.0
                 for g in before["gateways"]) / len(rows) * 1e3) if seen else None,
         },
-        "memory": memory_per_session(run_samples), "calibration": calls, "store": store,
+        "memory": memory_use(run_samples, len(rows)), "calibration": calls, "store": store,
         "results": results,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     })
-    return {"summary": summary, "series": series, "sessions": rows}
+    return {"summary": summary, "series": series, "sessions": rows, "samples": run_samples}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -55,8 +55,12 @@ def table(summary: dict[str, Any]) -> Table:
     t.add_row("result KB mean; largest: KB, tokens", f"{r['result_kb_mean']:.1f}; {r['largest_kb']:.0f}, "
               f"{r['largest_tokens']}", f"parse {r['parse_ms']:.1f} ms, write {r['write_ms']:.1f} ms")
     m = s["memory"]
-    t.add_row("RSS MB / live session: server, gateways", f"{fmt(m['server_mb_per_live_session'], '.3f')}, "
-              f"{fmt(m['gateways_mb_per_live_session'], '.3f')}", "")
+    t.add_row("RSS MB start / max / end: server", f"{fmt(m['server_rss_mb_start'], '.0f')} / "
+              f"{fmt(m['server_rss_mb_max'], '.0f')} / {fmt(m['server_rss_mb_end'], '.0f')}",
+              f"{fmt(m['server_mb_per_finished_session'], '.3f')} MB / session")
+    t.add_row("RSS MB start / max / end: largest gateway", f"{fmt(m['gateway_rss_mb_start'], '.0f')} / "
+              f"{fmt(m['gateway_rss_mb_max'], '.0f')} / {fmt(m['gateway_rss_mb_end'], '.0f')}",
+              f"{fmt(m['gateway_mb_per_finished_session'], '.3f')} MB / session")
     t.add_row("statuses", str(s["statuses"]), f"{s['model_calls']} model calls")
     return t
 
@@ -93,6 +97,9 @@ def write_outputs(res: dict[str, Any], out: Path, rendered: Table) -> None:
     with (out / "bench_scale_slots.jsonl").open("w") as f:
         for point in res["series"]:
             f.write(json.dumps(point) + "\n")
+    with (out / "bench_scale_samples.jsonl").open("w") as f:
+        for sample in res["samples"]:
+            f.write(json.dumps(sample) + "\n")
     with open(os.devnull, "w") as sink:
         text = Console(width=140, record=True, file=sink)
         text.print(rendered)
