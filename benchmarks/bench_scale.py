@@ -119,13 +119,15 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 
 def pid_of_job(job_id: str) -> int | None:
-    """The pid of a Slurm job's submitit process on this host (the gateway runs inside it), else None."""
+    """The pid of a Slurm job's ``python -m submitit.core._submit`` on this host (the gateway runs inside it, under
+    srun, whose own command line names submitit too), else None."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            cmd = (entry / "cmdline").read_bytes()
-            if b"submitit" in cmd and f"SLURM_JOB_ID={job_id}\0".encode() in (entry / "environ").read_bytes():
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if "python" in Path(argv[0].decode()).name and b"submitit.core._submit" in argv \
+                    and f"SLURM_JOB_ID={job_id}\0".encode() in (entry / "environ").read_bytes():
                 return int(entry.name)
     return None
 
