@@ -72,7 +72,7 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
                     rollout_server(out_dir / "server.sqlite", host, server_port or free_port(host), server_token,
                                    heartbeat) as server_url):
             write_server_info(out_dir, server_url, server_token)
-            link = ServerLink(server_url, gateway_url, config.run_slots, server_token=server_token,
+            link = ServerLink(server_url, gateway_url, config.dispatch_capacity(), server_token=server_token,
                               gateway_token=gateway_token, health=node.health, interval=heartbeat)
             link.start()
             await asyncio.wait_for(link.registered.wait(), 60.0)

@@ -151,7 +151,7 @@ async def serve_gateway(settings: ProxySettings, config: GatewayConfig, args: ar
                                            access_log=False, lifespan="off"))
     link = None
     if args.server_url and config.endpoint is not None:
-        link = ServerLink(args.server_url, f"http://{config.endpoint.host}:{args.port}", config.run_slots,
+        link = ServerLink(args.server_url, f"http://{config.endpoint.host}:{args.port}", config.dispatch_capacity(),
                           server_token=args.server_token or admin_token, gateway_token=admin_token,
                           health=node.health, interval=args.heartbeat)
     serving = asyncio.create_task(server.serve())

@@ -49,6 +49,13 @@ class GatewayPools(BaseModel):
                                      "runtime.options.expose may name paths (bound read-only in the local "
                                      "sandbox); empty: a request cannot expose anything")
 
+    def dispatch_capacity(self) -> int:
+        """How many sessions a rollout server may hand this node at once: room in every stage (INIT workers, the
+        READY buffer, the run slots, POSTRUN workers). Why not the run slots alone: the server counts a session
+        until its result, so a slot would sit empty while its last session is scored and the next one is only then
+        dispatched and prepared (benchmarks/bench_scale.py, docs/scaling.md)."""
+        return self.init_workers + self.ready_buffer + self.run_slots + self.postrun_workers
+
 
 class GatewayConfig(GatewayPools):
     """Everything a :class:`~polar_gym.gateway.node.GatewayNode` is built from."""
