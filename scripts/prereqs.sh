@@ -35,7 +35,6 @@ else
     row "mmdebstrap" ok "the harness image's base, built rootless"
   elif command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
     row "mmdebstrap" replaced "set-up fetches it with apt-get download (no root) for the harness image's base"
-    optional+=(mmdebstrap)
   else
     row "mmdebstrap" missing "the harness image (runtime=docker's default image) cannot be built rootless"
     apt+=(mmdebstrap)
