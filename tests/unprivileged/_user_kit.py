@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["USER", "UserClone", "as_user", "user_clone", "user_env"]
+__all__ = ["ROOT", "USER", "UserClone", "as_user", "user_clone", "user_env"]
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = "polar-ci"
