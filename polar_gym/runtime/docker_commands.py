@@ -44,7 +44,8 @@ KEEPALIVE = ("trap 'exit 0' TERM INT HUP; [ -d \"$2\" ] || mkdir -p \"$2\" || ex
 EXEC_WRAPPER = ('f=$1; shift; { echo $$ > "$f.pid"; } 2>/dev/null; "$@"; rc=$?; '
                 '{ echo $rc > "$f.rc"; } 2>/dev/null; exit $rc')
 #: ``tree PID``: kill PID, its process group and session, and its descendants; ``all``: kill every process outside
-#: PID 1's session (PID 1, its sleep and the relay stay). Shell builtins only, so it runs in any image with sh.
+#: PID 1's session (PID 1, its sleep and the relay stay). The tree is stopped before it is killed, so no shell in it
+#: runs again to report its child's death ("Killed" on the exec's stderr). Shell builtins only: any image with sh.
 KILL_SCRIPT = """mode=$1 root=$2 self=$$ keep=
 if [ "$mode" = all ]; then read -r l </proc/1/stat; set -- ${l##*) }; keep=$4; fi
 n=0
@@ -67,7 +68,7 @@ while [ $n -lt 3 ]; do
     done
   done
   [ "$v" = " " ] && exit 0
-  kill -9 $v 2>/dev/null
+  kill -STOP $v 2>/dev/null; kill -9 $v 2>/dev/null
 done
 exit 0"""
 
