@@ -173,9 +173,6 @@ FROM {base}
 {labels}
 COPY node /usr/local/bin/node
 COPY node_modules {prefix}/node_modules
-# the session mount point, present in the image: rootless podman 4.3 fails an exec whose HOME is under a bind mount
-# the image lacks ("cannot resolve /polar/home"); an empty folder copied, since a RUN step needs the host's ulimits
-COPY polar /polar
 ENV PATH={path}
 WORKDIR /workspace
 """
@@ -243,7 +240,6 @@ def stage_context(recipe: OfflineRecipe, context: Path, *, npm_dir: Path | None 
                            "(python -m polar_gym.assets node)")
     shutil.rmtree(context, ignore_errors=True)
     (context / "node_modules" / ".bin").mkdir(parents=True)
-    (context / "polar").mkdir()
     _link_or_copy(os.path.realpath(node), str(context / "node"))
     packages = json.loads(lock.read_text()).get("packages", {})
     for rel in npm_closure(packages, [PINS[h].package for h in recipe.harnesses]):
