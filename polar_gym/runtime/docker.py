@@ -28,6 +28,7 @@ import posixpath
 import secrets
 import shlex
 import shutil
+import stat
 import tarfile
 import tempfile
 import time
@@ -184,7 +185,28 @@ def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
     """tarfile's ``tar`` filter (no escaping the destination), and no device nodes or fifos."""
     if member.ischr() or member.isblk() or member.isfifo():
         return None
-    return tarfile.tar_filter(member, path)
+    if hasattr(tarfile, "tar_filter"):
+        return tarfile.tar_filter(member, path)
+    return _escape_check(member, path)  # pragma: no cover - Python < 3.11.4 only (Debian 12's 3.11.2)
+
+
+def _escape_check(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+    """What the ``tar`` filter checks, for Pythons without extraction filters: the member and its link target stay
+    inside the destination (absolute names lose their slash), and no set-id bits."""
+    dest = os.path.realpath(path)
+    name = member.name.lstrip("/")
+    target = os.path.realpath(os.path.join(dest, name))
+    links = []
+    if member.issym():
+        links.append(os.path.join(os.path.dirname(target), member.linkname))
+    elif member.islnk():
+        links.append(os.path.join(dest, member.linkname.lstrip("/")))
+    for candidate in (target, *links):
+        if os.path.commonpath([dest, os.path.realpath(candidate)]) != dest:
+            raise SandboxError(f"archive member {member.name!r} would land outside {dest}")
+    member.name = name
+    member.mode &= 0o7777 & ~(stat.S_ISUID | stat.S_ISGID)
+    return member
 
 
 def _unpack(archive: Path, dst: Path) -> None:
@@ -198,7 +220,11 @@ def _unpack(archive: Path, dst: Path) -> None:
             tops = {m.name.lstrip("/").split("/", 1)[0] for m in members}
             if len(tops) != 1:
                 raise SandboxError(f"unexpected archive from cp: top-level entries {sorted(tops)}")
-            tar.extractall(staging, members=members, filter=_safe_member)
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(staging, members=members, filter=_safe_member)
+            else:  # pragma: no cover - Python < 3.11.4 (Debian 12's 3.11.2) has no extraction filters
+                safe = [m for m in (_safe_member(m, str(staging)) for m in members) if m is not None]
+                tar.extractall(staging, members=safe)
         top = staging / tops.pop()
         existing_dir = dst.is_dir() and not dst.is_symlink()
         if existing_dir and top.is_dir() and not top.is_symlink():

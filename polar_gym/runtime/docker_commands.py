@@ -15,6 +15,7 @@ from polar_gym.runtime.base import RELAY_PATH, SESSION_MOUNT
 from polar_gym.runtime.relay import helper_argv
 
 __all__ = [
+    "CLI_OWN_VARS",
     "EXEC_WRAPPER",
     "INSTALL_HINT",
     "KEEPALIVE",
@@ -24,6 +25,7 @@ __all__ = [
     "DockerCommands",
     "cli_env",
     "container_name",
+    "env_args",
     "session_id_for",
 ]
 
@@ -42,7 +44,8 @@ KEEPALIVE = ("trap 'exit 0' TERM INT HUP; [ -d \"$2\" ] || mkdir -p \"$2\" || ex
 EXEC_WRAPPER = ('f=$1; shift; { echo $$ > "$f.pid"; } 2>/dev/null; "$@"; rc=$?; '
                 '{ echo $rc > "$f.rc"; } 2>/dev/null; exit $rc')
 #: ``tree PID``: kill PID, its process group and session, and its descendants; ``all``: kill every process outside
-#: PID 1's session (PID 1, its sleep and the relay stay). Shell builtins only, so it runs in any image with sh.
+#: PID 1's session (PID 1, its sleep and the relay stay). The tree is stopped before it is killed, so no shell in it
+#: runs again to report its child's death ("Killed" on the exec's stderr). Shell builtins only: any image with sh.
 KILL_SCRIPT = """mode=$1 root=$2 self=$$ keep=
 if [ "$mode" = all ]; then read -r l </proc/1/stat; set -- ${l##*) }; keep=$4; fi
 n=0
@@ -65,7 +68,7 @@ while [ $n -lt 3 ]; do
     done
   done
   [ "$v" = " " ] && exit 0
-  kill -9 $v 2>/dev/null
+  kill -STOP $v 2>/dev/null; kill -9 $v 2>/dev/null
 done
 exit 0"""
 
@@ -83,10 +86,28 @@ def container_name(session_id: str) -> str:
     return f"polar-{session_id}"
 
 
+#: variables the container CLI itself reads (rootless podman finds its store and runtime dir through them): a sandbox
+#: value for one of these goes on the command line as ``-e NAME=VALUE`` (never secrets: a home, a path), never into
+#: the CLI's own environment, where ``HOME=/polar/home`` made rootless podman fail ("cannot resolve /polar/home")
+CLI_OWN_VARS = frozenset({"HOME", "PATH", "TMPDIR", "USER", "LOGNAME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+                          "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF",
+                          "CONTAINER_HOST", "DOCKER_HOST", "DOCKER_CONFIG"})
+
+
+def env_args(env: dict[str, str] | None) -> list[str]:
+    """``-e NAME`` per variable (its value from the CLI's environment, :func:`cli_env`), ``-e NAME=VALUE`` for the
+    CLI's own variables (:data:`CLI_OWN_VARS`)."""
+    args: list[str] = []
+    for key, value in (env or {}).items():
+        args += ["-e", f"{key}={value}" if key in CLI_OWN_VARS else key]
+    return args
+
+
 def cli_env(env: dict[str, str] | None) -> dict[str, str] | None:
     """The container CLI's own environment for a command built with ``env``: ``-e NAME`` takes each value from
-    there, so no value (a session key) is on a command line that every user of the host can read in /proc."""
-    return {**os.environ, **env} if env else None
+    there, so no value (a session key) is on a command line that every user of the host can read in /proc. The
+    CLI's own variables keep the CLI's values (theirs go on the command line)."""
+    return {**os.environ, **{k: v for k, v in env.items() if k not in CLI_OWN_VARS}} if env else None
 
 
 @dataclass(frozen=True)
@@ -108,8 +129,7 @@ class DockerCommands:
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 "-v", f"{session_dir}:{SESSION_MOUNT}",
                 "--network", "host" if network == "host" else "none"]
-        for key in env or {}:  # names only: the values reach the CLI through its environment (cli_env)
-            argv += ["-e", key]
+        argv += env_args(env)  # names only (but the CLI's own): the values reach the CLI through cli_env
         if cpus is not None:
             argv += ["--cpus", f"{cpus:g}"]
         if memory_mb is not None:
@@ -126,8 +146,7 @@ class DockerCommands:
              cwd: str | None = None) -> list[str]:
         """``exec -i``: ``command`` under the wrapper that records its pid and exit code at ``marker``.{pid,rc}."""
         argv = [*self.cli, "exec", "-i"]
-        for key in env or {}:  # names only: the values reach the CLI through its environment (cli_env)
-            argv += ["-e", key]
+        argv += env_args(env)  # names only (but the CLI's own): the values reach the CLI through cli_env
         if cwd:
             argv += ["-w", cwd]
         return [*argv, name, self.shell, "-c", EXEC_WRAPPER, "polar-exec", marker, *command]

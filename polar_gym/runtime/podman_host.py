@@ -8,11 +8,18 @@ podman asks for nofile/nproc limits above what an unprivileged or nested host al
 registry) whose command does not exist: an rlimit error means "try the next candidate", any other error means the
 limits were applied. :func:`ulimit_candidates` and :func:`probe_verdict` are pure; :func:`host_defaults` runs the
 probes (blocking, a fraction of a second each) and caches the answer for the process.
+
+Which of ``memory_mb`` and ``max_processes`` the engine enforces (cgroups) is read from ``podman info`` too: rootless
+podman on cgroup v1 (or v2 without a delegated controller) ignores ``--memory`` and ``--pids-limit`` with only a
+warning, so :attr:`HostDefaults.limits` says so and the backend logs it once instead of pretending
+(:func:`enforced_limits` is pure).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
 import resource
 import shutil
@@ -21,7 +28,20 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["HostDefaults", "default_cli", "host_defaults", "probe_argv", "probe_verdict", "ulimit_candidates"]
+__all__ = [
+    "ALL_LIMITS",
+    "HostDefaults",
+    "default_cli",
+    "enforced_limits",
+    "host_defaults",
+    "probe_argv",
+    "probe_verdict",
+    "ulimit_candidates",
+]
+
+_log = logging.getLogger(__name__)
+#: the limits a container engine can enforce for a sandbox (cgroups: --pids-limit, --memory)
+ALL_LIMITS = frozenset({"max_processes", "memory_mb"})
 
 #: podman's own default for both limits when it runs as root
 PODMAN_DEFAULT_LIMIT = 1_048_576
@@ -36,6 +56,31 @@ class HostDefaults:
     cli: tuple[str, ...]
     run_args: tuple[str, ...] = ()
     note: str = ""
+    #: which of :data:`ALL_LIMITS` the engine enforces (docker's daemon and rootful podman: all)
+    limits: frozenset[str] = ALL_LIMITS
+
+
+def enforced_limits(rootless: bool, cgroups_version: str, controllers: Sequence[str] = ()) -> frozenset[str]:
+    """What ``--pids-limit`` / ``--memory`` really do: all of it as root; rootless, only on cgroup v2 with the
+    controller delegated to the user (cgroup v1 has no delegation: podman ignores both)."""
+    if not rootless:
+        return ALL_LIMITS
+    if cgroups_version != "v2":
+        return frozenset()
+    return frozenset(name for name, ctl in (("max_processes", "pids"), ("memory_mb", "memory")) if ctl in controllers)
+
+
+def _podman_limits(cli: Sequence[str]) -> frozenset[str]:
+    fmt = "{{.Host.Security.Rootless}} {{.Host.CgroupsVersion}} {{range .Host.CgroupControllers}}{{.}} {{end}}"
+    try:
+        done = subprocess.run([*cli, "info", "--format", fmt], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return ALL_LIMITS
+    words = done.stdout.split()
+    if done.returncode != 0 or len(words) < 2:
+        return ALL_LIMITS  # unknown: assume the engine's documented behaviour
+    return enforced_limits(words[0] == "true", words[1], words[2:])
 
 
 def default_cli(which: Callable[[str], str | None] = shutil.which) -> tuple[str, ...]:
@@ -89,6 +134,14 @@ def host_defaults(cli: tuple[str, ...] | None = None) -> HostDefaults:
     cli = cli or default_cli()
     if os.path.basename(cli[0]) != "podman" or shutil.which(cli[0]) is None:
         return HostDefaults(cli)
+    limits = _podman_limits(cli)
+    if limits != ALL_LIMITS:
+        _log.warning("rootless podman here does not enforce %s (no delegated cgroup controller): a sandbox's limits "
+                     "of that kind are not applied", ", ".join(sorted(ALL_LIMITS - limits)))
+    return dataclasses.replace(_probe_run_args(cli), limits=limits)
+
+
+def _probe_run_args(cli: tuple[str, ...]) -> HostDefaults:
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
     huge = PODMAN_DEFAULT_LIMIT * 4

@@ -148,6 +148,38 @@ def test_gateway_names_every_missing_setting(tmp_path: Path) -> None:
     assert not list(job.submit.iterdir()) and not job.state.exists()
 
 
+def _as_slurm_runs_it(job: Job) -> int:
+    """The job with stdout and stderr on /dev/null, as the scripts' ``#SBATCH --output=/dev/null`` makes Slurm start
+    it (no ``sbatch -o``)."""
+    return subprocess.run(["bash", str(job.script)], cwd=job.submit, env=job.env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=120).returncode
+
+
+@pytest.mark.parametrize("service", SCRIPTS)
+def test_the_job_log_is_in_the_state_directory_not_the_submit_directory(service: str, tmp_path: Path) -> None:
+    """Slurm expands no variable in #SBATCH lines, so the header sends Slurm's log to /dev/null and the job moves
+    its output (the preflight's lines too) to $POLAR_STATE_DIR/job.log, mode 700 folder, before any check."""
+    assert "#SBATCH --output=/dev/null" in (ROOT / "slurm" / f"{service}.sbatch").read_text()
+    job = Job(tmp_path, service, 24, PORT="0")  # a bad port: the preflight fails, and says so in the log
+    assert _as_slurm_runs_it(job) == 2
+    log = (job.state / "job.log").read_text()
+    assert f"polar_gym {service} job: " in log and "nothing was started" in log, log
+    assert stat.S_IMODE(job.state.stat().st_mode) == 0o700
+    assert not list(job.submit.iterdir())
+
+
+def test_a_state_directory_that_cannot_be_made_puts_the_log_in_the_submit_directory_saying_why(
+        tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    job = Job(tmp_path, "server", 25, POLAR_STATE_DIR=str(blocker / "state"))
+    assert _as_slurm_runs_it(job) == 2
+    log = (job.submit / "polar-server-25.out").read_text()
+    assert log.startswith(f"polar_gym server job: POLAR_STATE_DIR={blocker / 'state'} cannot be created: this log is "
+                          "in the submit directory instead\n"), log
+    assert "POLAR_STATE_DIR" in log.splitlines()[1]  # then the preflight's own line about it
+
+
 def test_gateway_joining_a_server_needs_the_servers_token(tmp_path: Path) -> None:
     job = Job(tmp_path, "gateway", 22, POLAR_SERVER_URL="http://127.0.0.1:9", POLAR_ENGINE="oracle",
               POLAR_ADMIN_TOKEN_FILE=str(tmp_path / "missing"), POLAR_CAPACITY="many")

@@ -115,11 +115,10 @@ def test_server_and_gateway_sbatch_register_and_cancel_cleanly(slurm_env: dict[s
         _wait_for(registered, 120, "the gateway job to register with the server job")
         # the gateway registers itself (--server-url) since 252b5d6; gateway.sbatch no longer prints "registered:".
         # It logs that once the server has answered, so the server may list it a moment before the line is written.
-        gateway_out = tmp_path / f"polar-gateway-{gateway_job}.out"
+        gateway_out = state / "gateway" / "job.log"  # the job log is in the state dir (slurm/*.sbatch's header)
         _wait_for(lambda: f"registered with {server_url}" in gateway_out.read_text(), 30,
                   "the gateway job to log its registration")
-        assert f"POLAR_SERVER_URL=http://127.0.0.1:{server_port}" in (tmp_path / f"polar-server-{server_job}.out")\
-            .read_text()
+        assert f"POLAR_SERVER_URL=http://127.0.0.1:{server_port}" in (state / "server" / "job.log").read_text()
     finally:
         subprocess.run(["scancel", *jobs], env=slurm_env, timeout=30)
     _wait_for(lambda: not _squeue(slurm_env, jobs), 60, "cancelled jobs to leave the queue")
@@ -129,9 +128,8 @@ def test_server_and_gateway_sbatch_register_and_cancel_cleanly(slurm_env: dict[s
             return s.connect_ex(("127.0.0.1", port)) != 0
 
     _wait_for(lambda: port_closed(server_port) and port_closed(gateway_port), 30, "services to stop after scancel")
-    # the submit directory gets the job logs only; the db and the session directories are in the state directories
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"polar-server-{server_job}.out",
-                                                                 f"polar-gateway-{gateway_job}.out"])
+    # nothing in the submit directory: the logs, the db and the session directories are in the state directories
+    assert list(tmp_path.iterdir()) == []
     assert (state / "server" / "server.sqlite").is_file() and (state / "gateway").is_dir()
     assert token not in gateway_out.read_text()
 

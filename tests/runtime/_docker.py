@@ -1,16 +1,15 @@
 """The docker backend in the runtime conformance suite, configured for podman on this machine.
 
-Podman 4.3 here runs as root only, with ``--runtime runc`` (crun fails on this host's cgroups) and explicit ulimits
-(REFERENCE.md, "Sandboxes on this machine"), which the backend now probes itself; ``--pull never`` because nothing
-can be pulled. The image is the busybox test image from :mod:`polar_gym.runtime.testimage`, imported on first use.
-When any of that is missing, the docker parameters skip with the reason, found once per test session by a real
-``run --rm``.
+Podman 4.3 here runs as root and rootless (tests/unprivileged runs this suite as a user), with ``--runtime runc``
+(crun fails on this host's cgroups) and explicit ulimits (REFERENCE.md, "Sandboxes on this machine"), which the
+backend now probes itself; ``--pull never`` because nothing can be pulled. The image is the busybox test image from
+:mod:`polar_gym.runtime.testimage`, imported on first use. When any of that is missing, the docker parameters skip
+with the reason, found once per test session by a real ``run --rm``.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -51,8 +50,6 @@ def unavailable_reason() -> str | None:
     missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
     if missing:
         return f"{' and '.join(missing)} not installed (apt-get install podman runc, or bash scripts/setup.sh)"
-    if os.geteuid() != 0:
-        return "podman runs only as root on this machine (REFERENCE.md)"
     try:
         ensure_test_image(PODMAN_CLI)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
@@ -92,5 +89,6 @@ def leftover_containers(marker: str | None = None) -> list[str]:
 def docker_backend() -> Backend:
     """The conformance suite's entry point (tests/runtime/conftest.py)."""
     require_podman()
+    # rootless podman on cgroup v1 cannot enforce --memory / --pids-limit: those tests skip, saying so
     return Backend("docker", make_docker, image=TEST_IMAGE, leftovers=leftover_containers,
-                   limits=frozenset({"max_processes", "memory_mb"}))
+                   limits=host_defaults(tuple(PODMAN_CLI)).limits)
