@@ -28,7 +28,8 @@ def _unavailable() -> str | None:
     if missing:
         return f"{', '.join(missing)} not installed (bash scripts/setup.sh installs them as root)"
     if os.geteuid() != 0:
-        return "the offline base needs debootstrap as root, and podman runs only as root on this machine"
+        return ("this module is the root build path (debootstrap); as a user the image builds with mmdebstrap under "
+                "rootless podman: tests/unprivileged/test_user_docker.py")
     if not (install_dir() / "package-lock.json").is_file():
         return "the pinned harness CLIs are not cached: run `python -m polar_gym.harness.install`"
     if not (tokenizer_dir() / ".complete").exists():
