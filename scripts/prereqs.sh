@@ -76,7 +76,11 @@ else
   row "chromium" missing "the browser tests of report.html and the trace viewer (they skip)"; apt+=(chromium)
 fi
 
-printf '\033[1m[setup]\033[0m running as %s (not root): no apt-get; the system parts polar_gym uses:\n' "$me"
+if [ "$(id -u)" -eq 0 ]; then
+  printf '\033[1m[setup]\033[0m running as root: setup.sh installs what is missing with apt-get; the system parts polar_gym uses:\n'
+else
+  printf '\033[1m[setup]\033[0m running as %s (not root): no apt-get; the system parts polar_gym uses:\n' "$me"
+fi
 printf '  %-26s %-8s %s\n' "part" "status" "what it gives / what is disabled without it"
 for r in "${rows[@]}"; do printf '  %s\n' "$r"; done
 if [ ${#apt[@]} -gt 0 ] || [ ${#other[@]} -gt 0 ]; then

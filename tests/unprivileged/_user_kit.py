@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ROOT", "USER", "UserClone", "as_user", "user_clone", "user_env"]
+__all__ = ["ROOT", "USER", "UserClone", "as_user", "readme_run", "readme_user_block", "user_clone", "user_env"]
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = "polar-ci"
@@ -115,3 +116,23 @@ def _stop_podman_pause_process(user: pwd.struct_passwd) -> None:
         pass
 
 
+
+
+def readme_user_block() -> list[str]:
+    """The command lines of the README's "Without root" walkthrough, as written there."""
+    section = (ROOT / "README.md").read_text().split("### Without root", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "the README's Without root section has no bash code block"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def readme_run(user_clone: UserClone, line: str, *, timeout: float = 1200) -> Path:
+    """Run one README line verbatim as the user in its clone; the run folder it made (outputs/DATE/TIME, the
+    newest with results.jsonl). Fails with the output's end when the line does not exit 0."""
+    outputs = user_clone.clone / "outputs"
+    before = {p.parent for p in outputs.glob("*/*/results.jsonl")}
+    proc = as_user(line, cwd=user_clone.clone, timeout=timeout)
+    assert proc.returncode == 0, (line, proc.stdout[-3000:], proc.stderr[-4000:])
+    made = sorted({p.parent for p in outputs.glob("*/*/results.jsonl")} - before, key=lambda p: p.stat().st_mtime)
+    assert made, f"{line!r} wrote no run folder under {outputs}"
+    return made[-1]

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import pwd
-import shutil
 
 import pytest
 
-from tests.unprivileged._user_kit import USER, UserClone, as_user
+from tests.unprivileged._user_kit import USER, UserClone, as_user, readme_run, readme_user_block
 
 pytestmark = pytest.mark.slow
 
@@ -26,11 +25,12 @@ def test_setup_and_the_main_job_as_an_unprivileged_user(user_clone: UserClone) -
         assert list(cache.glob(pattern)), f"{pattern} is not under {cache}"
     assert (user_clone.clone / ".venv" / ".polar_base").read_text().startswith(str(cache))
 
-    run_dir = user_clone.home / "runs" / "main"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run = as_user(f".venv/bin/python -m polar_gym.launch launcher.progress=false out_dir={run_dir}",
-                  cwd=user_clone.clone, timeout=1200)
-    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-4000:])
+    # the README's walkthrough, line by line as written: the prerequisites table, then set-up and the main job
+    prereqs, setup_and_run, _ = readme_user_block()
+    table = as_user(prereqs, cwd=user_clone.clone, timeout=120)
+    assert table.returncode == 0 and "bubblewrap" in table.stdout + table.stderr, (table.stdout, table.stderr)
+    assert "scripts/setup.sh" in setup_and_run and "polar_gym.launch" in setup_and_run
+    run_dir = readme_run(user_clone, setup_and_run)
     results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert results, "the main job ran no session"
     for r in results:
