@@ -10,10 +10,12 @@ nothing. The last line printed by a real build is the image (SIF path or OCI tag
 python3, bash, coreutils; debootstrap as root, ``mmdebstrap --mode=unshare`` as a user, fetched into the cache with
 ``apt-get download`` when the system has none: no root step), the host's node and the cached pinned CLIs (all six by
 default, or each ``--harness``). ``--format oci`` (podman) makes the image ``runtime=docker`` runs by default;
-``--format sif --dry-run`` prints the same recipe as an Apptainer definition:
+``--format sif`` builds the same recipe as a SIF with Apptainer (a cluster without a container engine), and
+``--dry-run`` prints both renderings:
 
     python -m polar_gym.apptainer build --offline --format oci                 # localhost/polar-gym/harnesses:<pins>
     python -m polar_gym.apptainer build --offline --format oci --harness pi    # localhost/polar-gym/pi:<pins>
+    python -m polar_gym.apptainer build --offline --format sif --harness pi    # OUT/pi-<key>.sif
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from polar_gym.apptainer.offline import (
     BASE_PACKAGES,
     OfflineRecipe,
     build_oci,
+    build_sif,
     debootstrap_argv,
     host_apt_source,
     render_offline_definition,
@@ -86,10 +89,9 @@ def _offline(args: argparse.Namespace) -> int:
             print(render_offline_definition(recipe, context), end="")
             print(recipe.tag)
             return 0
-        if args.format != "oci":
-            print("error: --offline builds OCI images (podman); for a SIF use --dry-run and apptainer build",
-                  file=sys.stderr)
-            return 2
+        if args.format == "sif":
+            print(build_sif(recipe, out, args.binary))
+            return 0
         engine = tuple(args.engine.split())
         host = host_defaults(default_cli() if engine == ("podman",) else engine)
         image = build_oci(recipe, out, host.cli, run_args=host.run_args, cache=cache)

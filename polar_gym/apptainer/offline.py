@@ -38,6 +38,7 @@ __all__ = [
     "OfflineRecipe",
     "apt_source",
     "build_oci",
+    "build_sif",
     "debootstrap_argv",
     "default_image",
     "ensure_base",
@@ -45,6 +46,7 @@ __all__ = [
     "npm_closure",
     "render_offline_definition",
     "render_offline_dockerfile",
+    "sif_path",
     "stage_context",
 ]
 
@@ -334,3 +336,40 @@ def build_oci(recipe: OfflineRecipe, out_dir: Path, cli: Sequence[str] = ("podma
         raise RuntimeError("node does not run in the built image: the host's node must be a self-contained binary "
                            "(nodesource or nodejs.org builds are; Debian's links libnode)")
     return recipe.tag
+
+
+def sif_path(recipe: OfflineRecipe, out_dir: Path) -> Path:
+    """Where the SIF of ``recipe`` goes: named by its harnesses and a key over the recipe and the definition."""
+    key = hashlib.sha256((recipe.key + _DEFINITION).encode()).hexdigest()[:16]
+    return out_dir / f"{recipe.name}-{key}.sif"
+
+
+def build_sif(recipe: OfflineRecipe, out_dir: Path, binary: str = "apptainer", *, runner: Runner = _run,
+              npm_dir: Path | None = None, node: str | None = None, fakeroot: bool | None = None) -> Path:
+    """The same image as a SIF for clusters with Apptainer and no container engine: the context staged from the
+    cached CLIs, the definition rendered from the same recipe, ``apptainer build`` (``--fakeroot`` unless root;
+    Bootstrap: debootstrap needs debootstrap on the build host), then a check that node runs in it. Reused when
+    the SIF of the same key exists; built as ``.partial`` and renamed, so a failed build is never reused."""
+    sif = sif_path(recipe, out_dir)
+    if sif.is_file():
+        return sif
+    if runner is _run and shutil.which(binary) is None:
+        raise RuntimeError(f"{binary} is not installed: build the OCI image with --format oci (podman), or print "
+                           "the Apptainer definition with --dry-run and build it where Apptainer is")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    context = stage_context(recipe, out_dir / f"{recipe.name}.sif-build", npm_dir=npm_dir, node=node)
+    definition = context / "apptainer.def"
+    definition.write_text(render_offline_definition(recipe, context))
+    partial = sif.with_name(sif.name + ".partial")
+    fakeroot = os.geteuid() != 0 if fakeroot is None else fakeroot
+    argv = [binary, "build", *(["--fakeroot"] if fakeroot else []), "--force", str(partial), str(definition)]
+    try:
+        if runner(argv) != 0:
+            raise RuntimeError(f"SIF build failed: {' '.join(argv)}")
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    if runner([binary, "exec", "--containall", str(partial), "node", "--version"]) != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError("node does not run in the built SIF: the host's node must be a self-contained binary")
+    partial.replace(sif)
+    return sif

@@ -18,6 +18,7 @@ from polar_gym.apptainer.offline import (
     OfflineRecipe,
     apt_source,
     build_oci,
+    build_sif,
     debootstrap_argv,
     default_image,
     npm_closure,
@@ -128,7 +129,44 @@ def test_dry_run_prints_both_renderings_and_the_tag(tmp_path: Path, capsys: pyte
     out = capsys.readouterr().out
     assert "FROM localhost/polar-gym/base:" in out and "Bootstrap: debootstrap" in out
     assert out.splitlines()[-1] == OfflineRecipe(harnesses=("pi",)).tag
-    assert main(["build", "--offline", "--format", "sif", "--out", str(tmp_path)]) == 2
+    if shutil.which("apptainer") is None:  # a SIF needs Apptainer: the error says what to do instead
+        assert main(["build", "--offline", "--format", "sif", "--out", str(tmp_path)]) == 1
+        assert "--format oci" in capsys.readouterr().err
+
+
+def test_a_sif_is_built_from_the_same_recipe_checked_and_reused(tmp_path: Path) -> None:
+    """The SIF path's command sequence with a recording runner standing in for Apptainer."""
+    npm = _fake_install(tmp_path / "npm")
+    node = tmp_path / "node"
+    node.write_text("binary")
+    calls: list[list[str]] = []
+    definitions: list[str] = []
+    node_runs = [0]
+
+    def runner(argv: Sequence[str]) -> int:
+        calls.append(list(argv))
+        if argv[1] == "build":
+            definitions.append(Path(argv[-1]).read_text())  # the staged context is still there while it builds
+            Path(argv[-2]).write_bytes(b"SIF")
+            return 0
+        return node_runs[0]
+
+    recipe = OfflineRecipe(harnesses=("pi",))
+    sif = build_sif(recipe, tmp_path / "out", "fake-apptainer", runner=runner, npm_dir=npm, node=str(node),
+                    fakeroot=True)
+    assert sif.read_bytes() == b"SIF" and sif.parent == tmp_path / "out" and sif.name.startswith("pi-")
+    assert calls[0][:4] == ["fake-apptainer", "build", "--fakeroot", "--force"]
+    assert calls[0][-2].endswith(".sif.partial")
+    assert definitions[0] == render_offline_definition(recipe, Path(calls[0][-1]).parent)
+    assert calls[1] == ["fake-apptainer", "exec", "--containall", calls[0][-2], "node", "--version"]
+    assert not list((tmp_path / "out").glob("*.sif-build")) and not list((tmp_path / "out").glob("*.partial"))
+    assert build_sif(recipe, tmp_path / "out", "fake-apptainer", runner=runner, npm_dir=npm) == sif
+    assert len(calls) == 2  # reused: same key, nothing rebuilt
+    sif.unlink()
+    node_runs[0] = 1  # node does not run in the image: no SIF is left to be reused
+    with pytest.raises(RuntimeError, match="node does not run"):
+        build_sif(recipe, tmp_path / "out", "fake-apptainer", runner=runner, npm_dir=npm, node=str(node))
+    assert not list((tmp_path / "out").glob("*.sif*"))
 
 
 def test_without_offline_one_harness_and_an_out_dir_are_required(tmp_path: Path) -> None:

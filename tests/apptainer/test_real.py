@@ -78,3 +78,21 @@ async def test_crash_is_reported(tmp_path: Path) -> None:
                                 capture_output=True, check=False)
         result = await asyncio.wait_for(rt.exec("echo hi"), 60)
         assert result.status is ExecStatus.CRASHED
+
+
+def test_the_offline_harness_sif_builds_and_runs_its_cli(tmp_path: Path) -> None:
+    """``build --offline --format sif``: the recipe runtime=docker's image comes from, as a SIF (Bootstrap:
+    debootstrap from the host's apt mirror, so the build node needs debootstrap and, unless root, --fakeroot)."""
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "polar_gym.apptainer", "build", "--offline", "--format", "sif",
+                           "--harness", "pi", "--binary", str(BINARY), "--out", str(tmp_path)], cwd=root,
+                          capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sif = Path(done.stdout.strip().splitlines()[-1])
+    assert sif.suffix == ".sif" and sif.is_file()
+    for command in (["pi", "--version"], ["git", "--version"], ["python3", "--version"]):
+        ran = subprocess.run([str(BINARY), "exec", "--containall", str(sif), *command], capture_output=True,
+                             text=True, timeout=300)
+        assert ran.returncode == 0, (command, ran.stderr[-2000:])
