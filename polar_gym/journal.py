@@ -36,6 +36,7 @@ __all__ = [
     "RECORDS_FILE",
     "TOKENS_FILE",
     "SessionStore",
+    "call_log_entry",
     "common_prefix",
     "count_attempts",
     "decode",
@@ -56,6 +57,10 @@ CURRENT_ATTEMPT = "current-attempt"
 ATTEMPTS_DIR = "attempts"
 
 _RECENT = 16  # earlier records searched for a shared prefix
+#: a record's fields a call log leaves out: the bodies and the token arrays (counted instead)
+_HEAVY_FIELDS = frozenset({"request", "normalized_request", "response", "prompt_ids", "response_ids",
+                           "response_logprobs"})
+_CALL_ERROR_CHARS = 2000
 _CONVERSATION_FIELDS = ("messages", "input", "contents")
 _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_logprobs")
 
@@ -238,3 +243,14 @@ def is_superseded_attempt(directory: Path) -> bool:
         return pointer.read_text().strip() != directory.name
     except OSError:
         return False
+
+
+def call_log_entry(record: CompletionRecord) -> dict[str, Any]:
+    """One model call without its bodies and token arrays (a count of each): timings, engine, server, policy
+    version, prompt mode, status. A gateway ships a session's call log with its result, so the trace viewer shows
+    per-call timings when the journal itself stays on a node's local scratch (or on a live server)."""
+    entry = record.model_dump(mode="json", exclude=set(_HEAVY_FIELDS))
+    entry["prompt_tokens"], entry["response_tokens"] = len(record.prompt_ids), len(record.response_ids)
+    if isinstance(entry.get("error"), str) and len(entry["error"]) > _CALL_ERROR_CHARS:
+        entry["error"] = entry["error"][:_CALL_ERROR_CHARS] + "..."
+    return entry

@@ -36,6 +36,7 @@ from polar_gym.gateway.errors import PrepareFailed, StageError
 from polar_gym.gateway.session import Session
 from polar_gym.gateway.stages import Stages
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.journal import call_log_entry
 from polar_gym.merge import apply_rewards, build_trajectory
 from polar_gym.proxy.service import CallFailures, ProxyService, SessionInfo, new_session_key
 from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
@@ -277,6 +278,7 @@ class SandboxStages(Stages):
                                     metadata={"task_id": s.spec.task_id, "sample_index": s.spec.sample_index,
                                               "attempt_id": s.attempt_id})
         s.artifacts["completions"] = len(records)
+        s.artifacts["call_log"] = [call_log_entry(r) for r in records]  # the journal may stay on this node
         earlier = {a: n for a, n in (await journal.attempts(s.session_id)).items() if a != s.attempt_id}
         if earlier:  # calls of dead attempts: reported, never trained
             s.artifacts["earlier_attempts"] = earlier

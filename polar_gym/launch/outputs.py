@@ -1,4 +1,5 @@
 """The run's files: trajectories.jsonl (one line per trace), results.jsonl (SessionResults without trajectories),
+calls.jsonl (per session, the model calls' timings, engine and status the gateway shipped with its result),
 summary.md (a table per session plus totals and the token-fidelity line, :mod:`polar_gym.merge.fidelity`), the
 resolved config and, for a datagen run, the SFT dataset.
 
@@ -128,6 +129,7 @@ def result_row(o: SessionOutcome) -> dict[str, Any]:
     """One line of results.jsonl: the SessionResult without its trajectory, plus the launch's columns and the
     builder's diagnostics."""
     data: dict[str, Any] = o.result.model_dump(mode="json", exclude={"trajectory"})
+    (data.get("metadata") or {}).get("artifacts", {}).pop("call_log", None)  # in calls.jsonl: rows stay small
     data.update(harness=o.spec.agent.harness, traces=o.traces, completions=o.completions, seconds=round(o.seconds, 3),
                 error_cause=error_cause(o.result))
     if o.result.trajectory is not None:
@@ -219,6 +221,11 @@ def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float, *,
         for o in outcomes:
             for line in _trace_lines(o):
                 f.write(line + "\n")
+    with (out_dir / "calls.jsonl").open("w") as f:
+        for o in outcomes:
+            calls = (o.result.metadata.get("artifacts") or {}).get("call_log")
+            if isinstance(calls, list):
+                f.write(json.dumps({"session_id": o.spec.session_id, "calls": calls}) + "\n")
     rows = [result_row(o) for o in outcomes]
     with (out_dir / "results.jsonl").open("w") as f:
         for row in rows:

@@ -5,7 +5,8 @@ Reads only, and cheap for the server's real clients: a finished session's row ne
 of the store once (SQLite extracts the few result fields; the result is not parsed here) and kept; later table
 loads read only the sessions finished since, and the unfinished ones' light columns. Opening a session parses its
 stored result in a worker thread; the last few opened are kept for their per-trace token requests. The live
-server has no capture journal (the gateways keep it), so per-call timings come from the traces' spans only.
+server has no capture journal (the gateways keep it): per-call timings come from the call log a gateway ships with
+each result.
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ def _data(row: SessionRow) -> SessionData:
     traces = [t.model_dump(mode="json") for t in result.trajectory.traces] if result.trajectory else []
     data.update(harness=row.spec.agent.harness, traces=len(traces),
                 trajectory_diagnostics=result.trajectory.diagnostics if result.trajectory else {})
-    data.setdefault("metadata", {}).setdefault("sample_index", row.spec.sample_index)
-    return SessionData(row=data, traces=traces, calls=[])
+    metadata = data.setdefault("metadata", {})
+    metadata.setdefault("sample_index", row.spec.sample_index)
+    calls = (metadata.get("artifacts") or {}).pop("call_log", None)  # shipped by the gateway with the result
+    return SessionData(row=data, traces=traces,
+                       calls=[c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else [])
 
 
 class StoreViewSource:

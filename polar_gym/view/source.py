@@ -2,7 +2,9 @@
 
 ``OutDirSource`` reads what ``launch`` wrote: results.jsonl (one row per session), trajectories.jsonl (one line per
 trace; indexed once by byte offset so opening a session reads only its own lines) and capture/ (the proxy's journal
-per session, read with polar_gym.journal, for per-call timings). Files are re-read when they change, so the viewer
+per session, read with polar_gym.journal, for per-call timings), or where the journals stayed on the nodes (Slurm,
+node-local scratch) calls.jsonl, the call logs the gateways shipped with the results. Files are re-read when they
+change, so the viewer
 can be started while a run is still writing. The rollout server's implementation over its live store is in
 polar_gym.server.viewer (the server sits above this layer).
 """
@@ -75,7 +77,7 @@ class OutDirSource:
         self.out_dir = Path(out_dir).resolve()
         self.title = str(self.out_dir)
         self._lock = threading.Lock()
-        self._results, self._index = _Cached(), _Cached()
+        self._results, self._index, self._calls_index = _Cached(), _Cached(), _Cached()
         self._rows_of: dict[str, dict[str, Any]] | None = None  # the results the cached rows were made from
         self._rows_cache: list[dict[str, Any]] = []
         self._tokens: TokenText | None = None
@@ -135,13 +137,14 @@ class OutDirSource:
 
     # -- trajectories.jsonl -------------------------------------------------------------------------------------
 
-    def _trace_index(self) -> tuple[Path, dict[str, list[tuple[int, int]]]]:
-        """session id -> (offset, length) of each of its trace lines, built in one pass over the file."""
-        path = self.out_dir / "trajectories.jsonl"
+    def _line_index(self, name: str, cache: _Cached) -> tuple[Path, dict[str, list[tuple[int, int]]]]:
+        """session id -> (offset, length) of each of its lines in ``name`` (a JSONL file whose lines start with the
+        session id), built in one pass over the file and kept until it changes."""
+        path = self.out_dir / name
         key = _stat_key(path)
         with self._lock:
-            if key is not None and key == self._index.key:
-                return path, self._index.value
+            if key is not None and key == cache.key:
+                return path, cache.value
         index: dict[str, list[tuple[int, int]]] = {}
         if key is not None:
             offset = 0
@@ -159,21 +162,39 @@ class OutDirSource:
                         index.setdefault(sid, []).append((offset, len(line)))
                     offset += len(line)
         with self._lock:
-            self._index.key, self._index.value = key, index
+            cache.key, cache.value = key, index
         return path, index
 
-    def _traces(self, session_id: str) -> list[dict[str, Any]]:
-        path, index = self._trace_index()
-        traces = []
+    def _lines(self, name: str, cache: _Cached, session_id: str) -> list[dict[str, Any]]:
+        path, index = self._line_index(name, cache)
+        spans = index.get(session_id)
+        if not spans:
+            return []
+        lines = []
         with path.open("rb") as fh:
-            for offset, length in index.get(session_id, ()):
+            for offset, length in spans:
                 fh.seek(offset)
                 try:
-                    traces.append(orjson.loads(fh.read(length)))
+                    data = orjson.loads(fh.read(length))
                 except orjson.JSONDecodeError:
                     continue
+                if isinstance(data, dict):
+                    lines.append(data)
+        return lines
+
+    def _traces(self, session_id: str) -> list[dict[str, Any]]:
+        traces = self._lines("trajectories.jsonl", self._index, session_id)
         traces.sort(key=lambda t: t.get("trace_index", 0) if isinstance(t.get("trace_index"), int) else 0)
         return traces
+
+    def _shipped_calls(self, session_id: str) -> list[dict[str, Any]]:
+        """The call log the gateway shipped with the result (calls.jsonl): what a run whose journals stayed on its
+        nodes' local scratch has instead of capture/."""
+        for line in self._lines("calls.jsonl", self._calls_index, session_id):
+            calls = line.get("calls")
+            if isinstance(calls, list):
+                return [c for c in calls if isinstance(c, dict)]
+        return []
 
     # -- capture/ -----------------------------------------------------------------------------------------------
 
@@ -208,7 +229,8 @@ class OutDirSource:
         row = results.get(session_id)
         if row is None or not valid_session_id(session_id):
             return None  # only ids the run itself names ever become paths
-        return SessionData(row=row, traces=self._traces(session_id), calls=self._calls(session_id))
+        return SessionData(row=row, traces=self._traces(session_id),
+                           calls=self._calls(session_id) or self._shipped_calls(session_id))
 
     async def session(self, session_id: str) -> SessionData | None:
         return await asyncio.to_thread(self._session, session_id)

@@ -150,6 +150,10 @@ def test_a_session_retried_after_kill_9_runs_clean_and_trains_only_its_own_calls
     assert trace["metadata"]["completion_ids"] == [new_call["completion_id"]]  # nothing of the dead attempt
     artifacts = result["metadata"]["artifacts"]
     assert artifacts["completions"] == 1
+    # the call log shipped with the result: this attempt's one call, timings without bodies or token arrays
+    (call,) = artifacts["call_log"]
+    assert call["completion_id"] == new_call["completion_id"] and call["total_seconds"] > 0
+    assert call["response_tokens"] > 0 and "request" not in call and "response_ids" not in call
     assert artifacts["earlier_attempts"] == {dead_attempt: 1}  # reported, not trained
     assert not (work / sid / dead_attempt).exists()  # the dead attempt's workspace is cleaned
     assert (gateway.tmp / "capture" / sid / "attempts" / dead_attempt / "records.jsonl").exists()

@@ -146,6 +146,10 @@ def test_python_m_polar_gym_launch_runs_two_demo_tasks_to_reward_one(tmp_path):
     assert [r["task_id"] for r in results] == ["demo-calc-add", "demo-slugify"]
     assert all(r["status"] == SessionStatus.COMPLETED.value and r["evaluation"]["reward"] == 1.0 for r in results)
     assert all("trajectory" not in r and r["traces"] >= 1 and r["completions"] >= 1 for r in results)
+    # the call logs the gateway shipped: in calls.jsonl, one line per session, not in the results rows
+    calls = {c["session_id"]: c["calls"] for c in map(json.loads, (out / "calls.jsonl").read_text().splitlines())}
+    assert {sid: len(cs) for sid, cs in calls.items()} == {r["session_id"]: r["completions"] for r in results}
+    assert all("call_log" not in r["metadata"]["artifacts"] for r in results)
     traces = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert {t["session_id"] for t in traces} == {r["session_id"] for r in results}
     assert all(t["reward"] == 1.0 and t["task_id"] and t["response_ids"] and len(t["loss_mask"]) ==

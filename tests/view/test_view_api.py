@@ -113,6 +113,27 @@ def test_calls_without_a_journal_come_from_the_spans(client: TestClient, run: Pa
     assert len(calls) == 3 and all(c["upstream_seconds"] is None and c["engine"] == "oracle" for c in calls)
 
 
+def test_calls_shipped_with_the_result_stand_in_for_a_journal_left_on_a_node(run: Path) -> None:
+    """Node-local scratch: the journal stays on the gateway's node, and the call log the gateway shipped with the
+    result (calls.jsonl, one entry per record: polar_gym.journal.call_log_entry) gives the same per-call rows."""
+    import shutil
+
+    from polar_gym.journal import call_log_entry
+    from tests.view._view_kit import make_session
+
+    client = TestClient(create_view_app(OutDirSource(run, decode=False)), base_url="http://127.0.0.1")
+    from_journal = client.get("/view/api/sessions/s-a0").json()["calls"]
+    records = make_session("s-a0", "calc", chains=2, turns=5, reward=1.0).records
+    shutil.rmtree(run / "capture")
+    (run / "calls.jsonl").write_text(json.dumps({"session_id": "s-a0", "calls": [call_log_entry(r) for r in records]})
+                                     + "\n" + json.dumps({"session_id": "other", "calls": []}) + "\n")
+    shipped = client.get("/view/api/sessions/s-a0").json()["calls"]
+    assert shipped == from_journal and shipped[1]["upstream_seconds"] == 0.02
+    entry = call_log_entry(records[0].model_copy(update={"error": "x" * 5000}))
+    assert not {"request", "response", "prompt_ids", "response_ids", "response_logprobs"} & set(entry)
+    assert entry["prompt_tokens"] == 60 and len(entry["error"]) < 2100
+
+
 def test_hostile_content_is_data(client: TestClient) -> None:
     payload = client.get("/view/api/sessions/s-evil").json()
     assert payload["traces"][0]["response_messages"][-1]["content"] == HOSTILE

@@ -34,7 +34,11 @@ async def _store_with_a_run(path: Path) -> Store:
     ok = SessionResult(session_id=specs[0].session_id, task_id="t-view", status=SessionStatus.COMPLETED,
                        trajectory=Trajectory(session_id=specs[0].session_id, traces=[_trace(5), _trace(7)],
                                              diagnostics={"completions": 2}),
-                       evaluation={"reward": 0.5}, timings={"total": 2.0})
+                       evaluation={"reward": 0.5}, timings={"total": 2.0},
+                       metadata={"artifacts": {"call_log": [  # what the gateway ships (journal.call_log_entry)
+                           {"completion_id": "c0", "index": 0, "engine": "oracle", "started_at": 100.0,
+                            "upstream_seconds": 0.25, "total_seconds": 0.5, "prompt_tokens": 10,
+                            "response_tokens": 5}]}})
     failed = SessionResult(session_id=specs[1].session_id, task_id="t-view", status=SessionStatus.ERROR,
                            reason="run: upstream_unreachable: refused",
                            metadata={"artifacts": {"error_cause": "upstream_unreachable"}})
@@ -56,6 +60,9 @@ async def test_store_source_rows_and_sessions(tmp_path: Path) -> None:
         assert len(await source.rows()) == 3  # read again: finished rows come from memory, nothing doubled
         data = await source.session(done["session_id"])
         assert data is not None and [len(t["response_ids"]) for t in data.traces] == [5, 7]
+        # per-call timings from the call log the gateway shipped (the journal stays on the gateway)
+        assert [(c["completion_id"], c["upstream_seconds"]) for c in data.calls] == [("c0", 0.25)]
+        assert "call_log" not in data.row["metadata"]["artifacts"]
         assert await source.session("nope") is None
     finally:
         store.close()
