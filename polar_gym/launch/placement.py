@@ -3,17 +3,26 @@ gateways), and ``spread``, which keeps the kinds on different nodes.
 
 The launcher submits the kinds in order and waits for each to be up before the next (server, then inference, then
 gateways), so ``spread`` needs no scheduler feature: a kind's jobs exclude the nodes the earlier kinds run on. Which
-node each job ran on is read from ``squeue`` once it runs and written to ``jobs.json``."""
+node each job ran on is read from ``squeue`` once it runs and written to ``jobs.json``.
+
+With the rollout server in the launcher's process (``server=local``), the jobs must reach this host: its FQDN is the
+default, unless it resolves to a loopback address (``127.0.1.1 host`` in a Debian /etc/hosts), which on a compute
+node means that node itself; then the address this host uses toward the Slurm controller is taken instead."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import re
+import socket
 import subprocess
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["JobKind", "PlacementSettings", "job_kind", "placement_parameters", "running_nodes"]
+__all__ = ["JobKind", "PlacementSettings", "controller_address", "job_kind", "launcher_host", "placement_parameters",
+           "route_address", "running_nodes"]
 
 JobKind = Literal["server", "inference", "gateway"]
 _PREFIXES: dict[str, JobKind] = {"polar-server": "server", "polar-inference": "inference", "polar-gateway": "gateway"}
@@ -71,3 +80,39 @@ def running_nodes(job_ids: list[str]) -> dict[str, str]:
         return {}
     pairs = (line.split(maxsplit=1) for line in out.stdout.splitlines())
     return {pair[0]: pair[1].strip() for pair in pairs if len(pair) == 2}
+
+
+def launcher_host(controller: tuple[str, int] | None = None) -> str:
+    """How jobs on other nodes reach this host: its FQDN, or if that name is loopback here, this host's address
+    toward ``controller`` (default: the Slurm controller's, from ``scontrol show config``)."""
+    fqdn = socket.getfqdn()
+    try:
+        loopback = ipaddress.ip_address(socket.gethostbyname(fqdn)).is_loopback
+    except (OSError, ValueError):
+        loopback = True
+    if not loopback:
+        return fqdn
+    controller = controller or controller_address()
+    address = route_address(*controller) if controller else None
+    return address or fqdn
+
+
+def controller_address() -> tuple[str, int] | None:
+    """The first SlurmctldHost's address (or name) and SlurmctldPort, from ``scontrol show config``."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    host = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", out, re.M)
+    port = re.search(r"^SlurmctldPort\s*=\s*(\d+)", out, re.M)
+    if not host:
+        return None
+    return host.group(2) or host.group(1), int(port.group(1)) if port else 6817
+
+
+def route_address(host: str, port: int) -> str | None:
+    """The local address the kernel would send from to reach ``host`` (a UDP connect sends no packet)."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
+        return str(probe.getsockname()[0])
+    return None

@@ -38,7 +38,14 @@ from polar_gym.launch.jobs import (
     run_server_job,
 )
 from polar_gym.launch.outputs import SessionOutcome, finish
-from polar_gym.launch.placement import JobKind, PlacementSettings, job_kind, placement_parameters, running_nodes
+from polar_gym.launch.placement import (
+    JobKind,
+    PlacementSettings,
+    job_kind,
+    launcher_host,
+    placement_parameters,
+    running_nodes,
+)
 from polar_gym.private_files import write_secret
 from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.server.client import RolloutClient
@@ -65,7 +72,8 @@ class SlurmLauncherSettings(BaseModel):
     server: Literal["local", "job"] = Field(default="local", description="local: the rollout server runs in this "
                                             "process; job: in its own Slurm job (writes OUT_DIR/server-job.json)")
     server_host: str | None = Field(default=None, description="how gateways and trainers reach the server "
-                                    "(default: this host's FQDN, or the server job's node name)")
+                                    "(default: this host's FQDN, or its address toward the Slurm controller if "
+                                    "the FQDN is loopback here; with server=job, the job's node name)")
     server_port: int = Field(default=0, ge=0, description="the rollout server's port (0: a free port)")
     advertise_host: str | None = Field(default=None, description="how the server reaches gateways / gateways "
                                        "reach inference jobs (default: each node's host name)")
@@ -183,7 +191,8 @@ class SlurmLauncher:
     @contextlib.asynccontextmanager
     async def _server(self, job: LaunchJob, token: str) -> AsyncIterator[str]:
         if self.server_mode == "local":
-            host = self.server_host or socket.getfqdn()
+            host = self.server_host or (await asyncio.to_thread(launcher_host) if self.cluster == "slurm"
+                                        else socket.getfqdn())
             port = self.server_port or node_port()
             async with rollout_server(job.out_dir / "server.sqlite", "0.0.0.0", port, token, self.heartbeat):
                 url = f"http://{host}:{port}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,15 @@ from hydra import compose, initialize_config_dir
 from polar_gym.assets import tokenizer_dir
 from polar_gym.launch import CONF_DIR, ConfigError, InferenceSettings, build_job, build_launcher
 from polar_gym.launch.jobs import GatewayJobSettings, InferenceJobSettings, gateway_argv, inference_command
-from polar_gym.launch.placement import PlacementSettings, job_kind, placement_parameters, running_nodes
+from polar_gym.launch.placement import (
+    PlacementSettings,
+    controller_address,
+    job_kind,
+    launcher_host,
+    placement_parameters,
+    route_address,
+    running_nodes,
+)
 from polar_gym.launch.submitit_launcher import SlurmLauncher
 
 
@@ -152,3 +161,26 @@ def test_placement_reaches_the_sbatch_options_and_spread_follows_the_nodes_jobs_
 def test_running_nodes_is_empty_without_squeue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert running_nodes(["1", "2"]) == {} and running_nodes([]) == {}
+
+
+def test_the_controllers_address_comes_from_scontrol(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\nprintf 'SlurmctldAddr = (null)\\nSlurmctldHost[0]        = polar-ctl(10.77.0.1)\\n"
+                        "SlurmctldPort           = 7017\\n'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert controller_address() == ("10.77.0.1", 7017)
+    scontrol.write_text("#!/bin/sh\nprintf 'SlurmctldHost[0] = head01\\n'\n")
+    assert controller_address() == ("head01", 6817)
+    scontrol.write_text("#!/bin/sh\nexit 1\n")
+    assert controller_address() is None
+
+
+def test_a_loopback_fqdn_gives_way_to_the_address_toward_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "getfqdn", lambda: "localhost")
+    assert launcher_host(("127.0.0.1", 6817)) == "127.0.0.1"  # a one-node cluster: loopback is right
+    toward = route_address("192.0.2.1", 6817)  # TEST-NET-1: the default route's source address, if there is one
+    assert launcher_host(("192.0.2.1", 6817)) == (toward or "localhost")
+    monkeypatch.setattr(socket, "getfqdn", lambda: "head01.example")
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "10.1.2.3")
+    assert launcher_host(("192.0.2.1", 6817)) == "head01.example"
