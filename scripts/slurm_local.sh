@@ -56,10 +56,11 @@ NAME="${SLURM_LOCAL_NAME:-polar}"
 SUBNET="${SLURM_LOCAL_SUBNET:-10.77.0}"
 SCRATCH="${SLURM_LOCAL_SCRATCH:-$DIR/scratch}"
 TIME_NS="${SLURM_LOCAL_TIME_NS:-1}"
-BRIDGE="${NAME}br0"
-NODES_FILE="$DIR/nodes.list"  # the started cluster's node count (absent: the one-node localhost cluster)
-HOSTS_BEGIN="# >>> slurm_local $NAME ($DIR) >>>"
-HOSTS_END="# <<< slurm_local $NAME <<<"
+NODES_FILE="$DIR/nodes.list"  # the started cluster's "NODES NAME SUBNET" (absent: the one-node localhost cluster)
+names_from() {  # NAME: the bridge and the /etc/hosts markers of a cluster named NAME
+  NAME="$1" BRIDGE="${1}br0" HOSTS_BEGIN="# >>> slurm_local $1 ($DIR) >>>" HOSTS_END="# <<< slurm_local $1 <<<"
+}
+names_from "$NAME"
 DBD_CONF="$DIR/slurmdbd.conf"  # must sit next to $CONF: slurmdbd finds it through SLURM_CONF
 DB_DATA="$DIR/mysql"
 DB_RUN="$DIR/run/mariadb"
@@ -335,13 +336,18 @@ start() {
   fi
   local before=0
   if [ -f "$NODES_FILE" ]; then before="$(cat "$NODES_FILE")"; fi
-  if [ "$before" != "$nodes" ] && alive "$DIR/run/slurmctld.pid"; then
-    log "this cluster runs with $before node(s) (0: localhost); run '$0 stop' first"
+  if [ "${before%% *}" != "$nodes" ] && alive "$DIR/run/slurmctld.pid"; then
+    log "this cluster runs with ${before%% *} node(s) (0: localhost); run '$0 stop' first"
     exit 1
   fi
   install
   write_conf "$nodes"
-  if [ "$nodes" -gt 0 ]; then echo "$nodes" > "$NODES_FILE"; start_network "$nodes"; else rm -f "$NODES_FILE"; fi
+  if [ "$nodes" -gt 0 ]; then
+    echo "$nodes $NAME $SUBNET" > "$NODES_FILE"
+    start_network "$nodes"
+  else
+    rm -f "$NODES_FILE"
+  fi
   start_munge
   start_mariadb
   start_slurmdbd
@@ -434,8 +440,9 @@ stop_network() {  # NODES
 }
 
 stop() {
-  local nodes=0 node
-  if [ -f "$NODES_FILE" ]; then nodes="$(cat "$NODES_FILE")"; fi
+  local nodes=0 node name
+  # the names and subnet the cluster was started with, whatever the environment says now
+  if [ -f "$NODES_FILE" ]; then read -r nodes name SUBNET < "$NODES_FILE"; names_from "$name"; fi
   if [ -f "$CONF" ] && alive "$DIR/run/slurmctld.pid"; then
     SLURM_CONF="$CONF" scancel --full --user=root 2>/dev/null || true
   fi
