@@ -13,6 +13,11 @@
 #                                         every process left in a node (jobs too), the namespaces, veths, bridge
 #                                         and the /etc/hosts block
 #   bash scripts/slurm_local.sh status    sinfo / squeue / sacct
+#   bash scripts/slurm_local.sh kill-node NODE
+#                                         a node crash: SIGKILL to its slurmd and every process on it (jobs too);
+#                                         its namespaces stay, and `start --nodes N` brings its slurmd back
+#   bash scripts/slurm_local.sh link NODE down|up
+#                                         unplug / plug the node's cable (its veth on the bridge)
 #
 # Start order matters: MariaDB -> slurmdbd -> `sacctmgr add cluster` -> slurmctld, so slurmctld finds its cluster
 # in the accounting database from its first connection and `sacct` reports real job states (submitit reads them).
@@ -40,7 +45,8 @@
 # slurm.conf); proctrack/linuxproc and task/none need no cgroup.
 # More variables: SLURM_LOCAL_NAME (default polar: hostnames, namespaces, bridge; at most 8 characters),
 # SLURM_LOCAL_SUBNET (first three octets of a free /24, default 10.77.0), SLURM_LOCAL_SCRATCH (the node-local
-# scratch path, default $DIR/scratch), SLURM_LOCAL_TIME_NS (1: per-node monotonic offsets, the default; 0: none).
+# scratch path, default $DIR/scratch), SLURM_LOCAL_TIME_NS (1: per-node monotonic offsets, the default; 0: none),
+# SLURM_LOCAL_NODE_TIMEOUT (SlurmdTimeout: seconds until a silent node is DOWN, default 30).
 set -euo pipefail
 
 DIR="${SLURM_LOCAL_DIR:-/tmp/polar-slurm}"
@@ -56,6 +62,7 @@ NAME="${SLURM_LOCAL_NAME:-polar}"
 SUBNET="${SLURM_LOCAL_SUBNET:-10.77.0}"
 SCRATCH="${SLURM_LOCAL_SCRATCH:-$DIR/scratch}"
 TIME_NS="${SLURM_LOCAL_TIME_NS:-1}"
+NODE_TIMEOUT="${SLURM_LOCAL_NODE_TIMEOUT:-30}"
 NODES_FILE="$DIR/nodes.list"  # the started cluster's "NODES NAME SUBNET" (absent: the one-node localhost cluster)
 names_from() {  # NAME: the bridge and the /etc/hosts markers of a cluster named NAME
   NAME="$1" BRIDGE="${1}br0" HOSTS_BEGIN="# >>> slurm_local $1 ($DIR) >>>" HOSTS_END="# <<< slurm_local $1 <<<"
@@ -98,6 +105,8 @@ write_conf() {  # NODES (0: the one-node localhost cluster)
   if [ "$nodes" -gt 0 ]; then  # one slurmd per node, each with its own spool, pid and log file
     ctl_host="$NAME-ctl($SUBNET.1)" spool="$DIR/spool/%n" pidfile="$DIR/run/slurmd-%n.pid"
     logfile="$DIR/log/slurmd-%n.log" node_lines="" partition_nodes="$NAME-node[1-$nodes]"
+    # a killed node is DOWN (its jobs NODE_FAIL) after SlurmdTimeout: seconds, not the default 5 minutes
+    node_lines="SlurmdTimeout=$NODE_TIMEOUT"$'\n'
     for i in $(seq "$nodes"); do
       node_lines+="NodeName=$NAME-node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"$'\n'
     done
@@ -305,21 +314,24 @@ start_network() {  # NODES: bridge, and per node a namespace with a veth on the 
 }
 
 start_slurmd_in_node() {  # INDEX: slurmd in the node's namespaces (it daemonizes; its jobs are its children)
-  local node="$NAME-node$1" time_args=()
+  local node="$NAME-node$1" time_args=() timens=/dev/null
   mkdir -p "$DIR/nodes/$node/scratch" "$SCRATCH"
-  if [ "$TIME_NS" = 1 ]; then time_args=(--time --monotonic=$(($1 * 86400)) --boottime=$(($1 * 86400))); fi
+  rm -f "$DIR/nodes/$node/timens"
+  if [ "$TIME_NS" = 1 ]; then
+    time_args=(--time --monotonic=$(($1 * 86400)) --boottime=$(($1 * 86400))) timens="$DIR/nodes/$node/timens"
+  fi
   # nsenter, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup, and slurmd 22.05 then fails to start
   # ("Unable to initialize cgroup plugin"). The mount namespace is a slave of the host's: the bind stays node-local.
   nsenter --net="/run/netns/$node" unshare --mount --propagation slave --uts "${time_args[@]}" --fork -- sh -c \
     'hostname "$1" && mount --bind "$2" "$3" && readlink /proc/$$/ns/time > "$5" && exec slurmd -f "$4" -N "$1"' \
-    sh "$node" "$DIR/nodes/$node/scratch" "$SCRATCH" "$CONF" "$DIR/nodes/$node/timens"
+    sh "$node" "$DIR/nodes/$node/scratch" "$SCRATCH" "$CONF" "$timens"
 }
 
 node_pids() {  # NODE: the processes in its network namespace, and (sandboxes may have a network namespace of their
   # own) those in its time namespace, which nothing below slurmd leaves
   local node="$1" timens="" f
   ip netns pids "$node" 2>/dev/null || true
-  if [ "$TIME_NS" = 1 ] && [ -s "$DIR/nodes/$node/timens" ]; then
+  if [ -s "$DIR/nodes/$node/timens" ]; then  # written only for a node started with a time namespace
     timens="$(cat "$DIR/nodes/$node/timens")"
     for f in /proc/[0-9]*/ns/time; do
       if [ "$(readlink "$f" 2>/dev/null)" = "$timens" ]; then f="${f#/proc/}"; echo "${f%%/*}"; fi
@@ -439,10 +451,44 @@ stop_network() {  # NODES
   fi
 }
 
+load_cluster() {  # the node count, names and subnet the cluster was started with, whatever the environment says now
+  local name
+  NODES=0
+  if [ -f "$NODES_FILE" ]; then read -r NODES name SUBNET < "$NODES_FILE"; names_from "$name"; fi
+}
+
+node_index() {  # NODE: its index, or exit 2 if it is not a node of this cluster
+  local i="${1#"$NAME-node"}"
+  if [[ ! "$i" =~ ^[1-9][0-9]*$ ]] || [ "$i" -gt "$NODES" ]; then
+    log "$1 is not a node of this cluster ($(node_names "$NODES" | tr '\n' ' '))"
+    exit 2
+  fi
+  echo "$i"
+}
+
+kill_node() {  # NODE: a crash: SIGKILL to its slurmd and everything on it; the namespace stays (start revives it)
+  local node="$1" pids
+  load_cluster
+  node_index "$node" >/dev/null
+  pids="$( (cat "$DIR/run/slurmd-$node.pid" 2>/dev/null; node_pids "$node") | sort -u)"
+  if [ -n "$pids" ]; then log "killing $node: $(echo $pids)"; kill -KILL $pids 2>/dev/null || true; fi
+  for _ in $(seq 50); do [ -z "$(node_pids "$node")" ] && return 0; sleep 0.1; done
+  log "processes left on $node: $(node_pids "$node" | tr '\n' ' ')"
+  return 1
+}
+
+link_node() {  # NODE up|down: its cable (the host end of its veth)
+  load_cluster
+  local i
+  i="$(node_index "$1")"
+  [[ "${2:-}" =~ ^(up|down)$ ]] || { echo "usage: $0 link NODE up|down" >&2; exit 2; }
+  ip link set "${NAME}v$i" "$2"
+}
+
 stop() {
-  local nodes=0 node name
-  # the names and subnet the cluster was started with, whatever the environment says now
-  if [ -f "$NODES_FILE" ]; then read -r nodes name SUBNET < "$NODES_FILE"; names_from "$name"; fi
+  local nodes node
+  load_cluster
+  nodes="$NODES"
   if [ -f "$CONF" ] && alive "$DIR/run/slurmctld.pid"; then
     SLURM_CONF="$CONF" scancel --full --user=root 2>/dev/null || true
   fi
@@ -466,6 +512,8 @@ stop() {
 case "${1:-start}" in
   start) shift || true; start "$@" ;;
   stop) stop ;;
+  kill-node) kill_node "${2:?usage: $0 kill-node NODE}" ;;
+  link) link_node "${2:?usage: $0 link NODE up|down}" "${3:-}" ;;
   status) SLURM_CONF="$CONF" sinfo -N; SLURM_CONF="$CONF" squeue; SLURM_CONF="$CONF" sacct -X -o JobID,JobName,State ;;
-  *) echo "usage: $0 [start [--nodes N]|stop|status]" >&2; exit 2 ;;
+  *) echo "usage: $0 [start [--nodes N]|stop|status|kill-node NODE|link NODE up|down]" >&2; exit 2 ;;
 esac

@@ -36,7 +36,7 @@ NODES = 3
 #: this tier's own cluster (the CI one-node cluster uses /tmp/polar-slurm and ports 6817-6819, 3307)
 CLUSTER = {"SLURM_LOCAL_DIR": "/tmp/polar-slurm-3node", "SLURM_LOCAL_DB_PORT": "3327",
            "SLURM_LOCAL_DBD_PORT": "6829", "SLURM_LOCAL_CTLD_PORT": "6827", "SLURM_LOCAL_SLURMD_PORT": "6828",
-           "SLURM_LOCAL_NAME": "pg3n", "SLURM_LOCAL_SUBNET": "10.78.0"}
+           "SLURM_LOCAL_NAME": "pg3n", "SLURM_LOCAL_SUBNET": "10.78.0", "SLURM_LOCAL_NODE_TIMEOUT": "10"}
 
 
 def _cluster_env() -> dict[str, str]:
@@ -127,6 +127,14 @@ import os, pathlib, socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 0)); s.listen()
 pathlib.Path(sys.argv[1] + ".tmp").write_text(str(s.getsockname()[1])); os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 s.settimeout(120); c, peer = s.accept(); c.sendall(socket.gethostname().encode()); print("peer", peer[0])
+"""
+# a TCP server that accepts until it is killed
+LISTENER = """
+import os, pathlib, socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 0)); s.listen()
+pathlib.Path(sys.argv[1] + ".tmp").write_text(str(s.getsockname()[1])); os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    s.accept()[0].close()
 """
 # a client on another node: the server's port on its own loopback, then by the server node's name
 CLIENT = """
@@ -260,3 +268,32 @@ def test_a_gateway_on_a_node_reaches_the_launchers_own_server(cluster: dict[str,
     assert len(results) == 2 and all(r["status"] == "COMPLETED" and r["evaluation"]["reward"] == 1.0  # type: ignore[index]
                                      for r in results), results
     _all_cancelled(cluster, jobs)
+
+
+# -- a node fails --------------------------------------------------------------------------------------------------
+
+
+def test_a_killed_node_takes_its_jobs_down_and_comes_back_on_start(cluster: dict[str, str], tmp_path: Path) -> None:
+    """``slurm_local.sh kill-node`` is a crash: nothing of the node's job is left, the node stops answering, Slurm
+    sees NODE_FAIL (and requeues the batch job); ``start`` brings the node's slurmd back and the node is idle."""
+    node = _nodes(cluster)[2]
+    port_file = tmp_path / "port"
+    (tmp_path / "listener.py").write_text(LISTENER)
+    job = _sbatch(cluster, tmp_path, node, f"{sys.executable} listener.py {port_file}")
+    until_sync(port_file.exists, 120, "the job on the node to listen")
+    port = int(port_file.read_text())
+    with socket.create_connection((node, port), timeout=10):
+        pass  # reached by name while the node lives
+    killed = subprocess.run(["bash", str(SCRIPT), "kill-node", node], env=cluster, capture_output=True, text=True,
+                            timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    assert subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True).stdout.split() == []
+    with socket.socket() as probe:
+        assert probe.connect_ex((node, port)) != 0
+    until_sync(lambda: _sacct(cluster, [job]).get(job, ("",))[0] in ("NODE_FAIL", "PENDING", "REQUEUED"), 180,
+               "Slurm to see the node fail under the job")
+    subprocess.run(["scancel", job], env=cluster, timeout=30)  # requeued: it would wait for the node
+    revived = subprocess.run(["bash", str(SCRIPT), "start", "--nodes", str(NODES)], env=cluster, capture_output=True,
+                             text=True, timeout=300)
+    assert revived.returncode == 0 and f"starting slurmd on {node}" in revived.stderr, revived.stderr
+    test_sinfo_lists_the_nodes_idle_under_their_own_names(cluster)
