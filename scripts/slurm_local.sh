@@ -106,7 +106,8 @@ write_conf() {  # NODES (0: the one-node localhost cluster)
     ctl_host="$NAME-ctl($SUBNET.1)" spool="$DIR/spool/%n" pidfile="$DIR/run/slurmd-%n.pid"
     logfile="$DIR/log/slurmd-%n.log" node_lines="" partition_nodes="$NAME-node[1-$nodes]"
     # a killed node is DOWN (its jobs NODE_FAIL) after SlurmdTimeout: seconds, not the default 5 minutes
-    node_lines="SlurmdTimeout=$NODE_TIMEOUT"$'\n'
+    # TmpFS: the node-local scratch (each node's own bind at the same path), as a real cluster declares /tmp or /scratch
+    node_lines="SlurmdTimeout=$NODE_TIMEOUT"$'\n'"TmpFS=$SCRATCH"$'\n'
     for i in $(seq "$nodes"); do
       node_lines+="NodeName=$NAME-node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"$'\n'
     done

@@ -31,6 +31,7 @@ from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.jobs import (
     GatewayJobSettings,
     InferenceJobSettings,
+    advertised_host,
     gateway_argv,
     node_port,
     run_gateway_job,
@@ -73,10 +74,12 @@ class SlurmLauncherSettings(BaseModel):
                                             "process; job: in its own Slurm job (writes OUT_DIR/server-job.json)")
     server_host: str | None = Field(default=None, description="how gateways and trainers reach the server "
                                     "(default: this host's FQDN, or its address toward the Slurm controller if "
-                                    "the FQDN is loopback here; with server=job, the job's node name)")
+                                    "the FQDN is loopback here; with server=job, the job's node name); "
+                                    "{host} stands for that name, e.g. {host}-ib")
     server_port: int = Field(default=0, ge=0, description="the rollout server's port (0: a free port)")
     advertise_host: str | None = Field(default=None, description="how the server reaches gateways / gateways "
-                                       "reach inference jobs (default: each node's host name)")
+                                       "reach inference jobs (default: each node's host name; {host} stands for "
+                                       "it, e.g. {host}-ib; a fixed name is only right on one node)")
     gateways: int = Field(default=1, ge=1, description="gateway jobs to start (at least one)")
     gateway: GatewayJobSettings = Field(default_factory=GatewayJobSettings)
     inference_jobs: InferenceJobSettings = Field(default_factory=InferenceJobSettings)
@@ -191,8 +194,8 @@ class SlurmLauncher:
     @contextlib.asynccontextmanager
     async def _server(self, job: LaunchJob, token: str) -> AsyncIterator[str]:
         if self.server_mode == "local":
-            host = self.server_host or (await asyncio.to_thread(launcher_host) if self.cluster == "slurm"
-                                        else socket.getfqdn())
+            default = await asyncio.to_thread(launcher_host) if self.cluster == "slurm" else socket.getfqdn()
+            host = advertised_host(self.server_host, default)
             port = self.server_port or node_port()
             async with rollout_server(job.out_dir / "server.sqlite", "0.0.0.0", port, token, self.heartbeat):
                 url = f"http://{host}:{port}"

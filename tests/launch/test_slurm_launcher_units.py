@@ -11,7 +11,13 @@ from hydra import compose, initialize_config_dir
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.launch import CONF_DIR, ConfigError, InferenceSettings, build_job, build_launcher
-from polar_gym.launch.jobs import GatewayJobSettings, InferenceJobSettings, gateway_argv, inference_command
+from polar_gym.launch.jobs import (
+    GatewayJobSettings,
+    InferenceJobSettings,
+    advertised_host,
+    gateway_argv,
+    inference_command,
+)
 from polar_gym.launch.placement import (
     PlacementSettings,
     controller_address,
@@ -184,3 +190,12 @@ def test_a_loopback_fqdn_gives_way_to_the_address_toward_the_controller(monkeypa
     monkeypatch.setattr(socket, "getfqdn", lambda: "head01.example")
     monkeypatch.setattr(socket, "gethostbyname", lambda name: "10.1.2.3")
     assert launcher_host(("192.0.2.1", 6817)) == "head01.example"
+
+
+def test_advertised_hosts_are_each_nodes_name_or_a_pattern_of_it() -> None:
+    assert advertised_host(None, "node7") == "node7"
+    assert advertised_host("{host}-ib", "node7") == "node7-ib"
+    assert advertised_host("10.0.0.1", "node7") == "10.0.0.1"  # fixed: one node only
+    assert advertised_host(None) == socket.gethostname()
+    launcher = _launcher("launcher.advertise_host='{host}-ib'", "launcher.server_host='{host}.cluster'")
+    assert (launcher.advertise_host, launcher.server_host) == ("{host}-ib", "{host}.cluster")
