@@ -281,16 +281,27 @@ hosts_without_block() {  # /etc/hosts without this cluster's block
   awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0 == b {skip = 1} !skip {print} $0 == e {skip = 0}' /etc/hosts
 }
 
+HOSTS_LOCK=/tmp/polar-slurm-hosts.lock  # clusters side by side edit /etc/hosts one at a time
+
 write_hosts() {  # NODES: (re)write the marked block; in place, as /etc/hosts is often a bind mount
   local new i
+  exec 9>"$HOSTS_LOCK"
+  flock 9
   new="$(hosts_without_block)"$'\n'"$HOSTS_BEGIN"$'\n'"$SUBNET.1 $NAME-ctl"
   for i in $(seq "$1"); do new+=$'\n'"$SUBNET.$((10 + i)) $NAME-node$i"; done
   printf '%s\n%s\n' "$new" "$HOSTS_END" > /etc/hosts
+  exec 9>&-
 }
 
 start_network() {  # NODES: bridge, and per node a namespace with a veth on the bridge (idempotent)
   local i ns veth
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    local taken
+    taken="$(ip -4 -o addr show | awk -v a="$SUBNET.1/24" '$4 == a {print $2}')"
+    if [ -n "$taken" ]; then
+      log "$SUBNET.0/24 is in use on $taken: choose another SLURM_LOCAL_SUBNET"
+      return 1
+    fi
     log "creating bridge $BRIDGE ($SUBNET.1/24)"
     ip link add "$BRIDGE" type bridge
     ip addr add "$SUBNET.1/24" dev "$BRIDGE"
@@ -445,11 +456,14 @@ stop_network() {  # NODES
   local i
   for i in $(seq "$1"); do ip link del "${NAME}v$i" 2>/dev/null || true; done
   ip link del "$BRIDGE" 2>/dev/null || true
+  exec 9>"$HOSTS_LOCK"
+  flock 9
   if grep -qxF "$HOSTS_BEGIN" /etc/hosts; then
     local kept
     kept="$(hosts_without_block)"
     printf '%s\n' "$kept" > /etc/hosts
   fi
+  exec 9>&-
 }
 
 load_cluster() {  # the node count, names and subnet the cluster was started with, whatever the environment says now
