@@ -339,6 +339,12 @@ start_slurmd_in_node() {  # INDEX: slurmd in the node's namespaces (it daemonize
     sh "$node" "$DIR/nodes/$node/scratch" "$SCRATCH" "$CONF" "$timens"
 }
 
+node_slurmd() {  # NODE: the pid of its slurmd, if running (pids wrap quickly on a busy host: a pid file alone lies)
+  local pid
+  pid="$(cat "$DIR/run/slurmd-$1.pid" 2>/dev/null)" || return 0
+  if [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "^slurmd .*-N $1 "; then echo "$pid"; fi
+}
+
 node_pids() {  # NODE: the processes in its network namespace, and (sandboxes may have a network namespace of their
   # own) those in its time namespace, which nothing below slurmd leaves
   local node="$1" timens="" f
@@ -396,7 +402,7 @@ start() {
   if [ "$nodes" -gt 0 ]; then
     names="$NAME-node[1-$nodes]"
     for i in $(seq "$nodes"); do
-      if ! alive "$DIR/run/slurmd-$NAME-node$i.pid"; then
+      if [ -z "$(node_slurmd "$NAME-node$i")" ]; then
         log "starting slurmd on $NAME-node$i ($SUBNET.$((10 + i)))"
         start_slurmd_in_node "$i"
       fi
@@ -436,8 +442,14 @@ stop_one() {  # NAME PIDFILE [SECONDS before SIGKILL, default 5]
 }
 
 stop_node() {  # NODE: slurmd, then every process left in its network namespace (jobs too), then the namespace
-  local node="$1" pids
-  stop_one "slurmd on $node" "$DIR/run/slurmd-$node.pid"
+  local node="$1" pids slurmd
+  slurmd="$(node_slurmd "$node")"
+  if [ -n "$slurmd" ]; then
+    log "stopping slurmd on $node ($slurmd)"
+    kill -TERM "$slurmd" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$slurmd" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -f "$DIR/run/slurmd-$node.pid"
   pids="$(node_pids "$node" | sort -u)"
   if [ -n "$pids" ]; then
     log "killing what is left on $node: $(echo $pids)"
@@ -485,8 +497,9 @@ kill_node() {  # NODE: a crash: SIGKILL to its slurmd and everything on it; the 
   local node="$1" pids
   load_cluster
   node_index "$node" >/dev/null
-  pids="$( (cat "$DIR/run/slurmd-$node.pid" 2>/dev/null; node_pids "$node") | sort -u)"
+  pids="$(node_pids "$node" | sort -u)"  # slurmd too: it lives in the node's namespaces
   if [ -n "$pids" ]; then log "killing $node: $(echo $pids)"; kill -KILL $pids 2>/dev/null || true; fi
+  rm -f "$DIR/run/slurmd-$node.pid"
   for _ in $(seq 50); do [ -z "$(node_pids "$node")" ] && return 0; sleep 0.1; done
   log "processes left on $node: $(node_pids "$node" | tr '\n' ' ')"
   return 1

@@ -284,6 +284,8 @@ def test_a_killed_node_takes_its_jobs_down_and_comes_back_on_start(cluster: dict
     port = int(port_file.read_text())
     with socket.create_connection((node, port), timeout=10):
         pass  # reached by name while the node lives
+    until_sync(lambda: _sacct(cluster, [job]).get(job, ("",))[0] == "RUNNING", 60,
+               "accounting to record the job running")  # PENDING below must mean requeued, not not-yet-recorded
     killed = subprocess.run(["bash", str(SCRIPT), "kill-node", node], env=cluster, capture_output=True, text=True,
                             timeout=60)
     assert killed.returncode == 0, killed.stderr
