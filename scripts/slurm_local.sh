@@ -5,9 +5,19 @@
 #   bash scripts/slurm_local.sh [start]   install if needed, write the configs, start munged, MariaDB, slurmdbd
 #                                         (registering the cluster), slurmctld and slurmd, wait until the node is
 #                                         idle, print `export SLURM_CONF=...`
+#   bash scripts/slurm_local.sh start --nodes N
+#                                         the same with N compute nodes (N >= 1), each a slurmd in network, UTS,
+#                                         mount and time namespaces of its own (see "Several nodes" below)
 #   bash scripts/slurm_local.sh stop      stop the daemons this script started (slurmd, slurmctld, slurmdbd,
-#                                         MariaDB, and munged only if this script started it)
+#                                         MariaDB, and munged only if this script started it); with nodes, also
+#                                         every process left in a node (jobs too), the namespaces, veths, bridge
+#                                         and the /etc/hosts block
 #   bash scripts/slurm_local.sh status    sinfo / squeue / sacct
+#   bash scripts/slurm_local.sh kill-node NODE
+#                                         a node crash: SIGKILL to its slurmd and every process on it (jobs too);
+#                                         its namespaces stay, and `start --nodes N` brings its slurmd back
+#   bash scripts/slurm_local.sh link NODE down|up
+#                                         unplug / plug the node's cable (its veth on the bridge)
 #
 # Start order matters: MariaDB -> slurmdbd -> `sacctmgr add cluster` -> slurmctld, so slurmctld finds its cluster
 # in the accounting database from its first connection and `sacct` reports real job states (submitit reads them).
@@ -22,6 +32,21 @@
 # SLURM_LOCAL_CTLD_PORT (slurmctld, default 6817), SLURM_LOCAL_SLURMD_PORT (slurmd, default 6818). With a state dir and
 # ports of its own, a second cluster runs beside the first (both use the machine's one munged).
 # Needs root (apt-get, munge key, slurmd). Everything but the key and packages lives in the state dir.
+#
+# Several nodes (--nodes N): the controller (slurmctld, slurmdbd, MariaDB) stays in the host's network namespace and
+# answers on the bridge's address $SUBNET.1 as $NAME-ctl (slurmctld runs in a UTS namespace with that hostname, as
+# Slurm wants its own name to match SlurmctldHost). Node i is `ip netns` $NAME-node$i: eth0 (a veth pair whose host
+# end is on bridge ${NAME}br0) at $SUBNET.$((10 + i)), its own loopback, hostname $NAME-node$i (UTS namespace), a
+# private mount namespace where $SCRATCH is a bind of $DIR/nodes/<node>/scratch (node-local scratch: the same path
+# shows each node its own files), and a time namespace whose CLOCK_MONOTONIC is i days ahead (nothing may compare
+# monotonic times across nodes). Jobs are slurmd's children, so they live in the node's namespaces; a job on node A
+# reaches node B only through B's name or address (B's 127.0.0.1 is B's own). Names resolve through a marked block
+# in /etc/hosts. Debian's slurmd runs once per namespace with per-node spool, pid and log files (%n in
+# slurm.conf); proctrack/linuxproc and task/none need no cgroup.
+# More variables: SLURM_LOCAL_NAME (default polar: hostnames, namespaces, bridge; at most 8 characters),
+# SLURM_LOCAL_SUBNET (first three octets of a free /24, default 10.77.0), SLURM_LOCAL_SCRATCH (the node-local
+# scratch path, default $DIR/scratch), SLURM_LOCAL_TIME_NS (1: per-node monotonic offsets, the default; 0: none),
+# SLURM_LOCAL_NODE_TIMEOUT (SlurmdTimeout: seconds until a silent node is DOWN, default 30).
 set -euo pipefail
 
 DIR="${SLURM_LOCAL_DIR:-/tmp/polar-slurm}"
@@ -33,6 +58,16 @@ DB_PORT="${SLURM_LOCAL_DB_PORT:-3307}"
 DBD_PORT="${SLURM_LOCAL_DBD_PORT:-6819}"
 CTLD_PORT="${SLURM_LOCAL_CTLD_PORT:-6817}"
 SLURMD_PORT="${SLURM_LOCAL_SLURMD_PORT:-6818}"
+NAME="${SLURM_LOCAL_NAME:-polar}"
+SUBNET="${SLURM_LOCAL_SUBNET:-10.77.0}"
+SCRATCH="${SLURM_LOCAL_SCRATCH:-$DIR/scratch}"
+TIME_NS="${SLURM_LOCAL_TIME_NS:-1}"
+NODE_TIMEOUT="${SLURM_LOCAL_NODE_TIMEOUT:-30}"
+NODES_FILE="$DIR/nodes.list"  # the started cluster's "NODES NAME SUBNET" (absent: the one-node localhost cluster)
+names_from() {  # NAME: the bridge and the /etc/hosts markers of a cluster named NAME
+  NAME="$1" BRIDGE="${1}br0" HOSTS_BEGIN="# >>> slurm_local $1 ($DIR) >>>" HOSTS_END="# <<< slurm_local $1 <<<"
+}
+names_from "$NAME"
 DBD_CONF="$DIR/slurmdbd.conf"  # must sit next to $CONF: slurmdbd finds it through SLURM_CONF
 DB_DATA="$DIR/mysql"
 DB_RUN="$DIR/run/mariadb"
@@ -62,22 +97,36 @@ install() {
   return "$rc"
 }
 
-write_conf() {
+write_conf() {  # NODES (0: the one-node localhost cluster)
+  local nodes="$1" ctl_host=localhost spool="$DIR/spool/d" pidfile="$DIR/run/slurmd.pid" logfile="$DIR/log/slurmd.log"
+  local node_lines="NodeName=localhost NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN" i
+  local partition_nodes=localhost
   mkdir -p "$DIR/spool/ctld" "$DIR/spool/d" "$DIR/log" "$DIR/run"
+  if [ "$nodes" -gt 0 ]; then  # one slurmd per node, each with its own spool, pid and log file
+    ctl_host="$NAME-ctl($SUBNET.1)" spool="$DIR/spool/%n" pidfile="$DIR/run/slurmd-%n.pid"
+    logfile="$DIR/log/slurmd-%n.log" node_lines="" partition_nodes="$NAME-node[1-$nodes]"
+    # a killed node is DOWN (its jobs NODE_FAIL) after SlurmdTimeout: seconds, not the default 5 minutes
+    # TmpFS: the node-local scratch (each node's own bind at the same path), as a real cluster declares /tmp or /scratch
+    node_lines="SlurmdTimeout=$NODE_TIMEOUT"$'\n'"TmpFS=$SCRATCH"$'\n'
+    for i in $(seq "$nodes"); do
+      node_lines+="NodeName=$NAME-node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"$'\n'
+    done
+    node_lines="${node_lines%$'\n'}"
+  fi
   # slurm.conf is world-readable (sacct, sbatch read it); the DB password lives only in slurmdbd.conf
   cat > "$CONF.new" <<EOF
 # written by scripts/slurm_local.sh
 ClusterName=polarlocal
-SlurmctldHost=localhost
+SlurmctldHost=$ctl_host
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation=$DIR/spool/ctld
-SlurmdSpoolDir=$DIR/spool/d
+SlurmdSpoolDir=$spool
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$pidfile
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$logfile
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 ProctrackType=proctrack/linuxproc
@@ -95,8 +144,8 @@ ReturnToService=2
 MailProg=/bin/true
 SchedulerType=sched/backfill
 MinJobAge=300
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+$node_lines
+PartitionName=debug Nodes=$partition_nodes Default=YES MaxTime=INFINITE State=UP
 EOF
   mv "$CONF.new" "$CONF"
 
@@ -216,13 +265,119 @@ start_slurmdbd() {
   fi
 }
 
-idle() {
-  SLURM_CONF="$CONF" sinfo -h -N -o '%t' 2>/dev/null | grep -qx 'idle'
+idle() {  # NODES: every node (at least one) idle
+  local states
+  states="$(SLURM_CONF="$CONF" sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)" || return 1
+  [ -n "$states" ] && [ "$(grep -c ' idle$' <<<"$states")" -eq "$(grep -c . <<<"$states")" ] \
+    && [ "$(grep -c . <<<"$states")" -ge "${1:-1}" ]
+}
+
+node_names() {  # NODES
+  local i
+  for i in $(seq "$1"); do echo "$NAME-node$i"; done
+}
+
+hosts_without_block() {  # /etc/hosts without this cluster's block
+  awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0 == b {skip = 1} !skip {print} $0 == e {skip = 0}' /etc/hosts
+}
+
+HOSTS_LOCK=/tmp/polar-slurm-hosts.lock  # clusters side by side edit /etc/hosts one at a time
+
+write_hosts() {  # NODES: (re)write the marked block; in place, as /etc/hosts is often a bind mount
+  local new i
+  exec 9>"$HOSTS_LOCK"
+  flock 9
+  new="$(hosts_without_block)"$'\n'"$HOSTS_BEGIN"$'\n'"$SUBNET.1 $NAME-ctl"
+  for i in $(seq "$1"); do new+=$'\n'"$SUBNET.$((10 + i)) $NAME-node$i"; done
+  printf '%s\n%s\n' "$new" "$HOSTS_END" > /etc/hosts
+  exec 9>&-
+}
+
+start_network() {  # NODES: bridge, and per node a namespace with a veth on the bridge (idempotent)
+  local i ns veth
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    local taken
+    taken="$(ip -4 -o addr show | awk -v a="$SUBNET.1/24" '$4 == a {print $2}')"
+    if [ -n "$taken" ]; then
+      log "$SUBNET.0/24 is in use on $taken: choose another SLURM_LOCAL_SUBNET"
+      return 1
+    fi
+    log "creating bridge $BRIDGE ($SUBNET.1/24)"
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+  fi
+  ip link set "$BRIDGE" up
+  for i in $(seq "$1"); do
+    ns="$NAME-node$i" veth="${NAME}v$i"
+    if ! ip netns list | grep -qw "^$ns"; then ip netns add "$ns"; fi
+    if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+      ip link del "$veth" 2>/dev/null || true
+      ip link add "$veth" type veth peer name "${veth}n"
+      ip link set "${veth}n" netns "$ns"
+      ip -n "$ns" link set "${veth}n" name eth0
+      ip -n "$ns" addr add "$SUBNET.$((10 + i))/24" dev eth0
+      ip link set "$veth" master "$BRIDGE"
+    fi
+    ip link set "$veth" up
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+  done
+  write_hosts "$1"
+}
+
+start_slurmd_in_node() {  # INDEX: slurmd in the node's namespaces (it daemonizes; its jobs are its children)
+  local node="$NAME-node$1" time_args=() timens=/dev/null
+  mkdir -p "$DIR/nodes/$node/scratch" "$SCRATCH"
+  rm -f "$DIR/nodes/$node/timens"
+  if [ "$TIME_NS" = 1 ]; then
+    time_args=(--time --monotonic=$(($1 * 86400)) --boottime=$(($1 * 86400))) timens="$DIR/nodes/$node/timens"
+  fi
+  # nsenter, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup, and slurmd 22.05 then fails to start
+  # ("Unable to initialize cgroup plugin"). The mount namespace is a slave of the host's: the bind stays node-local.
+  nsenter --net="/run/netns/$node" unshare --mount --propagation slave --uts "${time_args[@]}" --fork -- sh -c \
+    'hostname "$1" && mount --bind "$2" "$3" && readlink /proc/$$/ns/time > "$5" && exec slurmd -f "$4" -N "$1"' \
+    sh "$node" "$DIR/nodes/$node/scratch" "$SCRATCH" "$CONF" "$timens"
+}
+
+node_slurmd() {  # NODE: the pid of its slurmd, if running (pids wrap quickly on a busy host: a pid file alone lies)
+  local pid
+  pid="$(cat "$DIR/run/slurmd-$1.pid" 2>/dev/null)" || return 0
+  if [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "^slurmd .*-N $1 "; then echo "$pid"; fi
+}
+
+node_pids() {  # NODE: the processes in its network namespace, and (sandboxes may have a network namespace of their
+  # own) those in its time namespace, which nothing below slurmd leaves
+  local node="$1" timens="" f
+  ip netns pids "$node" 2>/dev/null || true
+  if [ -s "$DIR/nodes/$node/timens" ]; then  # written only for a node started with a time namespace
+    timens="$(cat "$DIR/nodes/$node/timens")"
+    for f in /proc/[0-9]*/ns/time; do
+      if [ "$(readlink "$f" 2>/dev/null)" = "$timens" ]; then f="${f#/proc/}"; echo "${f%%/*}"; fi
+    done
+  fi
 }
 
 start() {
+  local nodes=0
+  if [ "${1:-}" = "--nodes" ]; then
+    nodes="${2:-}"
+    [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 start [--nodes N]" >&2; exit 2; }
+    [ "${#NAME}" -le 8 ] || { log "SLURM_LOCAL_NAME=$NAME: at most 8 characters (interface names)"; exit 2; }
+  fi
+  local before=0
+  if [ -f "$NODES_FILE" ]; then before="$(cat "$NODES_FILE")"; fi
+  if [ "${before%% *}" != "$nodes" ] && alive "$DIR/run/slurmctld.pid"; then
+    log "this cluster runs with ${before%% *} node(s) (0: localhost); run '$0 stop' first"
+    exit 1
+  fi
   install
-  write_conf
+  write_conf "$nodes"
+  if [ "$nodes" -gt 0 ]; then
+    echo "$nodes $NAME $SUBNET" > "$NODES_FILE"
+    start_network "$nodes"
+  else
+    rm -f "$NODES_FILE"
+  fi
   start_munge
   start_mariadb
   start_slurmdbd
@@ -237,23 +392,36 @@ start() {
   fi
   if ! alive "$DIR/run/slurmctld.pid"; then
     log "starting slurmctld"
-    slurmctld -f "$CONF"
+    if [ "$nodes" -gt 0 ]; then  # its hostname must match SlurmctldHost
+      unshare --uts -- sh -c 'hostname "$1" && exec slurmctld -f "$2"' sh "$NAME-ctl" "$CONF"
+    else
+      slurmctld -f "$CONF"
+    fi
   fi
-  if ! alive "$DIR/run/slurmd.pid"; then
+  local i names=localhost
+  if [ "$nodes" -gt 0 ]; then
+    names="$NAME-node[1-$nodes]"
+    for i in $(seq "$nodes"); do
+      if [ -z "$(node_slurmd "$NAME-node$i")" ]; then
+        log "starting slurmd on $NAME-node$i ($SUBNET.$((10 + i)))"
+        start_slurmd_in_node "$i"
+      fi
+    done
+  elif ! alive "$DIR/run/slurmd.pid"; then
     log "starting slurmd"
     slurmd -f "$CONF" -N localhost
   fi
   local waited=0
-  until idle; do
+  until idle "$nodes"; do
     if [ "$waited" -ge $((TIMEOUT * 2)) ]; then
-      log "node not idle after ${TIMEOUT}s; logs in $DIR/log"
+      log "nodes not idle after ${TIMEOUT}s; logs in $DIR/log"
       SLURM_CONF="$CONF" sinfo -N >&2 || true
-      tail -n 20 "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" >&2 || true
+      tail -n 20 "$DIR/log/slurmctld.log" "$DIR"/log/slurmd*.log >&2 || true
       exit 1
     fi
     # a node left DOWN/DRAIN by an earlier run comes back on resume
     if [ $((waited % 10)) -eq 9 ]; then
-      SLURM_CONF="$CONF" scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true
+      SLURM_CONF="$CONF" scontrol update NodeName="$names" State=RESUME >/dev/null 2>&1 || true
     fi
     sleep 0.5
     waited=$((waited + 1))
@@ -273,15 +441,95 @@ stop_one() {  # NAME PIDFILE [SECONDS before SIGKILL, default 5]
   fi
 }
 
+stop_node() {  # NODE: slurmd, then every process left in its network namespace (jobs too), then the namespace
+  local node="$1" pids slurmd
+  slurmd="$(node_slurmd "$node")"
+  if [ -n "$slurmd" ]; then
+    log "stopping slurmd on $node ($slurmd)"
+    kill -TERM "$slurmd" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$slurmd" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -f "$DIR/run/slurmd-$node.pid"
+  pids="$(node_pids "$node" | sort -u)"
+  if [ -n "$pids" ]; then
+    log "killing what is left on $node: $(echo $pids)"
+    kill -TERM $pids 2>/dev/null || true
+    for _ in $(seq 30); do [ -z "$(node_pids "$node")" ] && break; sleep 0.1; done
+    pids="$(node_pids "$node" | sort -u)"
+    if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null || true; fi
+    for _ in $(seq 50); do [ -z "$(node_pids "$node")" ] && break; sleep 0.1; done
+  fi
+  if ip netns list | grep -qw "^$node"; then
+    ip netns del "$node" 2>/dev/null || true  # takes its veth pair with it
+  fi
+}
+
+stop_network() {  # NODES
+  local i
+  for i in $(seq "$1"); do ip link del "${NAME}v$i" 2>/dev/null || true; done
+  ip link del "$BRIDGE" 2>/dev/null || true
+  exec 9>"$HOSTS_LOCK"
+  flock 9
+  if grep -qxF "$HOSTS_BEGIN" /etc/hosts; then
+    local kept
+    kept="$(hosts_without_block)"
+    printf '%s\n' "$kept" > /etc/hosts
+  fi
+  exec 9>&-
+}
+
+load_cluster() {  # the node count, names and subnet the cluster was started with, whatever the environment says now
+  local name
+  NODES=0
+  if [ -f "$NODES_FILE" ]; then read -r NODES name SUBNET < "$NODES_FILE"; names_from "$name"; fi
+}
+
+node_index() {  # NODE: its index, or exit 2 if it is not a node of this cluster
+  local i="${1#"$NAME-node"}"
+  if [[ ! "$i" =~ ^[1-9][0-9]*$ ]] || [ "$i" -gt "$NODES" ]; then
+    log "$1 is not a node of this cluster ($(node_names "$NODES" | tr '\n' ' '))"
+    exit 2
+  fi
+  echo "$i"
+}
+
+kill_node() {  # NODE: a crash: SIGKILL to its slurmd and everything on it; the namespace stays (start revives it)
+  local node="$1" pids
+  load_cluster
+  node_index "$node" >/dev/null
+  pids="$(node_pids "$node" | sort -u)"  # slurmd too: it lives in the node's namespaces
+  if [ -n "$pids" ]; then log "killing $node: $(echo $pids)"; kill -KILL $pids 2>/dev/null || true; fi
+  rm -f "$DIR/run/slurmd-$node.pid"
+  for _ in $(seq 50); do [ -z "$(node_pids "$node")" ] && return 0; sleep 0.1; done
+  log "processes left on $node: $(node_pids "$node" | tr '\n' ' ')"
+  return 1
+}
+
+link_node() {  # NODE up|down: its cable (the host end of its veth)
+  load_cluster
+  local i
+  i="$(node_index "$1")"
+  [[ "${2:-}" =~ ^(up|down)$ ]] || { echo "usage: $0 link NODE up|down" >&2; exit 2; }
+  ip link set "${NAME}v$i" "$2"
+}
+
 stop() {
+  local nodes node
+  load_cluster
+  nodes="$NODES"
   if [ -f "$CONF" ] && alive "$DIR/run/slurmctld.pid"; then
     SLURM_CONF="$CONF" scancel --full --user=root 2>/dev/null || true
   fi
-  stop_one slurmd "$DIR/run/slurmd.pid"
+  if [ "$nodes" -gt 0 ]; then
+    for node in $(node_names "$nodes"); do stop_node "$node"; done
+  else
+    stop_one slurmd "$DIR/run/slurmd.pid"
+  fi
   stop_one slurmctld "$DIR/run/slurmctld.pid"
   stop_one slurmdbd "$DIR/run/slurmdbd.pid"
   # MariaDB flushes InnoDB on SIGTERM: give it longer than the Slurm daemons
   stop_one MariaDB "$DB_PID" 30
+  if [ "$nodes" -gt 0 ]; then stop_network "$nodes"; rm -f "$NODES_FILE"; fi
   # munged is stopped only when this script started it
   if [ -f "$DIR/run/munged.started" ]; then
     stop_one munged /run/munge/munged.pid
@@ -290,8 +538,10 @@ stop() {
 }
 
 case "${1:-start}" in
-  start) start ;;
+  start) shift || true; start "$@" ;;
   stop) stop ;;
+  kill-node) kill_node "${2:?usage: $0 kill-node NODE}" ;;
+  link) link_node "${2:?usage: $0 link NODE up|down}" "${3:-}" ;;
   status) SLURM_CONF="$CONF" sinfo -N; SLURM_CONF="$CONF" squeue; SLURM_CONF="$CONF" sacct -X -o JobID,JobName,State ;;
-  *) echo "usage: $0 [start|stop|status]" >&2; exit 2 ;;
+  *) echo "usage: $0 [start [--nodes N]|stop|status|kill-node NODE|link NODE up|down]" >&2; exit 2 ;;
 esac

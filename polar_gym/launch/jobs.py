@@ -28,8 +28,9 @@ from polar_gym.proxy.settings import ENGINES_WITH_TOKENIZER
 from polar_gym.serving import free_port
 from polar_gym.telemetry import TelemetrySettings
 
-__all__ = ["GatewayJobSettings", "InferenceJobSettings", "gateway_argv", "gateway_workdir", "inference_command",
-           "node_port", "node_workdir", "run_gateway_job", "run_inference_job", "run_server_job", "telemetry_argv"]
+__all__ = ["GatewayJobSettings", "InferenceJobSettings", "advertised_host", "gateway_argv", "gateway_workdir",
+           "inference_command", "node_port", "node_workdir", "run_gateway_job", "run_inference_job", "run_server_job",
+           "telemetry_argv"]
 
 
 class GatewayJobSettings(GatewayPools):
@@ -193,6 +194,14 @@ def node_port() -> int:
     return free_port("0.0.0.0")
 
 
+def advertised_host(pattern: str | None, hostname: str | None = None) -> str:
+    """The name this node's service is reached by: the node's host name, or ``pattern`` with ``{host}`` replaced by
+    it (``{host}-ib`` for a fabric's interface). A pattern without ``{host}`` is the same on every node: only right
+    when everything runs on one node."""
+    host = hostname or socket.gethostname()
+    return pattern.replace("{host}", host) if pattern else host
+
+
 def _write_info(path: Path, info: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info))
@@ -209,7 +218,7 @@ def run_gateway_job(argv: list[str], advertise_host: str | None = None, server_t
 
     if server_token:
         os.environ["POLAR_SERVER_TOKEN"] = server_token
-    host = advertise_host or socket.gethostname()
+    host = advertised_host(advertise_host)
     workdir, keep = None, bool(scratch and scratch.get("keep"))
     if scratch is not None:
         workdir = node_workdir(str(scratch["template"]), str(scratch["index"]))
@@ -236,7 +245,7 @@ def run_server_job(db: str, admin_token: str, info_path: str, advertise_host: st
             loop.add_signal_handler(sig, stop.set)
         port = node_port()
         async with rollout_server(Path(db), "0.0.0.0", port, admin_token, heartbeat):
-            _write_info(Path(info_path), {"url": f"http://{advertise_host or socket.gethostname()}:{port}",
+            _write_info(Path(info_path), {"url": f"http://{advertised_host(advertise_host)}:{port}",
                                           "job_id": os.environ.get("SLURM_JOB_ID")})
             await stop.wait()
 
@@ -265,7 +274,7 @@ def run_inference_job(settings: dict[str, Any], info_path: str, advertise_host: 
     while proc.poll() is None:
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
             if resp.status == 200:
-                _write_info(Path(info_path), {"url": f"http://{advertise_host or socket.gethostname()}:{port}",
+                _write_info(Path(info_path), {"url": f"http://{advertised_host(advertise_host)}:{port}",
                                               "job_id": os.environ.get("SLURM_JOB_ID")})
                 break
         if time.monotonic() > deadline:

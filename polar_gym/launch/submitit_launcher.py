@@ -32,6 +32,7 @@ from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.jobs import (
     GatewayJobSettings,
     InferenceJobSettings,
+    advertised_host,
     gateway_argv,
     gateway_workdir,
     node_port,
@@ -41,6 +42,14 @@ from polar_gym.launch.jobs import (
 )
 from polar_gym.launch.lost_jobs import JobLost, JobWatch, LostJob, lost_outcomes
 from polar_gym.launch.outputs import SessionOutcome, finish
+from polar_gym.launch.placement import (
+    JobKind,
+    PlacementSettings,
+    job_kind,
+    launcher_host,
+    placement_parameters,
+    running_nodes,
+)
 from polar_gym.private_files import write_secret
 from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.server.client import RolloutClient
@@ -67,13 +76,17 @@ class SlurmLauncherSettings(BaseModel):
     server: Literal["local", "job"] = Field(default="local", description="local: the rollout server runs in this "
                                             "process; job: in its own Slurm job (writes OUT_DIR/server-job.json)")
     server_host: str | None = Field(default=None, description="how gateways and trainers reach the server "
-                                    "(default: this host's FQDN, or the server job's node name)")
+                                    "(default: this host's FQDN, or its address toward the Slurm controller if "
+                                    "the FQDN is loopback here; with server=job, the job's node name); "
+                                    "{host} stands for that name, e.g. {host}-ib")
     server_port: int = Field(default=0, ge=0, description="the rollout server's port (0: a free port)")
     advertise_host: str | None = Field(default=None, description="how the server reaches gateways / gateways "
-                                       "reach inference jobs (default: each node's host name)")
+                                       "reach inference jobs (default: each node's host name; {host} stands for "
+                                       "it, e.g. {host}-ib; a fixed name is only right on one node)")
     gateways: int = Field(default=1, ge=1, description="gateway jobs to start (at least one)")
     gateway: GatewayJobSettings = Field(default_factory=GatewayJobSettings)
     inference_jobs: InferenceJobSettings = Field(default_factory=InferenceJobSettings)
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)
     register_timeout_seconds: float = Field(default=600.0, gt=0, description="how long the gateways (and a server "
                                             "job) may take to come up")
     heartbeat_seconds: float = Field(default=2.0, gt=0, description="seconds between the gateways' heartbeats")
@@ -106,6 +119,7 @@ class SlurmLauncher:
                                                          ("slurm_qos", settings.qos)) if v}
         if settings.additional_parameters:
             self.slurm["slurm_additional_parameters"] = dict(settings.additional_parameters)
+        self.placement = settings.placement
         self.register_timeout, self.heartbeat = settings.register_timeout_seconds, settings.heartbeat_seconds
         self.progress = settings.progress
         self.console = Console(stderr=True)
@@ -115,6 +129,7 @@ class SlurmLauncher:
         self.watch: JobWatch | None = None
         #: submits one more gateway job under a name; set once the gateways are started
         self._submit_gateway: Callable[[str], str] | None = None
+        self.nodes: dict[str, str] = {}  # job id -> the node it runs on, once squeue lists it running
 
     def launch(self, job: LaunchJob) -> int:
         job.out_dir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +158,7 @@ class SlurmLauncher:
             self._start_gateways(job, server_url, upstreams, token)
             async with RolloutClient(server_url, token) as client:
                 await self._wait_for_gateways(client)
+                await asyncio.to_thread(self._note_nodes, job.out_dir)
                 if settings.await_upstreams:  # the policy may start after the fleet: wait for it (bounded)
                     await ensure_upstreams(settings, upstreams, self.console,
                                            backends=functools.partial(rollout_backends, client))
@@ -157,8 +173,24 @@ class SlurmLauncher:
         folder.mkdir(mode=0o700, exist_ok=True)
         folder.chmod(0o700)
         executor = submitit.AutoExecutor(folder=folder / "%j", cluster=self.cluster)
-        executor.update_parameters(name=name, nodes=1, tasks_per_node=1, **resources, **self.slurm)
+        placed = self._placed(job_kind(name))
+        executor.update_parameters(name=name, nodes=1, tasks_per_node=1, **resources,
+                                   **{**self.slurm, **({"slurm_additional_parameters": placed} if placed else {})})
         return executor
+
+    def _placed(self, kind: JobKind | None) -> dict[str, Any]:
+        """This kind's #SBATCH options: additional_parameters, launcher.placement, spread's exclude."""
+        taken = {node: job_kind(self.names[job_id]) for job_id, node in self.nodes.items()}
+        return placement_parameters(self.placement, kind, self.settings.additional_parameters, taken)
+
+    def _note_nodes(self, out_dir: Path) -> None:
+        """Record the node of each running job (jobs.json, and for spread) once squeue lists it running."""
+        unknown = [j.job_id for j in self.jobs if j.job_id not in self.nodes]
+        if self.cluster == "slurm":
+            self.nodes.update(running_nodes(unknown))
+        else:  # submitit's local executor: every job runs on this machine
+            self.nodes.update(dict.fromkeys(unknown, socket.gethostname()))
+        self._write_jobs(out_dir)
 
     def _submit(self, executor: Any, name: str, fn: Any, *args: Any, out_dir: Path) -> Any:
         with private_umask():  # the pickles submitit writes, and (through sbatch's SLURM_UMASK) the jobs' files
@@ -170,18 +202,20 @@ class SlurmLauncher:
         return submitted
 
     def _write_jobs(self, out_dir: Path) -> None:
-        """jobs.json: every job this launcher submitted, with ``state`` (live, or ``lost: STATE``) and, for a lost
-        gateway, the job that replaced it."""
+        """jobs.json: every job this launcher submitted, with its node (once it ran), ``state`` (live, or ``lost:
+        STATE``) and, for a lost gateway, the job that replaced it."""
         states = self.watch.states() if self.watch is not None else {}
         lost = self.watch.lost if self.watch is not None else {}
-        rows = [{"job_id": j.job_id, "name": self.names[j.job_id], "state": states.get(j.job_id, "live"),
+        rows = [{"job_id": j.job_id, "name": self.names[j.job_id], "node": self.nodes.get(j.job_id),
+                 "state": states.get(j.job_id, "live"),
                  **({"replaced_by": lost[j.job_id].replaced_by} if j.job_id in lost else {})} for j in self.jobs]
         (out_dir / "jobs.json").write_text(json.dumps(rows, indent=1) + "\n")
 
     @contextlib.asynccontextmanager
     async def _server(self, job: LaunchJob, token: str) -> AsyncIterator[str]:
         if self.server_mode == "local":
-            host = self.server_host or socket.getfqdn()
+            default = await asyncio.to_thread(launcher_host) if self.cluster == "slurm" else socket.getfqdn()
+            host = advertised_host(self.server_host, default)
             port = self.server_port or node_port()
             async with rollout_server(job.out_dir / "server.sqlite", "0.0.0.0", port, token, self.heartbeat):
                 url = f"http://{host}:{port}"
@@ -196,6 +230,7 @@ class SlurmLauncher:
         submitted = self._submit(executor, "polar-server", run_server_job, str(job.out_dir / "server.sqlite"),
                                  token, str(info), self.server_host, self.heartbeat, out_dir=job.out_dir)
         url = (await self._wait_for_file(info, submitted, self.register_timeout))["url"]
+        await asyncio.to_thread(self._note_nodes, job.out_dir)
         write_server_info(job.out_dir, url, token)
         self.console.print(f"rollout server job {submitted.job_id} at {url}")
         yield url
@@ -215,6 +250,7 @@ class SlurmLauncher:
                                      str(info), self.advertise_host, out_dir=job.out_dir)
             waits.append(self._wait_for_file(info, submitted, settings.ready_timeout_seconds + 600))
         urls = [info["url"] for info in await asyncio.gather(*waits)]
+        await asyncio.to_thread(self._note_nodes, job.out_dir)
         self.console.print(f"inference servers ready: {', '.join(urls)}")
         return urls
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,22 @@ from hydra import compose, initialize_config_dir
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.launch import CONF_DIR, ConfigError, InferenceSettings, build_job, build_launcher
-from polar_gym.launch.jobs import GatewayJobSettings, InferenceJobSettings, gateway_argv, inference_command
+from polar_gym.launch.jobs import (
+    GatewayJobSettings,
+    InferenceJobSettings,
+    advertised_host,
+    gateway_argv,
+    inference_command,
+)
+from polar_gym.launch.placement import (
+    PlacementSettings,
+    controller_address,
+    job_kind,
+    launcher_host,
+    placement_parameters,
+    route_address,
+    running_nodes,
+)
 from polar_gym.launch.submitit_launcher import SlurmLauncher
 
 
@@ -103,3 +119,83 @@ def test_inference_commands() -> None:
     assert (Path(train_env["PYTHONPATH"]) / "polar_vllm_worker.py").exists()
     with pytest.raises(ValueError, match="model_path is required"):
         inference_command(InferenceJobSettings(kind="sglang"), 1)
+
+
+# -- placement (launcher.placement) --------------------------------------------------------------------------------
+
+
+def test_placement_adds_each_kinds_options_over_the_common_ones() -> None:
+    placement = PlacementSettings(server={"nodelist": "n1"}, gateway={"exclude": "gpu[1-8]", "constraint": "cpu"})
+    common = {"constraint": "any", "exclusive": True}
+    assert placement_parameters(placement, "server", common, {}) == {"constraint": "any", "exclusive": True,
+                                                                     "nodelist": "n1"}
+    assert placement_parameters(placement, "gateway", common, {"n1": "server"}) == {
+        "constraint": "cpu", "exclusive": True, "exclude": "gpu[1-8]"}  # no spread: taken nodes do not matter
+    assert placement_parameters(placement, "inference", {}, {}) == {}
+
+
+def test_spread_excludes_the_nodes_of_the_other_kinds_only() -> None:
+    spread = PlacementSettings(spread=True, gateway={"exclude": "gpu1"})
+    taken = {"n1": "server", "n3": "inference", "n2": "gateway"}
+    assert placement_parameters(spread, "gateway", {}, taken) == {"exclude": "gpu1,n1,n3"}
+    assert placement_parameters(spread, "inference", {}, {"n1": "server"}) == {"exclude": "n1"}
+    assert placement_parameters(spread, "server", {}, {}) == {}
+
+
+def test_job_kinds_come_from_the_launchers_job_names() -> None:
+    assert [job_kind(n) for n in ("polar-server", "polar-inference-1", "polar-gateway-12")] == [
+        "server", "inference", "gateway"]
+    assert job_kind("polar-test") is None
+    spread = PlacementSettings(spread=True, gateway={"exclude": "n9"})
+    assert placement_parameters(spread, None, {"qos": "high"}, {"n1": "server"}) == {"qos": "high"}
+    assert placement_parameters(spread, "gateway", {}, {"n1": None, "n2": "server"}) == {"exclude": "n9,n2"}
+
+
+def test_placement_reaches_the_sbatch_options_and_spread_follows_the_nodes_jobs_ran_on(tmp_path: Path) -> None:
+    launcher = _launcher("launcher.placement.spread=true", "+launcher.placement.gateway.cpus_per_task=1",
+                         "+launcher.additional_parameters.constraint=cpu")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        job = build_job(compose("config", overrides=["launcher=slurm", f"out_dir={tmp_path}"]))
+    launcher.names.update({"7": "polar-server", "8": "polar-inference-0"})
+    launcher.nodes.update({"7": "node1", "8": "node3"})
+    params = launcher._executor(job, "polar-gateway")._executor.parameters
+    assert params["additional_parameters"] == {"constraint": "cpu", "cpus_per_task": 1, "exclude": "node1,node3"}
+    assert launcher._executor(job, "polar-inference")._executor.parameters["additional_parameters"] == {
+        "constraint": "cpu", "exclude": "node1"}
+
+
+def test_running_nodes_is_empty_without_squeue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert running_nodes(["1", "2"]) == {} and running_nodes([]) == {}
+
+
+def test_the_controllers_address_comes_from_scontrol(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\nprintf 'SlurmctldAddr = (null)\\nSlurmctldHost[0]        = polar-ctl(10.77.0.1)\\n"
+                        "SlurmctldPort           = 7017\\n'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert controller_address() == ("10.77.0.1", 7017)
+    scontrol.write_text("#!/bin/sh\nprintf 'SlurmctldHost[0] = head01\\n'\n")
+    assert controller_address() == ("head01", 6817)
+    scontrol.write_text("#!/bin/sh\nexit 1\n")
+    assert controller_address() is None
+
+
+def test_a_loopback_fqdn_gives_way_to_the_address_toward_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "getfqdn", lambda: "localhost")
+    assert launcher_host(("127.0.0.1", 6817)) == "127.0.0.1"  # a one-node cluster: loopback is right
+    toward = route_address("192.0.2.1", 6817)  # TEST-NET-1: the default route's source address, if there is one
+    assert launcher_host(("192.0.2.1", 6817)) == (toward or "localhost")
+    monkeypatch.setattr(socket, "getfqdn", lambda: "head01.example")
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "10.1.2.3")
+    assert launcher_host(("192.0.2.1", 6817)) == "head01.example"
+
+
+def test_advertised_hosts_are_each_nodes_name_or_a_pattern_of_it() -> None:
+    assert advertised_host(None, "node7") == "node7"
+    assert advertised_host("{host}-ib", "node7") == "node7-ib"
+    assert advertised_host("10.0.0.1", "node7") == "10.0.0.1"  # fixed: one node only
+    assert advertised_host(None) == socket.gethostname()
+    launcher = _launcher("launcher.advertise_host='{host}-ib'", "launcher.server_host='{host}.cluster'")
+    assert (launcher.advertise_host, launcher.server_host) == ("{host}-ib", "{host}.cluster")
