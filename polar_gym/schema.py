@@ -411,6 +411,8 @@ class GatewayHealth(_Open):
     run_slot_utilization: dict[str, Any] = Field(default_factory=dict)
     finished: dict[str, int] = Field(default_factory=dict)
     runtimes_live: int = 0
+    #: the Slurm job the gateway runs in (SLURM_JOB_ID), so a launcher can tell which job a silent gateway was
+    job_id: str | None = None
 
 
 class UpstreamChange(_Model):

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import inspect
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -181,6 +182,7 @@ class GatewayNode:
             run_slot_utilization=self.utilization.snapshot(),
             finished=dict(self.finished_counts),
             runtimes_live=self.stages.live_runtimes(),
+            job_id=os.environ.get("SLURM_JOB_ID"),
         )
 
     # -- the driver ------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,11 +26,14 @@ from polar_gym.launch.outputs import SessionOutcome
 from polar_gym.schema import SessionResult, SessionSpec, SessionStatus, TaskRequest
 from polar_gym.server.store import SessionRow, Store
 
-__all__ = ["JOB_LOST", "LIVE_STATES", "JobLost", "JobWatch", "LostJob", "fatal", "lost_outcomes", "lost_result",
-           "lost_state", "query_states", "role_of"]
+__all__ = ["JOB_LOST", "LIVE_STATES", "UNREACHABLE", "JobLost", "JobWatch", "LostJob", "fatal", "lost_outcomes",
+           "lost_result", "lost_state", "query_states", "role_of"]
 
 #: the error cause of sessions a lost server or inference job left unfinished (see polar_gym.causes)
 JOB_LOST = "job_lost"
+#: the state of a gateway job whose gateway the rollout server declared dead (missed heartbeats) before Slurm says
+#: anything: a node's death reaches Slurm only after SlurmdTimeout (300 s by default), the server in seconds
+UNREACHABLE = "UNREACHABLE"
 #: states of a job that still counts as the run's (requeued ones included: Slurm brings them back; QUEUED is
 #: submitit's debug executor)
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
@@ -166,44 +169,106 @@ def query_states(job_ids: list[str], timeout: float = 30.0) -> dict[str, tuple[s
 
 
 class JobWatch:
-    """Checks the launcher's jobs every ``interval`` seconds for the whole run. ``replace(lost)`` submits a new
-    gateway job and returns its id (None: none is submitted); ``changed()`` is called after each loss (to rewrite
-    jobs.json). :meth:`run` returns never; it raises :class:`JobLost` when the run cannot go on."""
+    """Checks the launcher's jobs every ``interval`` seconds for the whole run, in Slurm (sacct, squeue) and, with
+    ``gateways``, in the rollout server's view of its gateways (a dead node's gateway goes silent long before Slurm
+    declares the node down). ``replace(lost)`` submits a new gateway job and returns its id (None: none is
+    submitted); ``changed()`` is called after each change (to rewrite jobs.json). :meth:`run` returns never; it
+    raises :class:`JobLost` when the run cannot go on."""
 
     def __init__(self, jobs: list[Any], names: dict[str, str], *, console: Any, cluster: str, interval: float,
                  replace: Callable[[LostJob], str | None] | None, max_replacements: int,
-                 changed: Callable[[], None] = lambda: None) -> None:
+                 changed: Callable[[], None] = lambda: None,
+                 gateways: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None) -> None:
         self.jobs, self.names, self.console, self.cluster = jobs, names, console, cluster
         self.interval, self.replace, self.max_replacements = interval, replace, max_replacements
-        self.changed = changed
+        self.changed, self.gateways = changed, gateways
         self.lost: dict[str, LostJob] = {}
+        self.requeued: dict[str, str] = {}  # job id -> the state it was lost in before Slurm requeued it
         self.started = time.monotonic()
         self.replacements = 0
 
     def states(self) -> dict[str, str]:
-        """job id -> what jobs.json says of it: ``lost: STATE`` for a lost one, else ``live``."""
-        return {j.job_id: f"lost: {self.lost[j.job_id].state}" if j.job_id in self.lost else "live"
+        """job id -> what jobs.json says of it: ``lost: STATE`` for a lost one, ``back after STATE`` for one that
+        came back (Slurm requeued it after a node failure, the default JobRequeue=1; or its gateway, silent for a
+        while, registered again), else ``live``."""
+        return {j.job_id: f"lost: {self.lost[j.job_id].state}" if j.job_id in self.lost
+                else f"back after {self.requeued[j.job_id]}" if j.job_id in self.requeued else "live"
                 for j in self.jobs}
 
-    def _check(self) -> dict[str, str]:
-        """job id -> lost state, for the jobs not known lost yet (runs in a thread: sacct and squeue block)."""
-        watched = [j for j in self.jobs if j.job_id not in self.lost]
+    def _check(self) -> dict[str, str | None]:
+        """job id -> lost state (None: it lives), for every job (runs in a thread: sacct and squeue block)."""
         if self.cluster == "slurm":
-            answers = query_states([j.job_id for j in watched])
-            found = {job: lost_state(*answers[job]) for job in answers}
-        else:  # submitit's local executor: its own view of the process
-            found = {j.job_id: lost_state(_submitit_state(j), None) for j in watched}
-        return {job: state for job, state in found.items() if state is not None}
+            answers = query_states([j.job_id for j in self.jobs])
+            return {job: lost_state(*answers[job]) for job in answers}
+        return {j.job_id: lost_state(_submitit_state(j), None) for j in self.jobs}  # submitit's local executor
 
     async def run(self) -> None:
         while True:
             await self.check()
+            await self.check_gateways()
             await asyncio.sleep(self.interval)
+
+    async def check_gateways(self) -> None:
+        """The rollout server's view (``gateways``: its GET /gateways rows): a job whose gateway it declared dead is
+        lost now; one whose gateway answers again is back. Each gateway says its job in its health
+        (``job_id``); a job requeued onto another node registers a new gateway under the same job id."""
+        if self.gateways is None:
+            return
+        try:
+            rows = await self.gateways()
+        except Exception:  # the server not answering is the driver's to report
+            return
+        alive: dict[str, bool] = {}
+        for row in rows:
+            job_id = (row.get("health") or {}).get("job_id")
+            if isinstance(job_id, str):
+                alive[job_id] = alive.get(job_id, False) or row.get("state") != "dead"
+        for job_id, up in alive.items():
+            if up:
+                self.answers_again(job_id)
+            else:
+                await self.unreachable(job_id)
 
     async def check(self) -> None:
         """One look at every job not known lost; raises :class:`JobLost` for a loss the run cannot survive."""
         for job_id, state in (await asyncio.to_thread(self._check)).items():
-            await self._lost(job_id, state)
+            lost = self.lost.get(job_id)
+            if lost is None:
+                if state is not None:
+                    await self._lost(job_id, state)
+            elif lost.state == UNREACHABLE:
+                if state is not None:  # Slurm's verdict on a job whose gateway went silent first
+                    lost.state = f"{UNREACHABLE}, then {state}"
+                    self.changed()
+            elif state is None:
+                self._back(job_id)
+
+    async def unreachable(self, job_id: str) -> None:
+        """The rollout server declared this job's gateway dead: the job is lost now (replaced if configured), not
+        when Slurm finds out; raises :class:`JobLost` like any loss the run cannot survive."""
+        if job_id not in self.lost and job_id in self.names:
+            await self._lost(job_id, UNREACHABLE)
+
+    def answers_again(self, job_id: str) -> None:
+        """A gateway job counted lost as unreachable registered again (a partition healed): it works on; the
+        sessions the server gave away meanwhile stay given away (its late results are refused)."""
+        lost = self.lost.get(job_id)
+        if lost is None or lost.state != UNREACHABLE:
+            return
+        del self.lost[job_id]
+        self.requeued[job_id] = UNREACHABLE
+        self.console.print(f"[yellow]{lost.role} job {job_id} ({lost.name}) answers again: the sessions the server "
+                           "gave away meanwhile stay with the gateways that took them[/]", highlight=False)
+        self.changed()
+
+    def _back(self, job_id: str) -> None:
+        """A job counted lost is in the queue again: Slurm requeued it after its node failed (the same job id runs
+        once a node is free; a replacement, if one was submitted, runs as well)."""
+        lost = self.lost.pop(job_id)
+        self.requeued[job_id] = lost.state
+        self.console.print(f"[yellow]{lost.role} job {job_id} ({lost.name}) requeued by Slurm after {lost.state}: it "
+                           "runs again once a node is free[/]", highlight=False)
+        self.changed()
 
     async def explain(self, timeout: float) -> None:
         """After the run failed on its own (the server stopped answering): raise :class:`JobLost` if a job loss

@@ -283,7 +283,8 @@ class SlurmLauncher:
         self.watch = watch = JobWatch(self.jobs, self.names, console=self.console, cluster=self.cluster,
                                       interval=self.settings.job_check_seconds, replace=replace,
                                       max_replacements=self.settings.max_gateway_replacements,
-                                      changed=functools.partial(self._write_jobs, job.out_dir))
+                                      changed=functools.partial(self._write_jobs, job.out_dir),
+                                      gateways=client.gateways)
         started = time.monotonic()
         run = asyncio.ensure_future(run_job(RunDriver(client, self.console, progress=self.progress), job))
         watching = asyncio.ensure_future(watch.run())

@@ -85,6 +85,65 @@ async def test_the_watch_replaces_a_lost_gateway_and_stops_on_a_lost_server() ->
     assert "gateway job 2 (polar-gateway-0) lost: FAILED after 0 s, replaced by job 4" in text
 
 
+async def test_a_job_slurm_requeues_after_its_node_failed_is_reported_back() -> None:
+    """JobRequeue=1 (Slurm's default): a batch job on a failed node shows NODE_FAIL, then PENDING under the same id
+    and runs again elsewhere. The watch counts it lost, then back: jobs.json says so and the console tells why."""
+    jobs = [FakeJob("1"), FakeJob("2")]
+    names = {"1": "polar-gateway-0", "2": "polar-gateway-1"}
+    console = Console(record=True, width=200)
+    changes: list[dict[str, str]] = []
+    watch = JobWatch(jobs, names, console=console, cluster="local", interval=0.01, replace=None,
+                     max_replacements=0, changed=lambda: changes.append(watch.states()))
+    jobs[0].state = "NODE_FAIL"
+    await watch.check()
+    assert changes[-1] == {"1": "lost: NODE_FAIL", "2": "live"}
+    jobs[0].state = "PENDING"
+    await watch.check()
+    assert watch.lost == {} and changes[-1] == {"1": "back after NODE_FAIL", "2": "live"}
+    jobs[0].state = "RUNNING"
+    await watch.check()
+    assert len(changes) == 2  # nothing new: it simply runs
+    assert "gateway job 1 (polar-gateway-0) requeued by Slurm after NODE_FAIL" in console.export_text()
+
+
+async def test_a_gateway_the_server_declared_dead_is_lost_before_slurm_knows() -> None:
+    """A node's death reaches Slurm after SlurmdTimeout; the rollout server misses the gateway's heartbeats in
+    seconds. The job whose gateway went silent (its health names its SLURM_JOB_ID) is lost and replaced at once;
+    Slurm's verdict is added when it comes; a silent gateway that registers again (a partition healed) is back."""
+    jobs = [FakeJob("1"), FakeJob("2")]
+    names = {"1": "polar-gateway-0", "2": "polar-gateway-1"}
+    rows = [{"gateway_id": "g1", "state": "healthy", "health": {"job_id": "1"}},
+            {"gateway_id": "g2", "state": "healthy", "health": {"job_id": "2"}},
+            {"gateway_id": "g0", "state": "healthy", "health": {}}]  # not one of ours (or an older gateway)
+
+    async def gateways() -> list[dict[str, object]]:
+        return rows
+
+    def replace(lost: LostJob) -> str:
+        jobs.append(FakeJob("3"))
+        names["3"] = lost.name + ".1"
+        return "3"
+
+    console = Console(record=True, width=200)
+    watch = JobWatch(jobs, names, console=console, cluster="local", interval=0.01, replace=replace,
+                     max_replacements=1, gateways=gateways)
+    await watch.check_gateways()
+    assert watch.lost == {}
+    rows[0]["state"] = rows[1]["state"] = "dead"
+    await watch.check_gateways()
+    assert watch.states() == {"1": "lost: UNREACHABLE", "2": "lost: UNREACHABLE", "3": "live"}
+    assert watch.lost["1"].replaced_by == "3" and watch.lost["2"].replaced_by is None  # one replacement allowed
+    jobs[0].state = "NODE_FAIL"  # Slurm finds out later
+    await watch.check()
+    assert watch.states()["1"] == "lost: UNREACHABLE, then NODE_FAIL"
+    rows[1]["state"] = "healthy"  # gateway 1 was only cut off
+    await watch.check_gateways()
+    assert watch.states() == {"1": "lost: UNREACHABLE, then NODE_FAIL", "2": "back after UNREACHABLE", "3": "live"}
+    text = console.export_text()
+    assert "gateway job 1 (polar-gateway-0) lost: UNREACHABLE after 0 s, replaced by job 3" in text
+    assert "gateway job 2 (polar-gateway-1) answers again" in text
+
+
 async def test_the_last_gateway_lost_without_replacement_ends_the_run() -> None:
     jobs = [FakeJob("1", "CANCELLED")]
     watch = JobWatch(jobs, {"1": "polar-gateway-0"}, console=Console(quiet=True), cluster="local", interval=0.01,
