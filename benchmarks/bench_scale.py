@@ -59,6 +59,7 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_server import stop  # noqa: E402
 from benchmarks.scale_model import Plan, analyse, draw_plan, make_task, session_rows  # noqa: E402
 from benchmarks.scale_report import table, write_outputs  # noqa: E402
 from polar_gym.assets import tokenizer_dir  # noqa: E402
@@ -108,16 +109,6 @@ def spawn(module_argv: list[str], env: dict[str, str], log: Path) -> subprocess.
         return subprocess.Popen([sys.executable, "-m", *module_argv], cwd=ROOT, env=env, stdout=out, stderr=out)
 
 
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def pid_of_job(job_id: str) -> int | None:
     """The pid of a Slurm job's ``python -m submitit.core._submit`` on this host (the gateway runs inside it, under
     srun, whose own command line names submitit too), else None."""
@@ -150,8 +141,10 @@ class Fleet:
             with contextlib.suppress(Exception):
                 job.cancel(check=False)
         for proc in self.gateway_procs.values():
-            stop_process(proc)
-        stop_process(self.server)
+            if proc.poll() is None:
+                stop(proc)
+        if self.server.poll() is None:
+            stop(self.server)
 
 
 async def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -347,7 +340,7 @@ async def store_phase(n: int, work: Path) -> dict[str, Any]:
     session counted on the store's connection, and this process's CPU per session."""
     import collections
 
-    from benchmarks.bench_server import GW_TOKEN, spawn_gateway, stop
+    from benchmarks.bench_server import GW_TOKEN, spawn_gateway
     from polar_gym.schema import GatewayRegistration, SessionStatus
     from polar_gym.server import RolloutServer, Store
 
