@@ -2,7 +2,8 @@
 server and 3 real gateway processes, against the ideal schedule of the same work in the same run.
 
     .venv/bin/python benchmarks/bench_scale.py [--quick] [--sessions 1000] [--gateways 3] [--run-slots 4]
-        [--time-scale 0.01] [--calls 4] [--slurm-conf PATH [--server-host HOST]] [--out benchmarks/results]
+        [--time-scale 0.01] [--calls 4] [--slurm-conf PATH [--server-host HOST] [--exclusive]]
+        [--out benchmarks/results]
 
 Everything a session touches is real except the model: ``python -m polar_gym.server`` (SQLite store), gateways as
 ``python -m polar_gym.gateway --engine oracle --server-url ...`` processes (``--launcher local``, on this host) or as
@@ -206,7 +207,9 @@ def start_gateway_jobs(fleet: Fleet, argvs: list[list[str]], args: argparse.Name
     folder = work / "slurm"
     folder.mkdir(mode=0o700, exist_ok=True)
     executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm")
-    extra = {"slurm_partition": args.partition} if args.partition else {}
+    extra: dict[str, Any] = {"slurm_partition": args.partition} if args.partition else {}
+    if args.exclusive:  # one gateway per node: the 3-node local cluster's nodes each get one
+        extra["slurm_additional_parameters"] = {"exclusive": True}
     executor.update_parameters(name="polar-scale-gateway", nodes=1, tasks_per_node=1, cpus_per_task=args.gateway_cpus,
                                mem_gb=args.gateway_mem_gb, timeout_min=120, **extra)
     for argv in argvs:
@@ -510,6 +513,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="local (default): gateway processes on this host; slurm needs --slurm-conf")
     p.add_argument("--server-host", default=None, help="how Slurm nodes reach this host (default: its FQDN)")
     p.add_argument("--partition", default=None, help="Slurm partition of the gateway jobs")
+    p.add_argument("--exclusive", action="store_true", help="each gateway job on a node of its own (--exclusive)")
     p.add_argument("--gateway-cpus", type=int, default=1, help="CPUs per gateway job")
     p.add_argument("--gateway-mem-gb", type=float, default=2.0, help="memory per gateway job, GB")
     p.add_argument("--register-timeout", type=float, default=300.0)

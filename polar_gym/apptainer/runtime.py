@@ -42,6 +42,7 @@ from polar_gym.apptainer.commands import INNER_STATE, ApptainerOptions
 from polar_gym.apptainer.gateway import ApptainerRelay
 from polar_gym.runtime.base import ExecResult, ExecStatus, GatewayEndpoint, OutputCallback, Runtime
 from polar_gym.runtime.errors import SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.processes import start_process
 from polar_gym.schema import RuntimeSpec
 
 __all__ = ["INSTALL_HINT", "ApptainerRuntime", "resolve_binary"]
@@ -173,7 +174,7 @@ class ApptainerRuntime(Runtime):
                              pidfile=f"{INNER_STATE}/exec/{number}.pid")
         environ = cmd.exec_environment({**self.spec.env, **(env or {})}, prefix=self.opts.env_prefix)
         began = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
+        proc = await start_process(
             *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=environ, start_new_session=True)
         run = _Running(proc, pidfile)
@@ -346,8 +347,8 @@ class ApptainerRuntime(Runtime):
         out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_fd,
-                                                        stderr=err_fd, start_new_session=True)
+            proc = await start_process(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_fd,
+                                       stderr=err_fd, start_new_session=True)
         finally:
             os.close(out_fd)
             os.close(err_fd)
@@ -369,9 +370,9 @@ class ApptainerRuntime(Runtime):
 
 async def _run(argv: Sequence[str], timeout: float) -> tuple[int, bytes, bytes]:
     """A short control command with captured output; killed (whole group) at the timeout."""
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                start_new_session=True)
+    proc = await start_process(*argv, stdin=asyncio.subprocess.DEVNULL,
+                               stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                               start_new_session=True)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:

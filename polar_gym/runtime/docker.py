@@ -60,6 +60,7 @@ from polar_gym.runtime.docker_commands import (
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
 from polar_gym.runtime.local import DEFAULTS, LoopbackAllocator
 from polar_gym.runtime.podman_host import default_cli, host_defaults
+from polar_gym.runtime.processes import start_process
 from polar_gym.runtime.relay import GatewayRelay, relay_program
 from polar_gym.schema import RuntimeSpec
 
@@ -287,10 +288,10 @@ class DockerRuntime(Runtime):
                    ) -> tuple[int, bytes, bytes]:
         """Run one CLI command to completion; a missing CLI or a dead daemon raise SandboxUnavailable."""
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=stdin if stdin is not None else
-                                                        asyncio.subprocess.DEVNULL, stdout=stdout,
-                                                        stderr=asyncio.subprocess.PIPE, cwd=self._cli_cwd(),
-                                                        env=cli_env(env))
+            proc = await start_process(*argv, stdin=stdin if stdin is not None else
+                                       asyncio.subprocess.DEVNULL, stdout=stdout,
+                                       stderr=asyncio.subprocess.PIPE, cwd=self._cli_cwd(),
+                                       env=cli_env(env))
         except FileNotFoundError as exc:
             raise SandboxUnavailable(f"container CLI {argv[0]!r} not found: {INSTALL_HINT}") from exc
         try:
@@ -464,9 +465,9 @@ class DockerRuntime(Runtime):
                                   cwd=posixpath.join(self.spec.workdir, cwd or "."))
         began = time.monotonic()
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
-                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                        cwd=self._cli_cwd(), env=cli_env(env))
+            proc = await start_process(*argv, stdin=asyncio.subprocess.PIPE,
+                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                       cwd=self._cli_cwd(), env=cli_env(env))
         except OSError as exc:
             return ExecResult(status=ExecStatus.CRASHED, reason=f"cannot run {argv[0]!r}: {exc}",
                               seconds=time.monotonic() - began)

@@ -96,6 +96,7 @@ from polar_gym.runtime.bwrap import (
 from polar_gym.runtime.errors import SandboxStartError, SandboxStateError, SandboxUnavailable
 from polar_gym.runtime.files import confine, copy_in, copy_out
 from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, disk_usage
+from polar_gym.runtime.processes import start_process
 from polar_gym.runtime.relay import RELAY_FALLBACK, GatewayRelay, helper_argv, relay_program
 from polar_gym.schema import RuntimeSpec
 
@@ -402,7 +403,7 @@ class LocalRuntime(Runtime):
         status_r, status_w = os.pipe()
         try:
             argv = self.command_argv(command, cwd=cwd, status_fd=status_w)
-            proc = await asyncio.create_subprocess_exec(
+            proc = await start_process(
                 *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.command_env(env),
                 pass_fds=(status_w,), start_new_session=True)
@@ -410,6 +411,9 @@ class LocalRuntime(Runtime):
             os.close(status_r)
             return ExecResult(status=ExecStatus.CRASHED, reason=f"cannot start bwrap: {exc}",
                               seconds=time.monotonic() - started)
+        except asyncio.CancelledError:
+            os.close(status_r)
+            raise
         finally:
             os.close(status_w)
         run = _Running(proc, status_r)
