@@ -220,6 +220,10 @@ def run_gateway_job(argv: list[str], advertise_host: str | None = None, server_t
         os.environ["POLAR_SERVER_TOKEN"] = server_token
     host = advertised_host(advertise_host)
     workdir, keep = None, bool(scratch and scratch.get("keep"))
+    # a job cancelled while the gateway still starts (submitit passes SIGTERM by, then Slurm SIGKILLs after
+    # KillWait) would leave its workdir on the node: until the gateway's own handlers are in, SIGTERM ends the
+    # job through the ``finally`` below
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if scratch is not None:
         workdir = node_workdir(str(scratch["template"]), str(scratch["index"]))
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -231,6 +235,10 @@ def run_gateway_job(argv: list[str], advertise_host: str | None = None, server_t
     finally:
         if workdir is not None and not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def run_server_job(db: str, admin_token: str, info_path: str, advertise_host: str | None = None,
