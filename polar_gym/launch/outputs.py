@@ -129,7 +129,9 @@ def result_row(o: SessionOutcome) -> dict[str, Any]:
     """One line of results.jsonl: the SessionResult without its trajectory, plus the launch's columns and the
     builder's diagnostics."""
     data: dict[str, Any] = o.result.model_dump(mode="json", exclude={"trajectory"})
-    (data.get("metadata") or {}).get("artifacts", {}).pop("call_log", None)  # in calls.jsonl: rows stay small
+    artifacts = (data.get("metadata") or {}).get("artifacts")
+    if isinstance(artifacts, dict):
+        artifacts.pop("call_log", None)  # in calls.jsonl: the rows stay small
     data.update(harness=o.spec.agent.harness, traces=o.traces, completions=o.completions, seconds=round(o.seconds, 3),
                 error_cause=error_cause(o.result))
     if o.result.trajectory is not None:
