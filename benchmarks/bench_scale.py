@@ -60,7 +60,7 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_server import stop  # noqa: E402
+from benchmarks.bench_server import stop, wait_http  # noqa: E402
 from benchmarks.scale_model import Plan, analyse, draw_plan, make_task, session_rows  # noqa: E402
 from benchmarks.scale_report import table, write_outputs  # noqa: E402
 from polar_gym.assets import tokenizer_dir  # noqa: E402
@@ -148,20 +148,6 @@ class Fleet:
             stop(self.server)
 
 
-async def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
-    async with httpx.AsyncClient() as http:
-        end = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if (await http.get(url)).status_code < 500:
-                    return
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"the process behind {url} exited with {proc.returncode}")
-            if time.monotonic() > end:
-                raise RuntimeError(f"{url} did not come up in {timeout} s")
-            await asyncio.sleep(0.1)
-
-
 async def start_fleet(args: argparse.Namespace, work: Path) -> Fleet:
     """The server as its own process, then ``args.gateways`` gateways registered with it."""
     token = secrets.token_urlsafe(24)
@@ -174,7 +160,7 @@ async def start_fleet(args: argparse.Namespace, work: Path) -> Fleet:
     advertised = args.server_host or (socket.getfqdn() if slurm else "127.0.0.1")
     fleet = Fleet(f"http://{advertised}:{port}", token, server, work / "server.sqlite")
     try:
-        await wait_http(f"http://127.0.0.1:{port}/health", proc=server)
+        await wait_http(f"http://127.0.0.1:{port}/health", 60.0, proc=server)
         pools = GatewayJobSettings(run_slots=args.run_slots, init_workers=args.init_workers,
                                    ready_buffer=args.ready_buffer, postrun_workers=args.postrun_workers,
                                    cpus_per_task=args.gateway_cpus, mem_gb=args.gateway_mem_gb, timeout_min=120)
@@ -368,7 +354,7 @@ async def store_phase(n: int, work: Path) -> dict[str, Any]:
     store._db.set_trace_callback(trace)
     core = RolloutServer(store)
     try:
-        await wait_http(f"http://127.0.0.1:{port}/gateway/health", proc=gateway)
+        await wait_http(f"http://127.0.0.1:{port}/gateway/health", 60.0, proc=gateway)
         await core.start()
         await core.register(GatewayRegistration(url=f"http://127.0.0.1:{port}", capacity=64, admin_token=GW_TOKEN))
         rng = random.Random(0)

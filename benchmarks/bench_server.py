@@ -168,13 +168,16 @@ def spawn_server(port: int, db: Path) -> subprocess.Popen[bytes]:
                              "--admin-token", TOKEN, "--log-level", "warning"], cwd=ROOT)
 
 
-async def wait_http(url: str, timeout: float = 30.0) -> None:
+async def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Until ``url`` answers below 500; fails at ``timeout`` or when ``proc`` (the process behind it) exits."""
     async with httpx.AsyncClient() as http:
         end = time.monotonic() + timeout
         while True:
             with contextlib.suppress(httpx.HTTPError):
                 if (await http.get(url)).status_code < 500:
                     return
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the process behind {url} exited with {proc.returncode}")
             if time.monotonic() > end:
                 raise RuntimeError(f"{url} did not come up in {timeout} s")
             await asyncio.sleep(0.05)
