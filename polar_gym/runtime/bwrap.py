@@ -275,8 +275,10 @@ def bwrap_argv(layout: SandboxLayout, command: Sequence[str], *, cwd: str, statu
     return [*argv, "--", *command]
 
 
-def launcher_argv(layout: SandboxLayout, bwrap: Sequence[str]) -> list[str]:
-    """The host side in front of bwrap: join the cgroups, stage the sources, drop to the sandbox uid."""
+def launcher_argv(layout: SandboxLayout, bwrap: Sequence[str], *, watchdog_for: int | None = None) -> list[str]:
+    """The host side in front of bwrap: join the cgroups, stage the sources, drop to the sandbox uid; with
+    ``watchdog_for`` (the pid of the process that starts it) stay as the sandbox's watchdog, which takes the whole
+    sandbox down when that process dies, whenever it dies (relay.c's ``watch``)."""
     launch = layout.launch
     if launch.helper is None:
         return list(bwrap)
@@ -290,6 +292,8 @@ def launcher_argv(layout: SandboxLayout, bwrap: Sequence[str]) -> list[str]:
             argv += ["-B", source]
     if launch.uid is not None:
         argv += ["-U", str(launch.uid), "-G", str(launch.gid if launch.gid is not None else launch.uid)]
+    if watchdog_for is not None:
+        argv += ["-W", str(watchdog_for)]
     return [*argv, "--", *bwrap]
 
 

@@ -333,9 +333,10 @@ class LocalRuntime(Runtime):
 
     @staticmethod
     def _kill(r: _Running, status: ExecStatus) -> None:
-        """Kill the sandbox's pid 1 (the kernel then kills its whole pid namespace) so that the outer bwrap reaps
-        it and exits; then, in case it does not, the outer bwrap's process group (``--die-with-parent`` takes the
-        namespace down with it, but leaves pid 1 as a zombie for init to reap)."""
+        """Kill the started process's children: the sandbox's pid 1 (the kernel then kills its whole pid
+        namespace) so that the outer bwrap reaps it and exits, or, behind the helper's watchdog, the outer bwrap
+        (the watchdog then kills the process group, pid 1 included); then, in case it does not go, the process
+        group (``--die-with-parent`` takes the namespace down with it, but leaves pid 1 as a zombie for init)."""
         if r.killed is None:
             r.killed = status
         pid = r.proc.pid
@@ -384,7 +385,7 @@ class LocalRuntime(Runtime):
         inside_cwd = posixpath.normpath(posixpath.join(layout.workdir, cwd or "."))
         full = bwrap_argv(layout, argv, cwd=inside_cwd, status_fd=status_fd, bwrap=self._bwrap)
         if layout.launch.helper is not None:
-            return launcher_argv(layout, full)
+            return launcher_argv(layout, full, watchdog_for=os.getpid())
         if layout.launch.cgroup_procs:
             return cgroup_wrap(layout.launch.cgroup_procs, full)
         return full

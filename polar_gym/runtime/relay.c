@@ -2,7 +2,7 @@
  * polar_gym sandbox helper: applies resource limits, optionally starts the "gateway only" relay, then execs a command.
  *
  *   relay [-n NPROC] [-m DATA_BYTES] [-f FILE_BYTES] [-c CPU,CPU,...] [-l PORT -u SOCKET [-k MAXCONN]] -- CMD...
- *   relay [-J CGROUP_PROCS]... [-S STAGE -B SRC...] [-U UID -G GID] -- bwrap ...      (host side, as root)
+ *   relay [-J CGROUP_PROCS]... [-S STAGE -B SRC...] [-U UID -G GID] [-W PID] -- bwrap ...  (host side)
  *
  * Host side (the local backend started by root): -J moves this process into a cgroup (its procs file) before
  * anything else, so every sandbox process is counted; -S/-B make a private mount namespace, mount a small tmpfs on
@@ -10,6 +10,8 @@
  * sources whose parents it could not traverse, such as a session directory under a 0700 tree; nothing of this is
  * visible on the host, and STAGE/empty is an empty file to mask secrets with); -U/-G drop to that uid and gid
  * (no supplementary groups, no new privileges) and exec the rest, bwrap, whose user namespace then maps to it.
+ * -W PID keeps this process as the sandbox's watchdog for its parent PID (see watch()): bwrap alone leaves a sandbox
+ * behind when the process that started it is SIGKILLed at the wrong moment.
  *
  * Limits are set here, inside the sandbox (after its user namespace exists), so RLIMIT_NPROC counts the sandbox's
  * own processes rather than every process of the user on the host. With -l/-u it listens on 127.0.0.1:PORT, forks
@@ -39,6 +41,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <grp.h>
 #include <unistd.h>
 
@@ -267,6 +270,42 @@ static void drop_to(const char *uid, const char *gid) {
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
 }
 
+/* -W PID: the watchdog between the launching process PID (the gateway) and bwrap. bwrap's --die-with-parent kills
+ * the outer bwrap when the gateway dies, and the sandbox's pid 1 when the outer bwrap dies, but pid 1 arms that
+ * only after the outer bwrap has written its uid map: an outer bwrap killed before that (a gateway SIGKILLed while
+ * sandboxes start) leaves pid 1 blocked for good on an eventfd, reparented to init (seen: sandboxes left running
+ * for hours). Here the gateway's death (PR_SET_PDEATHSIG, armed after the uid drop, which clears it; a parent other
+ * than PID means the gateway died before that) or the outer bwrap's death by a signal kills this whole process
+ * group: it holds the outer bwrap and that pid 1 (only the command inside calls setsid, and it dies with pid 1).
+ * Otherwise the watchdog exits with bwrap's exit code. */
+static void kill_group(int sig) {
+    (void)sig;
+    kill(-getpgrp(), SIGKILL);
+    _exit(137);
+}
+
+static void watch(pid_t launcher) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = kill_group;
+    if (sigaction(SIGTERM, &sa, NULL) < 0) die("sigaction");
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) < 0) die("PR_SET_PDEATHSIG");
+    if (getppid() != launcher) kill_group(0);
+    pid_t self = getpid(), child = fork();
+    if (child < 0) die("fork");
+    if (child == 0) {
+        signal(SIGTERM, SIG_DFL);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("PR_SET_PDEATHSIG");
+        if (getppid() != self) _exit(126);
+        return;  /* the caller execs bwrap */
+    }
+    int status;
+    while (waitpid(child, &status, 0) < 0)
+        if (errno != EINTR) die("waitpid");
+    if (WIFSIGNALED(status)) kill_group(0);
+    exit(WIFEXITED(status) ? WEXITSTATUS(status) : 126);
+}
+
 #define MAXSTAGE 64
 
 int main(int argc, char **argv) {
@@ -274,7 +313,8 @@ int main(int argc, char **argv) {
     const char *nproc = NULL, *data = NULL, *fsize = NULL, *cpus = NULL;
     char *srcs[MAXSTAGE];
     int nsrcs = 0, opt;
-    while ((opt = getopt(argc, argv, "+n:m:f:c:l:u:k:J:S:B:U:G:")) != -1) {
+    pid_t launcher = 0;
+    while ((opt = getopt(argc, argv, "+n:m:f:c:l:u:k:J:S:B:U:G:W:")) != -1) {
         switch (opt) {
         case 'n': nproc = optarg; break;
         case 'm': data = optarg; break;
@@ -291,9 +331,10 @@ int main(int argc, char **argv) {
             break;
         case 'U': uid = optarg; break;
         case 'G': gid = optarg; break;
+        case 'W': launcher = (pid_t)strtol(optarg, NULL, 10); break;
         default:
             fprintf(stderr, "usage: relay [-n NPROC] [-m BYTES] [-f BYTES] [-c CPUS] [-l PORT -u SOCKET [-k N]] "
-                            "[-J PROCS]... [-S STAGE -B SRC...] [-U UID -G GID] -- CMD...\n");
+                            "[-J PROCS]... [-S STAGE -B SRC...] [-U UID -G GID] [-W PID] -- CMD...\n");
             return 2;
         }
     }
@@ -342,6 +383,7 @@ int main(int argc, char **argv) {
         }
         close(lfd);
     }
+    if (launcher > 0) watch(launcher);
     if (fsize) signal(SIGXFSZ, SIG_DFL);
     execvp(argv[optind], argv + optind);
     int err = errno;

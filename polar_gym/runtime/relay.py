@@ -110,6 +110,7 @@ def build_relay(cache: Path | None = None, cc: str | None = None) -> Path:
                 continue  # gcc without libc6-dev's libc.a: the next compiler
             out.chmod(0o755)
             os.replace(out, target)  # atomic: concurrent builders never see a half-written binary
+            return target
     return target
 
 

@@ -69,9 +69,9 @@ def test_bwrap_argv_golden() -> None:
         "--bind", "/media/1", "/tmp", "--bind", "/media/0", "/polar", "--bind", "/media/2", "/workspace",
         "--ro-bind", "/media/3/relay", "/polar/.bin/relay", "--ro-bind", "/media/4", "/h/npm",
         "--remount-ro", "/", "--chdir", "/workspace/sub", "--json-status-fd", "3", "--", "sh", "-c", "x"]
-    assert launcher_argv(layout, ["bwrap", "x"]) == [
+    assert launcher_argv(layout, ["bwrap", "x"], watchdog_for=42) == [
         "/cache/relay", "-S", "/media", "-B", "/s", "-B", "/s/tmp", "-B", "/s/workspace", "-B", "/cache",
-        "-B", "/h/npm", "-U", "65534", "-G", "65534", "--", "bwrap", "x"]
+        "-B", "/h/npm", "-U", "65534", "-G", "65534", "-W", "42", "--", "bwrap", "x"]
 
 
 def test_without_a_compiled_helper_bwrap_runs_directly() -> None:
@@ -158,6 +158,21 @@ def test_build_relay_is_keyed_by_source(tmp_path: Path) -> None:
     path = build_relay(tmp_path)
     assert path.parent.name.startswith("relay-") and os.access(path, os.X_OK)
     assert build_relay(tmp_path) == path
+
+
+def test_build_relay_stops_at_the_first_compiler_that_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """The later compilers are fallbacks: a later one overwrote gcc's build with its own (a musl binary whose error
+    texts differ from glibc's) on every machine that had both."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    called = tmp_path / "second-compiler-ran"
+    second = tmp_path / "cc2"
+    second.write_text(f"#!/bin/sh\ntouch {called}\nexit 1\n")
+    second.chmod(0o755)
+    monkeypatch.setattr(relay_mod, "relay_compilers", lambda: [[shutil.which("gcc")], [str(second)]])
+    path = build_relay(tmp_path / "cache")
+    assert os.access(path, os.X_OK) and not called.exists()
 
 
 # -- the relay on its own -----------------------------------------------------------------------------------------
