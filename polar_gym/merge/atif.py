@@ -141,12 +141,15 @@ def _sampled(trace: Trace, prompt_ids: bool) -> list[_Sampled]:
 def _agent_step(step_id: int, message: Mapping[str, Any], sampled: _Sampled | None) -> atif.Step:
     calls = []
     for k, call in enumerate(message.get("tool_calls") or []):
-        function = call.get("function") or {}
+        function = call.get("function") if isinstance(call, Mapping) else None
+        function = function if isinstance(function, Mapping) else {}
         arguments, extra = _arguments(function.get("arguments"))
-        calls.append(atif.ToolCall(tool_call_id=str(call.get("id") or f"call-{step_id}-{k}"),
+        call_id = call.get("id") if isinstance(call, Mapping) else None
+        calls.append(atif.ToolCall(tool_call_id=str(call_id or f"call-{step_id}-{k}"),
                                    function_name=str(function.get("name") or ""), arguments=arguments, extra=extra))
+    reasoning = message.get("reasoning_content")
     return atif.Step(step_id=step_id, source="agent", message=_content(message.get("content")),
-                     reasoning_content=message.get("reasoning_content") or None, tool_calls=calls or None,
+                     reasoning_content=_text_of(reasoning) if reasoning else None, tool_calls=calls or None,
                      metrics=sampled.metrics if sampled else None, llm_call_count=1 if sampled else None,
                      is_copied_context=None if sampled else True)
 
@@ -173,7 +176,7 @@ def _chain_steps(trace: Trace, prompt_ids: bool) -> _Chain:
     for position, message in enumerate(messages):
         role = message.get("role")
         step_id = len(chain.steps) + 1
-        if role == "tool":
+        if role in ("tool", "function"):  # "function": the legacy OpenAI name of a tool output
             last = chain.steps[-1] if chain.steps else None
             if last is None or last.source != "agent":
                 last = atif.Step(step_id=step_id, source="system", message="", extra={"orphan_tool_results": True},
@@ -283,7 +286,7 @@ def atif_trajectory(source: SessionResult | Trajectory, agent_name: str | None =
         subs.append(atif.Trajectory(
             schema_version=ATIF_SCHEMA_VERSION, session_id=traj.session_id, trajectory_id=sub_id,
             agent=agent.model_copy(update={"tool_definitions": _tools(trace)}), steps=chain.steps,
-            final_metrics=_final_metrics(chain.steps), extra={**info, **_chain_extra(trace, chain)}))
+            final_metrics=_final_metrics(chain.steps), extra={**_chain_extra(trace, chain), **info}))
     return atif.Trajectory(
         schema_version=ATIF_SCHEMA_VERSION, session_id=traj.session_id, trajectory_id=traj.session_id,
         agent=agent.model_copy(update={"tool_definitions": _tools(traj.traces[main])}), steps=root.steps,
@@ -296,7 +299,8 @@ def _tools(trace: Trace) -> list[dict[str, Any]] | None:
 
 
 def _chain_extra(trace: Trace, chain: _Chain) -> dict[str, Any]:
-    out: dict[str, Any] = {"finish_reason": trace.finish_reason, "reward": trace.reward,
+    out: dict[str, Any] = {"chain_cause": trace.metadata.get("chain_cause"), "finish_reason": trace.finish_reason,
+                           "reward": trace.reward,
                            "has_logprobs": trace.metadata.get("has_logprobs")}
     if chain.unmatched:  # completions no assistant message of the chain showed (their tokens are in the trace)
         out["completions_without_a_message"] = chain.unmatched

@@ -10,6 +10,8 @@ from typing import Any
 import atif
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from polar_gym.merge.atif import ATIF_SCHEMA_VERSION, atif_json, atif_trajectory
 from polar_gym.merge.base import MergeConfig
@@ -269,3 +271,41 @@ def test_a_bare_trajectory_needs_no_session_result():
     doc = atif_trajectory(Trajectory(session_id="nothing"))
     assert doc.steps == [] and doc.agent.name == "unknown" and doc.trajectory_id == "nothing"
     atif.Trajectory.model_validate(doc.to_json_dict())
+
+
+SCALARS = st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=20)
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                         max_size=3), max_leaves=8)
+PARTS = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)})
+                 | st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.fixed_dictionaries(
+                     {"url": st.sampled_from([PNG, "https://x.test/a.gif", "data:text/plain,hi", "nope"])})})
+                 | JSON, max_size=3)
+CALLS = st.lists(st.fixed_dictionaries({"id": st.none() | st.sampled_from(["a", "b", "c"]),
+                                        "function": st.fixed_dictionaries({"name": st.text(max_size=8),
+                                                                           "arguments": JSON | st.text(max_size=20)})}),
+                 max_size=3)
+MESSAGES = st.lists(st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "narrator"]),
+                           "content": st.text(max_size=20) | PARTS | JSON}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.text(max_size=20) | PARTS | st.none(),
+                           "reasoning_content": st.none() | st.text(max_size=20) | JSON, "tool_calls": CALLS}),
+    st.fixed_dictionaries({"role": st.sampled_from(["tool", "function"]),
+                           "tool_call_id": st.none() | st.sampled_from(["a", "b", "zz"]),
+                           "content": st.text(max_size=20) | PARTS | JSON})), max_size=8)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(MESSAGES, MESSAGES)
+def test_any_messages_export_to_a_valid_document_that_loses_no_tool_output(first, reply):
+    """Whatever a harness sent (roles, content and call shapes a parser never promised), the document validates,
+    every tool output is an observation result and every message a step or a result."""
+    records = [answered(rec(0, [1, 2], [10, EOT], messages=first), {"role": "assistant", "content": "x"}),
+               answered(rec(1, [3], [20, EOT], messages=reply), {"role": "assistant", "content": "y"})]
+    doc = reread(build(*records, builder=per_request))
+    for trajectory, messages in zip([doc, *(doc.subagent_trajectories or [])], [first, reply], strict=True):
+        tools = sum(m["role"] in ("tool", "function") for m in messages)
+        results = [r for step in trajectory.steps for r in (step.observation.results if step.observation else [])
+                   if r.content is not None]  # not a result holding only a reference to another chain
+        assert len(results) == tools
+        orphans = sum(1 for step in trajectory.steps if step.extra == {"orphan_tool_results": True})
+        assert len(trajectory.steps) == len(messages) + 1 - tools + orphans  # + the reply
