@@ -100,6 +100,10 @@ def _arguments(raw: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
 
 
 # -- one chain --------------------------------------------------------------------------------------------------------
+#: the ``extra`` of a system step holding tool outputs that follow no agent step (a history that starts mid-loop)
+_ORPHANS = {"orphan_tool_results": True}
+
+
 @dataclass
 class _Sampled:
     """The token data of one completion of a chain, from the trace's span."""
@@ -167,9 +171,10 @@ def _result(message: Mapping[str, Any], step: atif.Step | None) -> atif.Observat
 
 
 def _chain_steps(trace: Trace, prompt_ids: bool) -> _Chain:
-    messages = [m for m in [*trace.prompt_messages, *trace.response_messages] if m]
+    prompt = [m for m in trace.prompt_messages if m]
+    messages = [*prompt, *(m for m in trace.response_messages if m)]
     sampled = _sampled(trace, prompt_ids)
-    replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i >= len(trace.prompt_messages)]
+    replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i >= len(prompt)]
     # the chain's replies are its last assistant messages, one per completion (paired from the end)
     by_position = dict(zip(reversed(replies), reversed(sampled), strict=False))
     chain = _Chain(unmatched=[s.completion_id for s in sampled[:max(0, len(sampled) - len(replies))]])
@@ -178,8 +183,8 @@ def _chain_steps(trace: Trace, prompt_ids: bool) -> _Chain:
         step_id = len(chain.steps) + 1
         if role in ("tool", "function"):  # "function": the legacy OpenAI name of a tool output
             last = chain.steps[-1] if chain.steps else None
-            if last is None or last.source != "agent":
-                last = atif.Step(step_id=step_id, source="system", message="", extra={"orphan_tool_results": True},
+            if last is None or (last.source != "agent" and last.extra != _ORPHANS):
+                last = atif.Step(step_id=step_id, source="system", message="", extra=dict(_ORPHANS),
                                  observation=atif.Observation(results=[]))
                 chain.steps.append(last)
             observation = last.observation or atif.Observation(results=[])

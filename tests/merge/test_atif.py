@@ -246,16 +246,16 @@ def test_images_in_tool_output_become_image_parts():
 def test_hostile_tool_calls_and_unpaired_outputs():
     odd = asked(call(None, "edit", "not json {"), call("c-list", "run", "[1, 2]"), call("c-empty", "noop", ""),
                 content=[{"type": "text", "text": "Trying "}, {"type": "text", "text": "things."}])
-    orphan = output("orphan", "before any call")
-    records = [answered(rec(0, [1, 2], [10, EOT], messages=[SYSTEM, orphan, USER]), odd),
-               answered(rec(1, [1, 2, 10, EOT, 50], [20, EOT], messages=[SYSTEM, orphan, USER, odd,
+    orphans = [output("orphan", "before any call"), output(None, "and another")]
+    records = [answered(rec(0, [1, 2], [10, EOT], messages=[SYSTEM, *orphans, USER]), odd),
+               answered(rec(1, [1, 2, 10, EOT, 50], [20, EOT], messages=[SYSTEM, *orphans, USER, odd,
                                       output("c-list", "ran"), output("not-a-call", "stray")]), said("ok"))]
     doc = reread(build(*records))
     assert [s.source for s in doc.steps] == ["system", "system", "user", "agent", "agent"]
     orphan = doc.steps[1]
     assert orphan.extra == {"orphan_tool_results": True} and orphan.observation is not None
-    assert orphan.observation.results[0].source_call_id is None
-    assert orphan.observation.results[0].extra == {"tool_call_id": "orphan"}
+    assert [(r.source_call_id, r.content, r.extra) for r in orphan.observation.results] == [
+        (None, "before any call", {"tool_call_id": "orphan"}), (None, "and another", None)]
     step = doc.steps[3]
     assert step.message == "Trying things."
     calls = step.tool_calls or []
