@@ -110,3 +110,20 @@ def test_thinking_replies_re_render_exactly_and_merge(proxy_server):
     traj = Trajectory.model_validate(get(proxy_server).json())
     assert len(traj.traces) == 1 and traj.diagnostics["breaks"] == {}
     check_invariants(captured(proxy_server), traj)
+
+
+def test_format_atif_gives_the_session_as_one_atif_document(two_calls):
+    import atif
+
+    resp = get(two_calls, format="atif")
+    assert resp.status_code == 200, resp.text
+    doc = atif.Trajectory.model_validate(resp.json())
+    sess = captured(two_calls)
+    assert doc.session_id == SID and doc.agent.model_name == "policy" and doc.subagent_trajectories is None
+    assert [s.source for s in doc.steps] == ["system", "user", "agent", "user", "agent"]
+    sampled = [s.metrics for s in doc.steps if s.metrics is not None]
+    assert [m.completion_token_ids for m in sampled] == [r.response_ids for r in sess.completions]
+    assert [m.prompt_token_ids for m in sampled] == [r.prompt_ids for r in sess.completions]
+    assert [m.logprobs for m in sampled] == [r.response_logprobs for r in sess.completions]
+    assert get(two_calls, format="nope").status_code in (400, 422)
+    assert get(two_calls, headers={}, format="atif").status_code == 401

@@ -3,7 +3,8 @@ on the proxy's app in front of its catch-all; refusals in the polar_gym.web enve
 
     POST /sessions                 dispatch a SessionSpec (admin; 409 an id still running here, 503 draining)
     GET  /sessions/{id}            status, stage, timings, history (admin or the session's key)
-    GET  /sessions/{id}/result     the SessionResult (202 while not finished; ``?wait=S`` long-polls)
+    GET  /sessions/{id}/result     the SessionResult (202 while not finished; ``?wait=S`` long-polls; ``?format=atif``:
+                                   the session as one ATIF trajectory, polar_gym.merge.atif)
     POST /sessions/{id}/cancel     (admin)
     POST /sessions/poll            many sessions in one long poll: finished results, statuses, unknown ids (admin)
     POST /gateway/drain            stop accepting, finish in-flight sessions (admin; ``?wait=true`` blocks)
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -24,10 +26,12 @@ from polar_gym.gateway.errors import DuplicateSession, GatewayClosed, UnknownSes
 from polar_gym.gateway.metrics import gateway_metrics
 from polar_gym.gateway.node import GatewayNode
 from polar_gym.gateway.session import Session
+from polar_gym.harness import PINS
 from polar_gym.httpguard import MAX_JSON_DEPTH, json_depth
+from polar_gym.merge.atif import atif_json
 from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
 from polar_gym.proxy.routes.common import proxy_service
-from polar_gym.proxy.routes.sessions import require_session_or_admin
+from polar_gym.proxy.routes.sessions import TrajectoryFormat, require_session_or_admin
 from polar_gym.schema import SessionPollRequest, SessionSpec
 from polar_gym.web import ADMIN_ONLY, ApiError
 
@@ -110,7 +114,8 @@ async def status(request: Request, session_id: str) -> Response:
 
 
 @sessions_router.get("/sessions/{session_id}/result")
-async def result(request: Request, session_id: str, wait: float = Query(0.0, ge=0.0, le=600.0)) -> Response:
+async def result(request: Request, session_id: str, wait: float = Query(0.0, ge=0.0, le=600.0),
+                 fmt: Annotated[TrajectoryFormat, Query(alias="format")] = "polar") -> Response:
     require_session_or_admin(request, session_id)
     session = _session(gateway_node(request), session_id)
     if session.result is None and wait > 0:
@@ -120,6 +125,12 @@ async def result(request: Request, session_id: str, wait: float = Query(0.0, ge=
             pass
     if session.result is None:
         return JSONResponse(session.describe(), status_code=202)
+    if fmt == "atif":
+        agent = session.spec.agent
+        pin = PINS.get(agent.harness)
+        doc = await asyncio.to_thread(atif_json, session.result, agent_name=agent.harness,
+                                      agent_version=pin.version if pin else None, model_name=agent.model_name)
+        return Response(await asyncio.to_thread(orjson.dumps, doc), media_type="application/json")
     return Response(session.result.model_dump_json(), media_type="application/json")
 
 

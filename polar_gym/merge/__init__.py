@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from polar_gym.merge.atif import atif_json, atif_trajectory
 from polar_gym.merge.base import QWEN_END_OF_TURN_IDS, Builder, MergeConfig
 from polar_gym.merge.exports import (
     ContiguityError,
@@ -30,6 +31,8 @@ __all__ = [
     "SlimeSample",
     "TraceLine",
     "apply_rewards",
+    "atif_json",
+    "atif_trajectory",
     "build_trajectory",
     "check_contiguity",
     "nemo_item_chains",

@@ -4,6 +4,8 @@ it finds journals, reads them, writes JSONL and prints a summary table.
 
     python -m polar_gym.merge --builder prefix_merging captures/ --out traces.jsonl --format slime
 
+``--format atif`` writes one ATIF trajectory (Harbor's Agent Trajectory Interchange Format) per session and line.
+
 CAPTURES are session journal directories (holding ``records.jsonl``) or capture roots containing them at any depth.
 """
 
@@ -26,6 +28,7 @@ from rich.table import Table
 
 from polar_gym.journal import RECORDS_FILE, is_superseded_attempt, read_session
 from polar_gym.merge import MergeConfig, build_trajectory
+from polar_gym.merge.atif import atif_json
 from polar_gym.merge.exports import nemo_item_chains, sft_records, slime_samples, trace_lines
 from polar_gym.merge.rewards import with_session_weights
 from polar_gym.registry import BUILDERS, RegistryError
@@ -56,6 +59,7 @@ FORMATS: dict[str, Callable[[Trajectory], list[dict[str, Any]]]] = {
     "slime": _models(slime_samples),
     "nemo": _nemo_rows,
     "sft": _models(sft_records),
+    "atif": lambda traj: [atif_json(traj)],  # one document per session, every chain in it
 }
 
 

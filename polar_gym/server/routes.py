@@ -4,7 +4,8 @@ answer in the polar_gym.web envelope. Everything but ``health_router`` needs the
 
     tasks_router     POST /tasks (201 created, 200 when the task_id exists), GET /tasks, GET /tasks/{id},
                      POST /tasks/{id}/cancel, GET /tasks/{id}/events (server-sent events of status changes)
-    sessions_router  GET /sessions/{id}/result (202 while running; ``?wait=S`` long-polls),
+    sessions_router  GET /sessions/{id}/result (202 while running; ``?wait=S`` long-polls; ``?format=atif``: as one
+                     ATIF trajectory, polar_gym.merge.atif),
                      GET /sessions/{id}/nemo (NeMo Gym token items per chain), POST /sessions/{id}/cancel
     gateways_router  POST /gateways/register, GET /gateways, POST /gateways/{id}/heartbeat, POST /gateways/{id}/drain
     backends_router  GET/POST/DELETE /backends, POST /backends/pause, /backends/resume: forwarded to every gateway;
@@ -17,14 +18,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polar_gym.harness import PINS
 from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, excerpt, json_depth
+from polar_gym.merge.atif import atif_json
 from polar_gym.merge.nemo_payload import session_nemo_payload
 from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
 from polar_gym.schema import FleetWeightUpdate, TaskRequest, WeightUpdateRequest
@@ -113,12 +116,19 @@ async def events(request: Request, task_id: str) -> StreamingResponse:
 
 
 @sessions_router.get("/sessions/{session_id}/result")
-async def result(request: Request, session_id: str, wait: float = Query(0.0, ge=0.0, le=600.0)) -> Response:
+async def result(request: Request, session_id: str, wait: float = Query(0.0, ge=0.0, le=600.0),
+                 fmt: Annotated[Literal["polar", "atif"], Query(alias="format")] = "polar") -> Response:
     row = await rollout_server(request).result(session_id, wait)
     if row.result is None:
         return JSONResponse({"session_id": session_id, "task_id": row.task_id, "status": row.status.value,
                              "gateway_id": row.gateway_id, "attempts": row.attempts, "reason": row.reason},
                             status_code=202)
+    if fmt == "atif":
+        agent = row.spec.agent
+        pin = PINS.get(agent.harness)
+        return await _json(await asyncio.to_thread(atif_json, row.result, agent_name=agent.harness,
+                                                   agent_version=pin.version if pin else None,
+                                                   model_name=agent.model_name))
     return Response(await asyncio.to_thread(row.result.model_dump_json), media_type="application/json")
 
 

@@ -1,7 +1,8 @@
 """End to end with real, unmodified harness CLIs: the gateway (oracle engine with the real Qwen tokenizer) runs each
 of the six pinned CLIs in the local sandbox with nothing but the gateway reachable, on a demo task whose test fails.
 The oracle plays the reference solution through the harness's own shell tool; the evaluator runs the task's tests.
-Every session must reach reward 1.0, merge into fewer traces than per_request, and hold the fidelity invariant.
+Every session must reach reward 1.0, merge into fewer traces than per_request, hold the fidelity invariant, and export
+to ATIF documents the `atif` package validates (through the gateway's route and the merge CLI).
 With drift (non-canonical sampled tokens every second call) the oracle's token_in prompts must still give one
 contiguous chain per conversation, conversations counted from the captured messages, not by the builder."""
 
@@ -16,6 +17,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import atif
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -23,14 +26,23 @@ from polar_gym.assets import tokenizer_dir
 from polar_gym.gateway import GatewayNode
 from polar_gym.harness.install import cli_paths, install_dir
 from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
+from polar_gym.merge.cli import main as merge_main
 from polar_gym.merge.per_request import per_request
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
-from polar_gym.schema import BuilderSpec, CompletionRecord, CompletionSession, RuntimeSpec, SessionSpec, SessionStatus
+from polar_gym.schema import (
+    BuilderSpec,
+    CompletionRecord,
+    CompletionSession,
+    RuntimeSpec,
+    SessionResult,
+    SessionSpec,
+    SessionStatus,
+)
 from polar_gym.tasks import demo_task
 from tests._procs import processes_with
-from tests._serving import served_gateway
+from tests._serving import ADMIN, served_gateway
 from tests._waiting import until
 from tests.merge._sessions import check_invariants
 
@@ -69,7 +81,7 @@ def session_for(harness: str, task_id: str = "demo-calc-add") -> SessionSpec:
     return SessionSpec.from_task(request, 0)
 
 
-async def test_six_real_harnesses_solve_a_demo_task_through_the_gateway(gateway):
+async def test_six_real_harnesses_solve_a_demo_task_through_the_gateway(gateway, tmp_path):
     node, service = gateway
     specs = [session_for(name) for name in HARNESSES]
     results = await asyncio.wait_for(node.run(specs), 900)
@@ -87,6 +99,55 @@ async def test_six_real_harnesses_solve_a_demo_task_through_the_gateway(gateway)
         flat = per_request(session, MergeConfig())
         assert len(trajectory.traces) < len(flat.traces), (spec.agent.harness, trajectory.diagnostics)
         assert result.timings, "every stage is timed"
+    await check_atif_exports(node, service, specs, results, tmp_path)
+
+
+def _documents(doc: atif.Trajectory) -> list[atif.Trajectory]:
+    return [doc, *(doc.subagent_trajectories or [])]
+
+
+def check_atif_export(doc: atif.Trajectory, records: list[CompletionRecord], trained: set[str], harness: str) -> None:
+    """Every chain is in the document: each ``trained`` completion is an agent step carrying its exact tokens; and the
+    harness's shell call is paired with its output."""
+    sampled = {s.metrics.extra["completion_id"]: s.metrics for d in _documents(doc) for s in d.steps
+               if s.metrics is not None and s.metrics.extra}
+    assert set(sampled) == trained, harness
+    by_id = {r.completion_id: r for r in records}
+    for cid, metrics in sampled.items():
+        rec = by_id[cid]
+        assert metrics.completion_token_ids == rec.response_ids and metrics.prompt_token_ids == rec.prompt_ids
+        assert metrics.logprobs == rec.response_logprobs, harness
+    paired = [(call, result) for d in _documents(doc) for s in d.steps for call in s.tool_calls or []
+              for result in (s.observation.results if s.observation else []) if result.source_call_id ==
+              call.tool_call_id]
+    assert any("calc.py" in str(call.arguments) for call, _ in paired), harness  # the oracle's edit
+    assert all(result.content not in (None, "") for _, result in paired), harness
+
+
+async def check_atif_exports(node: GatewayNode, service: ProxyService, specs: list[SessionSpec],
+                             results: list[SessionResult], tmp_path: Path) -> None:
+    """The gateway's ``GET /sessions/{id}/result?format=atif`` and ``python -m polar_gym.merge --format atif`` on the
+    captures: one ATIF document per session, each read back by the `atif` package's models."""
+    url = f"http://{node.config.endpoint.host}:{node.config.endpoint.port}"
+    trained = {spec.session_id: {cid for t in (r.trajectory.traces if r.trajectory else [])
+                                 for cid in t.metadata["completion_ids"]}
+               for spec, r in zip(specs, results, strict=True)}
+    async with httpx.AsyncClient(base_url=url, headers={"x-admin-token": ADMIN}, timeout=60) as client:
+        for spec in specs:
+            resp = await client.get(f"/sessions/{spec.session_id}/result", params={"format": "atif"})
+            assert resp.status_code == 200, resp.text
+            doc = atif.Trajectory.model_validate(resp.json())
+            assert doc.agent.name == spec.agent.harness and doc.extra and doc.extra["reward"] == 1.0
+            check_atif_export(doc, await service.journal.records(spec.session_id), trained[spec.session_id],
+                              spec.agent.harness)
+    out = tmp_path / "atif.jsonl"
+    assert merge_main(["--builder", "prefix_merging", "--format", "atif", str(tmp_path / "capture"),
+                       "--out", str(out)]) == 0
+    docs = {d.session_id: d for d in map(atif.Trajectory.model_validate_json, out.read_bytes().splitlines())}
+    assert set(docs) == {spec.session_id for spec in specs}
+    for spec in specs:
+        check_atif_export(docs[spec.session_id], await service.journal.records(spec.session_id),
+                          trained[spec.session_id], spec.agent.harness)
 
 
 def _text(content: Any) -> str:

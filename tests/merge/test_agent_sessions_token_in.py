@@ -17,14 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
+import atif
 import httpx
 import openai
+import orjson
 import pytest
 from google import genai
 from google.genai import types
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
+from polar_gym.merge.atif import atif_json
 from polar_gym.merge.exports import sft_records, template_tool
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.proxy import prefix
@@ -418,9 +421,37 @@ def run_all_of_it(proxy: RunningProxy, upstream: DriftingVLLM, key: str) -> Ledg
 
 def test_one_harness_session_with_all_of_it(proxy: RunningProxy, upstream: DriftingVLLM) -> None:
     ledger = run_all_of_it(proxy, upstream, "ses-all")
-    counts = check_session(captured(proxy, "ses-all", ledger), ledger, upstream)
+    sess = captured(proxy, "ses-all", ledger)
+    counts = check_session(sess, ledger, upstream)
     assert counts == {**counts, "conversations": 5, "completions": 28, "used": 26, "abandoned": 1, "failed": 1}
     assert counts["drifted"] >= 0.2 * counts["used"]
+    check_atif(sess, ledger)
+
+
+def check_atif(sess: CompletionSession, ledger: Ledger) -> None:
+    """The session as ATIF: the main agent is the root, the helper, both explorers and the compacted run are
+    embedded chains, each explorer referenced from the main agent's call whose output is its answer; every used
+    completion is an agent step with its exact tokens."""
+    doc = atif.Trajectory.model_validate_json(orjson.dumps(atif_json(prefix_merging(sess))))
+    subs = {s.trajectory_id: s for s in doc.subagent_trajectories or []}
+    assert len(subs) == len(ledger.calls) - 1
+    by_id = {r.completion_id: r for r in sess.completions}
+    steps = [s for d in [doc, *subs.values()] for s in d.steps if s.metrics is not None and s.metrics.extra]
+    assert len(steps) == sum(len(ids) for ids in ledger.calls.values())
+    for step in steps:
+        assert step.metrics is not None and step.metrics.extra is not None
+        record = by_id[step.metrics.extra["completion_id"]]
+        assert step.metrics.completion_token_ids == record.response_ids
+        assert step.metrics.logprobs == record.response_logprobs
+    delegated = [(r, ref) for step in doc.steps for r in (step.observation.results if step.observation else [])
+                 for ref in r.subagent_trajectory_ref or []]
+    assert sorted(ref.trajectory_id or "" for _, ref in delegated) == sorted(subs)
+    explorers = [(result, subs[ref.trajectory_id or ""]) for result, ref in delegated
+                 if "explorer-agent" in str(subs[ref.trajectory_id or ""].steps[0].message)]
+    assert len(explorers) == 2
+    for result, explorer in explorers:
+        answer = explorer.steps[-1].message
+        assert result.source_call_id is not None and isinstance(answer, str) and answer.strip() in str(result.content)
 
 
 def test_the_same_session_in_chat_mode_breaks_at_drift(chat_proxy: RunningProxy, upstream: DriftingVLLM) -> None:

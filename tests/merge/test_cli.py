@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import atif
 import orjson
 import pytest
 
@@ -100,6 +101,22 @@ def test_nemo_slime_and_sft_formats(captures, tmp_path):
     sft = rows(outs["sft"])
     assert [row["session_id"] for row in sft] == ["sess-a", "sess-a", "sess-b"]
     assert sft[0]["messages"][-1]["role"] == "assistant"
+
+
+def test_atif_format_writes_one_validated_document_per_session(captures, tmp_path):
+    out = tmp_path / "atif.jsonl"
+    proc = run("--builder", "prefix_merging", captures, "--out", out, "--format", "atif")
+    assert proc.returncode == 0, proc.stderr
+    docs = [atif.Trajectory.model_validate_json(line) for line in out.read_bytes().splitlines()]
+    assert [d.session_id for d in docs] == ["sess-a", "sess-b"] and summary_value(proc.stdout, "rows written") == 2
+    main, other = docs
+    # these records hold no request messages: the chain's last reply is its one step, the other completion is named
+    assert [s.message for s in main.steps] == ["reply 2"]
+    assert main.extra is not None and main.extra["completions_without_a_message"] == ["c0"]
+    assert main.steps[0].metrics is not None and main.steps[0].metrics.completion_token_ids == [20, 21, EOT]
+    (sub,) = main.subagent_trajectories or []
+    assert sub.trajectory_id == "sess-a/chain-1" and sub.steps[0].metrics is not None
+    assert other.extra is not None and other.extra["diagnostics"]["excluded"] == {"error": ["c1"]}
 
 
 def test_a_path_without_a_journal_is_a_clear_error(tmp_path):

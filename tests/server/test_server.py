@@ -9,6 +9,7 @@ import json
 import re
 from typing import Any
 
+import atif
 import httpx
 import pytest
 from fastapi import HTTPException
@@ -55,6 +56,10 @@ async def test_task_runs_all_samples_and_resubmit_is_idempotent(harness: Harness
     assert list(again.json()["sessions"]) == sessions
     result = await srv.http.get(f"/sessions/{sessions[0]}/result")
     assert result.status_code == 200 and result.json()["status"] == "COMPLETED"
+    doc = atif.Trajectory.model_validate((await srv.http.get(f"/sessions/{sessions[0]}/result",
+                                                             params={"format": "atif"})).json())
+    assert doc.agent.name == task.agent.harness and doc.extra and doc.extra["reward"] == 1.0
+    assert any(step.metrics and step.metrics.completion_token_ids for step in doc.steps)
     assert (await srv.http.get("/tasks")).json()["tasks"] == ["t-basic"]
 
     async with RolloutClient(srv.url, SERVER_TOKEN) as client:  # the trainer-side helper sees the same

@@ -2,18 +2,21 @@
 token (DESIGN invariant 4); refusals in the polar_gym.web envelope.
 
     GET /sessions/{id}/completions    the captured CompletionRecords
-    GET /sessions/{id}/trajectory     the trajectory a registered builder makes of them (``?builder=&config=``)
+    GET /sessions/{id}/trajectory     the trajectory a registered builder makes of them (``?builder=&config=``;
+                                      ``&format=atif``: as one ATIF document, polar_gym.merge.atif)
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from polar_gym.merge import MergeConfig, build_trajectory
+from polar_gym.merge.atif import atif_json
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.routes.common import proxy_service
 from polar_gym.proxy.service import session_key
@@ -54,9 +57,15 @@ def _builder_spec(builder: str, config: str | None, engine: Engine) -> BuilderSp
     return BuilderSpec(strategy=builder, config=options)
 
 
-def _trajectory_json(session_id: str, records: list[CompletionRecord], spec: BuilderSpec) -> bytes:
+TrajectoryFormat = Literal["polar", "atif"]
+
+
+def _trajectory_json(session_id: str, records: list[CompletionRecord], spec: BuilderSpec,
+                     fmt: TrajectoryFormat = "polar") -> bytes:
     """CPU work (building and serializing), run in a thread so the event loop keeps serving model calls."""
     traj = build_trajectory(CompletionSession(session_id=session_id, completions=records), spec)
+    if fmt == "atif":
+        return orjson.dumps(atif_json(traj, model_name=next((r.model for r in records if r.model), None)))
     return orjson.dumps(traj.model_dump())
 
 
@@ -70,10 +79,11 @@ async def completions(request: Request, session_id: str) -> Response:
 
 @router.get("/sessions/{session_id}/trajectory")
 async def trajectory(request: Request, session_id: str, builder: str = "prefix_merging",
-                     config: str | None = Query(None, max_length=65536)) -> Response:
+                     config: str | None = Query(None, max_length=65536),
+                     fmt: Annotated[TrajectoryFormat, Query(alias="format")] = "polar") -> Response:
     require_session_or_admin(request, session_id)
     service = proxy_service(request)
     spec = _builder_spec(builder, config, service.engine)
     records = await service.completions(session_id)
-    body = await asyncio.to_thread(_trajectory_json, session_id, records, spec)
+    body = await asyncio.to_thread(_trajectory_json, session_id, records, spec, fmt)
     return Response(body, media_type="application/json")
