@@ -160,7 +160,10 @@ class HarborVerifier(Evaluator):
         script = posixpath.join(TESTS_DIR, opts.script)
         reset = (f"rm -f {VERIFIER_DIR}/reward.txt {VERIFIER_DIR}/reward.json && mkdir -p {VERIFIER_DIR} "
                  f"/logs/agent {TESTS_DIR}")
-        check_ran(await runtime.exec(reset, timeout=60), "clearing the verifier directory")
+        cleared = check_ran(await runtime.exec(reset, timeout=60), "clearing the verifier directory")
+        if not cleared.ok:  # the environment, not the agent: Harbor mounts these directories itself
+            raise EvaluationError(f"could not prepare {VERIFIER_DIR} and {TESTS_DIR}: "
+                                  f"{output_tail(cleared.stderr or cleared.stdout)}")
         for test in opts.tests:
             await runtime.upload(base64.b64decode(test.data), posixpath.join(TESTS_DIR, test.path))
         run = f"chmod +x {shlex.quote(script)}; ({shlex.quote(script)}) > {VERIFIER_DIR}/test-stdout.txt 2>&1"

@@ -75,7 +75,7 @@ def harbor_requests(template: TaskTemplate, path: str, ids: list[str] | None = N
             cli = os.environ.get("POLAR_DOCKER_CLI")  # the CLI the docker backend takes, too
             argv = shlex.split(cli) if cli else list(default_cli())
             assert request.runtime.image is not None
-            ensure_image(argv, request.runtime.image, task.environment_dir,
+            ensure_image(argv, request.runtime.image, task.environment_dir, task.session_dockerfile(),
                          timeout=task.config.environment.build_timeout_sec, runner=runner)
         if template.agent.config:
             request = request.model_copy(update={"agent": template.agent})

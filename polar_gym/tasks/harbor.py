@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 #: where Harbor puts things in the environment; on runtime=local they are links into the session directory
 HARBOR_LINKS = {"/logs": "/polar/harbor/logs", "/tests": "/polar/harbor/tests", "/solution": "/polar/harbor/solution"}
+_HARBOR_DIRS = ("/logs", "/logs/verifier", "/logs/agent", "/tests", "/solution")
 #: a tests or solution directory bigger than this belongs in the image
 MAX_PACKED_BYTES = 8 * 1024 * 1024
 Solution = Literal["reference", "none"]
@@ -175,9 +176,20 @@ class HarborTask:
         """task.toml's ``[environment] workdir``, else the Dockerfile's WORKDIR, else ``default``."""
         return self.config.environment.workdir or self.dockerfile_workdir() or default
 
+    def session_dockerfile(self) -> str:
+        """The task's Dockerfile plus the directories Harbor mounts (``/logs/verifier``, ``/logs/agent``,
+        ``/tests``, ``/solution``), made as root and writable by the task's user: the session container has no
+        capabilities, so not even its root could create them in a read-only-moded ``/`` later."""
+        users = [ins.args.strip() for ins in parse_dockerfile(self.dockerfile.read_text()) if ins.keyword == "USER"]
+        dirs = " ".join(sorted({*_HARBOR_DIRS}))
+        tail = f"\nUSER root\nRUN mkdir -p {dirs} && chmod 0777 {dirs}\n"
+        if users:
+            tail += f"USER {users[-1]}\n"
+        return self.dockerfile.read_text().rstrip("\n") + "\n" + tail
+
     def image_tag(self) -> str:
         """A tag keyed by the environment directory's content (a changed Dockerfile or file builds a new one)."""
-        digest = hashlib.sha256()
+        digest = hashlib.sha256(self.session_dockerfile().encode())
         for path in sorted(p for p in self.environment_dir.rglob("*") if p.is_file()):
             digest.update(path.relative_to(self.environment_dir).as_posix().encode() + b"\0" + path.read_bytes())
         name = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.task_id.lower()).strip("-.") or "task"
@@ -206,6 +218,12 @@ class HarborTask:
             workdir = self.config.environment.workdir or local.workdir
             update.update(workdir=workdir, env={**local.env, **update["env"]}, prepare=[*base.prepare, *local.prepare],
                           options={**base.options, "links": dict(HARBOR_LINKS)})
+        elif base.backend == "apptainer":
+            if not env_cfg.docker_image:
+                raise ConfigError(f"{self.path}: runtime=apptainer runs a task's prebuilt image ([environment] "
+                                  "docker_image); a task with only a Dockerfile runs on runtime=docker (built there)")
+            image = env_cfg.docker_image if "://" in env_cfg.docker_image else f"docker://{env_cfg.docker_image}"
+            update.update(image=image, workdir=self.workdir(base.workdir))
         else:
             image = env_cfg.docker_image or (self.image_tag() if self.dockerfile.is_file() else None)
             if image is None:

@@ -7,6 +7,7 @@ The command lines are pure functions; one runner executes them (tests pass a rec
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -18,9 +19,9 @@ __all__ = ["Runner", "ensure_image", "image_build_argv", "image_exists_argv", "r
 Runner = Callable[[list[str], float], tuple[int, str]]
 
 
-def image_build_argv(cli: Sequence[str], tag: str, context: Path) -> list[str]:
-    """``podman build -t TAG -f CONTEXT/Dockerfile CONTEXT`` (the same argv for docker)."""
-    return [*cli, "build", "-t", tag, "-f", str(context / "Dockerfile"), str(context)]
+def image_build_argv(cli: Sequence[str], tag: str, context: Path, dockerfile: Path) -> list[str]:
+    """``podman build -t TAG -f DOCKERFILE CONTEXT`` (the same argv for docker)."""
+    return [*cli, "build", "-t", tag, "-f", str(dockerfile), str(context)]
 
 
 def image_exists_argv(cli: Sequence[str], tag: str) -> list[str]:
@@ -38,14 +39,18 @@ def run_command(argv: list[str], timeout: float) -> tuple[int, str]:  # pragma: 
     return done.returncode, (done.stdout + done.stderr)[-4000:]
 
 
-def ensure_image(cli: Sequence[str], tag: str, context: Path, *, timeout: float,
+def ensure_image(cli: Sequence[str], tag: str, context: Path, dockerfile: str, *, timeout: float,
                  runner: Runner = run_command) -> str:
-    """``tag`` built from ``context`` unless it exists already; ConfigError with the build's output otherwise."""
+    """``tag`` built from ``dockerfile`` (text) over ``context`` unless it exists already; ConfigError with the
+    build's output otherwise. The Dockerfile is written outside the context, which stays as the task has it."""
     code, _ = runner(image_exists_argv(cli, tag), 60.0)
     if code == 0:
         return tag
-    argv = image_build_argv(cli, tag, context)
-    code, output = runner(argv, timeout)
+    with tempfile.TemporaryDirectory(prefix="polar-harbor-build-") as tmp:
+        path = Path(tmp) / "Dockerfile"
+        path.write_text(dockerfile)
+        argv = image_build_argv(cli, tag, context, path)
+        code, output = runner(argv, timeout)
     if code != 0:
         raise ConfigError(f"building the task's image failed ({' '.join(argv)}, exit {code}):\n{output}")
     return tag
