@@ -13,7 +13,7 @@ from polar_gym.tasks import DEMO_TASKS, demo_tasks
 from polar_gym.tasks.harbor import HarborTask, find_tasks
 from polar_gym.tasks.harbor_images import Runner, ensure_image, run_command
 
-__all__ = ["demo_requests", "harbor_requests"]
+__all__ = ["demo_requests", "harbor_requests", "harbor_task_requests"]
 
 #: the evaluator group's default: a template still carrying it (with no keys) means "the task's own evaluator"
 _DEFAULT_EVALUATOR = "test_on_output"
@@ -58,11 +58,18 @@ def _harbor_evaluator(task: HarborTask, template: TaskTemplate) -> EvaluatorSpec
 
 
 def harbor_requests(template: TaskTemplate, path: str, ids: list[str] | None = None,
-                    solution: Literal["reference", "none"] = "reference", build_images: bool = True,
-                    runner: Runner = run_command) -> list[TaskRequest]:
+                    solution: Literal["reference", "none"] = "reference",
+                    build_images: bool = True) -> list[TaskRequest]:
     """Harbor task directories under ``path`` (all, or those in ``ids``) as TaskRequests shaped by ``template``:
     the environment becomes the runtime (on runtime=docker the Dockerfile is built into the session image when
     missing), the ``harbor`` evaluator runs the task's tests, the oracle plays ``solution``."""
+    return harbor_task_requests(template, path, ids, solution, build_images)
+
+
+def harbor_task_requests(template: TaskTemplate, path: str, ids: list[str] | None = None,
+                         solution: Literal["reference", "none"] = "reference", build_images: bool = True,
+                         runner: Runner = run_command) -> list[TaskRequest]:
+    """:func:`harbor_requests` with the runner of the image commands (tests record them)."""
     if solution not in ("reference", "none"):
         raise ValueError(f"tasks.solution must be reference or none, not {solution!r}")
     requests = []

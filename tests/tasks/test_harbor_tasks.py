@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from polar_gym.datagen.template import TaskTemplate
-from polar_gym.launch.tasks import harbor_requests
+from polar_gym.launch.tasks import harbor_requests, harbor_task_requests
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
 from polar_gym.settings import ConfigError
 from polar_gym.tasks.dockerfile import UnsupportedDockerfile, local_environment, parse_dockerfile
@@ -175,7 +175,7 @@ class Recorder:
 def test_on_docker_the_dockerfile_is_built_into_the_session_image_once(monkeypatch) -> None:
     monkeypatch.setenv("POLAR_DOCKER_CLI", "podman --runtime runc")
     runner = Recorder(1, 0)  # not there yet, then built
-    (request,) = harbor_requests(_template("docker"), str(DATA / "image"), runner=runner)
+    (request,) = harbor_task_requests(_template("docker"), str(DATA / "image"), runner=runner)
     tag = request.runtime.image
     assert tag is not None and re.fullmatch(r"localhost/polar-harbor/needs-jq:[0-9a-f]{12}", tag)
     assert request.runtime.workdir == "/app" and request.runtime.options == {}
@@ -184,10 +184,10 @@ def test_on_docker_the_dockerfile_is_built_into_the_session_image_once(monkeypat
     assert build[:6] == ["podman", "--runtime", "runc", "build", "-t", tag]
     assert build[6] == "-f" and build[8] == str(DATA / "image" / "needs-jq" / "environment")
     again = Recorder(0)  # the image is there: nothing is built
-    harbor_requests(_template("docker"), str(DATA / "image"), runner=again)
+    harbor_task_requests(_template("docker"), str(DATA / "image"), runner=again)
     assert len(again.calls) == 1
     with pytest.raises(ConfigError, match="building the task's image failed"):
-        harbor_requests(_template("docker"), str(DATA / "image"), runner=Recorder(1, 125))
+        harbor_task_requests(_template("docker"), str(DATA / "image"), runner=Recorder(1, 125))
 
 
 def test_the_session_dockerfile_adds_harbors_dirs_and_keeps_the_tasks_user(tmp_path) -> None:
