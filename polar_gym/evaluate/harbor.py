@@ -158,8 +158,9 @@ class HarborVerifier(Evaluator):
             raise MissingRuntimeError("harbor needs the session's runtime to run the task's tests in")
         opts = self.options
         script = posixpath.join(TESTS_DIR, opts.script)
+        # stale rewards go, and whatever the agent left in /tests (a conftest.py the tests would pick up)
         reset = (f"rm -f {VERIFIER_DIR}/reward.txt {VERIFIER_DIR}/reward.json && mkdir -p {VERIFIER_DIR} "
-                 f"/logs/agent {TESTS_DIR}")
+                 f"/logs/agent {TESTS_DIR} && find {TESTS_DIR}/ -mindepth 1 -delete")
         cleared = check_ran(await runtime.exec(reset, timeout=60), "clearing the verifier directory")
         if not cleared.ok:  # the environment, not the agent: Harbor mounts these directories itself
             raise EvaluationError(f"could not prepare {VERIFIER_DIR} and {TESTS_DIR}: "

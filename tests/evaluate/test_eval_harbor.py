@@ -148,12 +148,15 @@ async def test_the_tests_score_the_task_before_and_after_the_fix_and_are_hidden_
 
 
 @needs_bwrap
-async def test_a_stale_reward_the_agent_wrote_is_removed_before_the_tests_run(tmp_path) -> None:
+async def test_a_stale_reward_and_files_the_agent_left_in_tests_are_removed_before_the_tests_run(tmp_path) -> None:
     async with _task_runtime(tmp_path, "edit-greeting") as (rt, spec, evaluator):
         await _sh(rt, "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && "
-                      "echo '{\"reward\": 1}' > /logs/verifier/reward.json")
+                      "echo '{\"reward\": 1}' > /logs/verifier/reward.json && mkdir -p /tests/sub && "
+                      "echo planted > /tests/sub/conftest.py")
         result = await evaluator.evaluate(_context(rt, spec))
         assert result.reward == 0.0 and result.details["reward_file"] == "reward.txt"
+        listing = await rt.exec("cd /tests && find . -type f | sort", timeout=30)
+        assert listing.stdout.decode().split() == ["./test.sh"]
 
 
 @needs_bwrap
