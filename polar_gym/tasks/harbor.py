@@ -225,10 +225,10 @@ class HarborTask:
             image = env_cfg.docker_image if "://" in env_cfg.docker_image else f"docker://{env_cfg.docker_image}"
             update.update(image=image, workdir=self.workdir(base.workdir))
         else:
-            image = env_cfg.docker_image or (self.image_tag() if self.dockerfile.is_file() else None)
-            if image is None:
+            built = env_cfg.docker_image or (self.image_tag() if self.dockerfile.is_file() else None)
+            if built is None:
                 raise ConfigError(f"{self.path}: no environment/Dockerfile and no [environment] docker_image")
-            update.update(image=image, workdir=self.workdir(base.workdir))
+            update.update(image=built, workdir=self.workdir(base.workdir))
         return base.model_copy(update=update)
 
     def evaluator(self, *, refresh_runtime: bool = False, overrides: dict[str, Any] | None = None) -> EvaluatorSpec:
