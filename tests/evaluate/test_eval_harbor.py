@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -203,3 +204,15 @@ async def test_the_verifier_timeout_ends_the_tests_with_zero(tmp_path) -> None:
 def test_a_task_dir_that_is_not_one_is_a_config_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="no Harbor task"):
         find_tasks(tmp_path)
+
+
+async def test_without_a_runtime_or_harbors_directories_it_is_an_evaluation_error(tmp_path) -> None:
+    evaluator = HarborVerifier({})
+    spec = SessionSpec(task_id="t", instruction="i", agent={"harness": "shell"})
+    ctx = EvalContext(spec=spec, trajectory=Trajectory(session_id=spec.session_id), harness_result=None, runtime=None)
+    with pytest.raises(EvaluationError, match="needs the session's runtime"):
+        await evaluator.evaluate(ctx)
+    if shutil.which("bwrap") is not None:  # a sandbox without the links: /logs cannot be made in its read-only root
+        async with LocalRuntime(RuntimeSpec(network="none"), tmp_path / "s") as rt:
+            with pytest.raises(EvaluationError, match="could not prepare /logs/verifier"):
+                await evaluator.evaluate(_context(rt, spec))

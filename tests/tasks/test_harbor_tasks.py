@@ -14,7 +14,7 @@ from polar_gym.launch.tasks import harbor_requests, harbor_task_requests
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
 from polar_gym.settings import ConfigError
 from polar_gym.tasks.dockerfile import UnsupportedDockerfile, local_environment, parse_dockerfile
-from polar_gym.tasks.harbor import HARBOR_LINKS, HarborTaskConfig, find_tasks, solution_command
+from polar_gym.tasks.harbor import HARBOR_LINKS, HarborTaskConfig, find_tasks, load_task, solution_command
 from polar_gym.tasks.harbor_images import ensure_image, image_build_argv
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "harbor"
@@ -224,3 +224,42 @@ def test_apptainer_takes_a_prebuilt_image_only(tmp_path) -> None:
     assert (request.runtime.image, request.runtime.workdir) == ("docker://ghcr.io/acme/env:1", "/work")
     with pytest.raises(ConfigError, match="needs runtime=docker or runtime=apptainer"):
         harbor_requests(_template("local"), str(task))
+
+
+
+def test_dockerfile_edges_parent_workdirs_legacy_env_ignored_instructions_and_empty_dirs(tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    dockerfile = ("FROM scratch\nLABEL a=b\nWORKDIR /srv\nWORKDIR app\nENV MODE fast mode\nCOPY empty /srv/app/e\n"
+                  'EXPOSE 80\nCMD ["sleep", "infinity"]\nRUN ["touch", "x"]\nRUN echo done \\')
+    env = local_environment(dockerfile, tmp_path)
+    assert env.workdir == "/srv/app" and env.env == {"MODE": "fast mode"}
+    assert [a.command for a in env.prepare] == [
+        "export MODE='fast mode'; mkdir -p /srv/app/e",
+        "export MODE='fast mode'; mkdir -p /srv/app && cd /srv/app && touch x",
+        "export MODE='fast mode'; mkdir -p /srv/app && cd /srv/app && echo done"]
+    with pytest.raises(UnsupportedDockerfile) as caught:
+        local_environment("WORKDIR /other\nCOPY only\nCOPY missing.txt .\nWORKDIR /srv\nCOPY missing.txt .\n",
+                          tmp_path)
+    assert str(caught.value).splitlines() == [
+        "line 1: WORKDIR /other lies outside the final WORKDIR /srv", "line 2: COPY needs a source and a destination",
+        "line 3: COPY to /other, outside the WORKDIR /srv",
+        "line 5: COPY missing.txt: no such file in the build context"]
+
+
+def test_a_task_needs_its_files_and_an_image_backend_needs_an_environment(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"not a Harbor task \(no task.toml\)"):
+        load_task(tmp_path)
+    for name in ("instruction.md", "tests/test.sh", "solution/solve.sh"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    (tmp_path / "task.toml").write_text("")
+    with pytest.raises(ConfigError, match="no environment/Dockerfile and no"):
+        harbor_requests(_template("docker"), str(tmp_path), build_images=False)
+    with pytest.raises(ValueError, match=r"tasks\.solution must be reference or none"):
+        harbor_requests(_template(), str(DATA / "tasks"), solution="maybe")
+
+
+def test_the_harness_config_of_the_run_reaches_every_task() -> None:
+    template = _template().model_copy(update={"agent": AgentSpec(harness="codex", config={"reasoning": "low"})})
+    (request,) = harbor_requests(template, str(DATA / "tasks"), ids=["edit-greeting"])
+    assert request.agent == AgentSpec(harness="codex", config={"reasoning": "low"})
