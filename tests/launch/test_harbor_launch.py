@@ -52,7 +52,7 @@ def _all_tasks(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("harness", ["pi", "codex"])
+@pytest.mark.parametrize("harness", ["pi", "codex", "opencode"])
 def test_the_oracle_solves_harbor_tasks_and_a_wrong_solution_scores_zero(tmp_path, harness) -> None:
     out = tmp_path / "run"
     done = _launch(f"+harness={harness}", f"tasks.path={_all_tasks(tmp_path)}", out=out)
