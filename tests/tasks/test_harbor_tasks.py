@@ -4,6 +4,7 @@ refuses), the runtime each backend gets, the image build commands (a recording r
 from __future__ import annotations
 
 import base64
+import importlib
 import re
 from pathlib import Path
 
@@ -263,3 +264,11 @@ def test_the_harness_config_of_the_run_reaches_every_task() -> None:
     template = _template().model_copy(update={"agent": AgentSpec(harness="codex", config={"reasoning": "low"})})
     (request,) = harbor_requests(template, str(DATA / "tasks"), ids=["edit-greeting"])
     assert request.agent == AgentSpec(harness="codex", config={"reasoning": "low"})
+
+
+@pytest.mark.parametrize("module", ["polar_gym.tasks", "polar_gym.tasks.harbor", "polar_gym.tasks.dockerfile",
+                                    "polar_gym.tasks.harbor_images", "polar_gym.evaluate.harbor",
+                                    "polar_gym.launch.tasks"])
+def test_exports(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert mod.__all__ and all(hasattr(mod, name) for name in mod.__all__)
