@@ -277,6 +277,10 @@ def load_task(path: Path) -> HarborTask:
         raise _problem(path, "multi-step tasks ([[steps]]) are not supported")
     if config.environment.os.lower() != "linux":
         raise _problem(path, f"[environment] os = {config.environment.os!r}: only linux tasks run here")
+    compose = [n for n in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")
+               if (path / "environment" / n).is_file()]
+    if compose:
+        raise _problem(path, f"environment/{compose[0]}: multi-container environments are not supported")
     missing = [name for name in ("instruction.md", "tests/test.sh", "solution/solve.sh")
                if not (path / name).is_file()]
     if missing:

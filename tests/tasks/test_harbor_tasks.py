@@ -43,6 +43,7 @@ def test_task_toml_is_read_into_our_model_keeping_harbors_other_keys() -> None:
     ("[[steps]]\nname = 'a'\n", None, "multi-step"),
     ("[environment]\nos = 'windows'\n", None, "only linux"),
     ("", ["instruction.md"], "missing tests/test.sh, solution/solve.sh"),
+    ("", ["instruction.md", "environment/docker-compose.yaml"], "multi-container environments are not supported"),
 ])
 def test_broken_task_dirs_are_config_errors_naming_the_problem(tmp_path, toml, files, message) -> None:
     task = tmp_path / "t"
