@@ -216,3 +216,12 @@ async def test_without_a_runtime_or_harbors_directories_it_is_an_evaluation_erro
         async with LocalRuntime(RuntimeSpec(network="none"), tmp_path / "s") as rt:
             with pytest.raises(EvaluationError, match="could not prepare /logs/verifier"):
                 await evaluator.evaluate(_context(rt, spec))
+
+
+@needs_bwrap
+async def test_harbors_own_template_task_parses_and_its_empty_verifier_scores_zero_with_the_reason(tmp_path) -> None:
+    """tests/data/harbor/template: what `harbor init` writes (Apache-2.0, see its NOTICE)."""
+    async with _task_runtime(tmp_path, "harbor-init", root=DATA / "template") as (rt, spec, evaluator):
+        assert spec.runtime.workdir == "/app" and spec.evaluator.config.model_dump()["timeout"] == 900.0
+        result = await evaluator.evaluate(_context(rt, spec))
+        assert result.reward == 0.0 and "no reward file" in result.details["reason"]
