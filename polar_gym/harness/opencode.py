@@ -48,7 +48,8 @@ class OpenCode(Harness):
                                      "models": {m: {"name": m} for m in (ctx.model_name, side)}}},
             "model": f"{_PROVIDER}/{ctx.model_name}", "small_model": f"{_PROVIDER}/{side}",
             "autoupdate": False, "share": "disabled",
-            "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
+            # external_directory: a path outside the workdir (Harbor's /solution, /tmp) is auto-rejected otherwise
+            "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny", "external_directory": "allow"},
         }
         entries = {name: {"type": "local", "command": [s.command, *s.args], "environment": s.env, "enabled": True}
                    for name, s in mcp_config(servers).items()}

@@ -65,13 +65,22 @@ MEANINGS = {
                                   "or merge (keep the chain, as the paper does)",
     "builder.config.keep_superseded": "also emit a retried prompt's discarded first attempt as a trace",
     "builder.config.include_side_requests": "train on the harness's side requests too",
-    "evaluator.strategy": "the evaluator: test_on_output, session_completed, swebench_harness, or pkg.module:Class",
+    "evaluator.strategy": "the evaluator: test_on_output, session_completed, swebench_harness, harbor, or "
+                          "pkg.module:Class",
     "evaluator.refresh_runtime": "evaluate in a freshly prepared runtime instead of the session's",
     "evaluator.config": "evaluator settings (the keys below, per evaluator); for demo tasks they override the "
                         "task's own",
     "tasks.ids": "null: every task; or a list of task ids (instance_ids)",
     "tasks.path": "the JSONL dataset file (polar_gym/datagen/dataset.py describes a row)",
     "tasks.limit": "null: every row; or the first N rows",
+}
+#: tasks=harbor's keys (tasks.path means a directory there)
+HARBOR_MEANINGS = {
+    "tasks.path": "a Harbor task directory (task.toml, instruction.md, environment/, tests/, solution/) or a "
+                  "directory of them",
+    "tasks.ids": "null: every task under path; or a list of task directory names",
+    "tasks.solution": "what the oracle plays: reference (solution/solve.sh) or none (the task as left must score 0)",
+    "tasks.build_images": "runtime=docker: build a task's environment/Dockerfile into its session image when missing",
 }
 
 
@@ -123,6 +132,7 @@ def reference() -> str:
             "### launcher=slurm", "", _table(SlurmLauncherSettings, "launcher"),
             "### tasks=demo", "", _tasks("polar_gym.launch.tasks:demo_requests"),
             "### tasks=dataset", "", _tasks("polar_gym.datagen:dataset_requests"),
+            "### tasks=harbor", "", _tasks("polar_gym.launch.tasks:harbor_requests", HARBOR_MEANINGS),
             "### datagen (`+datagen=sft`)", "", _table(DatagenConfig, "datagen"),
             "### trainer (`+trainer=sft`, `+trainer=grpo`)", "", _table(TrainerSettings, "trainer"),
             "### logging (W&B, TensorBoard)", "", _table(LoggingSettings, "logging"),
@@ -136,10 +146,10 @@ def _runtime(name: str) -> type[Runtime]:
     return cls
 
 
-def _tasks(target: str) -> str:
+def _tasks(target: str, meanings: Mapping[str, str] = MEANINGS) -> str:
     model = signature_model(load_dotted(target), skip=1)
     assert model is not None
-    return _table(model, "tasks")
+    return _table(model, "tasks", meanings=meanings)
 
 
 def _current(path: Path) -> tuple[str, str]:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from polar_gym.datagen.template import TaskTemplate
-from polar_gym.schema import TaskRequest
-from polar_gym.tasks import DEMO_TASKS, demo_tasks
+import os
+import shlex
+from typing import Literal
 
-__all__ = ["demo_requests"]
+from polar_gym.datagen.template import TaskTemplate
+from polar_gym.runtime.podman_host import default_cli
+from polar_gym.schema import EvaluatorSpec, TaskRequest
+from polar_gym.tasks import DEMO_TASKS, demo_tasks
+from polar_gym.tasks.harbor import HarborTask, find_tasks
+from polar_gym.tasks.harbor_images import Runner, ensure_image, run_command
+
+__all__ = ["demo_requests", "harbor_requests", "harbor_task_requests"]
+
+#: the evaluator group's default: a template still carrying it (with no keys) means "the task's own evaluator"
+_DEFAULT_EVALUATOR = "test_on_output"
 
 
 def demo_requests(template: TaskTemplate, ids: list[str] | None = None) -> list[TaskRequest]:
@@ -32,4 +42,49 @@ def demo_requests(template: TaskTemplate, ids: list[str] | None = None) -> list[
         if template.agent.config:
             request = request.model_copy(update={"agent": template.agent})
         requests.append(TaskRequest.model_validate(request.model_dump()))  # re-validate the whole request
+    return requests
+
+
+def _harbor_evaluator(task: HarborTask, template: TaskTemplate) -> EvaluatorSpec:
+    """The task's ``harbor`` evaluator, with the evaluator group's keys over it; another evaluator named in the
+    group (with keys, or not the default) is kept as it is."""
+    chosen = template.evaluator
+    keys = chosen.config.model_dump()
+    if chosen.strategy == "harbor":
+        return task.evaluator(refresh_runtime=chosen.refresh_runtime, overrides=keys)
+    if chosen.strategy == _DEFAULT_EVALUATOR and not keys:
+        return task.evaluator(refresh_runtime=chosen.refresh_runtime)
+    return chosen
+
+
+def harbor_requests(template: TaskTemplate, path: str, ids: list[str] | None = None,
+                    solution: Literal["reference", "none"] = "reference",
+                    build_images: bool = True) -> list[TaskRequest]:
+    """Harbor task directories under ``path`` (all, or those in ``ids``) as TaskRequests shaped by ``template``:
+    the environment becomes the runtime (on runtime=docker the Dockerfile is built into the session image when
+    missing), the ``harbor`` evaluator runs the task's tests, the oracle plays ``solution``."""
+    return harbor_task_requests(template, path, ids, solution, build_images)
+
+
+def harbor_task_requests(template: TaskTemplate, path: str, ids: list[str] | None = None,
+                         solution: Literal["reference", "none"] = "reference", build_images: bool = True,
+                         runner: Runner = run_command) -> list[TaskRequest]:
+    """:func:`harbor_requests` with the runner of the image commands (tests record them)."""
+    if solution not in ("reference", "none"):
+        raise ValueError(f"tasks.solution must be reference or none, not {solution!r}")
+    requests = []
+    for task in find_tasks(path, ids):
+        request = task.to_request(harness=template.agent.harness, model_name=template.agent.model_name,
+                                  runtime=template.runtime, evaluator=_harbor_evaluator(task, template),
+                                  builder=template.builder, num_samples=template.num_samples,
+                                  timeout_seconds=template.timeout_seconds, solution=solution)
+        if build_images and request.runtime.backend == "docker" and not task.config.environment.docker_image:
+            cli = os.environ.get("POLAR_DOCKER_CLI")  # the CLI the docker backend takes, too
+            argv = shlex.split(cli) if cli else list(default_cli())
+            assert request.runtime.image is not None
+            ensure_image(argv, request.runtime.image, task.environment_dir, task.session_dockerfile(),
+                         timeout=task.config.environment.build_timeout_sec, runner=runner)
+        if template.agent.config:
+            request = request.model_copy(update={"agent": template.agent})
+        requests.append(request)
     return requests

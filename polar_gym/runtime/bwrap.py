@@ -43,6 +43,7 @@ __all__ = [
     "cgroup_wrap",
     "launcher_argv",
     "list_root",
+    "plan_links",
     "plan_workdir",
     "sandbox_env",
     "secret_masks",
@@ -173,6 +174,8 @@ class SandboxLayout:
     launch: Launch = field(default_factory=Launch)
     #: uid 0 inside (``--uid 0 --gid 0``), mapped to the unprivileged uid the launcher dropped to
     root_inside: bool = False
+    #: (inside, target) symlinks at the top of the root into a writable area (``links``: Harbor's /logs, /tests)
+    links: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def tmp_host(self) -> str:
@@ -183,6 +186,11 @@ class SandboxLayout:
         areas = [(SESSION_MOUNT, self.session_dir), ("/tmp", self.tmp_host)]
         if self.workdir_host is not None:
             areas.append((self.workdir, self.workdir_host))
+        for inside, target in self.links:  # a link's files are the target's, so uploads through it land there
+            for prefix, host in list(areas):
+                if target == prefix or target.startswith(prefix + "/"):
+                    areas.append((inside, posixpath.join(host, posixpath.relpath(target, prefix))))
+                    break
         return sorted(areas, key=lambda a: len(a[0]), reverse=True)
 
     def staged(self) -> tuple[str, ...]:
@@ -236,6 +244,25 @@ def plan_workdir(workdir: str, entries: Sequence[RootEntry], root: Path, session
     return posixpath.join(session_dir, "workspace")
 
 
+def plan_links(links: object, taken: set[str], workdir: str) -> tuple[tuple[str, str], ...]:
+    """The ``links`` option checked: each a new top-level name (not in the root, not the workdir) pointing into
+    /polar or /tmp; WorkdirError otherwise."""
+    if not isinstance(links, dict):
+        raise WorkdirError("runtime.options.links must map /name to a target under /polar or /tmp")
+    out = []
+    for inside, target in links.items():
+        name = posixpath.normpath(str(inside)).strip("/")
+        where = posixpath.normpath(str(target))
+        if (not str(inside).startswith("/") or not name or "/" in name or name in taken
+                or name in ("proc", "dev", "sys", "tmp", "var", SESSION_MOUNT.strip("/"))
+                or "/" + name == posixpath.normpath(workdir).rstrip("/")):
+            raise WorkdirError(f"runtime.options.links: {inside!r} must be a new top-level name")
+        if ".." in str(target) or not any(where.startswith(p + "/") for p in (SESSION_MOUNT, "/tmp")):
+            raise WorkdirError(f"runtime.options.links: {target!r} must lie under {SESSION_MOUNT} or /tmp")
+        out.append(("/" + name, where))
+    return tuple(out)
+
+
 def bwrap_argv(layout: SandboxLayout, command: Sequence[str], *, cwd: str, status_fd: int | None = None,
                bwrap: str = "bwrap") -> list[str]:
     """The bwrap command line for one exec (what the launcher execs, or what runs directly)."""
@@ -269,6 +296,8 @@ def bwrap_argv(layout: SandboxLayout, command: Sequence[str], *, cwd: str, statu
         argv += ["--ro-bind", src(layout.relay), RELAY_PATH]
     for host, inside in layout.extra_ro:
         argv += ["--ro-bind", src(host), inside]
+    for inside, target in layout.links:
+        argv += ["--symlink", target, inside]
     argv += ["--remount-ro", "/", "--chdir", cwd]
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]

@@ -28,8 +28,10 @@ and the sandbox is that user (as before). Without the compiled
 helper (no gcc), bwrap starts directly: as root the sandbox is then uid 0 with no capabilities and every host mount
 read-only (weaker: host-root-owned files in the session directory stay writable to it); a warning says so.
 
-Options: from the request only ``hostname`` and ``expose`` (a list of host paths bound read-only at the same path,
-each under one of the gateway's ``expose_roots``, else a start error); from the gateway's configuration also
+Options: from the request only ``hostname``, ``expose`` (a list of host paths bound read-only at the same path,
+each under one of the gateway's ``expose_roots``, else a start error) and ``links`` ({"/name": target}: a symlink
+at the top of the root into ``/polar`` or ``/tmp``, whose target directory is created; Harbor tasks write to
+/logs/verifier and read /tests); from the gateway's configuration also
 ``bwrap`` (binary), ``ro_binds`` ({host: inside}), ``expose_roots``, ``sandbox_uid``/``sandbox_gid``,
 ``stage_dir`` and the limits below.
 
@@ -83,12 +85,14 @@ from polar_gym.runtime.base import (
 from polar_gym.runtime.bwrap import (
     SYSTEM_DIRS,
     Launch,
+    RootEntry,
     SandboxLayout,
     WorkdirError,
     bwrap_argv,
     cgroup_wrap,
     launcher_argv,
     list_root,
+    plan_links,
     plan_workdir,
     sandbox_env,
     secret_masks,
@@ -169,7 +173,7 @@ class LocalRuntime(Runtime):
     """bubblewrap sandbox; options and limits in the module docstring."""
 
     name: ClassVar[str] = "local"
-    request_options: ClassVar[frozenset[str]] = frozenset({"hostname", "expose"})
+    request_options: ClassVar[frozenset[str]] = frozenset({"hostname", "expose", "links"})
 
     def __init__(self, spec: RuntimeSpec, session_dir: str | Path, *, gateway: GatewayEndpoint | None = None,
                  options: dict[str, Any] | None = None) -> None:
@@ -276,6 +280,12 @@ class LocalRuntime(Runtime):
             out.append((real, inside))
         return tuple(out)
 
+    def _links(self, entries: tuple[RootEntry, ...]) -> tuple[tuple[str, str], ...]:
+        try:
+            return plan_links(self.options.get("links") or {}, {e.name for e in entries}, self.spec.workdir)
+        except WorkdirError as exc:
+            raise SandboxStartError(str(exc)) from exc
+
     def _prepare(self, root: Path) -> SandboxLayout:
         session = self.session_dir.resolve()
         for sub in ("home", "tmp", ".bin"):
@@ -295,8 +305,11 @@ class LocalRuntime(Runtime):
                                network=self.spec.network, relay=relay,
                                hostname=str(self.options.get("hostname", "polar")),
                                extra_ro=extra + self._exposed(), masks=secret_masks() if host_root else (),
-                               launch=launch, root_inside=launch.uid is not None)
+                               launch=launch, root_inside=launch.uid is not None,
+                               links=self._links(entries))
         confine(layout.writable(), layout.workdir, "/").mkdir(parents=True, exist_ok=True)
+        for inside, _ in layout.links:
+            confine(layout.writable(), inside, "/").mkdir(parents=True, exist_ok=True)
         if self.owner is not None:
             chown_tree(session, *self.owner)
         return layout

@@ -147,7 +147,7 @@ def test_opencode() -> None:
                                "options": {"baseURL": f"{GW}/v1", "apiKey": "sess-1"},
                                "models": {"policy": {"name": "policy"}, "policy-side": {"name": "policy-side"}}}},
         "model": "polar/policy", "small_model": "polar/policy-side", "autoupdate": False, "share": "disabled",
-        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"}}}
+        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny", "external_directory": "allow"}}}
     assert h.log_paths(CTX) == ["/polar/home/.local/share/opencode"]
     assert h.provider_for(CTX) == "openai_chat" and h.side_models(CTX) == ["policy-side"]
 

@@ -123,6 +123,7 @@ CONF_MODELS: list[tuple[str, type[BaseModel], Any, set[str]]] = [
     ("evaluator/session_completed.yaml", EvaluatorSpec, None, set()),
     ("evaluator/test_on_output.yaml", EvaluatorSpec, None, {"strategy"}),
     ("evaluator/swebench_harness.yaml", EvaluatorSpec, None, {"strategy", "refresh_runtime"}),
+    ("evaluator/harbor.yaml", EvaluatorSpec, None, {"strategy"}),
     ("builder/prefix_merging.yaml", BuilderSpec, None, set()),
     ("builder/per_request.yaml", BuilderSpec, None, {"strategy"}),
     *[(f"harness/{p.name}", AgentSpec, _agent, {"harness"}) for p in sorted((CONF_DIR / "harness").glob("*.yaml"))],
@@ -147,7 +148,7 @@ def _defaults(model: type[BaseModel]) -> dict[str, Any]:
 
 def test_every_conf_file_of_a_model_has_its_keys_and_the_models_defaults() -> None:
     assert {f"{p.parent.name}/{p.name}" for p in CONF_DIR.glob("*/*.yaml")} - {c for c, *_ in CONF_MODELS} == \
-        {"tasks/demo.yaml", "tasks/dataset.yaml"}  # task sources: checked against their signature below
+        {"tasks/demo.yaml", "tasks/dataset.yaml", "tasks/harbor.yaml"}  # task sources: checked by their signature
     for conf, model, mapping, on_purpose in CONF_MODELS:
         data = yaml.safe_load((CONF_DIR / conf).read_text()) or {}
         data.pop("_target_", None)

@@ -1,0 +1,308 @@
+"""Harbor task directories read as TaskRequests (``tasks=harbor``).
+
+A Harbor task (PyPI ``harbor``; Terminal-Bench style) is a directory: ``task.toml`` (timeouts, resources),
+``instruction.md`` (what the agent gets), ``environment/Dockerfile`` (+ build context; the agent works in its
+WORKDIR), ``tests/test.sh`` (run after the agent from the workdir, with the tests at ``/tests``; it writes the reward
+to ``/logs/verifier/reward.txt`` or ``reward.json``) and ``solution/solve.sh`` (what Harbor's oracle runs from
+``/solution``). Here the environment becomes the session's runtime (an image on runtime=docker; on runtime=local the
+Dockerfile's simple subset replayed in the sandbox, :mod:`polar_gym.tasks.dockerfile`), the ``harbor`` evaluator runs
+the tests the way Harbor's verifier does, and the oracle engine plays the solution as one shell command.
+
+Files travel inside the request (the tests in the evaluator's config, the solution in the oracle script), so a
+gateway on another node needs no access to the task directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import io
+import logging
+import posixpath
+import shlex
+import tarfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from polar_gym.schema import EvaluatorSpec, OracleScript, RuntimeSpec, TaskMetadata, TaskRequest
+from polar_gym.settings import ConfigError
+from polar_gym.tasks.dockerfile import UnsupportedDockerfile, local_environment, parse_dockerfile
+
+__all__ = [
+    "HARBOR_LINKS",
+    "HarborTask",
+    "HarborTaskConfig",
+    "find_tasks",
+    "load_task",
+    "pack_files",
+    "solution_command",
+]
+
+log = logging.getLogger(__name__)
+
+#: where Harbor puts things in the environment; on runtime=local they are links into the session directory
+HARBOR_LINKS = {"/logs": "/polar/harbor/logs", "/tests": "/polar/harbor/tests", "/solution": "/polar/harbor/solution"}
+_HARBOR_DIRS = ("/logs", "/logs/verifier", "/logs/agent", "/tests", "/solution")
+#: a tests or solution directory bigger than this belongs in the image
+MAX_PACKED_BYTES = 8 * 1024 * 1024
+Solution = Literal["reference", "none"]
+
+
+class _Section(BaseModel):
+    """Harbor's sections carry more keys than polar_gym uses; the rest are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class VerifierSection(_Section):
+    timeout_sec: float = Field(default=600.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentSection(_Section):
+    timeout_sec: float | None = Field(default=None, gt=0)
+
+
+class EnvironmentSection(_Section):
+    build_timeout_sec: float = Field(default=600.0, gt=0)
+    docker_image: str | None = None
+    os: str = "linux"
+    cpus: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    storage_mb: int | None = Field(default=None, gt=0)
+    workdir: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class SolutionSection(_Section):
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class HarborTaskConfig(_Section):
+    """``task.toml``: the keys polar_gym uses, typed; Harbor's others kept as they are."""
+
+    schema_version: str = "1.0"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    verifier: VerifierSection = Field(default_factory=VerifierSection)
+    agent: AgentSection = Field(default_factory=AgentSection)
+    environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
+    solution: SolutionSection = Field(default_factory=SolutionSection)
+    steps: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def from_toml(cls, text: str) -> HarborTaskConfig:
+        data = tomllib.loads(text)
+        if "version" in data:  # the older key, as Harbor reads it
+            data.setdefault("schema_version", str(data.pop("version")))
+        return cls.model_validate(data)
+
+
+def pack_files(directory: Path) -> list[dict[str, Any]]:
+    """Every regular file under ``directory`` as ``{"path", "data" (base64), "executable"}``; symlinks are left out
+    and the total is capped (:data:`MAX_PACKED_BYTES`)."""
+    files, total = [], 0
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()):
+        data = path.read_bytes()
+        total += len(data)
+        if total > MAX_PACKED_BYTES:
+            raise ValueError(f"{directory} holds over {MAX_PACKED_BYTES // 2**20} MiB")
+        files.append({"path": path.relative_to(directory).as_posix(), "data": base64.b64encode(data).decode(),
+                      "executable": bool(path.stat().st_mode & 0o111)})
+    return files
+
+
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """The same bytes for the same files: no times, owners or host modes besides the executable bit."""
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    info.mode = 0o755 if info.mode & 0o111 else 0o644
+    return info
+
+
+def solution_command(solution_dir: Path, script: str = "solve.sh", env: dict[str, str] | None = None) -> str:
+    """One POSIX command that recreates the solution directory at ``/solution`` and runs its script from the
+    current directory, as Harbor's oracle does. The files travel as a base64 tarball (only ``[A-Za-z0-9+/=]``), so
+    every harness's shell tool passes the command unchanged."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as packed, tarfile.open(fileobj=packed, mode="w") as tar:
+        for path in sorted(p for p in solution_dir.rglob("*") if p.is_file() and not p.is_symlink()):
+            tar.add(path, arcname=path.relative_to(solution_dir).as_posix(), recursive=False, filter=_plain)
+    if buffer.tell() > MAX_PACKED_BYTES:
+        raise ValueError(f"{solution_dir} packs to over {MAX_PACKED_BYTES // 2**20} MiB")
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    target = posixpath.join("/solution", script)
+    exported = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    return (f"mkdir -p /solution && printf %s {encoded} | base64 -d | tar -xzf - -C /solution && "
+            f"chmod +x {target} && DEBIAN_FRONTEND=noninteractive {exported}{target}")
+
+
+@dataclass(frozen=True)
+class HarborTask:
+    """One Harbor task directory, read."""
+
+    path: Path
+    config: HarborTaskConfig
+    instruction: str
+
+    @property
+    def task_id(self) -> str:
+        return self.path.name
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.path / "environment"
+
+    @property
+    def dockerfile(self) -> Path:
+        return self.environment_dir / "Dockerfile"
+
+    def dockerfile_workdir(self) -> str | None:
+        """The last WORKDIR of the Dockerfile (where the agent works), or None."""
+        if not self.dockerfile.is_file():
+            return None
+        workdir = "/"
+        seen = False
+        for ins in parse_dockerfile(self.dockerfile.read_text()):
+            if ins.keyword == "WORKDIR":
+                workdir = posixpath.normpath(posixpath.join(workdir, ins.args.strip().strip('"')))
+                seen = True
+        return workdir if seen else None
+
+    def workdir(self, default: str) -> str:
+        """task.toml's ``[environment] workdir``, else the Dockerfile's WORKDIR, else ``default``."""
+        return self.config.environment.workdir or self.dockerfile_workdir() or default
+
+    def session_dockerfile(self) -> str:
+        """The task's Dockerfile plus the directories Harbor mounts (``/logs/verifier``, ``/logs/agent``,
+        ``/tests``, ``/solution``), made as root and writable by the task's user: the session container has no
+        capabilities, so not even its root could create them in a read-only-moded ``/`` later."""
+        users = [ins.args.strip() for ins in parse_dockerfile(self.dockerfile.read_text()) if ins.keyword == "USER"]
+        dirs = " ".join(sorted({*_HARBOR_DIRS}))
+        tail = f"\nUSER root\nRUN mkdir -p {dirs} && chmod 0777 {dirs}\n"
+        if users:
+            tail += f"USER {users[-1]}\n"
+        return self.dockerfile.read_text().rstrip("\n") + "\n" + tail
+
+    def image_tag(self) -> str:
+        """A tag keyed by the environment directory's content (a changed Dockerfile or file builds a new one)."""
+        digest = hashlib.sha256(self.session_dockerfile().encode())
+        for path in sorted(p for p in self.environment_dir.rglob("*") if p.is_file()):
+            digest.update(path.relative_to(self.environment_dir).as_posix().encode() + b"\0" + path.read_bytes())
+        name = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.task_id.lower()).strip("-.") or "task"
+        return f"localhost/polar-harbor/{name}:{digest.hexdigest()[:12]}"
+
+    def runtime(self, base: RuntimeSpec) -> RuntimeSpec:
+        """The session's runtime on ``base.backend``: local replays the Dockerfile, an image backend runs it."""
+        env_cfg = self.config.environment
+        update: dict[str, Any] = {
+            "cpus": base.cpus if base.cpus is not None else env_cfg.cpus,
+            "memory_mb": base.memory_mb if base.memory_mb is not None else env_cfg.memory_mb,
+            "env": {**env_cfg.env, **base.env},
+        }
+        if base.backend == "local":
+            if env_cfg.docker_image and not self.dockerfile.is_file():
+                raise ConfigError(f"{self.path}: the environment is the image {env_cfg.docker_image}; it needs "
+                                  "runtime=docker or runtime=apptainer")
+            try:
+                local = local_environment(self.dockerfile.read_text() if self.dockerfile.is_file() else "",
+                                          self.environment_dir, default_workdir=self.workdir(base.workdir))
+            except UnsupportedDockerfile as exc:
+                raise ConfigError(f"{self.dockerfile} cannot be reproduced in the local sandbox; it needs "
+                                  f"runtime=docker or runtime=apptainer:\n{exc}") from None
+            for warning in local.warnings:
+                log.warning("%s: %s", self.task_id, warning)
+            workdir = self.config.environment.workdir or local.workdir
+            update.update(workdir=workdir, env={**local.env, **update["env"]}, prepare=[*base.prepare, *local.prepare],
+                          options={**base.options, "links": dict(HARBOR_LINKS)})
+        elif base.backend == "apptainer":
+            if not env_cfg.docker_image:
+                raise ConfigError(f"{self.path}: runtime=apptainer runs a task's prebuilt image ([environment] "
+                                  "docker_image); a task with only a Dockerfile runs on runtime=docker (built there)")
+            image = env_cfg.docker_image if "://" in env_cfg.docker_image else f"docker://{env_cfg.docker_image}"
+            update.update(image=image, workdir=self.workdir(base.workdir))
+        else:
+            built = env_cfg.docker_image or (self.image_tag() if self.dockerfile.is_file() else None)
+            if built is None:
+                raise ConfigError(f"{self.path}: no environment/Dockerfile and no [environment] docker_image")
+            update.update(image=built, workdir=self.workdir(base.workdir))
+        return base.model_copy(update=update)
+
+    def evaluator(self, *, refresh_runtime: bool = False, overrides: dict[str, Any] | None = None) -> EvaluatorSpec:
+        """The ``harbor`` evaluator with this task's tests, verifier timeout and environment."""
+        config: dict[str, Any] = {"tests": pack_files(self.path / "tests"),
+                                  "timeout": self.config.verifier.timeout_sec, "env": dict(self.config.verifier.env)}
+        config.update(overrides or {})
+        return EvaluatorSpec(strategy="harbor", refresh_runtime=refresh_runtime, config=config)
+
+    def oracle_script(self, solution: Solution = "reference") -> OracleScript:
+        """The reference solution as the oracle's one command (``none``: no command, the task as left)."""
+        if solution == "none":
+            return OracleScript(commands=[], final_answer="I did not change anything.")
+        return OracleScript(commands=[solution_command(self.path / "solution", env=self.config.solution.env)],
+                            final_answer="Ran the reference solution (solution/solve.sh).")
+
+    def to_request(self, *, harness: str, model_name: str, runtime: RuntimeSpec, evaluator: EvaluatorSpec,
+                   builder: Any, num_samples: int, timeout_seconds: float,
+                   solution: Solution = "reference") -> TaskRequest:
+        meta = TaskMetadata(oracle=self.oracle_script(solution).model_dump(), harbor_task=str(self.path),
+                            harbor_metadata=self.config.metadata)
+        timeout = timeout_seconds
+        if self.config.agent.timeout_sec is not None:  # the agent's time plus the verifier's, as Harbor allows
+            timeout = min(timeout_seconds, self.config.agent.timeout_sec + self.config.verifier.timeout_sec)
+        return TaskRequest.model_validate({
+            "task_id": self.task_id, "instruction": self.instruction, "num_samples": num_samples,
+            "timeout_seconds": timeout, "runtime": self.runtime(runtime).model_dump(),
+            "agent": {"harness": harness, "model_name": model_name}, "builder": builder.model_dump(),
+            "evaluator": evaluator.model_dump(), "metadata": meta.model_dump()})
+
+
+def _problem(path: Path, message: str) -> ConfigError:
+    return ConfigError(f"{path}: {message}")
+
+
+def load_task(path: Path) -> HarborTask:
+    """Read one task directory; ConfigError naming what is missing or invalid."""
+    path = path.resolve()
+    try:
+        config = HarborTaskConfig.from_toml((path / "task.toml").read_text())
+    except FileNotFoundError:
+        raise _problem(path, "not a Harbor task (no task.toml)") from None
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise _problem(path, f"task.toml does not parse: {exc}") from None
+    if config.steps:
+        raise _problem(path, "multi-step tasks ([[steps]]) are not supported")
+    if config.environment.os.lower() != "linux":
+        raise _problem(path, f"[environment] os = {config.environment.os!r}: only linux tasks run here")
+    compose = [n for n in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")
+               if (path / "environment" / n).is_file()]
+    if compose:
+        raise _problem(path, f"environment/{compose[0]}: multi-container environments are not supported")
+    missing = [name for name in ("instruction.md", "tests/test.sh", "solution/solve.sh")
+               if not (path / name).is_file()]
+    if missing:
+        raise _problem(path, f"missing {', '.join(missing)}")
+    return HarborTask(path=path, config=config, instruction=(path / "instruction.md").read_text())
+
+
+def find_tasks(path: str | Path, ids: list[str] | None = None) -> list[HarborTask]:
+    """A task directory, or every task directory directly under ``path`` (sorted by name); ``ids`` picks some."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a directory")
+    if (root / "task.toml").is_file():
+        tasks = [load_task(root)]
+    else:
+        tasks = [load_task(d) for d in sorted(root.iterdir()) if (d / "task.toml").is_file()]
+        if not tasks:
+            raise ConfigError(f"{root} holds no Harbor task (a directory with a task.toml)")
+    if ids is not None:
+        known = {t.task_id: t for t in tasks}
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise ConfigError(f"unknown task(s) {unknown}; known: {', '.join(known)}")
+        tasks = [known[i] for i in ids]
+    return tasks

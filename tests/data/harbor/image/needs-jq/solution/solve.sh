@@ -1,0 +1,2 @@
+#!/bin/bash
+jq -r .name /app/person.json > /app/name.txt

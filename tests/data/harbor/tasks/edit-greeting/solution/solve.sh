@@ -1,0 +1,2 @@
+#!/bin/bash
+echo "Hello, Harbor!" > /app/greeting.txt
