@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import dataclasses
 import io
+import itertools
+import logging
 import os
 import posixpath
 import secrets
@@ -76,6 +78,10 @@ __all__ = [
     "container_name",
     "session_id_for",
 ]
+
+#: looks PID 1 makes per lease period; it ends the container after this many without a renewal
+LEASE_LOOKS = 3
+log = logging.getLogger(__name__)
 
 # CLI error texts, lower-cased, that decide which error a failure maps to
 _DAEMON_DOWN = ("cannot connect to the docker daemon", "is the docker daemon running", "error during connect",
@@ -249,7 +255,9 @@ class DockerRuntime(Runtime):
     ``session_id`` (names the container; else the session directory's
     name and a hash of its path), the default limits ``memory_mb``, ``max_processes``, ``max_connections`` (as the
     local backend's, :data:`~polar_gym.runtime.local.DEFAULTS`; 0 turns one off): only from the constructor (the
-    gateway's configuration). ``shell`` (``/bin/sh``) and ``start_timeout`` (seconds, 120) also from a request.
+    gateway's configuration), and ``lease_seconds`` (30; 0 turns it off): the container stops itself about that long
+    after this process stops renewing its lease (a gateway killed without clean-up leaves no container running).
+    ``shell`` (``/bin/sh``) and ``start_timeout`` (seconds, 120) also from a request.
     Every container runs with ``--cap-drop ALL --security-opt no-new-privileges`` and mounts nothing of the host
     but the session directory (and the relay helper, read-only).
     """
@@ -280,6 +288,8 @@ class DockerRuntime(Runtime):
         self._created = False
         self._relay: GatewayRelay | None = None  # the host half of the gateway relay, while it serves
         self._loopback: TextIO | None = None  # holds this sandbox's loopback address (network "host")
+        self.lease_seconds = float(opts.get("lease_seconds", 30.0) or 0.0)
+        self._lease_task: asyncio.Task[None] | None = None
 
     # -- CLI plumbing -------------------------------------------------------------------------------------------
 
@@ -345,7 +355,7 @@ class DockerRuntime(Runtime):
                                      network=self.spec.network, cpus=self.spec.cpus,
                                      memory_mb=self._limit("memory_mb"), max_processes=self._limit("max_processes"),
                                      relay=await self._start_relay() if self.spec.network == "gateway" else None,
-                                     max_connections=self._limit("max_connections"))
+                                     max_connections=self._limit("max_connections"), lease=await self._start_lease())
             code, _, err = await self._cli(argv, timeout=self.start_timeout, env=env)
             if code != 0:
                 raise SandboxStartError(f"{self.commands.cli[0]} run failed (exit {code}): "
@@ -388,6 +398,31 @@ class DockerRuntime(Runtime):
                                         f"{(logs + errs).decode(errors='replace').strip()}")
             await asyncio.sleep(0.02)
 
+    async def _start_lease(self) -> tuple[str, float, int] | None:
+        """Write the lease and keep rewriting it (a new counter value twice per look of PID 1) while we live."""
+        if self.lease_seconds <= 0:
+            return None
+        every = self.lease_seconds / LEASE_LOOKS
+        path = self._private / "lease"
+
+        def renew(n: int) -> None:
+            tmp = path.with_name(f"lease.{n}")
+            tmp.write_text(f"{n}\n")
+            tmp.chmod(0o644)
+            os.replace(tmp, path)  # PID 1 never reads a half-written value
+
+        async def keep() -> None:
+            for n in itertools.count(1):
+                await asyncio.sleep(every / 2)
+                try:
+                    await asyncio.to_thread(renew, n)
+                except OSError as exc:  # the session directory is gone or full: the container ends on its own
+                    log.warning("cannot renew the lease of %s: %s", self.container, exc)
+
+        await asyncio.to_thread(renew, 0)
+        self._lease_task = asyncio.create_task(keep(), name=f"lease-{self.container}")
+        return f"{SESSION_MOUNT}/{PRIVATE_DIR}/lease", every, LEASE_LOOKS
+
     async def _start_relay(self) -> Path:
         """Serve the gateway on ``<session>/gateway.sock`` (the shared host half); returns the helper to mount."""
         if self.gateway is None:
@@ -411,6 +446,9 @@ class DockerRuntime(Runtime):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(run.done.wait(), self.KILL_GRACE)
         finally:
+            if self._lease_task is not None:
+                self._lease_task.cancel()
+                self._lease_task = None
             if self._relay is not None:
                 relay, self._relay = self._relay, None
                 await relay.stop()

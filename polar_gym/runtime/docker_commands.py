@@ -37,9 +37,14 @@ INSTALL_HINT = ("install Docker (https://docs.docker.com/engine/install/) or Pod
                 "runc) and point runtime.options.cli at it, e.g. {\"cli\": [\"podman\", \"--runtime\", \"runc\"]}")
 
 #: PID 1: create the workdir (``$2``; podman will not, unlike docker), mark the container ready (``$1``), then idle
-#: until TERM. A workdir that cannot be made ends the container, which start() reports with its logs.
-KEEPALIVE = ("trap 'exit 0' TERM INT HUP; [ -d \"$2\" ] || mkdir -p \"$2\" || exit 1; : > \"$1\"; "
-             "while :; do sleep 3600 & wait $!; done")
+#: until TERM. A workdir that cannot be made ends the container, which start() reports with its logs. With a lease
+#: file (``$3``) it looks every ``$4`` seconds and exits, which stops the container, once the file's content has not
+#: changed ``$5`` looks in a row: the gateway rewrites it while it lives, so a gateway that was SIGKILLed leaves no
+#: container running (a detached container outlives its CLI; conmon is its parent).
+KEEPALIVE = ("trap 'exit 0' TERM INT HUP; [ -d \"$2\" ] || mkdir -p \"$2\" || exit 1; : > \"$1\"; last= miss=0; "
+             "while :; do sleep \"${4:-3600}\" & wait $!; [ -n \"$3\" ] || continue; v=; read -r v < \"$3\"; "
+             "if [ -n \"$v\" ] && [ \"$v\" != \"$last\" ]; then last=$v miss=0; "
+             "else miss=$((miss + 1)); [ \"$miss\" -lt \"$5\" ] || exit 0; fi; done 2>/dev/null")
 #: runs every exec: ``$1`` is the path prefix for the pid and exit-code files, the rest is the command
 EXEC_WRAPPER = ('f=$1; shift; { echo $$ > "$f.pid"; } 2>/dev/null; "$@"; rc=$?; '
                 '{ echo $rc > "$f.rc"; } 2>/dev/null; exit $rc')
@@ -121,10 +126,12 @@ class DockerCommands:
     def run(self, *, name: str, session_id: str, image: str, session_dir: Path, workdir: str,
             env: dict[str, str] | None = None, network: str = "none", cpus: float | None = None,
             memory_mb: int | None = None, max_processes: int | None = None,
-            relay: Path | None = None, max_connections: int | None = None) -> list[str]:
+            relay: Path | None = None, max_connections: int | None = None,
+            lease: tuple[str, float, int] | None = None) -> list[str]:
         """``run -d``: the container idles in PID 1 until removed, with no capabilities and no new privileges.
         ``relay`` (the helper binary on the host) makes the entrypoint the relay, which opens the gateway port
-        (at most ``max_connections`` at once) and then execs PID 1's loop."""
+        (at most ``max_connections`` at once) and then execs PID 1's loop. ``lease`` (path inside, seconds between
+        looks, looks without a change) ends the container when its gateway stops rewriting that file."""
         argv = [*self.cli, "run", "-d", "--name", name, "--label", f"{LABEL}={session_id}",
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 "-v", f"{session_dir}:{SESSION_MOUNT}",
@@ -137,6 +144,9 @@ class DockerCommands:
         if max_processes is not None:
             argv += ["--pids-limit", str(max_processes)]
         init = [self.shell, "-c", KEEPALIVE, "polar-init", f"{SESSION_MOUNT}/{PRIVATE_DIR}/ready", workdir]
+        if lease is not None:
+            path, every, misses = lease
+            init += [path, f"{every:g}", str(misses)]
         if relay is not None:
             argv += ["-v", f"{relay}:{RELAY_PATH}:ro"]
             init = helper_argv(RELAY_PATH, init, gateway=True, max_connections=max_connections)

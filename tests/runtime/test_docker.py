@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from polar_gym.runtime.testimage import (
     write_rootfs_tar,
 )
 from polar_gym.schema import RuntimeSpec
-from tests._waiting import until
+from tests._waiting import until, until_sync
 from tests.runtime._docker import PODMAN_CLI, direct_run_args, leftover_containers, make_docker, require_podman
 
 PODMAN = DockerCommands(cli=("podman", "--runtime", "runc"), run_args=("--ulimit", "nofile=1024:1024"))
@@ -70,6 +71,12 @@ def test_run_everything() -> None:
                     "-v", "/srv/s1:/polar", "--network", "host",
                     "-e", "A", "-e", "B", "--cpus", "1.5", "--memory", "512m", "--pids-limit", "64",
                     "--entrypoint", "/bin/sh", "--ulimit", "nofile=1024:1024", "img:1", *INIT, "/w"]
+
+
+def test_run_with_a_lease_passes_it_to_pid_1() -> None:
+    argv = DockerCommands().run(name="polar-s1", session_id="s1", image="img:1", session_dir=Path("/srv/s1"),
+                                workdir="/w", lease=("/polar/.polar-docker/lease", 10.0, 3))
+    assert argv[-8:] == [*INIT, "/w", "/polar/.polar-docker/lease", "10", "3"]
 
 
 def test_run_gateway_makes_the_relay_the_entrypoint() -> None:
@@ -460,3 +467,60 @@ def test_test_image_is_built_once_from_a_rootfs() -> None:
         assert run.split() == ["drwxrwxrwt", "root", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     finally:
         subprocess.run([*PODMAN_CLI, "rmi", "-f", tag], capture_output=True)
+
+
+_OWNER = """
+import asyncio, sys
+from pathlib import Path
+from polar_gym.runtime.docker import DockerRuntime
+from polar_gym.schema import RuntimeSpec
+from tests.runtime._docker import podman_options
+from polar_gym.runtime.testimage import TEST_IMAGE
+
+async def main(session_dir):
+    options = {**podman_options(), "lease_seconds": 3}
+    rt = DockerRuntime(RuntimeSpec(image=TEST_IMAGE, network="none"), Path(session_dir), options=options)
+    await rt.start()
+    print(rt.container, flush=True)
+    await rt.exec("sleep 600")
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.usefixtures("podman")
+def test_a_container_outlives_no_sigkilled_gateway(tmp_path: Path) -> None:
+    """A detached container does not die with the process that ran it: PID 1 ends it once the lease the gateway
+    rewrites stops changing (3 s here), and not while it changes."""
+    script = tmp_path / "owner.py"
+    script.write_text(_OWNER)
+    session = tmp_path / "s"
+    session.mkdir()
+    owner = subprocess.Popen([sys.executable, str(script), str(session)], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    container = ""
+    try:
+        assert owner.stdout is not None
+        container = owner.stdout.readline().strip()
+        assert container, "the owner did not start its container"
+        lease = session / ".polar-docker" / "lease"
+        # alive through two whole lease periods (PID 1 looks every second and gives up after 3 unchanged looks)
+        until_sync(lambda: lease.is_file() and int(lease.read_text() or 0) >= 12, what="12 lease renewals")
+        assert _container_running(container)
+        owner.kill()
+        owner.wait()
+        until_sync(lambda: not _container_running(container), what="the orphaned container to stop")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+        if container:
+            subprocess.run([*PODMAN_CLI, "rm", "-f", container], capture_output=True, timeout=120)
+
+
+def _container_running(name: str) -> bool:
+    done = subprocess.run([*PODMAN_CLI, "inspect", "-f", "{{.State.Running}}", name], capture_output=True, text=True,
+                          timeout=60)
+    return done.returncode == 0 and done.stdout.strip() == "true"
