@@ -1,0 +1,354 @@
+"""polar_gym's capture journal as a NeMo Gym 0.7 token-capture transport: ``TokenSink``, ``TokenSource`` and
+``LineageResolver`` (``nemo_gym.token_id_capture.protocols``) over one directory of journal streams.
+
+Runs in NeMo Gym's interpreter (it imports ``nemo_gym``) with polar_gym importable (the directory holding the
+``polar_gym`` package on ``sys.path``); the journal's codec is :mod:`polar_gym.journal`'s, not a copy. A rollout is
+the stream ``<root>/<rollout dir>/`` (``polar_gym.dirnames``), or, for a gateway session, its current attempt:
+
+- ``put`` appends a ``TokenEntry`` as a journal record (its token arrays in the binary files, every other field in
+  the record's ``response``), fsynced, under an exclusive file lock, before it returns: a fresh client on any
+  process of the machine (or of a shared file system with working ``flock``) sees it. The same payload again is a
+  no-op; another payload under the same call id raises.
+- records the proxy wrote (a root pointed at a gateway's or proxy's captures) read back as ``TokenEntry`` records
+  with their lineage (:mod:`polar_gym.env.token_lineage`): every chain, sub-agents and post-compaction contexts as
+  roots, retries as branches with their parent links.
+- ``freeze`` / ``mark_incomplete`` / ``drop`` keep a small state file per stream (frozen, snapshot id, version,
+  incomplete calls, retired). A write after a freeze bumps the version, so a stale ``drop`` fails. ``drop`` retires
+  the rollout and keeps its journal (polar_gym owns retention: its journals are its evidence).
+
+NeMo RL wiring (``env.nemo_gym.token_id_capture``): ``sink: polar_gym.env.nemo_transport:PolarTokenSink``,
+``lineage_store: polar_gym.env.nemo_transport:PolarLineageResolver``, both with ``root`` in their kwargs; the consumer
+builds ``PolarTokenSource(root)``. See polar_gym/env/README.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from nemo_gym.token_id_capture.builder import prefix_merging, project_chain_to_output_items
+from nemo_gym.token_id_capture.lineage import RolloutLineage, stamp_continuation
+from nemo_gym.token_id_capture.protocols import TokenCaptureSnapshot
+from nemo_gym.token_id_capture.records import (
+    ParentResolutionStatus,
+    TokenEntry,
+    response_to_output_items,
+    stamp_lineage,
+)
+
+from polar_gym.dirnames import dirname_for
+from polar_gym.env.token_lineage import CallTokens, calls_from_nemo_payload, calls_from_records, link_calls
+from polar_gym.journal import (
+    ATTEMPTS_DIR,
+    JOURNAL_FILES,
+    LOGPROBS_FILE,
+    RECORDS_FILE,
+    TOKENS_FILE,
+    SessionStore,
+    decode,
+    read_current_attempt,
+    read_file,
+)
+from polar_gym.schema import CompletionRecord
+
+__all__ = ["ENTRY_FIELD", "STATE_FILE", "JournalTokenStore", "PolarLineageResolver", "PolarTokenSink",
+           "PolarTokenSource", "entries_from_calls", "every_chain", "output_items"]
+
+#: the key of a record's ``response`` holding a sink-written entry's fields (all but its token arrays)
+ENTRY_FIELD = "nemo_token_entry"
+STATE_FILE = "nemo-capture-state.json"
+_LOCK_FILE = ".nemo-capture.lock"
+_TOKEN_ARRAYS = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
+_RESOLUTIONS = {"root": ParentResolutionStatus.ROOT, "resolved": ParentResolutionStatus.RESOLVED,
+                "unresolved": ParentResolutionStatus.UNRESOLVED}
+
+
+def output_items(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """A provider answer as Responses output items (Gym's own normalizer for Responses, Chat and Anthropic
+    Messages bodies; a Google generateContent body, which Gym does not capture, becomes one message)."""
+    if isinstance(response.get("message"), dict) and len(response) == 1:
+        message = dict(response["message"])
+        return [{**message, "type": "message", "role": message.get("role") or "assistant"}]
+    items: list[dict[str, Any]] = response_to_output_items(response)
+    if items or not response.get("candidates"):
+        return items
+    parts = ((response["candidates"][0] or {}).get("content") or {}).get("parts") or []
+    text = "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
+    calls = [p["functionCall"] for p in parts if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)]
+    out: list[dict[str, Any]] = [{"type": "message", "role": "assistant",
+                                  "content": [{"type": "output_text", "text": text}]}] if text else []
+    out += [{"type": "function_call", "name": c.get("name"), "arguments": json.dumps(c.get("args") or {}),
+             "call_id": c.get("id") or c.get("name")} for c in calls]
+    return out
+
+
+def entries_from_calls(rollout_id: str, calls: Sequence[CallTokens]) -> list[TokenEntry]:
+    """Calls as ``TokenEntry`` records with Gym's lineage (parent link, decision, digest) and lookup metadata, plus
+    ``polar_chain`` / ``polar_parent_chain`` naming the chain each belongs to."""
+    entries = []
+    for call, link in zip(calls, link_calls(calls), strict=True):
+        items = output_items(call.response)
+        entry = TokenEntry(
+            rollout_id=rollout_id, model_call_id=call.call_id, model=call.model, prompt_token_ids=call.prompt,
+            generation_token_ids=call.generation, generation_log_probs=call.logprobs, output_items=items,
+            token_item_index=len(items) - 1 if items else None, created_at=call.created_at,
+            polar_chain=link.chain, polar_parent_chain=link.parent_chain,
+            **{k: v for k, v in call.extras.items() if v is not None})
+        if call.request_items:
+            stamp_continuation(entry, list(call.request_items))
+        stamp_lineage(entry, link.parent_call_id, parent_resolution=_RESOLUTIONS[link.resolution])
+        entries.append(entry)
+    return entries
+
+
+def every_chain(entries: Sequence[TokenEntry]) -> list[list[dict[str, Any]]]:
+    """Every chain Gym's own builder finds in a snapshot, each as a contiguous output-item list (the main chain
+    first): what Gym's consumer would deliver for the main chain only."""
+    built = prefix_merging(list(entries))
+    ordered = sorted(built.chains, key=lambda c: c.chain_id != "main")
+    return [project_chain_to_output_items(chain) for chain in ordered]
+
+
+def entries_from_nemo_payload(rollout_id: str, payload: dict[str, Any]) -> list[TokenEntry]:
+    """The entries of a finished Polar session's ``/nemo`` payload (every chain): what the agent puts."""
+    return entries_from_calls(rollout_id, calls_from_nemo_payload(payload))
+
+
+def _entry_record(entry: TokenEntry, index: int) -> CompletionRecord:
+    fields = entry.model_dump(mode="json", exclude=set(_TOKEN_ARRAYS))
+    return CompletionRecord(
+        completion_id=entry.model_call_id, session_id=entry.rollout_id, index=index, provider="nemo_gym",
+        engine="nemo_gym_token_sink", model=entry.model or None, response={ENTRY_FIELD: fields},
+        prompt_ids=entry.prompt_token_ids, response_ids=entry.generation_token_ids,
+        response_logprobs=entry.generation_log_probs, started_at=entry.created_at)
+
+
+def _record_entry(record: CompletionRecord) -> TokenEntry:
+    return TokenEntry.model_validate({**record.response[ENTRY_FIELD], "prompt_token_ids": record.prompt_ids,
+                                      "generation_token_ids": record.response_ids,
+                                      "generation_log_probs": record.response_logprobs})
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class JournalTokenStore:
+    """The shared backend: journal streams under ``root``. Every method reads the disk afresh under the stream's
+    lock, so separate instances (separate workers) agree."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        #: called with the rollout id of every operation (the conformance runner names its checks from them)
+        self.observer: Callable[[str], None] | None = None
+
+    # -- layout ----------------------------------------------------------------------------------------------
+
+    def rollout_dir(self, rollout_id: str) -> Path:
+        return self.root / dirname_for(rollout_id)
+
+    def stream_dir(self, rollout_id: str) -> Path:
+        """The rollout's journal stream: its current attempt for a gateway session, else its own directory."""
+        base = self.rollout_dir(rollout_id)
+        attempt = read_current_attempt(base)
+        return base / ATTEMPTS_DIR / dirname_for(attempt) if attempt else base
+
+    @contextlib.contextmanager
+    def locked(self, rollout_id: str) -> Iterator[Path]:
+        if self.observer is not None:
+            self.observer(rollout_id)
+        base = self.rollout_dir(rollout_id)
+        base.mkdir(parents=True, exist_ok=True)
+        with open(base / _LOCK_FILE, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield self.stream_dir(rollout_id)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    # -- state -----------------------------------------------------------------------------------------------
+
+    def read_state(self, stream: Path) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = json.loads((stream / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return {"version": 0}
+        return state
+
+    def write_state(self, stream: Path, state: dict[str, Any]) -> None:
+        stream.mkdir(parents=True, exist_ok=True)
+        tmp = stream / f".{STATE_FILE}.{uuid.uuid4().hex}"
+        with open(tmp, "w") as fh:
+            json.dump(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, stream / STATE_FILE)
+        _fsync_dir(stream)
+
+    def bump(self, stream: Path, state: dict[str, Any]) -> None:
+        state["version"] = int(state.get("version", 0)) + 1
+        self.write_state(stream, state)
+
+    # -- records ---------------------------------------------------------------------------------------------
+
+    def read_records(self, stream: Path) -> tuple[list[CompletionRecord], list[bytes]]:
+        lines = read_file(stream / RECORDS_FILE).splitlines(keepends=True)
+        return decode(lines, read_file(stream / TOKENS_FILE), read_file(stream / LOGPROBS_FILE)), lines
+
+    def read_entries(self, rollout_id: str, stream: Path) -> tuple[list[TokenEntry], list[str]]:
+        """The stream's entries (sink-written ones exactly as put; proxy-written ones mapped with their lineage)
+        and the ids of proxy calls that cannot be entries."""
+        records, _ = self.read_records(stream)
+        written = [_record_entry(r) for r in records if ENTRY_FIELD in r.response]
+        calls, holes = calls_from_records(r for r in records if ENTRY_FIELD not in r.response)
+        return written + entries_from_calls(rollout_id, calls), holes
+
+    def append(self, stream: Path, entry: TokenEntry) -> bool:
+        """Append ``entry`` durably; False when the same payload is there already; ValueError on a conflict."""
+        records, lines = self.read_records(stream)
+        for record in records:
+            if record.completion_id != entry.model_call_id:
+                continue
+            if ENTRY_FIELD in record.response and \
+                    _record_entry(record).model_dump(mode="json") == entry.model_dump(mode="json"):
+                return False
+            raise ValueError(f"model call {entry.model_call_id} of rollout {entry.rollout_id} is already captured "
+                             "with a different payload")
+        encoder = SessionStore()
+        for record in records:
+            encoder.encode(record)
+        self._cut_torn_tail(stream, lines, len(records), encoder)
+        line, tokens, logprobs = encoder.encode(_entry_record(entry, encoder.count))
+        created = not stream.exists()
+        stream.mkdir(parents=True, exist_ok=True)
+        for name, payload in zip(JOURNAL_FILES, (tokens, logprobs, line), strict=True):
+            with open(stream / name, "ab") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if created:
+            _fsync_dir(stream.parent)
+        _fsync_dir(stream)
+        return True
+
+    @staticmethod
+    def _cut_torn_tail(stream: Path, lines: list[bytes], kept_records: int, encoder: SessionStore) -> None:
+        """A crash between a record's data and its line leaves bytes no line points at: cut them, so the next
+        record's offsets point at its own bytes (as the proxy's writer does on reopening a journal)."""
+        kept, seen = 0, 0
+        for line in lines:
+            if seen == kept_records:
+                break
+            kept += len(line)
+            seen += bool(line.strip())
+        sizes = {RECORDS_FILE: kept, TOKENS_FILE: 4 * encoder.token_count, LOGPROBS_FILE: 8 * encoder.logprob_count}
+        for name, size in sizes.items():
+            target = stream / name
+            if target.exists() and target.stat().st_size > size:
+                os.truncate(target, size)
+
+
+class _Client:
+    """One client of the shared store (what Gym's factories construct, one per worker)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, store: JournalTokenStore | None = None) -> None:
+        self.store = store if store is not None else JournalTokenStore(root)
+
+    async def close(self) -> None:
+        return None
+
+
+class PolarTokenSink(_Client):
+    """``TokenSink``: durable, visible to every client when ``put`` returns."""
+
+    async def put(self, entry: TokenEntry) -> None:
+        await asyncio.to_thread(self._put, entry)
+
+    def _put(self, entry: TokenEntry) -> None:
+        with self.store.locked(entry.rollout_id) as stream:
+            state = self.store.read_state(stream)
+            if state.get("retired"):
+                raise RuntimeError(f"rollout {entry.rollout_id} is retired")
+            if self.store.append(stream, entry) and state.get("frozen"):
+                self.store.bump(stream, state)  # a write that raced a freeze stales the consumed snapshot
+
+    async def put_many(self, entries: Sequence[TokenEntry]) -> None:
+        for entry in entries:
+            await self.put(entry)
+
+    async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
+        await asyncio.to_thread(self._mark_incomplete, rollout_id, model_call_id)
+
+    def _mark_incomplete(self, rollout_id: str, model_call_id: str) -> None:
+        with self.store.locked(rollout_id) as stream:
+            state = self.store.read_state(stream)
+            state["incomplete"] = True
+            state["incomplete_calls"] = [*state.get("incomplete_calls", []), model_call_id]
+            self.store.bump(stream, state)
+
+
+class PolarTokenSource(_Client):
+    """``TokenSource``: an atomic snapshot of every entry of a rollout (every chain), conditional retirement."""
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        return await asyncio.to_thread(self._freeze, rollout_id)
+
+    def _freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        with self.store.locked(rollout_id) as stream:
+            state = self.store.read_state(stream)
+            if state.get("retired"):
+                raise RuntimeError(f"token capture of rollout {rollout_id} is retired")
+            if not state.get("frozen"):
+                state.update(frozen=True, snapshot_id=uuid.uuid4().hex)
+                self.store.bump(stream, state)
+            entries, holes = self.store.read_entries(rollout_id, stream)
+            return TokenCaptureSnapshot(rollout_id=rollout_id, entries=tuple(entries),
+                                        incomplete=bool(state.get("incomplete")) or bool(holes),
+                                        snapshot_id=str(state["snapshot_id"]), version=int(state["version"]))
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        return await asyncio.to_thread(self._drop, rollout_id, snapshot_id, version)
+
+    def _drop(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
+        with self.store.locked(rollout_id) as stream:
+            state = self.store.read_state(stream)
+            if not state.get("frozen") or state.get("retired") or state.get("snapshot_id") != snapshot_id \
+                    or int(state.get("version", 0)) != version:
+                return False
+            state["retired"] = True
+            self.store.write_state(stream, state)
+            return True
+
+    async def chains(self, rollout_id: str) -> list[list[dict[str, Any]]]:
+        """Every chain of the rollout's snapshot as contiguous output items (see :func:`every_chain`)."""
+        return every_chain((await self.freeze(rollout_id)).entries)
+
+
+class PolarLineageResolver(_Client):
+    """``LineageResolver``: Gym's own matcher (``RolloutLineage``) over the entries on disk now."""
+
+    async def resolve(self, rollout_id: str, request_items: list[dict[str, Any]]) -> Any:
+        return await asyncio.to_thread(self._resolve, rollout_id, request_items)
+
+    def _resolve(self, rollout_id: str, request_items: list[dict[str, Any]]) -> Any:
+        with self.store.locked(rollout_id) as stream:
+            entries, _ = self.store.read_entries(rollout_id, stream)
+        lineage = RolloutLineage()
+        for entry in entries:
+            lineage.add_entry(entry)
+        return lineage.resolve(list(request_items))
+
+    def is_process_shared(self) -> bool:
+        return True
+

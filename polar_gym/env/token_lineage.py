@@ -1,0 +1,160 @@
+"""Token lineage of a session's model calls, the way NeMo Gym 0.7's token capture records it: each call's parent is
+the earlier call whose whole sequence (prompt + generation) its prompt starts with, exactly. That is the link Gym's
+builder verifies by digest, and the one polar_gym's exact-prefix token-in keeps for every turn of one conversation.
+
+Every chain stays: a sub-agent or a post-compaction context is a root of its own chain; a retry (or any second
+child of one parent) starts a branch chain that keeps its parent link. Gym's own builder delivers one chain per
+rollout and drops the others; :mod:`polar_gym.env.nemo_transport` hands them all over.
+
+Pure and free of NeMo Gym, so it runs (and is tested) in polar_gym's interpreter as well as in Gym's, where
+:mod:`polar_gym.env.nemo_transport` turns its output into ``TokenEntry`` records.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from polar_gym.schema import CompletionRecord
+
+__all__ = ["CallTokens", "Link", "Resolution", "calls_from_nemo_payload", "calls_from_records", "has_model_history",
+           "link_calls"]
+
+Resolution = Literal["root", "resolved", "unresolved"]
+_CONVERSATION_FIELDS = ("messages", "input", "contents")
+_MODEL_ROLES = frozenset({"assistant", "model"})
+_MODEL_ITEM_TYPES = frozenset({"function_call", "reasoning", "custom_tool_call"})
+
+
+@dataclass(frozen=True)
+class CallTokens:
+    """One sampled model call: its exact tokens and what the harness sent and got (for Gym's lookup metadata)."""
+
+    call_id: str
+    prompt: list[int]
+    generation: list[int]
+    logprobs: list[float]
+    #: the conversation the harness sent, in its own dialect (empty: not known)
+    request_items: list[Any] = field(default_factory=list)
+    #: the provider-shaped answer body, or ``{"message": {...}}`` for one assistant message
+    response: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    created_at: float = 0.0
+    #: polar_gym's own labels (session, chain cause), carried as extra fields of the entry
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Link:
+    """Where one call sits: its parent (None for a chain's root), the decision as Gym names it, its chain and the
+    chain its own chain branched from."""
+
+    call_id: str
+    parent_call_id: str | None
+    resolution: Resolution
+    chain: int
+    parent_chain: int | None
+
+
+def has_model_history(items: Iterable[Any]) -> bool:
+    """Whether a request's conversation holds a turn the model wrote (then a call without a parent in the capture
+    is a boundary Gym must not cross: ``unresolved``, not a ``root``)."""
+    for item in items:
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("role") in _MODEL_ROLES or item.get("type") in _MODEL_ITEM_TYPES:
+            return True
+    return False
+
+
+def _tokens(ids: Sequence[int]) -> bytes:
+    return array("I", ids).tobytes()
+
+
+def link_calls(calls: Sequence[CallTokens]) -> list[Link]:
+    """Parent, decision and chain of every call, in the order given (a parent must come before its children).
+
+    The parent is the longest earlier whole sequence the prompt starts with (the latest one among equal ones: they
+    hold the same tokens). A call continues its parent's chain if it is the parent's first child; a later child (a
+    retry, a fork) opens a branch chain linked to its parent's.
+    """
+    seen: list[tuple[str, bytes, int]] = []  # (call id, whole sequence, chain)
+    has_child: set[str] = set()
+    chains = 0
+    out: list[Link] = []
+    for call in calls:
+        prompt = _tokens(call.prompt)
+        parent: tuple[str, bytes, int] | None = None
+        for candidate in seen:
+            size = len(candidate[1])
+            if (parent is None or size >= len(parent[1])) and prompt.startswith(candidate[1]):
+                parent = candidate
+        if parent is None:
+            resolution: Resolution = "unresolved" if has_model_history(call.request_items) else "root"
+            link = Link(call.call_id, None, resolution, chains, None)
+            chains += 1
+        elif parent[0] not in has_child:
+            link = Link(call.call_id, parent[0], "resolved", parent[2], None)
+        else:
+            link = Link(call.call_id, parent[0], "resolved", chains, parent[2])
+            chains += 1
+        if parent is not None:
+            has_child.add(parent[0])
+        seen.append((call.call_id, prompt + _tokens(call.generation), link.chain))
+        out.append(link)
+    return out
+
+
+def _conversation(body: Mapping[str, Any]) -> list[Any]:
+    for name in _CONVERSATION_FIELDS:
+        value = body.get(name)
+        if isinstance(value, list):
+            return list(value)
+    return []
+
+
+def calls_from_records(records: Iterable[CompletionRecord]) -> tuple[list[CallTokens], list[str]]:
+    """The proxy's journal records as calls, and the ids of calls that cannot become training records (sampled
+    tokens the engine did not report faithfully, or without aligned logprobs): a rollout with such a call has a
+    hole, and Gym's contract is to mask it. Failed calls sampled nothing and are left out."""
+    calls: list[CallTokens] = []
+    holes: list[str] = []
+    for record in records:
+        if record.status != "ok":
+            continue
+        if not record.token_faithful or len(record.response_logprobs) != len(record.response_ids):
+            holes.append(record.completion_id)
+            continue
+        extras: dict[str, Any] = {"polar_session_id": record.session_id, "polar_index": record.index}
+        if record.side_request:
+            extras["polar_side_request"] = True
+        if record.policy_version is not None:
+            extras["polar_policy_version"] = record.policy_version
+        calls.append(CallTokens(
+            call_id=record.completion_id, prompt=list(record.prompt_ids), generation=list(record.response_ids),
+            logprobs=list(record.response_logprobs), request_items=_conversation(record.request),
+            response=dict(record.response), model=record.model or "", created_at=record.started_at, extras=extras))
+    return calls, holes
+
+
+def calls_from_nemo_payload(payload: Mapping[str, Any]) -> list[CallTokens]:
+    """The calls of a ``GET /sessions/{id}/nemo`` payload (every prefix-merged chain's items: cumulative prompts,
+    the sampled tokens, the assistant turn), each once, ordered so parents come first (a parent's whole sequence is
+    shorter than its children's prompts). What the NeMo Gym agent delivers through a token sink."""
+    calls: dict[str, CallTokens] = {}
+    for chain in payload.get("chains") or []:
+        for item in chain.get("items") or []:
+            call_id = str(item.get("completion_id") or f"{payload.get('session_id')}-{len(calls)}")
+            if call_id in calls or not item.get("generation_token_ids"):
+                continue
+            turn = item.get("turn")
+            message = {k: v for k, v in turn.items() if k != "tool_results"} if isinstance(turn, Mapping) else None
+            calls[call_id] = CallTokens(
+                call_id=call_id, prompt=list(item.get("prompt_token_ids") or []),
+                generation=list(item["generation_token_ids"]), logprobs=list(item.get("generation_log_probs") or []),
+                response={"message": message} if message else {},
+                extras={"polar_session_id": payload.get("session_id"), "polar_trace_index": chain.get("trace_index"),
+                        "polar_chain_cause": chain.get("chain_cause")})
+    return sorted(calls.values(), key=lambda c: len(c.prompt))
