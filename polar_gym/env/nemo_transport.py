@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from nemo_gym.token_id_capture.builder import prefix_merging, project_chain_to_output_items
 from nemo_gym.token_id_capture.lineage import RolloutLineage, stamp_continuation
 from nemo_gym.token_id_capture.protocols import TokenCaptureSnapshot
 from nemo_gym.token_id_capture.records import (
@@ -73,7 +72,7 @@ _RESOLUTIONS = {"root": ParentResolutionStatus.ROOT, "resolved": ParentResolutio
 def output_items(response: dict[str, Any]) -> list[dict[str, Any]]:
     """A provider answer as Responses output items (Gym's own normalizer for Responses, Chat and Anthropic
     Messages bodies; a Google generateContent body, which Gym does not capture, becomes one message)."""
-    if isinstance(response.get("message"), dict) and len(response) == 1:
+    if isinstance(response.get("message"), dict):
         message = dict(response["message"])
         return [{**message, "type": "message", "role": message.get("role") or "assistant"}]
     items: list[dict[str, Any]] = response_to_output_items(response)
@@ -99,6 +98,7 @@ def entries_from_calls(rollout_id: str, calls: Sequence[CallTokens]) -> list[Tok
             rollout_id=rollout_id, model_call_id=call.call_id, model=call.model, prompt_token_ids=call.prompt,
             generation_token_ids=call.generation, generation_log_probs=call.logprobs, output_items=items,
             token_item_index=len(items) - 1 if items else None, created_at=call.created_at,
+            response_id=call.response.get("id") if isinstance(call.response.get("id"), str) else None,
             polar_chain=link.chain, polar_parent_chain=link.parent_chain,
             **{k: v for k, v in call.extras.items() if v is not None})
         if call.request_items:
@@ -109,11 +109,28 @@ def entries_from_calls(rollout_id: str, calls: Sequence[CallTokens]) -> list[Tok
 
 
 def every_chain(entries: Sequence[TokenEntry]) -> list[list[dict[str, Any]]]:
-    """Every chain Gym's own builder finds in a snapshot, each as a contiguous output-item list (the main chain
-    first): what Gym's consumer would deliver for the main chain only."""
-    built = prefix_merging(list(entries))
-    ordered = sorted(built.chains, key=lambda c: c.chain_id != "main")
-    return [project_chain_to_output_items(chain) for chain in ordered]
+    """Every chain of a snapshot (:func:`polar_gym.env.token_lineage.link_calls` on its tokens) as one contiguous
+    output-item list each, the chain with the most sampled tokens first: each call's output items, the one that
+    carried its tokens with ``prompt_token_ids`` (the call's whole prompt: it starts with everything before it in
+    the chain), ``generation_token_ids`` and ``generation_log_probs``. Gym's consumer delivers only one of them."""
+    ordered = sorted(entries, key=lambda e: len(e.prompt_token_ids))  # parents before children
+    calls = [CallTokens(e.model_call_id, list(e.prompt_token_ids), list(e.generation_token_ids), []) for e in ordered]
+    chains: dict[int, list[TokenEntry]] = {}
+    for entry, link in zip(ordered, link_calls(calls), strict=True):
+        chains.setdefault(link.chain, []).append(entry)
+    out = []
+    for members in sorted(chains.values(), key=lambda c: -sum(len(e.generation_token_ids) for e in c)):
+        items: list[dict[str, Any]] = []
+        for entry in members:
+            own = [dict(item) for item in entry.output_items] or [{"type": "message", "role": "assistant",
+                                                                   "content": []}]
+            index = entry.token_item_index if entry.token_item_index is not None else len(own) - 1
+            own[index].update(prompt_token_ids=list(entry.prompt_token_ids),
+                              generation_token_ids=list(entry.generation_token_ids),
+                              generation_log_probs=list(entry.generation_log_probs))
+            items += own
+        out.append(items)
+    return out
 
 
 def entries_from_nemo_payload(rollout_id: str, payload: dict[str, Any]) -> list[TokenEntry]:

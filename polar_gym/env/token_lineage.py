@@ -38,7 +38,8 @@ class CallTokens:
     logprobs: list[float]
     #: the conversation the harness sent, in its own dialect (empty: not known)
     request_items: list[Any] = field(default_factory=list)
-    #: the provider-shaped answer body, or ``{"message": {...}}`` for one assistant message
+    #: the answer: ``{"message": {...}, "id": ...}`` (one assistant message in chat form, as the proxy journals
+    #: it), or a provider-shaped body
     response: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     created_at: float = 0.0
@@ -77,32 +78,39 @@ def link_calls(calls: Sequence[CallTokens]) -> list[Link]:
     """Parent, decision and chain of every call, in the order given (a parent must come before its children).
 
     The parent is the longest earlier whole sequence the prompt starts with (the latest one among equal ones: they
-    hold the same tokens). A call continues its parent's chain if it is the parent's first child; a later child (a
-    retry, a fork) opens a branch chain linked to its parent's.
+    hold the same tokens). Of a parent's children, the one the conversation went on from (the most tokens sampled
+    below it; the latest on a tie, as a retry supersedes what it retried) continues the parent's chain; each other
+    child (a retry's lost answer, a fork) opens a branch chain linked to its parent's.
     """
-    seen: list[tuple[str, bytes, int]] = []  # (call id, whole sequence, chain)
-    has_child: set[str] = set()
-    chains = 0
-    out: list[Link] = []
+    whole: list[bytes] = []
+    parents: list[int | None] = []
     for call in calls:
         prompt = _tokens(call.prompt)
-        parent: tuple[str, bytes, int] | None = None
-        for candidate in seen:
-            size = len(candidate[1])
-            if (parent is None or size >= len(parent[1])) and prompt.startswith(candidate[1]):
-                parent = candidate
+        parent: int | None = None
+        for k, sequence in enumerate(whole):
+            if (parent is None or len(sequence) >= len(whole[parent])) and prompt.startswith(sequence):
+                parent = k
+        parents.append(parent)
+        whole.append(prompt + _tokens(call.generation))
+    below = [len(call.generation) for call in calls]  # tokens sampled by a call and every call below it
+    for k in range(len(calls) - 1, -1, -1):
+        if (parent := parents[k]) is not None:
+            below[parent] += below[k]
+    continuing: dict[int, int] = {}
+    for k, parent in enumerate(parents):
+        if parent is not None and (parent not in continuing or below[k] >= below[continuing[parent]]):
+            continuing[parent] = k
+    out: list[Link] = []
+    chains = 0
+    for k, (call, parent) in enumerate(zip(calls, parents, strict=True)):
         if parent is None:
             resolution: Resolution = "unresolved" if has_model_history(call.request_items) else "root"
             link = Link(call.call_id, None, resolution, chains, None)
-            chains += 1
-        elif parent[0] not in has_child:
-            link = Link(call.call_id, parent[0], "resolved", parent[2], None)
+        elif continuing[parent] == k:
+            link = Link(call.call_id, calls[parent].call_id, "resolved", out[parent].chain, None)
         else:
-            link = Link(call.call_id, parent[0], "resolved", chains, parent[2])
-            chains += 1
-        if parent is not None:
-            has_child.add(parent[0])
-        seen.append((call.call_id, prompt + _tokens(call.generation), link.chain))
+            link = Link(call.call_id, calls[parent].call_id, "resolved", chains, out[parent].chain)
+        chains += link.chain == chains
         out.append(link)
     return out
 
@@ -134,7 +142,8 @@ def calls_from_records(records: Iterable[CompletionRecord]) -> tuple[list[CallTo
             extras["polar_policy_version"] = record.policy_version
         calls.append(CallTokens(
             call_id=record.completion_id, prompt=list(record.prompt_ids), generation=list(record.response_ids),
-            logprobs=list(record.response_logprobs), request_items=_conversation(record.request),
+            logprobs=list(record.response_logprobs),
+            request_items=_conversation(record.normalized_request) or _conversation(record.request),
             response=dict(record.response), model=record.model or "", created_at=record.started_at, extras=extras))
     return calls, holes
 

@@ -1,0 +1,70 @@
+"""Run in NeMo Gym's interpreter (``python -m tests.env._gym_side freeze ROOT ROLLOUT``, PYTHONPATH = the clone):
+freeze a rollout through polar_gym's journal transport and print, as one JSON object, what a NeMo RL consumer would
+get: every entry's lineage, what Gym's own builder makes of the snapshot (its chains, the one it delivers, the
+links it refused) and every chain as contiguous output items (``PolarTokenSource.chains``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from nemo_gym.token_id_capture.builder import prefix_merging, project_main_chain_response
+from nemo_gym.token_id_capture.records import compute_digest
+
+from polar_gym.env.nemo_transport import JournalTokenStore, PolarLineageResolver, PolarTokenSource
+from polar_gym.journal import read_session
+
+
+def _contiguous(items: list[dict]) -> bool:
+    seen: list[int] = []
+    for item in items:
+        if not item.get("generation_token_ids"):
+            continue
+        if item["prompt_token_ids"][:len(seen)] != seen:
+            return False
+        seen = list(item["prompt_token_ids"]) + list(item["generation_token_ids"])
+    return bool(seen)
+
+
+async def freeze(root: str, rollout_id: str) -> dict:
+    source = PolarTokenSource(root)
+    snapshot = await source.freeze(rollout_id)
+    entries = list(snapshot.entries)
+    by_id = {e.model_call_id: e for e in entries}
+    built = prefix_merging(entries)
+    main = project_main_chain_response(rollout_id, built)
+    chains = await source.chains(rollout_id)
+    await source.close()
+    # request-time lineage: each proxy-journaled call's own request (chat form), resolved by a fresh resolver
+    resolver = PolarLineageResolver(root)
+    resolved = {}
+    for record in read_session(JournalTokenStore(root).stream_dir(rollout_id)):
+        messages = record.normalized_request.get("messages")
+        if messages is not None:
+            answer = await resolver.resolve(rollout_id, messages)
+            resolved[record.completion_id] = [str(answer.status), answer.match.model_call_id if answer.match else None]
+    return {
+        "incomplete": snapshot.incomplete, "version": snapshot.version,
+        "entries": [{"call": e.model_call_id, "parent": e.parent_call_id, "resolution": str(e.parent_resolution),
+                     "chain": getattr(e, "polar_chain", None), "parent_chain": getattr(e, "polar_parent_chain", None),
+                     "cause": getattr(e, "polar_chain_cause", None), "items": len(e.output_items),
+                     "generation": len(e.generation_token_ids), "digest": e.digest,
+                     # Gym's own check of a link: the child's prompt starts with the parent's whole sequence
+                     "link_verified": e.parent_call_id is None or compute_digest(
+                         e.prompt_token_ids[:by_id[e.parent_call_id].cum_len]) == by_id[e.parent_call_id].digest}
+                    for e in entries],
+        "gym_chains": len(built.chains), "gym_quarantined": list(built.quarantined),
+        "gym_delivered_fraction": built.notes.delivered_fraction,
+        "gym_link_failures": dict(built.notes.parent_link_failures),
+        "gym_main_generation_items": sum(1 for i in main.get("output", []) if i.get("generation_token_ids")),
+        "every_chain_items": [sum(1 for i in c if i.get("generation_token_ids")) for c in chains],
+        "every_chain_contiguous": [_contiguous(c) for c in chains],
+        "request_time": resolved,
+    }
+
+
+if __name__ == "__main__":
+    command, root, rollout = sys.argv[1:4]
+    assert command == "freeze", command
+    print(json.dumps(asyncio.run(freeze(root, rollout))))
