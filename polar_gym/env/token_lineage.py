@@ -155,9 +155,15 @@ def calls_from_nemo_payload(payload: Mapping[str, Any]) -> list[CallTokens]:
     calls: dict[str, CallTokens] = {}
     for chain in payload.get("chains") or []:
         for item in chain.get("items") or []:
-            call_id = str(item.get("completion_id") or f"{payload.get('session_id')}-{len(calls)}")
-            if call_id in calls or not item.get("generation_token_ids"):
+            if not item.get("generation_token_ids"):
                 continue
+            call_id = str(item.get("completion_id") or f"{payload.get('session_id')}-{len(calls)}")
+            same = calls.get(call_id)
+            if same is not None and (same.prompt, same.generation) == (item.get("prompt_token_ids"),
+                                                                      item["generation_token_ids"]):
+                continue  # one call in two chains' items
+            if same is not None:  # an id two different calls share: keep both, apart
+                call_id = f"{call_id}@{chain.get('trace_index')}"
             turn = item.get("turn")
             message = {k: v for k, v in turn.items() if k != "tool_results"} if isinstance(turn, Mapping) else None
             calls[call_id] = CallTokens(

@@ -83,11 +83,12 @@ def captured(capture: Path, key: str) -> list[CompletionRecord]:
     return read_session(capture / dirname_for(key))
 
 
-def gym_side(gym_python: Path, root: Path, rollout_id: str) -> dict[str, Any]:
-    """``tests.env._gym_side freeze`` in NeMo Gym's interpreter: what a NeMo RL consumer gets from the rollout."""
+def gym_side(gym_python: Path, root: Path, rollout_id: str, command: str = "freeze", *args: str) -> dict[str, Any]:
+    """``tests.env._gym_side COMMAND`` in NeMo Gym's interpreter (``freeze``: what a NeMo RL consumer gets from the
+    rollout; ``deliver``: what the agent puts)."""
     env = {**os.environ, "PYTHONPATH": gym_pythonpath()}
     env.pop("VIRTUAL_ENV", None)
-    done = subprocess.run([str(gym_python), "-m", "tests.env._gym_side", "freeze", str(root), rollout_id],
+    done = subprocess.run([str(gym_python), "-m", "tests.env._gym_side", command, str(root), rollout_id, *args],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

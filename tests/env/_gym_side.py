@@ -1,7 +1,11 @@
-"""Run in NeMo Gym's interpreter (``python -m tests.env._gym_side freeze ROOT ROLLOUT``, PYTHONPATH = the clone):
-freeze a rollout through polar_gym's journal transport and print, as one JSON object, what a NeMo RL consumer would
-get: every entry's lineage, what Gym's own builder makes of the snapshot (its chains, the one it delivers, the
-links it refused) and every chain as contiguous output items (``PolarTokenSource.chains``)."""
+"""Run in NeMo Gym's interpreter (PYTHONPATH = the clone):
+
+- ``python -m tests.env._gym_side freeze ROOT ROLLOUT``: freeze a rollout through polar_gym's journal transport and
+  print, as one JSON object, what a NeMo RL consumer would get: every entry's lineage, what Gym's own builder makes
+  of the snapshot (its chains, the one it delivers, the links it refused), every chain as contiguous output items
+  (``PolarTokenSource.chains``) and how a fresh resolver answers each journaled call's own request;
+- ``python -m tests.env._gym_side deliver ROOT ROLLOUT PAYLOAD.json``: what the agent does with a session's
+  ``/nemo`` payload (every chain's calls through ``PolarTokenSink``, twice: a retry is a no-op)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,13 @@ import sys
 from nemo_gym.token_id_capture.builder import prefix_merging, project_main_chain_response
 from nemo_gym.token_id_capture.records import compute_digest
 
-from polar_gym.env.nemo_transport import JournalTokenStore, PolarLineageResolver, PolarTokenSource
+from polar_gym.env.nemo_transport import (
+    JournalTokenStore,
+    PolarLineageResolver,
+    PolarTokenSink,
+    PolarTokenSource,
+    entries_from_nemo_payload,
+)
 from polar_gym.journal import read_session
 
 
@@ -64,7 +74,21 @@ async def freeze(root: str, rollout_id: str) -> dict:
     }
 
 
+async def deliver(root: str, rollout_id: str, payload: dict) -> dict:
+    entries = entries_from_nemo_payload(rollout_id, payload)
+    sink = PolarTokenSink(root)
+    for _ in range(2):
+        for entry in entries:
+            await sink.put(entry)
+    await sink.close()
+    return {"put": len(entries)}
+
+
 if __name__ == "__main__":
     command, root, rollout = sys.argv[1:4]
-    assert command == "freeze", command
-    print(json.dumps(asyncio.run(freeze(root, rollout))))
+    if command == "deliver":
+        with open(sys.argv[4]) as fh:
+            print(json.dumps(asyncio.run(deliver(root, rollout, json.load(fh)))))
+    else:
+        assert command == "freeze", command
+        print(json.dumps(asyncio.run(freeze(root, rollout))))
