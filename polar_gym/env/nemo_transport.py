@@ -54,6 +54,7 @@ from polar_gym.journal import (
     decode,
     read_current_attempt,
     read_file,
+    truncate_torn_tail,
 )
 from polar_gym.schema import CompletionRecord
 
@@ -245,7 +246,7 @@ class JournalTokenStore:
         encoder = SessionStore()
         for record in records:
             encoder.encode(record)
-        self._cut_torn_tail(stream, lines, len(records), encoder)
+        truncate_torn_tail(stream, lines, len(records), encoder)
         line, tokens, logprobs = encoder.encode(_entry_record(entry, encoder.count))
         created = not stream.exists()
         stream.mkdir(parents=True, exist_ok=True)
@@ -258,22 +259,6 @@ class JournalTokenStore:
             _fsync_dir(stream.parent)
         _fsync_dir(stream)
         return True
-
-    @staticmethod
-    def _cut_torn_tail(stream: Path, lines: list[bytes], kept_records: int, encoder: SessionStore) -> None:
-        """A crash between a record's data and its line leaves bytes no line points at: cut them, so the next
-        record's offsets point at its own bytes (as the proxy's writer does on reopening a journal)."""
-        kept, seen = 0, 0
-        for line in lines:
-            if seen == kept_records:
-                break
-            kept += len(line)
-            seen += bool(line.strip())
-        sizes = {RECORDS_FILE: kept, TOKENS_FILE: 4 * encoder.token_count, LOGPROBS_FILE: 8 * encoder.logprob_count}
-        for name, size in sizes.items():
-            target = stream / name
-            if target.exists() and target.stat().st_size > size:
-                os.truncate(target, size)
 
 
 class _Client:
