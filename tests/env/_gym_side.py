@@ -84,9 +84,36 @@ async def deliver(root: str, rollout_id: str, payload: dict) -> dict:
     return {"put": len(entries)}
 
 
+async def wiring(root: str, rollout_id: str) -> dict:
+    """The documented NeMo RL wiring: Gym builds the sink and resolver from ``token_id_capture`` (its own protocol
+    checks included); an entry put through that sink resolves through that resolver and freezes from a source."""
+    from nemo_gym.token_id_capture.config import token_id_capture_config
+    from nemo_gym.token_id_capture.lineage import stamp_continuation
+    from nemo_gym.token_id_capture.records import ParentResolutionStatus, TokenEntry, stamp_lineage
+
+    block = {"enabled": True, "sink": "polar_gym.env.nemo_transport:PolarTokenSink", "sink_kwargs": {"root": root},
+             "lineage_store": "polar_gym.env.nemo_transport:PolarLineageResolver",
+             "lineage_store_kwargs": {"root": root}, "rebuild_response": False}
+    config = token_id_capture_config({"token_id_capture": block})
+    sink, resolver = config.build_sink(), config.build_lineage_store()
+    request = [{"role": "user", "content": "hi"}]
+    entry = TokenEntry(rollout_id=rollout_id, model_call_id="call-1", prompt_token_ids=[1, 2],
+                       generation_token_ids=[3], generation_log_probs=[-0.5], token_item_index=0,
+                       output_items=[{"type": "message", "role": "assistant",
+                                      "content": [{"type": "output_text", "text": "hello"}]}])
+    stamp_lineage(stamp_continuation(entry, request), None, parent_resolution=ParentResolutionStatus.ROOT)
+    await sink.put(entry)
+    answer = await resolver.resolve(rollout_id, request + list(entry.output_items) + [{"role": "user", "content": "?"}])
+    snapshot = await PolarTokenSource(root).freeze(rollout_id)
+    return {"sink": type(sink).__name__, "resolver": type(resolver).__name__, "resolved": str(answer.status),
+            "frozen": [e.model_call_id for e in snapshot.entries]}
+
+
 if __name__ == "__main__":
     command, root, rollout = sys.argv[1:4]
-    if command == "deliver":
+    if command == "wiring":
+        print(json.dumps(asyncio.run(wiring(root, rollout))))
+    elif command == "deliver":
         with open(sys.argv[4]) as fh:
             print(json.dumps(asyncio.run(deliver(root, rollout, json.load(fh)))))
     else:

@@ -109,3 +109,9 @@ def test_the_agents_delivery_puts_every_chain_once(tmp_path: Path, gym_python: P
     assert len(got["entries"]) == 3 and got["every_chain_items"] == [2, 1] and all(got["every_chain_contiguous"])
     assert got["gym_chains"] == 2 and got["gym_main_generation_items"] == 2
     assert {e["cause"] for e in got["entries"]} == {None, "subagent"}
+
+
+def test_gym_builds_the_transport_from_the_documented_token_id_capture_block(tmp_path: Path, gym_python: Path) -> None:
+    got = gym_side(gym_python, tmp_path / "shared", "rollout-1", "wiring")
+    assert got == {"sink": "PolarTokenSink", "resolver": "PolarLineageResolver", "resolved": "resolved",
+                   "frozen": ["call-1"]}

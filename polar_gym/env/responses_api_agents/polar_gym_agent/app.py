@@ -32,7 +32,7 @@ from nemo_gym.openai_utils import (
 )
 from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from nemo_gym.server_utils import get_response_json, raise_for_status
-from nemo_gym.token_id_capture.config import TokenIdCaptureConfig
+from nemo_gym.token_id_capture.config import token_id_capture_config
 from polar_client import PolarClient, PolarError, ServeProcess, to_task_requests
 from polar_convert import backend_urls, rollout_parts, task_id_for
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
@@ -167,8 +167,7 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
             if self.config.token_sink_root:
                 self._sink = _nemo_transport().PolarTokenSink(self.config.token_sink_root)
             else:
-                config = TokenIdCaptureConfig.model_validate(self.server_client.global_config_dict)
-                self._sink = config.build_sink()
+                self._sink = token_id_capture_config(self.server_client.global_config_dict).build_sink()
                 if self._sink is None:
                     raise PolarError("deliver_tokens: token_sink needs token_sink_root or an enabled "
                                      "token_id_capture.sink")
