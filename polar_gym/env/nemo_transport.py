@@ -154,6 +154,14 @@ def _record_entry(record: CompletionRecord) -> TokenEntry:
                                       "generation_log_probs": record.response_logprobs})
 
 
+def _journal_size(stream: Path) -> int:
+    """Bytes of the stream's record lines: any record appended (by a sink or by the proxy) changes it."""
+    try:
+        return (stream / RECORDS_FILE).stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -283,6 +291,7 @@ class PolarTokenSink(_Client):
             if state.get("retired"):
                 raise RuntimeError(f"rollout {entry.rollout_id} is retired")
             if self.store.append(stream, entry) and state.get("frozen"):
+                state["journal_size"] = _journal_size(stream)
                 self.store.bump(stream, state)  # a write that raced a freeze stales the consumed snapshot
 
     async def put_many(self, entries: Sequence[TokenEntry]) -> None:
@@ -311,8 +320,14 @@ class PolarTokenSource(_Client):
             state = self.store.read_state(stream)
             if state.get("retired"):
                 raise RuntimeError(f"token capture of rollout {rollout_id} is retired")
+            # measured before reading: a record the proxy appends meanwhile (it does not take our lock) makes the
+            # journal longer than the snapshot says, so the next freeze moves the version and a drop fails
+            size = _journal_size(stream)
             if not state.get("frozen"):
-                state.update(frozen=True, snapshot_id=uuid.uuid4().hex)
+                state.update(frozen=True, snapshot_id=uuid.uuid4().hex, journal_size=size)
+                self.store.bump(stream, state)
+            elif state.get("journal_size") != size:
+                state["journal_size"] = size  # records arrived after the freeze (the proxy still writing)
                 self.store.bump(stream, state)
             entries, holes = self.store.read_entries(rollout_id, stream)
             return TokenCaptureSnapshot(rollout_id=rollout_id, entries=tuple(entries),
@@ -326,7 +341,7 @@ class PolarTokenSource(_Client):
         with self.store.locked(rollout_id) as stream:
             state = self.store.read_state(stream)
             if not state.get("frozen") or state.get("retired") or state.get("snapshot_id") != snapshot_id \
-                    or int(state.get("version", 0)) != version:
+                    or int(state.get("version", 0)) != version or state.get("journal_size") != _journal_size(stream):
                 return False
             state["retired"] = True
             self.store.write_state(stream, state)

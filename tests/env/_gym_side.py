@@ -5,7 +5,9 @@
   of the snapshot (its chains, the one it delivers, the links it refused), every chain as contiguous output items
   (``PolarTokenSource.chains``) and how a fresh resolver answers each journaled call's own request;
 - ``python -m tests.env._gym_side deliver ROOT ROLLOUT PAYLOAD.json``: what the agent does with a session's
-  ``/nemo`` payload (every chain's calls through ``PolarTokenSink``, twice: a retry is a no-op)."""
+  ``/nemo`` payload (every chain's calls through ``PolarTokenSink``, twice: a retry is a no-op);
+- ``drop ROOT ROLLOUT SNAPSHOT_ID VERSION`` (a consumer retiring what it froze) and ``wiring ROOT ROLLOUT`` (Gym
+  building the transport from a ``token_id_capture`` block)."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ async def freeze(root: str, rollout_id: str) -> dict:
             answer = await resolver.resolve(rollout_id, messages)
             resolved[record.completion_id] = [str(answer.status), answer.match.model_call_id if answer.match else None]
     return {
-        "incomplete": snapshot.incomplete, "version": snapshot.version,
+        "incomplete": snapshot.incomplete, "version": snapshot.version, "snapshot_id": snapshot.snapshot_id,
         "entries": [{"call": e.model_call_id, "parent": e.parent_call_id, "resolution": str(e.parent_resolution),
                      "chain": getattr(e, "polar_chain", None), "parent_chain": getattr(e, "polar_parent_chain", None),
                      "cause": getattr(e, "polar_chain_cause", None), "items": len(e.output_items),
@@ -109,9 +111,15 @@ async def wiring(root: str, rollout_id: str) -> dict:
             "frozen": [e.model_call_id for e in snapshot.entries]}
 
 
+async def drop(root: str, rollout_id: str, snapshot_id: str, version: str) -> dict:
+    return {"dropped": await PolarTokenSource(root).drop(rollout_id, snapshot_id=snapshot_id, version=int(version))}
+
+
 if __name__ == "__main__":
     command, root, rollout = sys.argv[1:4]
-    if command == "wiring":
+    if command == "drop":
+        print(json.dumps(asyncio.run(drop(root, rollout, *sys.argv[4:6]))))
+    elif command == "wiring":
         print(json.dumps(asyncio.run(wiring(root, rollout))))
     elif command == "deliver":
         with open(sys.argv[4]) as fh:

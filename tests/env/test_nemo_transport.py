@@ -11,11 +11,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 
 from polar_gym.merge.nemo_payload import session_nemo_payload
 from tests._serving import RunningProxy
-from tests.env._capture_kit import anthropic_loop, captured, gym_side, live_proxy, main_sub_and_retry
+from tests.env._capture_kit import TOOLS, anthropic_loop, captured, gym_side, live_proxy, main_sub_and_retry
 from tests.env._env_kit import gym_venv_or_skip, two_chain_result
 
 CHECKS = ["put_then_freeze_visibility", "idempotent_reput", "conflicting_reput", "mark_incomplete_durability",
@@ -89,6 +90,24 @@ def test_a_proxy_journal_freezes_as_every_chain_where_gyms_builder_delivers_one(
         status, match = got["request_time"][entry["call"]]
         assert status == entry["resolution"]
         assert (match and digest[match]) == (entry["parent"] and digest[entry["parent"]])
+
+
+def test_a_call_the_proxy_journals_after_a_freeze_stales_that_snapshot(proxy: RunningProxy, capture: Path,
+                                                                       gym_python: Path) -> None:
+    """The proxy does not take the transport's lock: a record it appends after a freeze (the session still running)
+    moves the version, so the consumer's retirement of the older snapshot fails and nothing is lost."""
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="still-running", max_retries=0)
+    conv = [{"role": "user", "content": "Fix calc.py."}]
+    client.chat.completions.create(model="policy", messages=conv, tools=TOOLS)
+    first = gym_side(gym_python, capture, "still-running")
+    assert gym_side(gym_python, capture, "still-running")["version"] == first["version"]  # idempotent
+    client.chat.completions.create(model="policy", messages=conv + [{"role": "user", "content": "Again."}], tools=TOOLS)
+    stale = gym_side(gym_python, capture, "still-running", "drop", first["snapshot_id"], str(first["version"]))
+    assert stale == {"dropped": False}
+    second = gym_side(gym_python, capture, "still-running")
+    assert len(second["entries"]) == 2 and second["version"] > first["version"]
+    assert gym_side(gym_python, capture, "still-running", "drop", second["snapshot_id"],
+                    str(second["version"])) == {"dropped": True}
 
 
 def test_a_journal_in_another_dialect_freezes_the_same_way(proxy: RunningProxy, capture: Path,
