@@ -24,15 +24,19 @@ builds ``PolarTokenSource(root)``. See polar_gym/env/README.md.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from nemo_gym.token_id_capture.lineage import RolloutLineage, stamp_continuation
 from nemo_gym.token_id_capture.protocols import TokenCaptureSnapshot
 from nemo_gym.token_id_capture.records import (
@@ -65,6 +69,7 @@ __all__ = ["ENTRY_FIELD", "STATE_FILE", "JournalTokenStore", "PolarLineageResolv
 ENTRY_FIELD = "nemo_token_entry"
 STATE_FILE = "nemo-capture-state.json"
 _LOCK_FILE = ".nemo-capture.lock"
+_CACHED_STREAMS = 64  # streams an instance keeps its append state for
 _TOKEN_ARRAYS = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
 _RESOLUTIONS = {"root": ParentResolutionStatus.ROOT, "resolved": ParentResolutionStatus.RESOLVED,
                 "unresolved": ParentResolutionStatus.UNRESOLVED}
@@ -170,12 +175,39 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@dataclass
+class _Tail:
+    """An instance's view of a stream it appended to: the files' sizes it left, its encoder, and every call id
+    there with the digest of its payload (None: a record the proxy wrote)."""
+
+    sizes: tuple[int, int, int]
+    encoder: SessionStore
+    payloads: dict[str, str | None]
+
+
+def _sizes(stream: Path) -> tuple[int, int, int]:
+    out = []
+    for name in JOURNAL_FILES:
+        try:
+            out.append((stream / name).stat().st_size)
+        except FileNotFoundError:
+            out.append(0)
+    return out[0], out[1], out[2]
+
+
+def _digest(entry: TokenEntry) -> str:
+    """The entry's serialized payload, hashed: equal exactly when the entries dump the same."""
+    return hashlib.sha256(orjson.dumps(entry.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
 class JournalTokenStore:
-    """The shared backend: journal streams under ``root``. Every method reads the disk afresh under the stream's
-    lock, so separate instances (separate workers) agree."""
+    """The shared backend: journal streams under ``root``. Every method works under the stream's lock and reads the
+    disk (an append reuses what it knows only while the files are as it left them), so separate instances
+    (separate workers) agree."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._tails: collections.OrderedDict[Path, _Tail] = collections.OrderedDict()
         #: called with the rollout id of every operation (the conformance runner names its checks from them)
         self.observer: Callable[[str], None] | None = None
 
@@ -240,22 +272,37 @@ class JournalTokenStore:
         calls, holes = calls_from_records(r for r in records if ENTRY_FIELD not in r.response)
         return written + entries_from_calls(rollout_id, calls), holes
 
-    def append(self, stream: Path, entry: TokenEntry) -> bool:
-        """Append ``entry`` durably; False when the same payload is there already; ValueError on a conflict."""
+    def _tail(self, stream: Path) -> _Tail:
+        """What is needed to append to ``stream``: from memory when this instance wrote last (the files' sizes
+        are still the ones it left), else read afresh (another writer, or none yet), torn tail cut."""
+        sizes = _sizes(stream)
+        tail = self._tails.get(stream)
+        if tail is not None and tail.sizes == sizes:
+            self._tails.move_to_end(stream)
+            return tail
         records, lines = self.read_records(stream)
-        for record in records:
-            if record.completion_id != entry.model_call_id:
-                continue
-            if ENTRY_FIELD in record.response and \
-                    _record_entry(record).model_dump(mode="json") == entry.model_dump(mode="json"):
-                return False
-            raise ValueError(f"model call {entry.model_call_id} of rollout {entry.rollout_id} is already captured "
-                             "with a different payload")
         encoder = SessionStore()
         for record in records:
             encoder.encode(record)
         truncate_torn_tail(stream, lines, len(records), encoder)
-        line, tokens, logprobs = encoder.encode(_entry_record(entry, encoder.count))
+        payloads = {r.completion_id: _digest(_record_entry(r)) if ENTRY_FIELD in r.response else None
+                    for r in records}
+        tail = self._tails[stream] = _Tail(_sizes(stream), encoder, payloads)
+        while len(self._tails) > _CACHED_STREAMS:
+            self._tails.popitem(last=False)
+        return tail
+
+    def append(self, stream: Path, entry: TokenEntry) -> bool:
+        """Append ``entry`` durably; False when the same payload is there already; ValueError on a conflict."""
+        tail = self._tail(stream)
+        digest = _digest(entry)
+        if entry.model_call_id in tail.payloads:
+            if tail.payloads[entry.model_call_id] == digest:
+                return False
+            raise ValueError(f"model call {entry.model_call_id} of rollout {entry.rollout_id} is already captured "
+                             "with a different payload")
+        line, tokens, logprobs = tail.encoder.encode(_entry_record(entry, tail.encoder.count))
+        tail.sizes = (-1, -1, -1)  # until the write is done: a failed one makes the next append read afresh
         created = not stream.exists()
         stream.mkdir(parents=True, exist_ok=True)
         for name, payload in zip(JOURNAL_FILES, (tokens, logprobs, line), strict=True):
@@ -266,6 +313,8 @@ class JournalTokenStore:
         if created:
             _fsync_dir(stream.parent)
         _fsync_dir(stream)
+        tail.payloads[entry.model_call_id] = digest
+        tail.sizes = _sizes(stream)
         return True
 
 
