@@ -63,7 +63,8 @@ from polar_gym.journal import (
 from polar_gym.schema import CompletionRecord
 
 __all__ = ["ENTRY_FIELD", "STATE_FILE", "JournalTokenStore", "PolarLineageResolver", "PolarTokenSink",
-           "PolarTokenSource", "entries_from_calls", "every_chain", "output_items"]
+           "PolarTokenSource", "deliver_session", "entries_from_calls", "entries_from_nemo_payload", "every_chain",
+           "output_items"]
 
 #: the key of a record's ``response`` holding a sink-written entry's fields (all but its token arrays)
 ENTRY_FIELD = "nemo_token_entry"
@@ -142,6 +143,20 @@ def every_chain(entries: Sequence[TokenEntry]) -> list[list[dict[str, Any]]]:
 def entries_from_nemo_payload(rollout_id: str, payload: dict[str, Any]) -> list[TokenEntry]:
     """The entries of a finished Polar session's ``/nemo`` payload (every chain): what the agent puts."""
     return entries_from_calls(rollout_id, calls_from_nemo_payload(payload))
+
+
+async def deliver_session(sink: Any, rollout_id: str, payload: dict[str, Any]) -> dict[str, str]:
+    """Put every chain's calls of a finished session (its ``/nemo`` payload) through ``sink`` (any ``TokenSink``);
+    a session that did not complete is marked incomplete, so a consumer masks it. A repeated delivery puts the same
+    bytes (a no-op). Returns the response metadata the agent adds: where the entries went."""
+    entries = entries_from_nemo_payload(rollout_id, payload)
+    for entry in entries:
+        await sink.put(entry)
+    if payload.get("status") != "COMPLETED":
+        await sink.mark_incomplete(rollout_id, "")
+    chains = {getattr(entry, "polar_chain", 0) for entry in entries}
+    return {"polar_token_rollout_id": rollout_id, "polar_token_entries": str(len(entries)),
+            "polar_token_chains": str(len(chains))}
 
 
 def _entry_record(entry: TokenEntry, index: int) -> CompletionRecord:

@@ -23,7 +23,7 @@ from polar_gym.env.nemo_transport import (
     PolarLineageResolver,
     PolarTokenSink,
     PolarTokenSource,
-    entries_from_nemo_payload,
+    deliver_session,
 )
 from polar_gym.journal import read_session
 
@@ -77,13 +77,11 @@ async def freeze(root: str, rollout_id: str) -> dict:
 
 
 async def deliver(root: str, rollout_id: str, payload: dict) -> dict:
-    entries = entries_from_nemo_payload(rollout_id, payload)
     sink = PolarTokenSink(root)
-    for _ in range(2):
-        for entry in entries:
-            await sink.put(entry)
+    first = await deliver_session(sink, rollout_id, payload)
+    assert await deliver_session(sink, rollout_id, payload) == first  # a repeated delivery: the same bytes
     await sink.close()
-    return {"put": len(entries)}
+    return first
 
 
 async def wiring(root: str, rollout_id: str) -> dict:

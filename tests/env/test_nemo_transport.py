@@ -120,14 +120,17 @@ def test_a_journal_in_another_dialect_freezes_the_same_way(proxy: RunningProxy, 
     assert {status for status, _ in got["request_time"].values()} <= {"root", "unresolved"}
 
 
-def test_the_agents_delivery_puts_every_chain_once(tmp_path: Path, gym_python: Path) -> None:
+@pytest.mark.parametrize("status", ["COMPLETED", "TIMEOUT"])
+def test_the_agents_delivery_puts_every_chain_once(tmp_path: Path, gym_python: Path, status: str) -> None:
     payload = tmp_path / "payload.json"
-    payload.write_text(json.dumps(session_nemo_payload(two_chain_result())))
-    assert gym_side(gym_python, tmp_path / "sink", "rollout-7", "deliver", str(payload)) == {"put": 3}
+    payload.write_text(json.dumps({**session_nemo_payload(two_chain_result()), "status": status}))
+    delivered = gym_side(gym_python, tmp_path / "sink", "rollout-7", "deliver", str(payload))
+    assert delivered == {"polar_token_rollout_id": "rollout-7", "polar_token_entries": "3", "polar_token_chains": "2"}
     got = gym_side(gym_python, tmp_path / "sink", "rollout-7")  # a fresh process: what put made durable
     assert len(got["entries"]) == 3 and got["every_chain_items"] == [2, 1] and all(got["every_chain_contiguous"])
     assert got["gym_chains"] == 2 and got["gym_main_generation_items"] == 2
     assert {e["cause"] for e in got["entries"]} == {None, "subagent"}
+    assert got["incomplete"] == (status != "COMPLETED")  # a consumer masks a session that did not complete
 
 
 def test_gym_builds_the_transport_from_the_documented_token_id_capture_block(tmp_path: Path, gym_python: Path) -> None:

@@ -176,20 +176,13 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
     async def _deliver_tokens(self, body: PolarGymRunRequest, payload: dict[str, Any]) -> dict[str, str]:
         """Put every chain's calls through the sink (the same bytes on a retry: idempotent); metadata saying
         where they went."""
-        sink = self._token_sink()
         try:
             rollout_id = maybe_rollout_id_from_run_body(body)
         except ValueError:
             rollout_id = None
-        rollout_id = rollout_id or f"polar-{payload.get('session_id')}"
-        entries = _nemo_transport().entries_from_nemo_payload(rollout_id, payload)
-        for entry in entries:
-            await sink.put(entry)
-        if payload.get("status") != "COMPLETED":
-            await sink.mark_incomplete(rollout_id, "")
-        chains = len({getattr(e, "polar_chain", 0) for e in entries})
-        return {"polar_token_rollout_id": rollout_id, "polar_token_entries": str(len(entries)),
-                "polar_token_chains": str(chains)}
+        delivered: dict[str, str] = await _nemo_transport().deliver_session(
+            self._token_sink(), rollout_id or f"polar-{payload.get('session_id')}", payload)
+        return delivered
 
     async def run(self, request: Request, body: PolarGymRunRequest) -> PolarGymVerifyResponse:
         polar = await self._client()
