@@ -49,7 +49,8 @@ def _reply(client: openai.OpenAI, conv: list[dict[str, Any]]) -> None:
 
 def main_sub_and_retry(proxy: RunningProxy, key: str) -> None:
     """Main agent turn 1, sub-agent turn 1, main turn 2 sent twice (the first answer never used: a client retry),
-    sub turn 2, main turn 3: six calls, three chains (main, sub-agent, the retry's branch off main turn 1)."""
+    sub turn 2, main turn 3, then the main agent's context compacted into a summary: seven calls, four chains (main,
+    sub-agent, the retry's branch off main turn 1, the post-compaction context)."""
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
     main = [{"role": "system", "content": "Main agent."}, {"role": "user", "content": "Fix calc.py."}]
     sub = [{"role": "system", "content": "Explore sub-agent."}, {"role": "user", "content": "Look around."}]
@@ -59,6 +60,7 @@ def main_sub_and_retry(proxy: RunningProxy, key: str) -> None:
     _reply(client, main)
     _reply(client, sub)
     _reply(client, main)
+    _reply(client, [main[0], {"role": "user", "content": "Summary of the work so far: ran ls. Continue."}])
 
 
 def anthropic_loop(proxy: RunningProxy, key: str) -> int:

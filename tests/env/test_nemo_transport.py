@@ -74,13 +74,15 @@ def test_a_proxy_journal_freezes_as_every_chain_where_gyms_builder_delivers_one(
     entries = got["entries"]
     assert [e["call"] for e in entries] == [r.completion_id for r in records] and not got["incomplete"]
     assert all(e["link_verified"] for e in entries) and all(e["items"] == 1 for e in entries)
-    main1, sub1, lost, main2, sub2, main3 = entries
-    assert [main1["resolution"], sub1["resolution"]] == ["root", "root"]
+    main1, sub1, lost, main2, sub2, main3, compacted = entries
+    assert [main1["resolution"], sub1["resolution"], compacted["resolution"]] == ["root"] * 3
     assert [main2["parent"], main3["parent"], sub2["parent"], lost["parent"]] == \
         [main1["call"], main2["call"], sub1["call"], main1["call"]]
-    assert lost["parent_chain"] == main1["chain"] and len({e["chain"] for e in entries}) == 3
-    # every chain, contiguous (NeMo RL's rule): main (3 calls), sub-agent (2), the retry's lost answer (1)
-    assert got["every_chain_items"] == [3, 2, 1] and all(got["every_chain_contiguous"])
+    assert lost["parent_chain"] == main1["chain"] and len({e["chain"] for e in entries}) == 4
+    # every chain, contiguous (NeMo RL's rule): main (3 calls), sub-agent (2), the retry's lost answer and the
+    # post-compaction context (1 each)
+    assert sorted(got["every_chain_items"]) == [1, 1, 2, 3] and got["every_chain_items"][0] == 3
+    assert all(got["every_chain_contiguous"])
     # Gym's own builder on the same snapshot: it verifies every link, then delivers the main chain only
     assert got["gym_link_failures"] == {} and got["gym_main_generation_items"] == 3
     assert got["gym_delivered_fraction"] < 0.6 and got["gym_quarantined"] == [lost["call"]]

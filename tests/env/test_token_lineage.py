@@ -118,7 +118,7 @@ def test_a_real_session_with_a_sub_agent_and_a_retry_links_like_the_engine_saw_i
     main_sub_and_retry(proxy, "main-sub-retry")
     records = captured(capture, "main-sub-retry")
     calls, holes = calls_from_records(records)
-    assert holes == [] and len(calls) == len(records) == 6
+    assert holes == [] and len(calls) == len(records) == 7
     links = link_calls(calls)
     by_id = {r.completion_id: r for r in records}
     for link in links:  # every parent link is exact: the child's prompt starts with the parent's whole sequence
@@ -127,8 +127,9 @@ def test_a_real_session_with_a_sub_agent_and_a_retry_links_like_the_engine_saw_i
             child = by_id[link.call_id]
             assert child.prompt_ids[:len(parent.prompt_ids) + len(parent.response_ids)] == \
                 parent.prompt_ids + parent.response_ids
-    main1, sub1, lost, main2, sub2, main3 = links
-    assert (main1.resolution, sub1.resolution) == ("root", "root") and main1.chain != sub1.chain
+    main1, sub1, lost, main2, sub2, main3, compacted = links
+    assert (main1.resolution, sub1.resolution, compacted.resolution) == ("root",) * 3
+    assert len({main1.chain, sub1.chain, lost.chain, compacted.chain}) == 4
     assert lost.parent_call_id == main2.parent_call_id == main1.call_id
     assert main2.chain == main3.chain == main1.chain and main3.parent_call_id == main2.call_id
     assert lost.parent_chain == main1.chain and lost.chain not in {main1.chain, sub1.chain}
