@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_gym.journal import read_session
+from polar_gym.journal import ATTEMPTS_DIR, read_session
 from polar_gym.merge.cli import find_journals
 from polar_gym.tasks import DEMO_TASKS
 from tests._procs import processes_with, take_ctrl_c
@@ -266,8 +266,9 @@ def test_a_rollout_with_a_sub_agent_delivers_both_chains_through_the_token_sink(
     sink_root = tmp_path / "token-sink"
     request = DEMO_TASKS["demo-calc-add"].to_request(harness="shell", model_name="policy").model_dump(mode="json")
     request["agent"]["config"] = {"command": "python3 agent.py", "files": {"agent.py": SUB_AGENT_HARNESS}}
-    with gym_started(tmp_path / "gym", f"{agent}.deliver_tokens=token_sink",
-                     f"{agent}.token_sink_root={sink_root}") as started:
+    serve_dir = tmp_path / "serve"
+    with gym_started(tmp_path / "gym", f"{agent}.deliver_tokens=token_sink", f"{agent}.token_sink_root={sink_root}",
+                     f"{agent}.serve_dir={serve_dir}") as started:
         row = json.dumps({"responses_create_params": {"input": "fix it"}, "polar_task": {"task_request": request}})
         (line,) = _eval_run(started, [row])
     assert line["reward"] == 1.0 and line["polar"]["status"] == "COMPLETED", line.get("failure_reason")
@@ -281,3 +282,10 @@ def test_a_rollout_with_a_sub_agent_delivers_both_chains_through_the_token_sink(
     # times, so which one it calls main is its tie-break on call ids)
     assert got["gym_chains"] == 2 and got["gym_main_generation_items"] in (2, 3) and got["gym_delivered_fraction"] < 1
     assert sum(1 for item in line["response"]["output"] if item.get("generation_token_ids")) == 3
+    # the same session read straight from the gateway's journal (a gateway session's current attempt): the same
+    # calls, the same cumulative tokens, the same two chains
+    (journal,) = find_journals([serve_dir])
+    captures = journal.parents[2] if journal.parent.name == ATTEMPTS_DIR else journal.parent
+    direct = gym_side(gym_venv_or_skip() / "bin" / "python", captures, line["polar"]["session_id"])
+    assert sorted(e["digest"] for e in direct["entries"]) == sorted(e["digest"] for e in got["entries"])
+    assert direct["every_chain_items"] == [3, 2] and not direct["incomplete"]
