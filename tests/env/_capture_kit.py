@@ -24,7 +24,7 @@ from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.schema import CompletionRecord, OracleScript
 from tests._serving import RunningProxy, oracle_service, serve
 
-__all__ = ["TOOLS", "anthropic_loop", "captured", "gym_side", "live_proxy", "main_sub_and_retry"]
+__all__ = ["TOOLS", "anthropic_loop", "capture", "captured", "gym_side", "live_proxy", "main_sub_and_retry", "proxy"]
 
 SCRIPT = OracleScript(commands=["ls", "cat calc.py", "python3 -m unittest"], final_answer="Finished.")
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
@@ -38,6 +38,18 @@ def live_proxy(capture: Path) -> Iterator[RunningProxy]:
         pytest.fail("the Qwen tokenizer asset is missing: run `bash scripts/setup.sh`")
     engine = OracleEngine(HFChatTokenizer(tokenizer_dir()), default_script=SCRIPT)
     yield from serve(oracle_service(capture, engine=engine))
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The captures directory of a test module's live proxy."""
+    return tmp_path_factory.mktemp("capture") / "capture"
+
+
+@pytest.fixture(scope="module")
+def proxy(capture: Path) -> Iterator[RunningProxy]:
+    """A live proxy (oracle, real Qwen tokenizer) journaling to ``capture``, one per test module."""
+    yield from live_proxy(capture)
 
 
 def _reply(client: openai.OpenAI, conv: list[dict[str, Any]]) -> None:

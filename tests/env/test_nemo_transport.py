@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -16,7 +15,7 @@ import pytest
 
 from polar_gym.merge.nemo_payload import session_nemo_payload
 from tests._serving import RunningProxy
-from tests.env._capture_kit import TOOLS, anthropic_loop, captured, gym_side, live_proxy, main_sub_and_retry
+from tests.env._capture_kit import TOOLS, anthropic_loop, captured, gym_side, main_sub_and_retry
 from tests.env._env_kit import gym_venv_or_skip, two_chain_result
 
 CHECKS = ["put_then_freeze_visibility", "idempotent_reput", "conflicting_reput", "mark_incomplete_durability",
@@ -54,16 +53,6 @@ def test_a_broken_transport_fails_and_names_the_check(gym_python: Path, store: s
 def test_no_gym_interpreter_is_a_usage_error(tmp_path: Path) -> None:
     done = conformance(tmp_path / "missing-python")
     assert done.returncode == 2 and "python -m polar_gym.assets nemo_gym" in done.stderr
-
-
-@pytest.fixture(scope="module")
-def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("transport") / "capture"
-
-
-@pytest.fixture(scope="module")
-def proxy(capture: Path) -> Iterator[RunningProxy]:
-    yield from live_proxy(capture)
 
 
 def test_a_proxy_journal_freezes_as_every_chain_where_gyms_builder_delivers_one(proxy: RunningProxy, capture: Path,

@@ -4,10 +4,7 @@ token ids, then sessions the real proxy captured (oracle engine, real Qwen token
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from polar_gym.env.token_lineage import (
     CallTokens,
@@ -19,7 +16,7 @@ from polar_gym.env.token_lineage import (
 from polar_gym.merge.nemo_payload import session_nemo_payload
 from polar_gym.schema import CompletionRecord
 from tests._serving import RunningProxy
-from tests.env._capture_kit import anthropic_loop, captured, live_proxy, main_sub_and_retry
+from tests.env._capture_kit import anthropic_loop, captured, main_sub_and_retry
 from tests.env._env_kit import two_chain_result
 
 SYSTEM, USER, TOOL = [1, 2], [3], [7]
@@ -101,16 +98,6 @@ def test_the_nemo_payload_gives_every_chains_calls_once_parents_first() -> None:
     assert links["c2"].parent_call_id == "c0" and links["c0@1"].parent_call_id is None
     assert {links["c0"].chain, links["c0@1"].chain} == {0, 1}
     assert calls[0].response["message"]["role"] == "assistant"
-
-
-@pytest.fixture(scope="module")
-def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("lineage") / "capture"
-
-
-@pytest.fixture(scope="module")
-def proxy(capture: Path) -> Iterator[RunningProxy]:
-    yield from live_proxy(capture)
 
 
 def test_a_real_session_with_a_sub_agent_and_a_retry_links_like_the_engine_saw_it(proxy: RunningProxy,
