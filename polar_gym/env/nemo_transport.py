@@ -72,27 +72,17 @@ STATE_FILE = "nemo-capture-state.json"
 _LOCK_FILE = ".nemo-capture.lock"
 _CACHED_STREAMS = 64  # streams an instance keeps its append state for
 _TOKEN_ARRAYS = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
-_RESOLUTIONS = {"root": ParentResolutionStatus.ROOT, "resolved": ParentResolutionStatus.RESOLVED,
-                "unresolved": ParentResolutionStatus.UNRESOLVED}
 
 
 def output_items(response: dict[str, Any]) -> list[dict[str, Any]]:
-    """A provider answer as Responses output items (Gym's own normalizer for Responses, Chat and Anthropic
-    Messages bodies; a Google generateContent body, which Gym does not capture, becomes one message)."""
+    """A call's answer as Responses output items: the assistant message in chat form, as the proxy journals it
+    (``{"message": {...}}``) and the ``/nemo`` payload carries it, is one ``message`` item (what Gym's own
+    normalizer makes of a Chat Completions answer); a provider body goes through that normalizer."""
     if isinstance(response.get("message"), dict):
         message = dict(response["message"])
         return [{**message, "type": "message", "role": message.get("role") or "assistant"}]
     items: list[dict[str, Any]] = response_to_output_items(response)
-    if items or not response.get("candidates"):
-        return items
-    parts = ((response["candidates"][0] or {}).get("content") or {}).get("parts") or []
-    text = "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
-    calls = [p["functionCall"] for p in parts if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)]
-    out: list[dict[str, Any]] = [{"type": "message", "role": "assistant",
-                                  "content": [{"type": "output_text", "text": text}]}] if text else []
-    out += [{"type": "function_call", "name": c.get("name"), "arguments": json.dumps(c.get("args") or {}),
-             "call_id": c.get("id") or c.get("name")} for c in calls]
-    return out
+    return items
 
 
 def entries_from_calls(rollout_id: str, calls: Sequence[CallTokens]) -> list[TokenEntry]:
@@ -110,7 +100,7 @@ def entries_from_calls(rollout_id: str, calls: Sequence[CallTokens]) -> list[Tok
             **{k: v for k, v in call.extras.items() if v is not None})
         if call.request_items:
             stamp_continuation(entry, list(call.request_items))
-        stamp_lineage(entry, link.parent_call_id, parent_resolution=_RESOLUTIONS[link.resolution])
+        stamp_lineage(entry, link.parent_call_id, parent_resolution=ParentResolutionStatus(link.resolution))
         entries.append(entry)
     return entries
 
@@ -120,6 +110,9 @@ def every_chain(entries: Sequence[TokenEntry]) -> list[list[dict[str, Any]]]:
     output-item list each, the chain with the most sampled tokens first: each call's output items, the one that
     carried its tokens with ``prompt_token_ids`` (the call's whole prompt: it starts with everything before it in
     the chain), ``generation_token_ids`` and ``generation_log_probs``. Gym's consumer delivers only one of them."""
+    deltas = [e.model_call_id for e in entries if e.prompt_is_delta]
+    if deltas:
+        raise ValueError(f"calls {deltas} store delta prompts (delta_records): chains need whole prompts")
     ordered = sorted(entries, key=lambda e: len(e.prompt_token_ids))  # parents before children
     calls = [CallTokens(e.model_call_id, list(e.prompt_token_ids), list(e.generation_token_ids), []) for e in ordered]
     chains: dict[int, list[TokenEntry]] = {}
