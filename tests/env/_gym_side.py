@@ -105,8 +105,22 @@ async def wiring(root: str, rollout_id: str) -> dict:
     await sink.put(entry)
     answer = await resolver.resolve(rollout_id, request + list(entry.output_items) + [{"role": "user", "content": "?"}])
     snapshot = await PolarTokenSource(root).freeze(rollout_id)
+    # a writer with delta_records: true stores a continuation as its suffix; it freezes as put, chains() refuses it
+    delta = TokenEntry(rollout_id=rollout_id, model_call_id="call-2", prompt_token_ids=[4], generation_token_ids=[5],
+                       generation_log_probs=[-0.5], prompt_is_delta=True, parent_call_id="call-1",
+                       parent_resolution=ParentResolutionStatus.RESOLVED)
+    stamp_lineage(delta, "call-1", parent_resolution=ParentResolutionStatus.RESOLVED, cumulative=[1, 2, 3, 4, 5])
+    await sink.put(delta)
+    source = PolarTokenSource(root)
+    frozen = await source.freeze(rollout_id)
+    try:
+        await source.chains(rollout_id)
+        refused = False
+    except ValueError:
+        refused = True
     return {"sink": type(sink).__name__, "resolver": type(resolver).__name__, "resolved": str(answer.status),
-            "frozen": [e.model_call_id for e in snapshot.entries]}
+            "frozen": [e.model_call_id for e in snapshot.entries],
+            "delta_frozen": [e.prompt_is_delta for e in frozen.entries], "delta_chains_refused": refused}
 
 
 async def drop(root: str, rollout_id: str, snapshot_id: str, version: str) -> dict:

@@ -127,4 +127,4 @@ def test_the_agents_delivery_puts_every_chain_once(tmp_path: Path, gym_python: P
 def test_gym_builds_the_transport_from_the_documented_token_id_capture_block(tmp_path: Path, gym_python: Path) -> None:
     got = gym_side(gym_python, tmp_path / "shared", "rollout-1", "wiring")
     assert got == {"sink": "PolarTokenSink", "resolver": "PolarLineageResolver", "resolved": "resolved",
-                   "frozen": ["call-1"]}
+                   "frozen": ["call-1"], "delta_frozen": [False, True], "delta_chains_refused": True}
