@@ -19,6 +19,7 @@ Pure but for the small readers at the end; it imports only wire types, so merge 
 from __future__ import annotations
 
 import collections
+import os
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ __all__ = [
     "read_file",
     "read_session",
     "stored_bytes",
+    "truncate_torn_tail",
 ]
 
 RECORDS_FILE = "records.jsonl"
@@ -207,6 +209,23 @@ def read_session(directory: str | Path) -> list[CompletionRecord]:
     directory = Path(directory)
     return decode(read_file(directory / RECORDS_FILE).splitlines(), read_file(directory / TOKENS_FILE),
                   read_file(directory / LOGPROBS_FILE))
+
+
+def truncate_torn_tail(directory: Path, lines: list[bytes], records: int, store: SessionStore) -> None:
+    """Cut what a crash left past the last whole record (binary data no line points at, a cut line), so the next
+    append's offsets point at its own bytes. ``lines`` are the stream's record lines (with their ends), ``records``
+    how many of them :func:`decode` read, ``store`` an encoder that encoded exactly those records."""
+    kept, seen = 0, 0
+    for line in lines:
+        if seen == records:
+            break
+        kept += len(line)
+        seen += bool(line.strip())
+    sizes = {RECORDS_FILE: kept, TOKENS_FILE: 4 * store.token_count, LOGPROBS_FILE: 8 * store.logprob_count}
+    for name, size in sizes.items():
+        target = directory / name
+        if target.exists() and target.stat().st_size > size:
+            os.truncate(target, size)
 
 
 def stored_bytes(directory: Path) -> int:

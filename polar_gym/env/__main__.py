@@ -5,6 +5,9 @@
               polar_server_url is configured); writes {"url", "admin_token", "pid"} to --info-file
     request   rows' ``polar_task`` objects (JSON lines on stdin) to TaskRequest JSON lines on stdout; a row that
               cannot be one gives {"error": "..."} on its line
+    conformance
+              NeMo Gym 0.7's token-capture conformance suite (lineage checks on) against polar_gym's journal
+              transport, in Gym's interpreter; prints each check that passed; exit 0 only if all did
 """
 
 from __future__ import annotations
@@ -69,6 +72,17 @@ def _request(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _conformance(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from polar_gym.assets import nemo_gym_python
+    from polar_gym.env.conformance import conformance_command
+
+    gym_python = Path(args.gym_python) if args.gym_python else nemo_gym_python()
+    try:
+        return conformance_command(gym_python, transport=args.transport, root=args.root)
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polar_gym.env", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     request = sub.add_parser("request", help="polar_task JSON lines (stdin) to TaskRequest JSON lines (stdout)")
     request.add_argument("--template", default=None, help="JSON of polar_gym.env.tasks.EnvTemplate")
     request.set_defaults(func=_request)
+    conformance = sub.add_parser("conformance", help="NeMo Gym's token-capture conformance suite against the "
+                                 "journal transport (polar_gym.env.nemo_transport)")
+    conformance.add_argument("--gym-python", help="NeMo Gym's interpreter (default: the venv polar_gym.assets "
+                             "builds)")
+    conformance.add_argument("--root", help="the transport's directory (default: a new temporary one)")
+    conformance.add_argument("--transport", help="module:Name of a JournalTokenStore subclass to check instead")
+    conformance.set_defaults(func=_conformance)
     args = parser.parse_args(argv)
     return int(args.func(args, parser))
 

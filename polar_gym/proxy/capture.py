@@ -31,6 +31,7 @@ from polar_gym.journal import (
     read_file,
     read_session,
     stored_bytes,
+    truncate_torn_tail,
 )
 from polar_gym.schema import CompletionRecord
 
@@ -65,18 +66,7 @@ class _Session:
         records = decode(lines, read_file(self.directory / TOKENS_FILE), read_file(self.directory / LOGPROBS_FILE))
         for record in records:
             self.store.encode(record)
-        kept, seen = 0, 0
-        for line in lines:
-            if seen == len(records):
-                break
-            kept += len(line)
-            seen += bool(line.strip())
-        sizes = {RECORDS_FILE: kept, TOKENS_FILE: 4 * self.store.token_count,
-                 LOGPROBS_FILE: 8 * self.store.logprob_count}
-        for name, size in sizes.items():
-            target = self.directory / name
-            if target.exists() and target.stat().st_size > size:
-                os.truncate(target, size)
+        truncate_torn_tail(self.directory, lines, len(records), self.store)
 
     def write(self, line: bytes, tokens: bytes, logprobs: bytes, fsync: bool) -> None:
         if self.directory is None:

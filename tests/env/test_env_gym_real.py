@@ -21,11 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_gym.journal import read_session
+from polar_gym.journal import ATTEMPTS_DIR, read_session
 from polar_gym.merge.cli import find_journals
 from polar_gym.tasks import DEMO_TASKS
 from tests._procs import processes_with, take_ctrl_c
 from tests._vllm import VLLMServer
+from tests.env._capture_kit import gym_side
 from tests.env._env_kit import AGENT_DIR, ENV_DIR, gym_venv_or_skip, nemo_rl_contiguity
 
 pytestmark = pytest.mark.slow
@@ -228,3 +229,63 @@ def test_the_policy_is_registered_with_a_remote_fleet_started_without_one(tmp_pa
     assert calls and {(c.engine, c.server) for c in calls} == {("vllm", vllm_server.url)}
     trained = [item for item in line["response"]["output"] if item["type"] == "message"]
     assert [i["generation_token_ids"] for i in trained] == [c.response_ids for c in calls if not c.side_request]
+
+
+#: a scripted harness with a sub-agent (the shell harness runs it in the sandbox): the main agent and an explore
+#: sub-agent call the gateway in turn (Chat Completions, stdlib only), then the main agent fixes calc.py
+SUB_AGENT_HARNESS = '''
+import json, os, urllib.request
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+def ask(conv):
+    body = json.dumps({"model": os.environ["POLAR_MODEL"], "messages": conv, "tools": TOOLS}).encode()
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body, {
+        "content-type": "application/json", "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    message = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["message"]
+    conv.append({k: v for k, v in message.items() if v is not None})
+    for call in message.get("tool_calls") or []:
+        conv.append({"role": "tool", "tool_call_id": call["id"], "content": "ok"})
+main = [{"role": "system", "content": "Main agent."}, {"role": "user", "content": os.environ["POLAR_INSTRUCTION"]}]
+sub = [{"role": "system", "content": "Explore sub-agent."}, {"role": "user", "content": "Look around."}]
+for _ in range(2):
+    ask(main)
+    ask(sub)
+ask(main)
+with open("calc.py") as fh:
+    code = fh.read()
+with open("calc.py", "w") as fh:
+    fh.write(code.replace("a - b", "a + b"))
+'''
+
+
+def test_a_rollout_with_a_sub_agent_delivers_both_chains_through_the_token_sink(tmp_path: Path) -> None:
+    """deliver_tokens: token_sink. The session's main agent and sub-agent are two chains; the agent puts both
+    through polar_gym's journal transport under NeMo Gym's rollout id, and a fresh TokenSource freezes both with
+    their links, where Gym's own builder on the same snapshot delivers the main chain only."""
+    agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
+    sink_root = tmp_path / "token-sink"
+    request = DEMO_TASKS["demo-calc-add"].to_request(harness="shell", model_name="policy").model_dump(mode="json")
+    request["agent"]["config"] = {"command": "python3 agent.py", "files": {"agent.py": SUB_AGENT_HARNESS}}
+    serve_dir = tmp_path / "serve"
+    with gym_started(tmp_path / "gym", f"{agent}.deliver_tokens=token_sink", f"{agent}.token_sink_root={sink_root}",
+                     f"{agent}.serve_dir={serve_dir}") as started:
+        row = json.dumps({"responses_create_params": {"input": "fix it"}, "polar_task": {"task_request": request}})
+        (line,) = _eval_run(started, [row])
+    assert line["reward"] == 1.0 and line["polar"]["status"] == "COMPLETED", line.get("failure_reason")
+    metadata = line["response"]["metadata"]
+    assert (metadata["polar_token_entries"], metadata["polar_token_chains"]) == ("5", "2")
+    got = gym_side(gym_venv_or_skip() / "bin" / "python", sink_root, metadata["polar_token_rollout_id"])
+    assert not got["incomplete"] and len(got["entries"]) == 5 and all(e["link_verified"] for e in got["entries"])
+    assert got["every_chain_items"] == [3, 2] and all(got["every_chain_contiguous"])
+    assert sorted(e["resolution"] for e in got["entries"]) == ["resolved"] * 3 + ["root"] * 2
+    # NeMo Gym's own builder over the same snapshot: two chains found, one delivered (the /nemo payload has no call
+    # times, so which one it calls main is its tie-break on call ids)
+    assert got["gym_chains"] == 2 and got["gym_main_generation_items"] in (2, 3) and got["gym_delivered_fraction"] < 1
+    assert sum(1 for item in line["response"]["output"] if item.get("generation_token_ids")) == 3
+    # the same session read straight from the gateway's journal (a gateway session's current attempt): the same
+    # calls, the same cumulative tokens, the same two chains
+    (journal,) = find_journals([serve_dir])
+    captures = journal.parents[2] if journal.parent.name == ATTEMPTS_DIR else journal.parent
+    direct = gym_side(gym_venv_or_skip() / "bin" / "python", captures, line["polar"]["session_id"])
+    assert sorted(e["digest"] for e in direct["entries"]) == sorted(e["digest"] for e in got["entries"])
+    assert direct["every_chain_items"] == [3, 2] and not direct["incomplete"]

@@ -4,14 +4,19 @@ session's prefix-merged chain as token-carrying output items and the Polar evalu
 polar_gym_resources server. responses() is not supported: the agent loop is the harness's own.
 
 Runs in NeMo Gym's interpreter with cwd and PYTHONPATH = this folder; needs only nemo_gym, httpx, pydantic and the
-two sibling modules (polar_convert: pure conversion, polar_client: HTTP and child processes)."""
+two sibling modules (polar_convert: pure conversion, polar_client: HTTP and child processes). With
+``deliver_tokens: token_sink`` it also delivers every chain of each session as TokenEntry records through a NeMo Gym
+token sink (polar_gym's journal transport, ``polar_gym.env.nemo_transport``, imported from the polar_gym package this
+folder sits in)."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
 import os
+import sys
 import uuid
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import Request, Response
@@ -25,13 +30,26 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseFunctionToolCall,
     NeMoGymResponseOutputMessageForTraining,
 )
+from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from nemo_gym.server_utils import get_response_json, raise_for_status
+from nemo_gym.token_id_capture.config import token_id_capture_config
 from polar_client import PolarClient, PolarError, ServeProcess, to_task_requests
 from polar_convert import backend_urls, rollout_parts, task_id_for
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 ITEM_CLASSES = {"message": NeMoGymResponseOutputMessageForTraining, "function_call": NeMoGymResponseFunctionToolCall,
                 "function_call_output": NeMoGymResponseFunctionCallOutput}
+
+
+def _nemo_transport() -> Any:
+    """polar_gym's journal transport, from the polar_gym package this folder sits in (polar_gym/env/...): it needs
+    only pydantic and orjson, which NeMo Gym has."""
+    package_root = str(Path(__file__).resolve().parents[4])
+    if package_root not in sys.path:
+        sys.path.append(package_root)
+    from polar_gym.env import nemo_transport
+
+    return nemo_transport
 
 
 class PolarGymAgentConfig(BaseResponsesAPIAgentConfig):
@@ -56,6 +74,12 @@ class PolarGymAgentConfig(BaseResponsesAPIAgentConfig):
     register_policy_backend: bool = False
     #: the policy server(s); null: the global `policy_base_url` (what NeMo RL sets to its vLLM HTTP servers)
     policy_base_url: str | list[str] | None = None
+    #: response: the main chain in response.output only; token_sink: also every chain (sub-agents, compaction,
+    #: retries) as TokenEntry records with their parent links through a NeMo Gym token sink, under the rollout id
+    #: NeMo Gym gives the row (a session that did not complete is marked incomplete there)
+    deliver_tokens: Literal["response", "token_sink"] = "response"
+    #: the sink: polar_gym's journal transport in this directory; null: the run's `token_id_capture.sink`
+    token_sink_root: str | None = None
 
     @field_validator("serve_args", mode="before")
     @classmethod
@@ -80,6 +104,7 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
     _polar: PolarClient | None = PrivateAttr(default=None)
     _serve: ServeProcess | None = PrivateAttr(default=None)
     _backends_registered: bool = PrivateAttr(default=False)
+    _sink: Any = PrivateAttr(default=None)
 
     async def responses(self, request: Request, response: Response,
                         body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:  # noqa: B008
@@ -135,6 +160,30 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
         return {**request, "task_id": task_id_for(polar_task, uuid.uuid4().hex[:12]), "num_samples": 1,
                 "metadata": metadata}
 
+    def _token_sink(self) -> Any:
+        """The configured token sink, built once: polar_gym's journal transport at ``token_sink_root``, else the one
+        the run configures (``token_id_capture.sink``, what NeMo RL sets)."""
+        if self._sink is None:
+            if self.config.token_sink_root:
+                self._sink = _nemo_transport().PolarTokenSink(self.config.token_sink_root)
+            else:
+                self._sink = token_id_capture_config(self.server_client.global_config_dict).build_sink()
+                if self._sink is None:
+                    raise PolarError("deliver_tokens: token_sink needs token_sink_root or an enabled "
+                                     "token_id_capture.sink")
+        return self._sink
+
+    async def _deliver_tokens(self, body: PolarGymRunRequest, payload: dict[str, Any]) -> dict[str, str]:
+        """Put every chain's calls through the sink (the same bytes on a retry: idempotent); metadata saying
+        where they went."""
+        try:
+            rollout_id = maybe_rollout_id_from_run_body(body)
+        except ValueError:
+            rollout_id = None
+        delivered: dict[str, str] = await _nemo_transport().deliver_session(
+            self._token_sink(), rollout_id or f"polar-{payload.get('session_id')}", payload)
+        return delivered
+
     async def run(self, request: Request, body: PolarGymRunRequest) -> PolarGymVerifyResponse:
         polar = await self._client()
         task = await self._task_request(body.polar_task)
@@ -145,6 +194,8 @@ class PolarGymAgent(SimpleResponsesAPIAgent):
             await asyncio.shield(polar.cancel(session_id))
             raise
         parts = rollout_parts(payload, self.config.extra_chains)
+        if self.config.deliver_tokens == "token_sink":
+            parts["metadata"].update(await self._deliver_tokens(body, payload))
         output = [ITEM_CLASSES[item["type"]].model_validate(item) for item in parts["output"]]
         model = (task.get("agent") or {}).get("model_name") or "polar"
         response = NeMoGymResponse(id=f"resp_{session_id}", created_at=0, model=model, object="response",
