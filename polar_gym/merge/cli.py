@@ -2,7 +2,7 @@
 re-merged with another builder or exported for another trainer. The thin shell around the pure builders and exports:
 it finds journals, reads them, writes JSONL and prints a summary table.
 
-    python -m polar_gym.merge --builder prefix_merging captures/ --out traces.jsonl --format slime
+    python -m polar_gym.merge [--builder prefix_merging] captures/ --out traces.jsonl --format slime
 
 ``--format atif`` writes one ATIF trajectory (Harbor's Agent Trajectory Interchange Format) per session and line.
 
@@ -131,8 +131,9 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("captures", nargs="+", metavar="CAPTURES",
                         help="session journal directories or capture roots containing them")
-    parser.add_argument("--builder", required=True, help=f"builder name ({', '.join(BUILDERS.names())}) "
-                                                         "or a dotted path pkg.module:function")
+    parser.add_argument("--builder", default="prefix_merging",
+                        help=f"builder name ({', '.join(BUILDERS.names())}) or a dotted path pkg.module:function "
+                             "(default: prefix_merging, as a launch)")
     parser.add_argument("--out", required=True, type=Path, help="output JSONL file")
     parser.add_argument("--config", default="{}", help="builder config as JSON (MergeConfig fields), e.g. "
                         "'{\"end_of_turn_ids\": [151645, 151643]}' (Qwen's, the default)")

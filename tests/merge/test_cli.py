@@ -104,11 +104,13 @@ def test_nemo_slime_and_sft_formats(captures, tmp_path):
 
 
 def test_atif_format_writes_one_validated_document_per_session(captures, tmp_path):
+    """The issue's command as written: the builder defaults to prefix_merging."""
     out = tmp_path / "atif.jsonl"
-    proc = run("--builder", "prefix_merging", captures, "--out", out, "--format", "atif")
+    proc = run(captures, "--out", out, "--format", "atif")
     assert proc.returncode == 0, proc.stderr
     docs = [atif.Trajectory.model_validate_json(line) for line in out.read_bytes().splitlines()]
     assert [d.session_id for d in docs] == ["sess-a", "sess-b"] and summary_value(proc.stdout, "rows written") == 2
+    assert "prefix_merging" in proc.stdout
     main, other = docs
     # these records hold no request messages: the chain's last reply is its one step, the other completion is named
     assert [s.message for s in main.steps] == ["reply 2"]
