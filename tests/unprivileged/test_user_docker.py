@@ -37,9 +37,12 @@ def test_setup_built_the_harness_image_rootless(rootless_podman: UserClone) -> N
 
 def test_the_docker_conformance_suite_as_an_unprivileged_user(rootless_podman: UserClone) -> None:
     """tests/runtime's conformance suite on ``docker``, run by the user: every guarantee but the cgroup limits,
-    which rootless podman cannot enforce on cgroup v1 (they skip, saying so; podman_host logs it)."""
+    which rootless podman cannot enforce on cgroup v1 (they skip, saying so; podman_host logs it); and a container
+    of a SIGKILLed gateway stops on its own (its lease)."""
     proc = as_user(".venv/bin/python -m pytest -q -p no:cacheprovider -rs -m 'not slow' "
-                   "tests/runtime/test_conformance.py -k docker", cwd=rootless_podman.clone, timeout=1200)
+                   "tests/runtime/test_conformance.py "
+                   "tests/runtime/test_docker.py::test_a_container_outlives_no_sigkilled_gateway -k docker",
+                   cwd=rootless_podman.clone, timeout=1200)
     report = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, report
     assert " passed" in proc.stdout and " failed" not in proc.stdout, report

@@ -41,9 +41,11 @@ def test_setup_and_the_main_job_as_an_unprivileged_user(user_clone: UserClone) -
 
 def test_the_local_sandbox_conformance_suite_as_an_unprivileged_user(user_clone: UserClone) -> None:
     """tests/runtime's conformance suite on ``local``, run by the user in its clone: the sandbox's guarantees hold
-    when bwrap gets its namespaces as an unprivileged user (no root anywhere)."""
+    when bwrap gets its namespaces as an unprivileged user (no root anywhere); and a SIGKILLed gateway of the user's
+    leaves no sandbox behind (the helper's watchdog in the user's own user namespace)."""
     proc = as_user(".venv/bin/python -m pytest -q -p no:cacheprovider -x -m 'not slow' "
-                   "tests/runtime/test_conformance.py -k local", cwd=user_clone.clone, timeout=1200)
+                   "tests/runtime/test_conformance.py tests/runtime/test_orphans.py -k 'local or sigkilled'",
+                   cwd=user_clone.clone, timeout=1200)
     report = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, report
     assert " passed" in proc.stdout and " failed" not in proc.stdout, report
