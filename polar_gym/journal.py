@@ -80,6 +80,8 @@ _BLOB_MIN = 256
 #: blob hashes an encoder remembers (least recently used first out): its state stays bounded, and a blob it forgot
 #: is only written again, never lost
 _BLOB_INDEX = 1024
+#: a body's fields but its conversation this large (serialized, large values as refs) are one blob, its frame
+_FRAME_MIN = 64
 _BLOB_PREFIX = b'{"$blob":'
 _REF, _SHARED, _RECV = "$ref", "$shared", "$recv"
 #: a record's fields a call log leaves out: the bodies and the token arrays (counted instead)
@@ -192,13 +194,16 @@ class SessionStore:
         return b"".join(blobs), tail.tobytes() + response.tobytes(), logprobs.tobytes()
 
     def _encode_body(self, key: str, body: dict[str, Any],
-                     blobs: list[bytes]) -> tuple[dict[str, Any], list[Any] | None]:
-        """The body with its conversation list prefix-shared and its large values as blob refs (key order kept)."""
+                     blobs: list[bytes]) -> tuple[dict[str, Any] | list[Any], list[Any] | None]:
+        """The body with its conversation list prefix-shared, its large values as blob refs, and the rest (what
+        repeats call after call: model, limits, metadata, the refs of tools and system prompt) as one blob, the
+        body's frame: ``[frame hash, conversation field, packed conversation]`` (key order kept)."""
         out: dict[str, Any] = {}
         conv: list[Any] | None = None
+        conv_name: str | None = None
         for name, value in body.items():
             if conv is None and name in _CONVERSATION_FIELDS and isinstance(value, list):
-                conv = value
+                conv, conv_name = value, name
                 base, keep = -1, 0
                 for recent in self._recent:
                     earlier = recent.lists.get(key)
@@ -211,7 +216,13 @@ class SessionStore:
                              "tail": [self._blob_ref(item, blobs) for item in value[keep:]]}
             else:
                 out[name] = self._blob_ref(value, blobs)
-        return out, conv
+        frame = orjson.dumps({name: None if name == conv_name else value for name, value in out.items()})
+        if len(frame) < _FRAME_MIN:
+            return out, conv
+        framed = [self._blob(frame, blobs)]
+        if conv_name is not None:
+            framed += [conv_name, out[conv_name]]
+        return framed, conv
 
     def _blob_ref(self, value: Any, blobs: list[bytes]) -> Any:
         """``value`` itself when small, else a ref to its blob (written into ``blobs`` the first time)."""
@@ -292,6 +303,11 @@ def _decode(lines: Iterable[bytes], tokens: bytes, logprobs: bytes) -> list[_Dec
         index = data["index"]
         for key in ("request", "normalized_request"):
             body = data[key]
+            if isinstance(body, list):  # a framed body (a request body itself is always an object)
+                framed, body = body, dict(blobs[body[0]])
+                if len(framed) == 3:
+                    body[framed[1]] = framed[2]
+                data[key] = body
             for name, value in body.items():
                 if name in _CONVERSATION_FIELDS and isinstance(value, dict) and _SHARED in value:
                     shared = value[_SHARED]
