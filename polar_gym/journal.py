@@ -79,7 +79,7 @@ _RECENT = 16  # earlier records searched for a shared prefix
 _BLOB_MIN = 256
 #: blob hashes an encoder remembers (least recently used first out): its state stays bounded, and a blob it forgot
 #: is only written again, never lost
-_BLOB_INDEX = 1024
+_BLOB_INDEX = 512
 #: a body's fields but its conversation this large (serialized, large values as refs) are one blob, its frame
 _FRAME_MIN = 64
 _BLOB_PREFIX = b'{"$blob":'
@@ -154,7 +154,7 @@ class SessionStore:
         self.token_count = 0
         self.logprob_count = 0
         self._recent: collections.deque[_Recent] = collections.deque(maxlen=_RECENT)
-        self._blobs: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._blobs: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # digests, 16 bytes each
         self._dialect = "orjson"
 
     def encode(self, record: CompletionRecord, received: bytes | None = None) -> tuple[bytes, bytes, bytes]:
@@ -234,15 +234,16 @@ class SessionStore:
         return {_REF: self._blob(serialized, blobs)}
 
     def _blob(self, serialized: bytes, blobs: list[bytes]) -> str:
-        digest = hashlib.blake2b(serialized, digest_size=16).hexdigest()
+        digest = hashlib.blake2b(serialized, digest_size=16).digest()
+        name = digest.hex()
         if digest in self._blobs:
             self._blobs.move_to_end(digest)
         else:
             self._blobs[digest] = None
             if len(self._blobs) > _BLOB_INDEX:
                 self._blobs.popitem(last=False)
-            blobs.append(b'{"$blob":"%s","v":%s}\n' % (digest.encode(), serialized))
-        return digest
+            blobs.append(b'{"$blob":"%s","v":%s}\n' % (name.encode(), serialized))
+        return name
 
     def _received(self, request: dict[str, Any], received: bytes, blobs: list[bytes]) -> Any:
         """How to rebuild ``received`` from the parsed request: a serializer's name (the one that matched last is
