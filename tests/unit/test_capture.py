@@ -307,3 +307,30 @@ async def test_a_failing_write_reaches_the_request_and_the_stream_recovers(tmp_p
     journal.close()
     with pytest.raises(RuntimeError, match="closed"):
         await asyncio.wait_for(journal.append(record("f", [1], [2])), 10)  # never waits forever
+
+
+async def test_a_call_whose_journal_write_fails_gets_an_error_answer_not_a_hang(tmp_path: Path):
+    """Through the proxy: the harness hears of a journal that cannot be written (in its own error shape) at once,
+    and once the disk is back the next call is journaled with the request exactly as it was sent."""
+    import httpx
+    import orjson
+
+    from polar_gym.journal import read_received
+    from polar_gym.proxy.app import create_app
+    from tests._serving import oracle_service
+
+    service = oracle_service(tmp_path)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service, "admin")), base_url="http://proxy")
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": "Bearer w", "content-type": "application/json"}
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "tokens.bin").mkdir()  # the journal's file cannot be opened
+    resp = await asyncio.wait_for(client.post("/v1/chat/completions", content=orjson.dumps(body), headers=headers),
+                                  30)
+    assert resp.status_code >= 500 and "error" in resp.json()
+    (tmp_path / "w" / "tokens.bin").rmdir()
+    sent = b'{"model": "policy", "messages": [{"role": "user", "content": "again"}]}'
+    assert (await client.post("/v1/chat/completions", content=sent, headers=headers)).status_code == 200
+    assert read_received(tmp_path / "w") == [sent]
+    await client.aclose()
+    service.journal.close()
