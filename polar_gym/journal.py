@@ -13,7 +13,7 @@ holds three append-only files:
   Google ``systemInstruction``, a message of an edited or compacted history) is stored once per stream: a value
   of at least ``_BLOB_MIN`` serialized bytes (a body's top-level field, or one element of a conversation tail)
   becomes ``{"$ref": <hash>}``, and the first record that needs it is preceded by a blob line
-  ``{"$blob": <hash>, "v": <value>}``. The hash is of the value's serialized bytes (BLAKE2b-128).
+  ``{"$blob": <hash>, "v": <value>}``. The hash is of the value's serialized bytes (SHA-256, first 128 bits).
 - ``$recv`` on a record line says how to rebuild the request body exactly as the harness sent it (byte for byte):
   the name of a serializer that reproduces it from the parsed request, or a ref to the raw body as a blob when
   none does (:func:`read_received`).
@@ -234,7 +234,7 @@ class SessionStore:
         return {_REF: self._blob(serialized, blobs)}
 
     def _blob(self, serialized: bytes, blobs: list[bytes]) -> str:
-        digest = hashlib.blake2b(serialized, digest_size=16).digest()
+        digest = hashlib.sha256(serialized).digest()[:16]
         name = digest.hex()
         if digest in self._blobs:
             self._blobs.move_to_end(digest)
