@@ -9,8 +9,11 @@ request sent straight to that upstream, in the same run. Printed: throughput and
 against direct. Targets (from the issue): at most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/8 of
 direct throughput. Token-in against chat mode: the same growing agent conversations (each call echoes the reply
 and adds a user turn) through a chat-mode and a token-in proxy, at concurrency 1 and 64 (target: token-in adds at
-most 1 ms p50 at c=1). Then a 200-turn session growing to 32K-token contexts is journaled and its bytes compared with
-its unique tokens (target: within 1.2x) and with raw per-call JSON.
+most 1 ms p50 at c=1). Then a 200-call Claude Code session built from the recorded request (the same tools and
+system blocks every call, the conversation growing by a tool call and its result each turn, the request journaled
+with the bytes as sent) is journaled: bytes per call against its unique content (target: at most 1.1x) and against
+raw per-call JSON, every request read back byte for byte (``--journal-only`` runs just this). Last, a 200-turn
+session growing to 32K-token contexts: its token and logprob bytes against its unique tokens (target: within 1.2x).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -316,18 +320,130 @@ def bench_storage(turns: int = 200, context: int = 32000) -> dict:
             "raw_per_call_json_bytes": raw_bytes, "raw_ratio": raw_bytes / minimum}
 
 
+def claude_code_session(turns: int = 200) -> tuple[list[CompletionRecord], list[bytes]]:
+    """A ``turns``-call Claude Code session built from the recorded request: the same tools, system blocks and
+    metadata every call, the conversation growing by the model's tool call and the tool's result each turn; the
+    normalized request is the Anthropic front end's own. Returns the records and the bodies as sent."""
+    from polar_gym.proxy.providers.base import Route
+    from polar_gym.registry import PROVIDERS
+
+    rng = random.Random(18)
+    words = [f"w{rng.randrange(20000)}" for _ in range(5000)]
+    body = claude_code_request()
+    body["stream"] = True
+    provider = PROVIDERS.get("anthropic")()
+    route = Route("/v1/messages", query={"beta": "true"})
+    messages = list(body["messages"])
+    prompt = [rng.randrange(151000) for _ in range(len(orjson.dumps(body)) // 4)]
+    records, sent = [], []
+    for turn in range(turns):
+        request = {**body, "messages": list(messages)}
+        raw = orjson.dumps(request)
+        normalized = provider.parse(orjson.loads(raw), route).chat.dump()
+        command = " ".join(rng.sample(words, rng.randrange(5, 40)))
+        call = {"type": "tool_use", "id": f"toolu_{turn:024d}", "name": "Bash", "input": {"command": command}}
+        answer = {"role": "assistant", "content": [{"type": "text", "text": " ".join(rng.sample(words, 20))}, call]}
+        response = [rng.randrange(151000) for _ in range(len(orjson.dumps(answer)) // 4)]
+        records.append(CompletionRecord(
+            completion_id=f"{turn:032x}", session_id="claude", index=turn, provider="anthropic", engine="vllm",
+            model="policy", stream=True, path="/v1/messages?beta=true", request=orjson.loads(raw),
+            normalized_request=normalized, response={"id": f"msg_{turn:024x}", "message": answer,
+                                                     "usage": {"prompt_tokens": len(prompt)}},
+            prompt_ids=list(prompt), response_ids=response, response_logprobs=[-rng.random() for _ in response],
+            finish_reason="tool_calls", prompt_mode="token_in", delivered=True, server="http://127.0.0.1:8000",
+            started_at=1.76e9 + turn, upstream_seconds=rng.random(), total_seconds=rng.random()))
+        sent.append(raw)
+        output = " ".join(rng.sample(words, rng.randrange(10, 600)))
+        result = {"role": "user", "content": [{"tool_use_id": call["id"], "type": "tool_result", "content": output,
+                                               "is_error": False}]}
+        messages += [answer, result]
+        prompt = prompt + response + [rng.randrange(151000) for _ in range(len(orjson.dumps(result)) // 4)]
+    return records, sent
+
+
+def unique_content(records: list[CompletionRecord]) -> int:
+    """Bytes of what the session holds that is new, each thing counted once: every distinct top-level value and
+    conversation element of the request and of the normalized request (as compact JSON), each answer, each
+    record's own fields, 4 bytes per distinct token of the conversation and 8 per sampled logprob."""
+    seen: set[bytes] = set()
+    total = 0
+
+    def once(value: object) -> None:
+        nonlocal total
+        data = orjson.dumps(value)
+        if data not in seen:
+            seen.add(data)
+            total += len(data)
+
+    heavy = {"request", "normalized_request", "response", "prompt_ids", "response_ids", "response_logprobs"}
+    for rec in records:
+        for body in (rec.request, rec.normalized_request):
+            for name, value in body.items():
+                for item in (value if name in ("messages", "input", "contents") else [value]):
+                    once(item)
+        once(rec.response)
+        total += len(rec.model_dump_json(exclude=heavy))
+    last = records[-1]
+    return total + 4 * len(last.prompt_ids + last.response_ids) + 8 * sum(len(r.response_ids) for r in records)
+
+
+def bench_journal(turns: int = 200) -> dict:
+    """Journal bytes per call of a ``turns``-call Claude Code session against its unique content (target <= 1.1x)
+    and against raw per-call JSON (what storing each call whole costs); every request comes back as sent."""
+    from polar_gym.journal import read_received, read_session
+
+    records, sent = claude_code_session(turns)
+    unique = unique_content(records)
+    raw = sum(len(r.model_dump_json()) for r in records)
+
+    async def store(root: str) -> float:
+        journal = CaptureJournal(root)
+        t0 = time.process_time()
+        for rec, body in zip(records, sent, strict=True):
+            await journal.append(rec.model_copy(), received=body)
+        elapsed = time.process_time() - t0
+        journal.close()
+        return elapsed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu = asyncio.run(store(tmp))
+        stream = Path(tmp) / "claude"
+        stored = sum(p.stat().st_size for p in stream.iterdir())
+        assert read_received(stream) == sent, "a request did not come back byte for byte"
+        assert [r.prompt_ids for r in read_session(stream)] == [r.prompt_ids for r in records]
+    return {"turns": turns, "request_bytes_first": len(sent[0]), "request_bytes_last": len(sent[-1]),
+            "journal_bytes_per_call": stored / turns, "unique_bytes_per_call": unique / turns,
+            "raw_json_bytes_per_call": raw / turns, "ratio_to_unique": stored / unique,
+            "raw_ratio_to_unique": raw / unique, "append_cpu_ms_per_call": 1000 * cpu / turns}
+
+
+def print_journal(j: dict) -> None:
+    met = "MET" if j["ratio_to_unique"] <= 1.1 else "MISSED"
+    print(f"\njournal, {j['turns']}-call Claude Code session (request {j['request_bytes_first'] / 1e3:.0f} KB growing "
+          f"to {j['request_bytes_last'] / 1e3:.0f} KB): {j['journal_bytes_per_call'] / 1e3:.1f} KB stored per call, "
+          f"unique content {j['unique_bytes_per_call'] / 1e3:.1f} KB per call: {j['ratio_to_unique']:.3f}x "
+          f"(target <= 1.1x: {met}); raw per-call JSON {j['raw_json_bytes_per_call'] / 1e3:.1f} KB per call "
+          f"({j['raw_ratio_to_unique']:.1f}x); append {j['append_cpu_ms_per_call']:.2f} CPU ms per call", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests per cell")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--token-in-only", action="store_true", help="only token-in against chat mode")
+    parser.add_argument("--journal-only", action="store_true", help="only the journal's storage cost")
     parser.add_argument("--synthetic", action="store_true",
                         help="a synthetic ~30 KB Claude-Code-shaped request instead of the recorded ~76 KB one")
     parser.add_argument("--front-ends", nargs="*", default=["anthropic", "openai_chat", "openai_responses", "google"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {}
+    if args.journal_only:
+        result["journal"] = bench_journal()
+        print_journal(result["journal"])
+        (args.out / "bench_proxy_journal.json").write_text(json.dumps(result, indent=1))
+        return 0
     rows_ti = bench_token_in(args.quick, args.synthetic)
     result["token_in"] = rows_ti
     c1_added = next(r["p50_added_ms"] for r in rows_ti if r["concurrency"] == 1 and "p50_added_ms" in r)
@@ -347,6 +463,9 @@ def main() -> int:
               f"{'MET' if worst_p50 <= 2 else 'MISSED'}")
         print(f"worst throughput ratio at c=64: {worst_ratio:.3f} of direct (target >= 0.125): "
               f"{'MET' if worst_ratio >= 0.125 else 'MISSED'}")
+    journal = bench_journal()
+    result["journal"] = journal
+    print_journal(journal)
     storage = bench_storage()
     result["storage"] = storage
     print(f"\nstorage, {storage['turns']}-turn session to {storage['final_context_tokens']} tokens: "

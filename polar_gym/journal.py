@@ -5,13 +5,23 @@ A journal stream (a session, or one dispatch attempt of a gateway session under 
 holds three append-only files:
 
 - ``tokens.bin``: uint32 token IDs; ``logprobs.bin``: float64 logprobs of sampled tokens;
-- ``records.jsonl``: one line per completion. Token fields are references into the binary files, and a prompt is
-  stored as "the first ``keep`` tokens of record ``base``'s prompt+response, then this tail". The conversation
-  lists of the request as received and of the normalized request are stored the same way, element by element.
+- ``records.jsonl``: one line per completion, and before it the blob lines it needs. Token fields are references
+  into the binary files, and a prompt is stored as "the first ``keep`` tokens of record ``base``'s
+  prompt+response, then this tail". The conversation lists of the request as received and of the normalized
+  request are stored the same way, element by element.
+- Everything else that repeats without being a prefix (tool lists, system prompts, Responses ``instructions``,
+  Google ``systemInstruction``, a message of an edited or compacted history) is stored once per stream: a value
+  of at least ``_BLOB_MIN`` serialized bytes (a body's top-level field, or one element of a conversation tail)
+  becomes ``{"$ref": <hash>}``, and the first record that needs it is preceded by a blob line
+  ``{"$blob": <hash>, "v": <value>}``. The hash is of the value's serialized bytes (SHA-256, first 128 bits).
+- ``$recv`` on a record line says how to rebuild the request body exactly as the harness sent it (byte for byte):
+  the name of a serializer that reproduces it from the parsed request, or a ref to the raw body as a blob when
+  none does (:func:`read_received`).
 
-An append-only chat of N turns therefore costs about its unique tokens, not N x context. Binary data is written
-before the line that points at it, so a torn write never yields a record with missing tokens: :func:`decode`
-stops at the first line whose data is incomplete.
+An append-only chat of N turns therefore costs about its unique content, not N x context. Data is written before
+the line that points at it (binary files first, blob lines before their record line), so a torn write never
+yields a record with missing data: :func:`decode` stops at the first line whose data is incomplete. Journals
+written before blobs (no ``$blob`` lines, no ``$ref``, no ``$recv``) read unchanged.
 
 Pure but for the small readers at the end; it imports only wire types, so merge reads journals without the proxy.
 """
@@ -19,8 +29,11 @@ Pure but for the small readers at the end; it imports only wire types, so merge 
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import os
 from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +54,12 @@ __all__ = [
     "common_prefix",
     "count_attempts",
     "decode",
+    "decode_received",
+    "is_blob_line",
     "is_superseded_attempt",
     "read_current_attempt",
     "read_file",
+    "read_received",
     "read_session",
     "stored_bytes",
     "truncate_torn_tail",
@@ -59,12 +75,31 @@ CURRENT_ATTEMPT = "current-attempt"
 ATTEMPTS_DIR = "attempts"
 
 _RECENT = 16  # earlier records searched for a shared prefix
+#: a value this large (serialized) is stored once per stream and referred to by hash
+_BLOB_MIN = 256
+#: blob hashes an encoder remembers (least recently used first out): its state stays bounded, and a blob it forgot
+#: is only written again, never lost
+_BLOB_INDEX = 512
+#: a body's fields but its conversation this large (serialized, large values as refs) are one blob, its frame
+_FRAME_MIN = 64
+_BLOB_PREFIX = b'{"$blob":'
+_REF, _SHARED, _RECV = "$ref", "$shared", "$recv"
 #: a record's fields a call log leaves out: the bodies and the token arrays (counted instead)
 _HEAVY_FIELDS = frozenset({"request", "normalized_request", "response", "prompt_ids", "response_ids",
                            "response_logprobs"})
 _CALL_ERROR_CHARS = 2000
 _CONVERSATION_FIELDS = ("messages", "input", "contents")
 _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_logprobs")
+#: serializers that may reproduce a request body as a harness sent it, tried in order (orjson: Node's
+#: JSON.stringify and Rust's serde_json write the same compact UTF-8; the others: Python's json module as clients
+#: call it)
+_DIALECTS: dict[str, Callable[[Any], bytes]] = {
+    "orjson": orjson.dumps,
+    "json": lambda v: json.dumps(v).encode(),
+    "json_compact": lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode(),
+    "json_compact_ascii": lambda v: json.dumps(v, separators=(",", ":")).encode(),
+    "json_utf8": lambda v: json.dumps(v, ensure_ascii=False).encode(),
+}
 
 
 def common_prefix(a: bytes, b: bytes) -> int:
@@ -92,6 +127,17 @@ def _list_prefix(a: list[Any], b: list[Any]) -> int:
     return n
 
 
+def is_blob_line(line: bytes) -> bool:
+    """Whether a line of ``records.jsonl`` is a blob (a value records refer to), not a record."""
+    return line.lstrip().startswith(_BLOB_PREFIX)
+
+
+def _is_marker(value: Any) -> bool:
+    """A dict a decoder would read as a reference: such a value is always stored as a blob, so it reads back as
+    itself."""
+    return isinstance(value, dict) and (_REF in value or _SHARED in value)
+
+
 @dataclass
 class _Recent:
     index: int
@@ -100,16 +146,21 @@ class _Recent:
 
 
 class SessionStore:
-    """The encoder of one journal stream: what it has written so far (counts, recent records to share with)."""
+    """The encoder of one journal stream: what it has written so far (counts, recent records to share with, the
+    hashes of its blobs)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.token_count = 0
         self.logprob_count = 0
         self._recent: collections.deque[_Recent] = collections.deque(maxlen=_RECENT)
+        self._blobs: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # digests, 16 bytes each
+        self._dialect = "orjson"
 
-    def encode(self, record: CompletionRecord) -> tuple[bytes, bytes, bytes]:
-        """(record line, token bytes, logprob bytes) for ``record``; updates the store's state."""
+    def encode(self, record: CompletionRecord, received: bytes | None = None) -> tuple[bytes, bytes, bytes]:
+        """(record lines, token bytes, logprob bytes) for ``record``; updates the store's state. The record lines
+        are the blob lines the record needs, then its own line. ``received``: the request body as the harness sent
+        it, so :func:`read_received` can give it back byte for byte."""
         prompt = array("I", record.prompt_ids)
         prompt_bytes = prompt.tobytes()
         base, keep = -1, 0
@@ -127,72 +178,170 @@ class SessionStore:
         data["prompt_ids"] = {"base": base, "keep": keep, "off": self.token_count, "len": len(tail)}
         data["response_ids"] = {"off": self.token_count + len(tail), "len": len(response)}
         data["response_logprobs"] = {"off": self.logprob_count, "len": len(logprobs)}
+        blobs: list[bytes] = []
         lists: dict[str, list[Any]] = {}
         for key in ("request", "normalized_request"):
-            data[key], conv = self._encode_lists(key, dict(data[key]))
+            data[key], conv = self._encode_body(key, data[key], blobs)
             if conv is not None:
                 lists[key] = conv
+        if received is not None:
+            data[_RECV] = self._received(record.request, received, blobs)
         self.token_count += len(tail) + len(response)
         self.logprob_count += len(logprobs)
         self._recent.appendleft(_Recent(record.index, prompt_bytes + response.tobytes(), lists))
         self.count += 1
-        line = orjson.dumps(data) + b"\n"
-        return line, tail.tobytes() + response.tobytes(), logprobs.tobytes()
+        blobs.append(orjson.dumps(data) + b"\n")
+        return b"".join(blobs), tail.tobytes() + response.tobytes(), logprobs.tobytes()
 
-    def _encode_lists(self, key: str, body: dict[str, Any]) -> tuple[dict[str, Any], list[Any] | None]:
-        for name in _CONVERSATION_FIELDS:
-            conv = body.get(name)
-            if not isinstance(conv, list):
+    def _encode_body(self, key: str, body: dict[str, Any],
+                     blobs: list[bytes]) -> tuple[dict[str, Any] | list[Any], list[Any] | None]:
+        """The body with its conversation list prefix-shared, its large values as blob refs, and the rest (what
+        repeats call after call: model, limits, metadata, the refs of tools and system prompt) as one blob, the
+        body's frame: ``[frame hash, conversation field, packed conversation]`` (key order kept)."""
+        out: dict[str, Any] = {}
+        conv: list[Any] | None = None
+        conv_name: str | None = None
+        for name, value in body.items():
+            if conv is None and name in _CONVERSATION_FIELDS and isinstance(value, list):
+                conv, conv_name = value, name
+                base, keep = -1, 0
+                for recent in self._recent:
+                    earlier = recent.lists.get(key)
+                    if earlier is None or len(earlier) <= keep:
+                        continue  # cannot share more than the best so far
+                    shared = _list_prefix(value, earlier)
+                    if shared > keep:
+                        base, keep = recent.index, shared
+                out[name] = {_SHARED: {"base": base, "keep": keep},
+                             "tail": [self._blob_ref(item, blobs) for item in value[keep:]]}
+            else:
+                out[name] = self._blob_ref(value, blobs)
+        frame = orjson.dumps({name: None if name == conv_name else value for name, value in out.items()})
+        if len(frame) < _FRAME_MIN:
+            return out, conv
+        framed = [self._blob(frame, blobs)]
+        if conv_name is not None:
+            framed += [conv_name, out[conv_name]]
+        return framed, conv
+
+    def _blob_ref(self, value: Any, blobs: list[bytes]) -> Any:
+        """``value`` itself when small, else a ref to its blob (written into ``blobs`` the first time)."""
+        if not isinstance(value, (dict, list, str)) or (isinstance(value, str) and len(value) < _BLOB_MIN // 4):
+            return value
+        serialized = orjson.dumps(value)
+        if len(serialized) < _BLOB_MIN and not _is_marker(value):
+            return value
+        return {_REF: self._blob(serialized, blobs)}
+
+    def _blob(self, serialized: bytes, blobs: list[bytes]) -> str:
+        digest = hashlib.sha256(serialized).digest()[:16]
+        name = digest.hex()
+        if digest in self._blobs:
+            self._blobs.move_to_end(digest)
+        else:
+            self._blobs[digest] = None
+            if len(self._blobs) > _BLOB_INDEX:
+                self._blobs.popitem(last=False)
+            blobs.append(b'{"$blob":"%s","v":%s}\n' % (name.encode(), serialized))
+        return name
+
+    def _received(self, request: dict[str, Any], received: bytes, blobs: list[bytes]) -> Any:
+        """How to rebuild ``received`` from the parsed request: a serializer's name (the one that matched last is
+        tried first), else the raw body as a blob."""
+        for name in sorted(_DIALECTS, key=lambda n: n != self._dialect):
+            try:
+                if _DIALECTS[name](request) == received:
+                    self._dialect = name
+                    return name
+            except (TypeError, ValueError):
                 continue
-            base, keep = -1, 0
-            for recent in self._recent:
-                if len(recent.lists.get(key, ())) <= keep:
-                    continue  # cannot share more than the best so far
-                shared = _list_prefix(conv, recent.lists.get(key, []))
-                if shared > keep:
-                    base, keep = recent.index, shared
-            body[name] = {"$shared": {"base": base, "keep": keep}, "tail": conv[keep:]}
-            return body, conv
-        return body, None
+        try:
+            text = received.decode()
+        except UnicodeDecodeError:
+            return None
+        return {"raw": {_REF: self._blob(orjson.dumps(text), blobs)}}
 
 
-def decode(lines: list[bytes], tokens: bytes, logprobs: bytes) -> list[CompletionRecord]:
-    """The records of a stream from its record lines and binary files, up to the first torn one."""
+@dataclass
+class _Decoded:
+    record: CompletionRecord
+    received: Any = None
+
+
+def _resolve(value: Any, blobs: dict[str, Any]) -> Any:
+    if isinstance(value, dict) and len(value) == 1 and isinstance(value.get(_REF), str) and value[_REF] in blobs:
+        return blobs[value[_REF]]
+    return value
+
+
+def _decode(lines: Iterable[bytes], tokens: bytes, logprobs: bytes) -> list[_Decoded]:
     all_tokens = array("I")
     all_tokens.frombytes(tokens[: len(tokens) - len(tokens) % 4])
     all_logprobs = array("d")
     all_logprobs.frombytes(logprobs[: len(logprobs) - len(logprobs) % 8])
     fulls: dict[int, list[int]] = {}
     convs: dict[tuple[int, str], list[Any]] = {}
+    blobs: dict[str, Any] = {}
     out = []
-    for raw in lines:
+    for raw in (line for chunk in lines for line in chunk.splitlines()):  # an append's chunk: blobs + record
         if not raw.strip():
             continue
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
             break  # a torn tail: the line itself was cut short
+        if "$blob" in data and "completion_id" not in data:
+            blobs[data["$blob"]] = data["v"]
+            continue
         p, r, lp = data["prompt_ids"], data["response_ids"], data["response_logprobs"]
         prefix = fulls[p["base"]][: p["keep"]] if p["base"] >= 0 else []
         prompt = prefix + all_tokens[p["off"]: p["off"] + p["len"]].tolist()
         response = all_tokens[r["off"]: r["off"] + r["len"]].tolist()
-        if len(prompt) != p["keep"] + p["len"] or len(response) != r["len"]:
+        lps = all_logprobs[lp["off"]: lp["off"] + lp["len"]].tolist()
+        if len(prompt) != p["keep"] + p["len"] or len(response) != r["len"] or len(lps) != lp["len"]:
             break  # a torn tail: binary data missing for this line
-        data["prompt_ids"], data["response_ids"] = prompt, response
-        data["response_logprobs"] = all_logprobs[lp["off"]: lp["off"] + lp["len"]].tolist()
+        data["prompt_ids"], data["response_ids"], data["response_logprobs"] = prompt, response, lps
         index = data["index"]
         for key in ("request", "normalized_request"):
             body = data[key]
-            for name in _CONVERSATION_FIELDS:
-                packed = body.get(name)
-                if isinstance(packed, dict) and "$shared" in packed:
-                    shared = packed["$shared"]
+            if isinstance(body, list):  # a framed body (a request body itself is always an object)
+                framed, body = body, dict(blobs[body[0]])
+                if len(framed) == 3:
+                    body[framed[1]] = framed[2]
+                data[key] = body
+            for name, value in body.items():
+                if name in _CONVERSATION_FIELDS and isinstance(value, dict) and _SHARED in value:
+                    shared = value[_SHARED]
                     head = convs[(shared["base"], key)][: shared["keep"]] if shared["base"] >= 0 else []
-                    body[name] = head + packed["tail"]
+                    body[name] = head + [_resolve(item, blobs) for item in value["tail"]]
                     convs[(index, key)] = body[name]
-                    break
+                else:
+                    body[name] = _resolve(value, blobs)
+        received = data.pop(_RECV, None)
+        if isinstance(received, dict):
+            received = {"raw": _resolve(received.get("raw"), blobs)}
         fulls[index] = prompt + response
-        out.append(CompletionRecord.model_validate(data))
+        out.append(_Decoded(CompletionRecord.model_validate(data), received))
+    return out
+
+
+def decode(lines: Iterable[bytes], tokens: bytes, logprobs: bytes) -> list[CompletionRecord]:
+    """The records of a stream from its record lines (or appended chunks of them) and binary files, up to the
+    first torn one."""
+    return [d.record for d in _decode(lines, tokens, logprobs)]
+
+
+def decode_received(lines: Iterable[bytes], tokens: bytes, logprobs: bytes) -> list[bytes | None]:
+    """Per record (as :func:`decode` reads them), the request body exactly as the harness sent it; None where the
+    journal does not know it (written before this format, or by a writer that did not pass the raw body)."""
+    out: list[bytes | None] = []
+    for d in _decode(lines, tokens, logprobs):
+        if isinstance(d.received, str) and d.received in _DIALECTS:
+            out.append(_DIALECTS[d.received](d.record.request))
+        elif isinstance(d.received, dict) and isinstance(d.received.get("raw"), str):
+            out.append(d.received["raw"].encode())
+        else:
+            out.append(None)
     return out
 
 
@@ -211,17 +360,29 @@ def read_session(directory: str | Path) -> list[CompletionRecord]:
                   read_file(directory / LOGPROBS_FILE))
 
 
+def read_received(directory: str | Path) -> list[bytes | None]:
+    """Per record of a stream directory, the request body exactly as the harness sent it (see
+    :func:`decode_received`)."""
+    directory = Path(directory)
+    return decode_received(read_file(directory / RECORDS_FILE).splitlines(), read_file(directory / TOKENS_FILE),
+                           read_file(directory / LOGPROBS_FILE))
+
+
 def truncate_torn_tail(directory: Path, lines: list[bytes], records: int, store: SessionStore) -> None:
     """Cut what a crash left past the last whole record (binary data no line points at, a cut line), so the next
     append's offsets point at its own bytes. ``lines`` are the stream's record lines (with their ends), ``records``
-    how many of them :func:`decode` read, ``store`` an encoder that encoded exactly those records."""
-    kept, seen = 0, 0
+    how many of them :func:`decode` read, ``store`` an encoder that encoded exactly those records. Blob lines
+    after the last whole record go too (their record never made it; the next one that needs them writes them
+    again)."""
+    kept, seen, end = 0, 0, 0
     for line in lines:
         if seen == records:
             break
         kept += len(line)
-        seen += bool(line.strip())
-    sizes = {RECORDS_FILE: kept, TOKENS_FILE: 4 * store.token_count, LOGPROBS_FILE: 8 * store.logprob_count}
+        if line.strip() and not is_blob_line(line):
+            seen += 1
+            end = kept
+    sizes = {RECORDS_FILE: end, TOKENS_FILE: 4 * store.token_count, LOGPROBS_FILE: 8 * store.logprob_count}
     for name, size in sizes.items():
         target = directory / name
         if target.exists() and target.stat().st_size > size:
@@ -248,7 +409,8 @@ def count_attempts(session_dir: Path) -> dict[str, int]:
         return {}
     out = {}
     for directory in sorted(attempts_dir.iterdir()):
-        out[directory.name] = sum(1 for line in read_file(directory / RECORDS_FILE).splitlines() if line.strip())
+        out[directory.name] = sum(1 for line in read_file(directory / RECORDS_FILE).splitlines()
+                                  if line.strip() and not is_blob_line(line))
     return out
 
 

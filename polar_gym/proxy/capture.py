@@ -98,6 +98,7 @@ class _Writer:
 
     def __init__(self, max_pending: int) -> None:
         self._queue: queue.Queue[tuple[Callable[[], None], asyncio.Future[None]] | None] = queue.Queue(max_pending)
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="polar-capture-writer", daemon=True)
         self._thread.start()
 
@@ -118,6 +119,8 @@ class _Writer:
     async def submit(self, job: Callable[[], None]) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         while True:
+            if self._closed or not self._thread.is_alive():
+                raise RuntimeError("the capture journal is closed: nothing writes it any more")
             try:
                 self._queue.put_nowait((job, fut))
                 break
@@ -126,6 +129,7 @@ class _Writer:
         await fut
 
     def close(self) -> None:
+        self._closed = True
         self._queue.put(None)
         self._thread.join(timeout=10)
 
@@ -256,16 +260,25 @@ class CaptureJournal:
 
     # -- records ---------------------------------------------------------------------------------------------
 
-    async def append(self, record: CompletionRecord, attempt: str | None = None) -> CompletionRecord:
+    async def append(self, record: CompletionRecord, attempt: str | None = None, *,
+                     received: bytes | None = None) -> CompletionRecord:
         """Journal ``record`` as the next completion of its session's stream (``attempt``); returns it with its index
-        set. Returns only once the record is written (to the OS, or to disk with ``fsync``)."""
+        set. Returns only once the record is written (to the OS, or to disk with ``fsync``); a failed write (disk
+        full, permissions) raises here. ``received``: the request body as the harness sent it, kept so the journal
+        gives it back byte for byte (:func:`polar_gym.journal.read_received`)."""
         async with self._use((record.session_id, attempt)) as session:
             record.index = session.store.count
-            line, tokens, logprobs = session.store.encode(record)
+            line, tokens, logprobs = session.store.encode(record, received)
             if self._writer is None:
                 session.write(line, tokens, logprobs, False)
-            else:
+                return record
+            try:
                 await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync))
+            except BaseException:
+                # The encoder counted a record the files may not hold (or hold in part): rebuild it from disk
+                # before the next append, cutting the torn part, so no later record points at missing bytes.
+                session.store, session.loaded = SessionStore(), False
+                raise
         return record
 
     async def records(self, session_id: str, attempt: str | None = None, *,

@@ -285,7 +285,7 @@ class ProxyService:
             body = self._read_body(raw)
             inbound = self._parse(provider, body, route)
             work = self._counted(info.session_id,
-                                 self._complete(provider, inbound, body, info, route, disconnected))
+                                 self._complete(provider, inbound, body, info, route, disconnected, raw))
             if inbound.stream and self.keepalive_after is not None and not inbound.stream_json_array:
                 return await self._stream_with_keepalive(provider, work)
             return await work
@@ -375,7 +375,8 @@ class ProxyService:
 
     async def _complete(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
                         info: SessionInfo, route: Route,
-                        disconnected: Callable[[], Awaitable[bool]] | None = None) -> Reply:
+                        disconnected: Callable[[], Awaitable[bool]] | None = None,
+                        received: bytes | None = None) -> Reply:
         started = time.time()
         t0 = time.perf_counter()
         record = CompletionRecord(
@@ -393,14 +394,14 @@ class ProxyService:
             record.status, record.error = "error", f"{exc.__class__.__name__}: {exc.message}"
             record.token_faithful = False
             record.total_seconds = time.perf_counter() - t0
-            await self.journal.append(record, info.attempt)
+            await self.journal.append(record, info.attempt, received=received)
             self._note_call(info.session_id, exc)
             raise
         except Exception as exc:  # an engine bug must not take the proxy down or vanish from the journal
             log.exception("engine %s failed", self.engine.name)
             record.status, record.error = "error", f"{exc.__class__.__name__}: {exc}"
             record.token_faithful = False
-            await self.journal.append(record, info.attempt)
+            await self.journal.append(record, info.attempt, received=received)
             failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
             self._note_call(info.session_id, failure, "engine_error")
             raise failure from exc
@@ -430,7 +431,7 @@ class ProxyService:
         record.total_seconds = time.perf_counter() - t0
         if disconnected is not None:  # a harness that hung up (timed out) never reads this answer
             record.delivered = not await disconnected()
-        await self.journal.append(record, info.attempt)
+        await self.journal.append(record, info.attempt, received=received)
         self._note_call(info.session_id, None)
         self.stats["prompt_tokens"] += len(result.prompt_ids)
         self.stats["response_tokens"] += len(result.response_ids)

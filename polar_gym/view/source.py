@@ -19,7 +19,14 @@ from typing import Any, Protocol
 
 import orjson
 
-from polar_gym.journal import ATTEMPTS_DIR, CURRENT_ATTEMPT, RECORDS_FILE, read_current_attempt, read_file
+from polar_gym.journal import (
+    ATTEMPTS_DIR,
+    CURRENT_ATTEMPT,
+    RECORDS_FILE,
+    is_blob_line,
+    read_current_attempt,
+    read_file,
+)
 from polar_gym.view.model import SessionData, session_row, valid_session_id
 from polar_gym.view.tokens import TokenText, find_tokenizer
 
@@ -212,6 +219,8 @@ class OutDirSource:
         stream = session_dir / ATTEMPTS_DIR / attempt if attempt else session_dir
         calls = []
         for line in read_file(stream / RECORDS_FILE).splitlines():
+            if is_blob_line(line):
+                continue  # a tool list or system prompt its records refer to
             try:
                 data = orjson.loads(line)
             except orjson.JSONDecodeError:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from polar_gym.assets import tokenizer_dir
+from polar_gym.journal import read_session
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +32,8 @@ def launch(out: Path, *overrides: str) -> tuple[list[dict[str, Any]], list[dict[
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert all(r["status"] == "COMPLETED" for r in results), results
-    records = [json.loads(line) for path in sorted((out / "capture").glob("*/attempts/*/records.jsonl"))
-               for line in path.read_text().splitlines()]
+    records = [r.model_dump() for path in sorted((out / "capture").glob("*/attempts/*"))
+               for r in read_session(path)]
     assert len(records) == sum(r["completions"] for r in results)
     breaks: dict[str, int] = {}
     for r in results:

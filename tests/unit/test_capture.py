@@ -227,3 +227,110 @@ async def test_reopening_a_torn_journal_cuts_the_tail_so_new_records_stay_exact(
     assert [r.response_ids for r in back] == [r.response_ids for r in recs] + [[10, 11]]
     assert back[-1].prompt_ids == extra.prompt_ids
     reopened.close()
+
+
+# -- issue 18 (blobs through the writer) and issue 20 (journal codec gaps) ---------------------------------------
+
+def agent_turns(session: str, turns: int) -> list[CompletionRecord]:
+    """A growing agent conversation whose every call carries the same large tool list and system prompt."""
+    tools = [{"name": f"tool{i}", "description": "does a thing " * 50} for i in range(4)]
+    out, messages = [], [{"role": "user", "content": "start " * 80}]
+    for turn in range(turns):
+        rec = record(session, list(range(10 + turn)), [turn], list(messages))
+        rec.request.update(system="be brief " * 100, tools=tools)
+        rec.normalized_request["tools"] = tools
+        out.append(rec)
+        messages = [*messages, {"role": "assistant", "content": f"answer {turn} " * 30}]
+    return out
+
+
+async def test_a_reopened_stream_with_blobs_keeps_storing_each_thing_once(tmp_path: Path):
+    recs = agent_turns("a", 6)
+    journal = CaptureJournal(tmp_path)
+    for rec in recs[:3]:
+        await journal.append(rec.model_copy(deep=True))
+    journal.close()
+    lines_before = (tmp_path / "a" / "records.jsonl").read_bytes()
+    reopened = CaptureJournal(tmp_path)  # a restarted proxy: the encoder state comes back from disk
+    for rec in recs[3:]:
+        await reopened.append(rec.model_copy(deep=True))
+    added = (tmp_path / "a" / "records.jsonl").read_bytes()[len(lines_before):]
+    assert b"does a thing" not in added and b"be brief" not in added
+    back = await reopened.records("a")
+    assert [r.model_dump(exclude={"index"}) for r in back] == [r.model_dump(exclude={"index"}) for r in recs]
+    reopened.close()
+
+
+async def test_stored_bytes_is_the_same_in_memory_and_on_disk(tmp_path: Path):
+    memory, disk = CaptureJournal(), CaptureJournal(tmp_path)
+    for rec in agent_turns("b", 5):
+        await memory.append(rec.model_copy(deep=True))
+        await disk.append(rec.model_copy(deep=True))
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "b").iterdir())
+    assert memory.stored_bytes("b") == disk.stored_bytes("b") == on_disk > 0
+    disk.release("b")
+    assert disk.stored_bytes("b") == on_disk  # read from the files once the stream left memory
+    disk.close()
+
+
+async def test_a_torn_partial_value_at_the_end_of_the_binary_files_is_cut(tmp_path: Path):
+    journal = CaptureJournal(tmp_path)
+    first = record("t", [1, 2, 3], [4, 5])
+    await journal.append(first.model_copy(deep=True))
+    journal.close()
+    for name, junk in (("tokens.bin", b"\x07\x07"), ("logprobs.bin", b"\x01\x02\x03")):
+        path = tmp_path / "t" / name
+        path.write_bytes(path.read_bytes() + junk)  # a crash mid-value
+    assert [r.response_ids for r in read_session(tmp_path / "t")] == [[4, 5]]
+    reopened = CaptureJournal(tmp_path)
+    second = record("t", [1, 2, 3, 4, 5, 6], [7, 8, 9])
+    await reopened.append(second.model_copy(deep=True))
+    back = await reopened.records("t")
+    assert [(r.prompt_ids, r.response_ids, r.response_logprobs) for r in back] == [
+        (r.prompt_ids, r.response_ids, r.response_logprobs) for r in (first, second)]
+    reopened.close()
+
+
+async def test_a_failing_write_reaches_the_request_and_the_stream_recovers(tmp_path: Path):
+    journal = CaptureJournal(tmp_path)
+    await journal.append(record("f", [1, 2], [3]))
+    blocker = tmp_path / "f" / "tokens.bin"
+    blocker.unlink()
+    blocker.mkdir()  # opening the file now fails, as a full or read-only disk would
+    with pytest.raises(OSError):
+        await asyncio.wait_for(journal.append(record("f", [1, 2, 3, 4], [5])), 10)
+    blocker.rmdir()
+    (tmp_path / "f" / "tokens.bin").write_bytes(b"\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00")
+    await journal.append(record("f", [1, 2, 3, 6], [7]))  # the encoder reloaded from disk: offsets stay right
+    back = await journal.records("f")
+    assert [(r.index, r.prompt_ids, r.response_ids) for r in back] == [(0, [1, 2], [3]), (1, [1, 2, 3, 6], [7])]
+    journal.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(journal.append(record("f", [1], [2])), 10)  # never waits forever
+
+
+async def test_a_call_whose_journal_write_fails_gets_an_error_answer_not_a_hang(tmp_path: Path):
+    """Through the proxy: the harness hears of a journal that cannot be written (in its own error shape) at once,
+    and once the disk is back the next call is journaled with the request exactly as it was sent."""
+    import httpx
+    import orjson
+
+    from polar_gym.journal import read_received
+    from polar_gym.proxy.app import create_app
+    from tests._serving import oracle_service
+
+    service = oracle_service(tmp_path)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service, "admin")), base_url="http://proxy")
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": "Bearer w", "content-type": "application/json"}
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "tokens.bin").mkdir()  # the journal's file cannot be opened
+    resp = await asyncio.wait_for(client.post("/v1/chat/completions", content=orjson.dumps(body), headers=headers),
+                                  30)
+    assert resp.status_code >= 500 and "error" in resp.json()
+    (tmp_path / "w" / "tokens.bin").rmdir()
+    sent = b'{"model": "policy", "messages": [{"role": "user", "content": "again"}]}'
+    assert (await client.post("/v1/chat/completions", content=sent, headers=headers)).status_code == 200
+    assert read_received(tmp_path / "w") == [sent]
+    await client.aclose()
+    service.journal.close()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import orjson
 
 import polar_gym.journal as journal
 from polar_gym.journal import (
@@ -13,6 +16,7 @@ from polar_gym.journal import (
     SessionStore,
     count_attempts,
     decode,
+    decode_received,
     is_superseded_attempt,
     read_current_attempt,
     read_session,
@@ -75,3 +79,103 @@ def test_reading_journals_never_imports_the_proxy():
             "print(sorted(m for m in sys.modules if m.startswith('polar_gym.proxy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- issue 18: each thing stored once, the request as received, old journals ------------------------------------
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "journal"
+TOOLS = [{"name": f"tool{i}", "description": "does a thing " * 40, "input_schema": {"type": "object"}}
+         for i in range(5)]
+SYSTEM = [{"type": "text", "text": "You are an agent. " * 60}]
+
+
+def agent_record(index: int, messages: list[dict], tools: list[dict] = TOOLS) -> CompletionRecord:
+    request = {"model": "policy", "system": SYSTEM, "tools": tools, "messages": messages, "max_tokens": 100}
+    normalized = {"model": "policy", "messages": [{"role": "system", "content": SYSTEM[0]["text"]}, *messages],
+                  "tools": [{"type": "function", "function": t} for t in tools]}
+    return CompletionRecord(completion_id=f"c{index}", session_id="s", index=index, provider="anthropic",
+                            engine="oracle", request=request, normalized_request=normalized,
+                            prompt_ids=[1, 2, index], response_ids=[7], response_logprobs=[-0.5])
+
+
+def long_message(n: int) -> dict:
+    return {"role": "user", "content": f"message {n}: " + "lorem ipsum " * 40}
+
+
+def test_tools_and_system_are_stored_once_and_read_back_exactly():
+    messages = [long_message(0)]
+    records = []
+    for i in range(4):
+        records.append(agent_record(i, list(messages)))
+        messages.append(long_message(i + 1))
+    lines, tokens, logprobs = encoded(records)
+    assert decode(lines, tokens, logprobs) == records
+    once = sum(len(orjson.dumps(v)) for v in (TOOLS, SYSTEM, records[0].normalized_request["tools"]))
+    assert len(lines[0]) > once  # the first record carries its blobs
+    for line, rec in zip(lines[1:], records[1:], strict=True):
+        assert len(line) < len(orjson.dumps(rec.request)) // 3  # later ones refer to them
+        assert b"does a thing" not in line and b"You are an agent" not in line
+
+
+def test_a_message_repeated_without_being_a_prefix_is_not_stored_again():
+    """A harness that edits history (drops one early message, compaction): the prefix breaks, the rest is refs."""
+    history = [long_message(n) for n in range(6)]
+    first, edited = agent_record(0, history), agent_record(1, [history[0], *history[2:]])
+    lines, tokens, logprobs = encoded([first, edited])
+    assert decode(lines, tokens, logprobs) == [first, edited]
+    assert b"lorem ipsum" not in lines[1]
+
+
+def test_values_that_look_like_references_read_back_as_themselves():
+    lookalike = {"$ref": "0" * 32}
+    rec = agent_record(0, [{"$shared": {"base": 0, "keep": 1}, "role": "user"}, long_message(1)])
+    rec.request["metadata"] = lookalike
+    rec.request["input"] = {"$shared": 1}
+    lines, tokens, logprobs = encoded([rec])
+    assert decode(lines, tokens, logprobs) == [rec]
+
+
+def test_the_blob_index_is_bounded():
+    store = SessionStore()
+    for i in range(journal._BLOB_INDEX + 50):
+        store.encode(agent_record(i, [long_message(i)], tools=[{"name": f"t{i}", "description": "x" * 300}]))
+    assert len(store._blobs) <= journal._BLOB_INDEX
+
+
+def test_a_torn_record_after_its_blobs_is_cut_with_them(tmp_path: Path):
+    records = [agent_record(0, [long_message(0)]), agent_record(1, [long_message(0), long_message(1)])]
+    lines, tokens, logprobs = encoded(records)
+    blob_lines = [line for line in lines[1].splitlines(keepends=True) if journal.is_blob_line(line)]
+    assert blob_lines  # the second record brought its new message as a blob
+    torn = [lines[0], *blob_lines]  # the crash hit after the blobs, before the record's own line
+    assert decode(torn, tokens, logprobs) == records[:1]
+    (tmp_path / journal.RECORDS_FILE).write_bytes(b"".join(torn))
+    (tmp_path / journal.TOKENS_FILE).write_bytes(tokens)
+    (tmp_path / journal.LOGPROBS_FILE).write_bytes(logprobs)
+    store = SessionStore()
+    store.encode(records[0])
+    journal.truncate_torn_tail(tmp_path, b"".join(torn).splitlines(keepends=True), 1, store)
+    assert (tmp_path / journal.RECORDS_FILE).read_bytes() == lines[0]
+    assert count_attempts(tmp_path.parent) == {} and read_session(tmp_path) == records[:1]
+
+
+def test_the_request_as_received_comes_back_byte_for_byte():
+    body = agent_record(0, [long_message(0), {"role": "user", "content": "é ü \u2028 \x1f \"q\" 1/2"}]).request
+    forms = [orjson.dumps(body), json.dumps(body).encode(), json.dumps(body, indent=2).encode(),
+             orjson.dumps(body), None]
+    store, lines, tokens, logprobs = SessionStore(), [], b"", b""
+    for i, form in enumerate(forms):
+        rec = agent_record(i, body["messages"])
+        line, tok, lp = store.encode(rec, form)
+        lines.append(line)
+        tokens += tok
+        logprobs += lp
+    assert decode_received(lines, tokens, logprobs) == forms
+    assert len(lines[3]) < len(forms[3]) // 3  # a known serializer: nothing more stored than the parsed body
+
+
+def test_a_journal_written_before_blobs_still_reads():
+    expected = json.loads((DATA / "v1" / "expected.json").read_text())
+    assert [r.model_dump(mode="json") for r in read_session(DATA / "v1")] == expected
+    assert journal.read_received(DATA / "v1") == [None] * len(expected)
+    assert count_attempts(DATA) == {}
