@@ -134,7 +134,7 @@ def test_streamed_text_is_always_a_prefix_of_the_whole_answer(text: str, thinkin
 
 
 async def test_openai_stream_is_the_non_streamed_answer_and_capture(tok: HFChatTokenizer) -> None:
-    service, client = proxy(tok, [CALL_TEXT, CALL_TEXT])
+    _, client = proxy(tok, [CALL_TEXT, CALL_TEXT])
     sdk = openai.AsyncOpenAI(base_url="http://proxy/v1", api_key="s1", http_client=client, max_retries=0)
     ask: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "ls?"}], "tools": TOOLS,
                            "max_tokens": 64}
@@ -183,7 +183,7 @@ async def test_anthropic_stream_is_the_non_streamed_message_and_capture(tok: HFC
 
 
 async def test_responses_and_gemini_streams_carry_the_same_answer(tok: HFChatTokenizer) -> None:
-    service, client = proxy(tok, [CALL_TEXT] * 4)
+    _, client = proxy(tok, [CALL_TEXT] * 4)
     headers = {"authorization": "Bearer s1"}
     ask = {"model": "gpt-x", "input": "ls?", "tools": [{"type": "function", "name": "bash", "parameters":
                                                         TOOLS[0]["function"]["parameters"]}]}
@@ -218,7 +218,7 @@ async def test_responses_and_gemini_streams_carry_the_same_answer(tok: HFChatTok
 
 
 async def test_engine_dying_mid_stream_keeps_what_was_sampled(tok: HFChatTokenizer) -> None:
-    service, client = proxy(tok, [CALL_TEXT], fail_after=3)
+    _, client = proxy(tok, [CALL_TEXT], fail_after=3)
     resp = await client.post("/v1/messages", json={"model": "claude-x", "max_tokens": 64, "stream": True,
                                                     "messages": [{"role": "user", "content": "ls?"}]},
                              headers={"x-api-key": "s1"})

@@ -199,13 +199,22 @@ class HttpEngine(Engine):
 
     async def post_stream(self, server_url: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """POST ``body`` and yield each JSON object of the server-sent-event answer as it arrives (until
-        ``[DONE]``); an HTTP error answer raises as :meth:`post` does, before anything is yielded."""
+        ``[DONE]``); an answer that is not an event stream is yielded whole; an HTTP error answer raises as
+        :meth:`post` does, before anything is yielded."""
         with translate_upstream_errors(server_url):
             async with self.client.stream("POST", server_url + path, content=orjson.dumps(body),
                                           headers={"content-type": "application/json"}) as resp:
                 if resp.status_code >= 400:
                     text = (await resp.aread()).decode(errors="replace")
                     raise upstream_status_error(server_url, resp.status_code, text)
+                if "text/event-stream" not in resp.headers.get("content-type", ""):
+                    # a server that answers whole (ignoring "stream"): vLLM's and SGLang's whole answers read as
+                    # one last chunk
+                    whole = orjson.loads(await resp.aread())
+                    if not isinstance(whole, dict):
+                        raise ValueError("upstream answer is not a JSON object")
+                    yield whole
+                    return
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
                         continue  # blank separators, comments, event names
