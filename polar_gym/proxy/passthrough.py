@@ -156,6 +156,8 @@ class PassthroughCall:
         """The response body: ``first``, then what the task queues, keep-alives while it is quiet, and the
         provider's stream error event if the engine fails."""
         try:
+            if first == _END:  # the whole answer rendered to nothing (a renderer with nothing to say)
+                return
             yield first or self.provider.keepalive
             while True:
                 try:

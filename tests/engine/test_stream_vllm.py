@@ -97,9 +97,9 @@ def test_google_sdk_stream_is_the_answer_and_the_capture(stream_proxy: RunningPr
             base_url=stream_proxy.url, api_version="v1beta", retry_options=types.HttpRetryOptions(attempts=1)))
 
     config = types.GenerateContentConfig(max_output_tokens=24, temperature=0, seed=7)
-    plain = client("st-go-plain").models.generate_content(model="gemini-x", contents="Say hi", config=config)
-    chunks = list(client("st-go-stream").models.generate_content_stream(model="gemini-x", contents="Say hi",
-                                                                         config=config))
+    plain_client, stream_client = client("st-go-plain"), client("st-go-stream")  # a dropped client closes itself
+    plain = plain_client.models.generate_content(model="gemini-x", contents="Say hi", config=config)
+    chunks = list(stream_client.models.generate_content_stream(model="gemini-x", contents="Say hi", config=config))
     assert "".join(ch.text or "" for ch in chunks) == (plain.text or "")
     assert chunks[-1].candidates and chunks[-1].candidates[0].finish_reason == plain.candidates[0].finish_reason
     assert_same_capture(stream_proxy, "st-go-plain", "st-go-stream")
