@@ -38,7 +38,7 @@ from benchmarks.bench_proxy import free_port, streaming, wait_ready, workloads  
 from benchmarks.fast_upstream import STREAM_PIECES  # noqa: E402
 
 #: the answer text the upstream streams (see fast_upstream.STREAM_PIECES): what an agent echoes back
-ANSWER = "word " * 47 + "end"
+ANSWER = "zq9 " * 47 + "end"
 
 
 def assistant_turn(front_end: str) -> dict[str, Any]:
@@ -88,7 +88,7 @@ async def run_front_end(base: str, front_end: str, calls: int, warmup: int = 5) 
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         for n in range(warmup + calls):
             payload = json.dumps({**body, field: history}).encode()
-            timing = await timed_stream(client, path, payload, headers, b"word")
+            timing = await timed_stream(client, path, payload, headers, b"zq9")
             if n >= warmup:
                 timings.append(timing)
             history = [*history, assistant_turn(front_end), user_turn(front_end, n)]
@@ -103,7 +103,7 @@ async def run_direct(base: str, prompt_tokens: int, calls: int, warmup: int = 5)
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         for n in range(warmup + calls):
             timing = await timed_stream(client, "/v1/completions", payload, {"content-type": "application/json"},
-                                        b"word")
+                                        b"zq9")
             if n >= warmup:
                 timings.append(timing)
     return timings

@@ -17,7 +17,7 @@ import uvicorn
 __all__ = ["STREAM_PIECES", "answer_body", "completion_body", "completion_chunks", "make_app"]
 
 #: the text a streamed completion samples, a token a piece: reasoning, then the answer, then the end of turn
-STREAM_PIECES = ["<think>", "\n", "ok", "\n", "</think>", "\n\n", *["word "] * 47, "end", "<|im_end|>"]
+STREAM_PIECES = ["<think>", "\n", "ok", "\n", "</think>", "\n\n", *["zq9 "] * 47, "end", "<|im_end|>"]
 
 
 def answer_body(prompt_tokens: int = 2000, sampled: int = 50) -> bytes:
@@ -84,6 +84,8 @@ def make_app(prompt_tokens: int, token_delay: float = 0.0):
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 await send({"type": "http.response.body", "body": b""})
                 return
+            if token_delay:  # a whole answer takes as long to sample as a streamed one
+                await asyncio.sleep(token_delay * len(STREAM_PIECES))
             answer = completion_body(request.get("prompt") or [])
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})

@@ -215,12 +215,14 @@ class HttpEngine(Engine):
                         raise ValueError("upstream answer is not a JSON object")
                     yield whole
                     return
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+                done = False
+                async for line in resp.aiter_lines():  # read to the end: a drained connection is reused
+                    if done or not line.startswith("data:"):
                         continue  # blank separators, comments, event names
                     payload = line[5:].strip()
                     if payload == "[DONE]":
-                        return
+                        done = True
+                        continue
                     data = orjson.loads(payload)
                     if not isinstance(data, dict):
                         raise ValueError("upstream stream event is not a JSON object")
