@@ -215,20 +215,34 @@ class HttpEngine(Engine):
                         raise ValueError("upstream answer is not a JSON object")
                     yield whole
                     return
-                done = False
-                async for line in resp.aiter_lines():  # read to the end: a drained connection is reused
-                    if done or not line.startswith("data:"):
-                        continue  # blank separators, comments, event names
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        done = True
-                        continue
-                    data = orjson.loads(payload)
-                    if not isinstance(data, dict):
-                        raise ValueError("upstream stream event is not a JSON object")
-                    if isinstance(data.get("error"), dict | str) and "choices" not in data and "text" not in data:
-                        raise UpstreamError(f"upstream {server_url} failed mid-stream: {str(data['error'])[:500]}")
-                    yield data
+                done, pending = False, list[bytes]()  # read to the end: a drained connection is reused
+                async for part in resp.aiter_bytes():
+                    pending.append(part)
+                    if b"\n" not in part:
+                        continue  # a long line (the prompt's IDs) still arriving
+                    *lines, rest = b"".join(pending).split(b"\n")
+                    pending = [rest]
+                    for line in lines:
+                        if done or not line.startswith(b"data:"):
+                            continue  # blank separators, comments, event names
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                            continue
+                        yield self._stream_event(server_url, payload)
+                tail = b"".join(pending).strip()
+                if not done and tail.startswith(b"data:") and tail[5:].strip() != b"[DONE]":
+                    yield self._stream_event(server_url, tail[5:].strip())
+
+    @staticmethod
+    def _stream_event(server_url: str, payload: bytes) -> dict[str, Any]:
+        """One ``data:`` payload of an upstream stream (an error event raises)."""
+        data = orjson.loads(payload)
+        if not isinstance(data, dict):
+            raise ValueError("upstream stream event is not a JSON object")
+        if isinstance(data.get("error"), dict | str) and "choices" not in data and "text" not in data:
+            raise UpstreamError(f"upstream {server_url} failed mid-stream: {str(data['error'])[:500]}")
+        return data
 
     async def admin_post(self, server_url: str, path: str, body: dict[str, Any], *,
                          missing: str = "") -> dict[str, Any]:
