@@ -25,6 +25,7 @@ from polar_gym.proxy.parsers.base import parser_for
 from polar_gym.proxy.parsers.qwen3 import Qwen3Parser
 from polar_gym.proxy.providers.base import Route
 from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.proxy.settings import EngineSettings, build_engine
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
 
@@ -270,3 +271,72 @@ def test_sglang_stream_chunks_read_cumulative_and_incremental(tok: HFChatTokeniz
             engine.read_chunk(answer, {"text": text, "meta_info": meta})
         assert answer.response_ids == [9707, 11, 1879] and answer.logprobs == [-0.5, -0.25, -0.125]
         assert answer.text == "Hello, world" and answer.finish == "stop" and answer.extra["weight_version"] == "v3"
+
+
+class FakeSGLang:
+    """SGLang's native /generate (recorded shape): a whole answer, or (``stream``) cumulative ``text`` and
+    ``meta_info.output_token_logprobs`` per chunk, ``finish_reason`` on the last, then ``[DONE]``."""
+
+    def __init__(self, tok: HFChatTokenizer, texts: list[str]) -> None:
+        self.tok, self.texts = tok, list(texts)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        assert request.url.path == "/generate" and body["return_logprob"] is True
+        text = self.texts.pop(0)
+        ids = [*self.tok.encode(text), EOT]
+        pieces = [self.tok.decode([i]) for i in ids]
+        triples = [[-0.5 / (i + 1), t, None] for i, t in enumerate(ids)]
+
+        def answer(n: int) -> dict[str, Any]:
+            finish = {"type": "stop", "matched": EOT} if n == len(ids) else None
+            return {"text": "".join(pieces[:n]), "output_ids": ids[:n], "meta_info": {
+                "id": "g", "prompt_tokens": len(body["input_ids"]), "completion_tokens": n,
+                "output_token_logprobs": triples[:n], "finish_reason": finish, "weight_version": "7"}}
+
+        if not body.get("stream"):
+            return httpx.Response(200, json=answer(len(ids)))
+        events = [b"data: " + json.dumps(answer(n)).encode() + b"\n\n" for n in range(2, len(ids), 2)]
+        events += [b"data: " + json.dumps(answer(len(ids))).encode() + b"\n\n", b"data: [DONE]\n\n"]
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(events))
+
+
+async def test_sglang_generate_stream_is_captured_as_the_whole_answer(tok: HFChatTokenizer) -> None:
+    fake = FakeSGLang(tok, [CALL_TEXT] * 2)
+    engine = SGLangTokenInEngine(tok, parser_for("qwen3"), UpstreamPool(["http://engine"]),
+                                 client=httpx.AsyncClient(transport=httpx.MockTransport(fake)))
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service, "admin")), base_url="http://proxy")
+    ask = {"model": "m", "messages": [{"role": "user", "content": "ls?"}], "tools": TOOLS}
+    for stream in (False, True):
+        resp = await client.post("/v1/chat/completions", json={**ask, "stream": stream},
+                                 headers={"authorization": "Bearer s1"})
+        assert resp.status_code == 200
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in resp.text.splitlines()
+              if line.startswith("data: {") and '"choices":[{' in line]
+    assert "".join(d.get("content") or "" for d in deltas) == "I will list the files."
+    assert sum(1 for d in deltas if d.get("content")) > 1  # it came as SGLang sampled it
+    assert [d["tool_calls"][0]["function"]["name"] for d in deltas if d.get("tool_calls") and
+            d["tool_calls"][0].get("id")] == ["bash"]
+    plain, streamed = await records(client, "s1")
+    same_capture(streamed, plain)
+    assert streamed["response_logprobs"][:2] == [-0.5, -0.25] and streamed["policy_version"] is None
+
+
+async def test_stream_passthrough_off_synthesizes_the_stream(tok: HFChatTokenizer) -> None:
+    settings = {"engine": "vllm", "upstreams": ["http://engine"], "prompt_mode": "token_in", "tokenizer":
+                str(tokenizer_dir()), "stream_passthrough": False}
+    assert build_engine(EngineSettings.model_validate(settings)).stream_passthrough is False
+    assert build_engine(EngineSettings.model_validate({**settings, "stream_passthrough": True})).stream_passthrough
+    fake = FakeVLLM(tok, [CALL_TEXT])
+    engine = VLLMTokenInEngine(tok, parser_for("qwen3"), UpstreamPool(["http://engine"]),
+                               client=httpx.AsyncClient(transport=httpx.MockTransport(fake)))
+    engine.stream_passthrough = False
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service, "admin")), base_url="http://proxy")
+    resp = await client.post("/v1/chat/completions", json={"model": "m", "stream": True, "messages": [
+        {"role": "user", "content": "ls?"}]}, headers={"authorization": "Bearer s1"})
+    assert resp.status_code == 200 and resp.text.rstrip().endswith("data: [DONE]")
+    assert fake.sent[0]["stream"] is False  # one whole upstream call
+    (rec,) = await records(client, "s1")
+    assert rec["stream"] is True and rec["response_ids"] == [*tok.encode(CALL_TEXT), EOT]
