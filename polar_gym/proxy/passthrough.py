@@ -11,6 +11,7 @@ protocol's stream error event. A failure before the engine's first chunk is answ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -72,7 +73,7 @@ _END = b""
 @dataclass
 class PassthroughCall:
     """One streamed model call. ``journal`` appends the finished record; ``finished`` is told how the call ended
-    (the error, or None) and its result."""
+    (the error, or None), its result, and the failure's cause when it was a bug rather than the upstream's."""
 
     engine: Engine
     provider: Provider[Any]
@@ -80,7 +81,7 @@ class PassthroughCall:
     record: CompletionRecord
     session_id: str
     journal: Callable[[CompletionRecord], Awaitable[None]]
-    finished: Callable[[ProxyError | None, ChatResult | None], None]
+    finished: Callable[[ProxyError | None, ChatResult | None, str | None], None]
     disconnected: Callable[[], Awaitable[bool]] | None = None
     queue: asyncio.Queue[bytes | ProxyError] = field(default_factory=asyncio.Queue)
     client_gone: bool = False
@@ -95,16 +96,17 @@ class PassthroughCall:
         logprobs: list[float] = []
         result: ChatResult | None = None
         try:
-            async for piece in self.engine.stream(self.inbound.chat, self.session_id):
-                if isinstance(piece, StreamStart):
-                    prompt_ids = piece.prompt_ids
-                    self._send(renderer.start(len(prompt_ids)))
-                elif isinstance(piece, StreamDelta):
-                    sampled += piece.token_ids
-                    logprobs += piece.logprobs
-                    self._send(renderer.delta(piece.reasoning, piece.content))
-                else:
-                    result = piece
+            async with contextlib.aclosing(self.engine.stream(self.inbound.chat, self.session_id)) as pieces:
+                async for piece in pieces:
+                    if isinstance(piece, StreamStart):
+                        prompt_ids = piece.prompt_ids
+                        self._send(renderer.start(len(prompt_ids)))
+                    elif isinstance(piece, StreamDelta):
+                        sampled += piece.token_ids
+                        logprobs += piece.logprobs
+                        self._send(renderer.delta(piece.reasoning, piece.content))
+                    else:
+                        result = piece
             if result is None:
                 raise UpstreamError(f"engine {self.engine.name} ended its stream without an answer")
         except ProxyError as exc:
@@ -113,20 +115,27 @@ class PassthroughCall:
         except Exception as exc:  # an engine bug must not lose the call or take the proxy down
             log.exception("engine %s failed mid-stream", self.engine.name)
             failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
-            await self._failed(failure, exc, prompt_ids, sampled, logprobs, t0)
+            await self._failed(failure, exc, prompt_ids, sampled, logprobs, t0, "engine_error")
             return
         fill_record(record, result, ctx.response_id)
         record.total_seconds = time.perf_counter() - t0
-        events = renderer.finish(result)
+        try:
+            events: list[SSEEvent] | None = renderer.finish(result)
+        except Exception:  # a renderer bug: the sample is still journaled, the harness gets a stream error
+            log.exception("rendering the end of a %s stream failed", self.provider.name)
+            events = None
         if self.disconnected is not None:
-            record.delivered = not (self.client_gone or await self.disconnected())
+            record.delivered = events is not None and not (self.client_gone or await self.disconnected())
         await self.journal(record)
-        self.finished(None, result)
+        self.finished(None, result, None)
+        if events is None:
+            self.queue.put_nowait(ProxyError("internal proxy error: the stream could not be rendered"))
+            return
         self._send(events)
         self.queue.put_nowait(_END)
 
     async def _failed(self, exc: ProxyError, cause: BaseException, prompt_ids: list[int], sampled: list[int],
-                      logprobs: list[float], t0: float) -> None:
+                      logprobs: list[float], t0: float, failure: str | None = None) -> None:
         """Journal what was sampled before the failure, with the error, and queue the error for the client."""
         record = self.record
         record.status = "error"
@@ -137,7 +146,7 @@ class PassthroughCall:
         record.response_logprobs = logprobs if len(logprobs) == len(sampled) else []
         record.total_seconds = time.perf_counter() - t0
         await self.journal(record)
-        self.finished(exc, None)
+        self.finished(exc, None, failure)
         self.queue.put_nowait(exc)
 
     def _send(self, events: list[SSEEvent]) -> None:

@@ -390,8 +390,8 @@ class ProxyService:
         async def journal(record: CompletionRecord) -> None:
             await self.journal.append(record, info.attempt)
 
-        def finished(exc: ProxyError | None, result: Any) -> None:
-            self._note_call(session_id, exc, None if exc is None or failure_cause(exc) else "engine_error")
+        def finished(exc: ProxyError | None, result: Any, cause: str | None) -> None:
+            self._note_call(session_id, exc, cause)
             if result is not None:
                 self.stats["prompt_tokens"] += len(result.prompt_ids)
                 self.stats["response_tokens"] += len(result.response_ids)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -110,7 +110,7 @@ class Engine(abc.ABC):
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
         """Answer one request, never streaming."""
 
-    def stream(self, request: ChatRequest, session_id: str) -> AsyncIterator[StreamPiece]:
+    def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
         """Answer one request as the engine samples it: a StreamStart, StreamDeltas, then the ChatResult, which
         is exactly what :meth:`complete` answers for the same sampled tokens. Only engines with ``can_stream``."""
         raise NotImplementedError(f"the {self.name} engine cannot stream")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -173,7 +173,7 @@ class TokenInEngine(HttpEngine):
         keep_token_in_result(self.renderer, session_id, plan, parsed[0], result)
         return result
 
-    async def stream(self, request: ChatRequest, session_id: str) -> AsyncIterator[StreamPiece]:
+    async def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
         """The same call as :meth:`complete`, streamed: the answer's chunks are read into a StreamedAnswer, each
         yields the tokens it added and the text the parser can already tell is plain reasoning or content; the
         last piece is the result :meth:`complete` builds from the same tokens."""
