@@ -163,14 +163,17 @@ async def test_openai_stream_is_the_non_streamed_answer_and_capture(tok: HFChatT
     same_capture(second, first)
 
 
-async def test_anthropic_stream_is_the_non_streamed_message_and_capture(tok: HFChatTokenizer) -> None:
-    for text in REPLIES[:3]:
+@pytest.mark.parametrize("thinking", [True, False])
+async def test_anthropic_stream_is_the_non_streamed_message_and_capture(tok: HFChatTokenizer, thinking: bool) -> None:
+    for text in [*REPLIES, "<think>\nonly thinking\n</think>"]:
         service, client = proxy(tok, [text, text])
         http = httpx2.AsyncClient(transport=httpx2.ASGITransport(create_app(service, "admin")))  # the SDK's httpx
         sdk = anthropic.AsyncAnthropic(base_url="http://proxy", api_key="s1", http_client=http, max_retries=0)
         ask: dict[str, Any] = {"model": "claude-x", "max_tokens": 64, "tools": [
             {"name": "bash", "description": "run", "input_schema": TOOLS[0]["function"]["parameters"]}],
-            "messages": [{"role": "user", "content": "ls?"}], "thinking": {"type": "enabled", "budget_tokens": 32}}
+            "messages": [{"role": "user", "content": "ls?"}]}
+        if thinking:
+            ask["thinking"] = {"type": "enabled", "budget_tokens": 32}
         plain = await sdk.messages.create(**ask)
         async with sdk.messages.stream(**ask) as stream:
             kinds = [event.type async for event in stream]

@@ -99,6 +99,8 @@ class Engine(abc.ABC):
 
     #: whether the engine can pass a stream through as it samples (:meth:`stream`); others are synthesized
     can_stream: ClassVar[bool] = False
+    #: pass streams through (set from ``can_stream`` by ``__init__``; off for an engine that never calls it)
+    stream_passthrough: bool = False
 
     def __init__(self, pool: UpstreamPool | None = None) -> None:
         self.pool = pool if pool is not None else UpstreamPool()
