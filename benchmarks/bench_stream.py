@@ -9,8 +9,9 @@ The upstream (``benchmarks/fast_upstream.py``) streams vLLM-style ``/v1/completi
 (``--no-stream-passthrough``, the behaviour before). Each front end (Anthropic, Chat, Responses, Google) runs a
 growing conversation at concurrency 1 on the recorded Claude Code request's system prompt and tools (each call
 echoes the reply and adds a user turn, as an agent does); the baseline is the same prompt's token IDs streamed
-straight from the upstream. Per call: time to the first byte of the body, to the first byte of answer text, and to
-the end. Printed: p50 of each and the proxy's added p50 over direct (target: first byte within 5 ms of direct).
+straight from the upstream, measured next to each front end. Per call: time to the first byte of the body, to the
+first byte of answer text, and to the end. Printed: p50 of each and the proxy's added p50 over direct (target:
+first byte within 5 ms of direct).
 ``--pin`` runs the upstream and the client on core 0 and each proxy on core 1 (``taskset``).
 """
 
@@ -156,11 +157,12 @@ def main() -> None:
             wait_ready(f"http://127.0.0.1:{port}/health", timeout=120)
         print(f"streamed calls at c=1, {prompt_tokens}-token first prompt, {len(STREAM_PIECES)} tokens "
               f"{1000 * args.token_delay:.1f} ms apart", flush=True)
-        direct = p50s(asyncio.run(run_direct(f"http://127.0.0.1:{up_port}", prompt_tokens, args.calls)))
-        print(f"  direct                        first byte {direct['first_byte_ms']:7.2f} ms  first text "
-              f"{direct['first_text_ms']:7.2f} ms  end {direct['total_ms']:7.2f} ms", flush=True)
-        rows.append({"front_end": "direct", "mode": "direct", **direct})
         for front_end in args.front_ends:
+            # direct again next to each front end: a shared machine's load drifts over a run
+            direct = p50s(asyncio.run(run_direct(f"http://127.0.0.1:{up_port}", prompt_tokens, args.calls)))
+            rows.append({"front_end": front_end, "mode": "direct", **direct})
+            print(f"  {front_end:16} {'direct':12} first byte {direct['first_byte_ms']:7.2f} ms {'':19} first text "
+                  f"{direct['first_text_ms']:7.2f} ms  end {direct['total_ms']:7.2f} ms", flush=True)
             for mode, port in ports.items():
                 cell = p50s(asyncio.run(run_front_end(f"http://127.0.0.1:{port}", front_end, args.calls)))
                 added = cell["first_byte_ms"] - direct["first_byte_ms"]
