@@ -175,11 +175,16 @@ class PassthroughCall:
                 except TimeoutError:
                     yield self.provider.keepalive
                     continue
-                if isinstance(item, ProxyError):
-                    yield encode_sse(self.provider.stream_error(item))
+                ready = [item]
+                while isinstance(ready[-1], bytes) and ready[-1] != _END and not self.queue.empty():
+                    ready.append(self.queue.get_nowait())  # what queued up meanwhile goes out in one write
+                last = ready[-1]
+                body = b"".join(r for r in ready if isinstance(r, bytes))
+                if isinstance(last, ProxyError):
+                    body += encode_sse(self.provider.stream_error(last))
+                if body:
+                    yield body
+                if isinstance(last, ProxyError) or last == _END:
                     return
-                if item == _END:
-                    return
-                yield item
         finally:
             self.client_gone = True  # the harness hung up, or the stream ended: nothing more is queued
