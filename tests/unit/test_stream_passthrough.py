@@ -343,3 +343,37 @@ async def test_stream_passthrough_off_synthesizes_the_stream(tok: HFChatTokenize
     assert fake.sent[0]["stream"] is False  # one whole upstream call
     (rec,) = await records(client, "s1")
     assert rec["stream"] is True and rec["response_ids"] == [*tok.encode(CALL_TEXT), EOT]
+
+
+async def test_a_slow_prefill_gets_keepalives_before_the_first_token(tok: HFChatTokenizer) -> None:
+    """An engine still prefilling a long prompt: the harness gets the provider's keep-alive at once (its idle
+    timer must not fire), then the answer as it is sampled."""
+    prefilled = asyncio.Event()
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        ids = [*tok.encode("Hi there."), EOT]
+
+        async def chunks() -> AsyncIterator[bytes]:
+            await prefilled.wait()
+            choice = {"index": 0, "text": "Hi there.<|im_end|>", "token_ids": ids, "finish_reason": "stop",
+                      "logprobs": {"token_logprobs": [-0.5] * len(ids)}, "prompt_token_ids": body["prompt"]}
+            yield b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\ndata: [DONE]\n\n"
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chunks())
+
+    engine = VLLMTokenInEngine(tok, parser_for("qwen3"), UpstreamPool(["http://engine"]),
+                               client=httpx.AsyncClient(transport=httpx.MockTransport(upstream)))
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True), keepalive_after=0.0,
+                           keepalive_interval=60.0)
+    body = json.dumps({"model": "claude-x", "max_tokens": 64, "stream": True,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    reply = await service.handle("anthropic", body, Route("/v1/messages"), {"x-api-key": "s1"})
+    assert reply.status == 200 and reply.stream is not None
+    assert await anext(reply.stream) == b": keepalive\n\n"
+    prefilled.set()
+    rest = b"".join([chunk async for chunk in reply.stream]).decode()
+    assert rest.startswith("event: message_start") and '"text":"Hi there."' in rest
+    assert rest.rstrip().endswith('data: {"type":"message_stop"}')
+    (rec,) = await service.completions("s1")
+    assert rec.status == "ok" and rec.response_ids == [*tok.encode("Hi there."), EOT]
