@@ -274,6 +274,10 @@ def test_sglang_stream_chunks_read_cumulative_and_incremental(tok: HFChatTokeniz
             engine.read_chunk(answer, {"text": text, "meta_info": meta})
         assert answer.response_ids == [9707, 11, 1879] and answer.logprobs == [-0.5, -0.25, -0.125]
         assert answer.text == "Hello, world" and answer.finish == "stop" and answer.extra["weight_version"] == "v3"
+    vllm = VLLMTokenInEngine(tok, parser_for("qwen3"), UpstreamPool(["http://engine"]))
+    answer = StreamedAnswer(prompt_ids=[1, 2])
+    assert vllm.read_chunk(answer, {"choices": [], "usage": {"prompt_tokens": 2}}) == ([], [])  # usage only
+    assert answer.response_ids == [] and answer.finish is None
 
 
 class FakeSGLang:

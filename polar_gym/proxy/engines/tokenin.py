@@ -251,7 +251,10 @@ class VLLMTokenInEngine(TokenInEngine):
 
 
     def read_chunk(self, answer: StreamedAnswer, chunk: dict[str, Any]) -> tuple[list[int], list[float]]:
-        """vLLM's completion chunks carry the new tokens' IDs, logprobs and text; the first also the prompt IDs."""
+        """vLLM's completion chunks carry the new tokens' IDs, logprobs and text; the first also the prompt IDs (a
+        usage-only chunk, with no choices, adds nothing)."""
+        if not chunk.get("choices") and "usage" in chunk:
+            return [], []
         choice = chunk["choices"][0]
         if answer.prompt_ids is None:
             prompt_ids = choice.get("prompt_token_ids") or chunk.get("prompt_token_ids")
