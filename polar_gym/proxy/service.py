@@ -392,6 +392,8 @@ class ProxyService:
 
         def finished(exc: ProxyError | None, result: Any, cause: str | None) -> None:
             self._note_call(session_id, exc, cause)
+            if exc is not None:
+                self.stats["errors"] += 1
             if result is not None:
                 self.stats["prompt_tokens"] += len(result.prompt_ids)
                 self.stats["response_tokens"] += len(result.response_ids)
@@ -402,8 +404,7 @@ class ProxyService:
         self._streams.add(task)  # runs to the end (and is journaled) even if the harness hangs up
         task.add_done_callback(self._streams.discard)
         first = await call.first(self.keepalive_after)
-        if isinstance(first, ProxyError):
-            self.stats["errors"] += 1
+        if isinstance(first, ProxyError):  # journaled and counted by the call
             return self.error_reply(first, provider.name)
         return Reply(200, b"", "text/event-stream", {"cache-control": "no-cache"},
                      stream=call.chunks(first, self.keepalive_interval))
