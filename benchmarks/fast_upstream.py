@@ -1,17 +1,23 @@
 """A fast local upstream for benchmarks: answers every chat completion instantly, vLLM-style, with ~2,000 prompt
 token IDs, 50 sampled token IDs and their logprobs (a bare ASGI app, so it costs as little as possible).
+A ``/v1/completions`` request with ``stream: true`` is streamed as vLLM 0.32 streams it, one token per chunk
+``--token-delay`` seconds apart (a think block, then text), so time to first byte means something.
 
-    python benchmarks/fast_upstream.py --port 8001 [--prompt-tokens 2000]
+    python benchmarks/fast_upstream.py --port 8001 [--prompt-tokens 2000] [--token-delay 0.004]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import orjson
 import uvicorn
 
-__all__ = ["answer_body", "completion_body", "make_app"]
+__all__ = ["STREAM_PIECES", "answer_body", "completion_body", "completion_chunks", "make_app"]
+
+#: the text a streamed completion samples, a token a piece: reasoning, then the answer, then the end of turn
+STREAM_PIECES = ["<think>", "\n", "ok", "\n", "</think>", "\n\n", *["zq9 "] * 47, "end", "<|im_end|>"]
 
 
 def answer_body(prompt_tokens: int = 2000, sampled: int = 50) -> bytes:
@@ -42,7 +48,20 @@ def completion_body(prompt: list[int], sampled: int = 50) -> bytes:
     })
 
 
-def make_app(prompt_tokens: int):
+def completion_chunks(prompt: list[int]) -> list[bytes]:
+    """The SSE events of a streamed /v1/completions answer: one sampled token each, the prompt on the first."""
+    events = []
+    for i, piece in enumerate(STREAM_PIECES):
+        last = i == len(STREAM_PIECES) - 1
+        choice = {"index": 0, "text": piece, "token_ids": [151645 if last else (i * 104729) % 151000],
+                  "logprobs": {"token_logprobs": [-0.125]}, "finish_reason": "stop" if last else None,
+                  "prompt_token_ids": prompt if i == 0 else None}
+        events.append(b"data: " + orjson.dumps({"id": "cmpl-bench", "object": "text_completion",
+                                                 "choices": [choice]}) + b"\n\n")
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def make_app(prompt_tokens: int, token_delay: float = 0.0):
     body = answer_body(prompt_tokens)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
 
@@ -55,7 +74,19 @@ def make_app(prompt_tokens: int):
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         if scope["path"] == "/v1/completions":
-            answer = completion_body(orjson.loads(b"".join(chunks)).get("prompt") or [])
+            request = orjson.loads(b"".join(chunks))
+            if request.get("stream"):
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"text/event-stream")]})
+                for event in completion_chunks(request.get("prompt") or []):
+                    if token_delay:
+                        await asyncio.sleep(token_delay)
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            if token_delay:  # a whole answer takes as long to sample as a streamed one
+                await asyncio.sleep(token_delay * len(STREAM_PIECES))
+            answer = completion_body(request.get("prompt") or [])
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
             await send({"type": "http.response.body", "body": answer})
@@ -70,6 +101,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--prompt-tokens", type=int, default=2000)
+    parser.add_argument("--token-delay", type=float, default=0.0, help="seconds between streamed tokens")
     args = parser.parse_args()
-    uvicorn.run(make_app(args.prompt_tokens), host="127.0.0.1", port=args.port, log_level="warning",
+    uvicorn.run(make_app(args.prompt_tokens, args.token_delay), host="127.0.0.1", port=args.port, log_level="warning",
                 access_log=False, lifespan="off")

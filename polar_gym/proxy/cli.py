@@ -74,6 +74,8 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--upstream-timeout", type=float, default=s, help=_help(ProxySettings, "upstream_timeout"))
     p.add_argument("--upstream-model", default=s, help=_help(ProxySettings, "upstream_model"))
     p.add_argument("--max-tokens-cap", type=int, default=s, help=_help(ProxySettings, "max_tokens_cap"))
+    p.add_argument("--stream-passthrough", action=argparse.BooleanOptionalAction, default=s,
+                   help=_help(ProxySettings, "stream_passthrough"))
     p.add_argument("--log-level", default="info")
     return p
 

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -31,6 +31,7 @@ from polar_gym.proxy.errors import (
     UpstreamUnavailable,
     error_body,
 )
+from polar_gym.proxy.passthrough import PassthroughCall
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, encode_sse
 from polar_gym.registry import PROVIDERS, RegistryError
 from polar_gym.schema import CompletionRecord
@@ -39,6 +40,8 @@ __all__ = ["CallFailures", "ProxyService", "Reply", "SessionInfo", "SessionRegis
            "new_admin_token", "new_session_key", "session_key"]
 
 log = logging.getLogger("polar_gym.proxy")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -227,6 +230,7 @@ class ProxyService:
         self.keepalive_interval = keepalive_interval
         self.providers: dict[str, Provider[Any]] = {}
         self._background: set[asyncio.Future[Reply]] = set()
+        self._streams: set[asyncio.Future[None]] = set()  # streamed calls being passed through
         self._inflight: dict[str, int] = {}  # model calls per session not yet journaled (see wait_idle)
         self._idle: dict[str, asyncio.Event] = {}
         self.stats = {"requests": 0, "errors": 0, "prompt_tokens": 0, "response_tokens": 0}
@@ -284,6 +288,8 @@ class ProxyService:
             info = self.sessions.resolve(session_key(headers, route.query))
             body = self._read_body(raw)
             inbound = self._parse(provider, body, route)
+            if inbound.stream and not inbound.stream_json_array and self.engine.stream_passthrough:
+                return await self._stream_through(provider, inbound, body, info, route, disconnected)
             work = self._counted(info.session_id,
                                  self._complete(provider, inbound, body, info, route, disconnected, raw))
             if inbound.stream and self.keepalive_after is not None and not inbound.stream_json_array:
@@ -298,7 +304,7 @@ class ProxyService:
             return self.error_reply(ProxyError(f"internal proxy error: {exc.__class__.__name__}: {exc}"),
                                     provider_name)
 
-    async def _counted(self, session_id: str, work: Awaitable[Reply]) -> Reply:
+    async def _counted(self, session_id: str, work: Awaitable[T]) -> T:
         """Count the call as in flight until it is journaled, even when it finishes after the harness hung up."""
         self._inflight[session_id] = self._inflight.get(session_id, 0) + 1
         try:
@@ -372,6 +378,48 @@ class ProxyService:
                 return
 
         return Reply(200, b"", "text/event-stream", {"cache-control": "no-cache"}, stream=chunks())
+
+    async def _stream_through(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
+                              info: SessionInfo, route: Route,
+                              disconnected: Callable[[], Awaitable[bool]] | None) -> Reply:
+        """A streamed call passed through as the engine samples (:mod:`polar_gym.proxy.passthrough`): answered
+        once the engine's first chunk (or an error, as a plain error reply) is there, or after ``keepalive_after``
+        with keep-alives until it is."""
+        session_id = info.session_id
+
+        async def journal(record: CompletionRecord) -> None:
+            await self.journal.append(record, info.attempt)
+
+        def finished(exc: ProxyError | None, result: Any, cause: str | None) -> None:
+            self._note_call(session_id, exc, cause)
+            if exc is not None:
+                self.stats["errors"] += 1
+            if result is not None:
+                self.stats["prompt_tokens"] += len(result.prompt_ids)
+                self.stats["response_tokens"] += len(result.response_ids)
+
+        call = PassthroughCall(self.engine, provider, inbound, self._new_record(provider, inbound, body, info, route),
+                               session_id, journal, finished, disconnected)
+        task = asyncio.ensure_future(self._counted(session_id, call.run()))
+        self._streams.add(task)  # runs to the end (and is journaled) even if the harness hangs up
+        task.add_done_callback(self._streams.discard)
+        first = await call.first(self.keepalive_after)
+        if isinstance(first, ProxyError):  # journaled and counted by the call
+            return self.error_reply(first, provider.name)
+        return Reply(200, b"", "text/event-stream", {"cache-control": "no-cache"},
+                     stream=call.chunks(first, self.keepalive_interval))
+
+    def _new_record(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any], info: SessionInfo,
+                    route: Route) -> CompletionRecord:
+        return CompletionRecord(
+            completion_id=uuid.uuid4().hex, session_id=info.session_id, index=-1, provider=provider.name,
+            engine=self.engine.name, model=inbound.model, stream=inbound.stream,
+            side_request=info.model_name is not None and inbound.model != info.model_name,
+            path=route.path + ("?" + "&".join(f"{k}={v}" for k, v in route.query.items()) if route.query else ""),
+            request=body, normalized_request=inbound.chat.dump(),
+            normalizations=inbound.normalizations, started_at=time.time(),
+            token_faithful=self.engine.token_faithful,
+        )
 
     async def _complete(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
                         info: SessionInfo, route: Route,

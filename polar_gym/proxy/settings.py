@@ -58,6 +58,9 @@ class EngineSettings(BaseModel):
     parser: str | None = Field(default=None, description="token_in only: the output parser turning sampled text "
                                "into reasoning, text and tool calls (qwen3, llama3_json, or pkg.module:Class); "
                                "null: qwen3 for the default Qwen tokenizer and for oracle")
+    stream_passthrough: bool = Field(default=True, description="a harness's streamed call is streamed as the engine "
+                                     "samples (token_in vllm and sglang; captured as the same call not streamed); "
+                                     "false, or other engines: the stream is synthesized from the whole answer")
 
 
 class ProxySettings(EngineSettings):
@@ -193,8 +196,10 @@ def build_engine(settings: EngineSettings) -> Engine:
 
         assert tokenizer_path is not None and parser is not None  # resolve_prompt_mode gives both for token_in
         token_cls: type[TokenInEngine] = VLLMTokenInEngine if settings.engine == "vllm" else SGLangTokenInEngine
-        return token_cls(HFChatTokenizer(tokenizer_path), parser_for(parser), pool,
-                         timeout=settings.upstream_timeout, upstream_model=settings.upstream_model)
+        token_engine = token_cls(HFChatTokenizer(tokenizer_path), parser_for(parser), pool,
+                                 timeout=settings.upstream_timeout, upstream_model=settings.upstream_model)
+        token_engine.stream_passthrough = settings.stream_passthrough
+        return token_engine
     if tokenizer is not None and settings.engine in ENGINES_WITH_TOKENIZER:
         from polar_gym.proxy.tokenizer import HFChatTokenizer
 

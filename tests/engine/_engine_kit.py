@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from polar_gym.assets import (
 )
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.chat import ChatRequest, ChatResult
+from polar_gym.proxy.engines.base import StreamPiece
 from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
@@ -43,6 +44,23 @@ class Exchange:
     answer: dict[str, Any]
 
 
+def joined_stream(content: bytes) -> dict[str, Any] | None:
+    """A vLLM ``/v1/completions`` stream (``return_token_ids``) as the one answer it adds up to (the shape of the
+    same call not streamed), so tests read a streamed call's wire as they read any other; None if it is not one."""
+    chunks = [json.loads(line[5:]) for line in content.decode(errors="replace").splitlines()
+              if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+    if not chunks or not all(isinstance(c, dict) and c.get("choices") for c in chunks):
+        return None
+    choices = [c["choices"][0] for c in chunks]
+    return {"choices": [{"index": 0, "text": "".join(c.get("text") or "" for c in choices),
+                         "prompt_token_ids": choices[0].get("prompt_token_ids"),
+                         "token_ids": [t for c in choices for t in c.get("token_ids") or []],
+                         "logprobs": {"token_logprobs": [v for c in choices
+                                                         for v in (c.get("logprobs") or {}).get("token_logprobs")
+                                                         or []]},
+                         "finish_reason": choices[-1].get("finish_reason")}], "streamed": True}
+
+
 @dataclass
 class RecordingTransport(httpx.AsyncBaseTransport):
     """Passes requests to the real network transport and keeps each request body and raw JSON answer."""
@@ -59,7 +77,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         try:
             answer = json.loads(content)
         except ValueError:
-            answer = {"_raw": content.decode(errors="replace")}
+            answer = joined_stream(content) or {"_raw": content.decode(errors="replace")}
         self.exchanges.append(Exchange(request.url.path, json.loads(request.content or b"{}"),
                                        response.status_code, answer))
         headers = [(k, v) for k, v in response.headers.multi_items()
@@ -164,7 +182,8 @@ class ToolSteeredEngine(VLLMTokenInEngine):
         self.steered: dict[str, int] = {}  # session -> calls sent with the regex
         self.cut: dict[str, int] = {}      # session -> of those, calls cut before the block closes
 
-    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+    def steer(self, request: ChatRequest, session_id: str) -> ChatRequest:
+        """``request`` with the regex (and its token budget) when this call is steered, else as it is."""
         from polar_gym.proxy.engines.oracle import find_shell_tool
 
         tool = find_shell_tool(request.tools)
@@ -173,14 +192,21 @@ class ToolSteeredEngine(VLLMTokenInEngine):
                 and self.steered.get(session_id, 0) < STEERED_PER_SESSION):
             cut = done == STEERED_TOOL_TURNS
             if cut and self.cut.get(session_id):
-                return await super().complete(request, session_id)
+                return request
             extra = {**request.extra, "structured_outputs": {"regex": shell_call_regex(tool)}}
             request = request.model_copy(update={"extra": extra,
                                                  "max_tokens": CUT_MAX_TOKENS if cut else STEERED_MAX_TOKENS})
             request._dump = None  # the copy must not reuse the original's cached dump
             self.steered[session_id] = self.steered.get(session_id, 0) + 1
             self.cut[session_id] = self.cut.get(session_id, 0) + cut
-        return await super().complete(request, session_id)
+        return request
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        return await super().complete(self.steer(request, session_id), session_id)
+
+    def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
+        """Streamed calls (harnesses that stream get them passed through) are steered the same way."""
+        return super().stream(self.steer(request, session_id), session_id)
 
 
 def _text(content: Any) -> str:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import httpx
@@ -39,7 +40,8 @@ from polar_gym.proxy.errors import (
 )
 from polar_gym.proxy.upstreams import UpstreamPool
 
-__all__ = ["Engine", "HttpEngine", "WeightUpdateMode", "approx_token_count", "upstream_status_error"]
+__all__ = ["Engine", "HttpEngine", "StreamDelta", "StreamPiece", "StreamStart", "WeightUpdateMode",
+           "approx_token_count", "upstream_status_error"]
 
 #: how an engine takes new weights (see the module docstring)
 WeightUpdateMode = Literal["reload", "stamp"]
@@ -58,6 +60,28 @@ def upstream_status_error(server_url: str, status: int, text: str) -> UpstreamEr
     return UpstreamError(f"upstream {server_url} answered {status}: {detail}")
 
 
+@dataclass
+class StreamStart:
+    """A streamed call's first piece, sent when the engine's first chunk arrives: the prompt it sampled from."""
+
+    prompt_ids: list[int]
+
+
+@dataclass
+class StreamDelta:
+    """Tokens sampled since the last piece, with the text they add to the answer's reasoning and content (only
+    text the output parser can already tell is plain: it is a prefix of what the whole answer parses to)."""
+
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    reasoning: str = ""
+    content: str = ""
+
+
+#: what :meth:`Engine.stream` yields: a StreamStart, StreamDeltas, and last the whole ChatResult
+StreamPiece = StreamStart | StreamDelta | ChatResult
+
+
 def approx_token_count(request: ChatRequest) -> int:
     """A length-based estimate for engines that cannot tokenize (about four characters a token)."""
     size = len(orjson.dumps(request.to_openai()["messages"]))
@@ -73,12 +97,25 @@ class Engine(abc.ABC):
     #: how the engine takes new weights; None: it cannot (an update is refused before the pool pauses)
     weight_updates: ClassVar[WeightUpdateMode | None] = None
 
+    #: whether the engine can pass a stream through as it samples (:meth:`stream`); others are synthesized
+    can_stream: ClassVar[bool] = False
+    #: pass streams through (set from ``can_stream`` by ``__init__``; off for an engine that never calls it)
+    stream_passthrough: bool = False
+
     def __init__(self, pool: UpstreamPool | None = None) -> None:
         self.pool = pool if pool is not None else UpstreamPool()
+        #: stream a harness's streamed calls as the engine samples (the ``stream_passthrough`` setting); off, or
+        #: for an engine that cannot, streams are synthesized from the whole answer
+        self.stream_passthrough = self.can_stream
 
     @abc.abstractmethod
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
         """Answer one request, never streaming."""
+
+    def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
+        """Answer one request as the engine samples it: a StreamStart, StreamDeltas, then the ChatResult, which
+        is exactly what :meth:`complete` answers for the same sampled tokens. Only engines with ``can_stream``."""
+        raise NotImplementedError(f"the {self.name} engine cannot stream")
 
     async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
         return approx_token_count(request)
@@ -161,6 +198,53 @@ class HttpEngine(Engine):
             if not isinstance(data, dict):
                 raise ValueError("upstream answer is not a JSON object")
             return data
+
+    async def post_stream(self, server_url: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """POST ``body`` and yield each JSON object of the server-sent-event answer as it arrives (until
+        ``[DONE]``); an answer that is not an event stream is yielded whole; an HTTP error answer raises as
+        :meth:`post` does, before anything is yielded."""
+        with translate_upstream_errors(server_url):
+            async with self.client.stream("POST", server_url + path, content=orjson.dumps(body),
+                                          headers={"content-type": "application/json"}) as resp:
+                if resp.status_code >= 400:
+                    text = (await resp.aread()).decode(errors="replace")
+                    raise upstream_status_error(server_url, resp.status_code, text)
+                if "text/event-stream" not in resp.headers.get("content-type", ""):
+                    # a server that answers whole (ignoring "stream"): vLLM's and SGLang's whole answers read as
+                    # one last chunk
+                    whole = orjson.loads(await resp.aread())
+                    if not isinstance(whole, dict):
+                        raise ValueError("upstream answer is not a JSON object")
+                    yield whole
+                    return
+                done, pending = False, list[bytes]()  # read to the end: a drained connection is reused
+                async for part in resp.aiter_bytes():
+                    pending.append(part)
+                    if b"\n" not in part:
+                        continue  # a long line (the prompt's IDs) still arriving
+                    *lines, rest = b"".join(pending).split(b"\n")
+                    pending = [rest]
+                    for line in lines:
+                        if done or not line.startswith(b"data:"):
+                            continue  # blank separators, comments, event names
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                            continue
+                        yield self._stream_event(server_url, payload)
+                tail = b"".join(pending).strip()
+                if not done and tail.startswith(b"data:") and tail[5:].strip() != b"[DONE]":
+                    yield self._stream_event(server_url, tail[5:].strip())
+
+    @staticmethod
+    def _stream_event(server_url: str, payload: bytes) -> dict[str, Any]:
+        """One ``data:`` payload of an upstream stream (an error event raises)."""
+        data = orjson.loads(payload)
+        if not isinstance(data, dict):
+            raise ValueError("upstream stream event is not a JSON object")
+        if isinstance(data.get("error"), dict | str) and "choices" not in data and "text" not in data:
+            raise UpstreamError(f"upstream {server_url} failed mid-stream: {str(data['error'])[:500]}")
+        return data
 
     async def admin_post(self, server_url: str, path: str, body: dict[str, Any], *,
                          missing: str = "") -> dict[str, Any]:

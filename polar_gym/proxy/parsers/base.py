@@ -25,6 +25,7 @@ __all__ = [
     "Segment",
     "SegmentKind",
     "call_id",
+    "held_back",
     "parser_for",
     "project",
     "tool_call_from_json",
@@ -62,6 +63,13 @@ class OutputParser(abc.ABC):
     @abc.abstractmethod
     def segment(self, text: str, *, thinking: bool = True) -> list[Segment]:
         """Cut ``text`` into segments that concatenate back to exactly ``text``."""
+
+    def stream_prefix(self, text: str, *, thinking: bool = True) -> tuple[str, str]:
+        """(reasoning, content) of a streamed answer's first ``text`` that the whole answer's message keeps
+        whatever is sampled next: a prefix of its ``reasoning_content`` and of its ``content`` (``""`` where
+        unknown). Content is only given once the reasoning is whole, so a stream can close its reasoning block
+        before its text starts. The default holds everything back until the answer is complete."""
+        return "", ""
 
     def parse(self, text: str, tools: list[Tool] | None, *, thinking: bool = True) -> ParsedReply:
         """``thinking=False``: the prompt closed the think block, so the text holds no reasoning. ``tools`` is what
@@ -132,6 +140,22 @@ def trailing_end_tokens(text: str, end_tokens: tuple[str, ...]) -> int:
                 break
         else:
             return cut
+
+
+def held_back(text: str, start: int, markers: tuple[str, ...], stops: tuple[str, ...] = ()) -> int:
+    """Where the plain text of ``text[start:]`` surely ends: before the first of ``stops`` in it, and before a
+    trailing piece that the next tokens may complete into one of ``markers`` (a stream holds that back)."""
+    end = len(text)
+    for stop in stops:
+        at = text.find(stop, start)
+        if 0 <= at < end:
+            end = at
+    for marker in markers:
+        for size in range(min(len(marker) - 1, end - start), 0, -1):
+            if text.endswith(marker[:size], start, end):
+                end -= size
+                break
+    return max(end, start)
 
 
 def parser_for(name: str) -> OutputParser:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from polar_gym.proxy.parsers.base import OutputParser, Segment, tool_call_from_json, trailing_end_tokens
+from polar_gym.proxy.parsers.base import OutputParser, Segment, held_back, tool_call_from_json, trailing_end_tokens
 
 __all__ = ["Qwen3Parser", "split_tool_calls"]
 
@@ -23,6 +23,7 @@ THINK_CLOSE = "</think>"
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+MARKERS = (THINK_OPEN, THINK_CLOSE, CALL_OPEN, *END_TOKENS)
 
 
 def split_tool_calls(text: str, open_tag: str = CALL_OPEN, close_tag: str = CALL_CLOSE) -> list[Segment]:
@@ -83,3 +84,31 @@ class Qwen3Parser(OutputParser):
         if tail:
             segments.append(Segment(kind="tag", text=tail))
         return segments
+
+    def stream_prefix(self, text: str, *, thinking: bool = True) -> tuple[str, str]:
+        """Reasoning as it comes inside an opened ``<think>``; content up to the first ``<tool_call>`` once the
+        reasoning is closed (or when there is none). Newlines the whole answer may trim are held back, and so is
+        text that may yet be reasoning (no ``<think>`` written and no ``</think>`` seen yet)."""
+        answer_from, lead = 0, ""
+        if thinking:
+            start = len(text) - len(text.lstrip())
+            rest = text[start:]
+            if not rest or (len(rest) < len(THINK_OPEN) and THINK_OPEN.startswith(rest)):
+                return "", ""
+            opened = rest.startswith(THINK_OPEN)
+            reasoning_from = start + len(THINK_OPEN) if opened else 0
+            close = text.find(THINK_CLOSE, reasoning_from)
+            if close < 0:
+                if not opened:
+                    return "", ""  # reasoning if a </think> comes, an answer if none does
+                end = held_back(text, reasoning_from, MARKERS, END_TOKENS)
+                return text[reasoning_from:end].strip("\n"), ""
+            reasoning = text[reasoning_from:close].strip("\n")
+            answer_from = close + len(THINK_CLOSE)
+            lead = text[:start] if opened else ""
+        else:
+            reasoning = ""
+        call = text.find(CALL_OPEN, answer_from)
+        end = held_back(text, answer_from, MARKERS, (*END_TOKENS, CALL_OPEN) if call >= 0 else END_TOKENS)
+        content = lead + text[answer_from:end]
+        return reasoning, content.strip("\n") if content.strip() else ""

@@ -1,0 +1,190 @@
+"""Streaming pass-through with capture: a harness's streamed call is streamed as the engine samples it, and
+journaled exactly as the same call not streamed would be.
+
+One task (:meth:`PassthroughCall.run`) reads the engine's pieces, renders them into the provider's events and
+queues the bytes; the response reads the queue. The task runs to the end whatever the harness does, so a harness
+that hangs up mid-stream still gets its call journaled (``delivered: false``), and an engine that fails mid-stream
+leaves a record of what it had sampled (prompt, tokens, logprobs) with the error, which the harness gets as its
+protocol's stream error event. A failure before the engine's first chunk is answered with a plain error status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_gym.proxy.chat import ChatResult
+from polar_gym.proxy.engines.base import Engine, StreamDelta, StreamStart
+from polar_gym.proxy.errors import ProxyError, UpstreamError
+from polar_gym.proxy.providers.anthropic.stream import MessagesStream
+from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, SSEEvent, encode_sse
+from polar_gym.proxy.providers.google.stream import GenerateContentStream
+from polar_gym.proxy.providers.openai_chat.stream import ChatStream
+from polar_gym.proxy.providers.openai_responses.stream import ResponsesStream
+from polar_gym.proxy.providers.stream import StreamRenderer, SynthesizedStream
+from polar_gym.schema import CompletionRecord
+
+__all__ = ["PassthroughCall", "fill_record", "stream_renderer"]
+
+log = logging.getLogger("polar_gym.proxy")
+
+_RENDERERS: dict[str, type[StreamRenderer]] = {
+    "anthropic": MessagesStream, "openai_chat": ChatStream, "openai_responses": ResponsesStream,
+    "google": GenerateContentStream,
+}
+
+
+def stream_renderer(provider: Provider[Any], inbound: Inbound[Any], ctx: RenderContext) -> StreamRenderer:
+    """The provider's pass-through renderer; a provider without one gets its synthesized stream at the end."""
+    cls = _RENDERERS.get(provider.name)
+    return cls(inbound, ctx) if cls is not None else SynthesizedStream(provider, inbound, ctx)
+
+
+def fill_record(record: CompletionRecord, result: ChatResult, response_id: str) -> None:
+    """What a finished call puts on its record (as the service's non-streamed path does)."""
+    record.response = {"id": response_id, "message": result.message.model_dump(exclude_none=True),
+                       "usage": result.usage.model_dump()}
+    record.prompt_ids, record.response_ids = result.prompt_ids, result.response_ids
+    record.response_logprobs = result.response_logprobs
+    record.finish_reason = result.finish_reason
+    record.token_faithful = result.token_faithful
+    record.prompt_mode = result.raw.get("prompt_mode")
+    record.unparseable_tool_calls = int(result.raw.get("unparseable_tool_calls", 0))
+    if result.raw.get("new_chain"):
+        record.normalizations = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
+    record.server, record.policy_version = result.server, result.policy_version
+    record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))
+
+
+def _encode(events: list[SSEEvent]) -> bytes:
+    return b"".join(encode_sse(e) for e in events)
+
+
+#: the end of a stream in the queue
+_END = b""
+
+
+@dataclass
+class PassthroughCall:
+    """One streamed model call. ``journal`` appends the finished record; ``finished`` is told how the call ended
+    (the error, or None), its result, and the failure's cause when it was a bug rather than the upstream's."""
+
+    engine: Engine
+    provider: Provider[Any]
+    inbound: Inbound[Any]
+    record: CompletionRecord
+    session_id: str
+    journal: Callable[[CompletionRecord], Awaitable[None]]
+    finished: Callable[[ProxyError | None, ChatResult | None, str | None], None]
+    disconnected: Callable[[], Awaitable[bool]] | None = None
+    queue: asyncio.Queue[bytes | ProxyError] = field(default_factory=asyncio.Queue)
+    client_gone: bool = False
+
+    async def run(self) -> None:
+        """Sample, render and journal the call (never raises: a failure is journaled and queued)."""
+        record, t0 = self.record, time.perf_counter()
+        ctx = RenderContext(response_id=self.provider.id_prefix + uuid.uuid4().hex[:24], created=int(record.started_at))
+        renderer = stream_renderer(self.provider, self.inbound, ctx)
+        prompt_ids: list[int] = []
+        sampled: list[int] = []
+        logprobs: list[float] = []
+        result: ChatResult | None = None
+        try:
+            async with contextlib.aclosing(self.engine.stream(self.inbound.chat, self.session_id)) as pieces:
+                async for piece in pieces:
+                    if isinstance(piece, StreamStart):
+                        prompt_ids = piece.prompt_ids
+                        self._send(renderer.start(len(prompt_ids)))
+                    elif isinstance(piece, StreamDelta):
+                        sampled += piece.token_ids
+                        logprobs += piece.logprobs
+                        self._send(renderer.delta(piece.reasoning, piece.content))
+                    else:
+                        result = piece
+            if result is None:
+                raise UpstreamError(f"engine {self.engine.name} ended its stream without an answer")
+        except ProxyError as exc:
+            await self._failed(exc, exc, prompt_ids, sampled, logprobs, t0)
+            return
+        except Exception as exc:  # an engine bug must not lose the call or take the proxy down
+            log.exception("engine %s failed mid-stream", self.engine.name)
+            failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
+            await self._failed(failure, exc, prompt_ids, sampled, logprobs, t0, "engine_error")
+            return
+        fill_record(record, result, ctx.response_id)
+        record.total_seconds = time.perf_counter() - t0
+        try:
+            events: list[SSEEvent] | None = renderer.finish(result)
+        except Exception:  # a renderer bug: the sample is still journaled, the harness gets a stream error
+            log.exception("rendering the end of a %s stream failed", self.provider.name)
+            events = None
+        if self.disconnected is not None:
+            record.delivered = events is not None and not (self.client_gone or await self.disconnected())
+        await self.journal(record)
+        self.finished(None, result, None)
+        if events is None:
+            self.queue.put_nowait(ProxyError("internal proxy error: the stream could not be rendered"))
+            return
+        self._send(events)
+        self.queue.put_nowait(_END)
+
+    async def _failed(self, exc: ProxyError, cause: BaseException, prompt_ids: list[int], sampled: list[int],
+                      logprobs: list[float], t0: float, failure: str | None = None) -> None:
+        """Journal what was sampled before the failure, with the error, and queue the error for the client."""
+        record = self.record
+        record.status = "error"
+        record.error = (f"{exc.__class__.__name__}: {exc.message}" if cause is exc
+                        else f"{cause.__class__.__name__}: {cause}")
+        record.token_faithful = False
+        record.prompt_ids, record.response_ids = prompt_ids, sampled
+        record.response_logprobs = logprobs if len(logprobs) == len(sampled) else []
+        record.total_seconds = time.perf_counter() - t0
+        await self.journal(record)
+        self.finished(exc, None, failure)
+        self.queue.put_nowait(exc)
+
+    def _send(self, events: list[SSEEvent]) -> None:
+        if events and not self.client_gone:
+            self.queue.put_nowait(_encode(events))
+
+    async def first(self, timeout: float | None) -> bytes | ProxyError | None:
+        """The first thing to send (None: nothing within ``timeout``, the engine is still prefilling)."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.queue.get()
+        except TimeoutError:
+            return None
+
+    async def chunks(self, first: bytes | None, keepalive_interval: float) -> AsyncIterator[bytes]:
+        """The response body: ``first``, then what the task queues, keep-alives while it is quiet, and the
+        provider's stream error event if the engine fails."""
+        try:
+            if first == _END:  # the whole answer rendered to nothing (a renderer with nothing to say)
+                return
+            yield first or self.provider.keepalive
+            while True:
+                try:
+                    async with asyncio.timeout(keepalive_interval):
+                        item = await self.queue.get()
+                except TimeoutError:
+                    yield self.provider.keepalive
+                    continue
+                ready = [item]
+                while isinstance(ready[-1], bytes) and ready[-1] != _END and not self.queue.empty():
+                    ready.append(self.queue.get_nowait())  # what queued up meanwhile goes out in one write
+                last = ready[-1]
+                body = b"".join(r for r in ready if isinstance(r, bytes))
+                if isinstance(last, ProxyError):
+                    body += encode_sse(self.provider.stream_error(last))
+                if body:
+                    yield body
+                if isinstance(last, ProxyError) or last == _END:
+                    return
+        finally:
+            self.client_gone = True  # the harness hung up, or the stream ended: nothing more is queued
