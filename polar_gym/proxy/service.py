@@ -289,7 +289,7 @@ class ProxyService:
             body = self._read_body(raw)
             inbound = self._parse(provider, body, route)
             if inbound.stream and not inbound.stream_json_array and self.engine.stream_passthrough:
-                return await self._stream_through(provider, inbound, body, info, route, disconnected)
+                return await self._stream_through(provider, inbound, body, info, route, disconnected, raw)
             work = self._counted(info.session_id,
                                  self._complete(provider, inbound, body, info, route, disconnected, raw))
             if inbound.stream and self.keepalive_after is not None and not inbound.stream_json_array:
@@ -381,14 +381,14 @@ class ProxyService:
 
     async def _stream_through(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
                               info: SessionInfo, route: Route,
-                              disconnected: Callable[[], Awaitable[bool]] | None) -> Reply:
+                              disconnected: Callable[[], Awaitable[bool]] | None, received: bytes) -> Reply:
         """A streamed call passed through as the engine samples (:mod:`polar_gym.proxy.passthrough`): answered
         once the engine's first chunk (or an error, as a plain error reply) is there, or after ``keepalive_after``
         with keep-alives until it is."""
         session_id = info.session_id
 
         async def journal(record: CompletionRecord) -> None:
-            await self.journal.append(record, info.attempt)
+            await self.journal.append(record, info.attempt, received=received)
 
         def finished(exc: ProxyError | None, result: Any, cause: str | None) -> None:
             self._note_call(session_id, exc, cause)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -18,6 +19,7 @@ import openai
 import pytest
 
 from polar_gym.assets import tokenizer_dir
+from polar_gym.journal import read_received
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.tokenin import SGLangTokenInEngine, StreamedAnswer, VLLMTokenInEngine
@@ -28,6 +30,7 @@ from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.settings import EngineSettings, build_engine
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
+from tests._waiting import until
 
 EOT = 151645
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": {
@@ -92,11 +95,12 @@ class FakeVLLM:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chunks())
 
 
-def proxy(tok: HFChatTokenizer, texts: list[str], **fake: Any) -> tuple[ProxyService, httpx.AsyncClient]:
+def proxy(tok: HFChatTokenizer, texts: list[str], journal_root: Path | None = None,
+          **fake: Any) -> tuple[ProxyService, httpx.AsyncClient]:
     engine = VLLMTokenInEngine(tok, parser_for("qwen3"), UpstreamPool(["http://engine"]),
                                client=httpx.AsyncClient(transport=httpx.MockTransport(FakeVLLM(tok, texts, **fake))),
                                upstream_model="tiny")
-    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
+    service = ProxyService(engine, CaptureJournal(journal_root), SessionRegistry(allow_adhoc=True))
     return service, httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service, "admin")),
                                       base_url="http://proxy")
 
@@ -381,3 +385,18 @@ async def test_a_slow_prefill_gets_keepalives_before_the_first_token(tok: HFChat
     assert rest.rstrip().endswith('data: {"type":"message_stop"}')
     (rec,) = await service.completions("s1")
     assert rec.status == "ok" and rec.response_ids == [*tok.encode("Hi there."), EOT]
+
+
+async def test_a_streamed_call_journals_the_request_byte_for_byte(tok: HFChatTokenizer, tmp_path: Path) -> None:
+    """Pass-through keeps the journal's promise too: the body comes back exactly as the harness sent it."""
+    _, client = proxy(tok, [CALL_TEXT], journal_root=tmp_path)
+    sent = json.dumps({"model": "m", "messages": [{"role": "user", "content": "ls? é"}], "tools": TOOLS,
+                       "max_tokens": 64, "stream": True}, indent=1).encode()
+    async with client.stream("POST", "/v1/chat/completions", content=sent,
+                             headers={"authorization": "Bearer s1", "content-type": "application/json"}) as resp:
+        assert resp.status_code == 200
+        body = b"".join([chunk async for chunk in resp.aiter_bytes()])
+    assert b"data: [DONE]" in body
+    stream = CaptureJournal(tmp_path).stream_dir("s1")
+    assert stream is not None
+    await until(lambda: read_received(stream) == [sent], what="the streamed call's record with its body")
