@@ -47,7 +47,7 @@ def stream_renderer(provider: Provider[Any], inbound: Inbound[Any], ctx: RenderC
 
 
 def fill_record(record: CompletionRecord, result: ChatResult, response_id: str) -> None:
-    """What a finished call puts on its record (as the service's non-streamed path does)."""
+    """What a finished call puts on its record, streamed through or not."""
     record.response = {"id": response_id, "message": result.message.model_dump(exclude_none=True),
                        "usage": result.usage.model_dump()}
     record.prompt_ids, record.response_ids = result.prompt_ids, result.response_ids
@@ -56,7 +56,7 @@ def fill_record(record: CompletionRecord, result: ChatResult, response_id: str) 
     record.token_faithful = result.token_faithful
     record.prompt_mode = result.raw.get("prompt_mode")
     record.unparseable_tool_calls = int(result.raw.get("unparseable_tool_calls", 0))
-    if result.raw.get("new_chain"):
+    if result.raw.get("new_chain"):  # token_in rendered the whole prompt: say why (a new chain starts)
         record.normalizations = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
     record.server, record.policy_version = result.server, result.policy_version
     record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))

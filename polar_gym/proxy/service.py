@@ -31,7 +31,7 @@ from polar_gym.proxy.errors import (
     UpstreamUnavailable,
     error_body,
 )
-from polar_gym.proxy.passthrough import PassthroughCall
+from polar_gym.proxy.passthrough import PassthroughCall, fill_record
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, encode_sse
 from polar_gym.registry import PROVIDERS, RegistryError
 from polar_gym.schema import CompletionRecord
@@ -464,18 +464,7 @@ class ProxyService:
                           {"cache-control": "no-cache"})
         else:
             reply = Reply(200, orjson.dumps(provider.render(result, inbound, ctx)))
-        record.response = {"id": ctx.response_id, "message": result.message.model_dump(exclude_none=True),
-                            "usage": result.usage.model_dump()}
-        record.prompt_ids, record.response_ids = result.prompt_ids, result.response_ids
-        record.response_logprobs = result.response_logprobs
-        record.finish_reason = result.finish_reason
-        record.token_faithful = result.token_faithful
-        record.prompt_mode = result.raw.get("prompt_mode")
-        record.unparseable_tool_calls = int(result.raw.get("unparseable_tool_calls", 0))
-        if result.raw.get("new_chain"):  # token_in rendered the whole prompt: say why (a new chain starts)
-            record.normalizations = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
-        record.server, record.policy_version = result.server, result.policy_version
-        record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))
+        fill_record(record, result, ctx.response_id)
         record.total_seconds = time.perf_counter() - t0
         if disconnected is not None:  # a harness that hung up (timed out) never reads this answer
             record.delivered = not await disconnected()
