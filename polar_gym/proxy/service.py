@@ -19,7 +19,6 @@ from typing import Any
 import orjson
 
 from polar_gym.proxy.capture import CaptureJournal
-from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.errors import (
     AuthError,
@@ -123,18 +122,29 @@ class SessionRegistry:
 
     Ad-hoc mode (the standalone proxy without ``--registered-only``): a key that is not registered opens, or
     continues, a session of that name, so there the key IS the session name and anyone who knows it can use it.
-    Ad-hoc sessions are forgotten least recently used first beyond ``max_adhoc`` (``on_forget`` is told, so
-    the service can drop what it keeps per session); their journals stay on disk.
+    Nobody says when an ad-hoc session ends, so it ends when it goes quiet: one unused for ``idle_seconds`` (None:
+    never) is forgotten, as are the least recently used beyond ``max_adhoc``; ``on_expire`` (else ``on_forget``)
+    is told, so the service drops what it keeps per session (flat memory over any number of sessions), and a
+    session ``in_use`` (a call in flight) is not. Their journals stay on disk; a forgotten session that calls
+    again is opened again.
     """
 
     def __init__(self, allow_adhoc: bool = False, *, max_adhoc: int = 4096,
-                 on_forget: Callable[[str], None] | None = None) -> None:
+                 on_forget: Callable[[str], None] | None = None, idle_seconds: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.allow_adhoc = allow_adhoc
         self.max_adhoc = max_adhoc
         self.on_forget = on_forget
+        #: told of an ad-hoc session forgotten for being idle or beyond ``max_adhoc`` (None: ``on_forget`` is)
+        self.on_expire: Callable[[str], None] | None = None
+        #: whether a session has a call in flight (such a session is never expired)
+        self.in_use: Callable[[str], bool] | None = None
+        self.idle_seconds = idle_seconds
+        self.clock = clock
         self._sessions: dict[str, SessionInfo] = {}
         self._by_key: dict[bytes, str] = {}
         self._adhoc: collections.OrderedDict[str, SessionInfo] = collections.OrderedDict()
+        self._last_used: dict[str, float] = {}  # ad-hoc session -> when it was last resolved
 
     def register(self, info: SessionInfo) -> SessionInfo:
         """Serve ``info`` under its key (the session id when it has none). Registering a session again replaces
@@ -148,6 +158,7 @@ class SessionRegistry:
     def unregister(self, session_id: str, *, forget: bool = True) -> bool:
         """Revoke the session's key. True if it was served."""
         info = self._sessions.pop(session_id, None) or self._adhoc.pop(session_id, None)
+        self._last_used.pop(session_id, None)
         if info is None:
             return False
         key = info.key if info.key is not None else info.session_id
@@ -184,16 +195,38 @@ class SessionRegistry:
             return info
         if not self.allow_adhoc or key in self._sessions:
             raise AuthError("invalid API key: it belongs to no running session")
+        now = self.clock()
         info = self._adhoc.get(key)
         if info is None:
             info = self._adhoc[key] = SessionInfo(session_id=key)
-            while len(self._adhoc) > self.max_adhoc:
-                old, _ = self._adhoc.popitem(last=False)
-                if self.on_forget is not None:
-                    self.on_forget(old)
         else:
             self._adhoc.move_to_end(key)
+        self._last_used[key] = now
+        self.expire(now)
         return info
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Forget the ad-hoc sessions idle for ``idle_seconds`` and the least recently used beyond ``max_adhoc``
+        (oldest first; O(1) when there are none); the ids forgotten."""
+        now = self.clock() if now is None else now
+        cutoff = now - self.idle_seconds if self.idle_seconds is not None else None
+        expired: list[str] = []
+        for _ in range(len(self._adhoc)):
+            session_id = next(iter(self._adhoc))
+            over = len(self._adhoc) > self.max_adhoc
+            if not over and (cutoff is None or self._last_used.get(session_id, now) > cutoff):
+                break
+            if not over and self.in_use is not None and self.in_use(session_id):
+                self._adhoc.move_to_end(session_id)  # busy: looked at again once it has been idle as long
+                self._last_used[session_id] = now
+                continue
+            self._adhoc.popitem(last=False)
+            self._last_used.pop(session_id, None)
+            expired.append(session_id)
+            hook = self.on_expire or self.on_forget
+            if hook is not None:
+                hook(session_id)
+        return expired
 
     def may_read(self, key: str | None, session_id: str) -> bool:
         """Whether ``key`` may read ``session_id``'s captures: its own live key; in ad-hoc mode also the session's
@@ -234,6 +267,12 @@ class ProxyService:
         #: session's result (bounded: the oldest entries go first in a standalone proxy nobody takes them from)
         self.call_failures: collections.OrderedDict[str, CallFailures] = collections.OrderedDict()
         self.max_tracked_failures = 10_000
+        if self.sessions.on_expire is None:
+            self.sessions.on_expire = self.forget_expired
+        if self.sessions.in_use is None:
+            self.sessions.in_use = self._inflight.__contains__
+        #: (provider, ignored fields) combinations already logged: a harness sends the same ones on every call
+        self._logged_ignored: set[tuple[str, tuple[str, ...]]] = set()
 
     def provider(self, name: str) -> Provider[Any]:
         provider = self.providers.get(name)
@@ -267,11 +306,14 @@ class ProxyService:
         if inbound.ignored_fields:
             if self.strict:
                 raise RequestError(f"unknown fields: {', '.join(inbound.ignored_fields)}")
-            log.info("%s request: ignoring unknown fields %s", provider.name, inbound.ignored_fields)
+            seen = (provider.name, tuple(inbound.ignored_fields))
+            if seen not in self._logged_ignored and len(self._logged_ignored) < 1024:
+                self._logged_ignored.add(seen)  # once per combination, not a log line per call
+                log.info("%s request: ignoring unknown fields %s", provider.name, inbound.ignored_fields)
         cap = self.max_tokens_cap
         if cap is not None and (inbound.chat.max_tokens is None or inbound.chat.max_tokens > cap):
             inbound.normalizations.append(f"max_tokens {inbound.chat.max_tokens} capped at {cap}")
-            inbound.chat = ChatRequest.model_validate({**inbound.chat.model_dump(), "max_tokens": cap})
+            inbound.chat = inbound.chat.model_copy(update={"max_tokens": cap})  # validated already: no re-parse
         return inbound
 
     async def handle(self, provider_name: str, raw: bytes, route: Route, headers: Mapping[str, str],
@@ -453,6 +495,14 @@ class ProxyService:
     async def completions(self, session_id: str, attempt: str | None = None) -> list[CompletionRecord]:
         """The session's captures: of ``attempt``, else of its latest attempt (or its own stream)."""
         return await self.journal.records(session_id, attempt)
+
+    def forget_expired(self, session_id: str) -> None:
+        """An ad-hoc session went idle (or aged out): drop everything kept for it in memory, its journal stream's
+        encoder state and failure counts included (nobody takes those in a standalone proxy). Its journal stays on
+        disk and reopens if the session calls again."""
+        self.forget(session_id)
+        self.journal.release(session_id)
+        self.call_failures.pop(session_id, None)
 
     def forget(self, session_id: str) -> None:
         """Drop what the service keeps per session once the session is over (its key is revoked or an ad-hoc
