@@ -1,16 +1,20 @@
 """Proxy overhead against going direct, on a fast local upstream, and the capture journal's storage cost.
 
-    .venv/bin/python benchmarks/bench_proxy.py [--quick] [--out benchmarks/results]
+    .venv/bin/python benchmarks/bench_proxy.py [--quick] [--hot-path-only] [--out benchmarks/results]
 
-For each front end (Anthropic, Chat, Responses, Google), plain and streaming, at concurrency 1, 16 and 64, the same
-~30 KB Claude-Code-sized conversation goes through the proxy (``python -m polar_gym.proxy --engine vllm``, capture
-on, to disk) to an upstream that answers instantly with ~2,000 prompt token IDs; the baseline is the equivalent Chat
-request sent straight to that upstream, in the same run. Printed: throughput and p50 / p99 latency, and ratios
-against direct. Targets (from the issue): at most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/8 of
-direct throughput. Token-in against chat mode: the same growing agent conversations (each call echoes the reply
-and adds a user turn) through a chat-mode and a token-in proxy, at concurrency 1 and 64 (target: token-in adds at
-most 1 ms p50 at c=1). Then a 200-turn session growing to 32K-token contexts is journaled and its bytes compared with
-its unique tokens (target: within 1.2x) and with raw per-call JSON.
+For each front end, plain and streaming, at concurrency 1, 16 and 64, the front end's own recorded harness request
+(tests/data/harness/: Claude Code on Anthropic, Qwen Code on Chat, Codex on Responses, Gemini CLI on Google;
+``--synthetic``: one ~30 KB conversation in every protocol) goes through the proxy (``python -m polar_gym.proxy
+--engine vllm``, capture on, to disk; pinned to core 0 with taskset, the upstream to core 1) to an upstream that
+answers instantly with ~2,000 prompt token IDs; the baseline, measured just before in the same run, is the Chat
+body the proxy sends upstream for that request, posted straight to the upstream. Printed: throughput, p50 / p99
+latency, ratios against direct and the proxy's CPU ms per call (from /proc). Targets (issue 18): at most +2 ms at
+p50 at concurrency 1; at concurrency 64 at least 1/4 of direct throughput. Memory: a standalone proxy serves
+10,000 sessions of two calls each (the Claude Code body), forgetting idle ones; its RSS after 100 and after
+10,000 sessions (target: within 1.2x). Token-in against chat mode: the same growing agent conversations (each call
+echoes the reply and adds a user turn) through a chat-mode and a token-in proxy, at concurrency 1 and 64 (target:
+token-in adds at most 1 ms p50 at c=1). Then a 200-turn session growing to 32K-token contexts is journaled and its
+bytes compared with its unique tokens (target: within 1.2x) and with raw per-call JSON.
 """
 
 from __future__ import annotations
