@@ -20,6 +20,8 @@ from polar_gym.proxy.errors import UpstreamTimeout, UpstreamUnavailable
 
 __all__ = ["LeanHttpClient", "UpstreamAnswer"]
 
+#: kept connections are checked for ones their server closed every this many calls
+_SWEEP_EVERY = 1024
 #: the stream buffer (an answer head may be this long; bodies of any length are read)
 _READ_LIMIT = 1024 * 1024
 
@@ -61,6 +63,7 @@ class LeanHttpClient:
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], collections.deque[_Connection]] = {}
         self._targets: dict[str, tuple[str, int, str, bytes]] = {}
+        self._releases = 0
 
     def _target(self, url: str) -> tuple[str, int, str, bytes]:
         """(host, port, server name, request-target) of ``url``, parsed once per URL."""
@@ -125,6 +128,25 @@ class LeanHttpClient:
             conn.close()
         else:
             idle.append(conn)
+        self._releases += 1
+        if self._releases % _SWEEP_EVERY == 0:
+            self.sweep()
+
+    def sweep(self) -> int:
+        """Close kept connections their server has closed (a server that left the pool is never asked again, so
+        its half-closed sockets would otherwise stay open); the number closed."""
+        closed = 0
+        for target, idle in list(self._idle.items()):
+            alive = [conn for conn in idle if conn.usable()]
+            for conn in idle:
+                if not conn.usable():
+                    conn.close()
+                    closed += 1
+            if alive:
+                self._idle[target] = collections.deque(alive)
+            else:
+                del self._idle[target]
+        return closed
 
     @staticmethod
     async def _exchange(conn: _Connection, request: bytes, reused: bool) -> tuple[UpstreamAnswer, bool]:

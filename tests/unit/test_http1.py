@@ -15,6 +15,7 @@ from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from polar_gym.proxy.http1 import LeanHttpClient
 from polar_gym.proxy.upstreams import UpstreamPool
+from tests._waiting import until
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
 
@@ -154,3 +155,21 @@ async def test_an_engine_without_an_injected_client_posts_through_it() -> None:
         with pytest.raises(UpstreamError):
             await engine.complete(request, "s1")
         await engine.aclose()
+
+
+async def test_connections_a_gone_server_closed_are_swept() -> None:
+    """A server that left the pool is never called again: its kept connections, closed on its side, are closed
+    on ours at the next sweep instead of holding sockets forever."""
+    async def echo(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        _answer(writer, body)
+        return True
+
+    client = LeanHttpClient()
+    async with _Server(echo) as gone, _Server(echo) as staying:
+        await client.post(gone.url + "/x", b"a")
+        await client.post(staying.url + "/x", b"b")
+    # both servers have closed their side; the sweep notices once the loop has seen the end of each stream
+    await until(lambda: all(not c.usable() for idle in client._idle.values() for c in idle),
+                what="both servers' ends of the kept connections")
+    assert client.sweep() == 2 and client._idle == {}
+    await client.aclose()
