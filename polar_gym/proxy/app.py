@@ -7,6 +7,7 @@ polar_gym.web error envelope.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 
 from fastapi import APIRouter, FastAPI
@@ -17,7 +18,22 @@ from polar_gym.proxy.routes import admin, models, sessions
 from polar_gym.proxy.service import ProxyService
 from polar_gym.web import AdminRoutes, install
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "tune_gc_for_serving"]
+
+#: collect the youngest generation every 50,000 net allocations instead of 700: a call parses a ~100 KB body
+#: into tens of thousands of containers (freed by reference counting, not cycles), which otherwise run the
+#: cyclic collector dozens of times per call
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_gc_for_serving() -> None:
+    """For a serving process, once everything is imported and built: move the start-up heap (modules, schemas,
+    the app) out of the cyclic collector's sight (``gc.freeze``), so full collections scan only what requests
+    keep, and collect less often (issue 18's profile: the collector on the stack in 16-18 % of samples at 64
+    concurrent calls). Not for test processes: frozen objects' cycles are never collected."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def create_app(service: ProxyService, admin_token: str | None = None, *,

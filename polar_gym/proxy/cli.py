@@ -76,6 +76,7 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-cap", type=int, default=s, help=_help(ProxySettings, "max_tokens_cap"))
     p.add_argument("--stream-passthrough", action=argparse.BooleanOptionalAction, default=s,
                    help=_help(ProxySettings, "stream_passthrough"))
+    p.add_argument("--session-idle-seconds", type=float, default=s, help=_help(ProxySettings, "session_idle_seconds"))
     p.add_argument("--log-level", default="info")
     return p
 
@@ -123,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process glue
     import uvicorn
 
-    from polar_gym.proxy.app import create_app
+    from polar_gym.proxy.app import create_app, tune_gc_for_serving
     from polar_gym.proxy.settings import build_service
 
     parser = build_parser()
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     except ConfigError as exc:
         config_exit(parser, exc)
     admin_token = admin_token_from(args, settings.capture_dir)
-    uvicorn.run(create_app(service, admin_token), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False)
+    app = create_app(service, admin_token)
+    tune_gc_for_serving()
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     service.journal.close()
     return 0

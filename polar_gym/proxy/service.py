@@ -9,9 +9,10 @@ import collections
 import hashlib
 import hmac
 import logging
+import os
+import random
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -19,7 +20,6 @@ from typing import Any, TypeVar
 import orjson
 
 from polar_gym.proxy.capture import CaptureJournal
-from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.errors import (
     AuthError,
@@ -37,7 +37,7 @@ from polar_gym.registry import PROVIDERS, RegistryError
 from polar_gym.schema import CompletionRecord
 
 __all__ = ["CallFailures", "ProxyService", "Reply", "SessionInfo", "SessionRegistry", "failure_cause",
-           "new_admin_token", "new_session_key", "session_key"]
+           "new_admin_token", "new_call_id", "new_session_key", "session_key"]
 
 log = logging.getLogger("polar_gym.proxy")
 
@@ -107,6 +107,17 @@ def session_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | N
     return headers.get("x-api-key") or headers.get("x-goog-api-key") or query.get("key") or None
 
 
+#: ids of calls and answers: unique, not secret, so a seeded generator instead of a getrandom call per id (two a
+#: call were ~2 % of the proxy's CPU); reseeded in a forked child so two workers never share a sequence
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
+def new_call_id() -> str:
+    """32 hex digits (a uuid4's length) naming a completion or an answer."""
+    return f"{_ids.getrandbits(128):032x}"
+
+
 def new_session_key() -> str:
     """A session key: 256 random bits, URL-safe (what a harness sends as its API key)."""
     return secrets.token_urlsafe(32)
@@ -126,18 +137,29 @@ class SessionRegistry:
 
     Ad-hoc mode (the standalone proxy without ``--registered-only``): a key that is not registered opens, or
     continues, a session of that name, so there the key IS the session name and anyone who knows it can use it.
-    Ad-hoc sessions are forgotten least recently used first beyond ``max_adhoc`` (``on_forget`` is told, so
-    the service can drop what it keeps per session); their journals stay on disk.
+    Nobody says when an ad-hoc session ends, so it ends when it goes quiet: one unused for ``idle_seconds`` (None:
+    never) is forgotten, as are the least recently used beyond ``max_adhoc``; ``on_expire`` (else ``on_forget``)
+    is told, so the service drops what it keeps per session (flat memory over any number of sessions), and a
+    session ``in_use`` (a call in flight) is not. Their journals stay on disk; a forgotten session that calls
+    again is opened again.
     """
 
     def __init__(self, allow_adhoc: bool = False, *, max_adhoc: int = 4096,
-                 on_forget: Callable[[str], None] | None = None) -> None:
+                 on_forget: Callable[[str], None] | None = None, idle_seconds: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.allow_adhoc = allow_adhoc
         self.max_adhoc = max_adhoc
         self.on_forget = on_forget
+        #: told of an ad-hoc session forgotten for being idle or beyond ``max_adhoc`` (None: ``on_forget`` is)
+        self.on_expire: Callable[[str], None] | None = None
+        #: whether a session has a call in flight (such a session is never expired)
+        self.in_use: Callable[[str], bool] | None = None
+        self.idle_seconds = idle_seconds
+        self.clock = clock
         self._sessions: dict[str, SessionInfo] = {}
         self._by_key: dict[bytes, str] = {}
         self._adhoc: collections.OrderedDict[str, SessionInfo] = collections.OrderedDict()
+        self._last_used: dict[str, float] = {}  # ad-hoc session -> when it was last resolved
 
     def register(self, info: SessionInfo) -> SessionInfo:
         """Serve ``info`` under its key (the session id when it has none). Registering a session again replaces
@@ -151,6 +173,7 @@ class SessionRegistry:
     def unregister(self, session_id: str, *, forget: bool = True) -> bool:
         """Revoke the session's key. True if it was served."""
         info = self._sessions.pop(session_id, None) or self._adhoc.pop(session_id, None)
+        self._last_used.pop(session_id, None)
         if info is None:
             return False
         key = info.key if info.key is not None else info.session_id
@@ -187,16 +210,38 @@ class SessionRegistry:
             return info
         if not self.allow_adhoc or key in self._sessions:
             raise AuthError("invalid API key: it belongs to no running session")
+        now = self.clock()
         info = self._adhoc.get(key)
         if info is None:
             info = self._adhoc[key] = SessionInfo(session_id=key)
-            while len(self._adhoc) > self.max_adhoc:
-                old, _ = self._adhoc.popitem(last=False)
-                if self.on_forget is not None:
-                    self.on_forget(old)
         else:
             self._adhoc.move_to_end(key)
+        self._last_used[key] = now
+        self.expire(now)
         return info
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Forget the ad-hoc sessions idle for ``idle_seconds`` and the least recently used beyond ``max_adhoc``
+        (oldest first; O(1) when there are none); the ids forgotten."""
+        now = self.clock() if now is None else now
+        cutoff = now - self.idle_seconds if self.idle_seconds is not None else None
+        expired: list[str] = []
+        for _ in range(len(self._adhoc)):
+            session_id = next(iter(self._adhoc))
+            over = len(self._adhoc) > self.max_adhoc
+            if not over and (cutoff is None or self._last_used.get(session_id, now) > cutoff):
+                break
+            if not over and self.in_use is not None and self.in_use(session_id):
+                self._adhoc.move_to_end(session_id)  # busy: looked at again once it has been idle as long
+                self._last_used[session_id] = now
+                continue
+            self._adhoc.popitem(last=False)
+            self._last_used.pop(session_id, None)
+            expired.append(session_id)
+            hook = self.on_expire or self.on_forget
+            if hook is not None:
+                hook(session_id)
+        return expired
 
     def may_read(self, key: str | None, session_id: str) -> bool:
         """Whether ``key`` may read ``session_id``'s captures: its own live key; in ad-hoc mode also the session's
@@ -238,6 +283,12 @@ class ProxyService:
         #: session's result (bounded: the oldest entries go first in a standalone proxy nobody takes them from)
         self.call_failures: collections.OrderedDict[str, CallFailures] = collections.OrderedDict()
         self.max_tracked_failures = 10_000
+        if self.sessions.on_expire is None:
+            self.sessions.on_expire = self.forget_expired
+        if self.sessions.in_use is None:
+            self.sessions.in_use = self._inflight.__contains__
+        #: (provider, ignored fields) combinations already logged: a harness sends the same ones on every call
+        self._logged_ignored: set[tuple[str, tuple[str, ...]]] = set()
 
     def provider(self, name: str) -> Provider[Any]:
         provider = self.providers.get(name)
@@ -271,11 +322,14 @@ class ProxyService:
         if inbound.ignored_fields:
             if self.strict:
                 raise RequestError(f"unknown fields: {', '.join(inbound.ignored_fields)}")
-            log.info("%s request: ignoring unknown fields %s", provider.name, inbound.ignored_fields)
+            seen = (provider.name, tuple(inbound.ignored_fields))
+            if seen not in self._logged_ignored and len(self._logged_ignored) < 1024:
+                self._logged_ignored.add(seen)  # once per combination, not a log line per call
+                log.info("%s request: ignoring unknown fields %s", provider.name, inbound.ignored_fields)
         cap = self.max_tokens_cap
         if cap is not None and (inbound.chat.max_tokens is None or inbound.chat.max_tokens > cap):
             inbound.normalizations.append(f"max_tokens {inbound.chat.max_tokens} capped at {cap}")
-            inbound.chat = ChatRequest.model_validate({**inbound.chat.model_dump(), "max_tokens": cap})
+            inbound.chat = inbound.chat.model_copy(update={"max_tokens": cap})  # validated already: no re-parse
         return inbound
 
     async def handle(self, provider_name: str, raw: bytes, route: Route, headers: Mapping[str, str],
@@ -412,7 +466,7 @@ class ProxyService:
     def _new_record(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any], info: SessionInfo,
                     route: Route) -> CompletionRecord:
         return CompletionRecord(
-            completion_id=uuid.uuid4().hex, session_id=info.session_id, index=-1, provider=provider.name,
+            completion_id=new_call_id(), session_id=info.session_id, index=-1, provider=provider.name,
             engine=self.engine.name, model=inbound.model, stream=inbound.stream,
             side_request=info.model_name is not None and inbound.model != info.model_name,
             path=route.path + ("?" + "&".join(f"{k}={v}" for k, v in route.query.items()) if route.query else ""),
@@ -425,17 +479,8 @@ class ProxyService:
                         info: SessionInfo, route: Route,
                         disconnected: Callable[[], Awaitable[bool]] | None = None,
                         received: bytes | None = None) -> Reply:
-        started = time.time()
         t0 = time.perf_counter()
-        record = CompletionRecord(
-            completion_id=uuid.uuid4().hex, session_id=info.session_id, index=-1, provider=provider.name,
-            engine=self.engine.name, model=inbound.model, stream=inbound.stream,
-            side_request=info.model_name is not None and inbound.model != info.model_name,
-            path=route.path + ("?" + "&".join(f"{k}={v}" for k, v in route.query.items()) if route.query else ""),
-            request=body, normalized_request=inbound.chat.dump(),
-            normalizations=inbound.normalizations, started_at=started,
-            token_faithful=self.engine.token_faithful,
-        )
+        record = self._new_record(provider, inbound, body, info, route)
         try:
             result = await self.engine.complete(inbound.chat, info.session_id)
         except ProxyError as exc:
@@ -453,7 +498,7 @@ class ProxyService:
             failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
             self._note_call(info.session_id, failure, "engine_error")
             raise failure from exc
-        ctx = RenderContext(response_id=provider.id_prefix + uuid.uuid4().hex[:24], created=int(started))
+        ctx = RenderContext(response_id=provider.id_prefix + new_call_id()[:24], created=int(record.started_at))
         if inbound.stream and inbound.stream_json_array:
             # Google's streamGenerateContent without alt=sse: the same chunks, as one JSON array.
             events = provider.stream(result, inbound, ctx)
@@ -491,6 +536,14 @@ class ProxyService:
     async def completions(self, session_id: str, attempt: str | None = None) -> list[CompletionRecord]:
         """The session's captures: of ``attempt``, else of its latest attempt (or its own stream)."""
         return await self.journal.records(session_id, attempt)
+
+    def forget_expired(self, session_id: str) -> None:
+        """An ad-hoc session went idle (or aged out): drop everything kept for it in memory, its journal stream's
+        encoder state and failure counts included (nobody takes those in a standalone proxy). Its journal stays on
+        disk and reopens if the session calls again."""
+        self.forget(session_id)
+        self.journal.release(session_id)
+        self.call_failures.pop(session_id, None)
 
     def forget(self, session_id: str) -> None:
         """Drop what the service keeps per session once the session is over (its key is revoked or an ad-hoc

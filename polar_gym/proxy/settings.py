@@ -72,6 +72,9 @@ class ProxySettings(EngineSettings):
     model_names: list[str] | None = Field(default=None, description="served model names for /v1/models")
     max_tokens_cap: int | None = Field(default=None, ge=1, description="clamp every call's max_tokens to this "
                                        "(null: no clamp)")
+    session_idle_seconds: float | None = Field(default=3600.0, gt=0, description="standalone (ad-hoc) sessions: "
+                                               "forget what is kept in memory for a session unused this long (its "
+                                               "journal stays on disk; null: only beyond 4096 sessions)")
 
 
 def check_upstreams_given(settings: EngineSettings, *, more_coming: bool = False) -> None:
@@ -215,5 +218,6 @@ def build_service(settings: ProxySettings, *, allow_adhoc: bool) -> ProxyService
     """The proxy service ``settings`` describe; ``allow_adhoc`` serves unregistered keys as sessions of that name
     (the standalone proxy's default; a gateway serves registered sessions only)."""
     return ProxyService(build_engine(settings), CaptureJournal(settings.capture_dir, fsync=settings.fsync),
-                        SessionRegistry(allow_adhoc=allow_adhoc), strict=settings.strict,
+                        SessionRegistry(allow_adhoc=allow_adhoc, idle_seconds=settings.session_idle_seconds),
+                        strict=settings.strict,
                         model_names=settings.model_names, max_tokens_cap=settings.max_tokens_cap)

@@ -38,6 +38,7 @@ from polar_gym.proxy.errors import (
     WeightUpdateError,
     translate_upstream_errors,
 )
+from polar_gym.proxy.http1 import LeanHttpClient, UpstreamAnswer
 from polar_gym.proxy.upstreams import UpstreamPool
 
 __all__ = ["Engine", "HttpEngine", "StreamDelta", "StreamPiece", "StreamStart", "WeightUpdateMode",
@@ -168,6 +169,8 @@ class HttpEngine(Engine):
         #: which a server started with one ``--served-model-name`` would refuse
         self.upstream_model = upstream_model
         self._own_client = client is None
+        #: the hot call's lean client (an engine given its own httpx client, as tests do, posts through that one)
+        self.fast = LeanHttpClient(timeout=timeout) if client is None else None
         self.client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0),
                                                   limits=httpx.Limits(max_connections=1024,
                                                                       max_keepalive_connections=256))
@@ -190,8 +193,12 @@ class HttpEngine(Engine):
 
     async def post(self, server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with translate_upstream_errors(server_url):
-            resp = await self.client.post(server_url + path, content=orjson.dumps(body),
-                                          headers={"content-type": "application/json"})
+            resp: httpx.Response | UpstreamAnswer
+            if self.fast is not None and server_url.startswith("http://"):
+                resp = await self.fast.post(server_url + path, orjson.dumps(body))
+            else:
+                resp = await self.client.post(server_url + path, content=orjson.dumps(body),
+                                              headers={"content-type": "application/json"})
             if resp.status_code >= 400:
                 raise upstream_status_error(server_url, resp.status_code, resp.text)
             data = orjson.loads(resp.content)
@@ -315,5 +322,7 @@ class HttpEngine(Engine):
         return result
 
     async def aclose(self) -> None:
+        if self.fast is not None:
+            await self.fast.aclose()
         if self._own_client:
             await self.client.aclose()

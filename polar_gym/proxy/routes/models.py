@@ -67,7 +67,7 @@ def _fixed_route(provider: str) -> Callable[[Request], Awaitable[Response]]:
 
 
 for _path, _provider in MODEL_ROUTES.items():
-    router.add_api_route(_path, _fixed_route(_provider), methods=["POST"], include_in_schema=False)
+    router.add_route(_path, _fixed_route(_provider), methods=["POST"], include_in_schema=False)
 
 
 @router.post("/v1/messages/count_tokens", include_in_schema=False)

@@ -1,0 +1,205 @@
+"""A lean HTTP/1.1 client for the one hot call of an HTTP engine: POST a JSON body to an inference server, read its
+whole answer. httpx with httpcore and anyio cost about a third of the proxy's CPU per call (issue 18's profile: URL
+and cookie handling, a readability check of every pooled connection under anyio locks on every request); this keeps
+idle keep-alive connections per server in a deque and speaks just enough HTTP/1.1 (Content-Length and chunked
+answers) on asyncio streams. Cold paths (weight updates, model listings) keep using httpx.
+
+Errors are the proxy's own (:class:`~polar_gym.proxy.errors.UpstreamTimeout`,
+:class:`~polar_gym.proxy.errors.UpstreamUnavailable`), named by server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from polar_gym.proxy.errors import UpstreamTimeout, UpstreamUnavailable
+
+__all__ = ["LeanHttpClient", "UpstreamAnswer"]
+
+#: kept connections are checked for ones their server closed every this many calls
+_SWEEP_EVERY = 1024
+#: the stream buffer (an answer head may be this long; bodies of any length are read)
+_READ_LIMIT = 1024 * 1024
+
+
+@dataclass
+class UpstreamAnswer:
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+class _Connection:
+    __slots__ = ("reader", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    def usable(self) -> bool:
+        return not (self.reader.at_eof() or self.writer.transport.is_closing())
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+class _Stale(Exception):
+    """A kept-alive connection the server had closed: nothing of an answer arrived, so the call is sent again."""
+
+
+class LeanHttpClient:
+    """POST bytes, get (status, body). ``max_idle`` connections per server are kept alive for the next call."""
+
+    def __init__(self, timeout: float = 600.0, connect_timeout: float = 10.0, max_idle: int = 256) -> None:
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self._idle: dict[tuple[str, int], collections.deque[_Connection]] = {}
+        self._targets: dict[str, tuple[str, int, str, bytes]] = {}
+        self._releases = 0
+
+    def _target(self, url: str) -> tuple[str, int, str, bytes]:
+        """(host, port, server name, request-target) of ``url``, parsed once per URL."""
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"LeanHttpClient speaks plain http only, not {url!r}")
+            port = parts.port or 80
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            host_header = parts.hostname if port == 80 else f"{parts.hostname}:{port}"
+            target = (parts.hostname, port, f"{parts.scheme}://{parts.netloc}", b"POST " + path.encode() +
+                      b" HTTP/1.1\r\nhost: " + host_header.encode() +
+                      b"\r\ncontent-type: application/json\r\naccept: */*\r\ncontent-length: ")
+            if len(self._targets) < 1024:
+                self._targets[url] = target
+        return target
+
+    async def post(self, url: str, body: bytes) -> UpstreamAnswer:
+        host, port, server, head = self._target(url)
+        request = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        try:
+            async with asyncio.timeout(self.timeout):
+                for _ in range(3):
+                    conn, reused = await self._acquire(host, port, server)
+                    try:
+                        answer, keep = await self._exchange(conn, request, reused)
+                    except _Stale:
+                        conn.close()
+                        continue
+                    except BaseException:
+                        conn.close()
+                        raise
+                    if keep:
+                        self._release(host, port, conn)
+                    else:
+                        conn.close()
+                    return answer
+                raise UpstreamUnavailable(f"upstream {server} closed the connection before answering")
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"upstream {server} timed out after {self.timeout:g} s") from exc
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+            raise UpstreamUnavailable(f"upstream {server} unreachable: {exc.__class__.__name__}: {exc}") from exc
+
+    async def _acquire(self, host: str, port: int, server: str) -> tuple[_Connection, bool]:
+        idle = self._idle.get((host, port))
+        while idle:
+            conn = idle.pop()
+            if conn.usable():
+                return conn, True
+            conn.close()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                reader, writer = await asyncio.open_connection(host, port, limit=_READ_LIMIT)
+        except TimeoutError as exc:
+            raise UpstreamUnavailable(f"upstream {server} unreachable: connect timed out") from exc
+        return _Connection(reader, writer), False
+
+    def _release(self, host: str, port: int, conn: _Connection) -> None:
+        idle = self._idle.setdefault((host, port), collections.deque())
+        if len(idle) >= self.max_idle:
+            conn.close()
+        else:
+            idle.append(conn)
+        self._releases += 1
+        if self._releases % _SWEEP_EVERY == 0:
+            self.sweep()
+
+    def sweep(self) -> int:
+        """Close kept connections their server has closed (a server that left the pool is never asked again, so
+        its half-closed sockets would otherwise stay open); the number closed."""
+        closed = 0
+        for target, idle in list(self._idle.items()):
+            alive = [conn for conn in idle if conn.usable()]
+            for conn in idle:
+                if not conn.usable():
+                    conn.close()
+                    closed += 1
+            if alive:
+                self._idle[target] = collections.deque(alive)
+            else:
+                del self._idle[target]
+        return closed
+
+    @staticmethod
+    async def _exchange(conn: _Connection, request: bytes, reused: bool) -> tuple[UpstreamAnswer, bool]:
+        """Send ``request`` and read one answer: (answer, whether the connection may be kept)."""
+        conn.writer.write(request)
+        try:
+            await conn.writer.drain()
+            head = await conn.reader.readuntil(b"\r\n\r\n")
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            if reused and (not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial):
+                raise _Stale from exc
+            raise
+        lines = head[:-4].split(b"\r\n")
+        version, _, rest = lines[0].partition(b" ")
+        status = int(rest[:3])
+        length, chunked, close = -1, False, version == b"HTTP/1.0"
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = b"close" in value.lower() if not close else close
+        if chunked:
+            content = await _read_chunked(conn.reader)
+        elif length >= 0:
+            content = await conn.reader.readexactly(length)
+        elif status in (204, 304) or 100 <= status < 200:
+            content = b""
+        else:  # no length: the body runs to the end of the connection
+            content, close = await conn.reader.read(), True
+        return UpstreamAnswer(status, content), not close
+
+    async def aclose(self) -> None:
+        closing = [conn for idle in self._idle.values() for conn in idle]
+        self._idle.clear()
+        for conn in closing:
+            conn.close()
+        for conn in closing:
+            with contextlib.suppress(Exception):
+                await conn.writer.wait_closed()
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers, then the blank line
+                pass
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)

@@ -1,0 +1,175 @@
+"""The engines' lean upstream client (polar_gym.proxy.http1) against real sockets: keep-alive reuse, chunked and
+Content-Length answers, a server that drops idle connections, and failures mapped onto the proxy's errors."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+import orjson
+import pytest
+
+from polar_gym.proxy.chat import ChatRequest
+from polar_gym.proxy.engines.vllm import VLLMEngine
+from polar_gym.proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from polar_gym.proxy.http1 import LeanHttpClient
+from polar_gym.proxy.upstreams import UpstreamPool
+from tests._waiting import until
+
+Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
+
+
+class _Server:
+    """A raw HTTP/1.1 server on a real socket: ``handler`` answers each request (given the body) and says whether
+    to keep the connection; ``accepted`` counts connections."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.accepted = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.server: asyncio.Server | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> _Server:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        self.accepted += 1
+        handler = self.handler
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                body = await reader.readexactly(length)
+                if not await handler(body, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def _answer(writer: asyncio.StreamWriter, body: bytes, status: int = 200, extra: bytes = b"") -> None:
+    writer.write(b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+                 % (status, len(body), extra, body))
+
+
+async def test_keeps_one_connection_alive_across_calls() -> None:
+    async def echo(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        _answer(writer, body)
+        return True
+
+    client = LeanHttpClient()
+    async with _Server(echo) as server:
+        for n in range(5):
+            answer = await client.post(server.url + "/v1/chat/completions", orjson.dumps({"n": n}))
+            assert (answer.status_code, orjson.loads(answer.content)) == (200, {"n": n})
+        assert server.accepted == 1
+        await client.aclose()
+
+
+async def test_reads_chunked_answers_and_error_statuses() -> None:
+    async def chunked(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        if body == b"bad":
+            _answer(writer, b'{"error": "no"}', status=400)
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n")
+        return True
+
+    client = LeanHttpClient()
+    async with _Server(chunked) as server:
+        assert (await client.post(server.url + "/x", b"a")).content == b"hello world"
+        refused = await client.post(server.url + "/x", b"bad")
+        assert (refused.status_code, refused.text) == (400, '{"error": "no"}')
+        assert (await client.post(server.url + "/x", b"b")).content == b"hello world"
+        assert server.accepted == 1
+        await client.aclose()
+
+
+async def test_a_dropped_keepalive_connection_is_replaced_and_connection_close_honoured() -> None:
+    async def once(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        _answer(writer, body, extra=b"connection: close\r\n" if body == b"close" else b"")
+        return False  # the server drops every connection after one answer, like an idle timeout would
+
+    client = LeanHttpClient()
+    async with _Server(once) as server:
+        for body in (b"one", b"two", b"close", b"three"):
+            assert (await client.post(server.url + "/x", body)).content == body
+        assert server.accepted == 4
+        await client.aclose()
+
+
+async def test_timeouts_and_refused_connections_are_the_proxys_errors() -> None:
+    async def silent(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(30)
+        return False
+
+    async with _Server(silent) as server:
+        with pytest.raises(UpstreamTimeout):
+            await LeanHttpClient(timeout=0.2).post(server.url + "/x", b"{}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    with pytest.raises(UpstreamUnavailable):
+        await LeanHttpClient().post(f"http://127.0.0.1:{closed_port}/x", b"{}")
+
+
+async def test_an_engine_without_an_injected_client_posts_through_it() -> None:
+    """The vLLM engine's model call goes through the lean client: a vLLM-shaped answer becomes a result, a
+    malformed one an upstream error."""
+    answers = [orjson.dumps({"choices": [{"message": {"role": "assistant", "content": "hi"}, "token_ids": [7, 8],
+                                          "finish_reason": "stop", "logprobs": {"content": [
+                                              {"logprob": -0.5}, {"logprob": -0.25}]}}],
+                             "prompt_token_ids": [1, 2, 3]}), b"not json"]
+    sent: list[dict[str, object]] = []
+
+    async def vllm(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        sent.append(orjson.loads(body))
+        _answer(writer, answers[len(sent) - 1])
+        return True
+
+    async with _Server(vllm) as server:
+        engine = VLLMEngine(UpstreamPool([server.url]))
+        assert engine.fast is not None
+        request = ChatRequest.model_validate({"model": "policy", "messages": [{"role": "user", "content": "x"}]})
+        result = await engine.complete(request, "s1")
+        assert (result.prompt_ids, result.response_ids, result.response_logprobs) == ([1, 2, 3], [7, 8],
+                                                                                       [-0.5, -0.25])
+        assert sent[0]["return_token_ids"] is True
+        with pytest.raises(UpstreamError):
+            await engine.complete(request, "s1")
+        await engine.aclose()
+
+
+async def test_connections_a_gone_server_closed_are_swept() -> None:
+    """A server that left the pool is never called again: its kept connections, closed on its side, are closed
+    on ours at the next sweep instead of holding sockets forever."""
+    async def echo(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        _answer(writer, body)
+        return True
+
+    client = LeanHttpClient()
+    async with _Server(echo) as gone, _Server(echo) as staying:
+        await client.post(gone.url + "/x", b"a")
+        await client.post(staying.url + "/x", b"b")
+    # both servers have closed their side; the sweep notices once the loop has seen the end of each stream
+    await until(lambda: all(not c.usable() for idle in client._idle.values() for c in idle),
+                what="both servers' ends of the kept connections")
+    assert client.sweep() == 2 and client._idle == {}
+    await client.aclose()
