@@ -3,21 +3,13 @@ journaled within 1.1x its unique content and every request reads back byte for b
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_proxy.py"
+from tests._benchmarks import load_benchmark
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_proxy", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_proxy"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_proxy")
 
 
 def test_a_claude_code_session_is_journaled_within_its_unique_content() -> None:

@@ -3,29 +3,20 @@ every session completes, and its files carry the fields docs/scaling.md cites. N
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from polar_gym.assets import tokenizer_dir
+from tests._benchmarks import load_benchmark
 
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_scale.py"
-
-
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scale", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_scale"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_scale")
 
 
 def test_bench_scale_runs_end_to_end_and_writes_what_the_docs_cite(tmp_path: Path) -> None:

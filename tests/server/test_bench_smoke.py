@@ -3,26 +3,18 @@ every session must finish COMPLETED, so the benchmark's numbers are about finish
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests._benchmarks import load_benchmark
+
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_server.py"
-
-
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_server", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_server"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_server")
 
 
 def test_bench_server_smoke(tmp_path: Path) -> None:
