@@ -22,16 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import io
-import itertools
-import logging
 import os
 import posixpath
 import secrets
 import shlex
 import shutil
-import stat
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -59,7 +54,9 @@ from polar_gym.runtime.docker_commands import (
     container_name,
     session_id_for,
 )
+from polar_gym.runtime.docker_files import pack_upload, unpack_download
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.lease import LEASE_LOOKS, Lease
 from polar_gym.runtime.local import DEFAULTS, LoopbackAllocator
 from polar_gym.runtime.podman_host import default_cli, host_defaults
 from polar_gym.runtime.processes import start_process
@@ -78,10 +75,6 @@ __all__ = [
     "container_name",
     "session_id_for",
 ]
-
-#: looks PID 1 makes per lease period; it ends the container after this many without a renewal
-LEASE_LOOKS = 3
-log = logging.getLogger(__name__)
 
 # CLI error texts, lower-cased, that decide which error a failure maps to
 _DAEMON_DOWN = ("cannot connect to the docker daemon", "is the docker daemon running", "error during connect",
@@ -108,40 +101,6 @@ def _as_command(command: list[str] | str) -> list[str]:
 def _reason(stderr: bytes) -> str:
     text = stderr.decode(errors="replace").strip()
     return text.splitlines()[-1] if text else ""
-
-
-def _pack(data: bytes | Path, dst: str) -> tuple[int, str]:
-    """Write a temporary tar that ``cp -`` extracts at ``/`` to put ``data`` at the absolute path ``dst``; returns
-    it opened for reading (fd, path)."""
-    if not isinstance(data, bytes) and not data.exists():
-        raise FileNotFoundError(f"upload source {data} does not exist")
-    arcname = dst.lstrip("/")
-    fd, out = tempfile.mkstemp(prefix="polar-upload-", suffix=".tar")
-    os.close(fd)
-    try:
-        _write_tar(data, arcname, out)
-    except BaseException:
-        os.unlink(out)
-        raise
-    return os.open(out, os.O_RDONLY), out
-
-
-def _write_tar(data: bytes | Path, arcname: str, out: str) -> None:
-    """Root-owned members (as ``docker cp`` makes them), a fresh mtime for bytes."""
-
-    def root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        return info
-
-    with tarfile.open(out, "w") as tar:
-        if isinstance(data, bytes):
-            info = tarfile.TarInfo(arcname)
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-            tar.addfile(root_owned(info), io.BytesIO(data))
-        else:
-            source = data.resolve() if data.is_symlink() else data
-            tar.add(source, arcname=arcname, recursive=True, filter=root_owned)
 
 
 def _prepare_private(private: Path) -> None:
@@ -188,64 +147,6 @@ def _read_markers(marker: Path, consume: bool) -> tuple[bool, int | None, int | 
     return started, values[0], values[1]
 
 
-def _safe_member(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-    """tarfile's ``tar`` filter (no escaping the destination), and no device nodes or fifos."""
-    if member.ischr() or member.isblk() or member.isfifo():
-        return None
-    if hasattr(tarfile, "tar_filter"):
-        return tarfile.tar_filter(member, path)
-    return _escape_check(member, path)  # pragma: no cover - Python < 3.11.4 only (Debian 12's 3.11.2)
-
-
-def _escape_check(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
-    """What the ``tar`` filter checks, for Pythons without extraction filters: the member and its link target stay
-    inside the destination (absolute names lose their slash), and no set-id bits."""
-    dest = os.path.realpath(path)
-    name = member.name.lstrip("/")
-    target = os.path.realpath(os.path.join(dest, name))
-    links = []
-    if member.issym():
-        links.append(os.path.join(os.path.dirname(target), member.linkname))
-    elif member.islnk():
-        links.append(os.path.join(dest, member.linkname.lstrip("/")))
-    for candidate in (target, *links):
-        if os.path.commonpath([dest, os.path.realpath(candidate)]) != dest:
-            raise SandboxError(f"archive member {member.name!r} would land outside {dest}")
-    member.name = name
-    member.mode &= 0o7777 & ~(stat.S_ISUID | stat.S_ISGID)
-    return member
-
-
-def _unpack(archive: Path, dst: Path) -> None:
-    """Extract the one top-level member of ``archive`` at ``dst``: a directory merges into an existing one (as the
-    local backend does), anything else replaces what was there."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".polar-download-", dir=dst.parent))
-    try:
-        with tarfile.open(archive) as tar:
-            members = tar.getmembers()
-            tops = {m.name.lstrip("/").split("/", 1)[0] for m in members}
-            if len(tops) != 1:
-                raise SandboxError(f"unexpected archive from cp: top-level entries {sorted(tops)}")
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(staging, members=members, filter=_safe_member)
-            else:  # pragma: no cover - Python < 3.11.4 (Debian 12's 3.11.2) has no extraction filters
-                safe = [m for m in (_safe_member(m, str(staging)) for m in members) if m is not None]
-                tar.extractall(staging, members=safe)
-        top = staging / tops.pop()
-        existing_dir = dst.is_dir() and not dst.is_symlink()
-        if existing_dir and top.is_dir() and not top.is_symlink():
-            shutil.copytree(top, dst, symlinks=True, dirs_exist_ok=True)
-            return
-        if existing_dir:
-            shutil.rmtree(dst)
-        elif dst.exists() or dst.is_symlink():
-            dst.unlink()
-        os.replace(top, dst)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 class DockerRuntime(Runtime):
     """A session in a container, through the Docker CLI.
 
@@ -289,7 +190,7 @@ class DockerRuntime(Runtime):
         self._relay: GatewayRelay | None = None  # the host half of the gateway relay, while it serves
         self._loopback: TextIO | None = None  # holds this sandbox's loopback address (network "host")
         self.lease_seconds = float(opts.get("lease_seconds", 30.0) or 0.0)
-        self._lease_task: asyncio.Task[None] | None = None
+        self._lease: Lease | None = None
 
     # -- CLI plumbing -------------------------------------------------------------------------------------------
 
@@ -398,30 +299,13 @@ class DockerRuntime(Runtime):
                                         f"{(logs + errs).decode(errors='replace').strip()}")
             await asyncio.sleep(0.02)
 
-    async def _start_lease(self) -> tuple[str, float, int] | None:
-        """Write the lease and keep rewriting it (a new counter value twice per look of PID 1) while we live."""
+    async def _start_lease(self) -> tuple[Path, float, int] | None:
+        """The lease PID 1 watches (:mod:`polar_gym.runtime.lease`), renewed from now until stop()."""
         if self.lease_seconds <= 0:
             return None
-        every = self.lease_seconds / LEASE_LOOKS
-        path = self._private / "lease"
-
-        def renew(n: int) -> None:
-            tmp = path.with_name(f"lease.{n}")
-            tmp.write_text(f"{n}\n")
-            tmp.chmod(0o644)
-            os.replace(tmp, path)  # PID 1 never reads a half-written value
-
-        async def keep() -> None:
-            for n in itertools.count(1):
-                await asyncio.sleep(every / 2)
-                try:
-                    await asyncio.to_thread(renew, n)
-                except OSError as exc:  # the session directory is gone or full: the container ends on its own
-                    log.warning("cannot renew the lease of %s: %s", self.container, exc)
-
-        await asyncio.to_thread(renew, 0)
-        self._lease_task = asyncio.create_task(keep(), name=f"lease-{self.container}")
-        return f"{SESSION_MOUNT}/{PRIVATE_DIR}/lease", every, LEASE_LOOKS
+        self._lease = Lease(self.lease_seconds, self.container)
+        await self._lease.start()
+        return self._lease.directory, self._lease.every, LEASE_LOOKS
 
     async def _start_relay(self) -> Path:
         """Serve the gateway on ``<session>/gateway.sock`` (the shared host half); returns the helper to mount."""
@@ -446,9 +330,9 @@ class DockerRuntime(Runtime):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(run.done.wait(), self.KILL_GRACE)
         finally:
-            if self._lease_task is not None:
-                self._lease_task.cancel()
-                self._lease_task = None
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
             if self._relay is not None:
                 relay, self._relay = self._relay, None
                 await relay.stop()
@@ -576,7 +460,7 @@ class DockerRuntime(Runtime):
         target = posixpath.normpath(posixpath.join(self.spec.workdir, dst))
         if target == "/":
             raise ValueError("cannot upload onto /")
-        fd, archive = await asyncio.to_thread(_pack, data, target)
+        fd, archive = await asyncio.to_thread(pack_upload, data, target)
         try:
             code, _, err = await self._cli(self.commands.copy_in(self.container), stdin=fd, timeout=3600)
         finally:
@@ -601,7 +485,7 @@ class DockerRuntime(Runtime):
                 if any(s in text.lower() for s in _NOT_FOUND):
                     raise FileNotFoundError(f"{source} does not exist in {self.container}: {_reason(err)}")
                 raise SandboxError(f"download of {source} failed: {_reason(err)}")
-            await asyncio.to_thread(_unpack, archive, Path(dst))
+            await asyncio.to_thread(unpack_download, archive, Path(dst))
         finally:
             await asyncio.to_thread(os.unlink, archive)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_gym.runtime.base import RELAY_PATH, SESSION_MOUNT
+from polar_gym.runtime.lease import LEASE_FILE
 from polar_gym.runtime.relay import helper_argv
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "KEEPALIVE",
     "KILL_SCRIPT",
     "LABEL",
+    "LEASE_MOUNT",
     "PRIVATE_DIR",
     "DockerCommands",
     "cli_env",
@@ -29,6 +31,8 @@ __all__ = [
     "session_id_for",
 ]
 
+#: where a container sees its gateway's lease directory (read-only: see polar_gym.runtime.lease)
+LEASE_MOUNT = "/run/polar-lease"
 #: the label every container of ours carries (value: the session id), for clean-up and leak checks
 LABEL = "polar_gym.session"
 #: our bookkeeping directory inside the session directory (pid and exit-code files, the ready marker)
@@ -127,11 +131,12 @@ class DockerCommands:
             env: dict[str, str] | None = None, network: str = "none", cpus: float | None = None,
             memory_mb: int | None = None, max_processes: int | None = None,
             relay: Path | None = None, max_connections: int | None = None,
-            lease: tuple[str, float, int] | None = None) -> list[str]:
+            lease: tuple[Path, float, int] | None = None) -> list[str]:
         """``run -d``: the container idles in PID 1 until removed, with no capabilities and no new privileges.
         ``relay`` (the helper binary on the host) makes the entrypoint the relay, which opens the gateway port
-        (at most ``max_connections`` at once) and then execs PID 1's loop. ``lease`` (path inside, seconds between
-        looks, looks without a change) ends the container when its gateway stops rewriting that file."""
+        (at most ``max_connections`` at once) and then execs PID 1's loop. ``lease`` (the host directory of a
+        :class:`~polar_gym.runtime.lease.Lease`, mounted read-only; seconds between looks; looks without a change)
+        ends the container when its gateway stops rewriting the lease."""
         argv = [*self.cli, "run", "-d", "--name", name, "--label", f"{LABEL}={session_id}",
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 "-v", f"{session_dir}:{SESSION_MOUNT}",
@@ -145,8 +150,9 @@ class DockerCommands:
             argv += ["--pids-limit", str(max_processes)]
         init = [self.shell, "-c", KEEPALIVE, "polar-init", f"{SESSION_MOUNT}/{PRIVATE_DIR}/ready", workdir]
         if lease is not None:
-            path, every, misses = lease
-            init += [path, f"{every:g}", str(misses)]
+            directory, every, misses = lease
+            argv += ["-v", f"{directory}:{LEASE_MOUNT}:ro"]
+            init += [f"{LEASE_MOUNT}/{LEASE_FILE}", f"{every:g}", str(misses)]
         if relay is not None:
             argv += ["-v", f"{relay}:{RELAY_PATH}:ro"]
             init = helper_argv(RELAY_PATH, init, gateway=True, max_connections=max_connections)

@@ -22,11 +22,11 @@ from polar_gym.runtime.docker import (
     LABEL,
     DockerCommands,
     DockerRuntime,
-    _unpack,
     cli_env,
     container_name,
     session_id_for,
 )
+from polar_gym.runtime.docker_files import unpack_download
 from polar_gym.runtime.errors import (
     RuntimeOptionError,
     SandboxError,
@@ -75,8 +75,10 @@ def test_run_everything() -> None:
 
 def test_run_with_a_lease_passes_it_to_pid_1() -> None:
     argv = DockerCommands().run(name="polar-s1", session_id="s1", image="img:1", session_dir=Path("/srv/s1"),
-                                workdir="/w", lease=("/polar/.polar-docker/lease", 10.0, 3))
-    assert argv[-8:] == [*INIT, "/w", "/polar/.polar-docker/lease", "10", "3"]
+                                workdir="/w", lease=(Path("/tmp/polar-lease-x"), 10.0, 3))
+    assert argv[-8:] == [*INIT, "/w", "/run/polar-lease/lease", "10", "3"]
+    # the gateway's own directory, read-only inside: the agent can neither forge the lease nor plant a link in it
+    assert argv[argv.index("/tmp/polar-lease-x:/run/polar-lease:ro") - 1] == "-v"
 
 
 def test_run_gateway_makes_the_relay_the_entrypoint() -> None:
@@ -178,7 +180,7 @@ def test_download_merges_into_an_existing_directory(tmp_path: Path) -> None:
     dst = tmp_path / "out"
     (dst / "sub").mkdir(parents=True)
     (dst / "old.txt").write_text("old")
-    _unpack(tmp_path / "a.tar", dst)
+    unpack_download(tmp_path / "a.tar", dst)
     assert (dst / "old.txt").read_text() == "old" and (dst / "sub" / "new.txt").read_text() == "new"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".polar")] == []
 
@@ -304,12 +306,13 @@ async def test_labels_limits_and_env_as_the_engine_sees_them(tmp_path: Path) -> 
 @pytest.mark.usefixtures("podman")
 async def test_no_capabilities_no_new_privileges_and_default_limits(tmp_path: Path) -> None:
     """Issue 11 for the docker backend: root in the container has no capability and cannot gain any; a spec that
-    sets no limit still gets the default pids and memory limits; only the session directory is mounted."""
+    sets no limit still gets the default pids and memory limits; only the session directory is mounted (and the
+    gateway's lease directory, read-only)."""
     async with make_docker(_spec(), tmp_path / "s") as rt:
         assert isinstance(rt, DockerRuntime)
         got = _podman("inspect", "--format", "{{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} "
                       "{{range .Mounts}}{{.Destination}} {{end}}", rt.container).split()
-        assert got == [str(1024 * 2**20), "512", "/polar"]
+        assert got[:2] == [str(1024 * 2**20), "512"] and sorted(got[2:]) == ["/polar", "/run/polar-lease"]
         result = await rt.exec("grep -E '^(CapPrm|CapEff|CapBnd|NoNewPrivs):' /proc/self/status; "
                                "mount -t tmpfs none /mnt 2>/dev/null && echo mounted")
         fields = dict(line.split(":\t") for line in result.text.splitlines())
@@ -481,7 +484,7 @@ async def main(session_dir):
     options = {**podman_options(), "lease_seconds": 3}
     rt = DockerRuntime(RuntimeSpec(image=TEST_IMAGE, network="none"), Path(session_dir), options=options)
     await rt.start()
-    print(rt.container, flush=True)
+    print(rt.container, rt._lease.directory, flush=True)
     await rt.exec("sleep 600")
 
 asyncio.run(main(sys.argv[1]))
@@ -501,9 +504,9 @@ def test_a_container_outlives_no_sigkilled_gateway(tmp_path: Path) -> None:
     container = ""
     try:
         assert owner.stdout is not None
-        container = owner.stdout.readline().strip()
-        assert container, "the owner did not start its container"
-        lease = session / ".polar-docker" / "lease"
+        container, _, lease_dir = owner.stdout.readline().strip().partition(" ")
+        assert container and lease_dir, "the owner did not start its container"
+        lease = Path(lease_dir) / "lease"
         # alive through two whole lease periods (PID 1 looks every second and gives up after 3 unchanged looks)
         until_sync(lambda: lease.is_file() and int(lease.read_text() or 0) >= 12, what="12 lease renewals")
         assert _container_running(container)
@@ -524,3 +527,18 @@ def _container_running(name: str) -> bool:
     done = subprocess.run([*PODMAN_CLI, "inspect", "-f", "{{.State.Running}}", name], capture_output=True, text=True,
                           timeout=60)
     return done.returncode == 0 and done.stdout.strip() == "true"
+
+
+@pytest.mark.usefixtures("podman")
+async def test_the_agent_can_neither_forge_the_lease_nor_plant_a_link_in_it(tmp_path: Path) -> None:
+    """The lease lives in the gateway's own directory, read-only inside: in the session directory an agent could
+    keep its container alive past its gateway, or plant a symlink where a root gateway writes next."""
+    async with make_docker(_spec(), tmp_path / "s") as rt:
+        assert isinstance(rt, DockerRuntime) and rt._lease is not None
+        host = rt._lease.directory
+        forged = await rt.exec("echo 999999 > /run/polar-lease/lease || echo refused; "
+                               "ln -s /etc/passwd /run/polar-lease/.lease.5 || echo refused too")
+        assert "refused" in forged.text and "refused too" in forged.text, forged
+        assert not (host / ".lease.5").exists() and (host / "lease").read_text().strip() != "999999"
+        assert not (tmp_path / "s" / ".polar-docker" / "lease").exists()
+    assert not host.exists()  # released with the sandbox

@@ -13,8 +13,8 @@ import pytest
 
 from polar_gym.apptainer.offline import OfflineRecipe, ensure_base
 from polar_gym.apptainer.rootless import MMDEBSTRAP_DIR, fetch_mmdebstrap, find_mmdebstrap, mmdebstrap_argv
-from polar_gym.runtime.docker import _escape_check
 from polar_gym.runtime.docker_commands import DockerCommands, cli_env, env_args
+from polar_gym.runtime.docker_files import escape_check
 from polar_gym.runtime.errors import SandboxError
 from polar_gym.runtime.podman_host import ALL_LIMITS, enforced_limits
 
@@ -99,10 +99,10 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", mode: int 
 
 def test_downloads_cannot_escape_without_tarfile_filters(tmp_path: Path) -> None:
     dest = str(tmp_path)
-    kept = _escape_check(_member("/top/file", mode=0o4755), dest)
+    kept = escape_check(_member("/top/file", mode=0o4755), dest)
     assert kept.name == "top/file" and kept.mode == 0o755  # no leading slash, no set-id bit
-    assert _escape_check(_member("top/link", tarfile.SYMTYPE, "file"), dest).linkname == "file"
+    assert escape_check(_member("top/link", tarfile.SYMTYPE, "file"), dest).linkname == "file"
     for bad in (_member("../out"), _member("top/l", tarfile.SYMTYPE, "/etc/passwd"),
                 _member("top/l", tarfile.SYMTYPE, "../../x"), _member("top/h", tarfile.LNKTYPE, "../x")):
         with pytest.raises(SandboxError, match="outside"):
-            _escape_check(bad, dest)
+            escape_check(bad, dest)
