@@ -1,5 +1,6 @@
-"""benchmarks/bench_proxy.py's journal section, short: a Claude Code session built from the recorded request is
-journaled within 1.1x its unique content and every request reads back byte for byte (the benchmark asserts it)."""
+"""benchmarks/journal_cost.py (bench_proxy.py --journal-only), short: a Claude Code session built from the recorded
+request is journaled within 1.1x its unique content and every request reads back byte for byte (the benchmark
+asserts it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from tests._benchmarks import load_benchmark
 
 
 def _bench() -> ModuleType:
-    return load_benchmark("bench_proxy")
+    return load_benchmark("journal_cost")
 
 
 def test_a_claude_code_session_is_journaled_within_its_unique_content() -> None:
