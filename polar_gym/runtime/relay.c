@@ -289,6 +289,7 @@ static void watch(pid_t launcher) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = kill_group;
     if (sigaction(SIGTERM, &sa, NULL) < 0) die("sigaction");
+    if (getpgrp() != getpid() && setpgid(0, 0) < 0) die("setpgid");  /* the group killed is never the launcher's */
     if (prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) < 0) die("PR_SET_PDEATHSIG");
     if (getppid() != launcher) kill_group(0);
     pid_t self = getpid(), child = fork();

@@ -77,3 +77,14 @@ def test_a_sigkilled_gateway_leaves_no_sandbox(tmp_path: Path, round_: int) -> N
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_the_watchdog_kills_only_its_own_group_never_its_launchers(tmp_path: Path) -> None:
+    """A sandbox killed by a signal takes its process group down; the watchdog leads a group of its own, so a caller
+    that did not start it in a new session (here a shell) is never in that group."""
+    from polar_gym.runtime.relay import build_relay
+
+    relay = build_relay()
+    script = f'{relay} -W $$ -- /bin/sh -c "kill -9 \\$\\$"; echo "launcher survived $?"'
+    done = subprocess.run(["setsid", "/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert "launcher survived 137" in done.stdout, (done.stdout, done.stderr)
