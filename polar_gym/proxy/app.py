@@ -15,6 +15,7 @@ from fastapi import APIRouter, FastAPI
 import polar_gym
 from polar_gym.httpguard import TokenCheck
 from polar_gym.proxy.routes import admin, models, sessions
+from polar_gym.proxy.routes.models import ModelCallShortcut
 from polar_gym.proxy.service import ProxyService
 from polar_gym.web import AdminRoutes, install
 
@@ -54,4 +55,5 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
 
     install(app, TokenCheck(admin_token), needs_token=admin_only,
             limit=lambda method, path: max_admin_body_bytes if admin_only(method, path) else None)
+    app.add_middleware(ModelCallShortcut, guarded=admin_only)  # added last: runs first
     return app

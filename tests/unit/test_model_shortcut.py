@@ -1,0 +1,81 @@
+"""Model calls skip FastAPI's routing (``ModelCallShortcut``) and still answer exactly as the routed endpoints do;
+paths the admin guard covers never take the shortcut; a harness that hangs up mid-body is not an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from polar_gym.proxy.app import create_app
+from polar_gym.proxy.routes import models
+from polar_gym.proxy.routes.models import ModelCallShortcut
+from tests._serving import oracle_service
+
+HEADERS = {"authorization": "Bearer s1", "x-goog-api-key": "s1", "content-type": "application/json"}
+CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+GOOGLE = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+
+
+async def test_model_calls_take_the_shortcut_and_answer_as_the_routed_endpoints(tmp_path: Path, monkeypatch):
+    service = oracle_service(tmp_path)
+    app = create_app(service, "admin")
+    assert app.user_middleware[0].cls is ModelCallShortcut  # outermost of ours: runs before routing
+    routed: list[str] = []
+    original = models.model_call
+
+    async def counted(request: Any, provider: str, route: Any) -> Any:
+        routed.append(provider)
+        return await original(request, provider, route)
+
+    monkeypatch.setattr(models, "model_call", counted)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as client:
+        chat = await client.post("/v1/chat/completions", content=orjson.dumps(CHAT), headers=HEADERS)
+        google = await client.post("/v1beta/models/policy:generateContent", content=orjson.dumps(GOOGLE),
+                                   headers=HEADERS)
+        unknown = await client.post("/v1beta/models/policy:nonsense", content=orjson.dumps(GOOGLE), headers=HEADERS)
+        health = await client.get("/health")
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
+    assert google.status_code == 200 and google.json()["candidates"][0]["content"]["role"] == "model"
+    assert unknown.status_code == 404 and unknown.json()["error"]["status"] == "NOT_FOUND"  # Google's own shape
+    assert health.status_code == 200
+    assert routed == ["openai_chat", "google", "google"]
+    assert [r.provider for r in await service.journal.records("s1")] == ["openai_chat", "google"]
+    service.journal.close()
+
+
+async def test_a_path_the_admin_guard_covers_never_takes_the_shortcut(tmp_path: Path):
+    """``/admin/models/x:generateContent`` looks like a Google model path; it stays behind the admin token."""
+    service = oracle_service(tmp_path)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service, "admin")),
+                                 base_url="http://proxy") as client:
+        resp = await client.post("/admin/models/policy:generateContent", content=orjson.dumps(GOOGLE),
+                                 headers=HEADERS)
+    assert resp.status_code == 401 and resp.json()["error"]["type"] == "unauthorized"
+    assert await service.journal.records("s1") == []
+    service.journal.close()
+
+
+async def test_a_harness_that_hangs_up_mid_body_gets_no_answer_and_nothing_is_journaled(tmp_path: Path):
+    service = oracle_service(tmp_path)
+    app = create_app(service, "admin")
+    sent: list[dict[str, Any]] = []
+    messages = iter([{"type": "http.request", "body": b'{"model": "pol', "more_body": True},
+                     {"type": "http.disconnect"}])
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "headers": [(k.encode(), v.encode()) for k, v in HEADERS.items()],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    await app(scope, receive, send)
+    assert sent == []
+    assert await service.journal.records("s1") == []
+    service.journal.close()
