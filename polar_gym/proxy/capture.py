@@ -24,6 +24,7 @@ from polar_gym.journal import (
     LOGPROBS_FILE,
     RECORDS_FILE,
     TOKENS_FILE,
+    DigestMemo,
     SessionStore,
     count_attempts,
     decode,
@@ -42,10 +43,11 @@ class _Session:
     """One journal stream's encoder state and, in memory mode, its bytes. ``users`` counts the calls holding it, so
     eviction never drops a stream that a call is about to write (two encoders on one directory would corrupt it)."""
 
-    def __init__(self, session_id: str, directory: Path | None) -> None:
+    def __init__(self, session_id: str, directory: Path | None, memo: DigestMemo) -> None:
         self.session_id = session_id
         self.directory = directory
-        self.store = SessionStore()
+        self.memo = memo
+        self.store = SessionStore(memo)
         self.lock = asyncio.Lock()
         self.users = 0
         self.loaded = directory is None
@@ -68,19 +70,28 @@ class _Session:
             self.store.encode(record)
         truncate_torn_tail(self.directory, lines, len(records), self.store)
 
-    def write(self, line: bytes, tokens: bytes, logprobs: bytes, fsync: bool) -> None:
+    def write(self, line: bytes, tokens: bytes, logprobs: bytes, fsync: bool, files: _OpenFiles | None = None) -> None:
         if self.directory is None:
             self.tokens += tokens
             self.logprobs += logprobs
             self.lines.append(line)
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for name, payload in ((TOKENS_FILE, tokens), (LOGPROBS_FILE, logprobs), (RECORDS_FILE, line)):
-            with open(self.directory / name, "ab") as fh:
-                fh.write(payload)
-                fh.flush()
+        cache = files if files is not None else _OpenFiles(keep=0)
+        fds = cache.get(self.directory)
+        try:
+            for fd, payload in zip(fds, (tokens, logprobs, line), strict=True):
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view):]
                 if fsync:
-                    os.fsync(fh.fileno())
+                    os.fsync(fd)
+        except BaseException:
+            cache.discard(self.directory)  # the next append reopens (after the reload cuts the torn part)
+            raise
+        finally:
+            if files is None:
+                for fd in fds:
+                    os.close(fd)
 
     def read(self) -> list[CompletionRecord]:
         if self.directory is None:
@@ -93,10 +104,59 @@ class _Session:
         return stored_bytes(self.directory)
 
 
+class _OpenFiles:
+    """The append descriptors of the streams written last (tokens, logprobs, records: in the order a record is
+    written, so its line never points at missing bytes), kept open between calls: opening three files and making
+    the directory per call cost more than the writes. Used by the writer thread alone. A stream whose files were
+    removed under it (``st_nlink`` 0) gets fresh ones, as reopening per call did."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = keep
+        self._open: collections.OrderedDict[Path, tuple[int, int, int]] = collections.OrderedDict()
+
+    def get(self, directory: Path) -> tuple[int, int, int]:
+        fds = self._open.get(directory)
+        if fds is not None and all(os.fstat(fd).st_nlink for fd in fds):
+            self._open.move_to_end(directory)
+            return fds
+        if fds is not None:
+            self._close(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        opened: list[int] = []
+        try:
+            for name in (TOKENS_FILE, LOGPROBS_FILE, RECORDS_FILE):
+                opened.append(os.open(directory / name, flags, 0o666))
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        fds = (opened[0], opened[1], opened[2])
+        if self.keep:
+            self._open[directory] = fds
+            while len(self._open) > self.keep:
+                self._close(next(iter(self._open)))
+        return fds
+
+    def _close(self, directory: Path) -> None:
+        for fd in self._open.pop(directory):
+            os.close(fd)
+
+    def discard(self, directory: Path) -> None:
+        if directory in self._open:
+            self._close(directory)
+
+    def close(self) -> None:
+        while self._open:
+            self._close(next(iter(self._open)))
+
+
 class _Writer:
-    """One thread doing all journal file I/O, so the event loop never blocks on disk."""
+    """One thread doing all journal file I/O, so the event loop never blocks on disk. It keeps the files it wrote
+    last open (``files``, touched by this thread alone)."""
 
     def __init__(self, max_pending: int) -> None:
+        self.files = _OpenFiles()
         self._queue: queue.Queue[tuple[Callable[[], None], asyncio.Future[None]] | None] = queue.Queue(max_pending)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="polar-capture-writer", daemon=True)
@@ -106,6 +166,7 @@ class _Writer:
         while True:
             item = self._queue.get()
             if item is None:
+                self.files.close()
                 return
             job, fut = item
             loop = fut.get_loop()
@@ -171,6 +232,7 @@ class CaptureJournal:
         #: the latest attempt of recently begun sessions (on disk it is also in CURRENT_ATTEMPT)
         self._latest: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._writer = _Writer(max_pending) if self.root is not None else None
+        self._memo = DigestMemo()  # shared by the streams: sessions of one harness send the same tools
 
     # -- layout ----------------------------------------------------------------------------------------------
 
@@ -188,7 +250,7 @@ class CaptureJournal:
     def _open(self, key: _Key) -> _Session:
         session = self._sessions.get(key)
         if session is None:
-            session = self._sessions[key] = _Session(key[0], self.stream_dir(*key))
+            session = self._sessions[key] = _Session(key[0], self.stream_dir(*key), self._memo)
         else:
             self._sessions.move_to_end(key)
         return session
@@ -273,11 +335,12 @@ class CaptureJournal:
                 session.write(line, tokens, logprobs, False)
                 return record
             try:
-                await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync))
+                files = self._writer.files
+                await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync, files))
             except BaseException:
                 # The encoder counted a record the files may not hold (or hold in part): rebuild it from disk
                 # before the next append, cutting the torn part, so no later record points at missing bytes.
-                session.store, session.loaded = SessionStore(), False
+                session.store, session.loaded = SessionStore(session.memo), False
                 raise
         return record
 

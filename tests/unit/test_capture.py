@@ -334,3 +334,39 @@ async def test_a_call_whose_journal_write_fails_gets_an_error_answer_not_a_hang(
     assert read_received(tmp_path / "w") == [sent]
     await client.aclose()
     service.journal.close()
+
+
+async def test_the_writer_keeps_a_bounded_number_of_files_open(tmp_path: Path):
+    """The writer keeps the files of the streams it wrote last open between calls; 100 streams never hold more
+    than its bound, and closing the journal closes them all."""
+    import os
+
+    def open_fds() -> int:
+        try:
+            return len(os.listdir("/proc/self/fd"))
+        except FileNotFoundError:
+            pytest.skip("needs /proc to count open descriptors")
+
+    before = open_fds()
+    journal = CaptureJournal(tmp_path)
+    for n in range(100):
+        await journal.append(record(f"s{n}", [1, 2, n], [3]))
+    held = open_fds() - before
+    assert 3 <= held <= 3 * 64 + 8  # the writer thread's descriptors, bounded (a few for the thread itself)
+    journal.close()
+    assert open_fds() - before <= 8
+    assert [r.prompt_ids for r in await CaptureJournal(tmp_path).records("s99")] == [[1, 2, 99]]
+
+
+async def test_a_stream_whose_files_were_removed_is_written_to_fresh_files_not_lost(tmp_path: Path):
+    """Files kept open must not swallow records once someone removes them (an operator clearing a session): the
+    next record goes to new files on disk, as it did when every write reopened them."""
+    import shutil
+
+    journal = CaptureJournal(tmp_path)
+    await journal.append(record("gone", [1, 2], [3]))
+    shutil.rmtree(tmp_path / "gone")
+    await journal.append(record("gone", [7, 8, 9], [4]))
+    assert b'"completion_id":"c3-1"' in (tmp_path / "gone" / "records.jsonl").read_bytes()
+    assert (tmp_path / "gone" / "tokens.bin").stat().st_size > 0
+    journal.close()

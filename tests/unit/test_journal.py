@@ -179,3 +179,26 @@ def test_a_journal_written_before_blobs_still_reads():
     assert [r.model_dump(mode="json") for r in read_session(DATA / "v1")] == expected
     assert journal.read_received(DATA / "v1") == [None] * len(expected)
     assert count_attempts(DATA) == {}
+
+
+def test_the_digest_memo_names_blobs_by_their_sha256_and_never_confuses_two_values_of_one_size():
+    import hashlib
+
+    memo = journal.DigestMemo(entries=2, min_bytes=8)
+    tools, other = b'{"tools":[1,2,3]}', b'{"tools":[1,2,4]}'  # the same length, different bytes
+    assert len(tools) == len(other)
+    for value in (tools, tools, other, tools, b"tiny", b'{"system":"a longer value"}', tools):
+        assert memo.digest(value) == hashlib.sha256(value).digest()[:16]
+    assert len(memo._known) <= 2
+
+
+def test_streams_sharing_a_memo_each_hold_every_blob_they_refer_to():
+    """The memo only saves hashing: each stream still writes the blobs it refers to, so it reads back alone."""
+    memo = journal.DigestMemo(min_bytes=64)
+    tools = [{"name": f"tool{i}", "description": "d" * 200} for i in range(5)]
+    stores = [SessionStore(memo), SessionStore(memo)]
+    for store in stores:
+        rec = record(0, [1, 2], [3])
+        rec.request = {"tools": tools, "messages": rec.request["messages"]}
+        line, tok, lp = store.encode(rec)
+        assert decode([line], tok, lp)[0].request["tools"] == tools
