@@ -317,6 +317,21 @@ def test_text_that_merely_mentions_the_header_is_kept():
 
 hexes = st.text(alphabet="0123456789abcdef", min_size=3, max_size=5)
 
+#: the header's own characters in both cases, the non-ASCII letters a case-blind match equates with ASCII ones
+#: (dotless and dotted i, long s, the Kelvin sign), and line breaks
+_HEADERISH = st.text(alphabet=sorted(set("x-anthropic-billing-header:" + "X-ANTHROPIC-BILLING-HEADER")
+                                     | set("\u0131\u0130\u017f\u212a \t\n;=")), max_size=80)
+
+
+@given(_HEADERISH, _HEADERISH)
+@settings(max_examples=400, deadline=None)
+def test_the_cheap_precheck_strips_exactly_what_the_case_blind_pattern_strips(before: str, after: str):
+    from polar_gym.proxy.providers.anthropic.translate import _BILLING_LINE
+
+    for text in (before + after, before + "\nX-Anthropic-Billing-Header: v=1\n" + after,
+                 before + "x-anthrop\u0131c-b\u0130ll\u0130ng-header:" + after):
+        assert strip_billing_lines(text) == _BILLING_LINE.subn("", text)
+
 
 @settings(max_examples=50, deadline=None)
 @given(v1=hexes, c1=hexes, v2=hexes, c2=hexes, rest=st.text(min_size=1).filter(lambda s: s.strip()))

@@ -96,7 +96,11 @@ _CLIENT_TOOLS = {
 
 
 def strip_billing_lines(text: str) -> tuple[str, int]:
-    """``text`` without Claude Code's billing lines, and how many were removed."""
+    """``text`` without Claude Code's billing lines, and how many were removed. The case-blind scan is skipped when
+    ``-header:`` is nowhere in the lower-cased text: exact, since none of its letters is one that a case-blind match
+    takes from a non-ASCII character (only i, k and s are), and ~5x cheaper on a 27 KB system prompt."""
+    if "-header:" not in text.lower():
+        return text, 0
     return _BILLING_LINE.subn("", text)
 
 
