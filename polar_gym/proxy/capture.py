@@ -71,27 +71,21 @@ class _Session:
         truncate_torn_tail(self.directory, lines, len(records), self.store)
 
     def write(self, line: bytes, tokens: bytes, logprobs: bytes, fsync: bool, files: _OpenFiles | None = None) -> None:
+        """Append one record (its tokens, logprobs, then its line: a line never points at missing bytes)."""
         if self.directory is None:
             self.tokens += tokens
             self.logprobs += logprobs
             self.lines.append(line)
             return
-        cache = files if files is not None else _OpenFiles(keep=0)
-        fds = cache.get(self.directory)
-        try:
-            for fd, payload in zip(fds, (tokens, logprobs, line), strict=True):
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view):]
-                if fsync:
-                    os.fsync(fd)
-        except BaseException:
-            cache.discard(self.directory)  # the next append reopens (after the reload cuts the torn part)
-            raise
-        finally:
-            if files is None:
+        if files is None:
+            fds = _open_stream(self.directory)
+            try:
+                _append(fds, (tokens, logprobs, line), fsync)
+            finally:
                 for fd in fds:
                     os.close(fd)
+            return
+        files.write(self.directory, (tokens, logprobs, line), fsync)
 
     def read(self) -> list[CompletionRecord]:
         if self.directory is None:
@@ -104,51 +98,100 @@ class _Session:
         return stored_bytes(self.directory)
 
 
+def _open_stream(directory: Path) -> tuple[int, int, int]:
+    directory.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    opened: list[int] = []
+    try:
+        for name in (TOKENS_FILE, LOGPROBS_FILE, RECORDS_FILE):
+            opened.append(os.open(directory / name, flags, 0o666))
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        raise
+    return opened[0], opened[1], opened[2]
+
+
+def _append(fds: tuple[int, int, int], payloads: tuple[bytes, bytes, bytes], fsync: bool) -> None:
+    for fd, payload in zip(fds, payloads, strict=True):
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+
+
 class _OpenFiles:
-    """The append descriptors of the streams written last (tokens, logprobs, records: in the order a record is
-    written, so its line never points at missing bytes), kept open between calls: opening three files and making
-    the directory per call cost more than the writes. Used by the writer thread alone. A stream whose files were
-    removed under it (``st_nlink`` 0) gets fresh ones, as reopening per call did."""
+    """The append descriptors (tokens, logprobs, records) of the streams written last, kept open between calls:
+    opening three files and making the directory per call cost more than the writes. Only the writer thread opens
+    and closes them (a directory or an open on a network file system can take a while); the event loop may append
+    to files already open (``write_if_open``: a few page-cache writes, cheaper than handing them to the thread).
+    ``_lock`` makes a write and a close of the same descriptor exclusive, and is never held across an open or a
+    close. A stream whose files were removed under it (``st_nlink`` 0) gets fresh ones, as reopening per call did."""
 
     def __init__(self, keep: int = 64) -> None:
         self.keep = keep
         self._open: collections.OrderedDict[Path, tuple[int, int, int]] = collections.OrderedDict()
+        self._closing: list[tuple[int, int, int]] = []  # taken out under the lock, closed by the writer thread
+        self._lock = threading.Lock()
 
-    def get(self, directory: Path) -> tuple[int, int, int]:
-        fds = self._open.get(directory)
-        if fds is not None and all(os.fstat(fd).st_nlink for fd in fds):
+    def write_if_open(self, directory: Path, payloads: tuple[bytes, bytes, bytes]) -> bool:
+        """Append ``payloads`` if the stream's files are open and still linked (no fsync); False: nothing written,
+        hand the write to the writer thread."""
+        with self._lock:
+            fds = self._open.get(directory)
+            if fds is None or not all(os.fstat(fd).st_nlink for fd in fds):
+                return False
+            try:
+                _append(fds, payloads, fsync=False)
+            except BaseException:
+                del self._open[directory]  # the writer thread closes them; the reload cuts the torn part
+                self._closing.append(fds)
+                raise
             self._open.move_to_end(directory)
-            return fds
-        if fds is not None:
-            self._close(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        opened: list[int] = []
+            return True
+
+    def write(self, directory: Path, payloads: tuple[bytes, bytes, bytes], fsync: bool) -> None:
+        """Append ``payloads`` through the stream's open files, opening them first if needed (writer thread)."""
+        with self._lock:
+            fds = self._open.get(directory)
+            if fds is not None and not all(os.fstat(fd).st_nlink for fd in fds):
+                del self._open[directory]
+                self._closing.append(fds)
+                fds = None
+        self._close_pending()
+        if fds is None:
+            fds = _open_stream(directory)
+            with self._lock:
+                self._open[directory] = fds
+                while len(self._open) > self.keep:
+                    self._closing.append(self._open.popitem(last=False)[1])
+            self._close_pending()
         try:
-            for name in (TOKENS_FILE, LOGPROBS_FILE, RECORDS_FILE):
-                opened.append(os.open(directory / name, flags, 0o666))
+            _append(fds, payloads, fsync)
         except BaseException:
-            for fd in opened:
-                os.close(fd)
+            with self._lock:
+                if self._open.get(directory) == fds:
+                    del self._open[directory]
+                    self._closing.append(fds)
+            self._close_pending()
             raise
-        fds = (opened[0], opened[1], opened[2])
-        if self.keep:
-            self._open[directory] = fds
-            while len(self._open) > self.keep:
-                self._close(next(iter(self._open)))
-        return fds
+        with self._lock:
+            if directory in self._open:
+                self._open.move_to_end(directory)
 
-    def _close(self, directory: Path) -> None:
-        for fd in self._open.pop(directory):
-            os.close(fd)
-
-    def discard(self, directory: Path) -> None:
-        if directory in self._open:
-            self._close(directory)
+    def _close_pending(self) -> None:
+        with self._lock:
+            closing, self._closing = self._closing, []
+        for fds in closing:
+            for fd in fds:
+                os.close(fd)
 
     def close(self) -> None:
-        while self._open:
-            self._close(next(iter(self._open)))
+        with self._lock:
+            self._closing.extend(self._open.values())
+            self._open.clear()
+        self._close_pending()
 
 
 class _Writer:
@@ -334,9 +377,11 @@ class CaptureJournal:
             if self._writer is None:
                 session.write(line, tokens, logprobs, False)
                 return record
+            files = self._writer.files
             try:
-                files = self._writer.files
-                await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync, files))
+                assert session.directory is not None
+                if self.fsync or not files.write_if_open(session.directory, (tokens, logprobs, line)):
+                    await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync, files))
             except BaseException:
                 # The encoder counted a record the files may not hold (or hold in part): rebuild it from disk
                 # before the next append, cutting the torn part, so no later record points at missing bytes.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -369,4 +371,49 @@ async def test_a_stream_whose_files_were_removed_is_written_to_fresh_files_not_l
     await journal.append(record("gone", [7, 8, 9], [4]))
     assert b'"completion_id":"c3-1"' in (tmp_path / "gone" / "records.jsonl").read_bytes()
     assert (tmp_path / "gone" / "tokens.bin").stat().st_size > 0
+    journal.close()
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+async def test_appends_to_open_files_skip_the_writer_thread_unless_fsync_is_asked(tmp_path: Path, monkeypatch,
+                                                                                   fsync: bool):
+    from polar_gym.proxy import capture
+
+    handed: list[int] = []
+    submit = capture._Writer.submit
+
+    async def counted(self: capture._Writer, job: Any) -> None:
+        handed.append(1)
+        await submit(self, job)
+
+    monkeypatch.setattr(capture._Writer, "submit", counted)
+    journal = CaptureJournal(tmp_path, fsync=fsync)
+    originals = conversation(6)
+    for rec in originals:
+        await journal.append(rec.model_copy(deep=True))
+    assert len(handed) == (6 if fsync else 1)  # the first opens the files (thread); the others append on the loop
+    back = await CaptureJournal(tmp_path).records("chat")
+    assert [r.prompt_ids for r in back] == [r.prompt_ids for r in originals]
+    journal.close()
+
+
+async def test_a_failing_append_on_the_loop_reaches_the_call_and_the_stream_recovers(tmp_path: Path, monkeypatch):
+    from polar_gym.proxy import capture
+
+    journal = CaptureJournal(tmp_path)
+    first, second, third = conversation(3)
+    await journal.append(first.model_copy(deep=True))
+    real_append = capture._append
+
+    def disk_full(fds: Any, payloads: Any, fsync: bool) -> None:
+        os.write(fds[0], payloads[0][:3])  # a torn token write, then the disk is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(capture, "_append", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        await journal.append(second.model_copy(deep=True))
+    monkeypatch.setattr(capture, "_append", real_append)
+    await journal.append(third.model_copy(deep=True))  # reloaded from disk: the torn bytes are cut
+    back = await CaptureJournal(tmp_path).records("chat")
+    assert [(r.index, r.prompt_ids) for r in back] == [(0, first.prompt_ids), (1, third.prompt_ids)]
     journal.close()
