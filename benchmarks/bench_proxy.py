@@ -8,7 +8,9 @@ For each front end, plain and streaming, at concurrency 1, 16 and 64, the front 
 vllm``, capture on, to disk; pinned to core 0 with taskset, the upstream and the load generator to core 1), sent as the
 harness sends it (compact JSON), to an upstream that answers instantly with ~2,000 prompt token IDs; the baseline,
 measured just before in the same run, is the Chat body the proxy sends upstream for that request, posted straight to the
-upstream. Printed: throughput, p50 / p99 latency, ratios against direct and the proxy's CPU ms per call (from /proc).
+upstream. At concurrency 1 the direct, plain and streamed calls are interleaved one by one, so outside load lands on
+all three alike. Printed: throughput, p50 / p99 latency, ratios against direct and the proxy's CPU ms per call (from
+/proc, all its threads).
 Targets (issue 18): at most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/4 of direct throughput. Memory:
 a standalone proxy serves 10,000 sessions of two calls each (the Claude Code body), forgetting idle ones; its RSS after
 100 and after 10,000 sessions (target: within 1.2x). Token-in against chat mode: the same growing agent conversations
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -178,10 +181,59 @@ async def run_cell(base: str, path: str, body: dict, concurrency: int, total: in
             "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], "errors": errors}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+async def run_interleaved(targets: list[tuple[str, str, dict]], total: int, pid: int) -> list[dict]:
+    """Concurrency 1, the targets' calls interleaved one by one (the order rotating every round), so a burst of
+    load from outside the benchmark lands on every target alike: p50 / p99 each, and the CPU the process ``pid``
+    spent during each target's calls (scheduler nanoseconds of all its threads, /proc/PID/task/*/schedstat)."""
+    headers = {"content-type": "application/json", "authorization": "Bearer bench", "x-api-key": "bench"}
+    clients = [httpx.AsyncClient(base_url=base, timeout=60) for base, _, _ in targets]
+    payloads = [as_sent(body) for _, _, body in targets]
+    latencies: list[list[float]] = [[] for _ in targets]
+    cpu = [0.0] * len(targets)
+    errors = [0] * len(targets)
+    try:
+        async def one(k: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                resp = await clients[k].post(targets[k][1], content=payloads[k], headers=headers)
+                await resp.aread()
+            except httpx.HTTPError as exc:
+                errors[k] += 1
+                print(f"  request failed: {exc!r}", file=sys.stderr)
+                return
+            latencies[k].append(time.perf_counter() - t0)
+            errors[k] += resp.status_code != 200
+
+        for _ in range(min(20, total)):  # warm-up: connections, caches
+            for k in range(len(targets)):
+                await one(k)
+        for lat in latencies:
+            lat.clear()
+        for n in range(total):
+            for j in range(len(targets)):
+                k = (n + j) % len(targets)
+                c0 = cpu_ns(pid)
+                await one(k)
+                cpu[k] += cpu_ns(pid) - c0
+    finally:
+        for client in clients:
+            await client.aclose()
+    cells = []
+    for lat, spent, failed in zip(latencies, cpu, errors, strict=True):
+        lat.sort()
+        cells.append({"rps": len(lat) / sum(lat), "p50_ms": 1000 * statistics.median(lat),
+                      "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], "errors": failed,
+                      "cpu_ms_per_call": spent / 1e6 / total})
+    return cells
+
+
+def cpu_ns(pid: int) -> int:
+    """Nanoseconds on a CPU of all threads of ``pid`` (the scheduler's own count: no clock-tick rounding)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
 
 
 def rss_mb(pid: int) -> float:
@@ -235,21 +287,28 @@ def bench_overhead(quick: bool, front_ends: list[str], synthetic: bool = False,
         for c in concurrency:
             for name in front_ends:
                 direct_path, direct_body = loads["direct" if synthetic else f"direct_{name}"]
-                direct = asyncio.run(run_cell(f"http://127.0.0.1:{up_port}", direct_path, direct_body, c, totals[c]))
+                modes = {"plain": loads[name], "stream": streaming(name, *loads[name])}
+                if c == 1:  # latency: the three interleaved call by call
+                    targets = [(f"http://127.0.0.1:{up_port}", direct_path, direct_body),
+                               *((f"http://127.0.0.1:{proxy_port}", path, body) for path, body in modes.values())]
+                    direct, *cells = asyncio.run(run_interleaved(targets, totals[c], proxy.pid))
+                    direct.pop("cpu_ms_per_call")
+                else:  # throughput: each cell on its own, the direct one first
+                    direct = asyncio.run(run_cell(f"http://127.0.0.1:{up_port}", direct_path, direct_body, c,
+                                                  totals[c]))
+                    cells = []
+                    for path, body in modes.values():
+                        cpu0 = cpu_ns(proxy.pid)
+                        cell = asyncio.run(run_cell(f"http://127.0.0.1:{proxy_port}", path, body, c, totals[c]))
+                        calls = totals[c] + min(20, totals[c])
+                        cells.append({**cell, "cpu_ms_per_call": (cpu_ns(proxy.pid) - cpu0) / 1e6 / calls})
                 rows.append({"front_end": "direct", "for": name, "mode": "plain", "concurrency": c, **direct})
                 print(f"c={c:<3} direct ({name:<16}) {direct['rps']:8.0f} req/s  p50 {direct['p50_ms']:6.2f} ms  "
                       f"p99 {direct['p99_ms']:6.2f} ms", flush=True)
-                for mode in ("plain", "stream"):
-                    path, body = loads[name]
-                    if mode == "stream":
-                        path, body = streaming(name, path, body)
-                    cpu0 = cpu_seconds(proxy.pid)
-                    cell = asyncio.run(run_cell(f"http://127.0.0.1:{proxy_port}", path, body, c, totals[c]))
-                    calls = totals[c] + min(20, totals[c])
+                for (mode, (_, body)), cell in zip(modes.items(), cells, strict=True):
                     row = {"front_end": name, "mode": mode, "concurrency": c, **cell,
                            "rps_ratio": cell["rps"] / direct["rps"],
                            "p50_added_ms": cell["p50_ms"] - direct["p50_ms"],
-                           "cpu_ms_per_call": 1000 * (cpu_seconds(proxy.pid) - cpu0) / calls,
                            "body_kb": len(as_sent(body)) / 1024}
                     rows.append(row)
                     print(f"c={c:<3} {name:<17} {mode:<6} {cell['rps']:8.0f} req/s  p50 {cell['p50_ms']:6.2f} ms  "
