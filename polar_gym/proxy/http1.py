@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -55,9 +56,15 @@ class _Stale(Exception):
 
 
 class LeanHttpClient:
-    """POST bytes, get (status, body). ``max_idle`` connections per server are kept alive for the next call."""
+    """POST bytes, get (status, body). ``max_idle`` connections per server are kept alive for the next call;
+    ``headers`` go with every request."""
 
-    def __init__(self, timeout: float = 600.0, connect_timeout: float = 10.0, max_idle: int = 256) -> None:
+    def __init__(self, timeout: float = 600.0, connect_timeout: float = 10.0, max_idle: int = 256,
+                 headers: Mapping[str, str] | None = None) -> None:
+        lines = [f"{name}: {value}" for name, value in (headers or {}).items()]
+        if any(ch in line for line in lines for ch in "\r\n\0"):
+            raise ValueError("a header name or value holds a line break")
+        self._extra = "".join(line + "\r\n" for line in lines).encode("latin-1")
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
@@ -77,7 +84,7 @@ class LeanHttpClient:
             host_header = parts.hostname if port == 80 else f"{parts.hostname}:{port}"
             target = (parts.hostname, port, f"{parts.scheme}://{parts.netloc}", b"POST " + path.encode() +
                       b" HTTP/1.1\r\nhost: " + host_header.encode() +
-                      b"\r\ncontent-type: application/json\r\naccept: */*\r\ncontent-length: ")
+                      b"\r\n" + self._extra + b"content-type: application/json\r\naccept: */*\r\ncontent-length: ")
             if len(self._targets) < 1024:
                 self._targets[url] = target
         return target
