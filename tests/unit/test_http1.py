@@ -173,3 +173,34 @@ async def test_connections_a_gone_server_closed_are_swept() -> None:
                 what="both servers' ends of the kept connections")
     assert client.sweep() == 2 and client._idle == {}
     await client.aclose()
+
+
+async def test_headers_given_go_with_every_request_and_line_breaks_are_refused() -> None:
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            heads.append(head)
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            await reader.readexactly(length)
+            _answer(writer, b"{}")
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/messages"
+    client = LeanHttpClient(headers={"authorization": "Bearer k", "x-api-key": "k"})
+    for _ in range(2):
+        assert (await client.post(url, b"{}")).status_code == 200
+    assert len(heads) == 2
+    for head in heads:
+        lines = head.split(b"\r\n")
+        assert lines[0] == b"POST /v1/messages HTTP/1.1"
+        assert b"authorization: Bearer k" in lines and b"x-api-key: k" in lines
+    await client.aclose()
+    server.close()
+    await server.wait_closed()
+    for bad in ({"x-evil": "a\r\nhost: elsewhere"}, {"x\nname": "v"}):
+        with pytest.raises(ValueError, match="line break"):
+            LeanHttpClient(headers=bad)
