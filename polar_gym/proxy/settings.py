@@ -50,7 +50,7 @@ class EngineSettings(BaseModel):
     policy_version: str | int | None = Field(default=None, description="the policy version recorded with every "
                                              "completion (null: none)")
     drift_every: int = Field(default=0, ge=0, description="oracle only: sample non-canonical tokens every N calls "
-                             "(0: never)")
+                             "of a session (0: never)")
     prompt_mode: Literal["token_in", "chat"] | None = Field(
         default=None, description="vllm, sglang and oracle: token_in (the proxy renders prompts and sends the engine "
         "exact prefix token IDs: one contiguous chain per conversation) or chat (the engine renders messages); "

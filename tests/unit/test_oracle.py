@@ -138,6 +138,21 @@ async def test_real_qwen_rendering_and_drift(qwen):
     assert c.prompt_ids[: len(a.prompt_ids)] == a.prompt_ids
 
 
+async def test_drift_counts_the_calls_of_each_session_not_of_the_engine(qwen):
+    """Six harnesses share one engine: with a global count, one whose calls alternate with another's never drifts."""
+    engine = OracleEngine(qwen, default_script=OracleScript(commands=["echo hello world > greeting.txt"] * 4),
+                          drift_every=2)
+    shell = HARNESS_SHELL_TOOLS["pi"]
+    req = request([ChatMessage(role="user", content="go")], [shell])
+    drifted: dict[str, list[bool]] = {"a": [], "b": []}
+    for _ in range(3):  # calls alternate a, b, a, b, ...
+        for session in ("a", "b"):
+            drifted[session].append((await engine.complete(req, session)).raw["drift"])
+    assert drifted == {"a": [False, True, False], "b": [False, True, False]}
+    engine.close_session("a")
+    assert (await engine.complete(req, "a")).raw["drift"] is False  # a closed session counts afresh
+
+
 def test_tool_call_message_shape():
     call = ToolCall(id="x", function=FunctionCall(name="bash", arguments='{"command": "ls"}'))
     text = OracleEngine(ByteTokenizer()).render_reply(ChatMessage(role="assistant", content="", tool_calls=[call]))

@@ -148,7 +148,7 @@ class OracleEngine(Engine):
                 raise TypeError(f"prompt_mode token_in renders chat-template text: {type(tokenizer).__name__} has no "
                                 "render_text / end_of_turn_text (use prompt_mode chat)")
             self.renderer = PrefixRenderer(tokenizer)
-        self._calls = 0
+        self._calls: dict[str, int] = {}  # per session: which of its calls drift does not hang on other sessions
 
     @property
     def end_of_turn_ids(self) -> tuple[int, ...]:
@@ -164,6 +164,7 @@ class OracleEngine(Engine):
 
     def close_session(self, session_id: str) -> None:
         self.scripts.pop(session_id, None)
+        self._calls.pop(session_id, None)
         if self.renderer is not None:
             self.renderer.forget(session_id)
 
@@ -219,9 +220,9 @@ class OracleEngine(Engine):
     def sample(self, request: ChatRequest, session_id: str, *, think: bool = True) -> _Sample:
         """(scripted reply, its "sampled" token IDs with the end of turn, finish reason, drifted?): cut to the
         request's max_tokens, the reply is then what those tokens say, finish ``length``."""
-        self._calls += 1
+        calls = self._calls[session_id] = self._calls.get(session_id, 0) + 1
         message = self.next_message(request, session_id, think=think)
-        drift = bool(self.drift_every) and self._calls % self.drift_every == 0
+        drift = bool(self.drift_every) and calls % self.drift_every == 0
         response_ids = self.encode_reply(self.render_reply(message), drift) + self.tokenizer.end_of_turn_ids[:1]
         finish: FinishReason = "tool_calls" if message.tool_calls else "stop"
         if request.max_tokens is not None and len(response_ids) > request.max_tokens:
