@@ -78,13 +78,7 @@ class _Session:
             self.lines.append(line)
             return
         if files is None:
-            fds = _open_stream(self.directory)
-            try:
-                _append(fds, (tokens, logprobs, line), fsync)
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            return
+            raise ValueError("an on-disk stream is written through the journal's open files")
         files.write(self.directory, (tokens, logprobs, line), fsync)
 
     def read(self) -> list[CompletionRecord]:
