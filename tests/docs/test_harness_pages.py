@@ -1,0 +1,100 @@
+"""The hand-run snippet of every harness page (a ``<!-- run: harness=NAME -->`` block under docs/harnesses/) runs
+here with the pinned harness CLIs on PATH: it starts ``python -m polar_gym.proxy --engine oracle`` in the background,
+runs the unmodified CLI on a tiny task and checks what the task made and what the proxy captured. Each block runs as
+docs/writing-docs.md says (``bash -euo pipefail`` in a fresh temporary directory, POLAR_REPO set, the repository's
+.venv/bin first on PATH), and its process group is ended afterwards, so the proxy it started never outlives it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from polar_gym.harness.install import PINS, cli_paths, install_dir
+from polar_gym.registry import HARNESSES
+from tests._waiting import until_sync
+from tests.docs._blocks import DOCS, Block, runnable_blocks
+
+ROOT = DOCS.parent
+PAGES = DOCS / "harnesses"
+BLOCKS = [block for block in runnable_blocks(PAGES) if "harness" in block.options]
+#: the page of each harness (custom.md is the generic ``shell`` harness: a user's own command)
+PAGE_OF = {**{name: f"{name}.md" for name in PINS}, "shell": "custom.md"}
+DEFAULT_TIMEOUT = 600.0
+
+
+def cli_search_path() -> list[Path]:
+    """The folders holding the pinned CLIs (the cached npm install scripts/setup.sh made) and the node they run
+    with, to put first on PATH."""
+    paths = cli_paths(install_dir())
+    missing = sorted(name for name, path in paths.items() if not path.exists())
+    if missing:
+        pytest.fail(f"harness CLIs not installed ({', '.join(missing)}): run `bash scripts/setup.sh`")
+    folders = sorted({path.parent for path in paths.values()})
+    node = shutil.which("node")  # an install with its own node has wrappers that put it first (install.py)
+    return [*folders, *([Path(node).parent] if node else [])]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - the pgid was reused by another user's process
+        return False
+    return True
+
+
+def run_harness_block(block: Block) -> str:
+    """Run ``block``; its output (stdout and stderr). Fails the test, with the end of the output, on a non-zero
+    exit or a timeout; afterwards no process of its group is left."""
+    timeout = float(block.options.get("timeout", DEFAULT_TIMEOUT))
+    search = [str(ROOT / ".venv" / "bin"), *map(str, cli_search_path()), os.environ.get("PATH", "/usr/bin:/bin")]
+    env = {**os.environ, "POLAR_REPO": str(ROOT), "PATH": os.pathsep.join(search)}
+    with tempfile.TemporaryDirectory(prefix="polar-harness-page-") as cwd, \
+            tempfile.TemporaryFile("w+", errors="replace") as log:
+        # output to a file, not a pipe: the proxy in the background would hold a pipe open
+        process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", block.code], cwd=cwd, env=env,
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            code: int | None = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+            until_sync(lambda: not _group_alive(process.pid), what=f"the processes of {block.name} to end")
+        log.seek(0)
+        output = log.read()
+    if code != 0:
+        why = f"still running after {timeout:g} s" if code is None else f"exit code {code}"
+        pytest.fail(f"{block.name}: {why}\n--- command\n{block.code}--- output (end)\n{output[-6000:]}")
+    return output
+
+
+def test_every_harness_page_has_one_snippet_for_its_harness():
+    """The six pinned CLIs and the shell harness each have a page with exactly one runnable snippet, marked with a
+    registered harness name."""
+    by_page: dict[str, list[str]] = {}
+    for block in BLOCKS:
+        by_page.setdefault(block.page.name, []).append(block.options["harness"])
+    assert set(PAGE_OF.values()) <= {p.name for p in PAGES.glob("*.md")}
+    assert by_page == {page: [name] for name, page in PAGE_OF.items()}
+    assert set(PAGE_OF) <= set(HARNESSES.names())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.name for block in BLOCKS])
+def test_the_hand_run_snippet_works_against_the_oracle_proxy(block: Block) -> None:
+    output = run_harness_block(block)
+    assert "polar_gym.proxy" in block.code and "--engine oracle" in block.code
+    assert output.strip(), "a snippet shows what was captured"
