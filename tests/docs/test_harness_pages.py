@@ -81,20 +81,22 @@ def run_harness_block(block: Block) -> str:
     return output
 
 
-def test_every_harness_page_has_one_snippet_for_its_harness():
-    """The six pinned CLIs and the shell harness each have a page with exactly one runnable snippet, marked with a
-    registered harness name."""
-    by_page: dict[str, list[str]] = {}
+def test_every_harness_page_has_a_snippet_against_the_oracle_proxy():
+    """The six pinned CLIs and the shell harness each have a page whose runnable snippets are marked with that
+    registered harness, one of them starting ``python -m polar_gym.proxy --engine oracle``."""
+    by_page: dict[str, set[str]] = {}
+    against_oracle: set[str] = set()
     for block in BLOCKS:
-        by_page.setdefault(block.page.name, []).append(block.options["harness"])
-    assert set(PAGE_OF.values()) <= {p.name for p in PAGES.glob("*.md")}
-    assert by_page == {page: [name] for name, page in PAGE_OF.items()}
+        by_page.setdefault(block.page.name, set()).add(block.options["harness"])
+        if "python -m polar_gym.proxy --engine oracle" in block.code:
+            against_oracle.add(block.page.name)
+    assert by_page == {page: {name} for name, page in PAGE_OF.items()}
+    assert against_oracle == set(PAGE_OF.values())
     assert set(PAGE_OF) <= set(HARNESSES.names())
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.name for block in BLOCKS])
-def test_the_hand_run_snippet_works_against_the_oracle_proxy(block: Block) -> None:
-    output = run_harness_block(block)
-    assert "polar_gym.proxy" in block.code and "--engine oracle" in block.code
-    assert output.strip(), "a snippet shows what was captured"
+def test_the_hand_run_snippet_works(block: Block) -> None:
+    """The block succeeds; each one checks its own result (the file the task made, the captured calls)."""
+    run_harness_block(block)
