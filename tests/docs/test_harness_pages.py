@@ -100,3 +100,20 @@ def test_every_harness_page_has_a_snippet_against_the_oracle_proxy():
 def test_the_hand_run_snippet_works(block: Block) -> None:
     """The block succeeds; each one checks its own result (the file the task made, the captured calls)."""
     run_harness_block(block)
+
+
+def _block(code: str) -> Block:
+    return Block(PAGES / "pi.md", 1, "bash", code, {"harness": "pi", "timeout": "60"})
+
+
+def test_a_block_s_background_jobs_end_with_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    run_harness_block(_block(f"sleep 600 &\necho $! > {pid_file}\n"))
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_failing_block_fails_the_test_naming_its_page_and_output() -> None:
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)harnesses/pi\.md:1: exit code 3.*shown before"):
+        run_harness_block(_block("echo shown before\nexit 3\n"))
