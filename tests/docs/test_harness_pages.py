@@ -8,24 +8,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from polar_gym.harness.install import PINS, cli_paths, install_dir
 from polar_gym.registry import HARNESSES
-from tests._waiting import until_sync
-from tests.docs._blocks import DOCS, Block, runnable_blocks
+from tests.docs._blocks import DOCS, Block, BlockFailed, run_block, runnable_blocks
 
 ROOT = DOCS.parent
 PAGES = DOCS / "harnesses"
 BLOCKS = [block for block in runnable_blocks(PAGES) if "harness" in block.options]
 #: the page of each harness (custom.md is the generic ``shell`` harness: a user's own command)
 PAGE_OF = {**{name: f"{name}.md" for name in PINS}, "shell": "custom.md"}
-DEFAULT_TIMEOUT = 600.0
 
 
 def cli_search_path() -> list[Path]:
@@ -40,45 +35,9 @@ def cli_search_path() -> list[Path]:
     return [*folders, *([Path(node).parent] if node else [])]
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - the pgid was reused by another user's process
-        return False
-    return True
-
-
 def run_harness_block(block: Block) -> str:
-    """Run ``block``; its output (stdout and stderr). Fails the test, with the end of the output, on a non-zero
-    exit or a timeout; afterwards no process of its group is left."""
-    timeout = float(block.options.get("timeout", DEFAULT_TIMEOUT))
-    search = [str(ROOT / ".venv" / "bin"), *map(str, cli_search_path()), os.environ.get("PATH", "/usr/bin:/bin")]
-    env = {**os.environ, "POLAR_REPO": str(ROOT), "PATH": os.pathsep.join(search)}
-    with tempfile.TemporaryDirectory(prefix="polar-harness-page-") as cwd, \
-            tempfile.TemporaryFile("w+", errors="replace") as log:
-        # output to a file, not a pipe: the proxy in the background would hold a pipe open
-        process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", block.code], cwd=cwd, env=env,
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        try:
-            code: int | None = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
-            until_sync(lambda: not _group_alive(process.pid), what=f"the processes of {block.name} to end")
-        log.seek(0)
-        output = log.read()
-    if code != 0:
-        why = f"still running after {timeout:g} s" if code is None else f"exit code {code}"
-        pytest.fail(f"{block.name}: {why}\n--- command\n{block.code}--- output (end)\n{output[-6000:]}")
-    return output
+    """Run ``block`` with the harness CLIs on PATH (tests/docs/_blocks.run_block: its process group ends with it)."""
+    return run_block(block, path=cli_search_path())
 
 
 def test_every_harness_page_has_a_snippet_against_the_oracle_proxy():
@@ -114,6 +73,6 @@ def test_a_block_s_background_jobs_end_with_it(tmp_path: Path) -> None:
         os.kill(pid, 0)
 
 
-def test_a_failing_block_fails_the_test_naming_its_page_and_output() -> None:
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)harnesses/pi\.md:1: exit code 3.*shown before"):
+def test_a_failing_block_fails_naming_its_page_and_output() -> None:
+    with pytest.raises(BlockFailed, match=r"(?s)harnesses/pi\.md:1: exit code 3.*shown before"):
         run_harness_block(_block("echo shown before\nexit 3\n"))
