@@ -16,7 +16,6 @@ from polar_gym.harness.install import PINS, cli_paths, install_dir
 from polar_gym.registry import HARNESSES
 from tests.docs._blocks import DOCS, Block, BlockFailed, run_block, runnable_blocks
 
-ROOT = DOCS.parent
 PAGES = DOCS / "harnesses"
 BLOCKS = [block for block in runnable_blocks(PAGES) if "harness" in block.options]
 #: the page of each harness (custom.md is the generic ``shell`` harness: a user's own command)
