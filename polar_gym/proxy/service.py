@@ -452,7 +452,8 @@ class ProxyService:
                 self.stats["prompt_tokens"] += len(result.prompt_ids)
                 self.stats["response_tokens"] += len(result.response_ids)
 
-        call = PassthroughCall(self.engine, provider, inbound, self._new_record(provider, inbound, body, info, route),
+        call = PassthroughCall(self.engine, provider, inbound,
+                               lambda: self._new_record(provider, inbound, body, info, route),
                                session_id, journal, finished, disconnected)
         task = asyncio.ensure_future(self._counted(session_id, call.run()))
         self._streams.add(task)  # runs to the end (and is journaled) even if the harness hangs up

@@ -206,16 +206,18 @@ class HttpEngine(Engine):
                 raise ValueError("upstream answer is not a JSON object")
             return data
 
-    async def post_stream(self, server_url: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """POST ``body`` and yield each JSON object of the server-sent-event answer as it arrives (until
-        ``[DONE]``); an answer that is not an event stream is yielded whole; an HTTP error answer raises as
-        :meth:`post` does, before anything is yielded."""
+    async def post_stream(self, server_url: str, path: str,
+                          body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | None]:
+        """POST ``body`` and yield None once the server has accepted it (its answer's head), then each JSON object
+        of the server-sent-event answer as it arrives (until ``[DONE]``); an answer that is not an event stream is
+        yielded whole; an HTTP error answer raises as :meth:`post` does, before anything is yielded."""
         with translate_upstream_errors(server_url):
             async with self.client.stream("POST", server_url + path, content=orjson.dumps(body),
                                           headers={"content-type": "application/json"}) as resp:
                 if resp.status_code >= 400:
                     text = (await resp.aread()).decode(errors="replace")
                     raise upstream_status_error(server_url, resp.status_code, text)
+                yield None  # accepted: a stream may open before the first token (the prompt is known)
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
                     # a server that answers whole (ignoring "stream"): vLLM's and SGLang's whole answers read as
                     # one last chunk
