@@ -110,7 +110,8 @@ def test_google_sdk_stream_is_the_answer_and_the_capture(stream_proxy: RunningPr
 @pytest.fixture
 def chat_stream_proxy(vllm_server: VLLMServer) -> Iterator[RunningProxy]:
     """Chat mode: vLLM renders the prompt and parses the answer (its qwen3 reasoning and hermes tool parsers)."""
-    client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0))
+    client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0),
+                               limits=httpx.Limits(max_keepalive_connections=0))
     engine = VLLMEngine(UpstreamPool([vllm_server.url]), client=client, upstream_model=vllm_server.model)
     assert engine.stream_passthrough
     service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True),
