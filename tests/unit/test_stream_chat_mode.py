@@ -21,6 +21,7 @@ from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.providers.base import Route
 from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.proxy.settings import EngineSettings, build_engine
 from polar_gym.proxy.upstreams import UpstreamPool
 
 PROMPT = [151644, 872, 198, 3838, 151645]
@@ -187,3 +188,10 @@ async def test_a_server_that_answers_a_stream_request_whole_is_read_whole(stream
     assert "I will list." in text and "bash" in text
     (rec,) = await service.completions("s")
     assert rec.response_ids == IDS and rec.finish_reason == "tool_calls"
+
+
+def test_the_stream_passthrough_setting_holds_in_chat_mode() -> None:
+    settings = {"engine": "vllm", "upstreams": ["http://engine"], "prompt_mode": "chat"}
+    assert build_engine(EngineSettings.model_validate(settings)).stream_passthrough
+    assert not build_engine(EngineSettings.model_validate({**settings, "stream_passthrough": False})).stream_passthrough
+    assert not build_engine(EngineSettings.model_validate({**settings, "engine": "sglang"})).stream_passthrough
