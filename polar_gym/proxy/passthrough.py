@@ -3,7 +3,8 @@ journaled exactly as the same call not streamed would be.
 
 One task (:meth:`PassthroughCall.run`) reads the engine's pieces, renders them into the provider's events and
 queues the bytes; the response reads the queue. The stream opens as soon as the engine has taken the prompt (its
-answer's head: the prompt is the one planned, so the opening events need no token of it); the call's record is
+answer's head: the opening events need no token of it), except that an opening that says how long the prompt is
+(Anthropic's) waits for the prompt's IDs when only the engine knows them (chat mode); the call's record is
 built when the call ends, off the first byte's path. The task runs to the end whatever the harness does, so a harness
 that hangs up mid-stream still gets its call journaled (``delivered: false``), and an engine that fails mid-stream
 leaves a record of what it had sampled (prompt, tokens, logprobs) with the error, which the harness gets as its
@@ -117,14 +118,17 @@ class PassthroughCall:
         sampled: list[int] = []
         logprobs: list[float] = []
         result: ChatResult | None = None
+        opened = False
         try:
             async with contextlib.aclosing(self.engine.stream(self.inbound.chat, self.session_id)) as pieces:
                 async for piece in pieces:
                     if isinstance(piece, StreamStart):
-                        prompt_ids = piece.prompt_ids
-                        # a protocol with nothing to open with (Gemini) opens with its keep-alive: the harness
-                        # hears from the call as soon as the engine has it
-                        self._send(renderer.start(len(prompt_ids)) or self.provider.keepalive)
+                        prompt_ids = piece.prompt_ids if piece.prompt_ids is not None else prompt_ids
+                        if not opened and (piece.prompt_ids is not None or not renderer.needs_prompt_tokens):
+                            opened = True
+                            # a protocol with nothing to open with (Gemini) opens with its keep-alive: the
+                            # harness hears from the call as soon as the engine has it
+                            self._send(renderer.start(len(prompt_ids)) or self.provider.keepalive)
                     elif isinstance(piece, StreamDelta):
                         sampled += piece.token_ids
                         logprobs += piece.logprobs

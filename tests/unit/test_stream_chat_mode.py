@@ -195,3 +195,51 @@ def test_the_stream_passthrough_setting_holds_in_chat_mode() -> None:
     assert build_engine(EngineSettings.model_validate(settings)).stream_passthrough
     assert not build_engine(EngineSettings.model_validate({**settings, "stream_passthrough": False})).stream_passthrough
     assert not build_engine(EngineSettings.model_validate({**settings, "engine": "sglang"})).stream_passthrough
+
+
+CHAT_CALLS: dict[str, tuple[Route, dict[str, Any]]] = {
+    "anthropic": (Route("/v1/messages"), {"model": "claude-x", "max_tokens": 64, "messages": [
+        {"role": "user", "content": "ls?"}]}),
+    "openai_chat": (Route("/v1/chat/completions"), {"model": "m", "messages": [{"role": "user", "content": "ls?"}]}),
+    "openai_responses": (Route("/v1/responses"), {"model": "m", "input": "ls?"}),
+    "google": (Route("/v1beta/models/g:streamGenerateContent", model="g", action="streamGenerateContent",
+                     query={"alt": "sse"}), {"contents": [{"role": "user", "parts": [{"text": "ls?"}]}]}),
+}
+
+
+@pytest.mark.parametrize("front_end", sorted(CHAT_CALLS))
+async def test_a_chat_stream_opens_when_vllm_takes_the_call_unless_its_opening_counts_the_prompt(
+        front_end: str) -> None:
+    """vLLM answers its head at once and its first chunk after prefill: a stream whose opening needs nothing from
+    the engine opens at the head; Anthropic's message_start counts the prompt's tokens, so it waits for the first
+    chunk (it carries the prompt's IDs)."""
+    prefilled = asyncio.Event()
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            await prefilled.wait()
+            for piece in stream_chunks("m"):
+                yield piece
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chunks())
+
+    engine = VLLMEngine(UpstreamPool(["http://engine"]), client=httpx.AsyncClient(
+        transport=httpx.MockTransport(upstream)))
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True), keepalive_after=0.5)
+    route, body = CHAT_CALLS[front_end]
+    reply = await service.handle(front_end, json.dumps({**body, "stream": True}).encode(), route,
+                                 {"x-api-key": "s1", "x-goog-api-key": "s1", "authorization": "Bearer s1"})
+    assert reply.status == 200 and reply.stream is not None
+    first = await anext(reply.stream)
+    if front_end == "anthropic":
+        assert first == b": keepalive\n\n"  # nothing to say before the prompt's length is known
+    else:  # opened before vLLM sampled a token
+        assert {"openai_chat": b'"role":"assistant"', "openai_responses": b"event: response.created",
+                "google": b"\n"}[front_end] in first
+    prefilled.set()
+    rest = b"".join([first, *[c async for c in reply.stream]]).decode()
+    if front_end == "anthropic":
+        assert f'"input_tokens":{len(PROMPT)}' in rest
+    assert "list." in rest
+    (rec,) = await service.completions("s1")
+    assert rec.status == "ok" and rec.prompt_ids == PROMPT and rec.response_ids == IDS

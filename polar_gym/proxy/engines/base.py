@@ -64,9 +64,10 @@ def upstream_status_error(server_url: str, status: int, text: str) -> UpstreamEr
 
 @dataclass
 class StreamStart:
-    """A streamed call's first piece, sent when the engine's first chunk arrives: the prompt it sampled from."""
+    """The engine has taken a streamed call: the prompt it samples from. None when only the engine knows the
+    prompt's IDs (it renders the prompt: chat mode); a second StreamStart brings them with its first chunk."""
 
-    prompt_ids: list[int]
+    prompt_ids: list[int] | None
 
 
 @dataclass

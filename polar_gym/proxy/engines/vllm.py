@@ -131,9 +131,9 @@ class VLLMEngine(HttpEngine):
     can_stream: ClassVar[bool] = True
 
     async def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
-        """The same call as :meth:`complete`, streamed (vLLM's chat stream with ``return_token_ids``): the stream
-        opens at vLLM's first chunk, which carries the prompt's IDs (vLLM renders the prompt, so they are not known
-        before); its reasoning and content deltas pass through as they come, tool calls are held to the end; the
+        """The same call as :meth:`complete`, streamed (vLLM's chat stream with ``return_token_ids``): it opens when
+        vLLM has taken the call, and the prompt's IDs come with vLLM's first chunk (vLLM renders the prompt); its
+        reasoning and content deltas pass through as they come, tool calls are held to the end; the
         last piece is the result :meth:`complete` builds from the same answer."""
         body = await self.prepare(request)
         body["stream"] = True
@@ -144,7 +144,8 @@ class VLLMEngine(HttpEngine):
         async with self.pool.lease(session_id) as server:
             started = time.perf_counter()
             async for chunk in self.post_stream(server.url, self.path, body):
-                if chunk is None:
+                if chunk is None:  # vLLM took the call; the prompt's IDs come with its first chunk
+                    yield StreamStart(None)
                     continue
                 with translate_upstream_errors(server.url):
                     if "message" in (chunk.get("choices") or [{}])[0]:  # a server that answered whole
