@@ -12,7 +12,8 @@ to disk) forward to it: one passing streams through, one synthesizing them (``--
 behaviour before). Each front end (Anthropic, Chat, Responses, Google) runs a growing conversation at concurrency 1
 on the recorded Claude Code request's system prompt and tools (each call echoes the reply and adds a user turn, as
 an agent does); the baseline is the same prompt streamed straight from the upstream (token-in: its token IDs on
-``/v1/completions``; chat: the Chat body the proxy sends upstream), measured next to each front end. Per call: time
+``/v1/completions``; chat: the Chat body the proxy sends upstream), its calls interleaved with the proxies' (a
+direct call, then one through each proxy, in turn), so load drifting on a shared machine hits both alike. Per call: time
 to the first byte of the body, to the first byte of answer text, and to the end. Printed: p50 of each, the
 proxy's added p50 over direct, and the targets (issue 18: first byte within 5 ms of direct at c=1; first text, the
 stricter one, held to the same 5 ms) as MET or MISSED.
@@ -87,27 +88,33 @@ async def timed_stream(client: httpx.AsyncClient, path: str, payload: bytes, hea
     return first, first_text or end, end  # a synthesized answer's text is in its one burst
 
 
-async def run_front_end(base: str, front_end: str, calls: int, warmup: int = 5) -> list[tuple[float, float, float]]:
-    path, body = workloads()[front_end]
-    path, body = streaming(front_end, path, body)
-    field = conversation_field(front_end)
-    key = f"bench-stream-{front_end}-{time.time_ns()}"
-    headers = {"content-type": "application/json", "authorization": f"Bearer {key}", "x-api-key": key,
-               "x-goog-api-key": key}
-    history = list(body[field]) if isinstance(body[field], list) else [{"role": "user", "content": body[field]}]
-    timings = []
-    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-        for n in range(warmup + calls):
-            payload = json.dumps({**body, field: history}).encode()
-            timing = await timed_stream(client, path, payload, headers, b"zq9")
-            if n >= warmup:
-                timings.append(timing)
-            history = [*history, assistant_turn(front_end), user_turn(front_end, n)]
-    return timings
+class Conversation:
+    """One front end's growing conversation through one proxy (each call echoes the answer and adds a user turn)."""
+
+    def __init__(self, base: str, front_end: str) -> None:
+        path, body = workloads()[front_end]
+        self.path, self.body = streaming(front_end, path, body)
+        self.front_end, self.field = front_end, conversation_field(front_end)
+        key = f"bench-stream-{front_end}-{time.time_ns()}"
+        self.headers = {"content-type": "application/json", "authorization": f"Bearer {key}", "x-api-key": key,
+                        "x-goog-api-key": key}
+        turns = self.body[self.field]
+        self.history = list(turns) if isinstance(turns, list) else [{"role": "user", "content": turns}]
+        self.client = httpx.AsyncClient(base_url=base, timeout=60)
+        self.turn = 0
+
+    async def call(self) -> tuple[float, float, float]:
+        payload = json.dumps({**self.body, self.field: self.history}).encode()
+        timing = await timed_stream(self.client, self.path, payload, self.headers, b"zq9")
+        self.history = [*self.history, assistant_turn(self.front_end), user_turn(self.front_end, self.turn)]
+        self.turn += 1
+        return timing
 
 
-async def run_direct(base: str, mode: str, prompt_tokens: int, calls: int,
-                     warmup: int = 5) -> list[tuple[float, float, float]]:
+async def run_interleaved(up_port: int, mode: str, front_end: str, ports: dict[str, int], prompt_tokens: int,
+                          calls: int, warmup: int = 5) -> dict[str, list[tuple[float, float, float]]]:
+    """Direct and each proxy one call at a time, in turn: a shared machine's load drifts, and each comparison is
+    between calls made next to each other."""
     if mode == "token_in":
         path = "/v1/completions"
         body = {"model": "policy", "prompt": [(i * 7919) % 151000 for i in range(prompt_tokens)], "stream": True,
@@ -115,12 +122,19 @@ async def run_direct(base: str, mode: str, prompt_tokens: int, calls: int,
     else:
         path, body = "/v1/chat/completions", chat_upstream_body()
     payload = json.dumps(body).encode()
-    timings = []
-    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+    conversations = {name: Conversation(f"http://127.0.0.1:{port}", front_end) for name, port in ports.items()}
+    timings: dict[str, list[tuple[float, float, float]]] = {"direct": [], **{name: [] for name in ports}}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{up_port}", timeout=60) as direct:
         for n in range(warmup + calls):
-            timing = await timed_stream(client, path, payload, {"content-type": "application/json"}, b"zq9")
+            timing = await timed_stream(direct, path, payload, {"content-type": "application/json"}, b"zq9")
             if n >= warmup:
-                timings.append(timing)
+                timings["direct"].append(timing)
+            for name, conversation in conversations.items():
+                timing = await conversation.call()
+                if n >= warmup:
+                    timings[name].append(timing)
+    for conversation in conversations.values():
+        await conversation.client.aclose()
     return timings
 
 
@@ -228,13 +242,14 @@ def main() -> None:
 
 def bench_front_end(front_end: str, mode: str, up_port: int, ports: dict[str, int], prompt_tokens: int,
                     calls: int) -> list[dict[str, Any]]:
-    """Direct, then each proxy, for one front end (direct again next to each: a shared machine's load drifts)."""
-    direct = p50s(asyncio.run(run_direct(f"http://127.0.0.1:{up_port}", mode, prompt_tokens, calls)))
+    """Direct and each proxy for one front end, their calls interleaved."""
+    timings = asyncio.run(run_interleaved(up_port, mode, front_end, ports, prompt_tokens, calls))
+    direct = p50s(timings["direct"])
     rows: list[dict[str, Any]] = [{"prompt_mode": mode, "front_end": front_end, "proxy": "direct", **direct}]
     print(f"  {front_end:16} {'direct':12} first byte {direct['first_byte_ms']:7.2f} ms {'':19} first text "
           f"{direct['first_text_ms']:7.2f} ms {'':19} end {direct['total_ms']:7.2f} ms", flush=True)
-    for proxy, port in ports.items():
-        cell = p50s(asyncio.run(run_front_end(f"http://127.0.0.1:{port}", front_end, calls)))
+    for proxy in ports:
+        cell = p50s(timings[proxy])
         added = cell["first_byte_ms"] - direct["first_byte_ms"]
         text_added = cell["first_text_ms"] - direct["first_text_ms"]
         rows.append({"prompt_mode": mode, "front_end": front_end, "proxy": proxy, **cell,

@@ -437,8 +437,8 @@ class ProxyService:
                               info: SessionInfo, route: Route,
                               disconnected: Callable[[], Awaitable[bool]] | None, received: bytes) -> Reply:
         """A streamed call passed through as the engine samples (:mod:`polar_gym.proxy.passthrough`): answered
-        once the engine's first chunk (or an error, as a plain error reply) is there, or after ``keepalive_after``
-        with keep-alives until it is."""
+        once the engine has taken the call (or refused it, as a plain error reply), or after ``keepalive_after``
+        with keep-alives until it has. The record is built when the call ends, off the first byte's path."""
         session_id = info.session_id
 
         async def journal(record: CompletionRecord) -> None:
