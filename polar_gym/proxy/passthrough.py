@@ -5,8 +5,8 @@ One task (:meth:`PassthroughCall.run`) reads the engine's pieces, renders them i
 queues the bytes; the response reads the queue. The stream opens as soon as the engine has taken the prompt (its
 answer's head: the opening events need no token of it), except that an opening that says how long the prompt is
 (Anthropic's) waits for the prompt's IDs when only the engine knows them (chat mode); the call's record is
-built when the call ends, off the first byte's path. The task runs to the end whatever the harness does, so a harness
-that hangs up mid-stream still gets its call journaled (``delivered: false``), and an engine that fails mid-stream
+built when the call ends, off the first byte's path. The task runs to the end whatever the harness does, so a
+harness that hangs up mid-stream still gets its call journaled (``delivered: false``), and an engine that fails mid-stream
 leaves a record of what it had sampled (prompt, tokens, logprobs) with the error, which the harness gets as its
 protocol's stream error event. A failure before the engine takes the call (an error status, a server that cannot
 be reached) is answered with a plain error status.
@@ -76,8 +76,8 @@ _END = b""
 
 @dataclass
 class PassthroughCall:
-    """One streamed model call. ``new_record`` builds its record (called once, after the stream has opened: the
-    record is stamped with ``started_at``, when the call came in); ``journal`` appends the finished record;
+    """One streamed model call. ``new_record`` builds its record (called once, when the call ends, so the first
+    byte never waits for it; stamped with ``started_at``, when the call came in); ``journal`` appends the record;
     ``finished`` is told how the call ended (the error, or None), its result, and the failure's cause when it was a
     bug rather than the upstream's."""
 
