@@ -6,9 +6,9 @@ queues the bytes; the response reads the queue. The stream opens as soon as the 
 answer's head: the opening events need no token of it), except that an opening that says how long the prompt is
 (Anthropic's) waits for the prompt's IDs when only the engine knows them (chat mode); the call's record is
 built when the call ends, off the first byte's path. The task runs to the end whatever the harness does, so a
-harness that hangs up mid-stream still gets its call journaled (``delivered: false``), and an engine that fails mid-stream
-leaves a record of what it had sampled (prompt, tokens, logprobs) with the error, which the harness gets as its
-protocol's stream error event. A failure before the engine takes the call (an error status, a server that cannot
+harness that hangs up mid-stream still gets its call journaled (``delivered: false``), and an engine that fails
+mid-stream leaves a record of what it had sampled (prompt, tokens, logprobs) with the error, which the harness gets
+as its protocol's stream error event. A failure before the engine takes the call (an error status, a server that cannot
 be reached) is answered with a plain error status.
 """
 
