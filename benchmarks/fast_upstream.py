@@ -1,7 +1,8 @@
 """A fast local upstream for benchmarks: answers every chat completion instantly, vLLM-style, with ~2,000 prompt
 token IDs, 50 sampled token IDs and their logprobs (a bare ASGI app, so it costs as little as possible).
-A ``/v1/completions`` request with ``stream: true`` is streamed as vLLM 0.32 streams it, one token per chunk
-``--token-delay`` seconds apart (a think block, then text), so time to first byte means something.
+A request with ``stream: true`` (``/v1/completions``, or ``/v1/chat/completions`` with ``return_token_ids``) is
+streamed as vLLM 0.32 streams it, one token per chunk ``--token-delay`` seconds apart (a think block, then text),
+so time to first byte means something.
 
     python benchmarks/fast_upstream.py --port 8001 [--prompt-tokens 2000] [--token-delay 0.004]
 """
@@ -14,7 +15,7 @@ import asyncio
 import orjson
 import uvicorn
 
-__all__ = ["STREAM_PIECES", "answer_body", "completion_body", "completion_chunks", "make_app"]
+__all__ = ["STREAM_PIECES", "answer_body", "chat_chunks", "completion_body", "completion_chunks", "make_app"]
 
 #: the text a streamed completion samples, a token a piece: reasoning, then the answer, then the end of turn
 STREAM_PIECES = ["<think>", "\n", "ok", "\n", "</think>", "\n\n", *["zq9 "] * 47, "end", "<|im_end|>"]
@@ -61,6 +62,35 @@ def completion_chunks(prompt: list[int]) -> list[bytes]:
     return [*events, b"data: [DONE]\n\n"]
 
 
+def chat_chunks(prompt_tokens: int, include_usage: bool) -> list[bytes]:
+    """The SSE events of a streamed /v1/chat/completions answer as vLLM 0.32 sends it with ``return_token_ids``
+    (qwen3 reasoning parser): a role chunk with the prompt's IDs, then one sampled token a chunk (the think block as
+    reasoning deltas, its tags as empty deltas), usage when asked."""
+    prompt = [(i * 7919) % 151000 for i in range(prompt_tokens)]
+    head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "policy"}
+    events = [b"data: " + orjson.dumps({**head, "prompt_token_ids": prompt, "choices": [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+        + b"\n\n"]
+    thinking = True
+    for i, piece in enumerate(STREAM_PIECES):
+        last = i == len(STREAM_PIECES) - 1
+        token = 151645 if last else (i * 104729) % 151000
+        delta: dict[str, str] = {}
+        if piece == "</think>":
+            thinking = False
+        elif piece not in ("<think>", "<|im_end|>") and not (not thinking and piece == "\n\n"):
+            delta = {"reasoning": piece} if thinking else {"content": piece}
+        choice = {"index": 0, "delta": delta, "token_ids": [token], "finish_reason": "stop" if last else None,
+                  "logprobs": {"content": [{"token": f"token_id:{token}", "logprob": -0.125, "bytes": None,
+                                            "top_logprobs": []}]}}
+        events.append(b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n")
+    if include_usage:
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(STREAM_PIECES),
+                 "total_tokens": prompt_tokens + len(STREAM_PIECES)}
+        events.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
+    return [*events, b"data: [DONE]\n\n"]
+
+
 def make_app(prompt_tokens: int, token_delay: float = 0.0):
     body = answer_body(prompt_tokens)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -73,19 +103,28 @@ def make_app(prompt_tokens: int, token_delay: float = 0.0):
             message = await receive()
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
+        raw = b"".join(chunks)
+        if scope["path"] == "/v1/completions" or b'"stream":true' in raw or b'"stream": true' in raw:
+            request = orjson.loads(raw)  # the hot non-streamed chat call is answered without reading its body
+        else:
+            request = {}
+        if request.get("stream"):
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            chat = scope["path"] != "/v1/completions"
+            if chat:
+                events = chat_chunks(prompt_tokens, bool((request.get("stream_options") or {}).get("include_usage")))
+            else:
+                events = completion_chunks(request.get("prompt") or [])
+            for n, event in enumerate(events):
+                if token_delay and not (chat and n == 1):  # vLLM sends its role chunk with the first token
+                    await asyncio.sleep(token_delay)
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if token_delay:  # a whole answer takes as long to sample as a streamed one
+            await asyncio.sleep(token_delay * len(STREAM_PIECES))
         if scope["path"] == "/v1/completions":
-            request = orjson.loads(b"".join(chunks))
-            if request.get("stream"):
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [(b"content-type", b"text/event-stream")]})
-                for event in completion_chunks(request.get("prompt") or []):
-                    if token_delay:
-                        await asyncio.sleep(token_delay)
-                    await send({"type": "http.response.body", "body": event, "more_body": True})
-                await send({"type": "http.response.body", "body": b""})
-                return
-            if token_delay:  # a whole answer takes as long to sample as a streamed one
-                await asyncio.sleep(token_delay * len(STREAM_PIECES))
             answer = completion_body(request.get("prompt") or [])
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})

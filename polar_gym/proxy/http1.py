@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from polar_gym.proxy.errors import UpstreamTimeout, UpstreamUnavailable
 
-__all__ = ["LeanHttpClient", "UpstreamAnswer"]
+__all__ = ["LeanHttpClient", "UpstreamAnswer", "UpstreamHead"]
 
 #: kept connections are checked for ones their server closed every this many calls
 _SWEEP_EVERY = 1024
@@ -35,6 +35,14 @@ class UpstreamAnswer:
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", "replace")
+
+
+@dataclass
+class UpstreamHead:
+    """A streamed answer's status and media type (its body is read as it arrives)."""
+
+    status_code: int
+    content_type: str
 
 
 class _Connection:
@@ -115,6 +123,74 @@ class LeanHttpClient:
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             raise UpstreamUnavailable(f"upstream {server} unreachable: {exc.__class__.__name__}: {exc}") from exc
 
+    @contextlib.asynccontextmanager
+    async def stream(self, url: str, body: bytes) -> AsyncIterator[tuple[UpstreamHead, AsyncIterator[bytes]]]:
+        """POST ``body`` and read the answer as it arrives: its head, then its body piece by piece (a chunk of a
+        chunked answer as the server sent it). Each read may take ``timeout``; the connection is kept for the next
+        call only when the body was read to its end."""
+        host, port, server, head = self._target(url)
+        request = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        conn: _Connection | None = None
+        with _translated(server, self.timeout):
+            for _ in range(3):
+                conn, reused = await self._acquire(host, port, server)
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        status, length, chunked, close, media = await _send_for_head(conn, request, reused)
+                    break
+                except _Stale:
+                    conn.close()
+                    conn = None
+                except BaseException:
+                    conn.close()
+                    raise
+            else:
+                raise UpstreamUnavailable(f"upstream {server} closed the connection before answering")
+        assert conn is not None
+        whole = False
+
+        async def pieces() -> AsyncIterator[bytes]:
+            nonlocal whole
+            assert conn is not None
+            reader, timeout = conn.reader, self.timeout
+            with _translated(server, timeout):
+                if chunked:
+                    while True:
+                        async with asyncio.timeout(timeout):
+                            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip(), 16)
+                            if size == 0:
+                                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers, blank line
+                                    pass
+                                break
+                            piece = await reader.readexactly(size)
+                            await reader.readexactly(2)
+                        yield piece
+                elif length >= 0:
+                    left = length
+                    while left > 0:
+                        async with asyncio.timeout(timeout):
+                            piece = await reader.read(min(left, _READ_LIMIT))
+                        if not piece:
+                            raise asyncio.IncompleteReadError(b"", left)
+                        left -= len(piece)
+                        yield piece
+                else:  # no length: the body runs to the end of the connection
+                    while True:
+                        async with asyncio.timeout(timeout):
+                            piece = await reader.read(_READ_LIMIT)
+                        if not piece:
+                            break
+                        yield piece
+            whole = True
+
+        try:
+            yield UpstreamHead(status, media), pieces()
+        finally:
+            if whole and not close:
+                self._release(host, port, conn)
+            else:
+                conn.close()
+
     async def _acquire(self, host: str, port: int, server: str) -> tuple[_Connection, bool]:
         idle = self._idle.get((host, port))
         while idle:
@@ -158,33 +234,11 @@ class LeanHttpClient:
     @staticmethod
     async def _exchange(conn: _Connection, request: bytes, reused: bool) -> tuple[UpstreamAnswer, bool]:
         """Send ``request`` and read one answer: (answer, whether the connection may be kept)."""
-        conn.writer.write(request)
-        try:
-            await conn.writer.drain()
-            head = await conn.reader.readuntil(b"\r\n\r\n")
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            if reused and (not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial):
-                raise _Stale from exc
-            raise
-        lines = head[:-4].split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        status = int(rest[:3])
-        length, chunked, close = -1, False, version == b"HTTP/1.0"
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = b"close" in value.lower() if not close else close
+        status, length, chunked, close, _ = await _send_for_head(conn, request, reused)
         if chunked:
             content = await _read_chunked(conn.reader)
         elif length >= 0:
             content = await conn.reader.readexactly(length)
-        elif status in (204, 304) or 100 <= status < 200:
-            content = b""
         else:  # no length: the body runs to the end of the connection
             content, close = await conn.reader.read(), True
         return UpstreamAnswer(status, content), not close
@@ -210,3 +264,44 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
             return b"".join(parts)
         parts.append(await reader.readexactly(size))
         await reader.readexactly(2)
+
+
+@contextlib.contextmanager
+def _translated(server: str, timeout: float) -> Iterator[None]:
+    """A streamed call's transport failures as the proxy's errors, named by server."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise UpstreamTimeout(f"upstream {server} timed out after {timeout:g} s") from exc
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+        raise UpstreamUnavailable(f"upstream {server} unreachable: {exc.__class__.__name__}: {exc}") from exc
+
+
+async def _send_for_head(conn: _Connection, request: bytes, reused: bool) -> tuple[int, int, bool, bool, str]:
+    """Send ``request`` and read the answer's head: (status, content length or -1, chunked, close, media type)."""
+    conn.writer.write(request)
+    try:
+        await conn.writer.drain()
+        head = await conn.reader.readuntil(b"\r\n\r\n")
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        if reused and (not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial):
+            raise _Stale from exc
+        raise
+    lines = head[:-4].split(b"\r\n")
+    version, _, rest = lines[0].partition(b" ")
+    status = int(rest[:3])
+    length, chunked, close, media = -1, False, version == b"HTTP/1.0", ""
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            close = close or b"close" in value.lower()
+        elif name == b"content-type":
+            media = value.strip().decode("latin-1")
+    if status in (204, 304) or 100 <= status < 200:
+        length = 0
+    return status, length, chunked, close, media

@@ -2,10 +2,14 @@
 journaled exactly as the same call not streamed would be.
 
 One task (:meth:`PassthroughCall.run`) reads the engine's pieces, renders them into the provider's events and
-queues the bytes; the response reads the queue. The task runs to the end whatever the harness does, so a harness
-that hangs up mid-stream still gets its call journaled (``delivered: false``), and an engine that fails mid-stream
-leaves a record of what it had sampled (prompt, tokens, logprobs) with the error, which the harness gets as its
-protocol's stream error event. A failure before the engine's first chunk is answered with a plain error status.
+queues the bytes; the response reads the queue. The stream opens as soon as the engine has taken the prompt (its
+answer's head: the opening events need no token of it), except that an opening that says how long the prompt is
+(Anthropic's) waits for the prompt's IDs when only the engine knows them (chat mode); the call's record is
+built when the call ends, off the first byte's path. The task runs to the end whatever the harness does, so a
+harness that hangs up mid-stream still gets its call journaled (``delivered: false``), and an engine that fails
+mid-stream leaves a record of what it had sampled (prompt, tokens, logprobs) with the error, which the harness gets
+as its protocol's stream error event. A failure before the engine takes the call (an error status, a server that cannot
+be reached) is answered with a plain error status.
 """
 
 from __future__ import annotations
@@ -72,35 +76,59 @@ _END = b""
 
 @dataclass
 class PassthroughCall:
-    """One streamed model call. ``journal`` appends the finished record; ``finished`` is told how the call ended
-    (the error, or None), its result, and the failure's cause when it was a bug rather than the upstream's."""
+    """One streamed model call. ``new_record`` builds its record (called once, when the call ends, so the first
+    byte never waits for it; stamped with ``started_at``, when the call came in); ``journal`` appends the record;
+    ``finished`` is told how the call ended (the error, or None), its result, and the failure's cause when it was a
+    bug rather than the upstream's."""
 
     engine: Engine
     provider: Provider[Any]
     inbound: Inbound[Any]
-    record: CompletionRecord
+    new_record: Callable[[], CompletionRecord]
     session_id: str
     journal: Callable[[CompletionRecord], Awaitable[None]]
     finished: Callable[[ProxyError | None, ChatResult | None, str | None], None]
     disconnected: Callable[[], Awaitable[bool]] | None = None
     queue: asyncio.Queue[bytes | ProxyError] = field(default_factory=asyncio.Queue)
     client_gone: bool = False
+    started_at: float = field(default_factory=time.time)
+    _record: CompletionRecord | None = None
+
+    @property
+    def record(self) -> CompletionRecord:
+        """The call's record, built on first use."""
+        if self._record is None:
+            self._record = self.new_record()
+            self._record.started_at = self.started_at
+        return self._record
 
     async def run(self) -> None:
         """Sample, render and journal the call (never raises: a failure is journaled and queued)."""
-        record, t0 = self.record, time.perf_counter()
-        ctx = RenderContext(response_id=self.provider.id_prefix + uuid.uuid4().hex[:24], created=int(record.started_at))
+        try:
+            await self._run()
+        except Exception as exc:  # a bug of ours past the engine (building the record): the client still hears
+            log.exception("a streamed %s call failed inside the proxy", self.provider.name)
+            self.queue.put_nowait(ProxyError(f"internal proxy error: {exc.__class__.__name__}: {exc}"))
+
+    async def _run(self) -> None:
+        t0 = time.perf_counter()
+        ctx = RenderContext(response_id=self.provider.id_prefix + uuid.uuid4().hex[:24], created=int(self.started_at))
         renderer = stream_renderer(self.provider, self.inbound, ctx)
         prompt_ids: list[int] = []
         sampled: list[int] = []
         logprobs: list[float] = []
         result: ChatResult | None = None
+        opened = False
         try:
             async with contextlib.aclosing(self.engine.stream(self.inbound.chat, self.session_id)) as pieces:
                 async for piece in pieces:
                     if isinstance(piece, StreamStart):
-                        prompt_ids = piece.prompt_ids
-                        self._send(renderer.start(len(prompt_ids)))
+                        prompt_ids = piece.prompt_ids if piece.prompt_ids is not None else prompt_ids
+                        if not opened and (piece.prompt_ids is not None or not renderer.needs_prompt_tokens):
+                            opened = True
+                            # a protocol with nothing to open with (Gemini) opens with its keep-alive: the
+                            # harness hears from the call as soon as the engine has it
+                            self._send(renderer.start(len(prompt_ids)) or self.provider.keepalive)
                     elif isinstance(piece, StreamDelta):
                         sampled += piece.token_ids
                         logprobs += piece.logprobs
@@ -117,6 +145,7 @@ class PassthroughCall:
             failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
             await self._failed(failure, exc, prompt_ids, sampled, logprobs, t0, "engine_error")
             return
+        record = self.record
         fill_record(record, result, ctx.response_id)
         record.total_seconds = time.perf_counter() - t0
         try:
@@ -149,9 +178,9 @@ class PassthroughCall:
         self.finished(exc, None, failure)
         self.queue.put_nowait(exc)
 
-    def _send(self, events: list[SSEEvent]) -> None:
+    def _send(self, events: list[SSEEvent] | bytes) -> None:
         if events and not self.client_gone:
-            self.queue.put_nowait(_encode(events))
+            self.queue.put_nowait(events if isinstance(events, bytes) else _encode(events))
 
     async def first(self, timeout: float | None) -> bytes | ProxyError | None:
         """The first thing to send (None: nothing within ``timeout``, the engine is still prefilling)."""

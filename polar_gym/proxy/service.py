@@ -437,8 +437,8 @@ class ProxyService:
                               info: SessionInfo, route: Route,
                               disconnected: Callable[[], Awaitable[bool]] | None, received: bytes) -> Reply:
         """A streamed call passed through as the engine samples (:mod:`polar_gym.proxy.passthrough`): answered
-        once the engine's first chunk (or an error, as a plain error reply) is there, or after ``keepalive_after``
-        with keep-alives until it is."""
+        once the engine has taken the call (or refused it, as a plain error reply), or after ``keepalive_after``
+        with keep-alives until it has. The record is built when the call ends, off the first byte's path."""
         session_id = info.session_id
 
         async def journal(record: CompletionRecord) -> None:
@@ -452,7 +452,8 @@ class ProxyService:
                 self.stats["prompt_tokens"] += len(result.prompt_ids)
                 self.stats["response_tokens"] += len(result.response_ids)
 
-        call = PassthroughCall(self.engine, provider, inbound, self._new_record(provider, inbound, body, info, route),
+        call = PassthroughCall(self.engine, provider, inbound,
+                               lambda: self._new_record(provider, inbound, body, info, route),
                                session_id, journal, finished, disconnected)
         task = asyncio.ensure_future(self._counted(session_id, call.run()))
         self._streams.add(task)  # runs to the end (and is journaled) even if the harness hangs up

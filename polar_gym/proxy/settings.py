@@ -59,8 +59,9 @@ class EngineSettings(BaseModel):
                                "into reasoning, text and tool calls (qwen3, llama3_json, or pkg.module:Class); "
                                "null: qwen3 for the default Qwen tokenizer and for oracle")
     stream_passthrough: bool = Field(default=True, description="a harness's streamed call is streamed as the engine "
-                                     "samples (token_in vllm and sglang; captured as the same call not streamed); "
-                                     "false, or other engines: the stream is synthesized from the whole answer")
+                                     "samples (vllm in both prompt modes, sglang token_in; captured as the same call "
+                                     "not streamed); false, or other engines: the stream is synthesized from the "
+                                     "whole answer")
 
 
 class ProxySettings(EngineSettings):
@@ -211,6 +212,7 @@ def build_engine(settings: EngineSettings) -> Engine:
         engine = engine_cls(pool, **kwargs)
     if not isinstance(engine, Engine):
         raise ConfigError(f"{settings.engine!r} built {type(engine).__name__}, not a polar_gym Engine", key="engine")
+    engine.stream_passthrough = engine.can_stream and settings.stream_passthrough  # vLLM's chat stream too
     return engine
 
 

@@ -75,6 +75,14 @@ class HFChatTokenizer:
         self.end_of_turn_ids = [int(t) for t in ends if isinstance(t, int) and t >= 0]
         if self._tok.eos_token_id is not None and self._tok.eos_token_id not in self.end_of_turn_ids:
             self.end_of_turn_ids.append(int(self._tok.eos_token_id))
+        #: the Rust tokenizer behind a fast one, called directly: transformers' ``encode`` goes through
+        #: ``encode_batch``, whose thread pool wakes per call (0.2 ms idle, over a millisecond on a loaded machine,
+        #: on every call's critical path); the same pipeline, so the same IDs (truncation and padding off, as
+        #: transformers sets them for an ``encode`` without limits)
+        self._backend = getattr(self._tok, "_tokenizer", None) if getattr(self._tok, "is_fast", False) else None
+        if self._backend is not None:
+            self._backend.no_truncation()
+            self._backend.no_padding()
 
     @property
     def end_of_turn_text(self) -> str:
@@ -95,6 +103,8 @@ class HFChatTokenizer:
         return text
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:

@@ -2,7 +2,8 @@
 Anthropic and Google SDKs stream a token-in call while vLLM samples it (``/v1/completions`` with ``stream``), and
 the journal of each streamed call equals the journal of the same call not streamed (temperature 0, same seed):
 prompt ids, sampled ids, logprobs, the parsed message, the usage. What the SDK assembles from the stream is what
-the non-streamed answer says."""
+the non-streamed answer says. In chat mode (vLLM renders the prompt and parses the answer) vLLM's chat stream is
+passed through, with the same guarantee."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from google.genai import types
 
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
+from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.parsers.base import parser_for
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.tokenizer import HFChatTokenizer
@@ -103,3 +105,37 @@ def test_google_sdk_stream_is_the_answer_and_the_capture(stream_proxy: RunningPr
     assert "".join(ch.text or "" for ch in chunks) == (plain.text or "")
     assert chunks[-1].candidates and chunks[-1].candidates[0].finish_reason == plain.candidates[0].finish_reason
     assert_same_capture(stream_proxy, "st-go-plain", "st-go-stream")
+
+
+@pytest.fixture
+def chat_stream_proxy(vllm_server: VLLMServer) -> Iterator[RunningProxy]:
+    """Chat mode: vLLM renders the prompt and parses the answer (its qwen3 reasoning and hermes tool parsers)."""
+    client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0),
+                               limits=httpx.Limits(max_keepalive_connections=0))
+    engine = VLLMEngine(UpstreamPool([vllm_server.url]), client=client, upstream_model=vllm_server.model)
+    assert engine.stream_passthrough
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True),
+                           model_names=[vllm_server.model])
+    yield from serve(service)
+
+
+def test_chat_mode_streams_vllms_chat_deltas_and_captures_the_same(chat_stream_proxy: RunningProxy) -> None:
+    ask: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "Count to ten."}],
+                           "max_tokens": 24, **SAMPLING}
+    url = chat_stream_proxy.url
+    plain = openai.OpenAI(base_url=url + "/v1", api_key="ch-oa-plain", max_retries=0).chat.completions.create(
+        **ask, extra_body=NO_THINKING)
+    c = openai.OpenAI(base_url=url + "/v1", api_key="ch-oa-stream", max_retries=0)
+    deltas = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**ask, extra_body=NO_THINKING,
+                                                                                      stream=True) if ch.choices]
+    assert "".join(deltas) == (plain.choices[0].message.content or "")
+    assert sum(1 for d in deltas if d) > 1
+    assert assert_same_capture(chat_stream_proxy, "ch-oa-plain", "ch-oa-stream")["prompt_mode"] == "chat"
+    think: dict[str, Any] = {"model": "claude-x", "max_tokens": 24, "extra_body": {"temperature": 0},
+                             "messages": [{"role": "user", "content": "Say something."}],
+                             "thinking": {"type": "enabled", "budget_tokens": 16}}
+    plain_message = anthropic.Anthropic(base_url=url, api_key="ch-an-plain", max_retries=0).messages.create(**think)
+    with anthropic.Anthropic(base_url=url, api_key="ch-an-stream", max_retries=0).messages.stream(**think) as stream:
+        streamed = stream.get_final_message()
+    assert [b.model_dump() for b in streamed.content] == [b.model_dump() for b in plain_message.content]
+    assert_same_capture(chat_stream_proxy, "ch-an-plain", "ch-an-stream")

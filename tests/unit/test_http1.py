@@ -1,5 +1,6 @@
 """The engines' lean upstream client (polar_gym.proxy.http1) against real sockets: keep-alive reuse, chunked and
-Content-Length answers, a server that drops idle connections, and failures mapped onto the proxy's errors."""
+Content-Length answers, a server that drops idle connections, failures mapped onto the proxy's errors, and streamed
+answers read as they arrive."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from collections.abc import Awaitable, Callable
 import orjson
 import pytest
 
-from polar_gym.proxy.chat import ChatRequest
+from polar_gym.proxy.chat import ChatRequest, ChatResult
+from polar_gym.proxy.engines.base import StreamDelta, StreamStart
 from polar_gym.proxy.engines.vllm import VLLMEngine
-from polar_gym.proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from polar_gym.proxy.errors import RequestError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from polar_gym.proxy.http1 import LeanHttpClient
 from polar_gym.proxy.upstreams import UpstreamPool
 from tests._waiting import until
@@ -204,3 +206,70 @@ async def test_headers_given_go_with_every_request_and_line_breaks_are_refused()
     for bad in ({"x-evil": "a\r\nhost: elsewhere"}, {"x\nname": "v"}):
         with pytest.raises(ValueError, match="line break"):
             LeanHttpClient(headers=bad)
+
+
+async def test_a_streamed_answer_arrives_piece_by_piece_and_its_connection_is_kept() -> None:
+    """The head first (the server has taken the call), then each chunk as the server sends it; a stream read to
+    its end leaves the connection for the next call, one left half-read is closed."""
+    sent = asyncio.Event()
+
+    async def sse(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await sent.wait()
+        for event in (b"data: 1\n\n", b"data: 2\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        return True
+
+    client = LeanHttpClient()
+    async with _Server(sse) as server:
+        async with client.stream(server.url + "/v1/completions", b"{}") as (head, pieces):
+            assert (head.status_code, head.content_type) == (200, "text/event-stream")  # before any token
+            sent.set()
+            assert [piece async for piece in pieces] == [b"data: 1\n\n", b"data: 2\n\n"]
+        async with client.stream(server.url + "/v1/completions", b"{}") as (head, pieces):
+            assert await anext(pieces) == b"data: 1\n\n"  # then the caller goes away
+        assert server.accepted == 1
+        async with client.stream(server.url + "/v1/completions", b"{}") as (head, pieces):
+            assert len([piece async for piece in pieces]) == 2
+        assert server.accepted == 2  # the half-read connection was not reused
+        await client.aclose()
+
+
+async def test_an_engine_streams_through_the_lean_client() -> None:
+    """vLLM's chat stream through the engine's own (lean) client: the stream opens at the first chunk, passes the
+    deltas, ends in the whole answer; an error status raises before anything is yielded."""
+    chunks = [{"prompt_token_ids": [1, 2, 3], "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                           "finish_reason": None}]},
+              {"choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [7], "finish_reason": None,
+                            "logprobs": {"content": [{"logprob": -0.5}]}}]},
+              {"choices": [{"index": 0, "delta": {"content": "!"}, "token_ids": [8], "finish_reason": "stop",
+                            "logprobs": {"content": [{"logprob": -0.25}]}}]}]
+    calls: list[dict[str, object]] = []
+
+    async def vllm(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        calls.append(orjson.loads(body))
+        if len(calls) == 2:
+            _answer(writer, b'{"error": "prompt too long"}', status=400)
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for event in [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]:
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        writer.write(b"0\r\n\r\n")
+        return True
+
+    async with _Server(vllm) as server:
+        engine = VLLMEngine(UpstreamPool([server.url]))
+        request = ChatRequest.model_validate({"model": "policy", "messages": [{"role": "user", "content": "x"}]})
+        pieces = [piece async for piece in engine.stream(request, "s1")]
+        assert [p.prompt_ids for p in pieces if isinstance(p, StreamStart)] == [None, [1, 2, 3]]  # taken; IDs
+        assert [p.content for p in pieces if isinstance(p, StreamDelta)] == ["hi", "!"]
+        result = pieces[-1]
+        assert isinstance(result, ChatResult) and result.text == "hi!" and result.response_ids == [7, 8]
+        assert result.response_logprobs == [-0.5, -0.25] and calls[0]["stream"] is True
+        with pytest.raises(RequestError, match="prompt too long"):
+            _ = [piece async for piece in engine.stream(request, "s1")]
+        assert server.accepted == 1
+        await engine.aclose()

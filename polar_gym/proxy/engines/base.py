@@ -21,6 +21,7 @@ momentarily unavailable; anything else is an upstream failure (502).
 from __future__ import annotations
 
 import abc
+import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -63,9 +64,10 @@ def upstream_status_error(server_url: str, status: int, text: str) -> UpstreamEr
 
 @dataclass
 class StreamStart:
-    """A streamed call's first piece, sent when the engine's first chunk arrives: the prompt it sampled from."""
+    """The engine has taken a streamed call: the prompt it samples from. None when only the engine knows the
+    prompt's IDs (it renders the prompt: chat mode); a second StreamStart brings them with its first chunk."""
 
-    prompt_ids: list[int]
+    prompt_ids: list[int] | None
 
 
 @dataclass
@@ -206,42 +208,63 @@ class HttpEngine(Engine):
                 raise ValueError("upstream answer is not a JSON object")
             return data
 
-    async def post_stream(self, server_url: str, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """POST ``body`` and yield each JSON object of the server-sent-event answer as it arrives (until
-        ``[DONE]``); an answer that is not an event stream is yielded whole; an HTTP error answer raises as
-        :meth:`post` does, before anything is yielded."""
+    async def post_stream(self, server_url: str, path: str,
+                          body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | None]:
+        """POST ``body`` and yield None once the server has accepted it (its answer's head), then each JSON object
+        of the server-sent-event answer as it arrives (until ``[DONE]``); an answer that is not an event stream is
+        yielded whole; an HTTP error answer raises as :meth:`post` does, before anything is yielded. Through the
+        lean client, as :meth:`post` (an engine given its own httpx client, as tests do, streams through that)."""
+        payload = orjson.dumps(body)
+        if self.fast is not None and server_url.startswith("http://"):
+            async with self.fast.stream(server_url + path, payload) as (head, pieces):
+                async with contextlib.aclosing(self._events(server_url, head.status_code, head.content_type,
+                                                            pieces)) as events:
+                    async for event in events:
+                        yield event
+            return
         with translate_upstream_errors(server_url):
-            async with self.client.stream("POST", server_url + path, content=orjson.dumps(body),
+            async with self.client.stream("POST", server_url + path, content=payload,
                                           headers={"content-type": "application/json"}) as resp:
-                if resp.status_code >= 400:
-                    text = (await resp.aread()).decode(errors="replace")
-                    raise upstream_status_error(server_url, resp.status_code, text)
-                if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    # a server that answers whole (ignoring "stream"): vLLM's and SGLang's whole answers read as
-                    # one last chunk
-                    whole = orjson.loads(await resp.aread())
-                    if not isinstance(whole, dict):
-                        raise ValueError("upstream answer is not a JSON object")
-                    yield whole
-                    return
-                done, pending = False, list[bytes]()  # read to the end: a drained connection is reused
-                async for part in resp.aiter_bytes():
-                    pending.append(part)
-                    if b"\n" not in part:
-                        continue  # a long line (the prompt's IDs) still arriving
-                    *lines, rest = b"".join(pending).split(b"\n")
-                    pending = [rest]
-                    for line in lines:
-                        if done or not line.startswith(b"data:"):
-                            continue  # blank separators, comments, event names
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            done = True
-                            continue
-                        yield self._stream_event(server_url, payload)
-                tail = b"".join(pending).strip()
-                if not done and tail.startswith(b"data:") and tail[5:].strip() != b"[DONE]":
-                    yield self._stream_event(server_url, tail[5:].strip())
+                async with contextlib.aclosing(self._events(server_url, resp.status_code,
+                                                            resp.headers.get("content-type", ""),
+                                                            resp.aiter_bytes())) as events:
+                    async for event in events:
+                        yield event
+
+    async def _events(self, server_url: str, status: int, media_type: str,
+                      pieces: AsyncIterator[bytes]) -> AsyncGenerator[dict[str, Any] | None, None]:
+        """What :meth:`post_stream` yields, from an answer's status, media type and body pieces."""
+        with translate_upstream_errors(server_url):
+            if status >= 400:
+                text = b"".join([piece async for piece in pieces]).decode(errors="replace")
+                raise upstream_status_error(server_url, status, text)
+            yield None  # accepted: a stream may open before the first token (the prompt is known)
+            if "text/event-stream" not in media_type:
+                # a server that answers whole (ignoring "stream"): vLLM's and SGLang's whole answers read as one
+                # last chunk
+                whole = orjson.loads(b"".join([piece async for piece in pieces]))
+                if not isinstance(whole, dict):
+                    raise ValueError("upstream answer is not a JSON object")
+                yield whole
+                return
+            done, pending = False, list[bytes]()  # read to the end: a drained connection is reused
+            async for part in pieces:
+                pending.append(part)
+                if b"\n" not in part:
+                    continue  # a long line (the prompt's IDs) still arriving
+                *lines, rest = (b"".join(pending) if len(pending) > 1 else part).split(b"\n")
+                pending = [rest]
+                for line in lines:
+                    if done or not line.startswith(b"data:"):
+                        continue  # blank separators, comments, event names
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        continue
+                    yield self._stream_event(server_url, payload)
+            tail = b"".join(pending).strip()
+            if not done and tail.startswith(b"data:") and tail[5:].strip() != b"[DONE]":
+                yield self._stream_event(server_url, tail[5:].strip())
 
     @staticmethod
     def _stream_event(server_url: str, payload: bytes) -> dict[str, Any]:

@@ -183,24 +183,27 @@ class TokenInEngine(HttpEngine):
         if self.upstream_model is not None and "model" in body:
             body["model"] = self.upstream_model
         answer = StreamedAnswer()
-        reasoning, content, started_stream = "", "", False
+        reasoning, content, started_stream, chunks = "", "", False, 0
         async with self.pool.lease(session_id) as server:
             started = time.perf_counter()
             async for chunk in self.post_stream(server.url, self.path, body):
-                with translate_upstream_errors(server.url):
-                    ids, logprobs = self.read_chunk(answer, chunk)
-                if not started_stream:
+                if not started_stream:  # the server took the call: the stream opens (its prompt is the plan's)
                     started_stream = True
                     yield StreamStart(list(plan.prompt_ids))
+                if chunk is None:
+                    continue
+                chunks += 1
+                with translate_upstream_errors(server.url):
+                    ids, logprobs = self.read_chunk(answer, chunk)
                 r, c = self.parser.stream_prefix(answer.text, thinking=plan.thinking)
                 if ids or len(r) > len(reasoning) or len(c) > len(content):
                     yield StreamDelta(ids, logprobs, r[len(reasoning):], c[len(content):])
                     reasoning, content = max(r, reasoning, key=len), max(c, content, key=len)
             with translate_upstream_errors(server.url):
+                if not chunks:
+                    raise ValueError("the stream carried no chunk")
                 if answer.finish is None:
                     raise ValueError("the stream ended without a finish reason")
-                if not started_stream:
-                    raise ValueError("the stream carried no chunk")
                 result, parsed = token_in_result(
                     self.name, self.parser, request, plan,
                     (answer.prompt_ids if answer.prompt_ids is not None else list(plan.prompt_ids),

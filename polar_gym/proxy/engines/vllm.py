@@ -14,14 +14,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
-from polar_gym.proxy.engines.base import HttpEngine, WeightUpdateMode
+from polar_gym.proxy.engines.base import HttpEngine, StreamDelta, StreamPiece, StreamStart, WeightUpdateMode
 from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, usage_in
-from polar_gym.proxy.errors import WeightUpdateError
+from polar_gym.proxy.errors import WeightUpdateError, translate_upstream_errors
 
-__all__ = ["VLLMEngine", "logprobs_in", "reload_vllm_weights"]
+__all__ = ["ChatStreamAnswer", "VLLMEngine", "logprobs_in", "reload_vllm_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -125,3 +127,101 @@ class VLLMEngine(HttpEngine):
             usage=usage_in(body, len(prompt_ids), len(response_ids)),
             engine=self.name,
         )
+
+    can_stream: ClassVar[bool] = True
+
+    async def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
+        """The same call as :meth:`complete`, streamed (vLLM's chat stream with ``return_token_ids``): it opens when
+        vLLM has taken the call, and the prompt's IDs come with vLLM's first chunk (vLLM renders the prompt); its
+        reasoning and content deltas pass through as they come, tool calls are held to the end; the
+        last piece is the result :meth:`complete` builds from the same answer."""
+        body = await self.prepare(request)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        if self.upstream_model is not None and "model" in body:
+            body["model"] = self.upstream_model
+        answer, whole = ChatStreamAnswer(), None
+        async with self.pool.lease(session_id) as server:
+            started = time.perf_counter()
+            async for chunk in self.post_stream(server.url, self.path, body):
+                if chunk is None:  # vLLM took the call; the prompt's IDs come with its first chunk
+                    yield StreamStart(None)
+                    continue
+                with translate_upstream_errors(server.url):
+                    if "message" in (chunk.get("choices") or [{}])[0]:  # a server that answered whole
+                        whole = self.parse(chunk)
+                        yield StreamStart(list(whole.prompt_ids))
+                        continue
+                    ids, logprobs, reasoning, content = answer.read(chunk)
+                if answer.chunks == 1:
+                    yield StreamStart(list(answer.prompt_ids or []))
+                if ids or reasoning or content:
+                    yield StreamDelta(ids, logprobs, reasoning, content)
+            with translate_upstream_errors(server.url):
+                result = whole if whole is not None else answer.result(self.name)
+            result.server = server.url
+            result.policy_version = self.pool.policy_version
+            result.raw["upstream_seconds"] = time.perf_counter() - started
+        result.raw.setdefault("prompt_mode", self.prompt_mode)
+        yield result
+
+
+@dataclass
+class ChatStreamAnswer:
+    """A vLLM chat stream read so far (``return_token_ids``, ``logprobs``): the prompt's IDs from the first chunk,
+    then per chunk the sampled IDs, their logprobs and the message delta (reasoning, content, tool-call pieces)."""
+
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    chunks: int = 0
+
+    def read(self, chunk: dict[str, Any]) -> tuple[list[int], list[float], str, str]:
+        """Add one chunk; the token IDs, logprobs, reasoning and content it added."""
+        self.chunks += 1
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if self.prompt_ids is None:
+            prompt_ids = chunk.get("prompt_token_ids")
+            if prompt_ids is None:
+                raise ValueError("no prompt_token_ids in the first chunk (is this vLLM >= 0.10.2?)")
+            self.prompt_ids = _ints(prompt_ids)
+        if not chunk.get("choices"):
+            return [], [], "", ""
+        choice = chunk["choices"][0]
+        ids = _ints(choice.get("token_ids") or [])
+        logprobs = logprobs_in(choice, len(ids)) if ids else []
+        delta = choice.get("delta") or {}
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        content = delta.get("content") or ""
+        for piece in delta.get("tool_calls") or []:
+            call = self.calls.setdefault(int(piece.get("index", 0)), {"id": "", "name": "", "arguments": ""})
+            function = piece.get("function") or {}
+            call["id"] = piece.get("id") or call["id"]
+            call["name"] += function.get("name") or ""
+            call["arguments"] += function.get("arguments") or ""
+        self.response_ids += ids
+        self.logprobs += logprobs
+        self.reasoning.append(reasoning)
+        self.content.append(content)
+        if choice.get("finish_reason"):
+            self.finish = str(choice["finish_reason"])
+        return ids, logprobs, reasoning, content
+
+    def result(self, engine: str) -> ChatResult:
+        """The whole answer, as :meth:`VLLMEngine.parse` reads the same answer unstreamed."""
+        if self.prompt_ids is None or self.finish is None:
+            raise ValueError("the stream ended before its answer did")
+        calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                 for _, c in sorted(self.calls.items())]
+        message = message_from_openai({"content": "".join(self.content) or None,
+                                       "reasoning": "".join(self.reasoning) or None, "tool_calls": calls})
+        return ChatResult(
+            message=message, finish_reason=finish_reason_in({"finish_reason": self.finish}, bool(calls)),
+            prompt_ids=self.prompt_ids, response_ids=self.response_ids, response_logprobs=self.logprobs,
+            usage=usage_in({"usage": self.usage}, len(self.prompt_ids), len(self.response_ids)), engine=engine)

@@ -10,7 +10,7 @@ and ends the stream, so what the client assembles is exactly the non-streamed an
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 from polar_gym.proxy.chat import ChatResult
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, SSEEvent
@@ -27,6 +27,10 @@ def rest(final: str | None, sent: str) -> str:
 
 class StreamRenderer(abc.ABC):
     """One streamed answer's events, piece by piece; it keeps what it already sent."""
+
+    #: whether ``start`` says how long the prompt is (Anthropic's message_start): the stream then opens only once
+    #: the prompt's IDs are known
+    needs_prompt_tokens: ClassVar[bool] = False
 
     def __init__(self, inbound: Inbound[Any], ctx: RenderContext) -> None:
         self.inbound = inbound

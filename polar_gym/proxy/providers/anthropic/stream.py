@@ -21,6 +21,7 @@ __all__ = ["MessagesStream"]
 
 
 class MessagesStream(StreamRenderer):
+    needs_prompt_tokens = True  # message_start's usage.input_tokens
     index = 0                  # the open block's index
     open_block: str | None = None
 
