@@ -13,7 +13,6 @@ import ast
 import re
 from collections.abc import Iterator
 from functools import cache
-from pathlib import Path
 
 import pytest
 
