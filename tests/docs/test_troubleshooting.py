@@ -25,10 +25,12 @@ FILLED = "…"
 MIN_LITERAL = 12
 _QUOTED = re.compile(r'^#{2,6}\s+"(?P<message>.+)"\s*$')
 _HOLE = "\x00"
+_ESCAPED = re.compile(r"\\([\\`*_{}\[\]()#+\-.!])")
 
 
 def quoted_messages(text: str) -> list[str]:
-    """The messages quoted as headings in a page's markdown (headings inside code blocks do not count)."""
+    """The messages quoted as headings in a page's markdown, markdown escapes undone (``\\_target\\_`` is
+    ``_target_``); headings inside code blocks do not count."""
     found, fence = [], None
     for line in text.splitlines():
         stripped = line.strip()
@@ -38,7 +40,7 @@ def quoted_messages(text: str) -> list[str]:
             continue
         match = _QUOTED.match(line) if fence is None else None
         if match:
-            found.append(match["message"])
+            found.append(_ESCAPED.sub(r"\1", match["message"]))
     return found
 
 
@@ -100,8 +102,9 @@ def test_the_matcher_allows_filled_in_parts_and_refuses_a_reworded_message():
 
 
 def test_quoted_headings_are_found_outside_code_blocks_only():
-    page = '# T\n\n### "a real message"\n\n```text\n### "inside a block"\n```\n\n### Not quoted\n'
-    assert quoted_messages(page) == ["a real message"]
+    page = ('# T\n\n### "a real message"\n\n```text\n### "inside a block"\n```\n\n### Not quoted\n\n'
+            '### "needs a \\_target\\_"\n')
+    assert quoted_messages(page) == ["a real message", "needs a _target_"]
 
 
 def test_the_page_quotes_messages():
