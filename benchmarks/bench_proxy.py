@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -49,6 +50,14 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.journal_cost import bench_journal, bench_storage, claude_code_request, print_journal  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
+
+
+def scratch_dir(prefix: str) -> str:
+    """A temporary directory removed when the benchmark exits: a run's journals reach gigabytes (a full
+    ``--hot-path-only`` run writes ~3 GB), and leaving them filled the disk."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def free_port() -> int:
@@ -267,7 +276,7 @@ def start_pair(prompt_tokens: int = 2000, extra: tuple[str, ...] = ()) -> tuple[
     """A fast upstream (core 1) and a chat-mode vLLM proxy in front of it (core 0), capture on, to disk."""
     up_port, proxy_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    capture = tempfile.mkdtemp(prefix="polar-bench-capture-")
+    capture = scratch_dir("polar-bench-capture-")
     upstream = subprocess.Popen(pinned([sys.executable, str(ROOT / "benchmarks" / "fast_upstream.py"), "--port",
                                         str(up_port), "--prompt-tokens", str(prompt_tokens)], 1), env=env)
     proxy = subprocess.Popen(pinned([sys.executable, "-m", "polar_gym.proxy", "--engine", "vllm", "--upstream",
@@ -435,7 +444,7 @@ def bench_token_in(quick: bool, synthetic: bool = False) -> list[dict]:
     ports = {"chat": free_port(), "token_in": free_port()}
     proxies = [subprocess.Popen([sys.executable, "-m", "polar_gym.proxy", "--engine", "vllm", "--upstream",
                                  f"http://127.0.0.1:{up_port}", "--port", str(port), "--capture-dir",
-                                 tempfile.mkdtemp(prefix=f"polar-bench-{mode}-"), "--admin-token", "bench",
+                                 scratch_dir(f"polar-bench-{mode}-"), "--admin-token", "bench",
                                  "--log-level", "warning", "--prompt-mode", mode], env=env)
                for mode, port in ports.items()]
     rows: list[dict] = []

@@ -35,7 +35,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_proxy import free_port, streaming, wait_ready, workloads  # noqa: E402
+from benchmarks.bench_proxy import free_port, scratch_dir, streaming, wait_ready, workloads  # noqa: E402
 from benchmarks.fast_upstream import STREAM_PIECES  # noqa: E402
 
 #: the answer text the upstream streams (see fast_upstream.STREAM_PIECES): what an agent echoes back
@@ -167,7 +166,7 @@ def start_proxies(mode: str, up_port: int, modes: list[str], on: Any, env: dict[
     procs = [subprocess.Popen(
         [*on(1), sys.executable, "-m", "polar_gym.proxy", "--engine", "vllm", "--upstream",
          f"http://127.0.0.1:{up_port}", "--port", str(port), "--prompt-mode", mode,
-         "--capture-dir", tempfile.mkdtemp(prefix=f"polar-bench-stream-{mode}-{m}-"), "--admin-token", "bench",
+         "--capture-dir", scratch_dir(f"polar-bench-stream-{mode}-{m}-"), "--admin-token", "bench",
          "--log-level", "warning", "--stream-passthrough" if m == "passthrough" else "--no-stream-passthrough"],
         env=env) for m, port in ports.items()]
     return ports, procs
