@@ -8,19 +8,18 @@ For each front end, plain and streaming, at concurrency 1, 16 and 64, the front 
 vllm``, capture on, to disk; pinned to core 0 with taskset, the upstream and the load generator to core 1), sent as the
 harness sends it (compact JSON), to an upstream that answers instantly with ~2,000 prompt token IDs; the baseline,
 measured just before in the same run, is the Chat body the proxy sends upstream for that request, posted straight to the
-upstream. At concurrency 1 the direct, plain and streamed calls are interleaved one by one, so outside load lands on
-all three alike. Printed: throughput, p50 / p99 latency, ratios against direct and the proxy's CPU ms per call (from
-/proc, all its threads).
-Targets (issue 18): at most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/4 of direct throughput. Memory:
-a standalone proxy serves 10,000 sessions of two calls each (the Claude Code body), forgetting idle ones; its RSS after
-100 and after 10,000 sessions (target: within 1.2x). Token-in against chat mode: the same growing agent conversations
-(each call echoes the reply and adds a user turn) through a chat-mode and a token-in proxy, at concurrency 1 and 64
-(target: token-in adds at most 1 ms p50 at c=1). Then a 200-call Claude Code session built from the recorded request
-(the same tools and system blocks every call, the conversation growing by a tool call and its result each turn, the
-request journaled with the bytes as sent) is journaled: bytes per call against its unique content (target: at most 1.1x)
-and against raw per-call JSON, every request read back byte for byte (``--journal-only`` runs just this). Last, a
-200-turn session growing to 32K-token contexts: its token and logprob bytes against its unique tokens (target: within
-1.2x).
+upstream (streamed, as vLLM streams it, for the streamed cells). At concurrency 1 the two direct, the plain and the
+streamed calls are interleaved one by one, so outside load lands on all four alike. Printed: throughput, p50 / p99
+latency, ratios against direct and the proxy's CPU ms per call (from /proc, all its threads). Targets (issue 18): at
+most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/4 of direct throughput. Memory: a standalone proxy
+serves 10,000 sessions of two calls each (the Claude Code body), forgetting idle ones; its RSS after 100 and after
+10,000 sessions (target: within 1.2x). Token-in against chat mode: the same growing agent conversations (each call
+echoes the reply and adds a user turn) through a chat-mode and a token-in proxy, at concurrency 1 and 64 (target:
+token-in adds at most 1 ms p50 at c=1). Then a 200-call Claude Code session built from the recorded request (the same
+tools and system blocks every call, the conversation growing by a tool call and its result each turn, the request
+journaled with the bytes as sent) is journaled: bytes per call against its unique content (target: at most 1.1x) and
+against raw per-call JSON, every request read back byte for byte (``--journal-only`` runs just this). Last, a 200-turn
+session growing to 32K-token contexts: its token and logprob bytes against its unique tokens (target: within 1.2x).
 """
 
 from __future__ import annotations
@@ -303,24 +302,32 @@ def bench_overhead(quick: bool, front_ends: list[str], synthetic: bool = False,
             for name in front_ends:
                 direct_path, direct_body = loads["direct" if synthetic else f"direct_{name}"]
                 modes = {"plain": loads[name], "stream": streaming(name, *loads[name])}
-                if c == 1:  # latency: the three interleaved call by call
-                    targets = [(f"http://127.0.0.1:{up_port}", direct_path, direct_body),
+                # each mode's baseline: the body the proxy sends upstream, posted straight there, streamed when
+                # the harness asked for a stream (the upstream streams it as vLLM does)
+                directs = {"plain": (direct_path, direct_body),
+                           "stream": (direct_path, {**direct_body, "stream": True,
+                                                    "stream_options": {"include_usage": True}})}
+                up = f"http://127.0.0.1:{up_port}"
+                if c == 1:  # latency: the four interleaved call by call
+                    targets = [*((up, path, body) for path, body in directs.values()),
                                *((f"http://127.0.0.1:{proxy_port}", path, body) for path, body in modes.values())]
-                    direct, *cells = asyncio.run(run_interleaved(targets, totals[c], proxy.pid))
-                    direct.pop("cpu_ms_per_call")
-                else:  # throughput: each cell on its own, the direct one first
-                    direct = asyncio.run(run_cell(f"http://127.0.0.1:{up_port}", direct_path, direct_body, c,
-                                                  totals[c]))
-                    cells = []
-                    for path, body in modes.values():
+                    *baselines, plain, stream = asyncio.run(run_interleaved(targets, totals[c], proxy.pid))
+                    cells = [plain, stream]
+                    for baseline in baselines:
+                        baseline.pop("cpu_ms_per_call")
+                else:  # throughput: each cell on its own, its direct baseline first
+                    baselines, cells = [], []
+                    for (path, body), (direct_path_, direct_body_) in zip(modes.values(), directs.values(),
+                                                                          strict=True):
+                        baselines.append(asyncio.run(run_cell(up, direct_path_, direct_body_, c, totals[c])))
                         cpu0 = cpu_ns(proxy.pid)
                         cell = asyncio.run(run_cell(f"http://127.0.0.1:{proxy_port}", path, body, c, totals[c]))
                         calls = totals[c] + min(20, totals[c])
                         cells.append({**cell, "cpu_ms_per_call": (cpu_ns(proxy.pid) - cpu0) / 1e6 / calls})
-                rows.append({"front_end": "direct", "for": name, "mode": "plain", "concurrency": c, **direct})
-                print(f"c={c:<3} direct ({name:<16}) {direct['rps']:8.0f} req/s  p50 {direct['p50_ms']:6.2f} ms  "
-                      f"p99 {direct['p99_ms']:6.2f} ms", flush=True)
-                for (mode, (_, body)), cell in zip(modes.items(), cells, strict=True):
+                for (mode, (_, body)), direct, cell in zip(modes.items(), baselines, cells, strict=True):
+                    rows.append({"front_end": "direct", "for": name, "mode": mode, "concurrency": c, **direct})
+                    print(f"c={c:<3} direct ({name:<9} {mode:<6}) {direct['rps']:6.0f} req/s  p50 "
+                          f"{direct['p50_ms']:6.2f} ms  p99 {direct['p99_ms']:6.2f} ms", flush=True)
                     row = {"front_end": name, "mode": mode, "concurrency": c, **cell,
                            "rps_ratio": cell["rps"] / direct["rps"],
                            "p50_added_ms": cell["p50_ms"] - direct["p50_ms"],
