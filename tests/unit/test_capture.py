@@ -417,3 +417,54 @@ async def test_a_failing_append_on_the_loop_reaches_the_call_and_the_stream_reco
     back = await CaptureJournal(tmp_path).records("chat")
     assert [(r.index, r.prompt_ids) for r in back] == [(0, first.prompt_ids), (1, third.prompt_ids)]
     journal.close()
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+async def test_an_edited_history_reads_back_as_sent(tmp_path: Path, on_disk: bool):
+    """A harness that edits a message in the middle (``[s, a, b]`` then ``[s, EDITED, b]``) shares only ``[s]``:
+    a prefix count that skipped the differing message would read the second call back as ``[s, a, b]``."""
+    journal = CaptureJournal(tmp_path if on_disk else None)
+    s, b = {"role": "system", "content": "s"}, {"role": "user", "content": "b"}
+    sent = [record("e", [1, 2], [3], [s, {"role": "user", "content": "a"}, b]),
+            record("e", [1, 2, 9], [4], [s, {"role": "user", "content": "EDITED"}, b])]
+    for rec in sent:
+        await journal.append(rec.model_copy(deep=True))
+    back = await journal.records("e")
+    assert [r.request["messages"] for r in back] == [r.request["messages"] for r in sent]
+    assert [r.normalized_request["messages"] for r in back] == [r.normalized_request["messages"] for r in sent]
+    if on_disk:
+        assert [r.request["messages"] for r in read_session(tmp_path / "e")] == [r.request["messages"] for r in sent]
+    journal.close()
+
+
+async def test_records_share_their_common_messages_instead_of_storing_them_again(tmp_path: Path):
+    """The storage saving the journal promises: a long conversation that grows call after call costs about its
+    unique messages, and a record reuses the earlier one's list (no message is written twice)."""
+    journal = CaptureJournal(tmp_path)
+    messages: list[dict[str, Any]] = []
+    for turn in range(8):
+        messages = [*messages, {"role": "user", "content": f"question {turn} " + "x" * 40}]
+        await journal.append(record("m", list(range(10 + turn)), [turn], list(messages)))
+        messages = [*messages, {"role": "assistant", "content": f"answer {turn}"}]
+    lines = (tmp_path / "m" / "records.jsonl").read_bytes()
+    for turn in range(8):  # each message's text is stored once (request and normalized request share it too)
+        assert lines.count(f"question {turn} ".encode()) <= 2
+    assert journal.stored_bytes("m") == sum(p.stat().st_size for p in (tmp_path / "m").iterdir())
+    back = await journal.records("m")
+    assert back[-1].request["messages"] == messages[:-1]
+    journal.close()
+
+
+async def test_a_session_on_disk_but_not_loaded_reads_back_after_a_restart(tmp_path: Path):
+    originals = conversation(5)
+    journal = CaptureJournal(tmp_path)
+    for rec in originals:
+        await journal.append(rec.model_copy(deep=True))
+    size = journal.stored_bytes("chat")
+    journal.close()
+    restarted = CaptureJournal(tmp_path)  # nothing loaded: the session is read from its files
+    assert restarted.stored_bytes("chat") == size
+    back = await restarted.records("chat")
+    assert [r.model_dump(exclude={"index"}) for r in back] == [r.model_dump(exclude={"index"}) for r in originals]
+    assert [r.index for r in back] == list(range(5))
+    restarted.close()
