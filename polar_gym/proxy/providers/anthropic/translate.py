@@ -157,10 +157,13 @@ def _image(block: dict[str, Any], where: str) -> ContentPart:
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64" and isinstance(source, dict):
-        if not isinstance(source.get("data"), str) or not isinstance(source.get("media_type"), str):
+        data, media_type = source.get("data"), source.get("media_type")
+        if not (isinstance(data, str) and data and isinstance(media_type, str) and media_type):
             raise RequestError(f"{where}.source: a base64 source needs media_type and data")
-        return ContentPart(type="image_url", image_url={"url": f"data:{source['media_type']};base64,{source['data']}"})
-    if kind == "url" and isinstance(source, dict) and isinstance(source.get("url"), str):
+        return ContentPart(type="image_url", image_url={"url": f"data:{media_type};base64,{data}"})
+    if kind == "url" and isinstance(source, dict):
+        if not isinstance(source.get("url"), str) or not source["url"]:
+            raise RequestError(f"{where}.source.url: must be a string (the image's address)")
         return ContentPart(type="image_url", image_url={"url": source["url"]})
     raise RequestError(f"{where}.source.type: unsupported image source {kind!r} (base64 and url are supported)")
 
@@ -257,8 +260,9 @@ def _assistant(blocks: list[dict[str, Any]], where: str, notes: list[str]) -> Ch
             if note not in notes:
                 notes.append(note)
         elif kind == "tool_use":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise RequestError(f"{w}: tool_use needs a string id and name")
+            for key in ("id", "name"):  # an empty one would pair no tool_result / call no tool
+                if not isinstance(block.get(key), str) or not block[key]:
+                    raise RequestError(f"{w}.{key}: tool_use needs a non-empty string {key}")
             if not isinstance(block.get("input", {}), dict):
                 raise RequestError(f"{w}.input: must be an object")
             calls.append(ToolCall(id=block["id"], function=FunctionCall(
