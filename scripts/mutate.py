@@ -1,0 +1,349 @@
+"""Mutation testing for the pure cores (issue 20): write one small bug at a time into a module (a comparison or
+boolean operator flipped, an arithmetic operator swapped, a constant nudged, a statement deleted, a return value
+replaced), run the tests that cover that module, and report which bugs no test noticed.
+
+A small mutator of our own (``ast``, no dependency): mutmut and cosmic-ray both want their own configuration and
+runner layout, and neither runs a module against a chosen set of test files in parallel copies of the tree.
+
+Each worker owns a copy of the tree (``polar_gym``, ``tests``, ``pyproject.toml``) in a scratch directory and
+imports from it (``PYTHONPATH`` comes before the editable install); a mutant is a source edit of one expression or
+statement, so lines, comments and the rest of the file stay as they are. A mutant is *killed* when the tests fail
+(or do not even import), *timeout* when they run past ``--timeout-factor`` x the unmutated run (an infinite loop;
+counted with the killed, as "killed or hung"), *survived* when they pass, and *equivalent* when it is listed in
+``EQUIVALENT`` (a mutant no test can tell apart: left out of the score, named in the report).
+
+Not in CI (a module takes minutes): run it before changing a core module, e.g.::
+
+    nice -n 19 .venv/bin/python scripts/mutate.py --module merge/base.py --jobs 2 --json /tmp/mutate.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Queue
+
+__all__ = ["EQUIVALENT", "MODULE_TESTS", "ModuleResult", "Mutant", "Outcome", "apply", "mutants", "run_module"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: module (under polar_gym/) -> the test files that cover it; a module's score is against these only
+MODULE_TESTS: dict[str, tuple[str, ...]] = {
+    "journal.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
+                   "tests/unit/test_edited_history_route.py"),
+    "proxy/capture.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py"),
+    "merge/base.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py", "tests/merge/test_properties.py"),
+    "merge/prefix_merging.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py",
+                                "tests/merge/test_properties.py", "tests/merge/test_real_sessions.py"),
+    "merge/per_request.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py"),
+    "merge/exports.py": ("tests/merge/test_exports.py",),
+    "merge/rewards.py": ("tests/merge/test_rewards.py",),
+    "proxy/providers/anthropic/translate.py": ("tests/unit/test_anthropic_translate.py",
+                                               "tests/unit/test_anthropic_malformed.py"),
+    "proxy/providers/google/translate.py": ("tests/unit/test_google_translate.py",),
+    "proxy/providers/openai_responses/translate.py": ("tests/unit/test_responses_translate.py",),
+}
+
+#: mutants shown equivalent (no behaviour can tell them apart): (module, the stripped source line, mutation) and why
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("merge/base.py", "self.logprobs += [0.0] * len(rec.response_ids)", "delete statement"):
+        "placeholders for a reply without logprobs: build() drops the whole list whenever one is missing",
+}
+
+_COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
+    ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
+}
+_BINOP_SWAPS: dict[type[ast.operator], type[ast.operator]] = {
+    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult, ast.Div: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+}
+_SYMBOLS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.In: "in",
+            ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
+            ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%", ast.And: "and", ast.Or: "or"}
+_DELETABLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Break, ast.Continue, ast.Raise)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One source edit: replace ``source[start:end]`` with ``replacement``."""
+
+    line: int
+    start: int
+    end: int
+    replacement: str
+    description: str
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    verdict: str  # killed | timeout | survived | equivalent
+    seconds: float
+
+
+@dataclass
+class ModuleResult:
+    module: str
+    tests: tuple[str, ...]
+    baseline_seconds: float
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for o in self.outcomes if o.verdict == verdict)
+
+    @property
+    def score(self) -> float:
+        """Killed or hung over the mutants run, equivalent ones left out."""
+        run = len(self.outcomes) - self.count("equivalent")
+        return 100.0 * (self.count("killed") + self.count("timeout")) / run if run else 100.0
+
+    def to_json(self) -> dict[str, object]:
+        return {"module": self.module, "tests": list(self.tests), "baseline_seconds": round(self.baseline_seconds, 2),
+                "mutants": len(self.outcomes), "killed": self.count("killed"), "timeout": self.count("timeout"),
+                "survived": self.count("survived"), "equivalent": self.count("equivalent"),
+                "score": round(self.score, 1),
+                "survivors": [_where(self.module, o.mutant) for o in self.outcomes if o.verdict == "survived"],
+                "equivalents": [_where(self.module, o.mutant) for o in self.outcomes if o.verdict == "equivalent"]}
+
+
+def _where(module: str, mutant: Mutant) -> dict[str, object]:
+    return {"at": f"polar_gym/{module}:{mutant.line}", "mutation": mutant.description}
+
+
+# -------------------------------------------------------------------------------------------- the mutator (pure)
+
+
+def _offsets(source: str) -> list[int]:
+    starts, total = [0], 0
+    for line in source.splitlines(keepends=True):
+        total += len(line)
+        starts.append(total)
+    return starts
+
+
+def _skipped(tree: ast.Module) -> set[int]:
+    """Nodes never mutated: docstrings, annotations, decorators, ``__all__``, f-string pieces."""
+    skip: set[int] = set()
+
+    def mark(node: ast.AST | None) -> None:
+        if node is not None:
+            skip.update(id(n) for n in ast.walk(node))
+
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            mark(body[0])
+        if isinstance(node, (ast.AnnAssign, ast.arg)):
+            mark(node.annotation)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            mark(node.returns)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for decorator in node.decorator_list:  # frozen=True, lru_cache sizes: not behaviour a test states
+                mark(decorator)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            mark(node)
+        if isinstance(node, ast.JoinedStr):
+            mark(node)
+    return skip
+
+
+def _expression_edits(node: ast.AST) -> Iterator[tuple[ast.expr, str]]:
+    """Mutated copies of one expression node, with what was changed."""
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            swap = _COMPARE_SWAPS.get(type(op))
+            if swap is not None:
+                ops = list(node.ops)
+                ops[i] = swap()
+                yield (ast.Compare(left=node.left, ops=ops, comparators=node.comparators),
+                       f"{_SYMBOLS[type(op)]} -> {_SYMBOLS[swap]}")
+    elif isinstance(node, ast.BoolOp):
+        other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        yield ast.BoolOp(op=other, values=node.values), f"{_SYMBOLS[type(node.op)]} -> {_SYMBOLS[type(other)]}"
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        yield node.operand, "not x -> x"
+    elif isinstance(node, ast.BinOp):
+        binop_swap = _BINOP_SWAPS.get(type(node.op))
+        if binop_swap is not None:
+            yield (ast.BinOp(left=node.left, op=binop_swap(), right=node.right),
+                   f"{_SYMBOLS[type(node.op)]} -> {_SYMBOLS[binop_swap]}")
+    elif isinstance(node, ast.Constant):
+        value = node.value
+        if isinstance(value, bool):
+            yield ast.Constant(not value), f"{value} -> {not value}"
+        elif isinstance(value, (int, float)):
+            yield ast.Constant(value + 1), f"{value!r} -> {value + 1!r}"
+
+
+def mutants(source: str) -> list[Mutant]:
+    """Every mutant of ``source``, in source order (deterministic: the same source gives the same list)."""
+    tree = ast.parse(source)
+    skip = _skipped(tree)
+    starts = _offsets(source)
+    out: list[Mutant] = []
+
+    def span(node: ast.expr | ast.stmt) -> tuple[int, int]:
+        end_line, end_col = node.end_lineno or node.lineno, node.end_col_offset or node.col_offset
+        return starts[node.lineno - 1] + node.col_offset, starts[end_line - 1] + end_col
+
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, (ast.expr, ast.stmt)):
+            continue
+        if isinstance(node, ast.expr):
+            for mutated, what in _expression_edits(node):
+                start, end = span(node)
+                out.append(Mutant(node.lineno, start, end, f"({ast.unparse(mutated)})", what))
+        elif isinstance(node, _DELETABLE):
+            start, end = span(node)
+            out.append(Mutant(node.lineno, start, end, "pass", "delete statement"))
+            swap = _BINOP_SWAPS.get(type(node.op)) if isinstance(node, ast.AugAssign) else None
+            if isinstance(node, ast.AugAssign) and swap is not None:
+                changed = ast.unparse(ast.AugAssign(target=node.target, op=swap(), value=node.value))
+                out.append(Mutant(node.lineno, start, end, changed,
+                                  f"{_SYMBOLS[type(node.op)]}= -> {_SYMBOLS[swap]}="))
+        elif isinstance(node, ast.Return) and node.value is not None and not (
+                isinstance(node.value, ast.Constant) and node.value.value is None):
+            start, end = span(node)
+            out.append(Mutant(node.lineno, start, end, "return None", "return value -> None"))
+    out.sort(key=lambda m: (m.start, m.end, m.description))
+    return out
+
+
+def apply(source: str, mutant: Mutant) -> str:
+    return source[:mutant.start] + mutant.replacement + source[mutant.end:]
+
+
+def source_line(source: str, mutant: Mutant) -> str:
+    return source.splitlines()[mutant.line - 1].strip()
+
+
+# ------------------------------------------------------------------------------------------------- the runner
+
+
+def _copy_tree(root: Path, into: Path, package: str) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for name in (package, "tests"):
+        if (root / name).exists():
+            shutil.copytree(root / name, into / name, ignore=ignore)
+    for name in ("pyproject.toml", "conftest.py"):
+        if (root / name).exists():
+            shutil.copy2(root / name, into / name)
+
+
+def _pytest(workdir: Path, tests: Sequence[str], timeout: float | None) -> tuple[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
+    began = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                               "-p", "no:randomly", *tests], cwd=workdir, env=env, timeout=timeout,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.monotonic() - began
+    return ("survived" if done.returncode == 0 else "killed"), time.monotonic() - began
+
+
+def _check_imports_from(workdir: Path, package: str) -> None:
+    """A mutant written into the copy must be what the tests import (not an installed or editable package)."""
+    env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
+    found = subprocess.run([sys.executable, "-c", f"import {package}; print({package}.__file__)"], cwd=workdir,
+                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+    if not Path(found).resolve().is_relative_to(workdir.resolve()):
+        raise SystemExit(f"the tests would import {package} from {found}, not from the mutated copy")
+
+
+def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package: str = "polar_gym", jobs: int = 2,
+               limit: int | None = None, timeout_factor: float = 3.0,
+               equivalent: dict[tuple[str, str, str], str] | None = None) -> ModuleResult:
+    """Run every mutant of ``<root>/<package>/<module>`` against ``tests`` (paths relative to ``root``)."""
+    equivalent = EQUIVALENT if equivalent is None else equivalent
+    source = (root / package / module).read_text()
+    todo = mutants(source)[:limit]
+    with tempfile.TemporaryDirectory(prefix="mutate-") as scratch:
+        workdirs: Queue[Path] = Queue()
+        for i in range(max(1, jobs)):
+            workdir = Path(scratch) / f"w{i}"
+            _copy_tree(root, workdir, package)
+            workdirs.put(workdir)
+        first = workdirs.get()
+        _check_imports_from(first, package)
+        verdict, baseline = _pytest(first, tests, None)
+        workdirs.put(first)
+        if verdict != "survived":
+            raise SystemExit(f"{module}: the tests fail before any mutation ({' '.join(tests)})")
+        timeout = timeout_factor * baseline + 10
+
+        def one(mutant: Mutant) -> Outcome:
+            if (module, source_line(source, mutant), mutant.description) in equivalent:
+                return Outcome(mutant, "equivalent", 0.0)
+            workdir = workdirs.get()
+            target = workdir / package / module
+            try:
+                target.write_text(apply(source, mutant))
+                verdict, seconds = _pytest(workdir, tests, timeout)
+            finally:
+                target.write_text(source)
+                workdirs.put(workdir)
+            return Outcome(mutant, verdict, seconds)
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            outcomes = list(pool.map(one, todo))
+    return ModuleResult(module, tuple(tests), baseline, outcomes)
+
+
+def table(results: Sequence[ModuleResult]) -> str:
+    lines = [f"{'module':48} {'mutants':>7} {'killed':>6} {'timeout':>7} {'survived':>8} {'equiv':>5} {'score':>6}"]
+    for r in results:
+        lines.append(f"{r.module:48} {len(r.outcomes):7} {r.count('killed'):6} {r.count('timeout'):7} "
+                     f"{r.count('survived'):8} {r.count('equivalent'):5} {r.score:5.1f}%")
+    for r in results:
+        for o in r.outcomes:
+            if o.verdict == "survived":
+                lines.append(f"  survived  polar_gym/{r.module}:{o.mutant.line}  {o.mutant.description}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--module", action="append", help="a module under polar_gym/ (default: every mapped one)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel workers, each with its own copy of the tree")
+    parser.add_argument("--limit", type=int, help="run only the first N mutants of each module (a smoke run)")
+    parser.add_argument("--timeout-factor", type=float, default=3.0)
+    parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    modules = args.module or list(MODULE_TESTS)
+    unknown = [m for m in modules if m not in MODULE_TESTS]
+    if unknown:
+        parser.error(f"no test map for {unknown}: add them to MODULE_TESTS")
+    if args.list:
+        for module in modules:
+            source = (ROOT / "polar_gym" / module).read_text()
+            for m in mutants(source)[:args.limit]:
+                print(f"polar_gym/{module}:{m.line}  {m.description}")
+        return 0
+    results = []
+    for module in modules:
+        results.append(run_module(module, MODULE_TESTS[module], jobs=args.jobs, limit=args.limit,
+                                  timeout_factor=args.timeout_factor))
+        print(table(results[-1:]), flush=True)
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps([r.to_json() for r in results], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
