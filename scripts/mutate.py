@@ -339,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(run_module(module, MODULE_TESTS[module], jobs=args.jobs, limit=args.limit,
                                   timeout_factor=args.timeout_factor))
         print(table(results[-1:]), flush=True)
-    print(table(results))
+    if len(results) > 1:
+        print(table(results))
     if args.json:
         args.json.write_text(json.dumps([r.to_json() for r in results], indent=2) + "\n")
     return 0
