@@ -45,20 +45,34 @@ class Exchange:
 
 
 def joined_stream(content: bytes) -> dict[str, Any] | None:
-    """A vLLM ``/v1/completions`` stream (``return_token_ids``) as the one answer it adds up to (the shape of the
-    same call not streamed), so tests read a streamed call's wire as they read any other; None if it is not one."""
+    """A vLLM stream with ``return_token_ids`` (``/v1/completions``, or ``/v1/chat/completions`` in chat mode) as the
+    one answer it adds up to (the shape of the same call not streamed), so tests read a streamed call's wire as they
+    read any other; None if it is not one."""
     chunks = [json.loads(line[5:]) for line in content.decode(errors="replace").splitlines()
               if line.startswith("data:") and line[5:].strip() != "[DONE]"]
-    if not chunks or not all(isinstance(c, dict) and c.get("choices") for c in chunks):
+    if not chunks or not all(isinstance(c, dict) for c in chunks):
         return None
-    choices = [c["choices"][0] for c in chunks]
+    choices = [c["choices"][0] for c in chunks if c.get("choices")]
+    if not choices:
+        return None
+    finish = next((ch.get("finish_reason") for ch in reversed(choices) if ch.get("finish_reason")), None)
+    token_ids = [t for ch in choices for t in ch.get("token_ids") or []]
+    if any("delta" in ch for ch in choices):  # a chat stream: deltas, the prompt's IDs on the first chunk
+        deltas = [ch.get("delta") or {} for ch in choices]
+        message = {"role": "assistant", "content": "".join(d.get("content") or "" for d in deltas) or None,
+                   "reasoning": "".join(d.get("reasoning") or d.get("reasoning_content") or "" for d in deltas)
+                   or None}
+        return {"choices": [{"index": 0, "message": message, "finish_reason": finish, "token_ids": token_ids,
+                             "logprobs": {"content": [item for ch in choices
+                                                      for item in (ch.get("logprobs") or {}).get("content") or []]}}],
+                "prompt_token_ids": next((c["prompt_token_ids"] for c in chunks if c.get("prompt_token_ids")), None),
+                "usage": next((c["usage"] for c in reversed(chunks) if c.get("usage")), None), "streamed": True}
     return {"choices": [{"index": 0, "text": "".join(c.get("text") or "" for c in choices),
-                         "prompt_token_ids": choices[0].get("prompt_token_ids"),
-                         "token_ids": [t for c in choices for t in c.get("token_ids") or []],
+                         "prompt_token_ids": choices[0].get("prompt_token_ids"), "token_ids": token_ids,
                          "logprobs": {"token_logprobs": [v for c in choices
                                                          for v in (c.get("logprobs") or {}).get("token_logprobs")
                                                          or []]},
-                         "finish_reason": choices[-1].get("finish_reason")}], "streamed": True}
+                         "finish_reason": finish}], "streamed": True}
 
 
 @dataclass
