@@ -53,3 +53,15 @@ def check_invariants(sess: CompletionSession, traj: Trajectory) -> None:
     accounted = {*seen, *diag.get("superseded", []), *(c for ids in diag["excluded"].values() for c in ids)}
     assert accounted == set(by_id), "every completion is in a trace or a diagnostic"
     assert len(seen) == len(set(seen)), "no completion trained twice"
+
+
+def merged(*records: CompletionRecord, config: Any = None) -> Trajectory:
+    """prefix_merging over ``records`` (end of turn ``EOT`` unless ``config`` says otherwise), its invariants
+    checked."""
+    from polar_gym.merge.base import MergeConfig
+    from polar_gym.merge.prefix_merging import prefix_merging
+
+    sess = session(*records)
+    traj = prefix_merging(sess, config if config is not None else MergeConfig(end_of_turn_ids=(EOT,)))
+    check_invariants(sess, traj)
+    return traj

@@ -7,18 +7,11 @@ import pytest
 
 from polar_gym.merge.base import MergeConfig
 from polar_gym.merge.per_request import per_request
-from polar_gym.merge.prefix_merging import common_prefix_len, prefix_merging
-from tests.merge._sessions import EOT, check_invariants, rec, session
+from polar_gym.merge.prefix_merging import common_prefix_len
+from tests.merge._sessions import EOT, check_invariants, merged, rec, session
 
 CFG = MergeConfig(end_of_turn_ids=(EOT,))
 MERGE_RERENDER = MergeConfig(end_of_turn_ids=(EOT,), on_rerender="merge")
-
-
-def merged(*records, config=CFG):
-    sess = session(*records)
-    traj = prefix_merging(sess, config)
-    check_invariants(sess, traj)
-    return traj
 
 
 def test_01_paper_worked_example():

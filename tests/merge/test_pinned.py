@@ -13,16 +13,9 @@ from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.registry import BUILDERS
 from polar_gym.schema import BuilderSpec
-from tests.merge._sessions import EOT, check_invariants, rec, session
+from tests.merge._sessions import EOT, merged, rec, session
 
 CFG = MergeConfig(end_of_turn_ids=(EOT,))
-
-
-def merged(*records, config=CFG):
-    sess = session(*records)
-    traj = prefix_merging(sess, config)
-    check_invariants(sess, traj)
-    return traj
 
 
 # ---------------------------------------------------------------------------------------------- merge/base
