@@ -42,6 +42,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <grp.h>
 #include <unistd.h>
 
@@ -276,11 +277,44 @@ static void drop_to(const char *uid, const char *gid) {
  * sandboxes start) leaves pid 1 blocked for good on an eventfd, reparented to init (seen: sandboxes left running
  * for hours). Here the gateway's death (PR_SET_PDEATHSIG, armed after the uid drop, which clears it; a parent other
  * than PID means the gateway died before that) or the outer bwrap's death by a signal kills this whole process
- * group: it holds the outer bwrap and that pid 1 (only the command inside calls setsid, and it dies with pid 1).
- * Otherwise the watchdog exits with bwrap's exit code. */
+ * group, and, as a child subreaper, every process it inherits as the outer bwrap dies: pid 1 is killed even when it
+ * is not in this group (bwrap's --new-session calls setsid; a pid 1 outside the group once outlived a SIGKILLed
+ * gateway under load). Otherwise the watchdog exits with bwrap's exit code. */
+static char children_path[64];  /* /proc/self/task/TID/children, set before any signal can arrive */
+static volatile pid_t watched = 0;  /* the outer bwrap */
+
+/* SIGKILL every direct child: as a child subreaper, the watchdog inherits the sandbox's pid 1 once the outer bwrap
+ * is gone, so a pid 1 outside this group (bwrap's --new-session setsid) is still reached. Only syscalls that are
+ * safe in a signal handler. Returns how many it killed. */
+static int kill_children(void) {
+    char buf[4096];
+    int fd = open(children_path, O_RDONLY | O_CLOEXEC), killed = 0;
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    pid_t pid = 0;
+    for (char *c = buf; ; c++) {
+        if (*c >= '0' && *c <= '9') { pid = pid * 10 + (*c - '0'); continue; }
+        if (pid > 0 && kill(pid, SIGKILL) == 0) killed++;
+        pid = 0;
+        if (!*c) break;
+    }
+    return killed;
+}
+
 static void kill_group(int sig) {
     (void)sig;
-    kill(-getpgrp(), SIGKILL);
+    if (watched > 0) kill(watched, SIGKILL);  /* not the group yet: that would kill this process first */
+    /* the outer bwrap's children come to us as it dies: kill them until none is left (at most ~2 s) */
+    struct timespec pause = {0, 10 * 1000 * 1000};
+    for (int round = 0; round < 200; round++) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        if (kill_children() == 0 && waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD) break;
+        nanosleep(&pause, NULL);
+    }
+    kill(-getpgrp(), SIGKILL);  /* whatever else is left in the group, this process included */
     _exit(137);
 }
 
@@ -288,14 +322,18 @@ static void watch(pid_t launcher) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = kill_group;
+    snprintf(children_path, sizeof children_path, "/proc/self/task/%d/children", (int)getpid());
     if (sigaction(SIGTERM, &sa, NULL) < 0) die("sigaction");
     if (getpgrp() != getpid() && setpgid(0, 0) < 0) die("setpgid");  /* the group killed is never the launcher's */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) die("PR_SET_CHILD_SUBREAPER");
     if (prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) < 0) die("PR_SET_PDEATHSIG");
     if (getppid() != launcher) kill_group(0);
     pid_t self = getpid(), child = fork();
     if (child < 0) die("fork");
+    if (child > 0) watched = child;
     if (child == 0) {
         signal(SIGTERM, SIG_DFL);
+        if (prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) < 0) die("PR_SET_CHILD_SUBREAPER");
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("PR_SET_PDEATHSIG");
         if (getppid() != self) _exit(126);
         return;  /* the caller execs bwrap */
