@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 
-from polar_gym.assets import tokenizer_dir
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
 from polar_gym.proxy.parsers.base import parser_for
@@ -24,13 +23,6 @@ from polar_gym.proxy.upstreams import UpstreamPool
 
 EOT = 151645
 ANSWER = "<think>\nfirst\n</think>\n\nAll done."
-
-
-@pytest.fixture(scope="module")
-def tok() -> HFChatTokenizer:
-    if not (tokenizer_dir() / ".complete").exists():
-        pytest.skip("the Qwen tokenizer is not built (bash scripts/setup.sh)")
-    return HFChatTokenizer(tokenizer_dir())
 
 
 class PrefillingVLLM:

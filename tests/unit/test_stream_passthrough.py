@@ -45,13 +45,6 @@ PARSER_TEXTS = [*REPLIES, "\n<think>a</think>b<tool_call>\n{bad}\n</tool_call>\n
                 "<tool_call>\n{\"name\": \"b\"}\n</tool_call>tail<|im_end|>", "<think></think>\n\n\n<|im_end|>"]
 
 
-@pytest.fixture(scope="module")
-def tok() -> HFChatTokenizer:
-    if not (tokenizer_dir() / ".complete").exists():
-        pytest.skip("the Qwen tokenizer is not built (bash scripts/setup.sh)")
-    return HFChatTokenizer(tokenizer_dir())
-
-
 class FakeVLLM:
     """vLLM's /v1/completions for token prompts: replies ``texts`` in order, each sampled token by token (the
     same ids streamed or not); ``fail_after`` cuts a stream after that many chunks (an engine that died)."""

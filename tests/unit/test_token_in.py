@@ -12,7 +12,6 @@ import httpx
 import orjson
 import pytest
 
-from polar_gym.assets import tokenizer_dir
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.tokenin import SGLangTokenInEngine, VLLMTokenInEngine
@@ -30,13 +29,6 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 CALL_TEXT = ('<think>\nlook first\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n'
              '</tool_call>')
-
-
-@pytest.fixture(scope="module")
-def tok() -> HFChatTokenizer:
-    if not (tokenizer_dir() / ".complete").exists():
-        pytest.skip("the Qwen tokenizer is not built (bash scripts/setup.sh)")
-    return HFChatTokenizer(tokenizer_dir())
 
 
 def drifted(tok: HFChatTokenizer, text: str) -> list[int]:
