@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,16 +243,80 @@ def _copy_tree(root: Path, into: Path, package: str) -> None:
             shutil.copy2(root / name, into / name)
 
 
-def _pytest(workdir: Path, tests: Sequence[str], timeout: float | None) -> tuple[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
-    began = time.monotonic()
-    try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                               "-p", "no:randomly", *tests], cwd=workdir, env=env, timeout=timeout,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        return "timeout", time.monotonic() - began
-    return ("survived" if done.returncode == 0 else "killed"), time.monotonic() - began
+#: third-party modules a worker imports once, before it forks a test run per mutant (each run still imports the
+#: project, mutated, afresh): interpreter start and these imports were most of a small module's test run
+PRELOAD = ("pytest", "hypothesis", "pydantic", "orjson", "httpx", "fastapi", "starlette", "anyio", "yaml", "jinja2",
+           "tokenizers", "transformers", "numpy")
+
+
+def serve(workdir: Path) -> None:
+    """A worker: reads ``{"tests": [...], "timeout": seconds or null}`` lines on stdin and answers each with a
+    ``{"verdict": ..., "seconds": ...}`` line, running pytest in a forked child in ``workdir``."""
+    import importlib
+    import select
+    import signal
+
+    sys.dont_write_bytecode = True
+    os.chdir(workdir)
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # not installed here: the child imports what it needs
+            pass
+    import pytest
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        began = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the child: a fresh import of the mutated tree, its output thrown away
+            os.setpgid(0, 0)
+            sys.path.insert(0, str(workdir))
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            code = 1
+            try:
+                code = int(pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", "-W",
+                                         "ignore::pytest.PytestAssertRewriteWarning", *job["tests"]]))
+            finally:
+                os._exit(code)
+        pidfd = os.pidfd_open(pid)
+        ready, _, _ = select.select([pidfd], [], [], job["timeout"])
+        if ready:
+            verdict = "survived" if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 else "killed"
+        else:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            verdict = "timeout"
+        os.close(pidfd)
+        print(json.dumps({"verdict": verdict, "seconds": time.monotonic() - began}), flush=True)
+
+
+class _Worker:
+    """One worker process (:func:`serve`) and the copy of the tree it owns."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", str(workdir)],
+                                     cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, tests: Sequence[str], timeout: float | None) -> tuple[str, float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"tests": list(tests), "timeout": timeout}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise SystemExit(f"the mutation worker in {self.workdir} died")
+        done = json.loads(answer)
+        return done["verdict"], done["seconds"]
+
+    def close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        self.proc.wait()
 
 
 def _check_imports_from(workdir: Path, package: str) -> None:
@@ -266,40 +330,52 @@ def _check_imports_from(workdir: Path, package: str) -> None:
 
 def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package: str = "polar_gym", jobs: int = 2,
                limit: int | None = None, timeout_factor: float = 3.0,
-               equivalent: dict[tuple[str, str, str], str] | None = None) -> ModuleResult:
+               equivalent: dict[tuple[str, str, str], str] | None = None,
+               progress: Callable[[str], None] | None = None) -> ModuleResult:
     """Run every mutant of ``<root>/<package>/<module>`` against ``tests`` (paths relative to ``root``)."""
     equivalent = EQUIVALENT if equivalent is None else equivalent
     source = (root / package / module).read_text()
     todo = mutants(source)[:limit]
     with tempfile.TemporaryDirectory(prefix="mutate-") as scratch:
-        workdirs: Queue[Path] = Queue()
-        for i in range(max(1, jobs)):
-            workdir = Path(scratch) / f"w{i}"
-            _copy_tree(root, workdir, package)
-            workdirs.put(workdir)
-        first = workdirs.get()
-        _check_imports_from(first, package)
-        verdict, baseline = _pytest(first, tests, None)
-        workdirs.put(first)
-        if verdict != "survived":
-            raise SystemExit(f"{module}: the tests fail before any mutation ({' '.join(tests)})")
-        timeout = timeout_factor * baseline + 10
+        workers: Queue[_Worker] = Queue()
+        started: list[_Worker] = []
+        try:
+            for i in range(max(1, jobs)):
+                workdir = Path(scratch) / f"w{i}"
+                _copy_tree(root, workdir, package)
+                if i == 0:
+                    _check_imports_from(workdir, package)
+                started.append(_Worker(workdir))
+                workers.put(started[-1])
+            verdict, baseline = started[0].run(tests, None)
+            if verdict != "survived":
+                raise SystemExit(f"{module}: the tests fail before any mutation ({' '.join(tests)})")
+            timeout = timeout_factor * baseline + 10
+            done: list[Outcome] = []
 
-        def one(mutant: Mutant) -> Outcome:
-            if (module, source_line(source, mutant), mutant.description) in equivalent:
-                return Outcome(mutant, "equivalent", 0.0)
-            workdir = workdirs.get()
-            target = workdir / package / module
-            try:
-                target.write_text(apply(source, mutant))
-                verdict, seconds = _pytest(workdir, tests, timeout)
-            finally:
-                target.write_text(source)
-                workdirs.put(workdir)
-            return Outcome(mutant, verdict, seconds)
+            def one(mutant: Mutant) -> Outcome:
+                if (module, source_line(source, mutant), mutant.description) in equivalent:
+                    outcome = Outcome(mutant, "equivalent", 0.0)
+                else:
+                    worker = workers.get()
+                    target = worker.workdir / package / module
+                    try:
+                        target.write_text(apply(source, mutant))
+                        outcome = Outcome(mutant, *worker.run(tests, timeout))
+                    finally:
+                        target.write_text(source)
+                        workers.put(worker)
+                done.append(outcome)
+                if progress is not None and (len(done) % 25 == 0 or len(done) == len(todo)):
+                    survived = sum(1 for o in done if o.verdict == "survived")
+                    progress(f"  {module}: {len(done)}/{len(todo)} mutants run, {survived} survived")
+                return outcome
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            outcomes = list(pool.map(one, todo))
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                outcomes = list(pool.map(one, todo))
+        finally:
+            for worker in started:
+                worker.close()
     return ModuleResult(module, tuple(tests), baseline, outcomes)
 
 
@@ -323,7 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout-factor", type=float, default=3.0)
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # a worker (see serve)
     args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve(args.serve)
+        return 0
     modules = args.module or list(MODULE_TESTS)
     unknown = [m for m in modules if m not in MODULE_TESTS]
     if unknown:
@@ -337,7 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for module in modules:
         results.append(run_module(module, MODULE_TESTS[module], jobs=args.jobs, limit=args.limit,
-                                  timeout_factor=args.timeout_factor))
+                                  timeout_factor=args.timeout_factor,
+                                  progress=lambda line: print(line, file=sys.stderr, flush=True)))
         print(table(results[-1:]), flush=True)
     if len(results) > 1:
         print(table(results))
