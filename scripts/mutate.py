@@ -99,6 +99,7 @@ class ModuleResult:
     tests: tuple[str, ...]
     baseline_seconds: float
     outcomes: list[Outcome] = field(default_factory=list)
+    source: str = ""
 
     def count(self, verdict: str) -> int:
         return sum(1 for o in self.outcomes if o.verdict == verdict)
@@ -114,12 +115,18 @@ class ModuleResult:
                 "mutants": len(self.outcomes), "killed": self.count("killed"), "timeout": self.count("timeout"),
                 "survived": self.count("survived"), "equivalent": self.count("equivalent"),
                 "score": round(self.score, 1),
-                "survivors": [_where(self.module, o.mutant) for o in self.outcomes if o.verdict == "survived"],
-                "equivalents": [_where(self.module, o.mutant) for o in self.outcomes if o.verdict == "equivalent"]}
+                "survivors": [self._where(o.mutant) for o in self.outcomes if o.verdict == "survived"],
+                "equivalents": [self._where(o.mutant) for o in self.outcomes if o.verdict == "equivalent"]}
+
+    def _where(self, mutant: Mutant) -> dict[str, object]:
+        return {"at": f"polar_gym/{self.module}:{mutant.line}", "mutation": mutant.description,
+                "key": list(mutant_key(self.source, mutant))}
 
 
-def _where(module: str, mutant: Mutant) -> dict[str, object]:
-    return {"at": f"polar_gym/{module}:{mutant.line}", "mutation": mutant.description}
+def mutant_key(source: str, mutant: Mutant) -> tuple[str, int, str]:
+    """What names a mutant across edits elsewhere in the file: its line's text, its column, its mutation."""
+    line_start = source.rfind("\n", 0, mutant.start) + 1
+    return source_line(source, mutant), mutant.start - line_start, mutant.description
 
 
 # -------------------------------------------------------------------------------------------- the mutator (pure)
@@ -329,13 +336,14 @@ def _check_imports_from(workdir: Path, package: str) -> None:
 
 
 def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package: str = "polar_gym", jobs: int = 2,
-               limit: int | None = None, timeout_factor: float = 3.0,
+               limit: int | None = None, only: set[tuple[str, int, str]] | None = None,
+               timeout_factor: float = 3.0,
                equivalent: dict[tuple[str, str, str], str] | None = None,
                progress: Callable[[str], None] | None = None) -> ModuleResult:
     """Run every mutant of ``<root>/<package>/<module>`` against ``tests`` (paths relative to ``root``)."""
     equivalent = EQUIVALENT if equivalent is None else equivalent
     source = (root / package / module).read_text()
-    todo = mutants(source)[:limit]
+    todo = [m for m in mutants(source) if only is None or mutant_key(source, m) in only][:limit]
     with tempfile.TemporaryDirectory(prefix="mutate-") as scratch:
         workers: Queue[_Worker] = Queue()
         started: list[_Worker] = []
@@ -376,7 +384,7 @@ def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package:
         finally:
             for worker in started:
                 worker.close()
-    return ModuleResult(module, tuple(tests), baseline, outcomes)
+    return ModuleResult(module, tuple(tests), baseline, outcomes, source)
 
 
 def table(results: Sequence[ModuleResult]) -> str:
@@ -397,6 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel workers, each with its own copy of the tree")
     parser.add_argument("--limit", type=int, help="run only the first N mutants of each module (a smoke run)")
     parser.add_argument("--timeout-factor", type=float, default=3.0)
+    parser.add_argument("--survivors-of", type=Path, metavar="JSON",
+                        help="run only the mutants an earlier --json report lists as survivors (after new tests)")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # a worker (see serve)
@@ -414,9 +424,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for m in mutants(source)[:args.limit]:
                 print(f"polar_gym/{module}:{m.line}  {m.description}")
         return 0
+    earlier: dict[str, set[tuple[str, int, str]]] = {}
+    if args.survivors_of is not None:
+        for report in json.loads(args.survivors_of.read_text()):
+            earlier[report["module"]] = {(k[0], k[1], k[2]) for k in (s["key"] for s in report["survivors"])}
+        modules = [m for m in modules if m in earlier]
     results = []
     for module in modules:
         results.append(run_module(module, MODULE_TESTS[module], jobs=args.jobs, limit=args.limit,
+                                  only=earlier.get(module),
                                   timeout_factor=args.timeout_factor,
                                   progress=lambda line: print(line, file=sys.stderr, flush=True)))
         print(table(results[-1:]), flush=True)

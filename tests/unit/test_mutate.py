@@ -78,5 +78,15 @@ def test_a_killed_and_a_survived_verdict_on_a_toy_test(tmp_path: Path):
     report = result.to_json()
     assert (report["mutants"], report["killed"], report["survived"], report["equivalent"]) == (6, 4, 1, 1)
     assert report["score"] == 80.0
-    assert report["survivors"] == [{"at": "polar_gym/tiny.py:7", "mutation": "< -> <="}]
+    survivor = {"at": "polar_gym/tiny.py:7", "mutation": "< -> <=",
+                "key": ["return a <= b and not a < 0", 26, "< -> <="]}
+    assert report["survivors"] == [survivor]
     assert "survived  polar_gym/tiny.py:7  < -> <=" in mutate.table([result])
+
+    # after a new test, only the survivors run again, found by their line's text even when the line moved
+    (tmp_path / "toy" / "tiny.py").write_text('"""Moved down."""\n\n' + TINY)
+    (tmp_path / "tests" / "test_negative.py").write_text(
+        "from toy.tiny import at_most\n\n\ndef test_negative():\n    assert at_most(0, 1) and not at_most(-1, 1)\n")
+    again = mutate.run_module("tiny.py", ["tests/test_toy.py", "tests/test_negative.py"], root=tmp_path,
+                              package="toy", jobs=1, only={tuple(survivor["key"])})
+    assert [(o.mutant.line, o.mutant.description, o.verdict) for o in again.outcomes] == [(9, "< -> <=", "killed")]
