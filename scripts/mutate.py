@@ -91,6 +91,7 @@ class Outcome:
     mutant: Mutant
     verdict: str  # killed | timeout | survived | equivalent
     seconds: float
+    why: str = ""
 
 
 @dataclass
@@ -115,12 +116,16 @@ class ModuleResult:
                 "mutants": len(self.outcomes), "killed": self.count("killed"), "timeout": self.count("timeout"),
                 "survived": self.count("survived"), "equivalent": self.count("equivalent"),
                 "score": round(self.score, 1),
-                "survivors": [self._where(o.mutant) for o in self.outcomes if o.verdict == "survived"],
-                "equivalents": [self._where(o.mutant) for o in self.outcomes if o.verdict == "equivalent"]}
+                "survivors": [self._where(o) for o in self.outcomes if o.verdict == "survived"],
+                "equivalents": [self._where(o) for o in self.outcomes if o.verdict == "equivalent"]}
 
-    def _where(self, mutant: Mutant) -> dict[str, object]:
-        return {"at": f"polar_gym/{self.module}:{mutant.line}", "mutation": mutant.description,
-                "key": list(mutant_key(self.source, mutant))}
+    def _where(self, outcome: Outcome) -> dict[str, object]:
+        where: dict[str, object] = {"at": f"polar_gym/{self.module}:{outcome.mutant.line}",
+                                    "mutation": outcome.mutant.description,
+                                    "key": list(mutant_key(self.source, outcome.mutant))}
+        if outcome.why:
+            where["why"] = outcome.why
+        return where
 
 
 def mutant_key(source: str, mutant: Mutant) -> tuple[str, int, str]:
@@ -326,6 +331,26 @@ class _Worker:
         self.proc.wait()
 
 
+def tests_by_line(workdir: Path, package: str, module: str, tests: Sequence[str]) -> dict[int, set[str]]:
+    """Which tests run each line of the module (coverage with a context per test, one run of the unmutated tree):
+    a mutant then runs only the tests that reach its line. ``""`` among a line's tests means the line runs
+    outside any test (at import: constants, defaults, decorators), where every test may see it."""
+    from coverage import CoverageData
+
+    env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
+    data_file = workdir.parent / f"{workdir.name}.coverage"
+    config = workdir.parent / f"{workdir.name}.coveragerc"
+    config.write_text(f"[run]\ndata_file = {data_file}\n")
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                    f"--cov={package}", f"--cov-config={config}", "--cov-context=test", "--cov-report=", *tests],
+                   cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    data = CoverageData(basename=str(data_file))
+    data.read()
+    target = str((workdir / package / module).resolve())
+    by_line = data.contexts_by_lineno(target)
+    return {line: {c.split("|", 1)[0] for c in contexts} for line, contexts in by_line.items()}
+
+
 def _check_imports_from(workdir: Path, package: str) -> None:
     """A mutant written into the copy must be what the tests import (not an installed or editable package)."""
     env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -337,7 +362,7 @@ def _check_imports_from(workdir: Path, package: str) -> None:
 
 def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package: str = "polar_gym", jobs: int = 2,
                limit: int | None = None, only: set[tuple[str, int, str]] | None = None,
-               timeout_factor: float = 3.0,
+               timeout_factor: float = 3.0, by_line: bool = True,
                equivalent: dict[tuple[str, str, str], str] | None = None,
                progress: Callable[[str], None] | None = None) -> ModuleResult:
     """Run every mutant of ``<root>/<package>/<module>`` against ``tests`` (paths relative to ``root``)."""
@@ -359,17 +384,30 @@ def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package:
             if verdict != "survived":
                 raise SystemExit(f"{module}: the tests fail before any mutation ({' '.join(tests)})")
             timeout = timeout_factor * baseline + 10
+            reach = tests_by_line(started[0].workdir, package, module, tests) if by_line else None
             done: list[Outcome] = []
+
+            def tests_for(mutant: Mutant) -> list[str] | None:
+                """The tests that reach the mutant's line (all of them for an import-time line), or None when
+                none does: a line no test runs cannot be told apart from its mutant."""
+                if reach is None:
+                    return list(tests)
+                reached = reach.get(mutant.line, set())
+                if "" in reached:
+                    return list(tests)
+                return sorted(reached) or None
 
             def one(mutant: Mutant) -> Outcome:
                 if (module, source_line(source, mutant), mutant.description) in equivalent:
                     outcome = Outcome(mutant, "equivalent", 0.0)
+                elif (selected := tests_for(mutant)) is None:
+                    outcome = Outcome(mutant, "survived", 0.0, "no test runs this line")
                 else:
                     worker = workers.get()
                     target = worker.workdir / package / module
                     try:
                         target.write_text(apply(source, mutant))
-                        outcome = Outcome(mutant, *worker.run(tests, timeout))
+                        outcome = Outcome(mutant, *worker.run(selected, timeout))
                     finally:
                         target.write_text(source)
                         workers.put(worker)
@@ -395,7 +433,8 @@ def table(results: Sequence[ModuleResult]) -> str:
     for r in results:
         for o in r.outcomes:
             if o.verdict == "survived":
-                lines.append(f"  survived  polar_gym/{r.module}:{o.mutant.line}  {o.mutant.description}")
+                why = f"  ({o.why})" if o.why else ""
+                lines.append(f"  survived  polar_gym/{r.module}:{o.mutant.line}  {o.mutant.description}{why}")
     return "\n".join(lines)
 
 
@@ -405,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel workers, each with its own copy of the tree")
     parser.add_argument("--limit", type=int, help="run only the first N mutants of each module (a smoke run)")
     parser.add_argument("--timeout-factor", type=float, default=3.0)
+    parser.add_argument("--all-tests", action="store_true",
+                        help="run every mapped test for every mutant (default: only the tests that reach its line)")
     parser.add_argument("--survivors-of", type=Path, metavar="JSON",
                         help="run only the mutants an earlier --json report lists as survivors (after new tests)")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
@@ -432,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for module in modules:
         results.append(run_module(module, MODULE_TESTS[module], jobs=args.jobs, limit=args.limit,
-                                  only=earlier.get(module),
+                                  only=earlier.get(module), by_line=not args.all_tests,
                                   timeout_factor=args.timeout_factor,
                                   progress=lambda line: print(line, file=sys.stderr, flush=True)))
         print(table(results[-1:]), flush=True)

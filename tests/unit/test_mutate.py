@@ -90,3 +90,19 @@ def test_a_killed_and_a_survived_verdict_on_a_toy_test(tmp_path: Path):
     again = mutate.run_module("tiny.py", ["tests/test_toy.py", "tests/test_negative.py"], root=tmp_path,
                               package="toy", jobs=1, only={tuple(survivor["key"])})
     assert [(o.mutant.line, o.mutant.description, o.verdict) for o in again.outcomes] == [(9, "< -> <=", "killed")]
+
+
+def test_a_mutant_no_test_reaches_is_not_run(tmp_path: Path):
+    """Coverage per test picks a mutant's tests: count() is never called, so its mutants survive unrun, named."""
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "__init__.py").write_text("")
+    (tmp_path / "toy" / "tiny.py").write_text(TINY)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_toy.py").write_text(
+        "from toy.tiny import at_most\n\n\ndef test_boundary():\n    assert at_most(2, 2) and not at_most(3, 2)\n")
+    keys = {mutate.mutant_key(TINY, m) for m in mutate.mutants(TINY) if m.line in (7, 13)}
+    result = mutate.run_module("tiny.py", ["tests/test_toy.py"], root=tmp_path, package="toy", jobs=1, only=keys)
+    by_line = {(o.mutant.line, o.mutant.description): (o.verdict, o.why) for o in result.outcomes}
+    assert by_line[(13, "+= -> -=")] == ("survived", "no test runs this line")
+    assert by_line[(7, "and -> or")] == ("killed", "")
+    assert "(no test runs this line)" in mutate.table([result])
