@@ -59,6 +59,8 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("merge/base.py", "self.logprobs += [0.0] * len(rec.response_ids)", "delete statement"):
         "placeholders for a reply without logprobs: build() drops the whole list whenever one is missing",
+    ("merge/base.py", "self.logprobs += [0.0] * len(rec.response_ids)", "0.0 -> 1.0"):
+        "the same placeholders' value: build() drops the whole list whenever one is missing",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {

@@ -78,6 +78,17 @@ def test_a_reply_without_logprobs_is_built_into_its_chain_and_marked():
     assert t.response_logprobs == [] and t.metadata["without_logprobs"] == ["c1"]
 
 
+def test_the_token_counts_every_builder_reports():
+    """Trainable tokens are the sampled ones; masked ones are the bridges (tool results, the next user turn)."""
+    records = (rec(0, [1, 2], [10, EOT]), rec(1, [1, 2, 10, EOT, 50, 51, 52], [11, 12, EOT]))
+    for builder in (prefix_merging, per_request):
+        traj = builder(session(*records), CFG)
+        mask = [m for t in traj.traces for m in t.loss_mask]
+        assert traj.diagnostics["trainable_tokens"] == sum(mask) == 5
+        assert traj.diagnostics["masked_tokens"] == mask.count(0) == (3 if builder is prefix_merging else 0)
+        assert traj.diagnostics["prompt_tokens"] == sum(len(t.prompt_ids) for t in traj.traces)
+
+
 # ------------------------------------------------------------------------------------ merge/prefix_merging
 
 
