@@ -258,29 +258,43 @@ def _copy_tree(root: Path, into: Path, package: str) -> None:
 
 
 #: third-party modules a worker imports once, before it forks a test run per mutant (each run still imports the
-#: project, mutated, afresh): interpreter start and these imports were most of a small module's test run
+#: project, mutated, afresh), with every pytest plugin's module (hydra's plugin alone imports for ~1 s):
+#: interpreter start and these imports were most of a small module's test run
 PRELOAD = ("pytest", "hypothesis", "pydantic", "orjson", "httpx", "fastapi", "starlette", "anyio", "yaml", "jinja2",
            "tokenizers", "transformers", "numpy")
 
 
-def serve(workdir: Path) -> None:
-    """A worker: reads ``{"tests": [...], "timeout": seconds or null}`` lines on stdin and answers each with a
-    ``{"verdict": ..., "seconds": ...}`` line, running pytest in a forked child in ``workdir``."""
+def _preload() -> None:
     import importlib
+    import importlib.metadata
+
+    plugins = [ep.module for ep in importlib.metadata.entry_points(group="pytest11")]
+    for name in (*PRELOAD, *plugins):
+        try:
+            importlib.import_module(name)
+        except Exception:  # not installed here, or not importable alone: the child imports what it needs
+            pass
+
+
+def serve(workdir: Path) -> None:
+    """A worker: reads ``{"tests": [...], "timeout": seconds or null, "fresh": path}`` lines on stdin and answers
+    each with a ``{"verdict": ..., "seconds": ...}`` line, running pytest in a forked child in ``workdir``.
+
+    Bytecode is cached (compiling the project and the tests each run cost more than most runs), except the mutated
+    module's: its cached bytecode is removed before each run, since a mutant of the same size written within the
+    same second would otherwise pass the cache's mtime-and-size check and run the previous mutant."""
+    import importlib.util
     import select
     import signal
 
-    sys.dont_write_bytecode = True
     os.chdir(workdir)
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # not installed here: the child imports what it needs
-            pass
+    _preload()
     import pytest
 
     for line in sys.stdin:
         job = json.loads(line)
+        if job.get("fresh"):
+            Path(importlib.util.cache_from_source(job["fresh"])).unlink(missing_ok=True)
         began = time.monotonic()
         pid = os.fork()
         if pid == 0:  # the child: a fresh import of the mutated tree, its output thrown away
@@ -312,13 +326,16 @@ class _Worker:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, "PYTHONPATH": str(workdir)}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", str(workdir)],
                                      cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def run(self, tests: Sequence[str], timeout: float | None) -> tuple[str, float]:
+    def run(self, tests: Sequence[str], timeout: float | None, fresh: Path | None = None) -> tuple[str, float]:
+        """Run ``tests``; ``fresh``: the mutated module, whose cached bytecode must not be used."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"tests": list(tests), "timeout": timeout}) + "\n")
+        job = {"tests": list(tests), "timeout": timeout, "fresh": str(fresh) if fresh else None}
+        self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline()
         if not answer:
@@ -409,7 +426,7 @@ def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package:
                     target = worker.workdir / package / module
                     try:
                         target.write_text(apply(source, mutant))
-                        outcome = Outcome(mutant, *worker.run(selected, timeout))
+                        outcome = Outcome(mutant, *worker.run(selected, timeout, target))
                     finally:
                         target.write_text(source)
                         workers.put(worker)
