@@ -326,7 +326,7 @@ class _Worker:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        env = {**os.environ, "PYTHONPATH": str(workdir)}
+        env = {**os.environ, "PYTHONPATH": str(workdir), "POLAR_HYPOTHESIS": "mutate"}
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", str(workdir)],
                                      cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -356,7 +356,7 @@ def tests_by_line(workdir: Path, package: str, module: str, tests: Sequence[str]
     outside any test (at import: constants, defaults, decorators), where every test may see it."""
     from coverage import CoverageData
 
-    env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(workdir), "PYTHONDONTWRITEBYTECODE": "1", "POLAR_HYPOTHESIS": "mutate"}
     data_file = workdir.parent / f"{workdir.name}.coverage"
     config = workdir.parent / f"{workdir.name}.coveragerc"
     config.write_text(f"[run]\ndata_file = {data_file}\n")

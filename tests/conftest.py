@@ -14,9 +14,12 @@ from tests._vllm import vllm_server, vllm_train_server  # noqa: F401  (one real 
 
 # CI (scripts/test.sh sets POLAR_HYPOTHESIS=ci) runs the same examples every time, so its verdict is reproducible;
 # a bare pytest explores new ones, which is where a property finds a new bug (then pinned as an explicit case).
+# scripts/mutate.py runs the tests once per mutant: the same examples every run, fewer of them (a mutant most tests
+# notice fails on the first few), no example database carried from one mutant's run to the next.
 settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("POLAR_HYPOTHESIS") == "ci":
-    settings.load_profile("ci")
+settings.register_profile("mutate", derandomize=True, max_examples=25, database=None)
+if os.environ.get("POLAR_HYPOTHESIS") in ("ci", "mutate"):
+    settings.load_profile(os.environ["POLAR_HYPOTHESIS"])
 
 
 @pytest.fixture
