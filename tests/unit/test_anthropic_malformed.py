@@ -102,3 +102,41 @@ def test_normalization_notes_are_exact_and_each_given_once():
         "skipped server tool 'web_search' (web_search_20250305): the gateway cannot run Anthropic server tools",
     ]
     assert [m.content for m in inbound.chat.messages if m.role == "system"] == ["sys", "reminder"]
+
+
+@pytest.mark.parametrize(("fields", "fragment"), [
+    ({"system": [{"type": "image", "source": {}}]}, "system.0.type: only text blocks are allowed here, got 'image'"),
+    ({"messages": user({"type": "document", "source": {"type": "content", "content": ["x"]}})},
+     "messages.0.content.0.source.content.0: a content block must be an object, got str"),
+])
+def test_text_only_block_lists_refuse_other_blocks_with_a_400(fields, fragment):
+    with pytest.raises(RequestError) as info:
+        PROVIDER.parse({"model": "policy", "max_tokens": 8, "messages": user({"type": "text", "text": "q"}),
+                        **fields}, ROUTE)
+    assert info.value.status == 400 and fragment in info.value.message, info.value.message
+
+
+def test_a_search_result_without_a_list_of_blocks_is_a_400():
+    with pytest.raises(RequestError) as info:
+        parse(user({"type": "search_result", "title": "T", "source": "s", "content": "r"}))
+    assert info.value.status == 400 and "messages.0.content.0.content: must be a list of text blocks" in str(
+        info.value.message)
+
+
+def test_empty_or_non_text_titles_add_no_heading():
+    """A document's title and context, a search result's title and source, head the text only when they are
+    non-empty strings (no stray blank lines, no 500 on a number)."""
+    blocks = [{"type": "document", "title": "", "context": "ctx", "source": {"type": "text", "data": "d"}},
+              {"type": "document", "title": 5, "source": {"type": "text", "data": "e"}},
+              {"type": "search_result", "title": "", "source": 7, "content": [{"type": "text", "text": "r"}]},
+              {"type": "search_result", "title": "T", "source": "", "content": [{"type": "text", "text": "s"}]}]
+    (msg,) = parse([{"role": "user", "content": blocks}]).chat.messages
+    assert msg.content == "ctx\n\nd\n\ne\n\nr\n\nT\n\ns\n\n"
+
+
+def test_a_custom_tool_is_translated_without_a_note():
+    inbound = parse(user({"type": "text", "text": "q"}),
+                    tools=[{"type": "custom", "name": "Bash", "input_schema": {"type": "object"}},
+                           {"name": "Read", "input_schema": {"type": "object"}}])
+    assert [t.function["name"] for t in inbound.chat.tools or []] == ["Bash", "Read"]
+    assert inbound.normalizations == []

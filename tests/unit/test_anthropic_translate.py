@@ -3,6 +3,7 @@ stream grammar, Claude Code's billing line, and the 400s a harness gets for what
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import polar_gym.proxy.providers.anthropic as anthropic_pkg
 from polar_gym.proxy.chat import ChatMessage, ChatResult, ContentPart, FunctionCall, ToolCall, Usage
-from polar_gym.proxy.errors import RequestError
+from polar_gym.proxy.errors import RequestError, UpstreamError
 from polar_gym.proxy.providers.anthropic import AnthropicProvider, protocol, translate
 from polar_gym.proxy.providers.anthropic.translate import (
     BILLING_NOTE,
@@ -531,3 +532,34 @@ def test_recorded_claude_code_requests_translate_append_only():
     assert b.chat.messages[: len(a.chat.messages)] == a.chat.messages  # the conversation only grows
     assert a.chat.tools == b.chat.tools and a.render_state.thinking is True
     assert [m.role for m in b.chat.messages][-2:] == ["assistant", "tool"]
+
+
+def test_the_stream_opens_with_no_output_tokens_and_ends_with_them():
+    """message_start carries the prompt's size and zero output tokens; message_delta the sampled count (the SDKs
+    add them up)."""
+    events = list(PROVIDER.stream(result("Hi."), parse(), CTX))
+    assert events[0].data["message"]["usage"]["input_tokens"] == 11
+    assert events[0].data["message"]["usage"]["output_tokens"] == 0
+    assert events[0].data["message"]["id"] == "msg_test"
+    assert events[-2].data["usage"] == {"output_tokens": 7}
+
+
+def test_an_error_mid_stream_is_an_anthropic_error_event():
+    event = PROVIDER.stream_error(UpstreamError("engine went away"))
+    assert event.event == "error"
+    assert event.data == {"type": "error", "error": {"type": "api_error", "message": "engine went away"}}
+
+
+def test_message_ids_look_like_anthropics():
+    assert PROVIDER.id_prefix == "msg_"  # the Messages API's ids; clients and logs recognize them
+
+
+def test_thinking_signatures_are_deterministic_and_opaque():
+    """Our signature for thinking text we produced: "pg1" and a 48-byte keyed digest, base64; the same text always
+    signs the same, different text differently; the rendered thinking block carries it."""
+    signature = thinking_signature("Step 1.")
+    raw = base64.b64decode(signature)
+    assert raw[:3] == b"pg1" and len(raw) == 51
+    assert thinking_signature("Step 1.") == signature != thinking_signature("Step 2.")
+    blocks = content_blocks(result("Done.", reasoning="Step 1."), thinking=True)
+    assert blocks[0] == {"type": "thinking", "thinking": "Step 1.", "signature": signature}
