@@ -129,16 +129,23 @@ class ModuleResult:
     def _where(self, outcome: Outcome) -> dict[str, object]:
         where: dict[str, object] = {"at": f"polar_gym/{self.module}:{outcome.mutant.line}",
                                     "mutation": outcome.mutant.description,
-                                    "key": list(mutant_key(self.source, outcome.mutant))}
+                                    "key": list(mutant_keys(self.source)[outcome.mutant])}
         if outcome.why:
             where["why"] = outcome.why
         return where
 
 
-def mutant_key(source: str, mutant: Mutant) -> tuple[str, int, str]:
-    """What names a mutant across edits elsewhere in the file: its line's text, its column, its mutation."""
-    line_start = source.rfind("\n", 0, mutant.start) + 1
-    return source_line(source, mutant), mutant.start - line_start, mutant.description
+def mutant_keys(source: str) -> dict[Mutant, tuple[str, int, str, int]]:
+    """What names each mutant of ``source`` across edits elsewhere in the file: its line's text, its column, its
+    mutation, and which of the mutants alike in those three it is (two ``continue`` lines at one indent)."""
+    keys: dict[Mutant, tuple[str, int, str, int]] = {}
+    seen: dict[tuple[str, int, str], int] = {}
+    for mutant in mutants(source):
+        line_start = source.rfind("\n", 0, mutant.start) + 1
+        alike = (source_line(source, mutant), mutant.start - line_start, mutant.description)
+        seen[alike] = seen.get(alike, -1) + 1
+        keys[mutant] = (*alike, seen[alike])
+    return keys
 
 
 # -------------------------------------------------------------------------------------------- the mutator (pure)
@@ -385,14 +392,15 @@ def _check_imports_from(workdir: Path, package: str) -> None:
 
 
 def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package: str = "polar_gym", jobs: int = 2,
-               limit: int | None = None, only: set[tuple[str, int, str]] | None = None,
+               limit: int | None = None, only: set[tuple[str, int, str, int]] | None = None,
                timeout_factor: float = 3.0, by_line: bool = True,
                equivalent: dict[tuple[str, str, str], str] | None = None,
                progress: Callable[[str], None] | None = None) -> ModuleResult:
     """Run every mutant of ``<root>/<package>/<module>`` against ``tests`` (paths relative to ``root``)."""
     equivalent = EQUIVALENT if equivalent is None else equivalent
     source = (root / package / module).read_text()
-    todo = [m for m in mutants(source) if only is None or mutant_key(source, m) in only][:limit]
+    keys = mutant_keys(source)
+    todo = [m for m in mutants(source) if only is None or keys[m] in only][:limit]
     with tempfile.TemporaryDirectory(prefix="mutate-") as scratch:
         workers: Queue[_Worker] = Queue()
         started: list[_Worker] = []
@@ -490,11 +498,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for m in mutants(source)[:args.limit]:
                 print(f"polar_gym/{module}:{m.line}  {m.description}")
         return 0
-    earlier: dict[str, set[tuple[str, int, str]]] = {}
+    earlier: dict[str, set[tuple[str, int, str, int]]] = {}
     if args.survivors_of is not None:
         for report in json.loads(args.survivors_of.read_text()):
             again = [*report["survivors"], *report.get("timeouts", [])]  # a hang on a loaded machine may not be one
-            earlier[report["module"]] = {(k[0], k[1], k[2]) for k in (s["key"] for s in again)}
+            earlier[report["module"]] = {(k[0], k[1], k[2], k[3]) for k in (s["key"] for s in again)}
         modules = [m for m in modules if m in earlier]
     results = []
     for module in modules:

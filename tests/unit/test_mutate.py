@@ -79,7 +79,7 @@ def test_a_killed_and_a_survived_verdict_on_a_toy_test(tmp_path: Path):
     assert (report["mutants"], report["killed"], report["survived"], report["equivalent"]) == (6, 4, 1, 1)
     assert report["score"] == 80.0
     survivor = {"at": "polar_gym/tiny.py:7", "mutation": "< -> <=",
-                "key": ["return a <= b and not a < 0", 26, "< -> <="]}
+                "key": ["return a <= b and not a < 0", 26, "< -> <=", 0]}
     assert report["survivors"] == [survivor]
     assert "survived  polar_gym/tiny.py:7  < -> <=" in mutate.table([result])
 
@@ -100,9 +100,15 @@ def test_a_mutant_no_test_reaches_is_not_run(tmp_path: Path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_toy.py").write_text(
         "from toy.tiny import at_most\n\n\ndef test_boundary():\n    assert at_most(2, 2) and not at_most(3, 2)\n")
-    keys = {mutate.mutant_key(TINY, m) for m in mutate.mutants(TINY) if m.line in (7, 13)}
+    keys = {key for m, key in mutate.mutant_keys(TINY).items() if m.line in (7, 13)}
     result = mutate.run_module("tiny.py", ["tests/test_toy.py"], root=tmp_path, package="toy", jobs=1, only=keys)
     by_line = {(o.mutant.line, o.mutant.description): (o.verdict, o.why) for o in result.outcomes}
     assert by_line[(13, "+= -> -=")] == ("survived", "no test runs this line")
     assert by_line[(7, "and -> or")] == ("killed", "")
     assert "(no test runs this line)" in mutate.table([result])
+
+
+def test_alike_mutants_on_identical_lines_keep_distinct_keys():
+    source = "def f(x):\n    for _ in x:\n        continue\n    for _ in x:\n        continue\n"
+    keys = [key for m, key in mutate.mutant_keys(source).items() if m.description == "delete statement"]
+    assert keys == [("continue", 8, "delete statement", 0), ("continue", 8, "delete statement", 1)]
