@@ -301,7 +301,11 @@ def serve(workdir: Path) -> None:
 
     os.chdir(workdir)
     _preload()
+    import gc
+
     import pytest
+
+    gc.freeze()  # pytest collects five times at exit (unraisable-exception hook): not over the preloaded modules
 
     for line in sys.stdin:
         job = json.loads(line)
