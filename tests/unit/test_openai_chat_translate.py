@@ -45,6 +45,15 @@ def call(name: str = "shell", arguments: Any = '{"cmd": "ls"}', **fields: Any) -
     return {"type": "function", "function": {"name": name, "arguments": arguments}, **fields}
 
 
+def assert_400(body: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(RequestError) as info:
+        PROVIDER.parse({"model": "policy", **body}, ROUTE)
+    assert fragment in info.value.message
+    status, shown = PROVIDER.error_body(info.value)
+    assert status == 400 and shown == {"error": {"message": info.value.message, "type": "invalid_request_error",
+                                                 "param": None, "code": None}}
+
+
 def result(text: str | None = "", reasoning: str | None = None, calls: list[tuple[str, str]] | None = None,
            finish: str = "stop") -> ChatResult:
     tool_calls = [ToolCall(id=f"call_{i}", function=FunctionCall(name=n, arguments=a))
@@ -285,20 +294,51 @@ def test_unknown_fields_are_reported_and_known_ones_are_not():
     ({"messages": HI, "tools": [SHELL, {"type": "function", "function": {"description": "x"}}]},
      "tools.1.function.name: required"),
     ({"messages": HI, "tools": [{"type": "function"}]}, "tools.0.function.name: required"),
-    ({"messages": HI, "functions": [{"name": None}]}, "function.name: required"),
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
-    ({"messages": HI, "n": 2}, "n"),
-    ({"messages": HI, "temperature": 3}, "temperature"),
-    ({"messages": HI, "max_tokens": 0}, "max_tokens"),
+    ({"messages": HI, "functions": [{"name": None}]}, "functions.0.name: required"),
 ])
 def test_malformed_requests_are_400s_in_the_openai_error_shape(body, fragment):
-    with pytest.raises(RequestError) as info:
-        PROVIDER.parse({"model": "policy", **body}, ROUTE)
-    assert fragment in info.value.message
-    status, shown = PROVIDER.error_body(info.value)
-    assert status == 400 and shown == {"error": {"message": info.value.message, "type": "invalid_request_error",
-                                                 "param": None, "code": None}}
+    assert_400(body, fragment)
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"messages": [*HI, {"role": "assistant", "tool_calls": [call(name="")]}]},
+     "messages.1.tool_calls.0.function.name: required, a non-empty string"),
+    ({"messages": [*HI, {"role": "assistant", "tool_calls": [call(id=7)]}]},
+     "messages.1.tool_calls.0.id: must be a string"),
+    ({"messages": [*HI, {"role": "assistant", "tool_calls": [call(id={"a": 1})]}]},
+     "messages.1.tool_calls.0.id: must be a string"),
+    ({"messages": [*HI, {"role": "assistant", "tool_calls": [call(arguments=None)]}]},
+     "messages.1.tool_calls.0.function.arguments: must be a JSON string or an object"),
+    ({"messages": [*HI, {"role": "assistant", "tool_calls": [call(arguments=[1])]}]},
+     "messages.1.tool_calls.0.function.arguments: must be a JSON string or an object"),
+    ({"messages": [*HI, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "custom", "custom": {"name": "patch", "input": "x"}}]}]},
+     "messages.1.tool_calls.0.type: only function tool calls are supported, got 'custom'"),
+    ({"messages": [*HI, {"role": "assistant", "function_call": {"name": "f", "arguments": 5}}]},
+     "messages.1.tool_calls.0.function.arguments: must be a JSON string or an object"),
+    ({"messages": [{"role": "function", "content": "ok"}]},
+     "messages.0.name: a function result needs the name of the function it answers"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": ""}}]},
+     "tools.0.function.name: required, a non-empty string"),
+    ({"messages": HI, "tools": [SHELL], "functions": [{"name": "ok"}, {"description": "x"}]},
+     "functions.1.name: required"),
+    ({"messages": HI, "functions": [{"name": ""}]}, "functions.0.name: required, a non-empty string"),
+])
+def test_tool_calls_and_tools_that_name_nothing_are_400s(body, fragment):
+    """An empty name calls no tool and a call id that is not a string pairs no result: these were sent on as
+    they were (or coerced), leaving the engine to fail or the journal to hold a call nothing can answer."""
+    assert_400(body, fragment)
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"messages": []}, "messages: List should have at least 1 item"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role: Input should be 'system'"),
+    ({"messages": HI, "n": 2}, "n: Input should be less than or equal to 1"),
+    ({"messages": HI, "temperature": 3}, "temperature: Input should be less than or equal to 2"),
+    ({"messages": HI, "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
+])
+def test_requests_pydantic_rejects_are_400s(body, fragment):
+    assert_400(body, fragment)
 
 
 def test_a_body_that_is_not_an_object_is_a_400():
