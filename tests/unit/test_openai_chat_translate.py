@@ -259,6 +259,14 @@ def test_unknown_fields_are_reported_and_known_ones_are_not():
     assert parse().ignored_fields == [] and parse().normalizations == []
 
 
+def test_reasoning_effort_is_noted_as_not_applied():
+    """The engine's chat template decides how much a model thinks; a harness that asked for an effort is told so
+    in the journal instead of the field vanishing (it is neither forwarded nor an unknown field)."""
+    inbound = parse(reasoning_effort="high")
+    assert inbound.normalizations == ["reasoning_effort 'high' not applied (the engine's template decides)"]
+    assert inbound.ignored_fields == [] and inbound.chat.extra == {}
+
+
 # ---------------------------------------------------------------- parse: malformed requests are 400s
 
 

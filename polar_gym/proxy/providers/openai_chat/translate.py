@@ -164,11 +164,15 @@ class OpenAIChatProvider(Provider[OpenAIChatRenderState]):
             extra=extra,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        notes = []
+        if req.reasoning_effort is not None:
+            notes.append(f"reasoning_effort {req.reasoning_effort!r} not applied (the engine's template decides)")
         return Inbound(
             provider=self.name,
             model=req.model,
             stream=req.stream,
             chat=chat,
+            normalizations=notes,
             ignored_fields=sorted(extras - KNOWN_IGNORED),
             render_state=OpenAIChatRenderState(include_usage),
         )
