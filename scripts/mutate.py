@@ -53,6 +53,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
                                                "tests/unit/test_anthropic_malformed.py"),
     "proxy/providers/google/translate.py": ("tests/unit/test_google_translate.py",),
     "proxy/providers/openai_responses/translate.py": ("tests/unit/test_responses_translate.py",),
+    "proxy/providers/openai_chat/translate.py": ("tests/unit/test_openai_chat_translate.py",),
 }
 
 #: mutants shown equivalent (no behaviour can tell them apart): (module, the stripped source line, mutation) and why

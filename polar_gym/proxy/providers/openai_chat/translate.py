@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -51,27 +51,47 @@ def content_parts(content: str | list[dict[str, Any]] | None, where: str) -> str
     return collapse_parts(parts)
 
 
+def _named(spec: Any) -> TypeGuard[dict[str, Any]]:
+    """A function spec or call with a name to call it by (an empty name calls no tool)."""
+    return isinstance(spec, dict) and isinstance(spec.get("name"), str) and bool(spec["name"])
+
+
 def tool_calls_in(calls: list[dict[str, Any]], where: str) -> list[ToolCall]:
+    """An assistant's tool calls; a missing or empty id gets a positional one, arguments given as an object are
+    sent on as their JSON. A call that names no function, or whose id or arguments have the wrong type, is a 400."""
     out = []
     for i, call in enumerate(calls):
+        w = f"{where}.tool_calls.{i}"
+        if call.get("type", "function") != "function":
+            raise RequestError(f"{w}.type: only function tool calls are supported, got {call['type']!r}")
         fn = call.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RequestError(f"{where}.tool_calls.{i}.function.name: required")
+        if not _named(fn):
+            raise RequestError(f"{w}.function.name: required, a non-empty string")
+        call_id = call.get("id") or f"call_{i}"
+        if not isinstance(call_id, str):
+            raise RequestError(f"{w}.id: must be a string")
         args = fn.get("arguments", "{}")
-        if not isinstance(args, str):
+        if isinstance(args, dict):
             args = orjson.dumps(args).decode()
-        out.append(ToolCall(id=str(call.get("id") or f"call_{i}"), function=FunctionCall(name=fn["name"],
-                                                                                          arguments=args)))
+        elif not isinstance(args, str):
+            raise RequestError(f"{w}.function.arguments: must be a JSON string or an object")
+        out.append(ToolCall(id=call_id, function=FunctionCall(name=fn["name"], arguments=args)))
     return out
 
 
 def tools_in(tools: list[dict[str, Any]] | None, functions: list[dict[str, Any]] | None) -> list[Tool] | None:
-    specs = [t.get("function") if t.get("type", "function") == "function" else None for t in tools or []]
-    specs += list(functions or [])
+    """``tools`` (function tools only) and the legacy ``functions`` as function tools; a spec without a name is a
+    400 naming its own field."""
     out = []
-    for i, spec in enumerate(specs):
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise RequestError(f"tools.{i}.function.name: required (only function tools are supported)")
+    for i, tool in enumerate(tools or []):
+        spec = tool.get("function") if tool.get("type", "function") == "function" else None
+        if not _named(spec):
+            raise RequestError(f"tools.{i}.function.name: required, a non-empty string "
+                               "(only function tools are supported)")
+        out.append(Tool(function=spec))
+    for i, spec in enumerate(functions or []):
+        if not _named(spec):
+            raise RequestError(f"functions.{i}.name: required, a non-empty string")
         out.append(Tool(function=spec))
     return out or None
 
@@ -79,6 +99,8 @@ def tools_in(tools: list[dict[str, Any]] | None, functions: list[dict[str, Any]]
 def _message_in(msg: InMessage, i: int) -> ChatMessage:
     where = f"messages.{i}"
     if msg.role == "function":
+        if not msg.name:
+            raise RequestError(f"{where}.name: a function result needs the name of the function it answers")
         return ChatMessage(role="tool", content=content_parts(msg.content, where), tool_call_id=msg.name)
     calls = tool_calls_in(msg.tool_calls, where) if msg.tool_calls else None
     if msg.function_call and not calls:
@@ -142,11 +164,15 @@ class OpenAIChatProvider(Provider[OpenAIChatRenderState]):
             extra=extra,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        notes = []
+        if req.reasoning_effort is not None:
+            notes.append(f"reasoning_effort {req.reasoning_effort!r} not applied (the engine's template decides)")
         return Inbound(
             provider=self.name,
             model=req.model,
             stream=req.stream,
             chat=chat,
+            normalizations=notes,
             ignored_fields=sorted(extras - KNOWN_IGNORED),
             render_state=OpenAIChatRenderState(include_usage),
         )
