@@ -49,6 +49,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "merge/per_request.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py"),
     "merge/exports.py": ("tests/merge/test_exports.py",),
     "merge/rewards.py": ("tests/merge/test_rewards.py",),
+    "dirnames.py": ("tests/unit/test_dirnames.py",),
     "proxy/providers/anthropic/translate.py": ("tests/unit/test_anthropic_translate.py",
                                                "tests/unit/test_anthropic_malformed.py"),
     "proxy/providers/google/translate.py": ("tests/unit/test_google_translate.py",),
