@@ -62,6 +62,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "placeholders for a reply without logprobs: build() drops the whole list whenever one is missing",
     ("merge/base.py", "self.logprobs += [0.0] * len(rec.response_ids)", "0.0 -> 1.0"):
         "the same placeholders' value: build() drops the whole list whenever one is missing",
+    ("merge/rewards.py", "for t, r, w in zip(traj.traces, rewards, weights, strict=True)]", "True -> False"):
+        "the lengths always agree: apply_rewards raises RewardError first, and the weights are one per trace",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
