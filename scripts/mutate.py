@@ -50,6 +50,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "merge/exports.py": ("tests/merge/test_exports.py",),
     "merge/rewards.py": ("tests/merge/test_rewards.py",),
     "dirnames.py": ("tests/unit/test_dirnames.py",),
+    "launch/slurm.py": ("tests/launch/test_slurm_render.py", "tests/launch/test_token_files.py"),
     "proxy/providers/anthropic/translate.py": ("tests/unit/test_anthropic_translate.py",
                                                "tests/unit/test_anthropic_malformed.py"),
     "proxy/providers/google/translate.py": ("tests/unit/test_google_translate.py",),
@@ -250,9 +251,14 @@ def source_line(source: str, mutant: Mutant) -> str:
 # ------------------------------------------------------------------------------------------------- the runner
 
 
+#: directories of the tree that tests read besides the package and the tests (slurm/: the committed sbatch scripts
+#: that tests/launch/test_slurm_render.py checks against the renderer's output)
+TREE_DATA = ("slurm",)
+
+
 def _copy_tree(root: Path, into: Path, package: str) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for name in (package, "tests"):
+    for name in (package, "tests", *TREE_DATA):
         if (root / name).exists():
             shutil.copytree(root / name, into / name, ignore=ignore)
     for name in ("pyproject.toml", "conftest.py"):
