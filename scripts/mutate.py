@@ -65,6 +65,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the same placeholders' value: build() drops the whole list whenever one is missing",
     ("merge/rewards.py", "for t, r, w in zip(traj.traces, rewards, weights, strict=True)]", "True -> False"):
         "the lengths always agree: apply_rewards raises RewardError first, and the weights are one per trace",
+    ("merge/exports.py", "Source = SessionResult | Trajectory", "delete statement"):
+        "an alias read only in annotations, which are never evaluated (from __future__ import annotations)",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
