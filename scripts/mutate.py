@@ -49,6 +49,8 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "merge/per_request.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py"),
     "merge/exports.py": ("tests/merge/test_exports.py",),
     "merge/rewards.py": ("tests/merge/test_rewards.py",),
+    "dirnames.py": ("tests/unit/test_dirnames.py",),
+    "launch/slurm.py": ("tests/launch/test_slurm_render.py", "tests/launch/test_token_files.py"),
     "proxy/providers/anthropic/translate.py": ("tests/unit/test_anthropic_translate.py",
                                                "tests/unit/test_anthropic_malformed.py"),
     "proxy/providers/google/translate.py": ("tests/unit/test_google_translate.py",),
@@ -66,6 +68,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the count of removed billing lines is only tested for being non-zero, and n is never negative",
     ("proxy/providers/anthropic/translate.py", "thinking: bool = False", "False -> True"):
         "the render state's default is never used: its one constructor passes thinking explicitly",
+    ("merge/rewards.py", "for t, r, w in zip(traj.traces, rewards, weights, strict=True)]", "True -> False"):
+        "the lengths always agree: apply_rewards raises RewardError first, and the weights are one per trace",
+    ("merge/exports.py", "Source = SessionResult | Trajectory", "delete statement"):
+        "an alias read only in annotations, which are never evaluated (from __future__ import annotations)",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
@@ -260,9 +266,14 @@ def source_line(source: str, mutant: Mutant) -> str:
 # ------------------------------------------------------------------------------------------------- the runner
 
 
+#: directories of the tree that tests read besides the package and the tests (slurm/: the committed sbatch scripts
+#: that tests/launch/test_slurm_render.py checks against the renderer's output)
+TREE_DATA = ("slurm",)
+
+
 def _copy_tree(root: Path, into: Path, package: str) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for name in (package, "tests"):
+    for name in (package, "tests", *TREE_DATA):
         if (root / name).exists():
             shutil.copytree(root / name, into / name, ignore=ignore)
     for name in ("pyproject.toml", "conftest.py"):

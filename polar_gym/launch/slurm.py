@@ -10,10 +10,12 @@ per problem, exit 2) and keeps its state under ``POLAR_STATE_DIR``, never the su
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SbatchResources", "render_all", "render_gateway", "render_server", "render_sglang", "write_all"]
+__all__ = ["SLURM_DIR", "SbatchResources", "main", "render_all", "render_gateway", "render_server", "render_sglang",
+           "write_all"]
 
 
 @dataclass(frozen=True)
@@ -334,7 +336,18 @@ def write_all(directory: Path) -> list[Path]:
     return paths
 
 
-if __name__ == "__main__":  # pragma: no cover
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "slurm"
-    for written in write_all(target):
+#: where ``python -m polar_gym.launch.slurm`` writes without an argument: the ``slurm/`` directory of this clone
+SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m polar_gym.launch.slurm [DIR]``: write every script into DIR (default :data:`SLURM_DIR`) and print
+    the paths."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    for written in write_all(Path(args[0]) if args else SLURM_DIR):
         print(written)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

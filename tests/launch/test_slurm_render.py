@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import runpy
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from polar_gym.launch import slurm
 from polar_gym.launch.slurm import SbatchResources, render_all, render_gateway, render_server, render_sglang, write_all
 
 SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
@@ -90,3 +93,40 @@ def test_valid_bash(name: str, tmp_path: Path) -> None:
     subprocess.run(["bash", "-n", str(path)], check=True)
     if shutil.which("shellcheck"):
         subprocess.run(["shellcheck", str(path)], check=True)
+
+
+def test_default_resources_ask_for_a_modest_cpu_only_job() -> None:
+    """A bare SbatchResources (a custom script's header) asks for one task, 4 CPUs, 8G and a day, and no GPU."""
+    assert SbatchResources("job").header().splitlines() == [
+        "#SBATCH --job-name=job", "#SBATCH --nodes=1", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=4",
+        "#SBATCH --mem=8G", "#SBATCH --time=24:00:00", "#SBATCH --output=/dev/null"]
+
+
+def test_write_all_creates_the_directory_and_rewrites_in_place(tmp_path: Path) -> None:
+    """Regenerating works into a fresh nested folder and over an earlier copy; each script is the rendered text,
+    executable as committed (``./slurm/gateway.sbatch`` runs)."""
+    target = tmp_path / "a" / "b"
+    write_all(target)
+    for path in write_all(target):
+        assert path.read_text() == render_all()[path.name]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o755 == stat.S_IMODE((SLURM_DIR / path.name).stat().st_mode)
+
+
+def test_main_writes_to_the_directory_given_else_to_the_clones_slurm_dir(tmp_path: Path, capsys, monkeypatch) -> None:
+    """``python -m polar_gym.launch.slurm [DIR]``, the regenerate command slurm/README.md gives."""
+    assert slurm.SLURM_DIR == SLURM_DIR
+    assert slurm.main([str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(render_all())
+    assert capsys.readouterr().out.split() == [str(tmp_path / "out" / name) for name in render_all()]
+    monkeypatch.setattr(slurm, "SLURM_DIR", tmp_path / "default")  # never rewrite the clone's own scripts here
+    assert slurm.main([]) == 0
+    assert sorted(p.name for p in (tmp_path / "default").iterdir()) == sorted(render_all())
+
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")
+def test_python_m_runs_main_with_the_command_line(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("sys.argv", ["slurm.py", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("polar_gym.launch.slurm", run_name="__main__")
+    assert exited.value.code == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(render_all())

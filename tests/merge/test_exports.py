@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from polar_gym.merge import (
     ContiguityError,
@@ -19,7 +20,7 @@ from polar_gym.merge import (
     trace_lines,
 )
 from polar_gym.merge.base import MergeConfig
-from polar_gym.merge.exports import sample_status
+from polar_gym.merge.exports import SlimeSample, openai_message, sample_status
 from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.schema import EvalResult, SessionResult, SessionStatus, TaskMetadata, Trace
@@ -238,3 +239,68 @@ def test_slime_and_nemo_carry_the_policy_version_of_every_span():
     assert [(i.policy_version, i.logprobs_missing) for i in nemo_items(bare)] == [(7, True), (7, True)]
     [unversioned] = slime_samples(built(records=(rec(0, [1], [10, EOT]),)))
     assert unversioned.weight_versions == [] and unversioned.metadata["spans"][0]["policy_version"] is None
+
+
+def test_slime_group_id_from_a_task_mapping():
+    """A task given as a plain mapping (a dataset row) names the group; one without a group_id names none."""
+    traj = built()
+    assert {s.group_id for s in slime_samples(result(traj), {"group_id": 7})} == {"7"}
+    assert {s.group_id for s in slime_samples(result(traj, metadata={"group_id": "g1"}), {"task_id": "t"})} == {None}
+
+
+def test_slime_sample_carries_the_prompt_messages_and_a_default_weight():
+    """slime's Sample has the prompt messages; a trajectory without session weights counts each trace fully."""
+    traj = built(records=sft_session())
+    [sample] = slime_samples(traj)
+    assert sample.model_dump()["prompt"] == traj.traces[0].prompt_messages != []
+    assert sample.metadata["weight"] == 1.0
+
+
+def test_placeholder_logprobs_are_zeros():
+    """A capture without log probs exports zeros (flagged by logprobs_missing), never values that look sampled."""
+    trace = Trace(prompt_ids=[1], response_ids=[10, EOT, 50, 11, EOT], loss_mask=[1, 1, 0, 1, 1])
+    [sample] = slime_samples(built(records=(rec(0, [1], [10, EOT], response_logprobs=[]),)))
+    assert sample.rollout_log_probs == [0.0, 0.0] and sample.metadata["logprobs_missing"] is True
+    assert [i.generation_log_probs for i in nemo_items(trace)] == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def test_slime_sample_validation_round_trips_and_bounds_the_response():
+    """A sample read back from JSON is the same sample; an empty response or an empty prompt is valid, a response
+    longer than the tokens is not; unknown fields (a typo in a hand-written record) are refused."""
+    sample = slime_samples(built())[0]
+    assert SlimeSample.model_validate(sample.model_dump()) == sample
+    base = {"reward": 0.0, "status": "completed"}
+    SlimeSample.model_validate({**base, "tokens": [1, 2], "response_length": 0, "loss_mask": [],
+                                "rollout_log_probs": []})
+    SlimeSample.model_validate({**base, "tokens": [1, 2], "response_length": 2, "loss_mask": [1, 1],
+                                "rollout_log_probs": [0.0, 0.0]})
+    with pytest.raises(ValueError, match="response_length must fit in tokens"):
+        SlimeSample.model_validate({**base, "tokens": [1, 2], "response_length": 3, "loss_mask": [1, 1, 1],
+                                    "rollout_log_probs": [0.0, 0.0, 0.0]})
+    with pytest.raises(ValidationError, match="rewrad"):
+        SlimeSample.model_validate({**sample.model_dump(), "rewrad": 1.0})
+
+
+def test_nemo_item_read_from_json_without_the_flag_has_real_logprobs():
+    item = NemoOutputItem.model_validate({"prompt_token_ids": [1], "generation_token_ids": [10],
+                                          "generation_log_probs": [-0.5]})
+    assert item.logprobs_missing is False and item.policy_version is None
+
+
+def test_contiguity_error_message_is_the_explanation():
+    ok = NemoOutputItem(prompt_token_ids=[1, 2], generation_token_ids=[10], generation_log_probs=[-0.1])
+    bad = NemoOutputItem(prompt_token_ids=[1, 3], generation_token_ids=[11], generation_log_probs=[-0.1])
+    with pytest.raises(ContiguityError) as info:
+        check_contiguity([ok, bad])
+    assert str(info.value) == ("item 1: prompt_token_ids (2 tokens) do not start with the 3 tokens seen before it; "
+                               "first difference at position 1")
+
+
+def test_openai_message_content_shapes_and_reasoning_by_default():
+    """Text parts collapse to a string, a part list with an image stays parts, a tool-call turn's null content
+    stays null; reasoning is kept unless asked otherwise."""
+    image = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "data:x"}}]
+    assert openai_message({"role": "user", "content": image})["content"] == image
+    assert openai_message({"role": "assistant", "content": None, "tool_calls": [CALL]}) == {
+        "role": "assistant", "content": None, "tool_calls": [CALL]}
+    assert openai_message(REPLY0)["reasoning_content"] == "look first"

@@ -4,6 +4,7 @@ session count once whatever the builder (the paper's fix for reward hacking unde
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import pytest
 
@@ -11,6 +12,7 @@ from polar_gym.merge import RewardError, apply_rewards, session_weights, with_se
 from polar_gym.merge.base import MergeConfig
 from polar_gym.merge.per_request import per_request
 from polar_gym.merge.prefix_merging import prefix_merging
+from polar_gym.merge.rewards import Weighting
 from polar_gym.schema import EvalResult
 from tests.merge._sessions import EOT, rec, session
 
@@ -87,3 +89,21 @@ def test_weights_without_rewards_keep_existing_rewards():
     traj = apply_rewards(per_request(session(*RECORDS), CFG), EvalResult(reward=0.5))
     out = with_session_weights(traj, "none")
     assert [t.reward for t in out.traces] == [0.5] * 4 and [t.metadata["weight"] for t in out.traces] == [1.0] * 4
+
+
+def test_one_trainable_token_is_enough_to_weight_by_tokens():
+    """Falling back to uniform weights is for a session with nothing trainable, not one with very little."""
+    traj = per_request(session(*RECORDS), CFG)
+    masks = [[0] * len(t.loss_mask) for t in traj.traces]
+    masks[2][-1] = 1
+    traces = [t.model_copy(update={"loss_mask": m}) for t, m in zip(traj.traces, masks, strict=True)]
+    assert session_weights(traces, "tokens") == [0.0, 0.0, 1.0, 0.0]
+
+
+def test_the_weighting_type_names_every_mode_session_weights_accepts():
+    """``Weighting`` is the public list of modes (for configs and type checkers): each of them works, none is
+    missing."""
+    traces = per_request(session(*RECORDS), CFG).traces
+    assert set(get_args(Weighting)) == {"traces", "tokens", "none"}
+    for mode in get_args(Weighting):
+        assert len(session_weights(traces, mode)) == len(traces)

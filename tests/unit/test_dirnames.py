@@ -3,6 +3,7 @@ name is a single harmless path component, and plain ids stay readable."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -52,3 +53,14 @@ def test_distinct_ids_never_share_a_directory(keys):
 def test_near_identical_ids_never_share_a_directory(a, b):
     assert (dirname_for(a) == dirname_for(b)) == (a == b)
     assert _harmless(dirname_for(a))
+
+
+def test_a_hashed_name_is_a_64_character_prefix_and_128_bits_of_sha256():
+    """The documented shape (at most 97 characters): room left in a 255-byte component for suffixes, and a hash
+    wide enough that ids never collide by accident."""
+    key = "task/" + "x" * 300
+    name = dirname_for(key)
+    prefix, digest = name.split("+")
+    assert prefix == ("task_" + "x" * 300)[:64]
+    assert digest == hashlib.sha256(key.encode()).hexdigest()[:32]
+    assert len(name) == 97
