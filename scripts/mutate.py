@@ -38,6 +38,10 @@ __all__ = ["EQUIVALENT", "MODULE_TESTS", "ModuleResult", "Mutant", "Outcome", "a
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: the pass-through stream renderers' tests: the renderers driven piece by piece, and the proxy streaming through them
+_STREAM_TESTS = ("tests/unit/test_stream_passthrough.py", "tests/unit/test_stream_chat_mode.py",
+                 "tests/unit/test_stream_first_byte.py")
+
 #: module (under polar_gym/) -> the test files that cover it; a module's score is against these only
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "journal.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
@@ -53,6 +57,12 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
                                                "tests/unit/test_anthropic_malformed.py"),
     "proxy/providers/google/translate.py": ("tests/unit/test_google_translate.py",),
     "proxy/providers/openai_responses/translate.py": ("tests/unit/test_responses_translate.py",),
+    "proxy/providers/stream.py": _STREAM_TESTS,
+    "proxy/providers/anthropic/stream.py": _STREAM_TESTS,
+    "proxy/providers/openai_chat/stream.py": _STREAM_TESTS,
+    "proxy/providers/openai_responses/stream.py": _STREAM_TESTS,
+    "proxy/providers/google/stream.py": _STREAM_TESTS,
+    "proxy/providers/openai_responses/render.py": ("tests/unit/test_responses_translate.py", *_STREAM_TESTS),
 }
 
 #: mutants shown equivalent (no behaviour can tell them apart): (module, the stripped source line, mutation) and why
