@@ -39,8 +39,8 @@ __all__ = ["EQUIVALENT", "MODULE_TESTS", "ModuleResult", "Mutant", "Outcome", "a
 ROOT = Path(__file__).resolve().parent.parent
 
 #: the pass-through stream renderers' tests: the renderers driven piece by piece, and the proxy streaming through them
-_STREAM_TESTS = ("tests/unit/test_stream_passthrough.py", "tests/unit/test_stream_chat_mode.py",
-                 "tests/unit/test_stream_first_byte.py")
+_STREAM_TESTS = ("tests/unit/test_stream_renderers.py", "tests/unit/test_stream_passthrough.py",
+                 "tests/unit/test_stream_chat_mode.py", "tests/unit/test_stream_first_byte.py")
 
 #: module (under polar_gym/) -> the test files that cover it; a module's score is against these only
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
