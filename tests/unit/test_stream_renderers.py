@@ -217,6 +217,24 @@ def gemini_assembled(events: list[SSEEvent]) -> dict[str, Any]:
             "finish": chunks[-1]["candidates"][0]["finishReason"], "usage": chunks[-1]["usageMetadata"]}
 
 
+def streamed_pieces(item: dict[str, Any]) -> dict[tuple[str, int], Any]:
+    """The ``done`` texts and parts an output item's events must carry, by event and index."""
+    kind = item["type"]
+    if kind == "message":
+        return {**{("response.output_text", c): p["text"] for c, p in enumerate(item["content"])},
+                **{("response.content_part", c): p for c, p in enumerate(item["content"])}}
+    if kind == "reasoning":
+        return {**{("response.reasoning_summary_text", s): p["text"] for s, p in enumerate(item["summary"])},
+                **{("response.reasoning_summary_part", s): p for s, p in enumerate(item["summary"])},
+                **{("response.reasoning_text", c): p["text"] for c, p in enumerate(item.get("content", []))},
+                **{("response.content_part", c): p for c, p in enumerate(item.get("content", []))}}
+    if kind == "function_call":
+        return {("response.function_call_arguments", 0): item["arguments"]}
+    if kind == "custom_tool_call":
+        return {("response.custom_tool_call_input", 0): item["input"]}
+    return {}
+
+
 def responses_assembled(events: list[SSEEvent]) -> dict[str, Any]:
     """The final Response from its events, checked as a client reads them: sequence numbers from 0, items added
     at the next output index one at a time, every delta adding up to its ``done`` text, each ``done`` item the
@@ -232,7 +250,8 @@ def responses_assembled(events: list[SSEEvent]) -> dict[str, Any]:
         assert begun["response"]["usage"] is None and begun["response"]["completed_at"] is None
     added: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []
-    texts: dict[tuple[str, int], str] = {}
+    texts: dict[tuple[str, int], str] = {}     # deltas so far, by what they fill
+    finished: dict[tuple[str, int], Any] = {}  # the open item's finished texts and parts
     for body in bodies[2:-1]:
         kind = body["type"]
         if kind == "response.output_item.added":
@@ -243,6 +262,8 @@ def responses_assembled(events: list[SSEEvent]) -> dict[str, Any]:
         if kind == "response.output_item.done":
             item = body["item"]
             assert (item["id"], item["type"]) == (added[-1]["id"], added[-1]["type"])
+            assert finished == streamed_pieces(item), item["type"]  # every text of the item came in its events
+            finished.clear()
             done.append(item)
             continue
         assert body["item_id"] == added[-1]["id"]
@@ -250,13 +271,12 @@ def responses_assembled(events: list[SSEEvent]) -> dict[str, Any]:
         if kind.endswith(".delta"):
             assert body["delta"], "an empty delta"
             texts[where] = texts.get(where, "") + body["delta"]
-        elif kind.endswith("_text.done"):
-            assert body["text"] == texts.pop(where, ""), kind
-        elif kind == "response.function_call_arguments.done":
-            assert body["arguments"] == texts.pop(where, "")
-        elif kind == "response.custom_tool_call_input.done":
-            assert body["input"] == texts.pop(where, "")
-    assert not texts and len(done) == len(added)
+        elif kind.endswith(".done") and kind.rsplit(".", 1)[0].endswith("_part"):
+            finished[where] = body["part"]
+        elif kind.endswith(".done"):
+            finished[where] = body.get("text", body.get("arguments", body.get("input")))
+            assert finished[where] == texts.pop(where, ""), kind
+    assert not texts and not finished and len(done) == len(added)
     final = bodies[-1]
     assert final["type"] == {"completed": "response.completed", "incomplete": "response.incomplete"}[
         final["response"]["status"]]
@@ -331,7 +351,7 @@ def test_a_responses_stream_assembles_to_the_non_streamed_response(res: ChatResu
                                                                    encrypted: bool) -> None:
     body: dict[str, Any] = {"model": "policy", "stream": True, "input": "hi", "tools": [
         {"type": "function", "name": "bash", "parameters": SHELL},
-        {"type": "custom", "name": "apply_patch", "description": "Edit files"}]}
+        {"type": "custom", "name": "apply_patch", "description": "Edit files"}, {"type": "local_shell"}]}
     if summary:
         body["reasoning"] = {"effort": "low", "summary": "auto"}
     if encrypted:
@@ -348,6 +368,20 @@ def test_a_responses_stream_assembles_to_the_non_streamed_response(res: ChatResu
     assert responses_assembled(events) == RESPONSES.render(res, inbound, CTX)
     text = "".join(data(e)["delta"] for e in events if e.event == "response.output_text.delta")
     assert text == res.text
+
+
+@pytest.mark.parametrize("res", [*RESULTS.values(), result("", None, [
+    ("local_shell", '{"command": ["ls", "-la"], "timeout_ms": 500}'), ("apply_patch", '{"patch": "*** End"}'),
+    ("apply_patch", ""), ("bash", "")], "tool_calls")], ids=[*RESULTS, "every kind of call"])
+def test_the_synthesized_responses_stream_assembles_to_the_response(res: ChatResult) -> None:
+    """The stream a non-passed-through call gets (and the end of every passed-through one) is built from the final
+    items: every kind of item, empty arguments and inputs included."""
+    inbound = RESPONSES.parse({"model": "policy", "stream": True, "input": "hi", "reasoning": {"summary": "auto"},
+                               "tools": [{"type": "function", "name": "bash", "parameters": SHELL},
+                                         {"type": "custom", "name": "apply_patch"}, {"type": "local_shell"}]},
+                              Route("/v1/responses"))
+    events = list(RESPONSES.stream(res, inbound, CTX))
+    assert responses_assembled(events) == RESPONSES.render(res, inbound, CTX)
 
 
 # ------------------------------------------------------------------------------------------- the shared pieces
