@@ -398,6 +398,7 @@ def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package:
             timeout = timeout_factor * baseline + 10
             reach = tests_by_line(started[0].workdir, package, module, tests) if by_line else None
             done: list[Outcome] = []
+            listed = {t: i for i, t in enumerate(tests)}
 
             def tests_for(mutant: Mutant) -> list[str] | None:
                 """The tests that reach the mutant's line (all of them for an import-time line), or None when
@@ -407,7 +408,8 @@ def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package:
                 reached = reach.get(mutant.line, set())
                 if "" in reached:
                     return list(tests)
-                return sorted(reached) or None
+                # in the map's order: the fast pure tests a module lists first can fail before slower ones run
+                return sorted(reached, key=lambda t: (listed.get(t.split("::", 1)[0], len(tests)), t)) or None
 
             def one(mutant: Mutant) -> Outcome:
                 if (module, source_line(source, mutant), mutant.description) in equivalent:
