@@ -71,6 +71,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "placeholders for a reply without logprobs: build() drops the whole list whenever one is missing",
     ("merge/base.py", "self.logprobs += [0.0] * len(rec.response_ids)", "0.0 -> 1.0"):
         "the same placeholders' value: build() drops the whole list whenever one is missing",
+    ("proxy/providers/anthropic/stream.py", "self.open_block = None", "delete statement"):
+        "_close runs only as a text block opens (which sets open_block next) and as the stream ends (nothing after)",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
