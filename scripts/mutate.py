@@ -73,6 +73,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the same placeholders' value: build() drops the whole list whenever one is missing",
     ("proxy/providers/anthropic/stream.py", "self.open_block = None", "delete statement"):
         "_close runs only as a text block opens (which sets open_block next) and as the stream ends (nothing after)",
+    ("proxy/providers/openai_responses/render.py", "_Emit = Callable[..., SSEEvent]", "delete statement"):
+        "a type alias only annotations name, and annotations are never evaluated (from __future__ import annotations)",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
