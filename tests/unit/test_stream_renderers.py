@@ -217,6 +217,11 @@ def gemini_assembled(events: list[SSEEvent]) -> dict[str, Any]:
             "finish": chunks[-1]["candidates"][0]["finishReason"], "usage": chunks[-1]["usageMetadata"]}
 
 
+#: events whose text goes into a part the item added first
+TEXT_IN_PARTS = {f"response.{kind}.{end}" for kind in ("output_text", "reasoning_text", "reasoning_summary_text")
+                 for end in ("delta", "done")}
+
+
 def streamed_pieces(item: dict[str, Any]) -> dict[tuple[str, int], Any]:
     """The ``done`` texts and parts an output item's events must carry, by event and index."""
     kind = item["type"]
@@ -252,6 +257,7 @@ def responses_assembled(events: list[SSEEvent]) -> dict[str, Any]:
     done: list[dict[str, Any]] = []
     texts: dict[tuple[str, int], str] = {}     # deltas so far, by what they fill
     finished: dict[tuple[str, int], Any] = {}  # the open item's finished texts and parts
+    parts: dict[tuple[str, int], Any] = {}     # the open item's parts added and not yet done
     for body in bodies[2:-1]:
         kind = body["type"]
         if kind == "response.output_item.added":
@@ -263,11 +269,21 @@ def responses_assembled(events: list[SSEEvent]) -> dict[str, Any]:
             item = body["item"]
             assert (item["id"], item["type"]) == (added[-1]["id"], added[-1]["type"])
             assert finished == streamed_pieces(item), item["type"]  # every text of the item came in its events
+            assert not parts, "a part left open"
             finished.clear()
             done.append(item)
             continue
         assert body["item_id"] == added[-1]["id"]
         where = kind.rsplit(".", 1)[0], body.get("content_index", body.get("summary_index", 0))
+        part_at = ("summary" if "summary" in kind else "content", where[1])
+        if kind.endswith("_part.added"):  # a part opens empty, before its text comes
+            assert part_at not in parts and body["part"]["text"] == "", body
+            parts[part_at] = body["part"]
+            continue
+        if kind in TEXT_IN_PARTS:
+            assert part_at in parts, f"{kind} outside an added part"
+        if kind.endswith("_part.done"):
+            assert parts.pop(part_at) == {**body["part"], "text": ""}
         if kind.endswith(".delta"):
             assert body["delta"], "an empty delta"
             texts[where] = texts.get(where, "") + body["delta"]
