@@ -38,6 +38,10 @@ __all__ = ["EQUIVALENT", "MODULE_TESTS", "ModuleResult", "Mutant", "Outcome", "a
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: the pass-through stream renderers' tests: the renderers driven piece by piece, and the proxy streaming through them
+_STREAM_TESTS = ("tests/unit/test_stream_renderers.py", "tests/unit/test_stream_passthrough.py",
+                 "tests/unit/test_stream_chat_mode.py", "tests/unit/test_stream_first_byte.py")
+
 #: module (under polar_gym/) -> the test files that cover it; a module's score is against these only
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "journal.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
@@ -56,6 +60,12 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "proxy/providers/google/translate.py": ("tests/unit/test_google_translate.py",),
     "proxy/providers/openai_responses/translate.py": ("tests/unit/test_responses_translate.py",),
     "proxy/providers/openai_chat/translate.py": ("tests/unit/test_openai_chat_translate.py",),
+    "proxy/providers/stream.py": _STREAM_TESTS,
+    "proxy/providers/anthropic/stream.py": _STREAM_TESTS,
+    "proxy/providers/openai_chat/stream.py": _STREAM_TESTS,
+    "proxy/providers/openai_responses/stream.py": _STREAM_TESTS,
+    "proxy/providers/google/stream.py": _STREAM_TESTS,
+    "proxy/providers/openai_responses/render.py": ("tests/unit/test_responses_translate.py", *_STREAM_TESTS),
 }
 
 #: mutants shown equivalent (no behaviour can tell them apart): (module, the stripped source line, mutation) and why
@@ -72,6 +82,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the lengths always agree: apply_rewards raises RewardError first, and the weights are one per trace",
     ("merge/exports.py", "Source = SessionResult | Trajectory", "delete statement"):
         "an alias read only in annotations, which are never evaluated (from __future__ import annotations)",
+    ("proxy/providers/anthropic/stream.py", "self.open_block = None", "delete statement"):
+        "_close runs only as a text block opens (which sets open_block next) and as the stream ends (nothing after)",
+    ("proxy/providers/openai_responses/render.py", "_Emit = Callable[..., SSEEvent]", "delete statement"):
+        "a type alias only annotations name, and annotations are never evaluated (from __future__ import annotations)",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
@@ -434,6 +448,7 @@ def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package:
             timeout = timeout_factor * baseline + 30
             reach = tests_by_line(started[0].workdir, package, module, tests) if by_line else None
             done: list[Outcome] = []
+            listed = {t: i for i, t in enumerate(tests)}
 
             def tests_for(mutant: Mutant) -> list[str] | None:
                 """The tests that reach the mutant's line (all of them for an import-time line), or None when
@@ -443,7 +458,8 @@ def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package:
                 reached = reach.get(mutant.line, set())
                 if "" in reached:
                     return list(tests)
-                return sorted(reached) or None
+                # in the map's order: the fast pure tests a module lists first can fail before slower ones run
+                return sorted(reached, key=lambda t: (listed.get(t.split("::", 1)[0], len(tests)), t)) or None
 
             def one(mutant: Mutant) -> Outcome:
                 if (module, source_line(source, mutant), mutant.description) in equivalent:

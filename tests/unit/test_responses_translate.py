@@ -295,6 +295,17 @@ def test_local_shell_tool_and_items_round_trip():
     assert [i["type"] for i in out["output"]] == ["local_shell_call", "function_call", "function_call"]
 
 
+def test_only_the_local_shell_function_becomes_a_local_shell_call():
+    """A function tool declared next to local_shell, called with arguments that would make a shell action, stays a
+    function call: the harness runs its own tool, not a command on the local machine."""
+    inbound = parse(input="x", tools=[SHELL, {"type": "local_shell"}])
+    out = PROVIDER.render(result(calls=[("shell", '{"command": "ls"}'), ("local_shell", '{"command": "ls"}')],
+                                 finish="tool_calls"), inbound, CTX)
+    Response.model_validate(out)
+    assert [(i["type"], i["call_id"]) for i in out["output"]] == [("function_call", "call_0"),
+                                                                  ("local_shell_call", "call_1")]
+
+
 def test_hosted_tools_are_left_out_with_notes():
     inbound = parse(input="x", tools=[SHELL, {"type": "web_search"}, {"type": "file_search", "vector_store_ids": []}])
     assert [t.name for t in inbound.chat.tools or []] == ["shell"]

@@ -50,6 +50,4 @@ class GenerateContentStream(StreamRenderer):
         chunk = self._chunk(parts)
         chunk["candidates"][0]["finishReason"] = _FINISH[result.finish_reason]
         chunk["usageMetadata"] = usage_metadata(result)
-        chunk["modelVersion"] = self.inbound.model
-        chunk["responseId"] = self.ctx.response_id
         return [SSEEvent(chunk)]

@@ -66,9 +66,7 @@ class ResponsesStream(StreamRenderer):
         more = rest(result.text, self.content)
         if more:
             events += self.delta(rest(result.message.reasoning_content, self.reasoning), more)
-        elif self.message_at is None:
-            events += self._reasoning_item(result.message.reasoning_content or "")
-        for index, item in enumerate(final["output"]):
+        for index, item in enumerate(final["output"]):  # without text, the reasoning item too
             if index < self.items_sent:
                 continue
             if index == self.message_at:
