@@ -78,6 +78,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the count of removed billing lines is only tested for being non-zero, and n is never negative",
     ("proxy/providers/anthropic/translate.py", "thinking: bool = False", "False -> True"):
         "the render state's default is never used: its one constructor passes thinking explicitly",
+    ("proxy/providers/openai_responses/translate.py", "summary: bool = False", "False -> True"):
+        "the render state's default is never used: its one constructor passes summary explicitly",
+    ("proxy/providers/openai_responses/translate.py", "encrypted: bool = False", "False -> True"):
+        "the render state's default is never used: its one constructor passes encrypted explicitly",
     ("merge/rewards.py", "for t, r, w in zip(traj.traces, rewards, weights, strict=True)]", "True -> False"):
         "the lengths always agree: apply_rewards raises RewardError first, and the weights are one per trace",
     ("merge/exports.py", "Source = SessionResult | Trajectory", "delete statement"):

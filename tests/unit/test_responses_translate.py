@@ -566,3 +566,64 @@ def test_recorded_codex_second_request_parses_to_the_expected_chat():
     assert inbound.render_state.encrypted is True and inbound.render_state.summary is True
     assert inbound.render_state.tool_kinds.namespaced["multi_agent_v1__spawn_agent"] == ("multi_agent_v1",
                                                                                           "spawn_agent")
+
+
+# ---------------------------------------------------------------- pinned by mutation testing (issue 20)
+
+
+def test_a_response_reports_the_request_settings_back():
+    """What a Response object echoes: the request's settings, and the API's defaults for those it left out."""
+    plain = rendered(result("ok"))
+    assert {k: plain[k] for k in ("parallel_tool_calls", "text", "metadata", "store", "service_tier", "truncation",
+                                  "background", "tool_choice", "tools")} == {
+        "parallel_tool_calls": True, "text": {"format": {"type": "text"}}, "metadata": {}, "store": False,
+        "service_tier": "default", "truncation": "disabled", "background": False, "tool_choice": "auto", "tools": []}
+    given = rendered(result("ok"), parallel_tool_calls=False, text={"verbosity": "low"}, metadata={"run": "7"},
+                     store=True, service_tier="flex", truncation="auto")
+    assert {k: given[k] for k in ("parallel_tool_calls", "text", "metadata", "store", "service_tier",
+                                  "truncation")} == {
+        "parallel_tool_calls": False, "text": {"format": {"type": "text"}, "verbosity": "low"},
+        "metadata": {"run": "7"}, "store": True, "service_tier": "flex", "truncation": "auto"}
+
+
+def test_tool_inputs_reach_the_model_as_written_not_escaped():
+    """A freeform tool's input and a local_shell action become JSON arguments with non-ASCII text kept as it is:
+    the model is shown (and trained on) what it wrote, not \\u escapes."""
+    inbound = parse(input=[
+        {"role": "user", "content": "edit"},
+        {"type": "custom_tool_call", "call_id": "p1", "name": "apply_patch", "input": "grüße ✓"},
+        {"type": "custom_tool_call_output", "call_id": "p1", "output": "ok"},
+        {"type": "local_shell_call", "id": "lsh_1", "call_id": "s1", "status": "completed",
+         "action": {"type": "exec", "command": ["echo", "héllo"], "env": {}}},
+        {"type": "local_shell_call_output", "id": "lsh_1", "output": "héllo"}],
+        tools=[PATCH, {"type": "local_shell"}])
+    arguments = [c.function.arguments for m in inbound.chat.messages for c in m.tool_calls or []]
+    assert arguments[0] == '{"input": "grüße ✓"}'
+    assert "héllo" in arguments[1] and "\\u" not in arguments[1]
+
+
+def test_a_function_tool_keeps_its_description_parameters_and_strictness():
+    [tool] = parse(input="x", tools=[SHELL]).chat.tools or []
+    assert tool.function == {"name": "shell", "description": "Run", "parameters": SHELL["parameters"],
+                             "strict": False}
+
+
+@pytest.mark.parametrize(("choice", "note"), [
+    ({"type": "allowed_tools", "mode": "auto", "tools": []},
+     "tool_choice: allowed_tools narrowed to its mode (every offered tool stays visible)"),
+    ({"type": "web_search_preview"}, "tool_choice: built-in tool 'web_search_preview' is not offered; using 'auto'"),
+])
+def test_a_narrowed_tool_choice_is_noted(choice, note):
+    assert parse(input="x", tools=[SHELL], tool_choice=choice).normalizations == [note]
+
+
+@pytest.mark.parametrize("choice", [{"type": "function"}, {"type": "function", "name": 3},
+                                    {"type": "allowed_tools", "mode": "sometimes", "tools": []}])
+def test_an_unusable_tool_choice_is_a_400(choice):
+    bad("tool_choice: unsupported value", input="x", tools=[SHELL], tool_choice=choice)
+
+
+@pytest.mark.parametrize("tools", [[{"type": "function", "name": ""}],
+                                   [{"type": "namespace", "name": "", "tools": [SHELL]}]])
+def test_an_empty_tool_or_namespace_name_is_a_400(tools):
+    bad(r"tools\.0\.name: required", input="x", tools=tools)
