@@ -284,6 +284,13 @@ def test_media_in_a_model_content_is_refused(part, field):
     assert message == f"{field}: media in a 'model' content is not supported (text-only model)"
 
 
+@pytest.mark.parametrize("part", [{}, {"videoMetadata": {"startOffset": "1s"}}, {"thoughtSignature": "c2ln"}])
+def test_a_user_part_without_data_is_refused(part):
+    """Not an empty user turn sent on to the engine: the Gemini API refuses a part with no data as well."""
+    message, _ = bad({"contents": [user({"text": "a"}, part)]})
+    assert message.startswith("contents.0.parts.1: a part needs one of text, inlineData, fileData")
+
+
 def test_a_json_schema_that_is_not_an_object_is_refused():
     message, _ = bad({"contents": [user()], "tools": [{"functionDeclarations": [
         {"name": "ok", "parametersJsonSchema": {"type": "object"}}, {"name": "f", "parametersJsonSchema": True}]}]})

@@ -215,6 +215,9 @@ def _user_content(content: Content, ci: int, conv: _Conversation) -> None:
             parts.append(_file_part(part.file_data.mime_type, part.file_data.file_uri, at, conv))
         elif part.executable_code is not None or part.code_execution_result is not None:
             parts.append(ContentPart(type="text", text=_code_text(part, at, conv)))
+        else:
+            raise RequestError(f"{at}: a part needs one of text, inlineData, fileData, functionResponse, "
+                               "executableCode or codeExecutionResult")
     conv.messages.extend(tools)
     if parts or not tools:
         conv.messages.append(ChatMessage(role="user", content=_flatten(parts)))
