@@ -263,7 +263,7 @@ def _model_content(content: Content, ci: int, conv: _Conversation, merge: bool) 
 def contents_to_messages(contents: list[Content], system: Content | str | None) -> tuple[list[ChatMessage],
                                                                                            list[str], bool]:
     """The chat messages of a Gemini conversation, the normalization notes, and whether the client round-trips
-    call ids (true unless its history holds a call or a response without one)."""
+    call ids (true unless its history holds calls or responses and not one of them carries an id)."""
     conv = _Conversation()
     if system is not None:
         text = system if isinstance(system, str) else "".join(p.text or "" for p in system.parts)
