@@ -215,6 +215,9 @@ def _user_content(content: Content, ci: int, conv: _Conversation) -> None:
             parts.append(_file_part(part.file_data.mime_type, part.file_data.file_uri, at, conv))
         elif part.executable_code is not None or part.code_execution_result is not None:
             parts.append(ContentPart(type="text", text=_code_text(part, at, conv)))
+        else:
+            raise RequestError(f"{at}: a part needs one of text, inlineData, fileData, functionResponse, "
+                               "executableCode or codeExecutionResult")
     conv.messages.extend(tools)
     if parts or not tools:
         conv.messages.append(ChatMessage(role="user", content=_flatten(parts)))
@@ -260,7 +263,7 @@ def _model_content(content: Content, ci: int, conv: _Conversation, merge: bool) 
 def contents_to_messages(contents: list[Content], system: Content | str | None) -> tuple[list[ChatMessage],
                                                                                            list[str], bool]:
     """The chat messages of a Gemini conversation, the normalization notes, and whether the client round-trips
-    call ids (true unless its history holds a call or a response without one)."""
+    call ids (true unless its history holds calls or responses and not one of them carries an id)."""
     conv = _Conversation()
     if system is not None:
         text = system if isinstance(system, str) else "".join(p.text or "" for p in system.parts)
