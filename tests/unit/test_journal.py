@@ -287,12 +287,12 @@ def test_an_encoder_forgets_its_least_recently_used_blob_past_blob_index_and_wri
         return b"message -1" in line
 
     assert append([kept])
-    for i in range(journal._BLOB_INDEX - 1):
+    for i in range(511):
         append([long_message(i)])
     assert not append([{"role": "user", "content": "again"}, kept])  # 512 blobs known: kept among them, now newest
     append([long_message(10_000)])  # the 513th pushes out the least recently used: not kept, just used
     assert not append([{"role": "user", "content": "and again"}, kept])
-    for i in range(journal._BLOB_INDEX):
+    for i in range(512):
         append([long_message(20_000 + i)])
     assert append([{"role": "user", "content": "once more"}, kept])  # 512 newer blobs pushed kept out
     assert decode(lines, tokens, logprobs) == records
