@@ -241,7 +241,7 @@ class SessionStore:
                 for recent in self._recent:
                     earlier = recent.lists.get(key)
                     if earlier is None or len(earlier) <= keep:
-                        continue  # cannot share more than the best so far
+                        continue  # no list, or it cannot share more than the best so far
                     shared = _list_prefix(value, earlier)
                     if shared > keep:
                         base, keep = recent.index, shared
@@ -287,7 +287,7 @@ class SessionStore:
                     self._dialect = name
                     return name
             except (TypeError, ValueError):
-                continue
+                continue  # a body this serializer cannot write
         try:
             text = received.decode()
         except UnicodeDecodeError:

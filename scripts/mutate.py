@@ -100,6 +100,24 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "_close runs only as a text block opens (which sets open_block next) and as the stream ends (nothing after)",
     ("proxy/providers/openai_responses/render.py", "_Emit = Callable[..., SSEEvent]", "delete statement"):
         "a type alias only annotations name, and annotations are never evaluated (from __future__ import annotations)",
+    ("journal.py", "base, keep = -1, 0", "1 -> 2"):
+        "'no earlier record' written as base -2 instead of -1: the one reader tests base >= 0",
+    ("journal.py", "if len(recent.tokens) // 4 <= keep:", "// -> *"):
+        "a speed shortcut skipping records too short to share more than keep: skipping fewer finds the same prefix",
+    ("journal.py", "if len(recent.tokens) // 4 <= keep:", "<= -> <"):
+        "the same shortcut's bound: a record of exactly keep tokens cannot share more than keep either",
+    ("journal.py", "continue  # cannot share more than the best so far", "delete statement"):
+        "the same shortcut removed: such a record's common prefix is at most keep, so `shared > keep` is false",
+    ("journal.py", "if shared > keep:", "> -> >="):
+        "a tie picks an older record with an equally long prefix (tokens or list): the same values read back",
+    ("journal.py", "if earlier is None or len(earlier) <= keep:", "<= -> <"):
+        "a speed shortcut's bound: a list of exactly keep elements cannot share more than keep",
+    ("journal.py", "continue  # a body this serializer cannot write", "delete statement"):
+        "the last statement of the dialect loop's body: the loop goes on to the next dialect either way",
+    ("journal.py", 'if "$blob" in data and "completion_id" not in data:', "and -> or"):
+        "a record line never has a top-level $blob, a blob line never a completion_id; any other line fails either way",
+    ("journal.py", "if target.exists() and target.stat().st_size > size:", "> -> >="):
+        "truncating a file to the size it already has changes nothing",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
