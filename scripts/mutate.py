@@ -92,6 +92,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the render state's default is never used: its one constructor passes include_thoughts explicitly",
     ("proxy/providers/google/translate.py", "call_ids: bool = True", "True -> False"):
         "the render state's default is never used: its one constructor passes call_ids explicitly",
+    ("proxy/providers/openai_responses/translate.py", 'reasoning_at: str = ""', "delete statement"):
+        "read only when a turn holds reasoning, and it is set together with that reasoning: the default is never read",
     ("merge/rewards.py", "for t, r, w in zip(traj.traces, rewards, weights, strict=True)]", "True -> False"):
         "the lengths always agree: apply_rewards raises RewardError first, and the weights are one per trace",
     ("merge/exports.py", "Source = SessionResult | Trajectory", "delete statement"):

@@ -627,3 +627,35 @@ def test_an_unusable_tool_choice_is_a_400(choice):
                                    [{"type": "namespace", "name": "", "tools": [SHELL]}]])
 def test_an_empty_tool_or_namespace_name_is_a_400(tools):
     bad(r"tools\.0\.name: required", input="x", tools=tools)
+
+
+def test_only_text_parts_of_a_tool_output_or_reasoning_item_are_read():
+    """A tool output keeps its text parts (a part of another type, or with no text, is dropped and noted); a
+    reasoning item's raw content is its reasoning_text / text parts with text."""
+    inbound = parse(input=[
+        {"role": "user", "content": "go"},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "think"}, {"type": "note", "text": "aside"},
+                     {"type": "text", "text": None}]},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1",
+         "output": [{"type": "input_text", "text": "a"}, {"type": "log", "text": "b"}, {"type": "text"}]}],
+        tools=[SHELL])
+    assert inbound.chat.messages[1].reasoning_content == "think"
+    assert inbound.chat.messages[2].content == "a"
+    assert inbound.normalizations == ["input.3.output.1: 'log' part dropped (tool results carry text only)",
+                                      "input.3.output.2: 'text' part dropped (tool results carry text only)"]
+
+
+def test_a_custom_tools_stand_in_takes_exactly_one_input_string():
+    [tool] = parse(input="x", tools=[PATCH]).chat.tools or []
+    assert tool.parameters["required"] == ["input"] and tool.parameters["additionalProperties"] is False
+
+
+def test_an_image_in_an_assistant_message_is_dropped_with_a_note():
+    inbound = parse(input=[{"role": "user", "content": "q"}, {"type": "message", "role": "assistant", "content": [
+        {"type": "output_text", "text": "A"}, {"type": "input_image", "image_url": "data:image/png;base64,AA"},
+        {"type": "output_text", "text": "B"}]}])
+    assert inbound.chat.messages[1].content == "AB"
+    assert inbound.normalizations == [
+        "input.1.content.1: 'input_image' part dropped (assistant messages carry text only)"]

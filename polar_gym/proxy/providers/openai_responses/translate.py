@@ -333,7 +333,13 @@ def items_in(items: list[Any], kinds: ToolKinds, tools: list[Tool], notes: list[
                 continue
             if turn.text is not None or turn.calls:
                 flush()
-            turn.text = content if isinstance(content, str) else "".join(p.text or "" for p in content)
+            if isinstance(content, str):
+                turn.text = content
+            else:  # an assistant turn is text: an image in it has no place in the chat message
+                turn.text = "".join(p.text or "" for p in content)
+                notes += [f"{where}.content.{j}: {part.get('type')!r} part dropped (assistant messages carry text "
+                          "only)" for j, part in enumerate(item.content) if isinstance(part, dict)
+                          and part.get("type") not in ("input_text", "output_text", "text")]
         elif isinstance(item, ReasoningItem):
             if turn.text is not None or turn.calls:
                 flush()
