@@ -523,6 +523,17 @@ def run_module(module: str, tests: Sequence[str], *, root: Path = ROOT, package:
     return ModuleResult(module, tuple(tests), baseline, outcomes, source)
 
 
+def equivalents_table() -> str:
+    """``EQUIVALENT`` as a Markdown table (module, line, mutation, why), in module order."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = ["| module | line | mutation | why it is equivalent |", "|---|---|---|---|"]
+    for (module, line, mutation), why in sorted(EQUIVALENT.items()):
+        rows.append(f"| `{module}` | `{cell(line)}` | {cell(mutation)} | {cell(why)} |")
+    return "\n".join(rows)
+
+
 def table(results: Sequence[ModuleResult]) -> str:
     lines = [f"{'module':48} {'mutants':>7} {'killed':>6} {'timeout':>7} {'survived':>8} {'equiv':>5} {'score':>6}"]
     for r in results:
@@ -548,11 +559,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="run only the mutants an earlier --json report lists as survivors or timeouts (after "
                              "new tests)")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument("--equivalents", action="store_true",
+                        help="print the mutants named equivalent, with why, as a Markdown table")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # a worker (see serve)
     args = parser.parse_args(argv)
     if args.serve is not None:
         serve(args.serve)
+        return 0
+    if args.equivalents:
+        print(equivalents_table())
         return 0
     modules = args.module or list(MODULE_TESTS)
     unknown = [m for m in modules if m not in MODULE_TESTS]

@@ -112,3 +112,10 @@ def test_alike_mutants_on_identical_lines_keep_distinct_keys():
     source = "def f(x):\n    for _ in x:\n        continue\n    for _ in x:\n        continue\n"
     keys = [key for m, key in mutate.mutant_keys(source).items() if m.description == "delete statement"]
     assert keys == [("continue", 8, "delete statement", 0), ("continue", 8, "delete statement", 1)]
+
+
+def test_the_docs_list_every_equivalent_mutant_as_the_script_names_it():
+    """docs/mutation.md's table is the script's EQUIVALENT (paste `python scripts/mutate.py --equivalents`)."""
+    page = (ROOT / "docs" / "mutation.md").read_text()
+    listed = page[page.index("<!-- equivalents:"):page.index("<!-- /equivalents -->")].split("\n", 1)[1].strip()
+    assert listed == mutate.equivalents_table()
