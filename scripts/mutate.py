@@ -42,7 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "journal.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
                    "tests/unit/test_edited_history_route.py"),
-    "proxy/capture.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py"),
+    "proxy/capture.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
+                         "tests/unit/test_session_state.py", "tests/unit/test_edited_history_route.py",
+                         "tests/unit/test_proxy_faults.py"),
     "merge/base.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py", "tests/merge/test_properties.py"),
     "merge/prefix_merging.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py",
                                 "tests/merge/test_properties.py", "tests/merge/test_real_sessions.py"),
