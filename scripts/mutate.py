@@ -46,7 +46,9 @@ _STREAM_TESTS = ("tests/unit/test_stream_renderers.py", "tests/unit/test_stream_
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "journal.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
                    "tests/unit/test_edited_history_route.py"),
-    "proxy/capture.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py"),
+    "proxy/capture.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
+                         "tests/unit/test_session_state.py", "tests/unit/test_edited_history_route.py",
+                         "tests/unit/test_proxy_faults.py", "tests/unit/test_capture_writer.py"),
     "merge/base.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py", "tests/merge/test_properties.py"),
     "merge/prefix_merging.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py",
                                 "tests/merge/test_properties.py", "tests/merge/test_real_sessions.py"),
@@ -120,6 +122,32 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "a record line never has a top-level $blob, a blob line never a completion_id; any other line fails either way",
     ("journal.py", "if target.exists() and target.stat().st_size > size:", "> -> >="):
         "truncating a file to the size it already has changes nothing",
+    ("proxy/capture.py", "self.session_id = session_id", "delete statement"):
+        "a stream's session id is never read: the journal's key names the stream",
+    ("proxy/capture.py", "session = self._sessions[key] = _Session(key[0], self.stream_dir(*key), self._memo)",
+     "0 -> 1"):
+        "the same never-read session id (the directory comes from the whole key)",
+    ("proxy/capture.py", "for fd, payload in zip(fds, payloads, strict=True):", "True -> False"):
+        "always three descriptors and three payloads: strict only guards a caller's mistake",
+    ("proxy/capture.py", "return False", "return value -> None"):
+        "write_if_open's one caller only tests it for truth: None and False are alike",
+    ("proxy/capture.py", "self._thread.join(timeout=10)", "10 -> 11"):
+        "how long close() waits for a stuck writer: telling 10 s from 11 s needs a writer stuck that long",
+    ("proxy/capture.py", "def __init__(self, root: str | Path | None = None, *, fsync: bool = False, "
+                         "max_pending: int = 256,", "256 -> 257"):
+        "the default depth of the writer's queue: only when a call starts to wait changes, nothing it writes",
+    ("proxy/capture.py", "if len(self._sessions) <= self.max_open:  # nothing to evict (the common case)",
+     "<= -> <"):
+        "at exactly max_open the loop below breaks before evicting anything: the early return only saves work",
+    ("proxy/capture.py", "if base is not None and self._writer is not None:", "and -> or"):
+        "a session directory and the writer both exist exactly when the journal has a root",
+    ("proxy/capture.py", "session.write(line, tokens, logprobs, False)", "False -> True"):
+        "the in-memory branch: an in-memory stream ignores fsync",
+    ("proxy/capture.py", "await asyncio.sleep(0.005)  # back-pressure: the request waits, nothing is dropped",
+     "0.005 -> 1.005"):
+        "the poll interval of a call waiting for room in the queue: slower, the same writes in the same order",
+    ("proxy/capture.py", "_Key = tuple[str, str | None]", "delete statement"):
+        "used in annotations only, which `from __future__ import annotations` never evaluates",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {

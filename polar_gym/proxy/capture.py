@@ -293,7 +293,7 @@ class CaptureJournal:
         return session
 
     def _trim(self) -> None:
-        if len(self._sessions) <= self.max_open:
+        if len(self._sessions) <= self.max_open:  # nothing to evict (the common case)
             return
         for key in [k for k, s in self._sessions.items() if s.users == 0]:
             if len(self._sessions) <= self.max_open:
