@@ -13,6 +13,7 @@ from polar_gym.proxy.errors import RequestError
 from polar_gym.proxy.providers.base import RenderContext, Route
 from polar_gym.proxy.providers.google import GoogleProvider
 from polar_gym.proxy.providers.google.translate import lower_schema, usage_metadata
+from tests.unit.test_google_translate import call, model, user
 
 P = GoogleProvider()
 CTX = RenderContext(response_id="r-9", created=0)
@@ -20,19 +21,6 @@ GEN = Route("/v1beta/models/gemini-2.5-pro:generateContent", model="gemini-2.5-p
 COUNT = Route("/v1beta/models/gemini-2.5-pro:countTokens", model="gemini-2.5-pro", action="countTokens")
 
 
-def user(*parts: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "user", "parts": list(parts) or [{"text": "hi"}]}
-
-
-def model(*parts: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "model", "parts": list(parts)}
-
-
-def call(name: str, args: dict[str, Any] | None = None, id: str | None = None) -> dict[str, Any]:
-    fc: dict[str, Any] = {"name": name, "args": args or {}}
-    if id is not None:
-        fc["id"] = id
-    return {"functionCall": fc}
 
 
 def answer(name: str, response: dict[str, Any] | None = None, id: str | None = None) -> dict[str, Any]:

@@ -60,11 +60,16 @@ def test_the_expected_mutants_of_a_tiny_module():
         compile(mutate.apply(TINY, m), "tiny.py", "exec")
 
 
+def toy_tree(root: Path) -> None:
+    """A package ``toy`` holding TINY, and an empty ``tests`` folder."""
+    (root / "toy").mkdir()
+    (root / "toy" / "__init__.py").write_text("")
+    (root / "toy" / "tiny.py").write_text(TINY)
+    (root / "tests").mkdir()
+
+
 def test_a_killed_and_a_survived_verdict_on_a_toy_test(tmp_path: Path):
-    (tmp_path / "toy").mkdir()
-    (tmp_path / "toy" / "__init__.py").write_text("")
-    (tmp_path / "toy" / "tiny.py").write_text(TINY)
-    (tmp_path / "tests").mkdir()
+    toy_tree(tmp_path)
     # pins at_most's boundary but never calls it with a negative a: the "not a < 0" mutants survive
     (tmp_path / "tests" / "test_toy.py").write_text(
         "from toy.tiny import at_most\n\n\ndef test_boundary():\n    assert at_most(2, 2) and not at_most(3, 2)\n")
@@ -94,10 +99,7 @@ def test_a_killed_and_a_survived_verdict_on_a_toy_test(tmp_path: Path):
 
 def test_a_mutant_no_test_reaches_is_not_run(tmp_path: Path):
     """Coverage per test picks a mutant's tests: count() is never called, so its mutants survive unrun, named."""
-    (tmp_path / "toy").mkdir()
-    (tmp_path / "toy" / "__init__.py").write_text("")
-    (tmp_path / "toy" / "tiny.py").write_text(TINY)
-    (tmp_path / "tests").mkdir()
+    toy_tree(tmp_path)
     (tmp_path / "tests" / "test_toy.py").write_text(
         "from toy.tiny import at_most\n\n\ndef test_boundary():\n    assert at_most(2, 2) and not at_most(3, 2)\n")
     keys = {key for m, key in mutate.mutant_keys(TINY).items() if m.line in (7, 13)}
