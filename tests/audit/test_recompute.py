@@ -20,9 +20,10 @@ def test_equals_the_naive_forward(chunk_tokens: int, head_rows: int) -> None:
     naive = naive_logprobs(model, ids)
     got = token_logprobs(model, ids, positions, chunk_tokens=chunk_tokens, head_rows=head_rows)
     assert len(got) == len(positions)
-    # one chunk is the same computation; a KV-cached chunked prefill only reorders fp32 sums
-    tolerance = 0.0 if chunk_tokens >= len(ids) else 1e-5
-    assert max(abs(a - naive[t - 1]) for a, t in zip(got, positions, strict=True)) <= tolerance
+    # a KV-cached chunked prefill only reorders fp32 sums; even one chunk is not bit for bit the naive forward, since
+    # the head's GEMM over the chosen rows is another shape than over every row, and BLAS may round those apart
+    # (4.8e-7 seen on an AMD EPYC; 0 on other CPUs)
+    assert max(abs(a - naive[t - 1]) for a, t in zip(got, positions, strict=True)) <= 1e-5
     assert all(math.isfinite(v) and v < 0 for v in got)
 
 
@@ -30,7 +31,9 @@ def test_positions_in_any_order_and_repeated() -> None:
     model = build_model()
     ids = list(range(40))
     naive = naive_logprobs(model, ids)
-    assert token_logprobs(model, ids, [30, 2, 30]) == pytest.approx([naive[29], naive[1], naive[29]], abs=0)
+    got = token_logprobs(model, ids, [30, 2, 30])
+    assert got == pytest.approx([naive[29], naive[1], naive[29]], abs=1e-5)
+    assert got[0] == got[2]  # a repeated position is the same row of the same computation
     assert token_logprobs(model, ids, []) == []
 
 
