@@ -140,6 +140,15 @@ def test_the_builder_called_without_a_config_uses_the_defaults():
         assert t.metadata["completion_ids"] == ["c0", "c1"] and t.loss_mask == [1, 1, 0, 1, 1]
 
 
+def test_per_request_without_a_config_gives_one_unmerged_trace_per_completion():
+    eot = QWEN_END_OF_TURN_IDS[0]
+    sess = session(rec(0, [1], [10, eot]), rec(1, [1, 10, eot, 50], [11, eot]), rec(2, [7], [8, 9], side_request=True))
+    traj = per_request(sess)
+    assert [t.metadata["completion_ids"] for t in traj.traces] == [["c0"], ["c1"], ["c2"]]  # side requests kept
+    assert {k: traj.diagnostics[k] for k in ("completions", "chains", "completions_merged", "breaks")} == {
+        "completions": 3, "chains": 3, "completions_merged": 0, "breaks": {}}
+
+
 def test_kept_superseded_attempts_are_numbered_after_the_chains():
     p2 = [1, 10, EOT, 50]
     records = (rec(0, [1], [10, EOT]), rec(1, p2, [20, EOT], started=10, seconds=2),
