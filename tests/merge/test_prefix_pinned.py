@@ -52,15 +52,27 @@ def test_a_rerendered_reply_with_no_end_of_turn_breaks_the_chain_as_drift():
     assert traj.diagnostics["breaks"] == {"drift": 1} and traj.diagnostics["rerender_merged"] == 0
 
 
-def test_a_rejected_candidate_is_counted_once_after_its_chain_moved_on():
-    """The chain that grew is looked up under its new prompt only, though another chain keeps the old length."""
+def test_a_rejected_candidate_is_counted_once_after_chains_moved_on():
+    """Each chain is looked up under its last prompt only, and each prompt length once: the chain that grew from a
+    one-token prompt (another chain keeps that length), the length another chain left and then this one took, and the
+    length two chains share are not looked up again."""
     m0, m1 = [user("a")], [user("a"), assistant("reply 0"), user("b")]
     traj = merged(rec(0, [1], [10, EOT], messages=m0), rec(1, [7], [30, EOT], messages=[user("other")]),
+                  rec(2, [8, 8, 8, 8], [40, EOT]), rec(3, [8, 8, 8, 8, 40, EOT, 60], [41, EOT]),
+                  rec(4, [1, 10, EOT, 50], [11, EOT], messages=m1), rec(5, [9, 9, 9, 9], [42, EOT]),
+                  rec(6, [1, 10, EOT, 50, 11, EOT, 51], [12, EOT], messages=[user("edited"), user("c")]))
+    assert chains(traj) == [["c0", "c4"], ["c1"], ["c2", "c3"], ["c5"], ["c6"]]
+    assert traj.diagnostics["rejected_candidates"] == {"message_mismatch": 1}
+    assert causes(traj) == ["first", "new_context", "new_context", "new_context", "history_rewritten"]
+
+
+def test_a_rejected_candidate_is_counted_once_when_two_chains_reach_one_prompt_length():
+    m0, m1 = [user("a")], [user("a"), assistant("reply 0"), user("b")]
+    traj = merged(rec(0, [1], [10, EOT], messages=m0), rec(1, [9, 9, 9, 9], [42, EOT]),
                   rec(2, [1, 10, EOT, 50], [11, EOT], messages=m1),
                   rec(3, [1, 10, EOT, 50, 11, EOT, 51], [12, EOT], messages=[user("edited"), user("c")]))
     assert chains(traj) == [["c0", "c2"], ["c1"], ["c3"]]
     assert traj.diagnostics["rejected_candidates"] == {"message_mismatch": 1}
-    assert causes(traj) == ["first", "new_context", "history_rewritten"]
 
 
 # ------------------------------------------------------------------------------------ the cause of a new chain
@@ -179,3 +191,37 @@ def test_a_retry_at_its_boundary_supersedes_the_first_attempt(first, retry, betw
     traj = merged(*records)
     assert traj.diagnostics["superseded"] == ["c1"]
     assert chains(traj)[0] == ["c0", "c3"]
+
+
+def test_an_empty_reply_is_never_what_a_later_prompt_goes_on_from():
+    """An empty answer (excluded, no tokens) shows trivially in any prompt: the attempt with a reply, re-rendered
+    in the next prompt, is the one gone on from, and is trained."""
+    empty = answering(rec(2, P, [], started=20, messages=M1, response_logprobs=[]), assistant(""))
+    traj = merged(rec(0, [1], [10, EOT], messages=[user("a")]), rec(1, P, [20, EOT], started=10, messages=M1),
+                  empty, rec(3, [*P, 20, 21, EOT, 51], [22, EOT], started=30,
+                             messages=[*M1, assistant("reply 1"), user("c")]))
+    assert traj.diagnostics["superseded"] == [] and traj.diagnostics["excluded"] == {"empty": ["c2"]}
+    assert chains(traj) == [["c0", "c1"], ["c3"]] and causes(traj) == ["first", "drift"]
+
+
+def test_the_latest_of_untrainable_retries_that_say_the_same_is_gone_on_from():
+    """Two retries the proxy could not journal token for token said the same thing, and the harness went on with
+    it: the trained first attempt was thrown away."""
+    again = assistant("second answer")
+    traj = merged(rec(0, [1], [10, EOT], messages=[user("a")]),
+                  answering(rec(1, P, [20, EOT], started=10, messages=M1), assistant("first answer")),
+                  answering(rec(2, P, [21, EOT], started=20, messages=M1, token_faithful=False), again),
+                  answering(rec(3, P, [21, EOT], started=30, messages=M1, token_faithful=False), again),
+                  rec(4, [*P, 21, EOT, 51], [22, EOT], started=40, messages=[*M1, again, user("c")]))
+    assert traj.diagnostics["superseded"] == ["c1"]
+    assert traj.diagnostics["excluded"] == {"not_token_faithful": ["c2", "c3"]}
+
+
+def test_a_prompt_going_on_from_a_twin_whose_chain_moved_on_is_a_fork():
+    """Twins sent at once with replies cut short (no end of turn): a second branch from the second twin's reply
+    is found under the first twin's prompt, shows no end of turn, and is called a fork, not a drift."""
+    p = [1, 2]
+    traj = merged(rec(0, p, [20, 21], started=10), rec(1, p, [30, 31], started=10),
+                  rec(2, [*p, 30, 31, 50], [40, EOT], started=20), rec(3, [*p, 30, 31, 60], [41, EOT], started=30))
+    assert chains(traj) == [["c0"], ["c1", "c2"], ["c3"]]
+    assert causes(traj) == ["first", "fork", "fork"] and traj.diagnostics["breaks"] == {"fork": 2}
