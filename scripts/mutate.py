@@ -166,6 +166,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "cause = \"thinking_dropped\" if len(rendered) < len(a) and a[len(a) - len(rendered):] == rendered else \"drift\"",
      "< -> <="):
         "a rendering as long as the reply and equal to it is an exact re-rendering, taken before this line",
+    ("merge/prefix_merging.py", 'return "fork"', "return value -> None"):
+        "unreachable: a completion with a chain's last prompt is an attempt of that prompt, superseded or a fork",
     ("merge/prefix_merging.py", "best, best_chain = 0, None", "0 -> 1"):
         "a chain is taken only when it shares at least one token (shared > 0)",
     ("merge/prefix_merging.py", "if not last or last[0] != q[0]:", "or -> and"):
