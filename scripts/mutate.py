@@ -201,7 +201,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("merge/prefix_merging.py", "bisect_left(calls, (sent, float(\"-inf\"), 0))])", "0 -> 1"):
         "a bisection bound's third element is never compared: its infinite second element decides every tie",
     ("merge/prefix_merging.py", "break  # prompts differ between groups: no other one can match", "delete statement"):
-        "the record also gets a group of its own, skipped (one attempt) and after the real one for untrainable joins",
+        "the record also starts a group later attempts join too: a journal-order tail of the real one, choosing alike",
     ("merge/prefix_merging.py", "continue  # a prompt sent once: nothing to supersede", "delete statement"):
         "a shortcut: a lone attempt is kept (nothing after it retries it), so it is neither superseded nor a fork",
     ("merge/prefix_merging.py", "self.count[key[0]] += 1", "+= -> -="):
