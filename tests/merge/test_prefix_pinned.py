@@ -85,6 +85,8 @@ def test_a_rejected_candidate_is_counted_once_when_two_chains_reach_one_prompt_l
     ([[1, 2, 3, 4], [1, 5, 6, 7, 8, 9], [1, 2, 3, 9]], "history_rewritten"),
     # one shared token is half of a two-token first prompt
     ([[1, 2], [1, 9, 9]], "history_rewritten"),
+    # the chain's prompt cut back: all of the new prompt is shared, and it is shorter
+    ([[1, 2, 3, 4], [1, 2, 3]], "compaction"),
 ])
 def test_a_new_chain_is_measured_against_the_chain_it_shares_most_with(prompts, cause):
     traj = merged(*(rec(i, p, [10 + i, EOT]) for i, p in enumerate(prompts)))
