@@ -50,8 +50,9 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
                          "tests/unit/test_session_state.py", "tests/unit/test_edited_history_route.py",
                          "tests/unit/test_proxy_faults.py", "tests/unit/test_capture_writer.py"),
     "merge/base.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py", "tests/merge/test_properties.py"),
-    "merge/prefix_merging.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py",
-                                "tests/merge/test_properties.py", "tests/merge/test_real_sessions.py"),
+    "merge/prefix_merging.py": ("tests/merge/test_prefix_pinned.py", "tests/merge/test_cases.py",
+                                "tests/merge/test_pinned.py", "tests/merge/test_properties.py",
+                                "tests/merge/test_real_sessions.py"),
     "merge/per_request.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py"),
     "merge/exports.py": ("tests/merge/test_exports.py",),
     "merge/rewards.py": ("tests/merge/test_rewards.py",),
@@ -148,6 +149,76 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the poll interval of a call waiting for room in the queue: slower, the same writes in the same order",
     ("proxy/capture.py", "_Key = tuple[str, str | None]", "delete statement"):
         "used in annotations only, which `from __future__ import annotations` never evaluates",
+    ("merge/prefix_merging.py", "_TAIL = 16  # prompt tokens in a chain's index key, besides the prompt's length",
+     "16 -> 17"):
+        "the index key only narrows the candidates (index and lookup cut it alike); prompts are compared in full after",
+    ("merge/prefix_merging.py", "return False", "return value -> None"):
+        "_starts_with's and _another_conversation's callers only test the result for truth: None and False are alike",
+    ("merge/prefix_merging.py",
+     "for i in (n - 1, n // 2) if n else ():  # O(1) rejection of unrelated chains before the O(n) slice comparison",
+     "2 -> 3"):
+        "which element the O(1) early rejection probes: the full slice comparison after it decides",
+    ("merge/prefix_merging.py", "if probe is not prefix[i] and probe != prefix[i]:", "is not -> is"):
+        "turns the O(1) early rejection off (an element is always equal to itself): the full slice comparison decides",
+    ("merge/prefix_merging.py", "if len(q) <= len(p) or not _starts_with(q, p):", "<= -> <"):
+        "the index offers only chains whose last prompt is strictly shorter than the completion's",
+    ("merge/prefix_merging.py",
+     "cause = \"thinking_dropped\" if len(rendered) < len(a) and a[len(a) - len(rendered):] == rendered else \"drift\"",
+     "< -> <="):
+        "a rendering as long as the reply and equal to it is an exact re-rendering, taken before this line",
+    ("merge/prefix_merging.py", 'return "fork"', "return value -> None"):
+        "unreachable: a completion with a chain's last prompt is an attempt of that prompt, superseded or a fork",
+    ("merge/prefix_merging.py", "best, best_chain = 0, None", "0 -> 1"):
+        "a chain is taken only when it shares at least one token (shared > 0)",
+    ("merge/prefix_merging.py", "if not last or last[0] != q[0]:", "or -> and"):
+        "prompts are never empty (partition) and a different first token shares 0 tokens, which shared > 0 drops",
+    ("merge/prefix_merging.py", "continue  # a different system prompt: it shares nothing, skip the O(n) comparison",
+     "delete statement"):
+        "the skip is a shortcut: a different first token shares 0 tokens, which shared > 0 drops",
+    ("merge/prefix_merging.py", "if shared >= best and shared > 0:", "> -> >="):
+        "after the first-token filter every chain compared shares at least one token",
+    ("merge/prefix_merging.py", "return n, tuple(prompt[max(0, n - _TAIL):n])", "0 -> 1"):
+        "the index key only narrows the candidates (index and lookup cut it alike); prompts are compared in full after",
+    ("merge/prefix_merging.py", "return n, tuple(prompt[max(0, n - _TAIL):n])", "- -> +"):
+        "an empty tail makes the key the length alone: more candidates, each compared in full after",
+    ("merge/prefix_merging.py", "at = len(_messages(attempts[0]))", "0 -> 1"):
+        "attempts share their prompt tokens (or, joined untrainable ones, their messages): the same message count",
+    ("merge/prefix_merging.py",
+     "matching = [a for a, answer in zip(sent_before, answers, strict=True) if answer == said]",
+     "True -> False"):
+        "answers is built from sent_before: the lengths always agree",
+    ("merge/prefix_merging.py",
+     "if len(matching) > 1 and tied:  # the same text and calls: the tokens the prompt shows decide",
+     "> -> >="):
+        "one matching attempt: tied is it or empty, and max of it alone is matching[-1]",
+    ("merge/prefix_merging.py",
+     "calls.append((str(function.get(\"name\")), json.dumps(arguments, sort_keys=True, ensure_ascii=False)))",
+     "False -> True"):
+        "both sides of the comparison are dumped alike, and escaping non-ASCII is one-to-one",
+    ("merge/prefix_merging.py", "for _, end, key in calls[bisect_right(calls, (came_back, float(\"inf\"), 0)):",
+     "0 -> 1"):
+        "a bisection bound's third element is never compared: its infinite second element decides every tie",
+    ("merge/prefix_merging.py", "bisect_left(calls, (sent, float(\"-inf\"), 0))])", "0 -> 1"):
+        "a bisection bound's third element is never compared: its infinite second element decides every tie",
+    ("merge/prefix_merging.py", "break  # prompts differ between groups: no other one can match", "delete statement"):
+        "the record also starts a group later attempts join too: a journal-order tail of the real one, choosing alike",
+    ("merge/prefix_merging.py", "continue  # a prompt sent once: nothing to supersede", "delete statement"):
+        "a shortcut: a lone attempt is kept (nothing after it retries it), so it is neither superseded nor a fork",
+    ("merge/prefix_merging.py", "self.count[key[0]] += 1", "+= -> -="):
+        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
+    ("merge/prefix_merging.py", "self.count[key[0]] += 1", "1 -> 2"):
+        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
+    ("merge/prefix_merging.py", "self.count[key[0]] -= 1", "-= -> +="):
+        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
+    ("merge/prefix_merging.py", "self.count[key[0]] -= 1", "delete statement"):
+        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
+    ("merge/prefix_merging.py", "self.count[key[0]] -= 1", "0 -> 1"):
+        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
+    ("merge/prefix_merging.py", "del self.count[key[0]]", "0 -> 1"):
+        "a Counter ignores deleting a missing key, and the length's count is 0 already: the next add inserts it once",
+    ("merge/prefix_merging.py", "elif found is not None and (best is None or _rank(found, rec) > _rank(best, rec)):",
+     "> -> >="):
+        "ranks end with the chain's last journal index, distinct per chain: two candidates never tie",
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {

@@ -77,7 +77,8 @@ def _starts_with(seq: list[Any], prefix: list[Any], at: int = 0) -> bool:
     if len(seq) < at + n:
         return False
     for i in (n - 1, n // 2) if n else ():  # O(1) rejection of unrelated chains before the O(n) slice comparison
-        if seq[at + i] is not prefix[i] and seq[at + i] != prefix[i]:
+        probe = seq[at + i]
+        if probe is not prefix[i] and probe != prefix[i]:
             return False
     return seq[at:at + n] == prefix
 
@@ -136,8 +137,8 @@ def _classify_new(rec: CompletionRecord, chains: list[_Chain], forked: bool) -> 
     best, best_chain = 0, None
     for chain in chains:
         last = chain.trace.last.prompt_ids
-        if not last or last[0] != q[0]:  # a different system prompt: skip the O(n) comparison
-            continue
+        if not last or last[0] != q[0]:
+            continue  # a different system prompt: it shares nothing, skip the O(n) comparison
         shared = common_prefix_len(q, last)
         if shared >= best and shared > 0:
             best, best_chain = shared, chain
@@ -260,7 +261,7 @@ def superseded_attempts(usable: list[CompletionRecord],
         for group in same:
             if group[0].prompt_ids == rec.prompt_ids:
                 group.append(rec)
-                break
+                break  # prompts differ between groups: no other one can match
         else:
             same.append([rec])
     if untrainable:
@@ -281,7 +282,7 @@ def superseded_attempts(usable: list[CompletionRecord],
     for same in groups.values():
         for attempts in same:
             if len(attempts) < 2:
-                continue
+                continue  # a prompt sent once: nothing to supersede
             used = {id(a) for later in usable if (a := _continues(later, attempts)) is not None}
             order = sorted(attempts, key=lambda a: (a.started_at, a.index))
             kept = [a for i, a in enumerate(order)
