@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from pathlib import Path
@@ -151,7 +152,15 @@ def test_job_kinds_come_from_the_launchers_job_names() -> None:
     assert placement_parameters(spread, "gateway", {}, {"n1": None, "n2": "server"}) == {"exclude": "n9,n2"}
 
 
-def test_placement_reaches_the_sbatch_options_and_spread_follows_the_nodes_jobs_ran_on(tmp_path: Path) -> None:
+def test_placement_reaches_the_sbatch_options_and_spread_follows_the_nodes_jobs_ran_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # submitit's Slurm executor wants an srun on PATH when it is made (it never runs it here): a machine whose Slurm
+    # is not installed yet (the real-Slurm tier installs it later in the run) gets a stand-in
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '')}")
     launcher = _launcher("launcher.placement.spread=true", "+launcher.placement.gateway.cpus_per_task=1",
                          "+launcher.additional_parameters.constraint=cpu")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
