@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import polar_gym.proxy.providers.openai_chat as package
-from polar_gym.proxy.chat import ChatMessage, ChatResult, FunctionCall, ToolCall, Usage
+from polar_gym.proxy.chat import ChatMessage, ChatResult
 from polar_gym.proxy.errors import RequestError
 from polar_gym.proxy.providers.base import RenderContext, Route
 from polar_gym.proxy.providers.openai_chat import OpenAIChatProvider, protocol, translate
 from polar_gym.proxy.providers.openai_chat.protocol import KNOWN_IGNORED
 from polar_gym.proxy.providers.openai_chat.translate import OpenAIChatRenderState
 from polar_gym.registry import PROVIDERS
+from tests.unit.test_responses_translate import result
 
 PROVIDER = OpenAIChatProvider()
 ROUTE = Route("/v1/chat/completions")
@@ -52,15 +53,6 @@ def assert_400(body: dict[str, Any], fragment: str) -> None:
     status, shown = PROVIDER.error_body(info.value)
     assert status == 400 and shown == {"error": {"message": info.value.message, "type": "invalid_request_error",
                                                  "param": None, "code": None}}
-
-
-def result(text: str | None = "", reasoning: str | None = None, calls: list[tuple[str, str]] | None = None,
-           finish: str = "stop") -> ChatResult:
-    tool_calls = [ToolCall(id=f"call_{i}", function=FunctionCall(name=n, arguments=a))
-                  for i, (n, a) in enumerate(calls or [])]
-    return ChatResult(message=ChatMessage(role="assistant", content=text, reasoning_content=reasoning,
-                                          tool_calls=tool_calls or None),
-                      finish_reason=finish, usage=Usage(prompt_tokens=11, completion_tokens=7))  # type: ignore[arg-type]
 
 
 def rendered(res: ChatResult, **body: Any) -> dict[str, Any]:
