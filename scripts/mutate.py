@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -72,153 +73,11 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "proxy/providers/openai_responses/render.py": ("tests/unit/test_responses_translate.py", *_STREAM_TESTS),
 }
 
-#: mutants shown equivalent (no behaviour can tell them apart): (module, the stripped source line, mutation) and why
+#: mutants shown equivalent (no behaviour can tell them apart): (module, the stripped source line, mutation) -> why;
+#: kept as data in scripts/mutation-equivalents.toml
 EQUIVALENT: dict[tuple[str, str, str], str] = {
-    ("merge/base.py", "self.logprobs += [0.0] * len(rec.response_ids)", "delete statement"):
-        "placeholders for a reply without logprobs: build() drops the whole list whenever one is missing",
-    ("merge/base.py", "self.logprobs += [0.0] * len(rec.response_ids)", "0.0 -> 1.0"):
-        "the same placeholders' value: build() drops the whole list whenever one is missing",
-    ("proxy/providers/anthropic/translate.py", "removed += n", "+= -> -="):
-        "the count of removed billing lines is only tested for being non-zero, and n is never negative",
-    ("proxy/providers/anthropic/translate.py", "thinking: bool = False", "False -> True"):
-        "the render state's default is never used: its one constructor passes thinking explicitly",
-    ("proxy/providers/openai_responses/translate.py", "summary: bool = False", "False -> True"):
-        "the render state's default is never used: its one constructor passes summary explicitly",
-    ("proxy/providers/openai_responses/translate.py", "encrypted: bool = False", "False -> True"):
-        "the render state's default is never used: its one constructor passes encrypted explicitly",
-    ("proxy/providers/google/translate.py", "continue", "delete statement"):
-        "the last statement of its loop body: pass leaves propertyOrdering out of the schema just the same",
-    ("proxy/providers/google/translate.py", "prev = conv.messages[-1] if merge and conv.messages else None",
-     "and -> or"):
-        "unmerged, the last message is never an assistant: a user content always ends in a user or tool message",
-    ("proxy/providers/google/translate.py", "include_thoughts: bool = False", "False -> True"):
-        "the render state's default is never used: its one constructor passes include_thoughts explicitly",
-    ("proxy/providers/google/translate.py", "call_ids: bool = True", "True -> False"):
-        "the render state's default is never used: its one constructor passes call_ids explicitly",
-    ("proxy/providers/openai_responses/translate.py", 'reasoning_at: str = ""', "delete statement"):
-        "read only when a turn holds reasoning, and it is set together with that reasoning: the default is never read",
-    ("merge/rewards.py", "for t, r, w in zip(traj.traces, rewards, weights, strict=True)]", "True -> False"):
-        "the lengths always agree: apply_rewards raises RewardError first, and the weights are one per trace",
-    ("merge/exports.py", "Source = SessionResult | Trajectory", "delete statement"):
-        "an alias read only in annotations, which are never evaluated (from __future__ import annotations)",
-    ("proxy/providers/anthropic/stream.py", "self.open_block = None", "delete statement"):
-        "_close runs only as a text block opens (which sets open_block next) and as the stream ends (nothing after)",
-    ("proxy/providers/openai_responses/render.py", "_Emit = Callable[..., SSEEvent]", "delete statement"):
-        "a type alias only annotations name, and annotations are never evaluated (from __future__ import annotations)",
-    ("journal.py", "base, keep = -1, 0", "1 -> 2"):
-        "'no earlier record' written as base -2 instead of -1: the one reader tests base >= 0",
-    ("journal.py", "if len(recent.tokens) // 4 <= keep:", "// -> *"):
-        "a speed shortcut skipping records too short to share more than keep: skipping fewer finds the same prefix",
-    ("journal.py", "if len(recent.tokens) // 4 <= keep:", "<= -> <"):
-        "the same shortcut's bound: a record of exactly keep tokens cannot share more than keep either",
-    ("journal.py", "continue  # cannot share more than the best so far", "delete statement"):
-        "the same shortcut removed: such a record's common prefix is at most keep, so `shared > keep` is false",
-    ("journal.py", "if shared > keep:", "> -> >="):
-        "a tie picks an older record with an equally long prefix (tokens or list): the same values read back",
-    ("journal.py", "if earlier is None or len(earlier) <= keep:", "<= -> <"):
-        "a speed shortcut's bound: a list of exactly keep elements cannot share more than keep",
-    ("journal.py", "continue  # a body this serializer cannot write", "delete statement"):
-        "the last statement of the dialect loop's body: the loop goes on to the next dialect either way",
-    ("journal.py", 'if "$blob" in data and "completion_id" not in data:', "and -> or"):
-        "a record line never has a top-level $blob, a blob line never a completion_id; any other line fails either way",
-    ("journal.py", "if target.exists() and target.stat().st_size > size:", "> -> >="):
-        "truncating a file to the size it already has changes nothing",
-    ("proxy/capture.py", "self.session_id = session_id", "delete statement"):
-        "a stream's session id is never read: the journal's key names the stream",
-    ("proxy/capture.py", "session = self._sessions[key] = _Session(key[0], self.stream_dir(*key), self._memo)",
-     "0 -> 1"):
-        "the same never-read session id (the directory comes from the whole key)",
-    ("proxy/capture.py", "for fd, payload in zip(fds, payloads, strict=True):", "True -> False"):
-        "always three descriptors and three payloads: strict only guards a caller's mistake",
-    ("proxy/capture.py", "return False", "return value -> None"):
-        "write_if_open's one caller only tests it for truth: None and False are alike",
-    ("proxy/capture.py", "self._thread.join(timeout=10)", "10 -> 11"):
-        "how long close() waits for a stuck writer: telling 10 s from 11 s needs a writer stuck that long",
-    ("proxy/capture.py", "def __init__(self, root: str | Path | None = None, *, fsync: bool = False, "
-                         "max_pending: int = 256,", "256 -> 257"):
-        "the default depth of the writer's queue: only when a call starts to wait changes, nothing it writes",
-    ("proxy/capture.py", "if len(self._sessions) <= self.max_open:  # nothing to evict (the common case)",
-     "<= -> <"):
-        "at exactly max_open the loop below breaks before evicting anything: the early return only saves work",
-    ("proxy/capture.py", "if base is not None and self._writer is not None:", "and -> or"):
-        "a session directory and the writer both exist exactly when the journal has a root",
-    ("proxy/capture.py", "session.write(line, tokens, logprobs, False)", "False -> True"):
-        "the in-memory branch: an in-memory stream ignores fsync",
-    ("proxy/capture.py", "await asyncio.sleep(0.005)  # back-pressure: the request waits, nothing is dropped",
-     "0.005 -> 1.005"):
-        "the poll interval of a call waiting for room in the queue: slower, the same writes in the same order",
-    ("proxy/capture.py", "_Key = tuple[str, str | None]", "delete statement"):
-        "used in annotations only, which `from __future__ import annotations` never evaluates",
-    ("merge/prefix_merging.py", "_TAIL = 16  # prompt tokens in a chain's index key, besides the prompt's length",
-     "16 -> 17"):
-        "the index key only narrows the candidates (index and lookup cut it alike); prompts are compared in full after",
-    ("merge/prefix_merging.py", "return False", "return value -> None"):
-        "_starts_with's and _another_conversation's callers only test the result for truth: None and False are alike",
-    ("merge/prefix_merging.py",
-     "for i in (n - 1, n // 2) if n else ():  # O(1) rejection of unrelated chains before the O(n) slice comparison",
-     "2 -> 3"):
-        "which element the O(1) early rejection probes: the full slice comparison after it decides",
-    ("merge/prefix_merging.py", "if probe is not prefix[i] and probe != prefix[i]:", "is not -> is"):
-        "turns the O(1) early rejection off (an element is always equal to itself): the full slice comparison decides",
-    ("merge/prefix_merging.py", "if len(q) <= len(p) or not _starts_with(q, p):", "<= -> <"):
-        "the index offers only chains whose last prompt is strictly shorter than the completion's",
-    ("merge/prefix_merging.py",
-     "cause = \"thinking_dropped\" if len(rendered) < len(a) and a[len(a) - len(rendered):] == rendered else \"drift\"",
-     "< -> <="):
-        "a rendering as long as the reply and equal to it is an exact re-rendering, taken before this line",
-    ("merge/prefix_merging.py", 'return "fork"', "return value -> None"):
-        "unreachable: a completion with a chain's last prompt is an attempt of that prompt, superseded or a fork",
-    ("merge/prefix_merging.py", "best, best_chain = 0, None", "0 -> 1"):
-        "a chain is taken only when it shares at least one token (shared > 0)",
-    ("merge/prefix_merging.py", "if not last or last[0] != q[0]:", "or -> and"):
-        "prompts are never empty (partition) and a different first token shares 0 tokens, which shared > 0 drops",
-    ("merge/prefix_merging.py", "continue  # a different system prompt: it shares nothing, skip the O(n) comparison",
-     "delete statement"):
-        "the skip is a shortcut: a different first token shares 0 tokens, which shared > 0 drops",
-    ("merge/prefix_merging.py", "if shared >= best and shared > 0:", "> -> >="):
-        "after the first-token filter every chain compared shares at least one token",
-    ("merge/prefix_merging.py", "return n, tuple(prompt[max(0, n - _TAIL):n])", "0 -> 1"):
-        "the index key only narrows the candidates (index and lookup cut it alike); prompts are compared in full after",
-    ("merge/prefix_merging.py", "return n, tuple(prompt[max(0, n - _TAIL):n])", "- -> +"):
-        "an empty tail makes the key the length alone: more candidates, each compared in full after",
-    ("merge/prefix_merging.py", "at = len(_messages(attempts[0]))", "0 -> 1"):
-        "attempts share their prompt tokens (or, joined untrainable ones, their messages): the same message count",
-    ("merge/prefix_merging.py",
-     "matching = [a for a, answer in zip(sent_before, answers, strict=True) if answer == said]",
-     "True -> False"):
-        "answers is built from sent_before: the lengths always agree",
-    ("merge/prefix_merging.py",
-     "if len(matching) > 1 and tied:  # the same text and calls: the tokens the prompt shows decide",
-     "> -> >="):
-        "one matching attempt: tied is it or empty, and max of it alone is matching[-1]",
-    ("merge/prefix_merging.py",
-     "calls.append((str(function.get(\"name\")), json.dumps(arguments, sort_keys=True, ensure_ascii=False)))",
-     "False -> True"):
-        "both sides of the comparison are dumped alike, and escaping non-ASCII is one-to-one",
-    ("merge/prefix_merging.py", "for _, end, key in calls[bisect_right(calls, (came_back, float(\"inf\"), 0)):",
-     "0 -> 1"):
-        "a bisection bound's third element is never compared: its infinite second element decides every tie",
-    ("merge/prefix_merging.py", "bisect_left(calls, (sent, float(\"-inf\"), 0))])", "0 -> 1"):
-        "a bisection bound's third element is never compared: its infinite second element decides every tie",
-    ("merge/prefix_merging.py", "break  # prompts differ between groups: no other one can match", "delete statement"):
-        "the record also starts a group later attempts join too: a journal-order tail of the real one, choosing alike",
-    ("merge/prefix_merging.py", "continue  # a prompt sent once: nothing to supersede", "delete statement"):
-        "a shortcut: a lone attempt is kept (nothing after it retries it), so it is neither superseded nor a fork",
-    ("merge/prefix_merging.py", "self.count[key[0]] += 1", "+= -> -="):
-        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
-    ("merge/prefix_merging.py", "self.count[key[0]] += 1", "1 -> 2"):
-        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
-    ("merge/prefix_merging.py", "self.count[key[0]] -= 1", "-= -> +="):
-        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
-    ("merge/prefix_merging.py", "self.count[key[0]] -= 1", "delete statement"):
-        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
-    ("merge/prefix_merging.py", "self.count[key[0]] -= 1", "0 -> 1"):
-        "lengths only bounds the buckets looked up: the count never reaches 0, so a length stays (an empty lookup)",
-    ("merge/prefix_merging.py", "del self.count[key[0]]", "0 -> 1"):
-        "a Counter ignores deleting a missing key, and the length's count is 0 already: the next add inserts it once",
-    ("merge/prefix_merging.py", "elif found is not None and (best is None or _rank(found, rec) > _rank(best, rec)):",
-     "> -> >="):
-        "ranks end with the chain's last journal index, distinct per chain: two candidates never tie",
+    (e["module"], e["line"], e["mutation"]): e["why"]
+    for e in tomllib.loads((ROOT / "scripts" / "mutation-equivalents.toml").read_text())["equivalent"]
 }
 
 _COMPARE_SWAPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
