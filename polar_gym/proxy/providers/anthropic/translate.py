@@ -455,9 +455,9 @@ class AnthropicRenderState:
     """What rendering an answer remembers of the request."""
 
     #: the request enabled extended thinking (reasoning is rendered as thinking blocks)
-    thinking: bool = False
+    thinking: bool
     #: the request's stop sequences (a stop on one is reported as ``stop_sequence``)
-    stop_sequences: tuple[str, ...] = ()
+    stop_sequences: tuple[str, ...]
 
 
 class AnthropicProvider(Provider[AnthropicRenderState]):

@@ -435,9 +435,9 @@ class GoogleRenderState:
     """What rendering an answer remembers of the request."""
 
     #: ``thinkingConfig.includeThoughts``: reasoning goes out as thought parts
-    include_thoughts: bool = False
+    include_thoughts: bool
     #: the client sent ids with its function calls, so ours carry ids too
-    call_ids: bool = True
+    call_ids: bool
 
 
 class GoogleProvider(Provider[GoogleRenderState]):

@@ -92,11 +92,11 @@ class ToolKinds:
 class ResponsesRenderState:
     """What rendering an answer remembers of the request."""
 
-    tool_kinds: ToolKinds = field(default_factory=ToolKinds)
     #: a reasoning summary was asked for (the full reasoning text is the summary)
-    summary: bool = False
+    summary: bool
     #: ``include`` asked for ``reasoning.encrypted_content``
-    encrypted: bool = False
+    encrypted: bool
+    tool_kinds: ToolKinds = field(default_factory=ToolKinds)
     #: request settings a Response object reports back
     echo: dict[str, Any] = field(default_factory=dict)
 
