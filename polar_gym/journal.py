@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from polar_gym.known_json import KNOWN
 from polar_gym.schema import CompletionRecord
 
 __all__ = [
@@ -261,7 +262,7 @@ class SessionStore:
         """``value`` itself when small, else a ref to its blob (written into ``blobs`` the first time)."""
         if not isinstance(value, (dict, list, str)) or (isinstance(value, str) and len(value) < _BLOB_MIN // 4):
             return value
-        serialized = orjson.dumps(value)
+        serialized = KNOWN.json_of(value) or orjson.dumps(value)
         if len(serialized) < _BLOB_MIN and not _is_marker(value):
             return value
         return {_REF: self._blob(serialized, blobs)}
@@ -283,7 +284,9 @@ class SessionStore:
         tried first), else the raw body as a blob."""
         for name in sorted(_DIALECTS, key=lambda n: n != self._dialect):
             try:
-                if _DIALECTS[name](request) == received:
+                # orjson's: the known values as the bytes they were parsed from, not serialized again
+                as_written = orjson.dumps(KNOWN.as_fragments(request)) if name == "orjson" else _DIALECTS[name](request)
+                if as_written == received:
                     self._dialect = name
                     return name
             except (TypeError, ValueError):

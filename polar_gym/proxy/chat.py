@@ -62,6 +62,16 @@ class ChatMessage(_Data):
 class Tool(_Data):
     type: Literal["function"] = "function"
     function: dict[str, Any]
+    _dump: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def dump(self) -> dict[str, Any]:
+        """This tool as plain JSON data, computed once: a harness's tools are translated once and then shared by
+        every call that sends them (:mod:`polar_gym.known_json`), so never change what this returns."""
+        private: dict[str, Any] = self.__pydantic_private__ or {}  # not self._dump: pydantic's __getattr__ costs
+        dumped = private.get("_dump")  # ~3 us, and a harness sends dozens of tools
+        if dumped is None:
+            dumped = private["_dump"] = self.model_dump(exclude_none=True)
+        return dumped
 
     @property
     def name(self) -> str:
@@ -95,7 +105,11 @@ class ChatRequest(_Data):
         """This request as plain JSON data (None fields left out), computed once: the journal records it and every
         engine builds its upstream body from it, and walking a 30K-token conversation is not free."""
         if self._dump is None:
-            self._dump = self.model_dump(exclude_none=True)
+            data = self.model_dump(exclude_none=True, exclude={"tools"})
+            if self.tools is not None:  # in its place, each tool's own dump (kept with the tool)
+                data = {"model": data.pop("model"), "messages": data.pop("messages"),
+                        "tools": [tool.dump() for tool in self.tools], **data}
+            self._dump = data
         return self._dump
 
     def to_openai(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from polar_gym.known_json import KNOWN
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
 from polar_gym.proxy.errors import (
@@ -311,7 +312,7 @@ class ProxyService:
         if len(raw) > self.max_body_bytes:
             raise PayloadTooLarge(f"request body of {len(raw)} bytes exceeds the limit of {self.max_body_bytes}")
         try:
-            return orjson.loads(raw)
+            return KNOWN.loads(raw)  # the tools and system prompt the harness sent last time are not parsed again
         except orjson.JSONDecodeError as exc:
             raise RequestError(f"malformed JSON body: {exc}") from exc
 

@@ -11,13 +11,15 @@ state, carried in :attr:`Inbound.render_state`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
 import orjson
 import pydantic
 
+from polar_gym.known_json import KNOWN
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.errors import (
     ErrorStyle,
@@ -29,6 +31,7 @@ from polar_gym.proxy.errors import (
 )
 
 M = TypeVar("M", bound=pydantic.BaseModel)
+T = TypeVar("T")
 #: a provider's render state (a small frozen dataclass of its own)
 S = TypeVar("S")
 
@@ -92,14 +95,50 @@ def encode_sse(event: SSEEvent) -> bytes:
     return b"event: " + event.event.encode() + b"\ndata: " + data.encode() + b"\n\n"
 
 
+@functools.cache
+def _field_validator(model: type[pydantic.BaseModel], key: str) -> tuple[str, pydantic.TypeAdapter[Any]] | None:
+    """The name and validator of the field ``key`` names (by name or alias), if the model declares it."""
+    for name, info in model.model_fields.items():
+        if key in (name, info.alias, info.validation_alias):
+            annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+            return name, pydantic.TypeAdapter(annotation)
+    return None
+
+
 def parse_model(model: type[M], body: Any) -> M:
-    """Validate ``body`` against a protocol model, turning pydantic's error into a RequestError."""
+    """Validate ``body`` against a protocol model, turning pydantic's error into a RequestError. A known value
+    (:mod:`polar_gym.known_json`: the tools a harness sends on every call) is validated once, not on every call."""
     if not isinstance(body, dict):
         raise RequestError(f"request body must be a JSON object, got {type(body).__name__}")
     try:
-        return model.model_validate(body)
+        known = [(key, found) for key, value in body.items()
+                 if KNOWN.known(value) and (found := _field_validator(model, key)) is not None]
+        if not known:
+            return model.model_validate(body)
+        try:
+            req = model.model_validate({key: value for key, value in body.items()
+                                        if not any(key == k for k, _ in known)})
+            for key, (name, adapter) in known:
+                req.__dict__[name] = KNOWN.derive(body[key], (model, name), adapter.validate_python)
+                req.__pydantic_fields_set__.add(name)
+        except pydantic.ValidationError:
+            return model.model_validate(body)  # the whole body's error, as it would be without known values
+        return req
     except pydantic.ValidationError as exc:
         raise RequestError(validation_message(exc)) from exc
+
+
+def translated_once(value: Any, kind: str, translate: Callable[[Any, list[str]], T], notes: list[str]) -> T:
+    """``translate(value, notes)``, computed once per known ``value`` (the tools a harness sends on every call):
+    the result is shared by every call that sent them, so callers never change it; its notes are added again
+    (those not given yet)."""
+    def compute(v: Any) -> tuple[T, list[str]]:
+        own: list[str] = []
+        return translate(v, own), own
+
+    result, own = KNOWN.derive(value, kind, compute)
+    notes.extend(note for note in own if note not in notes)  # a note is given once, as translating in place does
+    return result
 
 
 class Provider(abc.ABC, Generic[S]):

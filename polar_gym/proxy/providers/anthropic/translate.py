@@ -42,7 +42,15 @@ from polar_gym.proxy.chat import (
 )
 from polar_gym.proxy.errors import ProxyError, RequestError, error_body
 from polar_gym.proxy.providers.anthropic.protocol import KNOWN_IGNORED, InMessage, MessagesRequest
-from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
+from polar_gym.proxy.providers.base import (
+    Inbound,
+    Provider,
+    RenderContext,
+    Route,
+    SSEEvent,
+    parse_model,
+    translated_once,
+)
 
 __all__ = [
     "BILLING_NOTE",
@@ -329,10 +337,10 @@ def tools_in(tools: list[dict[str, Any]] | None, notes: list[str]) -> list[Tool]
 
 def _translate(req: MessagesRequest, notes: list[str]) -> ChatRequest:
     messages = messages_in(req.messages, notes)
-    system = system_in(req.system, notes)
+    system = translated_once(req.system, "anthropic.system", system_in, notes)
     if system is not None:
         messages.insert(0, ChatMessage(role="system", content=system))
-    tools = tools_in(req.tools, notes)
+    tools = translated_once(req.tools, "anthropic.tools", tools_in, notes)
     tool_choice: str | dict[str, Any] | None = None
     parallel: bool | None = None
     if req.tool_choice is not None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar_gym.known_json import KNOWN
 from polar_gym.proxy.chat import (
     ChatMessage,
     ChatRequest,
@@ -478,7 +479,7 @@ class GoogleProvider(Provider[GoogleRenderState]):
             raise RequestError("cachedContent: cached contents are not supported by this proxy; send the full "
                                "conversation in contents")
         messages, notes, call_ids = contents_to_messages(req.contents, req.system_instruction)
-        tools, tool_notes = tools_in(req.tools)
+        tools, tool_notes = KNOWN.derive(req.tools, "google.tools", tools_in)
         choice, choice_notes = tool_choice_in(req.tool_config.function_calling_config if req.tool_config else None)
         sampling: dict[str, Any] = {}
         gen_notes: list[str] = []

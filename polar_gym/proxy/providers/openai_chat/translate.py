@@ -12,6 +12,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
+from polar_gym.known_json import KNOWN
 from polar_gym.proxy.chat import (
     ChatMessage,
     ChatRequest,
@@ -151,7 +152,8 @@ class OpenAIChatProvider(Provider[OpenAIChatRenderState]):
         chat = ChatRequest(
             model=req.model,
             messages=[_message_in(m, i) for i, m in enumerate(req.messages)],
-            tools=tools_in(req.tools, req.functions),
+            tools=(tools_in(req.tools, req.functions) if req.functions else
+                   KNOWN.derive(req.tools, "openai_chat.tools", lambda tools: tools_in(tools, None))),
             tool_choice=req.tool_choice,
             parallel_tool_calls=req.parallel_tool_calls,
             max_tokens=req.max_completion_tokens or req.max_tokens,

@@ -22,7 +22,7 @@ import pydantic
 
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ContentPart, FunctionCall, Tool, ToolCall, collapse_parts
 from polar_gym.proxy.errors import RequestError, validation_message
-from polar_gym.proxy.providers.base import Inbound, parse_model
+from polar_gym.proxy.providers.base import Inbound, parse_model, translated_once
 from polar_gym.proxy.providers.openai_responses.protocol import (
     HOSTED_TOOL_TYPES,
     KNOWN_IGNORED,
@@ -86,6 +86,9 @@ class ToolKinds:
     custom: set[str] = field(default_factory=set)
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
     local_shell: str | None = None
+
+    def copy(self) -> ToolKinds:
+        return ToolKinds(set(self.custom), dict(self.namespaced), self.local_shell)
 
 
 @dataclass(frozen=True)
@@ -415,13 +418,18 @@ def _echo(req: ResponsesRequest, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _tools_and_kinds(tools: list[dict[str, Any]] | None, notes: list[str]) -> tuple[list[Tool], ToolKinds]:
+    kinds = ToolKinds()
+    return tools_in(tools, kinds, notes), kinds
+
+
 def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> Inbound[ResponsesRenderState]:
     """Validate a Responses request and translate it; raise RequestError with a field-addressed message."""
     req = parse_model(ResponsesRequest, body)
     _refuse_stateful(req)
     notes: list[str] = []
-    kinds = ToolKinds()
-    tools = tools_in(req.tools, kinds, notes)
+    tools, kinds = translated_once(req.tools, "openai_responses.tools", _tools_and_kinds, notes)
+    tools, kinds = list(tools), kinds.copy()  # the items may add tools and kinds of their own
     messages: list[ChatMessage] = []
     if req.instructions:
         messages.append(ChatMessage(role="system", content=req.instructions))

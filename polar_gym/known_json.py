@@ -1,0 +1,213 @@
+"""Large request values a harness sends unchanged on every call, parsed once.
+
+Every model call of a Claude Code, Codex or Gemini CLI session repeats the same tools (~60 KB, 90 % of the body) and
+system prompt. Parsing, validating, translating, dumping and journaling them again on every call was most of the
+proxy's CPU at 64 concurrent calls (issue 18), and keeping 64 parsed copies alive at once made every other step
+slower too (the caches stay cold). :class:`KnownValues` remembers such a top-level value by its exact bytes: a body
+that holds those bytes again is parsed without them, and the value parsed the first time is put in their place. What
+is computed from a known value (its validation, its translation) is kept with it (:meth:`KnownValues.derive`), and
+the journal names its blob from the bytes it was parsed from (:meth:`KnownValues.json_of`).
+
+Known values are shared by every call that sent them: nothing may change them in place (tests check that a session
+of calls leaves them as parsed). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+
+__all__ = ["KNOWN", "REPEATED_FIELDS", "KnownValues"]
+
+T = TypeVar("T")
+
+#: the top-level fields that repeat call after call in the protocols the proxy speaks
+REPEATED_FIELDS = ("tools", "system", "instructions", "systemInstruction")
+
+
+@dataclass(eq=False)
+class _Entry:
+    value: Any
+    #: the value's compact JSON (orjson's), as found in a body; None for a derived value
+    json: bytes | None = None
+    derived: dict[Any, Any] = field(default_factory=dict)
+    #: the entries of what was derived from this one (dropped with it)
+    children: list[_Entry] = field(default_factory=list)
+
+
+class KnownValues:
+    """Top-level values of ``fields`` of at least ``min_bytes`` (and at most ``max_bytes``), kept parsed, the most
+    recently used first, ``max_total`` bytes of them in all. A value is learned from a body whose bytes hold it
+    as orjson writes it (compact JSON, as every harness measured sends it); other bodies are parsed as they always
+    were.
+
+    Looked up by identity: a value is known while it is kept here (the entries hold it, so its ``id`` is not reused
+    meanwhile). Not thread-safe for writers: one event loop parses; readers (the journal's writer threads) only
+    look up."""
+
+    def __init__(self, fields: Iterable[str] = REPEATED_FIELDS, *, min_bytes: int = 4096,
+                 max_bytes: int = 4 * 1024 * 1024, max_total: int = 32 * 1024 * 1024, per_field: int = 4) -> None:
+        self.fields = tuple(fields)
+        self.min_bytes = min_bytes
+        self.max_bytes = max_bytes
+        self.max_total = max_total
+        self.per_field = per_field
+        self._markers = {name: orjson.dumps(name) + b":" for name in self.fields}
+        self._by_field: dict[str, list[_Entry]] = {}
+        self._lru: collections.OrderedDict[int, _Entry] = collections.OrderedDict()  # learned values only
+        self._index: dict[int, _Entry] = {}  # id -> entry, learned and derived values
+        self._total = 0
+        # What a matched value is replaced with before parsing: a string no client can guess, so a match that was
+        # not the top-level field (a nested key of the same name) is told apart and parsed as sent.
+        self._placeholder = "\x00polar_gym-known-" + secrets.token_hex(16)
+        self._placeholder_json = orjson.dumps(self._placeholder)
+        #: bodies parsed with at least one known value put back, and learned values (for tests and benchmarks)
+        self.hits = 0
+        self.learned = 0
+
+    # ------------------------------------------------------------------------------------------------- parsing
+    def loads(self, raw: bytes) -> Any:
+        """``orjson.loads(raw)``, with the known values' bytes not parsed again (the same result, and the same
+        error for a malformed body). Learns the large values of a body parsed whole."""
+        if self._by_field:
+            body = self._loads_known(raw)
+            if body is not None:
+                self.hits += 1
+                self._learn(body, raw)  # the fields that were not known (new tools, the same system prompt)
+                return body
+        body = orjson.loads(raw)
+        if isinstance(body, dict):
+            self._learn(body, raw)
+        return body
+
+    def _loads_known(self, raw: bytes) -> dict[str, Any] | None:
+        hits: list[tuple[int, int, str, _Entry]] = []
+        for name, entries in self._by_field.items():
+            marker = self._markers[name]
+            at = raw.find(marker)
+            for _ in range(4):  # the field's name may also be a nested key: try a few places
+                if at < 0:
+                    break
+                start = at + len(marker)
+                entry = next((e for e in entries if e.json is not None and raw.startswith(e.json, start)), None)
+                if entry is not None:
+                    hits.append((start, start + len(entry.json or b""), name, entry))
+                    break
+                at = raw.find(marker, start)
+        if not hits:
+            return None
+        hits.sort(key=lambda hit: hit[0])
+        pieces: list[bytes] = []
+        kept: list[tuple[str, _Entry]] = []
+        pos = 0
+        for start, end, name, entry in hits:
+            if start < pos:
+                continue  # inside another match
+            pieces += [raw[pos:start], self._placeholder_json]
+            kept.append((name, entry))
+            pos = end
+        pieces.append(raw[pos:])
+        try:
+            body = orjson.loads(b"".join(pieces))
+        except orjson.JSONDecodeError:
+            return None  # parsed whole, for the error's true position
+        if not isinstance(body, dict) or any(body.get(name) != self._placeholder for name, _ in kept):
+            return None  # a nested key matched, not the field itself
+        for name, entry in kept:
+            body[name] = entry.value
+            self._lru.move_to_end(id(entry.value))
+        return body
+
+    def _learn(self, body: dict[str, Any], raw: bytes) -> None:
+        for name in self.fields:
+            value = body.get(name)
+            if not isinstance(value, (list, dict, str)) or id(value) in self._index:
+                continue
+            if isinstance(value, str) and len(value) < self.min_bytes // 4:
+                continue
+            serialized = orjson.dumps(value)
+            if not self.min_bytes <= len(serialized) <= self.max_bytes:
+                continue
+            if raw.find(self._markers[name] + serialized) < 0:
+                continue  # not sent as orjson writes it: it could never be matched
+            self._add(name, _Entry(value, serialized))
+
+    def _add(self, name: str, entry: _Entry) -> None:
+        entries = self._by_field.setdefault(name, [])
+        entries.insert(0, entry)
+        if len(entries) > self.per_field:
+            self._drop(entries[-1])
+        self._lru[id(entry.value)] = entry
+        self._index[id(entry.value)] = entry
+        self._total += len(entry.json or b"")
+        self.learned += 1
+        while self._total > self.max_total and self._lru:
+            self._drop(next(iter(self._lru.values())))
+
+    def _drop(self, entry: _Entry) -> None:
+        self._lru.pop(id(entry.value), None)
+        self._index.pop(id(entry.value), None)
+        self._total -= len(entry.json or b"")
+        for entries in self._by_field.values():
+            if entry in entries:
+                entries.remove(entry)
+        for child in entry.children:
+            self._index.pop(id(child.value), None)
+
+    def clear(self) -> None:
+        """Forget every value."""
+        for entry in list(self._lru.values()):
+            self._drop(entry)
+        self._by_field.clear()
+
+    # ------------------------------------------------------------------------------------------------ derived
+    def json_of(self, value: Any) -> bytes | None:
+        """The compact JSON ``value`` was parsed from, when it is a known value; else None."""
+        entry = self._index.get(id(value))
+        return entry.json if entry is not None and entry.value is value else None
+
+    def as_fragments(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (shallowly copied) with its known values as :class:`orjson.Fragment` of their bytes: what
+        ``orjson.dumps`` writes of it is the same, without serializing them again."""
+        out = dict(body)
+        for key, value in body.items():
+            serialized = self.json_of(value)
+            if serialized is not None:
+                out[key] = orjson.Fragment(serialized)
+        return out
+
+    def known(self, value: Any) -> bool:
+        """Whether ``value`` is a known value or was derived from one (:meth:`derive` keeps what it computes)."""
+        entry = self._index.get(id(value))
+        return entry is not None and entry.value is value
+
+    def derive(self, value: Any, kind: Any, compute: Callable[[Any], T]) -> T:
+        """``compute(value)``, computed once per known ``value`` and ``kind`` (a result that is itself a list, dict
+        or model is known in turn, so what is computed from it is kept too); for any other value, computed now.
+        A ``compute`` that raises is not kept: the next call raises again."""
+        entry = self._index.get(id(value))
+        if entry is None or entry.value is not value:
+            return compute(value)
+        if kind in entry.derived:
+            return entry.derived[kind]  # type: ignore[no-any-return]
+        result = entry.derived[kind] = compute(value)
+        if not isinstance(result, (int, float, bool, type(None))) and id(result) not in self._index:
+            root = self._root(entry)
+            child = _Entry(result)
+            root.children.append(child)
+            self._index[id(result)] = child
+        return result
+
+    def _root(self, entry: _Entry) -> _Entry:
+        if entry.json is not None:
+            return entry
+        return next(e for e in self._lru.values() if entry in e.children)
+
+
+#: the process's known values: the proxy parses with it, the providers derive from it, the journal reads it
+KNOWN = KnownValues()
