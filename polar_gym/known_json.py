@@ -167,9 +167,17 @@ class KnownValues:
 
     # ------------------------------------------------------------------------------------------------ derived
     def json_of(self, value: Any) -> bytes | None:
-        """The compact JSON ``value`` was parsed from, when it is a known value; else None."""
+        """The compact JSON ``value`` was parsed from when it is a known value (serialized once, when it was
+        derived from one); else None."""
         entry = self._index.get(id(value))
-        return entry.json if entry is not None and entry.value is value else None
+        if entry is None or entry.value is not value:
+            return None
+        if entry.json is None:
+            try:
+                entry.json = orjson.dumps(value)  # a derived value: not counted in max_total (its root is)
+            except TypeError:
+                return None  # not JSON data (a translation's models)
+        return entry.json
 
     def as_fragments(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` (shallowly copied) with its known values as :class:`orjson.Fragment` of their bytes: what
@@ -188,7 +196,8 @@ class KnownValues:
 
     def derive(self, value: Any, kind: Any, compute: Callable[[Any], T]) -> T:
         """``compute(value)``, computed once per known ``value`` and ``kind`` (a result that is itself a list, dict
-        or model is known in turn, so what is computed from it is kept too); for any other value, computed now.
+        or model, or such an item of a tuple, is known in turn, so what is computed from it is kept too); for any other
+        value, computed now.
         A ``compute`` that raises is not kept: the next call raises again."""
         entry = self._index.get(id(value))
         if entry is None or entry.value is not value:
@@ -196,17 +205,25 @@ class KnownValues:
         if kind in entry.derived:
             return entry.derived[kind]  # type: ignore[no-any-return]
         result = entry.derived[kind] = compute(value)
-        if not isinstance(result, (int, float, bool, type(None))) and id(result) not in self._index:
-            root = self._root(entry)
-            child = _Entry(result)
-            root.children.append(child)
-            self._index[id(result)] = child
+        root = self._root(entry)
+        for item in _with_tuple_items(result):
+            if not isinstance(item, (int, float, bool, str, type(None))) and id(item) not in self._index:
+                child = _Entry(item)
+                root.children.append(child)
+                self._index[id(item)] = child
         return result
 
     def _root(self, entry: _Entry) -> _Entry:
-        if entry.json is not None:
+        if self._lru.get(id(entry.value)) is entry:
             return entry
         return next(e for e in self._lru.values() if entry in e.children)
+
+
+def _with_tuple_items(value: Any) -> list[Any]:
+    """``value``, and when it is a tuple, its items (those of nested tuples too)."""
+    if not isinstance(value, tuple):
+        return [value]
+    return [value, *(item for part in value for item in _with_tuple_items(part))]
 
 
 #: the process's known values: the proxy parses with it, the providers derive from it, the journal reads it

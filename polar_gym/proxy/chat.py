@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
+
+from polar_gym.known_json import KNOWN
 
 __all__ = [
     "ChatMessage",
@@ -101,14 +103,25 @@ class ChatRequest(_Data):
     extra: dict[str, Any] = Field(default_factory=dict)
     _dump: dict[str, Any] | None = PrivateAttr(default=None)
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _share_known_tools(cls, data: Any, handler: ModelWrapValidatorHandler[ChatRequest]) -> ChatRequest:
+        """Tools translated once for a harness's repeated tools (:mod:`polar_gym.known_json`) stay that very list
+        (validation would copy it), so their dump and its JSON are computed once too."""
+        request = handler(data)
+        tools = data.get("tools") if isinstance(data, dict) else None
+        if tools is not None and KNOWN.known(tools):
+            request.__dict__["tools"] = tools
+        return request
+
     def dump(self) -> dict[str, Any]:
         """This request as plain JSON data (None fields left out), computed once: the journal records it and every
         engine builds its upstream body from it, and walking a 30K-token conversation is not free."""
         if self._dump is None:
             data = self.model_dump(exclude_none=True, exclude={"tools"})
             if self.tools is not None:  # in its place, each tool's own dump (kept with the tool)
-                data = {"model": data.pop("model"), "messages": data.pop("messages"),
-                        "tools": [tool.dump() for tool in self.tools], **data}
+                tools = KNOWN.derive(self.tools, "dump", lambda tools: [tool.dump() for tool in tools])
+                data = {"model": data.pop("model"), "messages": data.pop("messages"), "tools": tools, **data}
             self._dump = data
         return self._dump
 

@@ -510,7 +510,7 @@ class ProxyService:
             reply = Reply(200, b"".join(encode_sse(e) for e in events), "text/event-stream",
                           {"cache-control": "no-cache"})
         else:
-            reply = Reply(200, orjson.dumps(provider.render(result, inbound, ctx)))
+            reply = Reply(200, orjson.dumps(KNOWN.as_fragments(provider.render(result, inbound, ctx))))
         fill_record(record, result, ctx.response_id)
         record.total_seconds = time.perf_counter() - t0
         if disconnected is not None:  # a harness that hung up (timed out) never reads this answer

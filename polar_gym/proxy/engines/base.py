@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 import httpx
 import orjson
 
+from polar_gym.known_json import KNOWN
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.errors import (
     RequestError,
@@ -196,10 +197,11 @@ class HttpEngine(Engine):
     async def post(self, server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with translate_upstream_errors(server_url):
             resp: httpx.Response | UpstreamAnswer
+            data = orjson.dumps(KNOWN.as_fragments(body))  # repeated tools: their JSON, not serialized again
             if self.fast is not None and server_url.startswith("http://"):
-                resp = await self.fast.post(server_url + path, orjson.dumps(body))
+                resp = await self.fast.post(server_url + path, data)
             else:
-                resp = await self.client.post(server_url + path, content=orjson.dumps(body),
+                resp = await self.client.post(server_url + path, content=data,
                                               headers={"content-type": "application/json"})
             if resp.status_code >= 400:
                 raise upstream_status_error(server_url, resp.status_code, resp.text)

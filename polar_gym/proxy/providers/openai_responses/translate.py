@@ -428,8 +428,8 @@ def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> I
     req = parse_model(ResponsesRequest, body)
     _refuse_stateful(req)
     notes: list[str] = []
-    tools, kinds = translated_once(req.tools, "openai_responses.tools", _tools_and_kinds, notes)
-    tools, kinds = list(tools), kinds.copy()  # the items may add tools and kinds of their own
+    shared, kinds = translated_once(req.tools, "openai_responses.tools", _tools_and_kinds, notes)
+    tools, kinds = list(shared), kinds.copy()  # the items may add tools and kinds of their own
     messages: list[ChatMessage] = []
     if req.instructions:
         messages.append(ChatMessage(role="system", content=req.instructions))
@@ -449,7 +449,7 @@ def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> I
     chat = ChatRequest(
         model=req.model,
         messages=messages,
-        tools=tools or None,
+        tools=(shared if tools == shared else tools) or None,
         tool_choice=tool_choice_in(req.tool_choice, kinds, notes),
         parallel_tool_calls=req.parallel_tool_calls,
         max_tokens=req.max_output_tokens,
