@@ -204,6 +204,8 @@ class SessionStore:
             shared = common_prefix(prompt_bytes, recent.tokens)
             if shared > keep:
                 base, keep = recent.index, shared
+                if keep == len(prompt):
+                    break  # all of it: none can share more (a retry, or a sub-agent's same opening)
         tail = prompt[keep:]
         response = array("I", record.response_ids)
         logprobs = array("d", record.response_logprobs)

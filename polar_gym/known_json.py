@@ -184,6 +184,8 @@ class KnownValues:
         ``orjson.dumps`` writes of it is the same, without serializing them again."""
         out = dict(body)
         for key, value in body.items():
+            if not isinstance(value, (list, dict, str)):
+                continue
             serialized = self.json_of(value)
             if serialized is not None:
                 out[key] = orjson.Fragment(serialized)

@@ -35,6 +35,14 @@ class _Data(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _private(model: BaseModel) -> dict[str, Any]:
+    """A model's private attributes, read directly: ``self._dump`` goes through pydantic's ``__getattr__``, ~3 us
+    (a harness sends dozens of tools a call)."""
+    private = model.__pydantic_private__
+    assert private is not None  # the model declares private attributes
+    return private
+
+
 class ContentPart(_Data):
     type: Literal["text", "image_url"]
     text: str | None = None
@@ -69,8 +77,8 @@ class Tool(_Data):
     def dump(self) -> dict[str, Any]:
         """This tool as plain JSON data, computed once: a harness's tools are translated once and then shared by
         every call that sends them (:mod:`polar_gym.known_json`), so never change what this returns."""
-        private: dict[str, Any] = self.__pydantic_private__ or {}  # not self._dump: pydantic's __getattr__ costs
-        dumped = private.get("_dump")  # ~3 us, and a harness sends dozens of tools
+        private = _private(self)
+        dumped = private.get("_dump")
         if dumped is None:
             dumped = private["_dump"] = self.model_dump(exclude_none=True)
         return dumped
@@ -117,13 +125,15 @@ class ChatRequest(_Data):
     def dump(self) -> dict[str, Any]:
         """This request as plain JSON data (None fields left out), computed once: the journal records it and every
         engine builds its upstream body from it, and walking a 30K-token conversation is not free."""
-        if self._dump is None:
+        private = _private(self)
+        data = private.get("_dump")
+        if data is None:
             data = self.model_dump(exclude_none=True, exclude={"tools"})
             if self.tools is not None:  # in its place, each tool's own dump (kept with the tool)
                 tools = KNOWN.derive(self.tools, "dump", lambda tools: [tool.dump() for tool in tools])
                 data = {"model": data.pop("model"), "messages": data.pop("messages"), "tools": tools, **data}
-            self._dump = data
-        return self._dump
+            private["_dump"] = data
+        return data
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI Chat body for an upstream (always non-streaming: streams are synthesized by the proxy)."""

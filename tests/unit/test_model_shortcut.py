@@ -79,3 +79,28 @@ async def test_a_harness_that_hangs_up_mid_body_gets_no_answer_and_nothing_is_jo
     assert sent == []
     assert await service.journal.records("s1") == []
     service.journal.close()
+
+
+def test_the_disconnect_check_answers_at_once_and_leaves_nothing_waiting():
+    """A model call asks once whether its caller hung up: the answer comes without waiting for one, and the step
+    of ``receive`` it took leaves no waiter behind (a leak per call otherwise)."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from polar_gym.proxy.routes.common import disconnect_check
+
+    async def run() -> list[bool]:
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, str]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        check = disconnect_check(Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive))
+        answers = [await check(), await check()]
+        assert not gone._waiters  # type: ignore[attr-defined]
+        gone.set()
+        return [*answers, await check()]
+
+    assert asyncio.run(run()) == [False, False, True]

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from polar_gym.proxy.detect import detect_provider, split_google_path
 from polar_gym.proxy.errors import AuthError, PayloadTooLarge, RequestError
 from polar_gym.proxy.providers.base import Route
-from polar_gym.proxy.routes.common import proxy_service, read_body, to_response
+from polar_gym.proxy.routes.common import disconnect_check, proxy_service, read_body, to_response
 from polar_gym.proxy.service import session_key
 
 __all__ = ["MODEL_ROUTES", "ModelCallShortcut", "detect_router", "router"]
@@ -51,7 +51,7 @@ async def model_call(request: Request, provider: str, route: Route) -> Response:
     if isinstance(raw, Response):
         return raw
     return to_response(await proxy_service(request).handle(provider, raw, route, request.headers,
-                                                           request.is_disconnected))
+                                                           disconnect_check(request)))
 
 
 async def count_call(request: Request, provider: str, route: Route) -> Response:
@@ -175,4 +175,4 @@ async def detected(request: Request, path: str) -> Response:
                                        "type": "invalid_request_error", "param": None, "code": None}},
                             status_code=404)
     return to_response(await service.handle(provider, raw, Route("/" + path, query=request.query_params),
-                                            request.headers, request.is_disconnected))
+                                            request.headers, disconnect_check(request)))
