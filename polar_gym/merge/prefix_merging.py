@@ -72,6 +72,14 @@ def _messages(rec: CompletionRecord) -> list[Any]:
     return msgs if isinstance(msgs, list) else []
 
 
+def _prompt_settings(rec: CompletionRecord) -> tuple[Any, Any]:
+    """What renders a prompt besides its messages: the tools and the chat template's arguments (two sub-agents may
+    open with the same messages and different tools)."""
+    request = rec.normalized_request
+    extra = request.get("extra")
+    return request.get("tools"), extra.get("chat_template_kwargs") if isinstance(extra, dict) else None
+
+
 def _starts_with(seq: list[Any], prefix: list[Any], at: int = 0) -> bool:
     n = len(prefix)
     if len(seq) < at + n:
@@ -252,7 +260,7 @@ def superseded_attempts(usable: list[CompletionRecord],
     and a scan of the session per repeated prompt.
 
     ``untrainable`` are answered completions no trace may use (no token IDs, no reply tokens): they join the attempts
-    of the usable completion sent with the same messages, so the retry that answered a timed-out attempt still
+    of the usable completion sent with the same messages and tools, so the retry that answered a timed-out attempt still
     supersedes it when its own answer cannot be trained (else the abandoned attempt would read as its own turn).
     """
     groups: dict[tuple[int, tuple[int, ...]], list[list[CompletionRecord]]] = {}
@@ -272,9 +280,9 @@ def superseded_attempts(usable: list[CompletionRecord],
         for rec in untrainable:
             msgs = _messages(rec)
             for attempts in by_length.get(len(msgs), []) if msgs else ():
-                if _messages(attempts[0]) == msgs:
+                if _messages(attempts[0]) == msgs and _prompt_settings(attempts[0]) == _prompt_settings(rec):
                     attempts.append(rec)
-                    break
+                    break  # the same messages and tools render one prompt: no other group can match
     calls = sorted((rec.started_at, rec.started_at + rec.total_seconds, id(rec)) for rec in [*usable, *untrainable])
     trainable = {id(rec) for rec in usable}
     superseded: set[str] = set()

@@ -227,3 +227,28 @@ def test_a_prompt_going_on_from_a_twin_whose_chain_moved_on_is_a_fork():
                   rec(2, [*p, 30, 31, 50], [40, EOT], started=20), rec(3, [*p, 30, 31, 60], [41, EOT], started=30))
     assert chains(traj) == [["c0"], ["c1", "c2"], ["c3"]]
     assert causes(traj) == ["first", "fork", "fork"] and traj.diagnostics["breaks"] == {"fork": 2}
+
+
+def test_an_untrainable_retry_supersedes_the_attempt_of_its_own_sub_agent():
+    """Two sub-agents open with the same messages but different tools (so different prompts); the second one's first
+    call times out and its retry, answered but not journaled token for token, is what it goes on from. The retry
+    joins the attempts of the sub-agent whose tools it has: the second one's first attempt is thrown away, and the
+    first sub-agent's (which it goes on from too) is not."""
+    opening = [user("a")]
+    tools_a = {"tools": [{"type": "function", "function": {"name": "read"}}]}
+    tools_b = {"tools": [{"type": "function", "function": {"name": "write"}}]}
+
+    def call(index, prompt, response, messages, tools, **kw):
+        record = rec(index, prompt, response, messages=messages, **kw)
+        request = {**record.normalized_request, **tools}
+        return record.model_copy(update={"normalized_request": request})
+
+    retried = assistant("retried")
+    traj = merged(
+        answering(call(0, [1, 2], [10, EOT], opening, tools_a, started=0), assistant("reply 0")),
+        answering(call(1, [3, 4], [20, EOT], opening, tools_b, started=1), assistant("abandoned")),
+        answering(call(2, [3, 4], [21, EOT], opening, tools_b, started=20, token_faithful=False), retried),
+        call(3, [3, 4, 21, EOT, 50], [22, EOT], [*opening, retried, user("b")], tools_b, started=40),
+        call(4, [1, 2, 10, EOT, 60], [11, EOT], [*opening, assistant("reply 0"), user("c")], tools_a, started=41))
+    assert traj.diagnostics["superseded"] == ["c1"]
+    assert ["c0", "c4"] in chains(traj) and ["c1"] not in chains(traj)
