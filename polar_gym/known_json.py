@@ -129,7 +129,7 @@ class KnownValues:
             if not isinstance(value, (list, dict, str)) or id(value) in self._index:
                 continue
             if isinstance(value, str) and len(value) < self.min_bytes // 4:
-                continue
+                continue  # too short to serialize to min_bytes
             serialized = orjson.dumps(value)
             if not self.min_bytes <= len(serialized) <= self.max_bytes:
                 continue
@@ -185,7 +185,7 @@ class KnownValues:
         out = dict(body)
         for key, value in body.items():
             if not isinstance(value, (list, dict, str)):
-                continue
+                continue  # a scalar is never known
             serialized = self.json_of(value)
             if serialized is not None:
                 out[key] = orjson.Fragment(serialized)

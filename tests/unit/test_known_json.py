@@ -190,3 +190,135 @@ def test_recorded_harness_bodies_translate_and_journal_the_same_through_known_va
         assert decode(chunks, all_tokens, all_logprobs)[-1].request == orjson.loads(raw)
     for key in shared:  # translating and journaling changed nothing shared
         assert orjson.dumps(bodies[-1][key]) == KNOWN.json_of(bodies[-1][key])
+
+
+# -------------------------------------------------------------------------- bounds, and what mutation testing found
+
+
+def tools_of(n: int, size: int = 200) -> list[dict[str, Any]]:
+    """A tools list ``n`` tells apart, of ``size`` bytes of JSON."""
+    return [{"name": f"t{n}", "description": "x" * (size - len(orjson.dumps([{"name": f"t{n}", "description": ""}])))}]
+
+
+def test_a_known_field_is_found_after_a_nested_key_of_the_same_name():
+    known = KnownValues(min_bytes=64)
+    known.loads(orjson.dumps({"tools": tools_of(1)}))
+    raw = orjson.dumps({"meta": {"tools": ["something else"]}, "tools": tools_of(1)})
+    assert known.loads(raw) == orjson.loads(raw) and known.hits == 1
+
+
+def test_a_match_inside_another_match_gives_way_to_the_outer_one():
+    """The tools hold a nested "system" key whose value is the known system prompt's bytes, before the real field:
+    the tools' match (the outer one) is kept, the nested one dropped, and the body still parses without either."""
+    known = KnownValues(min_bytes=64)
+    system = "s" * 100
+    tools = [{"name": "t", "input_schema": {"system": system}, "description": "x" * 100}]
+    known.loads(orjson.dumps({"tools": tools, "system": system}))
+    raw = orjson.dumps({"tools": tools, "system": system, "model": "m"})
+    assert known.loads(raw) == orjson.loads(raw)
+    assert known.hits == 1
+
+
+def test_the_least_recently_used_value_is_forgotten_first():
+    size = len(orjson.dumps(tools_of(0)))
+    known = KnownValues(min_bytes=64, max_total=2 * size, per_field=8)
+    a = known.loads(orjson.dumps({"tools": tools_of(0)}))["tools"]
+    known.loads(orjson.dumps({"tools": tools_of(1)}))
+    assert known.loads(orjson.dumps({"tools": tools_of(0)}))["tools"] is a  # used again: the newest
+    known.loads(orjson.dumps({"tools": tools_of(2)}))  # over the bound: the oldest unused (tools 1) goes
+    assert known.known(a) and known.loads(orjson.dumps({"tools": tools_of(0)}))["tools"] is a
+    hits = known.hits
+    known.loads(orjson.dumps({"tools": tools_of(1)}))
+    assert known.hits == hits  # forgotten: parsed whole
+
+
+def test_values_exactly_at_the_bounds_are_learned_and_fill_the_total_exactly():
+    size = len(orjson.dumps(tools_of(0)))
+    known = KnownValues(min_bytes=size, max_bytes=size, max_total=2 * size, per_field=8)
+    a = known.loads(orjson.dumps({"tools": tools_of(0)}))["tools"]
+    b = known.loads(orjson.dumps({"tools": tools_of(1)}))["tools"]
+    assert known.learned == 2 and known.known(a) and known.known(b)  # 2 x size is not over 2 x size
+    known.loads(orjson.dumps({"tools": tools_of(2, size + 1)}))
+    known.loads(orjson.dumps({"tools": tools_of(3, size - 1)}))
+    assert known.learned == 2  # one byte over max_bytes, one under min_bytes
+
+
+def test_each_field_keeps_its_newest_values_and_gives_their_room_back():
+    size = len(orjson.dumps(tools_of(0)))
+    known = KnownValues(min_bytes=64, max_total=2 * size, per_field=1)
+    seen = [known.loads(orjson.dumps({"tools": tools_of(n)}))["tools"] for n in range(4)]
+    assert [known.known(v) for v in seen] == [False, False, False, True]  # one per field, the newest
+    known = KnownValues(min_bytes=64, per_field=2)
+    seen = [known.loads(orjson.dumps({"tools": tools_of(n)}))["tools"] for n in range(3)]
+    assert [known.known(v) for v in seen] == [False, True, True]
+
+
+def test_the_default_bounds():
+    known = KnownValues()
+    small = known.loads(orjson.dumps({"tools": tools_of(0, 4095)}))["tools"]
+    large = known.loads(orjson.dumps({"tools": tools_of(1, 4096)}))["tools"]
+    assert len(orjson.dumps(small)) == 4095 and not known.known(small) and known.known(large)
+    seen = [known.loads(orjson.dumps({"tools": tools_of(n, 5000)}))["tools"] for n in range(2, 7)]
+    assert [known.known(v) for v in seen] == [False, True, True, True, True]  # four a field
+
+
+def test_clear_forgets_everything():
+    known = KnownValues(min_bytes=64)
+    tools = known.loads(orjson.dumps({"tools": tools_of(0)}))["tools"]
+    derived = known.derive(tools, "k", lambda v: [len(v)])
+    known.clear()
+    assert not known.known(tools) and not known.known(derived)
+    assert known.loads(orjson.dumps({"tools": tools_of(0)}))["tools"] is not tools and known.hits == 0
+    assert known.learned == 2  # learned again
+
+
+def test_derived_values_have_json_and_scalars_are_never_known():
+    known = KnownValues(min_bytes=64)
+    tools = known.loads(orjson.dumps({"tools": tools_of(0)}))["tools"]
+    names = known.derive(tools, "names", lambda v: [t["name"] for t in v])
+    assert known.json_of(names) == b'["t0"]' and known.json_of(names) is known.json_of(names)
+    assert known.derive(tools, "count", len) == 1 and not known.known(1)
+    assert known.derive(tools, "pair", lambda v: (len(v), "t")) == (1, "t") and not known.known("t")
+    model = known.derive(tools, "model", lambda v: {object()})  # not JSON data: no JSON
+    assert known.known(model) and known.json_of(model) is None
+
+
+def test_what_is_derived_from_a_derived_value_goes_with_its_root():
+    size = len(orjson.dumps(tools_of(0)))
+    known = KnownValues(min_bytes=64, max_total=size + 100, per_field=8)
+    instructions = {"instructions": "i" * 70}
+    other = known.loads(orjson.dumps(instructions))["instructions"]  # another root, older
+    tools = known.loads(orjson.dumps({"tools": tools_of(0)}))["tools"]
+    child = known.derive(tools, "child", lambda v: [1])
+    grandchild = known.derive(child, "grandchild", lambda v: [2])
+    assert known.known(grandchild)
+    assert known.loads(orjson.dumps(instructions))["instructions"] is other  # used again: tools are the oldest
+    known.loads(orjson.dumps({"tools": tools_of(1)}))  # pushes the tools out, and all derived from them
+    assert not known.known(tools) and not known.known(child) and not known.known(grandchild)
+    assert known.known(other)
+
+
+def test_the_default_size_bounds():
+    """At most 4 MiB a value and 32 MiB in all (the newest kept)."""
+    mib = 1024 * 1024
+    known = KnownValues(fields=("tools", "system", "instructions"))
+    largest = known.loads(orjson.dumps({"tools": tools_of(0, 4 * mib)}))["tools"]
+    too_large = known.loads(orjson.dumps({"system": tools_of(1, 4 * mib + 1)}))["system"]
+    assert known.known(largest) and not known.known(too_large)
+    values = [known.loads(orjson.dumps({field: tools_of(n, 4 * mib)}))[field]
+              for n, field in enumerate(["system"] * 4 + ["instructions"] * 3, start=2)]
+    assert known.known(largest) and all(known.known(v) for v in values)  # 8 x 4 MiB: 32 MiB, not over
+    known.loads(orjson.dumps({"instructions": tools_of(9, 4096)}))
+    assert not known.known(largest) and all(known.known(v) for v in values)
+
+
+def test_a_value_a_field_pushed_out_no_longer_counts_against_the_total():
+    size = len(orjson.dumps(tools_of(0)))
+    known = KnownValues(min_bytes=64, max_total=2 * size, per_field=1)
+    for n in range(3):
+        known.loads(orjson.dumps({"tools": tools_of(n)}))  # each pushes the one before out of its field
+    last = known.loads(orjson.dumps({"tools": tools_of(2)}))["tools"]
+    known.loads(orjson.dumps({"system": tools_of(3)}))
+    assert known.known(last)  # size + size: within the total
+    known.loads(orjson.dumps({"system": tools_of(4, 2 * size)}))  # its own field's one goes; still over: tools too
+    assert not known.known(last)
