@@ -118,7 +118,7 @@ class ChatRequest(_Data):
         (validation would copy it), so their dump and its JSON are computed once too."""
         request = handler(data)
         tools = data.get("tools") if isinstance(data, dict) else None
-        if tools is not None and KNOWN.known(tools):
+        if tools is not None and KNOWN.known(tools) and all(isinstance(tool, Tool) for tool in tools):
             request.__dict__["tools"] = tools
         return request
 

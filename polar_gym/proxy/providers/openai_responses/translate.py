@@ -449,7 +449,7 @@ def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> I
     chat = ChatRequest(
         model=req.model,
         messages=messages,
-        tools=(shared if tools == shared else tools) or None,
+        tools=(shared if len(tools) == len(shared) else tools) or None,  # the items added none: the shared list
         tool_choice=tool_choice_in(req.tool_choice, kinds, notes),
         parallel_tool_calls=req.parallel_tool_calls,
         max_tokens=req.max_output_tokens,
