@@ -4,17 +4,21 @@
   Qwen-like chat template, standing in for the real Qwen tokenizer where only token plumbing is under test.
 - ``FakeVLLM``: a recording upstream speaking vLLM's chat API with ``return_token_ids``, served through
   ``httpx.MockTransport`` (no sockets).
+- ``disk_full``: the journal's file append on a full disk (patched over ``polar_gym.proxy.capture._append``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-__all__ = ["ByteTokenizer", "FakeVLLM"]
+__all__ = ["ByteTokenizer", "FakeVLLM", "disk_full"]
 
 _SPECIAL = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 258}
 _SPLIT = re.compile("(" + "|".join(re.escape(s) for s in _SPECIAL) + ")")
@@ -112,3 +116,14 @@ class FakeVLLM:
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handler)
+
+
+def disk_full(torn: int = 0) -> Callable[[Any, Any, bool], None]:
+    """A stand-in for the journal's ``_append(fds, payloads, fsync)`` on a full disk: it writes the first ``torn``
+    bytes of the token payload (a torn write), then fails as ENOSPC does."""
+    def append(fds: Any, payloads: Any, fsync: bool) -> None:
+        if torn:
+            os.write(fds[0], payloads[0][:torn])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    return append

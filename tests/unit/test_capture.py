@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from polar_gym.journal import common_prefix, read_session
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.schema import CompletionRecord
+from tests._fakes import disk_full
 
 
 def record(session: str, prompt: list[int], response: list[int],
@@ -341,7 +342,6 @@ async def test_a_call_whose_journal_write_fails_gets_an_error_answer_not_a_hang(
 async def test_the_writer_keeps_a_bounded_number_of_files_open(tmp_path: Path):
     """The writer keeps the files of the streams it wrote last open between calls; 100 streams never hold more
     than its bound, and closing the journal closes them all."""
-    import os
 
     def open_fds() -> int:
         try:
@@ -404,12 +404,7 @@ async def test_a_failing_append_on_the_loop_reaches_the_call_and_the_stream_reco
     first, second, third = conversation(3)
     await journal.append(first.model_copy(deep=True))
     real_append = capture._append
-
-    def disk_full(fds: Any, payloads: Any, fsync: bool) -> None:
-        os.write(fds[0], payloads[0][:3])  # a torn token write, then the disk is full
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(capture, "_append", disk_full)
+    monkeypatch.setattr(capture, "_append", disk_full(torn=3))  # a torn token write, then the disk is full
     with pytest.raises(OSError, match="No space"):
         await journal.append(second.model_copy(deep=True))
     monkeypatch.setattr(capture, "_append", real_append)

@@ -18,6 +18,7 @@ from polar_gym.journal import DigestMemo
 from polar_gym.proxy import capture
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.schema import CompletionRecord
+from tests._fakes import disk_full
 from tests._waiting import until
 
 
@@ -97,11 +98,7 @@ def test_descriptors_given_up_by_the_loop_are_closed_by_the_next_write_on_the_wr
     files.write(tmp_path / "a", payloads, False)
     files.write(tmp_path / "b", payloads, False)
     real_append = capture._append
-
-    def disk_full(fds: Any, payloads: Any, fsync: bool) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(capture, "_append", disk_full)
+    monkeypatch.setattr(capture, "_append", disk_full())
     with pytest.raises(OSError, match="No space"):
         files.write_if_open(tmp_path / "a", payloads)
     monkeypatch.setattr(capture, "_append", real_append)
@@ -162,12 +159,7 @@ async def test_a_write_failing_on_the_writer_thread_reaches_the_call_and_its_des
     first = record("w", [1, 2], [3])
     await journal.append(first)
     real_append = capture._append
-
-    def disk_full(fds: Any, payloads: Any, fsync: bool) -> None:
-        os.write(fds[0], payloads[0][:5])  # a torn token write, then the disk is full
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(capture, "_append", disk_full)
+    monkeypatch.setattr(capture, "_append", disk_full(torn=5))  # a torn token write, then the disk is full
     with pytest.raises(OSError, match="No space"):
         await asyncio.wait_for(journal.append(record("w", [1, 2, 3, 4], [5])), 30)
     assert descriptors_under(tmp_path / "w") == 0
@@ -187,11 +179,7 @@ async def test_a_failing_append_on_the_loop_leaves_no_descriptor_behind(tmp_path
     journal = CaptureJournal(tmp_path)
     await journal.append(record("l", [1, 2], [3]))
     real_append = capture._append
-
-    def disk_full(fds: Any, payloads: Any, fsync: bool) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(capture, "_append", disk_full)
+    monkeypatch.setattr(capture, "_append", disk_full())
     with pytest.raises(OSError, match="No space"):
         await journal.append(record("l", [1, 2, 3, 4], [5]))
     monkeypatch.setattr(capture, "_append", real_append)
