@@ -97,7 +97,8 @@ _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_logprobs")
 #: JSON.stringify and Rust's serde_json write the same compact UTF-8; the others: Python's json module as clients
 #: call it)
 _DIALECTS: dict[str, Callable[[Any], bytes]] = {
-    "orjson": orjson.dumps,
+    # known values (a harness's repeated tools) as the bytes they were parsed from, not serialized again
+    "orjson": lambda v: orjson.dumps(KNOWN.as_fragments(v) if isinstance(v, dict) else v),
     "json": lambda v: json.dumps(v).encode(),
     "json_compact": lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode(),
     "json_compact_ascii": lambda v: json.dumps(v, separators=(",", ":")).encode(),
@@ -286,9 +287,7 @@ class SessionStore:
         tried first), else the raw body as a blob."""
         for name in sorted(_DIALECTS, key=lambda n: n != self._dialect):
             try:
-                # orjson's: the known values as the bytes they were parsed from, not serialized again
-                as_written = orjson.dumps(KNOWN.as_fragments(request)) if name == "orjson" else _DIALECTS[name](request)
-                if as_written == received:
+                if _DIALECTS[name](request) == received:
                     self._dialect = name
                     return name
             except (TypeError, ValueError):
