@@ -46,12 +46,16 @@ class KnownValues:
     as orjson writes it (compact JSON, as every harness measured sends it); other bodies are parsed as they always
     were.
 
+    The bounds are on JSON bytes; what is kept of them parsed, validated and translated is a few times that (a
+    parsed tools list takes ~2.4x its JSON), so ``max_total`` keeps a hostile caller's retained memory near 100 MB
+    while the largest tool list measured (Claude Code's, 63-81 KB) is far below ``max_bytes``.
+
     Looked up by identity: a value is known while it is kept here (the entries hold it, so its ``id`` is not reused
     meanwhile). Not thread-safe for writers: one event loop parses; readers (the journal's writer threads) only
     look up."""
 
     def __init__(self, fields: Iterable[str] = REPEATED_FIELDS, *, min_bytes: int = 4096,
-                 max_bytes: int = 4 * 1024 * 1024, max_total: int = 32 * 1024 * 1024, per_field: int = 4) -> None:
+                 max_bytes: int = 1024 * 1024, max_total: int = 8 * 1024 * 1024, per_field: int = 4) -> None:
         self.fields = tuple(fields)
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes

@@ -299,15 +299,15 @@ def test_what_is_derived_from_a_derived_value_goes_with_its_root():
 
 
 def test_the_default_size_bounds():
-    """At most 4 MiB a value and 32 MiB in all (the newest kept)."""
+    """At most 1 MiB a value and 8 MiB in all (the newest kept)."""
     mib = 1024 * 1024
     known = KnownValues(fields=("tools", "system", "instructions"))
-    largest = known.loads(orjson.dumps({"tools": tools_of(0, 4 * mib)}))["tools"]
-    too_large = known.loads(orjson.dumps({"system": tools_of(1, 4 * mib + 1)}))["system"]
+    largest = known.loads(orjson.dumps({"tools": tools_of(0, mib)}))["tools"]
+    too_large = known.loads(orjson.dumps({"system": tools_of(1, mib + 1)}))["system"]
     assert known.known(largest) and not known.known(too_large)
-    values = [known.loads(orjson.dumps({field: tools_of(n, 4 * mib)}))[field]
+    values = [known.loads(orjson.dumps({field: tools_of(n, mib)}))[field]
               for n, field in enumerate(["system"] * 4 + ["instructions"] * 3, start=2)]
-    assert known.known(largest) and all(known.known(v) for v in values)  # 8 x 4 MiB: 32 MiB, not over
+    assert known.known(largest) and all(known.known(v) for v in values)  # 8 x 1 MiB: 8 MiB, not over
     known.loads(orjson.dumps({"instructions": tools_of(9, 4096)}))
     assert not known.known(largest) and all(known.known(v) for v in values)
 
