@@ -11,6 +11,7 @@ import gc
 from collections.abc import Sequence
 
 from fastapi import APIRouter, FastAPI
+from starlette.types import Receive, Scope, Send
 
 import polar_gym
 from polar_gym.httpguard import TokenCheck
@@ -19,7 +20,7 @@ from polar_gym.proxy.routes.models import ModelCallShortcut
 from polar_gym.proxy.service import ProxyService
 from polar_gym.web import AdminRoutes, install
 
-__all__ = ["create_app", "tune_gc_for_serving"]
+__all__ = ["ProxyApp", "create_app", "tune_gc_for_serving"]
 
 #: collect the youngest generation every 50,000 net allocations instead of 700: a call parses a ~100 KB body
 #: into tens of thousands of containers (freed by reference counting, not cycles), which otherwise run the
@@ -37,14 +38,26 @@ def tune_gc_for_serving() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+class ProxyApp(FastAPI):
+    """The proxy's FastAPI app, whose model calls skip starlette's middleware stack (error middleware, FastAPI's
+    telemetry, routing): :class:`ModelCallShortcut` answers them first. Everything else is FastAPI as usual."""
+
+    model_calls: ModelCallShortcut | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.model_calls is not None and await self.model_calls.handled(self, scope, receive, send):
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(service: ProxyService, admin_token: str | None = None, *,
                routers: Sequence[APIRouter] = (), title: str = "polar_gym proxy",
-               max_admin_body_bytes: int = 16 * 1024 * 1024) -> FastAPI:
+               max_admin_body_bytes: int = 16 * 1024 * 1024) -> ProxyApp:
     """The proxy app. ``routers`` (e.g. the gateway's session API) are mounted before the model routes, so the
     catch-all ``POST /{path}`` provider detection cannot shadow them. Every route that declares
     ``polar_gym.web.require_admin`` (and anything under ``/admin/``) has its token checked before its body is read
     and its body capped at ``max_admin_body_bytes``."""
-    app = FastAPI(title=title, version=polar_gym.__version__)
+    app = ProxyApp(title=title, version=polar_gym.__version__)
     app.state.service = service
     for router in (*routers, models.router, sessions.router, admin.router, models.detect_router):
         app.include_router(router)
@@ -55,5 +68,5 @@ def create_app(service: ProxyService, admin_token: str | None = None, *,
 
     install(app, TokenCheck(admin_token), needs_token=admin_only,
             limit=lambda method, path: max_admin_body_bytes if admin_only(method, path) else None)
-    app.add_middleware(ModelCallShortcut, guarded=admin_only)  # added last: runs first
+    app.model_calls = ModelCallShortcut(guarded=admin_only)
     return app

@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     admin_token = admin_token_from(args, settings.capture_dir)
     app = create_app(service, admin_token)
     tune_gc_for_serving()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    # No X-Forwarded-* rewriting (nothing reads the client address) and no access log: less work per call.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False)
     service.journal.close()
     return 0

@@ -1,5 +1,6 @@
-"""Model calls skip FastAPI's routing (``ModelCallShortcut``) and still answer exactly as the routed endpoints do;
-paths the admin guard covers never take the shortcut; a harness that hangs up mid-body is not an error."""
+"""Model calls skip starlette's middleware stack and FastAPI's routing (``ModelCallShortcut``) and still answer
+exactly as the routed endpoints do; paths the admin guard covers never take the shortcut; a harness that hangs up
+mid-body is not an error."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import httpx
 import orjson
+from starlette.applications import Starlette
 
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.routes import models
@@ -22,15 +24,22 @@ GOOGLE = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
 async def test_model_calls_take_the_shortcut_and_answer_as_the_routed_endpoints(tmp_path: Path, monkeypatch):
     service = oracle_service(tmp_path)
     app = create_app(service, "admin")
-    assert app.user_middleware[0].cls is ModelCallShortcut  # outermost of ours: runs before routing
+    assert isinstance(app.model_calls, ModelCallShortcut)
     routed: list[str] = []
     original = models.model_call
+    stacked: list[str] = []  # calls that went through starlette's middleware stack
+    original_stack = Starlette.__call__
 
     async def counted(request: Any, provider: str, route: Any) -> Any:
         routed.append(provider)
         return await original(request, provider, route)
 
+    async def through_stack(self: Starlette, scope: Any, receive: Any, send: Any) -> None:
+        stacked.append(scope["path"])
+        await original_stack(self, scope, receive, send)
+
     monkeypatch.setattr(models, "model_call", counted)
+    monkeypatch.setattr(Starlette, "__call__", through_stack)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as client:
         chat = await client.post("/v1/chat/completions", content=orjson.dumps(CHAT), headers=HEADERS)
         google = await client.post("/v1beta/models/policy:generateContent", content=orjson.dumps(GOOGLE),
@@ -42,6 +51,7 @@ async def test_model_calls_take_the_shortcut_and_answer_as_the_routed_endpoints(
     assert unknown.status_code == 404 and unknown.json()["error"]["status"] == "NOT_FOUND"  # Google's own shape
     assert health.status_code == 200
     assert routed == ["openai_chat", "google", "google"]
+    assert stacked == ["/health"]  # model calls, even refused ones, never enter the middleware stack
     assert [r.provider for r in await service.journal.records("s1")] == ["openai_chat", "google"]
     service.journal.close()
 

@@ -101,31 +101,33 @@ def _is_google_path(path: str) -> bool:
 
 
 class ModelCallShortcut:
-    """Model calls go straight to their endpoint, past FastAPI's routing, middleware and per-request machinery:
-    ~0.3 ms of a call's ~2 ms of proxy CPU (issue 18's profile), for the same endpoint and the same answer. Only
-    paths ``guarded`` leaves alone (BodyGuard checks their admin token) and only the routes this module serves
-    (the app's own routes, e.g. a gateway's, never collide with them); everything else goes on to ``app``."""
+    """Model calls go straight to their endpoint, past FastAPI's routing, middleware and per-request machinery, for
+    the same endpoint and the same answer: ``app`` (a :class:`ProxyApp`) asks :meth:`handled` before anything else
+    runs. Only paths ``guarded`` leaves alone (BodyGuard checks their admin token) and only the routes this module
+    serves (the app's own routes, e.g. a gateway's, never collide with them); everything else goes on to ``app``."""
 
-    def __init__(self, app: ASGIApp, guarded: Callable[[str, str], bool]) -> None:
-        self.app = app
+    def __init__(self, guarded: Callable[[str, str], bool]) -> None:
         self.guarded = guarded
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            provider = MODEL_ROUTES.get(path)
-            if (provider is not None or _is_google_path(path)) and not self.guarded("POST", path):
-                request = Request(scope, receive)
-                try:
-                    if provider is None:
-                        response = await google_call(request)
-                    else:
-                        response = await model_call(request, provider, Route(path, query=request.query_params))
-                except ClientDisconnect:  # hung up while sending its body: nobody to answer
-                    return
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+    async def handled(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Whether this was a model call, answered."""
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return False
+        path = scope["path"]
+        provider = MODEL_ROUTES.get(path)
+        if (provider is None and not _is_google_path(path)) or self.guarded("POST", path):
+            return False
+        scope["app"] = app  # what starlette sets: the endpoints find the service through it
+        request = Request(scope, receive)
+        try:
+            if provider is None:
+                response = await google_call(request)
+            else:
+                response = await model_call(request, provider, Route(path, query=request.query_params))
+        except ClientDisconnect:  # hung up while sending its body: nobody to answer
+            return True
+        await response(scope, receive, send)
+        return True
 
 
 @router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
