@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from polar_gym.known_json import KNOWN
+from polar_gym.known_json import KNOWN, PromptIds
 from polar_gym.schema import CompletionRecord
 
 __all__ = [
@@ -196,7 +196,8 @@ class SessionStore:
         """(record lines, token bytes, logprob bytes) for ``record``; updates the store's state. The record lines
         are the blob lines the record needs, then its own line. ``received``: the request body as the harness sent
         it, so :func:`read_received` can give it back byte for byte."""
-        prompt = array("I", record.prompt_ids)
+        ids = record.prompt_ids
+        prompt = ids.packed if type(ids) is PromptIds else array("I", ids)  # packed as the engine's answer was read
         prompt_bytes = prompt.tobytes()
         base, keep = -1, 0
         for recent in self._recent:

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SkipValidation,
+    model_validator,
+)
 
 from polar_gym.known_json import KNOWN
 
@@ -160,13 +168,15 @@ class Usage(_Data):
 
 
 class ChatResult(_Data):
-    """An engine's answer: the assistant message plus the exact token data behind it."""
+    """An engine's answer: the assistant message plus the exact token data behind it. The token lists are not
+    validated here: each engine's reader checks what it read (:func:`polar_gym.proxy.engines.openai.token_ids_in`
+    does it in C), and validating 2,000 IDs again cost more than the rest of reading the answer."""
 
     message: ChatMessage
     finish_reason: FinishReason = "stop"
-    prompt_ids: list[int] = Field(default_factory=list)
-    response_ids: list[int] = Field(default_factory=list)
-    response_logprobs: list[float] = Field(default_factory=list)
+    prompt_ids: SkipValidation[list[int]] = Field(default_factory=list)
+    response_ids: SkipValidation[list[int]] = Field(default_factory=list)
+    response_logprobs: SkipValidation[list[float]] = Field(default_factory=list)
     token_faithful: bool = True
     usage: Usage = Field(default_factory=Usage)
     engine: str = ""

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 import httpx
 import orjson
 
-from polar_gym.known_json import KNOWN
+from polar_gym.known_json import KNOWN, KnownPromptIds
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.errors import (
     RequestError,
@@ -174,9 +174,14 @@ class HttpEngine(Engine):
         self._own_client = client is None
         #: the hot call's lean client (an engine given its own httpx client, as tests do, posts through that one)
         self.fast = LeanHttpClient(timeout=timeout) if client is None else None
+        #: each session's last prompt IDs: an answer's are parsed past what they share (an agent's prompt grows)
+        self.prompt_ids = KnownPromptIds()
         self.client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0),
                                                   limits=httpx.Limits(max_connections=1024,
                                                                       max_keepalive_connections=256))
+
+    def close_session(self, session_id: str) -> None:
+        self.prompt_ids.forget(session_id)
 
     @abc.abstractmethod
     def build(self, request: ChatRequest) -> dict[str, Any]:
@@ -194,7 +199,9 @@ class HttpEngine(Engine):
         """Parse ``body``, answering ``sent``; only engines whose answer does not echo the prompt need ``sent``."""
         return self.parse(body)
 
-    async def post(self, server_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def post(self, server_url: str, path: str, body: dict[str, Any], session_id: str | None = None
+                   ) -> dict[str, Any]:
+        """POST ``body``, the JSON answer parsed (the prompt IDs past what the session's last answer shared)."""
         with translate_upstream_errors(server_url):
             resp: httpx.Response | UpstreamAnswer
             data = orjson.dumps(KNOWN.as_fragments(body))  # repeated tools: their JSON, not serialized again
@@ -205,13 +212,13 @@ class HttpEngine(Engine):
                                               headers={"content-type": "application/json"})
             if resp.status_code >= 400:
                 raise upstream_status_error(server_url, resp.status_code, resp.text)
-            data = orjson.loads(resp.content)
+            data = self.prompt_ids.loads(resp.content, session_id)
             if not isinstance(data, dict):
                 raise ValueError("upstream answer is not a JSON object")
             return data
 
-    async def post_stream(self, server_url: str, path: str,
-                          body: dict[str, Any]) -> AsyncIterator[dict[str, Any] | None]:
+    async def post_stream(self, server_url: str, path: str, body: dict[str, Any],
+                          session_id: str | None = None) -> AsyncIterator[dict[str, Any] | None]:
         """POST ``body`` and yield None once the server has accepted it (its answer's head), then each JSON object
         of the server-sent-event answer as it arrives (until ``[DONE]``); an answer that is not an event stream is
         yielded whole; an HTTP error answer raises as :meth:`post` does, before anything is yielded. Through the
@@ -220,7 +227,7 @@ class HttpEngine(Engine):
         if self.fast is not None and server_url.startswith("http://"):
             async with self.fast.stream(server_url + path, payload) as (head, pieces):
                 async with contextlib.aclosing(self._events(server_url, head.status_code, head.content_type,
-                                                            pieces)) as events:
+                                                            pieces, session_id)) as events:
                     async for event in events:
                         yield event
             return
@@ -229,12 +236,12 @@ class HttpEngine(Engine):
                                           headers={"content-type": "application/json"}) as resp:
                 async with contextlib.aclosing(self._events(server_url, resp.status_code,
                                                             resp.headers.get("content-type", ""),
-                                                            resp.aiter_bytes())) as events:
+                                                            resp.aiter_bytes(), session_id)) as events:
                     async for event in events:
                         yield event
 
-    async def _events(self, server_url: str, status: int, media_type: str,
-                      pieces: AsyncIterator[bytes]) -> AsyncGenerator[dict[str, Any] | None, None]:
+    async def _events(self, server_url: str, status: int, media_type: str, pieces: AsyncIterator[bytes],
+                      session_id: str | None = None) -> AsyncGenerator[dict[str, Any] | None, None]:
         """What :meth:`post_stream` yields, from an answer's status, media type and body pieces."""
         with translate_upstream_errors(server_url):
             if status >= 400:
@@ -244,7 +251,7 @@ class HttpEngine(Engine):
             if "text/event-stream" not in media_type:
                 # a server that answers whole (ignoring "stream"): vLLM's and SGLang's whole answers read as one
                 # last chunk
-                whole = orjson.loads(b"".join([piece async for piece in pieces]))
+                whole = self.prompt_ids.loads(b"".join([piece async for piece in pieces]), session_id)
                 if not isinstance(whole, dict):
                     raise ValueError("upstream answer is not a JSON object")
                 yield whole
@@ -263,15 +270,14 @@ class HttpEngine(Engine):
                     if payload == b"[DONE]":
                         done = True
                         continue
-                    yield self._stream_event(server_url, payload)
+                    yield self._stream_event(server_url, payload, session_id)
             tail = b"".join(pending).strip()
             if not done and tail.startswith(b"data:") and tail[5:].strip() != b"[DONE]":
-                yield self._stream_event(server_url, tail[5:].strip())
+                yield self._stream_event(server_url, tail[5:].strip(), session_id)
 
-    @staticmethod
-    def _stream_event(server_url: str, payload: bytes) -> dict[str, Any]:
-        """One ``data:`` payload of an upstream stream (an error event raises)."""
-        data = orjson.loads(payload)
+    def _stream_event(self, server_url: str, payload: bytes, session_id: str | None) -> dict[str, Any]:
+        """One ``data:`` payload of an upstream stream (an error event raises); the first holds the prompt IDs."""
+        data = self.prompt_ids.loads(payload, session_id)
         if not isinstance(data, dict):
             raise ValueError("upstream stream event is not a JSON object")
         if isinstance(data.get("error"), dict | str) and "choices" not in data and "text" not in data:
@@ -332,7 +338,7 @@ class HttpEngine(Engine):
             body["model"] = self.upstream_model
         async with self.pool.lease(session_id) as server:
             started = time.perf_counter()
-            data = await self.post(server.url, self.path, body)
+            data = await self.post(server.url, self.path, body, session_id)
             with translate_upstream_errors(server.url):
                 result = read(data)
             result.server = server.url

@@ -3,12 +3,14 @@ so builders keep them out of training."""
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, ClassVar
 
+from polar_gym.known_json import PromptIds
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FunctionCall, ToolCall, Usage
 from polar_gym.proxy.engines.base import HttpEngine
 
-__all__ = ["OpenAIEngine", "finish_reason_in", "message_from_openai", "usage_in"]
+__all__ = ["OpenAIEngine", "finish_reason_in", "message_from_openai", "token_ids_in", "usage_in"]
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
            "content_filter": "content_filter", "eos": "stop", "abort": "stop"}
@@ -46,6 +48,29 @@ def usage_in(body: dict[str, Any], prompt_len: int, completion_len: int) -> Usag
     usage = body.get("usage") or {}
     return Usage(prompt_tokens=int(usage.get("prompt_tokens", prompt_len)),
                  completion_tokens=int(usage.get("completion_tokens", completion_len)))
+
+
+def token_ids_in(values: Any) -> list[int]:
+    """Token IDs as a list of ints, each checked to fit a uint32 (what the journal packs them into). The check is
+    ``array``'s, in C: half what pydantic's ``list[int]`` costs, so the result is built without validating them again
+    (ChatResult does not validate them again), ~15 us a call at 2,000 prompt tokens and linear in the context."""
+    if type(values) is PromptIds:
+        return values  # checked as they were read
+    if not isinstance(values, list):
+        raise ValueError(f"token IDs must be a list, got {type(values).__name__}")
+    try:
+        array("I", values)
+        return values
+    except TypeError:
+        pass  # not all ints (numbers written as floats or strings): converted, as validating a list[int] did
+    except OverflowError as exc:
+        raise ValueError(f"token IDs must be in 0..2**32-1: {exc}") from exc
+    try:
+        ints = [int(v) for v in values]
+        array("I", ints)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"token IDs must be integers in 0..2**32-1: {exc}") from exc
+    return ints
 
 
 class OpenAIEngine(HttpEngine):

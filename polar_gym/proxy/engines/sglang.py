@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.base import HttpEngine, WeightUpdateMode
-from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, usage_in
+from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, token_ids_in, usage_in
 from polar_gym.proxy.errors import WeightUpdateError
 
 __all__ = ["GenerateAnswer", "SGLangEngine", "generate_answer", "output_tokens_in",
@@ -48,7 +48,7 @@ def output_tokens_in(meta_info: dict[str, Any]) -> tuple[list[int], list[float]]
     triples = meta_info.get("output_token_logprobs")
     if triples is None:
         raise ValueError("no meta_info.output_token_logprobs in the answer (was logprobs / return_logprob set?)")
-    ids = [int(t[1]) for t in triples]
+    ids = token_ids_in([int(t[1]) for t in triples])
     if any(t[0] is None for t in triples):
         return ids, []
     return ids, [float(t[0]) for t in triples]
@@ -116,7 +116,7 @@ class SGLangEngine(HttpEngine):
         result = ChatResult(
             message=message,
             finish_reason=finish_reason_in(choice, bool(message.tool_calls)),
-            prompt_ids=[int(t) for t in prompt_ids],
+            prompt_ids=token_ids_in(prompt_ids),
             response_ids=response_ids,
             response_logprobs=logprobs,
             usage=usage_in(body, len(prompt_ids), len(response_ids)),

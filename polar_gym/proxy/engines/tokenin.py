@@ -18,8 +18,9 @@ import httpx
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult, FinishReason, Usage
 from polar_gym.proxy.engines.base import HttpEngine, StreamDelta, StreamPiece, StreamStart, WeightUpdateMode
+from polar_gym.proxy.engines.openai import token_ids_in
 from polar_gym.proxy.engines.sglang import generate_answer, sampling_params, update_sglang_weights
-from polar_gym.proxy.engines.vllm import _ints, reload_vllm_weights
+from polar_gym.proxy.engines.vllm import reload_vllm_weights
 from polar_gym.proxy.errors import translate_upstream_errors
 from polar_gym.proxy.parsers.base import OutputParser, ParsedReply, call_id
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
@@ -186,7 +187,7 @@ class TokenInEngine(HttpEngine):
         reasoning, content, started_stream, chunks = "", "", False, 0
         async with self.pool.lease(session_id) as server:
             started = time.perf_counter()
-            async for chunk in self.post_stream(server.url, self.path, body):
+            async for chunk in self.post_stream(server.url, self.path, body, session_id):
                 if not started_stream:  # the server took the call: the stream opens (its prompt is the plan's)
                     started_stream = True
                     yield StreamStart(list(plan.prompt_ids))
@@ -220,6 +221,7 @@ class TokenInEngine(HttpEngine):
         return len(plan.prompt_ids)
 
     def close_session(self, session_id: str) -> None:
+        super().close_session(session_id)
         self.renderer.forget(session_id)
 
 
@@ -248,8 +250,8 @@ class VLLMTokenInEngine(TokenInEngine):
             raise ValueError(f"engine returned {len(values)} logprobs for {len(response_ids)} sampled tokens")
         text = choice.get("text")
         if not isinstance(text, str):
-            text = self.tokenizer.decode(_ints(response_ids))
-        return (_ints(prompt_ids), _ints(response_ids), [float(v) for v in values], text,
+            text = self.tokenizer.decode(token_ids_in(response_ids))
+        return (token_ids_in(prompt_ids), token_ids_in(response_ids), [float(v) for v in values], text,
                 str(choice.get("finish_reason") or "stop"), {})
 
 
@@ -263,8 +265,8 @@ class VLLMTokenInEngine(TokenInEngine):
             prompt_ids = choice.get("prompt_token_ids") or chunk.get("prompt_token_ids")
             if prompt_ids is None:
                 raise ValueError("no prompt_token_ids in the first chunk (is this vLLM >= 0.10.2?)")
-            answer.prompt_ids = _ints(prompt_ids)
-        ids = _ints(choice.get("token_ids") or [])
+            answer.prompt_ids = token_ids_in(prompt_ids)
+        ids = token_ids_in(choice.get("token_ids") or [])
         values = (choice.get("logprobs") or {}).get("token_logprobs") or []
         if len(values) != len(ids) or any(v is None for v in values):
             raise ValueError(f"engine streamed {len(values)} logprobs for {len(ids)} sampled tokens")

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.base import HttpEngine, StreamDelta, StreamPiece, StreamStart, WeightUpdateMode
-from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, usage_in
+from polar_gym.proxy.engines.openai import finish_reason_in, message_from_openai, token_ids_in, usage_in
 from polar_gym.proxy.errors import WeightUpdateError, translate_upstream_errors
 
 __all__ = ["ChatStreamAnswer", "VLLMEngine", "logprobs_in", "reload_vllm_weights"]
@@ -85,16 +85,6 @@ def logprobs_in(choice: dict[str, Any], n_tokens: int) -> list[float]:
     return values
 
 
-def _ints(values: Any) -> list[int]:
-    """Token IDs as a list of ints. JSON arrays of integers decode to exactly that, so a list whose ends are ints
-    is taken as it is (a full scan costs more than the rest of the request path)."""
-    if not isinstance(values, list):
-        raise ValueError(f"token IDs must be a list, got {type(values).__name__}")
-    if values and not (type(values[0]) is int and type(values[-1]) is int):
-        return [int(v) for v in values]
-    return values
-
-
 class VLLMEngine(HttpEngine):
     name = "vllm"
     weight_updates: ClassVar[WeightUpdateMode | None] = "reload"
@@ -121,8 +111,8 @@ class VLLMEngine(HttpEngine):
         return ChatResult(
             message=message,
             finish_reason=finish_reason_in(choice, bool(message.tool_calls)),
-            prompt_ids=_ints(prompt_ids),
-            response_ids=_ints(response_ids),
+            prompt_ids=token_ids_in(prompt_ids),
+            response_ids=token_ids_in(response_ids),
             response_logprobs=logprobs_in(choice, len(response_ids)),
             usage=usage_in(body, len(prompt_ids), len(response_ids)),
             engine=self.name,
@@ -143,7 +133,7 @@ class VLLMEngine(HttpEngine):
         answer, whole = ChatStreamAnswer(), None
         async with self.pool.lease(session_id) as server:
             started = time.perf_counter()
-            async for chunk in self.post_stream(server.url, self.path, body):
+            async for chunk in self.post_stream(server.url, self.path, body, session_id):
                 if chunk is None:  # vLLM took the call; the prompt's IDs come with its first chunk
                     yield StreamStart(None)
                     continue
@@ -190,11 +180,11 @@ class ChatStreamAnswer:
             prompt_ids = chunk.get("prompt_token_ids")
             if prompt_ids is None:
                 raise ValueError("no prompt_token_ids in the first chunk (is this vLLM >= 0.10.2?)")
-            self.prompt_ids = _ints(prompt_ids)
+            self.prompt_ids = token_ids_in(prompt_ids)
         if not chunk.get("choices"):
             return [], [], "", ""
         choice = chunk["choices"][0]
-        ids = _ints(choice.get("token_ids") or [])
+        ids = token_ids_in(choice.get("token_ids") or [])
         logprobs = logprobs_in(choice, len(ids)) if ids else []
         delta = choice.get("delta") or {}
         reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
