@@ -19,6 +19,7 @@ prompt IDs as their JSON text and parsed, so a new answer's IDs are parsed from 
 
 from __future__ import annotations
 
+import bisect
 import collections
 import secrets
 from array import array
@@ -28,12 +29,16 @@ from typing import Any, TypeVar
 
 import orjson
 
-__all__ = ["KNOWN", "REPEATED_FIELDS", "KnownPromptIds", "KnownValues", "PromptIds"]
+__all__ = ["CONVERSATION_FIELDS", "KNOWN", "REPEATED_FIELDS", "KnownPromptIds", "KnownValues", "PromptIds"]
 
 T = TypeVar("T")
 
 #: the top-level fields that repeat call after call in the protocols the proxy speaks
 REPEATED_FIELDS = ("tools", "system", "instructions", "systemInstruction")
+
+
+#: the top-level fields holding a protocol's conversation, which grows call after call
+CONVERSATION_FIELDS = ("messages", "input", "contents")
 
 
 @dataclass(eq=False)
@@ -44,6 +49,28 @@ class _Entry:
     derived: dict[Any, Any] = field(default_factory=dict)
     #: the entries of what was derived from this one (dropped with it)
     children: list[_Entry] = field(default_factory=list)
+    #: the entry this one was derived from (None: a root, a learned value or a conversation item)
+    root: _Entry | None = None
+    #: conversation prefixes holding this item (it is forgotten with the last)
+    holders: int = 0
+
+
+@dataclass(eq=False)
+class _Prefix:
+    """A session's conversation as a body held it: ``text`` is the list's JSON from its ``[`` to the end of its last
+    item, ``ends[i]`` where item ``i`` ends in it, ``items`` the items' entries."""
+
+    name: str
+    text: bytes
+    ends: list[int]
+    items: list[_Entry]
+
+
+@dataclass
+class _PrefixHit:
+    prefix: _Prefix
+    at: int  # the list's ``[`` in the body
+    keep: int  # items shared
 
 
 class KnownValues:
@@ -61,8 +88,19 @@ class KnownValues:
     look up."""
 
     def __init__(self, fields: Iterable[str] = REPEATED_FIELDS, *, min_bytes: int = 4096,
-                 max_bytes: int = 1024 * 1024, max_total: int = 8 * 1024 * 1024, per_field: int = 4) -> None:
+                 max_bytes: int = 1024 * 1024, max_total: int = 8 * 1024 * 1024, per_field: int = 4,
+                 conversation_fields: Iterable[str] = CONVERSATION_FIELDS, min_conversation_bytes: int = 2048,
+                 max_conversation_bytes: int = 4 * 1024 * 1024, max_conversation_total: int = 16 * 1024 * 1024,
+                 per_scope: int = 4) -> None:
         self.fields = tuple(fields)
+        self.conversation_fields = tuple(conversation_fields)
+        self.min_conversation_bytes = min_conversation_bytes
+        self.max_conversation_bytes = max_conversation_bytes
+        self.max_conversation_total = max_conversation_total
+        self.per_scope = per_scope
+        self._list_markers = {name: orjson.dumps(name) + b":[" for name in self.conversation_fields}
+        self._scopes: collections.OrderedDict[str, list[_Prefix]] = collections.OrderedDict()
+        self._conversation_total = 0
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes
         self.max_total = max_total
@@ -76,27 +114,40 @@ class KnownValues:
         # not the top-level field (a nested key of the same name) is told apart and parsed as sent.
         self._placeholder = "\x00polar_gym-known-" + secrets.token_hex(16)
         self._placeholder_json = orjson.dumps(self._placeholder)
+        self._items_placeholder = "\x00polar_gym-items-" + secrets.token_hex(16)
+        self._items_placeholder_json = orjson.dumps(self._items_placeholder)
         #: bodies parsed with at least one known value put back, and learned values (for tests and benchmarks)
         self.hits = 0
         self.learned = 0
+        #: conversation items taken from a session's known prefix instead of parsed (for tests and benchmarks)
+        self.items_reused = 0
 
     # ------------------------------------------------------------------------------------------------- parsing
-    def loads(self, raw: bytes) -> Any:
+    def loads(self, raw: bytes, scope: str | None = None) -> Any:
         """``orjson.loads(raw)``, with the known values' bytes not parsed again (the same result, and the same
-        error for a malformed body). Learns the large values of a body parsed whole."""
-        if self._by_field:
-            body = self._loads_known(raw)
+        error for a malformed body). Learns the large values of a body parsed whole. With a ``scope`` (the
+        session), the items its conversation shares with the session's last bodies are not parsed again either."""
+        prefix = self._find_prefix(raw, scope) if scope is not None and scope in self._scopes else None
+        if self._by_field or prefix is not None:
+            body = self._loads_known(raw, prefix)
             if body is not None:
                 self.hits += 1
                 self._learn(body, raw)  # the fields that were not known (new tools, the same system prompt)
+                if scope is not None:
+                    self._learn_conversation(body, raw, scope, prefix)
                 return body
         body = orjson.loads(raw)
         if isinstance(body, dict):
             self._learn(body, raw)
+            if scope is not None:
+                self._learn_conversation(body, raw, scope, None)
         return body
 
-    def _loads_known(self, raw: bytes) -> dict[str, Any] | None:
-        hits: list[tuple[int, int, str, _Entry]] = []
+    def _loads_known(self, raw: bytes, prefix: _PrefixHit | None = None) -> dict[str, Any] | None:
+        hits: list[tuple[int, int, str, _Entry | _PrefixHit]] = []
+        if prefix is not None:  # the shared items, from after the list's "[" to the end of the last one
+            hits.append((prefix.at + 1, prefix.at + prefix.prefix.ends[prefix.keep - 1], prefix.prefix.name,
+                         prefix))
         for name, entries in self._by_field.items():
             marker = self._markers[name]
             at = raw.find(marker)
@@ -104,33 +155,47 @@ class KnownValues:
                 if at < 0:
                     break
                 start = at + len(marker)
-                entry = next((e for e in entries if e.json is not None and raw.startswith(e.json, start)), None)
-                if entry is not None:
-                    hits.append((start, start + len(entry.json or b""), name, entry))
+                found = next((e for e in entries if e.json is not None and raw.startswith(e.json, start)), None)
+                if found is not None:
+                    hits.append((start, start + len(found.json or b""), name, found))
                     break
                 at = raw.find(marker, start)
         if not hits:
             return None
         hits.sort(key=lambda hit: hit[0])
         pieces: list[bytes] = []
-        kept: list[tuple[str, _Entry]] = []
+        kept: list[tuple[str, _Entry | _PrefixHit]] = []
         pos = 0
-        for start, end, name, entry in hits:
+        for start, end, name, hit in hits:
             if start < pos:
                 continue  # inside another match
-            pieces += [raw[pos:start], self._placeholder_json]
-            kept.append((name, entry))
+            is_items = isinstance(hit, _PrefixHit)
+            pieces += [raw[pos:start], self._items_placeholder_json if is_items else self._placeholder_json]
+            kept.append((name, hit))
             pos = end
         pieces.append(raw[pos:])
         try:
             body = orjson.loads(b"".join(pieces))
         except orjson.JSONDecodeError:
             return None  # parsed whole, for the error's true position
-        if not isinstance(body, dict) or any(body.get(name) != self._placeholder for name, _ in kept):
-            return None  # a nested key matched, not the field itself
-        for name, entry in kept:
-            body[name] = entry.value
-            self._lru.move_to_end(id(entry.value))
+        if not isinstance(body, dict):
+            return None
+        for name, hit in kept:
+            value = body.get(name)
+            if isinstance(hit, _PrefixHit):
+                if not (isinstance(value, list) and value and value[0] == self._items_placeholder):
+                    return None  # a nested list of the same name matched, not the field itself
+            elif value != self._placeholder:
+                return None  # a nested key matched, not the field itself
+        for name, hit in kept:
+            if isinstance(hit, _PrefixHit):
+                items = [item.value for item in hit.prefix.items[:hit.keep]]
+                items += body[name][1:]
+                body[name] = items
+                self.items_reused += hit.keep
+            else:
+                body[name] = hit.value
+                self._lru.move_to_end(id(hit.value))
         return body
 
     def _learn(self, body: dict[str, Any], raw: bytes) -> None:
@@ -167,13 +232,112 @@ class KnownValues:
             if entry in entries:
                 entries.remove(entry)
         for child in entry.children:
-            self._index.pop(id(child.value), None)
+            self._unindex(child)
 
     def clear(self) -> None:
-        """Forget every value."""
+        """Forget every value (and every session's conversation)."""
         for entry in list(self._lru.values()):
             self._drop(entry)
         self._by_field.clear()
+        for scope in list(self._scopes):
+            self.forget(scope)
+
+    # ------------------------------------------------------------------------------------------- conversations
+    def _find_prefix(self, raw: bytes, scope: str) -> _PrefixHit | None:
+        """The scope's known conversation sharing the most whole items with ``raw``'s (None: none shares one); it
+        becomes the scope's most recently used."""
+        best: _PrefixHit | None = None
+        prefixes = self._scopes[scope]
+        for prefix in prefixes:
+            marker = self._list_markers[prefix.name]
+            at = raw.find(marker)
+            if at < 0:
+                continue
+            at += len(marker) - 1
+            keep = _whole_items_shared(raw, at, prefix)
+            if keep and (best is None or keep > best.keep):
+                best = _PrefixHit(prefix, at, keep)
+        if best is not None and prefixes[0] is not best.prefix:
+            prefixes.remove(best.prefix)
+            prefixes.insert(0, best.prefix)
+        return best
+
+    def _learn_conversation(self, body: dict[str, Any], raw: bytes, scope: str, hit: _PrefixHit | None) -> None:
+        """Keep the body's conversation as the scope's newest, when the body holds it as orjson writes it."""
+        name = next((n for n in self.conversation_fields if isinstance(body.get(n), list)), None)
+        if name is None:
+            return
+        values: list[Any] = body[name]
+        if hit is not None and hit.prefix.name == name and hit.keep == len(values) == len(hit.prefix.items):
+            self._scopes.move_to_end(scope)  # the same conversation again (a retry): nothing new to keep
+            return
+        if hit is not None and hit.prefix.name == name:
+            keep, at = hit.keep, hit.at
+            text, ends, items = hit.prefix.text[:hit.prefix.ends[keep - 1]], hit.prefix.ends[:keep], \
+                hit.prefix.items[:keep]
+        else:
+            keep, at, text, ends, items = 0, -1, b"[", [], []
+        pieces = [text]
+        size = len(text)
+        new_items: list[_Entry] = []
+        for value in values[keep:]:
+            serialized = orjson.dumps(value)
+            pieces += [b"," if size > 1 else b"", serialized]
+            size += len(serialized) + (1 if size > 1 else 0)
+            ends.append(size)
+            new_items.append(_Entry(value, serialized))
+        if not self.min_conversation_bytes <= size <= self.max_conversation_bytes:
+            return
+        text = b"".join(pieces)
+        if at < 0:
+            at = raw.find(self._list_markers[name][:-1] + text)  # not found: not sent as orjson writes it
+            if at < 0:
+                return
+            at += len(self._list_markers[name]) - 1
+        elif not raw.startswith(text[len(pieces[0]):], at + len(pieces[0])):
+            return  # the new items were not sent as orjson writes them
+        if raw[at + len(text): at + len(text) + 1] != b"]":
+            return
+        prefix = _Prefix(name, text, ends, [*items, *new_items])
+        # A conversation that goes on from all of a known one replaces it; one that shares only its start (a
+        # sub-agent opening with the same system prompt) is kept beside it.
+        whole = hit is not None and hit.keep == len(hit.prefix.items)
+        self._remember_prefix(scope, prefix, hit.prefix if whole and hit is not None else None)
+
+    def _remember_prefix(self, scope: str, prefix: _Prefix, replaced: _Prefix | None) -> None:
+        for item in prefix.items:
+            if item.holders == 0:
+                self._index[id(item.value)] = item
+            item.holders += 1
+        prefixes = self._scopes.setdefault(scope, [])
+        if replaced is not None and replaced in prefixes:
+            prefixes.remove(replaced)  # the conversation moved on: its new body replaces the old one
+            self._release(replaced)
+        prefixes.insert(0, prefix)
+        self._conversation_total += len(prefix.text)
+        while len(prefixes) > self.per_scope:
+            self._release(prefixes.pop())
+        self._scopes.move_to_end(scope)
+        while self._conversation_total > self.max_conversation_total and self._scopes:
+            self.forget(next(iter(self._scopes)))
+
+    def _release(self, prefix: _Prefix) -> None:
+        self._conversation_total -= len(prefix.text)
+        for item in prefix.items:
+            item.holders -= 1
+            if item.holders == 0:
+                self._unindex(item)
+
+    def _unindex(self, entry: _Entry) -> None:
+        if self._index.get(id(entry.value)) is entry:
+            del self._index[id(entry.value)]
+        for child in entry.children:
+            self._unindex(child)
+
+    def forget(self, scope: str) -> None:
+        """The session is over: drop its conversations."""
+        for prefix in self._scopes.pop(scope, []):
+            self._release(prefix)
 
     # ------------------------------------------------------------------------------------------------ derived
     def json_of(self, value: Any) -> bytes | None:
@@ -217,18 +381,34 @@ class KnownValues:
         if kind in entry.derived:
             return entry.derived[kind]  # type: ignore[no-any-return]
         result = entry.derived[kind] = compute(value)
-        root = self._root(entry)
+        root = entry.root or entry
         for item in _with_tuple_items(result):
             if not isinstance(item, (int, float, bool, str, type(None))) and id(item) not in self._index:
-                child = _Entry(item)
+                child = _Entry(item, root=root)
                 root.children.append(child)
                 self._index[id(item)] = child
         return result
 
-    def _root(self, entry: _Entry) -> _Entry:
-        if self._lru.get(id(entry.value)) is entry:
-            return entry
-        return next(e for e in self._lru.values() if entry in e.children)
+
+def _whole_items_shared(raw: bytes, at: int, prefix: _Prefix) -> int:
+    """How many whole items of ``prefix`` the list at ``raw[at]`` (its ``[``) starts with."""
+    text, ends = prefix.text, prefix.ends
+    if raw.startswith(text, at):
+        shared = len(text)
+    else:
+        lo, hi = 0, min(len(text), len(raw) - at)
+        while hi - lo > 1:  # the longest common prefix, by halves
+            mid = (lo + hi) // 2
+            if raw.startswith(text[lo:mid], at + lo):
+                lo = mid
+            else:
+                hi = mid
+        shared = lo
+    keep = bisect.bisect_right(ends, shared)
+    # an item is whole in raw too when what follows it there ends it (a number may go on: "12" then "123")
+    while keep and raw[at + ends[keep - 1]: at + ends[keep - 1] + 1] not in (b",", b"]"):
+        keep -= 1
+    return keep
 
 
 def _with_tuple_items(value: Any) -> list[Any]:
@@ -266,7 +446,7 @@ class _KnownIds:
 
 class KnownPromptIds:
     """Each session's last prompt token IDs, as the engine wrote them and parsed (``per_scope`` lists a session:
-    its agent's and a sub-agent's), ``max_tokens`` of them in all (least recently used session first out).
+    its agent's and its sub-agents'), ``max_tokens`` of them in all (least recently used session first out).
 
     :meth:`loads` is ``orjson.loads`` of an engine's answer, with the IDs of ``prompt_token_ids`` (top-level, as
     vLLM's chat answer has them, or in the first choice, as SGLang's and vLLM's completions) parsed only past what
@@ -275,7 +455,7 @@ class KnownPromptIds:
     are all uint32s, else as the plain list ``orjson.loads`` makes. Not thread-safe: one event loop reads answers.
     """
 
-    def __init__(self, *, per_scope: int = 2, max_tokens: int = 1 << 20, min_bytes: int = 2048) -> None:
+    def __init__(self, *, per_scope: int = 4, max_tokens: int = 1 << 20, min_bytes: int = 2048) -> None:
         self.per_scope = per_scope
         self.max_tokens = max_tokens
         self.min_bytes = min_bytes
@@ -342,7 +522,10 @@ class KnownPromptIds:
         if best is not None:
             self.hits += 1
             self.reused += keep
-        self._remember(scope, entries, best, _KnownIds(span, ids))
+        # IDs that go on from all of a known list replace it; ones that share only its start (a sub-agent's
+        # prompt, opening with the same system prompt) are kept beside it.
+        self._remember(scope, entries, best if best is not None and keep == len(best.ids) else None,
+                       _KnownIds(span, ids))
         return ids
 
     def _remember(self, scope: str, entries: list[_KnownIds], replaced: _KnownIds | None, entry: _KnownIds) -> None:

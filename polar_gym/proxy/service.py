@@ -308,11 +308,12 @@ class ProxyService:
             status, body = error_body(exc, "openai")
         return Reply(status, orjson.dumps(body))
 
-    def _read_body(self, raw: bytes) -> Any:
+    def _read_body(self, raw: bytes, session_id: str) -> Any:
         if len(raw) > self.max_body_bytes:
             raise PayloadTooLarge(f"request body of {len(raw)} bytes exceeds the limit of {self.max_body_bytes}")
         try:
-            return KNOWN.loads(raw)  # the tools and system prompt the harness sent last time are not parsed again
+            # the tools, system prompt and conversation the session sent last time are not parsed again
+            return KNOWN.loads(raw, session_id)
         except orjson.JSONDecodeError as exc:
             raise RequestError(f"malformed JSON body: {exc}") from exc
 
@@ -341,7 +342,7 @@ class ProxyService:
         try:
             provider = self.provider(provider_name)
             info = self.sessions.resolve(session_key(headers, route.query))
-            body = self._read_body(raw)
+            body = self._read_body(raw, info.session_id)
             inbound = self._parse(provider, body, route)
             if inbound.stream and not inbound.stream_json_array and self.engine.stream_passthrough:
                 return await self._stream_through(provider, inbound, body, info, route, disconnected, raw)
@@ -526,7 +527,7 @@ class ProxyService:
         try:
             provider = self.provider(provider_name)
             info = self.sessions.resolve(session_key(headers, route.query))
-            body = self._read_body(raw)
+            body = self._read_body(raw, info.session_id)
             if not isinstance(body, dict):
                 raise RequestError("request body must be a JSON object")
             inbound = provider.parse_count(body, route)  # UnsupportedRoute when the protocol has no such call
@@ -553,6 +554,7 @@ class ProxyService:
         The journal stays on disk."""
         self.engine.pool.forget(session_id)
         self.engine.close_session(session_id)
+        KNOWN.forget(session_id)
         if not self._inflight.get(session_id):
             self._idle.pop(session_id, None)
 

@@ -334,6 +334,15 @@ def test_the_cheap_precheck_strips_exactly_what_the_case_blind_pattern_strips(be
         assert strip_billing_lines(text) == _BILLING_LINE.subn("", text)
 
 
+@given(st.text(alphabet=sorted(set("-hHeEaAdDrR: x\u0130\u0131\u017f\u212a\u0307")), max_size=60), st.text(max_size=20))
+@settings(max_examples=400, deadline=None)
+def test_the_header_marker_is_found_exactly_where_lower_casing_finds_it(text: str, noise: str):
+    from polar_gym.proxy.providers.anthropic.translate import _has_header_marker
+
+    for candidate in (text, noise + text + noise, text + "-HeAdEr:", "keybindings-help " + text):
+        assert _has_header_marker(candidate) == ("-header:" in candidate.lower())
+
+
 @settings(max_examples=50, deadline=None)
 @given(v1=hexes, c1=hexes, v2=hexes, c2=hexes, rest=st.text(min_size=1).filter(lambda s: s.strip()))
 def test_billing_values_never_change_the_normalized_request(v1, c1, v2, c2, rest):

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polar_gym.journal import SessionStore, decode, decode_received
-from polar_gym.known_json import KNOWN, REPEATED_FIELDS, KnownValues
+from polar_gym.known_json import CONVERSATION_FIELDS, KNOWN, REPEATED_FIELDS, KnownValues
 from polar_gym.proxy.detect import split_google_path
 from polar_gym.proxy.providers.base import Route
 from polar_gym.registry import PROVIDERS
@@ -163,8 +163,9 @@ def test_recorded_harness_bodies_translate_and_journal_the_same_through_known_va
     raw = orjson.dumps(recorded["body"])
     provider, route = PROVIDERS.get(recorded["provider"])(), _route(recorded["path"])
     fresh = provider.parse(orjson.loads(raw), route)
-    KNOWN.loads(raw)
-    bodies = [KNOWN.loads(raw) for _ in range(3)]
+    scope = f"recorded-{case.parent.name}-{case.stem}"
+    KNOWN.loads(raw, scope)
+    bodies = [KNOWN.loads(raw, scope) for _ in range(3)]
     shared = {key for key, value in bodies[-1].items() if KNOWN.known(value)}
     large = {key for key in REPEATED_FIELDS if len(orjson.dumps(recorded["body"].get(key))) >= KNOWN.min_bytes}
     assert shared == large  # every large repeated field is known (each recorded body is compact JSON)
@@ -190,6 +191,40 @@ def test_recorded_harness_bodies_translate_and_journal_the_same_through_known_va
         assert decode(chunks, all_tokens, all_logprobs)[-1].request == orjson.loads(raw)
     for key in shared:  # translating and journaling changed nothing shared
         assert orjson.dumps(bodies[-1][key]) == KNOWN.json_of(bodies[-1][key])
+    conversation = next((bodies[-1][n] for n in CONVERSATION_FIELDS if isinstance(bodies[-1].get(n), list)), [])
+    for item in conversation:  # nor any of the conversation's items the three calls shared
+        assert KNOWN.json_of(item) in (None, orjson.dumps(item))
+    KNOWN.forget(scope)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_recorded_conversations_translate_the_same_as_they_grow_item_by_item(case):
+    """Each recorded conversation sent one item longer each call, in one session (the items before the last are
+    taken from the session's known conversation): each call translates as a fresh parse of it does."""
+    recorded = json.loads(case.read_text())
+    name = next((n for n in CONVERSATION_FIELDS if isinstance(recorded["body"].get(n), list)), None)
+    if name is None:
+        pytest.skip("no conversation list")
+    provider, route = PROVIDERS.get(recorded["provider"])(), _route(recorded["path"])
+    known = KnownValues(min_conversation_bytes=64)
+    items = recorded["body"][name]
+    for n in range(1, len(items) + 1):
+        raw = orjson.dumps({**recorded["body"], name: items[:n]})
+        parsed = known.loads(raw, "s")
+        assert parsed == orjson.loads(raw)
+        try:
+            fresh = provider.parse(orjson.loads(raw), route)
+        except Exception as exc:  # a cut conversation the protocol refuses: refused the same way
+            with pytest.raises(type(exc)) as ours:
+                provider.parse(parsed, route)
+            assert str(ours.value) == str(exc)
+            continue
+        ours_inbound = provider.parse(parsed, route)
+        assert orjson.dumps(ours_inbound.chat.dump()) == orjson.dumps(fresh.chat.dump())
+        assert ours_inbound.normalizations == fresh.normalizations
+    assert known.items_reused >= len(items) - 1 or len(orjson.dumps(items)) < 64
+    for item in parsed[name]:
+        assert known.json_of(item) in (None, orjson.dumps(item))  # translation changed no shared item
 
 
 # -------------------------------------------------------------------------- bounds, and what mutation testing found
@@ -322,3 +357,130 @@ def test_a_value_a_field_pushed_out_no_longer_counts_against_the_total():
     assert known.known(last)  # size + size: within the total
     known.loads(orjson.dumps({"system": tools_of(4, 2 * size)}))  # its own field's one goes; still over: tools too
     assert not known.known(last)
+
+
+# ------------------------------------------------------------------------------- a session's growing conversation
+
+
+def turn(i: int, size: int = 600) -> dict[str, Any]:
+    return {"role": "user" if i % 2 else "assistant", "content": f"turn {i} " + "w" * size + " é ☃"}
+
+
+def convo(n: int, **over: Any) -> dict[str, Any]:
+    return body(messages=[turn(i) for i in range(n)], **over)
+
+
+def test_a_growing_conversation_is_parsed_past_the_items_the_session_sent_before():
+    known = KnownValues()
+    first = known.loads(orjson.dumps(convo(4)), "s")
+    second = known.loads(orjson.dumps(convo(6)), "s")
+    assert second == orjson.loads(orjson.dumps(convo(6)))
+    assert known.items_reused == 4
+    assert all(a is b for a, b in zip(first["messages"], second["messages"][:4], strict=True))
+    assert second["messages"] is not first["messages"]  # each call has its own list
+    assert known.json_of(second["messages"][5]) == orjson.dumps(turn(5))  # the journal reuses each item's JSON
+    third = known.loads(orjson.dumps(convo(6)), "s")  # a retry: the same conversation
+    assert third == second and known.items_reused == 10
+    other = known.loads(orjson.dumps(convo(6)), "t")  # another session learns its own
+    assert other == second and known.items_reused == 10
+
+
+@pytest.mark.parametrize("case", ["edited", "nested-first", "duplicate-last", "duplicate-first", "number-grows",
+                                  "spaced-tail", "malformed", "not-a-list", "other-field", "empty"])
+def test_hostile_and_odd_conversations_parse_as_orjson_parses(case: str):
+    known = KnownValues(min_conversation_bytes=64)
+    known.loads(orjson.dumps(convo(4)), "s")
+    items = orjson.dumps([turn(i) for i in range(4)])[1:-1].decode()
+    raw = {
+        # the third turn changed: only the first two are shared
+        "edited": orjson.dumps(body(messages=[turn(0), turn(1), turn(9), turn(3)])),
+        # the same items under a nested "messages" before the field itself
+        "nested-first": f'{{"meta":{{"messages":[{items}]}},"messages":[{items},{{"role":"user","content":"x"}}]}}'
+        .encode(),
+        "duplicate-last": f'{{"messages":[{{"role":"user","content":"a"}}],"messages":[{items}]}}'.encode(),
+        "duplicate-first": f'{{"messages":[{items}],"messages":[{{"role":"user","content":"a"}}]}}'.encode(),
+        "spaced-tail": f'{{"messages":[{items}, {{"role": "user", "content": "x"}}]}}'.encode(),
+        "malformed": f'{{"messages":[{items},{{"role":"user",}}]}}'.encode(),
+        "not-a-list": orjson.dumps(body(messages="hello")),
+        "other-field": orjson.dumps({"contents": [turn(i) for i in range(4)]}),
+        "empty": orjson.dumps(body(messages=[])),
+    }.get(case, b"")
+    if case == "number-grows":  # a list of numbers whose last one goes on
+        known.loads(b'{"messages":[' + b",".join([b"1234567890"] * 20) + b"]}", "n")
+        raw = b'{"messages":[' + b",".join([b"1234567890"] * 20) + b"5]}"
+        assert known.loads(raw, "n") == orjson.loads(raw)
+        return
+    try:
+        expected = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        with pytest.raises(orjson.JSONDecodeError) as ours:
+            known.loads(raw, "s")
+        assert str(ours.value) == str(exc)
+        return
+    assert known.loads(raw, "s") == expected
+    if case == "edited":
+        assert known.items_reused == 2
+
+
+@given(st.lists(st.tuples(st.sampled_from(["grow", "same", "edit", "cut", "spaced", "garbage", "nested", "small",
+                                           "forget"]), st.integers(0, 7), st.sampled_from(["s", "t"])),
+                min_size=1, max_size=14))
+def test_any_sequence_of_conversations_parses_as_orjson_parses(steps):
+    known = KnownValues(min_conversation_bytes=256, max_conversation_total=40_000, per_scope=2)
+    sizes = {"s": 3, "t": 3}
+    for step, at, scope in steps:
+        n = sizes[scope]
+        messages = [turn(i, 100) for i in range(n)]
+        if step == "grow":
+            sizes[scope] = n + 1 + at % 3
+            messages = [turn(i, 100) for i in range(sizes[scope])]
+        elif step == "edit":
+            messages[at % n] = turn(at + 50, 100)
+        elif step == "cut":
+            messages = messages[:at % n + 1]
+        elif step == "small":
+            messages = [{"role": "user", "content": "x"}]
+        elif step == "forget":
+            known.forget(scope)
+            continue
+        data = {"model": "m", "messages": messages}
+        raw = {"spaced": json.dumps(data).encode(), "garbage": orjson.dumps(data)[:-2],
+               "nested": orjson.dumps({"x": {"messages": messages[:2]}, **data})}.get(step, orjson.dumps(data))
+        try:
+            expected = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            with pytest.raises(orjson.JSONDecodeError):
+                known.loads(raw, scope)
+            continue
+        assert known.loads(raw, scope) == expected
+        assert known._conversation_total <= 40_000
+
+
+def test_conversations_are_bounded_per_session_and_in_all_and_forgotten_with_their_session():
+    size = len(orjson.dumps([turn(i) for i in range(4)])) - 1
+    known = KnownValues(max_conversation_bytes=size, max_conversation_total=2 * size + size // 2, per_scope=2)
+    a = known.loads(orjson.dumps(convo(4)), "a")["messages"]
+    known.loads(orjson.dumps(body(messages=[turn(9), *[turn(i) for i in range(1, 4)]])), "a")  # a sub-agent
+    assert len(known._scopes["a"]) == 2 and known.known(a[0])
+    known.loads(orjson.dumps(body(messages=[turn(8), *[turn(i) for i in range(1, 4)]])), "a")  # a third: oldest goes
+    assert len(known._scopes["a"]) == 2 and not known.known(a[0])
+    b = known.loads(orjson.dumps(convo(4)), "b")["messages"]  # over the total: "a", least recently used, goes
+    assert list(known._scopes) == ["b"] and known._conversation_total == size
+    known.forget("b")
+    assert not known._scopes and known._conversation_total == 0 and not known.known(b[0])
+    assert known.json_of(b[0]) is None  # the journal serializes it again
+
+
+def test_items_shared_by_two_of_a_session_conversations_stay_known_until_both_are_gone():
+    known = KnownValues(per_scope=2, min_conversation_bytes=64)
+    first = known.loads(orjson.dumps(convo(4)), "s")["messages"]
+    sub = known.loads(orjson.dumps(convo(5)), "s")["messages"]
+    assert len(known._scopes["s"]) == 1 and sub[0] is first[0]  # went on from all of it: replaced it
+    known.loads(orjson.dumps(body(messages=[turn(0), turn(7)])), "s")  # shares turn 0 only: kept beside
+    known.loads(orjson.dumps(body(messages=[turn(9), turn(8)])), "s")  # pushes out the 5-turn one
+    assert known.known(first[0])  # still held by the two-turn one
+    known.loads(orjson.dumps(body(messages=[turn(6), turn(8)])), "s")
+    assert not known.known(first[0])
+    derived = known.derive(known.loads(orjson.dumps(convo(4)), "s")["messages"][1], "upper", lambda t: [t["role"]])
+    known.forget("s")
+    assert not known.known(derived)  # what was derived from an item goes with it
