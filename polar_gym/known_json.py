@@ -89,7 +89,7 @@ class KnownValues:
 
     def __init__(self, fields: Iterable[str] = REPEATED_FIELDS, *, min_bytes: int = 4096,
                  max_bytes: int = 1024 * 1024, max_total: int = 8 * 1024 * 1024, per_field: int = 4,
-                 conversation_fields: Iterable[str] = CONVERSATION_FIELDS, min_conversation_bytes: int = 2048,
+                 conversation_fields: Iterable[str] = CONVERSATION_FIELDS, min_conversation_bytes: int = 512,
                  max_conversation_bytes: int = 4 * 1024 * 1024, max_conversation_total: int = 16 * 1024 * 1024,
                  per_scope: int = 4) -> None:
         self.fields = tuple(fields)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Generic, TypeVar
@@ -19,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Generic, TypeVar
 import orjson
 import pydantic
 
-from polar_gym.known_json import KNOWN
+from polar_gym.known_json import CONVERSATION_FIELDS, KNOWN
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.errors import (
     ErrorStyle,
@@ -105,11 +106,40 @@ def _field_validator(model: type[pydantic.BaseModel], key: str) -> tuple[str, py
     return None
 
 
+@functools.cache
+def _item_validator(model: type[pydantic.BaseModel], key: str) -> pydantic.TypeAdapter[Any] | None:
+    """The validator of one item of the field ``key``, when the model declares it a list of one type."""
+    for name, info in model.model_fields.items():
+        if key in (name, info.alias, info.validation_alias):
+            if typing.get_origin(info.annotation) is list:
+                return pydantic.TypeAdapter(typing.get_args(info.annotation)[0])
+            return None
+    return None
+
+
+def _known_items_validated(model: type[M], body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the items of its conversation that the session sent before (known items,
+    :mod:`polar_gym.known_json`) as their models, validated once: the model takes a model as it is."""
+    name = next((n for n in CONVERSATION_FIELDS if isinstance(body.get(n), list)), None)
+    if name is None or not body[name] or not KNOWN.known(body[name][0]):
+        return body
+    adapter = _item_validator(model, name)
+    if adapter is None:
+        return body
+    try:
+        items = [KNOWN.derive(item, (model, name), adapter.validate_python) for item in body[name]]
+    except pydantic.ValidationError:
+        return body  # validated whole, for the error's place in the body
+    return {**body, name: items}
+
+
 def parse_model(model: type[M], body: Any) -> M:
     """Validate ``body`` against a protocol model, turning pydantic's error into a RequestError. A known value
-    (:mod:`polar_gym.known_json`: the tools a harness sends on every call) is validated once, not on every call."""
+    (:mod:`polar_gym.known_json`: the tools a harness sends on every call, the items of its conversation it sent
+    before) is validated once, not on every call."""
     if not isinstance(body, dict):
         raise RequestError(f"request body must be a JSON object, got {type(body).__name__}")
+    body = _known_items_validated(model, body)
     try:
         known = [(key, found) for key, value in body.items()
                  if KNOWN.known(value) and (found := _field_validator(model, key)) is not None]

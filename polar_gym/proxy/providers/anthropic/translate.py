@@ -21,6 +21,7 @@ back.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
@@ -30,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from polar_gym.known_json import KNOWN
 from polar_gym.proxy.chat import (
     ChatMessage,
     ChatRequest,
@@ -297,21 +299,27 @@ def _assistant(blocks: list[dict[str, Any]], where: str, notes: list[str]) -> Ch
                        reasoning_content="\n\n".join(thoughts) if thoughts else None, tool_calls=calls or None)
 
 
+def _message_in(msg: InMessage, i: int) -> tuple[list[ChatMessage], list[str]]:
+    """One Anthropic turn's Chat messages and notes. A session's earlier turns give the same ones on every call, so
+    they are translated once (:meth:`polar_gym.known_json.KnownValues.derive`); nothing changes them after."""
+    where = f"messages.{i}.content"
+    notes: list[str] = []
+    if msg.role == "system":
+        texts = _clean(_text_blocks(msg.content, where), notes)
+        return ([ChatMessage(role="system", content="".join(texts))] if texts else []), notes
+    blocks = [{"type": "text", "text": msg.content}] if isinstance(msg.content, str) else msg.content
+    if msg.role == "user":
+        return _user(blocks, where), notes
+    return [_assistant(blocks, where, notes)], notes
+
+
 def messages_in(messages: list[InMessage], notes: list[str]) -> list[ChatMessage]:
     """Anthropic turns as Chat messages (one turn can become several: its tool results, then its text)."""
     out: list[ChatMessage] = []
     for i, msg in enumerate(messages):
-        where = f"messages.{i}.content"
-        if msg.role == "system":
-            texts = _clean(_text_blocks(msg.content, where), notes)
-            if texts:
-                out.append(ChatMessage(role="system", content="".join(texts)))
-            continue
-        blocks = [{"type": "text", "text": msg.content}] if isinstance(msg.content, str) else msg.content
-        if msg.role == "user":
-            out.extend(_user(blocks, where))
-        else:
-            out.append(_assistant(blocks, where, notes))
+        translated, own = KNOWN.derive(msg, ("anthropic.message", i), functools.partial(_message_in, i=i))
+        out.extend(translated)
+        notes.extend(note for note in own if note not in notes)  # each note is given once
     if messages[-1].role == "assistant":
         notes.append("the final assistant message (a prefill) is sent as a complete turn, not continued")
     return out

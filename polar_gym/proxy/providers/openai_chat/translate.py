@@ -6,6 +6,7 @@ The normalized form is Chat-shaped already, so this front end mostly validates, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -151,7 +152,9 @@ class OpenAIChatProvider(Provider[OpenAIChatRenderState]):
             extra["chat_template_kwargs"] = req.chat_template_kwargs
         chat = ChatRequest(
             model=req.model,
-            messages=[_message_in(m, i) for i, m in enumerate(req.messages)],
+            # a session's earlier messages give the same ones every call: translated once, never changed after
+            messages=[KNOWN.derive(m, ("openai_chat.message", i), functools.partial(_message_in, i=i))
+                      for i, m in enumerate(req.messages)],
             tools=(tools_in(req.tools, req.functions) if req.functions else
                    KNOWN.derive(req.tools, "openai_chat.tools", lambda tools: tools_in(tools, None))),
             tool_choice=req.tool_choice,

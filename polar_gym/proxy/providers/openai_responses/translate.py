@@ -14,12 +14,14 @@ out with a note.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
 
+from polar_gym.known_json import KNOWN
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ContentPart, FunctionCall, Tool, ToolCall, collapse_parts
 from polar_gym.proxy.errors import RequestError, validation_message
 from polar_gym.proxy.providers.base import Inbound, parse_model, translated_once
@@ -308,6 +310,53 @@ def _local_shell_arguments(action: dict[str, Any]) -> str:
                       ensure_ascii=False)
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """What one input item gives on its own, before the turns are put together: its model (or the kind of a
+    skipped item), the text of an assistant message, the message of a turn that stands alone (a user, system or
+    developer message, a tool result), a call, reasoning; and the notes it gives. A session's earlier items give
+    the same pieces on every call, so they are computed once (:meth:`polar_gym.known_json.KnownValues.derive`)."""
+
+    item: Any
+    text: str | None = None
+    message: ChatMessage | None = None
+    call: ToolCall | None = None
+    reasoning: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def _piece(raw: Any, where: str) -> _Piece:
+    item = _validate_item(raw, where)
+    notes: list[str] = []
+    if isinstance(item, str):
+        return _Piece(item, notes=(f"{where}: {item} item left out (hosted-tool history this proxy cannot replay)",))
+    if isinstance(item, MessageItem):
+        content = _content_in(item.content, where)
+        if item.role != "assistant":
+            return _Piece(item, message=ChatMessage(role=item.role, content=content))
+        if isinstance(content, str):
+            return _Piece(item, text=content)
+        # an assistant turn is text: an image in it has no place in the chat message
+        notes += [f"{where}.content.{j}: {part.get('type')!r} part dropped (assistant messages carry text only)"
+                  for j, part in enumerate(item.content) if isinstance(part, dict)
+                  and part.get("type") not in ("input_text", "output_text", "text")]
+        return _Piece(item, text="".join(p.text or "" for p in content), notes=tuple(notes))
+    if isinstance(item, ReasoningItem):
+        reasoning = _reasoning_in(item, where, notes)
+        return _Piece(item, reasoning=reasoning, notes=tuple(notes))
+    if isinstance(item, FunctionCallItem):
+        args = item.arguments if isinstance(item.arguments, str) else json.dumps(item.arguments)
+        return _Piece(item, call=ToolCall(id=item.call_id, function=FunctionCall(
+            name=flat_name(item.namespace, item.name), arguments=args)))
+    if isinstance(item, CustomToolCallItem):
+        return _Piece(item, call=ToolCall(id=item.call_id, function=FunctionCall(
+            name=flat_name(item.namespace, item.name), arguments=custom_arguments(item.input))))
+    if isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+        message = ChatMessage(role="tool", tool_call_id=item.call_id, content=_output_text(item.output, where, notes))
+        return _Piece(item, message=message, notes=tuple(notes))
+    return _Piece(item)  # shell calls and their outputs, and added tools: read in context
+
+
 def items_in(items: list[Any], kinds: ToolKinds, tools: list[Tool], notes: list[str]) -> list[ChatMessage]:
     """Input items as chat messages. ``tools`` receives tools carried by ``additional_tools`` items."""
     out: list[ChatMessage] = []
@@ -325,50 +374,36 @@ def items_in(items: list[Any], kinds: ToolKinds, tools: list[Tool], notes: list[
 
     for i, raw in enumerate(items):
         where = f"input.{i}"
-        item = _validate_item(raw, where)
+        piece = KNOWN.derive(raw, ("openai_responses.item", where), functools.partial(_piece, where=where))
+        item = piece.item
         if isinstance(item, str):
-            notes.append(f"{where}: {item} item left out (hosted-tool history this proxy cannot replay)")
-        elif isinstance(item, MessageItem):
-            content = _content_in(item.content, where)
-            if item.role != "assistant":
-                flush()
-                out.append(ChatMessage(role=item.role, content=content))
-                continue
+            notes.extend(piece.notes)
+        elif piece.message is not None:  # a turn of its own: a user, system or developer message, a tool result
+            flush()
+            notes.extend(piece.notes)
+            out.append(piece.message)
+        elif isinstance(item, MessageItem):  # the assistant's
             if turn.text is not None or turn.calls:
                 flush()
-            if isinstance(content, str):
-                turn.text = content
-            else:  # an assistant turn is text: an image in it has no place in the chat message
-                turn.text = "".join(p.text or "" for p in content)
-                notes += [f"{where}.content.{j}: {part.get('type')!r} part dropped (assistant messages carry text "
-                          "only)" for j, part in enumerate(item.content) if isinstance(part, dict)
-                          and part.get("type") not in ("input_text", "output_text", "text")]
+            turn.text = piece.text
+            notes.extend(piece.notes)
         elif isinstance(item, ReasoningItem):
             if turn.text is not None or turn.calls:
                 flush()
-            reasoning = _reasoning_in(item, where, notes)
-            if reasoning is not None and turn.reasoning is not None:
+            notes.extend(piece.notes)
+            if piece.reasoning is not None and turn.reasoning is not None:
                 notes.append(f"{where}: consecutive reasoning items joined into one turn")
-                turn.reasoning += "\n\n" + reasoning
-            elif reasoning is not None:
-                turn.reasoning, turn.reasoning_at = reasoning, where
-        elif isinstance(item, FunctionCallItem):
-            args = item.arguments if isinstance(item.arguments, str) else json.dumps(item.arguments)
-            turn.calls.append(ToolCall(id=item.call_id, function=FunctionCall(
-                name=flat_name(item.namespace, item.name), arguments=args)))
-        elif isinstance(item, CustomToolCallItem):
-            turn.calls.append(ToolCall(id=item.call_id, function=FunctionCall(
-                name=flat_name(item.namespace, item.name), arguments=custom_arguments(item.input))))
+                turn.reasoning += "\n\n" + piece.reasoning
+            elif piece.reasoning is not None:
+                turn.reasoning, turn.reasoning_at = piece.reasoning, where
+        elif piece.call is not None:
+            turn.calls.append(piece.call)
         elif isinstance(item, LocalShellCallItem):
             call_id = item.call_id or item.id or f"call_{i}"
             if item.id:
                 shell_ids[item.id] = call_id
             turn.calls.append(ToolCall(id=call_id, function=FunctionCall(
                 name="local_shell", arguments=_local_shell_arguments(item.action))))
-        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
-            flush()
-            out.append(ChatMessage(role="tool", tool_call_id=item.call_id,
-                                   content=_output_text(item.output, where, notes)))
         elif isinstance(item, LocalShellCallOutputItem):
             flush()
             out.append(ChatMessage(role="tool", tool_call_id=shell_ids.get(item.id, item.id), content=item.output))
