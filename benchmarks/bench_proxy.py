@@ -152,15 +152,15 @@ def as_sent(body: dict) -> bytes:
     return orjson.dumps(body)
 
 
-async def run_cell(base: str, path: str, body: dict, concurrency: int, total: int) -> dict:
-    """``total`` calls from ``concurrency`` workers. The load generator is polar_gym's lean HTTP/1.1 client (one
-    kept-alive connection per worker): httpx at 64 concurrent calls on a shared core spent more than the proxy
-    and stalled calls for seconds, so the cells measured the client."""
+async def run_cell(base: str, path: str, body: dict, concurrency: int, total: int, key: str = "bench") -> dict:
+    """``total`` calls from ``concurrency`` workers, in the session ``key``. The load generator is polar_gym's lean
+    HTTP/1.1 client (one kept-alive connection per worker): httpx at 64 concurrent calls on a shared core spent
+    more than the proxy and stalled calls for seconds, so the cells measured the client."""
     from polar_gym.proxy.http1 import LeanHttpClient
 
     payload = as_sent(body)
     client = LeanHttpClient(timeout=60, max_idle=concurrency,
-                            headers={"authorization": "Bearer bench", "x-api-key": "bench"})
+                            headers={"authorization": f"Bearer {key}", "x-api-key": key})
     latencies: list[float] = []
     errors = 0
     try:
@@ -297,7 +297,8 @@ def bench_overhead(quick: bool, front_ends: list[str], synthetic: bool = False,
     pin_self(1)  # the load generator shares the upstream's core: the proxy's core is its own, as direct's is
     rows = []
     try:
-        totals = {1: 150 if quick else 400, 16: 300 if quick else 1000, 64: 400 if quick else 1500}
+        totals = {1: 150 if quick else 400, 16: 300 if quick else 1000, 64: 400 if quick else 2000}
+        rounds = 1 if quick else 3
         for c in concurrency:
             for name in front_ends:
                 direct_path, direct_body = loads["direct" if synthetic else f"direct_{name}"]
@@ -315,15 +316,15 @@ def bench_overhead(quick: bool, front_ends: list[str], synthetic: bool = False,
                     cells = [plain, stream]
                     for baseline in baselines:
                         baseline.pop("cpu_ms_per_call")
-                else:  # throughput: each cell on its own, its direct baseline first
+                else:  # throughput: each cell in rounds, direct then proxied, the medians of the rounds
                     baselines, cells = [], []
                     for (path, body), (direct_path_, direct_body_) in zip(modes.values(), directs.values(),
                                                                           strict=True):
-                        baselines.append(asyncio.run(run_cell(up, direct_path_, direct_body_, c, totals[c])))
-                        cpu0 = cpu_ns(proxy.pid)
-                        cell = asyncio.run(run_cell(f"http://127.0.0.1:{proxy_port}", path, body, c, totals[c]))
-                        calls = totals[c] + min(20, totals[c])
-                        cells.append({**cell, "cpu_ms_per_call": (cpu_ns(proxy.pid) - cpu0) / 1e6 / calls})
+                        direct, cell = throughput_rounds(up, (direct_path_, direct_body_),
+                                                         f"http://127.0.0.1:{proxy_port}", (path, body), proxy.pid,
+                                                         c, totals[c], rounds, key=f"bench-{name}")
+                        baselines.append(direct)
+                        cells.append(cell)
                 for (mode, (_, body)), direct, cell in zip(modes.items(), baselines, cells, strict=True):
                     rows.append({"front_end": "direct", "for": name, "mode": mode, "concurrency": c, **direct})
                     print(f"c={c:<3} direct ({name:<9} {mode:<6}) {direct['rps']:6.0f} req/s  p50 "
@@ -338,7 +339,7 @@ def bench_overhead(quick: bool, front_ends: list[str], synthetic: bool = False,
                           f"+{row['p50_added_ms']:.2f} ms p50  cpu {row['cpu_ms_per_call']:.2f} ms/call  "
                           f"({row['body_kb']:.0f} KB)  errors {cell['errors']}", flush=True)
             if c > 1:
-                rows.append(fixed_cost_cell(up, f"http://127.0.0.1:{proxy_port}", proxy.pid, c, totals[c]))
+                rows.append(fixed_cost_cell(up, f"http://127.0.0.1:{proxy_port}", proxy.pid, c, totals[c], rounds))
     finally:
         for proc in (proxy, upstream):
             proc.terminate()
@@ -350,16 +351,35 @@ def bench_overhead(quick: bool, front_ends: list[str], synthetic: bool = False,
 TINY_CALL = {"model": "policy", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def fixed_cost_cell(upstream: str, proxy: str, proxy_pid: int, concurrency: int, total: int) -> dict:
+def throughput_rounds(upstream: str, direct_call: tuple[str, dict], proxy: str, proxied_call: tuple[str, dict],
+                      proxy_pid: int, concurrency: int, total: int, rounds: int, key: str = "bench"
+                      ) -> tuple[dict, dict]:
+    """A throughput cell and its direct baseline, in ``rounds`` rounds of the two back to back (so a burst of load
+    from outside lands on both alike): each one's round of median throughput, the proxy's CPU per call its median.
+    The stub upstream's direct throughput moved by up to 50 % between runs of one cell; a ratio of medians moves
+    far less."""
+    directs, cells = [], []
+    for _ in range(rounds):
+        directs.append(asyncio.run(run_cell(upstream, *direct_call, concurrency, total, key)))
+        cpu0 = cpu_ns(proxy_pid)
+        cell = asyncio.run(run_cell(proxy, *proxied_call, concurrency, total, key))
+        cells.append({**cell, "cpu_ms_per_call": (cpu_ns(proxy_pid) - cpu0) / 1e6 / (total + min(20, total))})
+    direct = sorted(directs, key=lambda r: r["rps"])[len(directs) // 2]
+    cell = sorted(cells, key=lambda r: r["rps"])[len(cells) // 2]
+    cell = {**cell, "cpu_ms_per_call": statistics.median(r["cpu_ms_per_call"] for r in cells), "rounds": rounds,
+            "rps_rounds": [r["rps"] for r in cells], "direct_rps_rounds": [r["rps"] for r in directs]}
+    return direct, cell
+
+
+def fixed_cost_cell(upstream: str, proxy: str, proxy_pid: int, concurrency: int, total: int,
+                    rounds: int = 1) -> dict:
     """A 0.1 KB Chat call, direct and through the proxy: the ratio a call's fixed cost allows (no body can do better
     than its own fixed cost plus its body's)."""
-    path = "/v1/chat/completions"
-    direct = asyncio.run(run_cell(upstream, path, TINY_CALL, concurrency, total))
-    cpu0 = cpu_ns(proxy_pid)
-    cell = asyncio.run(run_cell(proxy, path, TINY_CALL, concurrency, total))
-    cpu = (cpu_ns(proxy_pid) - cpu0) / 1e6 / (total + min(20, total))
+    direct, cell = throughput_rounds(upstream, ("/v1/chat/completions", TINY_CALL), proxy,
+                                     ("/v1/chat/completions", TINY_CALL), proxy_pid, concurrency, total, rounds)
+    cpu = cell["cpu_ms_per_call"]
     row = {"front_end": "openai_chat", "mode": "fixed_cost", "concurrency": concurrency, **cell,
-           "rps_ratio": cell["rps"] / direct["rps"], "cpu_ms_per_call": cpu, "direct_rps": direct["rps"]}
+           "rps_ratio": cell["rps"] / direct["rps"], "direct_rps": direct["rps"]}
     print(f"c={concurrency:<3} fixed cost (a 0.1 KB Chat call)  {cell['rps']:6.0f} req/s against {direct['rps']:.0f} "
           f"direct: x{row['rps_ratio']:.2f}  cpu {cpu:.2f} ms/call", flush=True)
     return row

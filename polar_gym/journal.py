@@ -136,6 +136,15 @@ def is_blob_line(line: bytes) -> bool:
     return line.lstrip().startswith(_BLOB_PREFIX)
 
 
+#: what a known value's blob name is kept under (polar_gym.known_json.KnownValues.derive)
+_DIGEST = "journal.blob-digest"
+
+
+def _digest(serialized: bytes) -> bytes:
+    """A blob's name: the first 16 bytes of its serialized value's SHA-256."""
+    return hashlib.sha256(serialized).digest()[:16]
+
+
 def _is_marker(value: Any) -> bool:
     """A dict a decoder would read as a reference: such a value is always stored as a blob, so it reads back as
     itself."""
@@ -158,12 +167,12 @@ class DigestMemo:
         """The first 16 bytes of ``serialized``'s SHA-256."""
         size = len(serialized)
         if size < self.min_bytes:
-            return hashlib.sha256(serialized).digest()[:16]
+            return _digest(serialized)
         with self._lock:
             known = self._known.get(size)
         if known is not None and known[0] == serialized:
             return known[1]
-        digest = hashlib.sha256(serialized).digest()[:16]
+        digest = _digest(serialized)
         with self._lock:
             self._known[size] = (serialized, digest)
             self._known.move_to_end(size)
@@ -266,13 +275,17 @@ class SessionStore:
         """``value`` itself when small, else a ref to its blob (written into ``blobs`` the first time)."""
         if not isinstance(value, (dict, list, str)) or (isinstance(value, str) and len(value) < _BLOB_MIN // 4):
             return value
-        serialized = KNOWN.json_of(value) or orjson.dumps(value)
+        known = KNOWN.json_of(value)
+        serialized = known or orjson.dumps(value)
         if len(serialized) < _BLOB_MIN and not _is_marker(value):
             return value
+        if known is not None:  # a harness's repeated value: its blob's name is computed once
+            return {_REF: self._blob(known, blobs, KNOWN.derive(value, _DIGEST, lambda _: _digest(known)))}
         return {_REF: self._blob(serialized, blobs)}
 
-    def _blob(self, serialized: bytes, blobs: list[bytes]) -> str:
-        digest = self.memo.digest(serialized)
+    def _blob(self, serialized: bytes, blobs: list[bytes], digest: bytes | None = None) -> str:
+        if digest is None:
+            digest = self.memo.digest(serialized)
         name = digest.hex()
         if digest in self._blobs:
             self._blobs.move_to_end(digest)

@@ -248,12 +248,15 @@ class KnownValues:
         becomes the scope's most recently used."""
         best: _PrefixHit | None = None
         prefixes = self._scopes[scope]
+        found: dict[str, int] = {}  # each field's list looked for once
         for prefix in prefixes:
-            marker = self._list_markers[prefix.name]
-            at = raw.find(marker)
+            at = found.get(prefix.name)
+            if at is None:
+                marker = self._list_markers[prefix.name]
+                pos = raw.find(marker)
+                at = found[prefix.name] = pos + len(marker) - 1 if pos >= 0 else -1
             if at < 0:
                 continue
-            at += len(marker) - 1
             keep = _whole_items_shared(raw, at, prefix)
             if keep and (best is None or keep > best.keep):
                 best = _PrefixHit(prefix, at, keep)
@@ -383,7 +386,7 @@ class KnownValues:
         result = entry.derived[kind] = compute(value)
         root = entry.root or entry
         for item in _with_tuple_items(result):
-            if not isinstance(item, (int, float, bool, str, type(None))) and id(item) not in self._index:
+            if not isinstance(item, (int, float, bool, str, bytes, type(None))) and id(item) not in self._index:
                 child = _Entry(item, root=root)
                 root.children.append(child)
                 self._index[id(item)] = child
