@@ -5,6 +5,9 @@ streamed as vLLM 0.32 streams it, one token per chunk ``--token-delay`` seconds 
 so time to first byte means something.
 
     python benchmarks/fast_upstream.py --port 8001 [--prompt-tokens 2000] [--token-delay 0.004]
+
+``--prompt-tokens 0``: each answer's prompt has a token per 4 bytes of the request, the same IDs as the last answer's
+up to its length, as a growing conversation's prompt does.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def chat_chunks(prompt_tokens: int, include_usage: bool) -> list[bytes]:
 
 
 def make_app(prompt_tokens: int, token_delay: float = 0.0):
-    body = answer_body(prompt_tokens)
+    body = answer_body(prompt_tokens) if prompt_tokens else b""
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -113,7 +116,8 @@ def make_app(prompt_tokens: int, token_delay: float = 0.0):
                         "headers": [(b"content-type", b"text/event-stream")]})
             chat = scope["path"] != "/v1/completions"
             if chat:
-                events = chat_chunks(prompt_tokens, bool((request.get("stream_options") or {}).get("include_usage")))
+                events = chat_chunks(prompt_tokens or max(1, len(raw) // 4),
+                                     bool((request.get("stream_options") or {}).get("include_usage")))
             else:
                 events = completion_chunks(request.get("prompt") or [])
             for n, event in enumerate(events):
@@ -130,8 +134,12 @@ def make_app(prompt_tokens: int, token_delay: float = 0.0):
                 (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
             await send({"type": "http.response.body", "body": answer})
             return
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        answer, answer_headers = body, headers
+        if not prompt_tokens:  # a prompt as long as the request (~4 bytes a token), opening as the last one did
+            answer = answer_body(max(1, len(raw) // 4))
+            answer_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": answer_headers})
+        await send({"type": "http.response.body", "body": answer})
 
     return app
 
@@ -139,7 +147,8 @@ def make_app(prompt_tokens: int, token_delay: float = 0.0):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--prompt-tokens", type=int, default=2000)
+    parser.add_argument("--prompt-tokens", type=int, default=2000,
+                        help="prompt token IDs in each answer (0: a quarter of the request's bytes)")
     parser.add_argument("--token-delay", type=float, default=0.0, help="seconds between streamed tokens")
     args = parser.parse_args()
     uvicorn.run(make_app(args.prompt_tokens, args.token_delay), host="127.0.0.1", port=args.port, log_level="warning",

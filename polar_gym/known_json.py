@@ -47,10 +47,9 @@ class _Entry:
     #: the value's compact JSON (orjson's), as found in a body; None for a derived value
     json: bytes | None = None
     derived: dict[Any, Any] = field(default_factory=dict)
-    #: the entries of what was derived from this one (dropped with it)
+    #: the entries of what was derived from this one (dropped with it; no entry points back at its parent: a
+    #: cycle would leave dropped values to the cyclic collector, which a serving process runs rarely)
     children: list[_Entry] = field(default_factory=list)
-    #: the entry this one was derived from (None: a root, a learned value or a conversation item)
-    root: _Entry | None = None
     #: conversation prefixes holding this item (it is forgotten with the last)
     holders: int = 0
 
@@ -210,7 +209,7 @@ class KnownValues:
                 continue
             if raw.find(self._markers[name] + serialized) < 0:
                 continue  # not sent as orjson writes it: it could never be matched
-            self._add(name, _Entry(value, serialized))
+            self._add(name, _Entry(value, _exact(serialized)))
 
     def _add(self, name: str, entry: _Entry) -> None:
         entries = self._by_field.setdefault(name, [])
@@ -288,7 +287,7 @@ class KnownValues:
             pieces += [b"," if size > 1 else b"", serialized]
             size += len(serialized) + (1 if size > 1 else 0)
             ends.append(size)
-            new_items.append(_Entry(value, serialized))
+            new_items.append(_Entry(value))
         if not self.min_conversation_bytes <= size <= self.max_conversation_bytes:
             return
         text = b"".join(pieces)
@@ -350,8 +349,10 @@ class KnownValues:
         if entry is None or entry.value is not value:
             return None
         if entry.json is None:
+            if entry.holders:
+                return None  # a conversation item: its JSON is not kept (it is needed once, when it is new)
             try:
-                entry.json = orjson.dumps(value)  # a derived value: not counted in max_total (its root is)
+                entry.json = _exact(orjson.dumps(value))  # a derived value: not counted in max_total (its root is)
             except TypeError:
                 return None  # not JSON data (a translation's models)
         return entry.json
@@ -384,13 +385,18 @@ class KnownValues:
         if kind in entry.derived:
             return entry.derived[kind]  # type: ignore[no-any-return]
         result = entry.derived[kind] = compute(value)
-        root = entry.root or entry
         for item in _with_tuple_items(result):
             if not isinstance(item, (int, float, bool, str, bytes, type(None))) and id(item) not in self._index:
-                child = _Entry(item, root=root)
-                root.children.append(child)
+                child = _Entry(item)
+                entry.children.append(child)  # dropped with this entry, and so with its root
                 self._index[id(item)] = child
         return result
+
+
+def _exact(serialized: bytes) -> bytes:
+    """A copy of ``serialized`` of its own size, to keep: what ``orjson.dumps`` returns keeps its whole write
+    buffer (4 KB for 18 bytes, 330 KB for four values of 26 KB in all)."""
+    return bytes(memoryview(serialized))
 
 
 def _whole_items_shared(raw: bytes, at: int, prefix: _Prefix) -> int:
@@ -442,14 +448,17 @@ _IDS_MARKER = b'"prompt_token_ids":['
 
 @dataclass(eq=False)
 class _KnownIds:
+    """A list of prompt IDs as kept: ~10 bytes a token (as a list of ints it would take ~46, and a session's
+    prompt runs to tens of thousands)."""
+
     #: the IDs' JSON text as the engine wrote it, ``[`` to ``]``
     text: bytes
-    ids: PromptIds
+    packed: array[int]
 
 
 class KnownPromptIds:
-    """Each session's last prompt token IDs, as the engine wrote them and parsed (``per_scope`` lists a session:
-    its agent's and its sub-agents'), ``max_tokens`` of them in all (least recently used session first out).
+    """Each session's last prompt token IDs, as the engine wrote them and packed (``per_scope`` lists a session:
+    its agent's and its sub-agents'), ``max_tokens`` of them in all (~40 MB; least recently used session first out).
 
     :meth:`loads` is ``orjson.loads`` of an engine's answer, with the IDs of ``prompt_token_ids`` (top-level, as
     vLLM's chat answer has them, or in the first choice, as SGLang's and vLLM's completions) parsed only past what
@@ -458,7 +467,7 @@ class KnownPromptIds:
     are all uint32s, else as the plain list ``orjson.loads`` makes. Not thread-safe: one event loop reads answers.
     """
 
-    def __init__(self, *, per_scope: int = 4, max_tokens: int = 1 << 20, min_bytes: int = 2048) -> None:
+    def __init__(self, *, per_scope: int = 4, max_tokens: int = 4 << 20, min_bytes: int = 2048) -> None:
         self.per_scope = per_scope
         self.max_tokens = max_tokens
         self.min_bytes = min_bytes
@@ -515,10 +524,11 @@ class KnownPromptIds:
                 values = orjson.loads(span)
                 ids = PromptIds(values, array("I", values))
             else:
-                keep = len(best.ids) if cut == len(best.text) - 1 else best.text.count(b",", 0, cut) + 1
+                known = best.packed
+                keep = len(known) if cut == len(best.text) - 1 else best.text.count(b",", 0, cut) + 1
                 tail = orjson.loads(b"[" + span[cut + 1:]) if span[cut] == ord(",") else []
-                packed = best.ids.packed[:keep] if keep < len(best.ids) else best.ids.packed
-                ids = PromptIds(best.ids[:keep] if keep < len(best.ids) else best.ids, packed + array("I", tail))
+                shared = known[:keep] if keep < len(known) else known
+                ids = PromptIds(shared.tolist(), shared + array("I", tail))  # the ints made in C, not parsed
                 ids.extend(tail)
         except (orjson.JSONDecodeError, TypeError, OverflowError):
             return None  # not an array of uint32s: parsed whole, as it always was
@@ -527,28 +537,28 @@ class KnownPromptIds:
             self.reused += keep
         # IDs that go on from all of a known list replace it; ones that share only its start (a sub-agent's
         # prompt, opening with the same system prompt) are kept beside it.
-        self._remember(scope, entries, best if best is not None and keep == len(best.ids) else None,
-                       _KnownIds(span, ids))
+        self._remember(scope, entries, best if best is not None and keep == len(best.packed) else None,
+                       _KnownIds(span, ids.packed))
         return ids
 
     def _remember(self, scope: str, entries: list[_KnownIds], replaced: _KnownIds | None, entry: _KnownIds) -> None:
         if replaced is not None:
             entries.remove(replaced)  # the conversation moved on: its new prompt replaces the old one
-            self._tokens -= len(replaced.ids)
+            self._tokens -= len(replaced.packed)
         entries.insert(0, entry)
-        self._tokens += len(entry.ids)
+        self._tokens += len(entry.packed)
         while len(entries) > self.per_scope:
-            self._tokens -= len(entries.pop().ids)
+            self._tokens -= len(entries.pop().packed)
         self._scopes[scope] = entries
         self._scopes.move_to_end(scope)
         while self._tokens > self.max_tokens and self._scopes:
             _, dropped = self._scopes.popitem(last=False)
-            self._tokens -= sum(len(e.ids) for e in dropped)
+            self._tokens -= sum(len(e.packed) for e in dropped)
 
     def forget(self, scope: str) -> None:
         """The session is over: drop its lists."""
         for entry in self._scopes.pop(scope, []):
-            self._tokens -= len(entry.ids)
+            self._tokens -= len(entry.packed)
 
 
 def _items_shared(span: bytes, text: bytes) -> int:

@@ -32,6 +32,7 @@ from polar_gym.proxy.errors import (
     UpstreamUnavailable,
     error_body,
 )
+from polar_gym.proxy.heap import HeapTrimmer
 from polar_gym.proxy.passthrough import PassthroughCall, fill_record
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, encode_sse
 from polar_gym.registry import PROVIDERS, RegistryError
@@ -290,6 +291,7 @@ class ProxyService:
             self.sessions.in_use = self._inflight.__contains__
         #: (provider, ignored fields) combinations already logged: a harness sends the same ones on every call
         self._logged_ignored: set[tuple[str, tuple[str, ...]]] = set()
+        self.heap = HeapTrimmer()
 
     def provider(self, name: str) -> Provider[Any]:
         provider = self.providers.get(name)
@@ -555,6 +557,7 @@ class ProxyService:
         self.engine.pool.forget(session_id)
         self.engine.close_session(session_id)
         KNOWN.forget(session_id)
+        self.heap.released()  # what it kept goes back to the OS, not only to the allocator
         if not self._inflight.get(session_id):
             self._idle.pop(session_id, None)
 

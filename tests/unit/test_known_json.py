@@ -191,9 +191,11 @@ def test_recorded_harness_bodies_translate_and_journal_the_same_through_known_va
         assert decode(chunks, all_tokens, all_logprobs)[-1].request == orjson.loads(raw)
     for key in shared:  # translating and journaling changed nothing shared
         assert orjson.dumps(bodies[-1][key]) == KNOWN.json_of(bodies[-1][key])
-    conversation = next((bodies[-1][n] for n in CONVERSATION_FIELDS if isinstance(bodies[-1].get(n), list)), [])
-    for item in conversation:  # nor any of the conversation's items the three calls shared
-        assert KNOWN.json_of(item) in (None, orjson.dumps(item))
+    name = next((n for n in CONVERSATION_FIELDS if isinstance(bodies[-1].get(n), list)), None)
+    if name is not None:  # nor any of the conversation's items the three calls shared
+        if len(orjson.dumps(bodies[-1][name])) >= KNOWN.min_conversation_bytes:  # kept: its items were shared
+            assert all(a is b for a, b in zip(bodies[0][name], bodies[-1][name], strict=True))
+        assert orjson.dumps(bodies[-1][name]) == orjson.dumps(orjson.loads(raw)[name])
     KNOWN.forget(scope)
 
 
@@ -223,8 +225,7 @@ def test_recorded_conversations_translate_the_same_as_they_grow_item_by_item(cas
         assert orjson.dumps(ours_inbound.chat.dump()) == orjson.dumps(fresh.chat.dump())
         assert ours_inbound.normalizations == fresh.normalizations
     assert known.items_reused >= len(items) - 1 or len(orjson.dumps(items)) < 64
-    for item in parsed[name]:
-        assert known.json_of(item) in (None, orjson.dumps(item))  # translation changed no shared item
+    assert orjson.dumps(parsed[name]) == orjson.dumps(items)  # translating changed no shared item
 
 
 # -------------------------------------------------------------------------- bounds, and what mutation testing found
@@ -378,7 +379,7 @@ def test_a_growing_conversation_is_parsed_past_the_items_the_session_sent_before
     assert known.items_reused == 4
     assert all(a is b for a, b in zip(first["messages"], second["messages"][:4], strict=True))
     assert second["messages"] is not first["messages"]  # each call has its own list
-    assert known.json_of(second["messages"][5]) == orjson.dumps(turn(5))  # the journal reuses each item's JSON
+    assert known.json_of(second["messages"][5]) is None  # an item's JSON is not kept twice (the text has it)
     third = known.loads(orjson.dumps(convo(6)), "s")  # a retry: the same conversation
     assert third == second and known.items_reused == 10
     other = known.loads(orjson.dumps(convo(6)), "t")  # another session learns its own
@@ -484,3 +485,33 @@ def test_items_shared_by_two_of_a_session_conversations_stay_known_until_both_ar
     derived = known.derive(known.loads(orjson.dumps(convo(4)), "s")["messages"][1], "upper", lambda t: [t["role"]])
     known.forget("s")
     assert not known.known(derived)  # what was derived from an item goes with it
+
+
+def test_what_a_forgotten_session_kept_is_freed_without_the_cyclic_collector():
+    """A serving process runs the cyclic collector rarely (polar_gym.proxy.app.tune_gc_for_serving): what is
+    forgotten must be freed by reference counting alone, so nothing kept may point back at what holds it."""
+    import gc
+    import weakref
+
+    class Derived:
+        pass
+
+    known = KnownValues(min_conversation_bytes=64)
+    gc.collect()
+    gc.disable()
+    try:
+        items = known.loads(orjson.dumps(convo(4)), "s")["messages"]
+        first = known.derive(items[0], "a", lambda _: Derived())
+        second = known.derive(first, "b", lambda _: (Derived(), [Derived()]))  # derived from a derived value
+        tools = known.loads(orjson.dumps(convo(4)), "t")["tools"]
+        of_tools = known.derive(tools, "c", lambda _: Derived())
+        refs = [weakref.ref(first), weakref.ref(second[0]), weakref.ref(second[1][0]), weakref.ref(of_tools)]
+        del items, first, second, of_tools
+        known.forget("s")
+        known.forget("t")
+        assert [r() is None for r in refs[:3]] == [True, True, True]
+        known.clear()  # the tools go too
+        del tools
+        assert refs[3]() is None
+    finally:
+        gc.enable()
