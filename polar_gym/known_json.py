@@ -448,17 +448,17 @@ _IDS_MARKER = b'"prompt_token_ids":['
 
 @dataclass(eq=False)
 class _KnownIds:
-    """A list of prompt IDs as kept: ~10 bytes a token (as a list of ints it would take ~46, and a session's
-    prompt runs to tens of thousands)."""
+    """A list of prompt IDs as kept: ~46 bytes a token (its JSON, the list of ints, packed). Making the ints again
+    from the packed IDs instead (~10 bytes a token kept) cost 18 us a call at 2,000 tokens, 5 % of a call."""
 
     #: the IDs' JSON text as the engine wrote it, ``[`` to ``]``
     text: bytes
-    packed: array[int]
+    ids: PromptIds
 
 
 class KnownPromptIds:
-    """Each session's last prompt token IDs, as the engine wrote them and packed (``per_scope`` lists a session:
-    its agent's and its sub-agents'), ``max_tokens`` of them in all (~40 MB; least recently used session first out).
+    """Each session's last prompt token IDs, as the engine wrote them and parsed (``per_scope`` lists a session:
+    its agent's and its sub-agents'), ``max_tokens`` of them in all (~92 MB; least recently used session first out).
 
     :meth:`loads` is ``orjson.loads`` of an engine's answer, with the IDs of ``prompt_token_ids`` (top-level, as
     vLLM's chat answer has them, or in the first choice, as SGLang's and vLLM's completions) parsed only past what
@@ -467,7 +467,7 @@ class KnownPromptIds:
     are all uint32s, else as the plain list ``orjson.loads`` makes. Not thread-safe: one event loop reads answers.
     """
 
-    def __init__(self, *, per_scope: int = 4, max_tokens: int = 4 << 20, min_bytes: int = 2048) -> None:
+    def __init__(self, *, per_scope: int = 4, max_tokens: int = 2 << 20, min_bytes: int = 2048) -> None:
         self.per_scope = per_scope
         self.max_tokens = max_tokens
         self.min_bytes = min_bytes
@@ -524,11 +524,11 @@ class KnownPromptIds:
                 values = orjson.loads(span)
                 ids = PromptIds(values, array("I", values))
             else:
-                known = best.packed
+                known = best.ids
                 keep = len(known) if cut == len(best.text) - 1 else best.text.count(b",", 0, cut) + 1
                 tail = orjson.loads(b"[" + span[cut + 1:]) if span[cut] == ord(",") else []
-                shared = known[:keep] if keep < len(known) else known
-                ids = PromptIds(shared.tolist(), shared + array("I", tail))  # the ints made in C, not parsed
+                packed = known.packed[:keep] if keep < len(known) else known.packed
+                ids = PromptIds(known[:keep] if keep < len(known) else known, packed + array("I", tail))
                 ids.extend(tail)
         except (orjson.JSONDecodeError, TypeError, OverflowError):
             return None  # not an array of uint32s: parsed whole, as it always was
@@ -537,28 +537,28 @@ class KnownPromptIds:
             self.reused += keep
         # IDs that go on from all of a known list replace it; ones that share only its start (a sub-agent's
         # prompt, opening with the same system prompt) are kept beside it.
-        self._remember(scope, entries, best if best is not None and keep == len(best.packed) else None,
-                       _KnownIds(span, ids.packed))
+        self._remember(scope, entries, best if best is not None and keep == len(best.ids) else None,
+                       _KnownIds(span, ids))
         return ids
 
     def _remember(self, scope: str, entries: list[_KnownIds], replaced: _KnownIds | None, entry: _KnownIds) -> None:
         if replaced is not None:
             entries.remove(replaced)  # the conversation moved on: its new prompt replaces the old one
-            self._tokens -= len(replaced.packed)
+            self._tokens -= len(replaced.ids)
         entries.insert(0, entry)
-        self._tokens += len(entry.packed)
+        self._tokens += len(entry.ids)
         while len(entries) > self.per_scope:
-            self._tokens -= len(entries.pop().packed)
+            self._tokens -= len(entries.pop().ids)
         self._scopes[scope] = entries
         self._scopes.move_to_end(scope)
         while self._tokens > self.max_tokens and self._scopes:
             _, dropped = self._scopes.popitem(last=False)
-            self._tokens -= sum(len(e.packed) for e in dropped)
+            self._tokens -= sum(len(e.ids) for e in dropped)
 
     def forget(self, scope: str) -> None:
         """The session is over: drop its lists."""
         for entry in self._scopes.pop(scope, []):
-            self._tokens -= len(entry.packed)
+            self._tokens -= len(entry.ids)
 
 
 def _items_shared(span: bytes, text: bytes) -> int:

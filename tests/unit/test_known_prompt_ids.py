@@ -146,7 +146,7 @@ def test_kept_ids_are_bounded_least_recently_used_session_first_and_forgotten_wi
     known.loads(answer([9, *PROMPT[1:]]), "a")  # a sub-agent of "a": nothing shared, a list of its own
     assert list(known._scopes) == ["c", "a"] and known._tokens == 9000  # "b", the least recently used, went
     known.loads(answer([8, *PROMPT[1:]]), "a")  # a third list for "a": its oldest goes
-    assert [len(e.packed) for e in known._scopes["a"]] == [3000, 3000] and known._tokens == 9000
+    assert [len(e.ids) for e in known._scopes["a"]] == [3000, 3000] and known._tokens == 9000
     assert known.loads(answer([9, *PROMPT[1:], 5]), "a")["prompt_token_ids"][1:3000] == PROMPT[1:]
     assert known.hits == 1  # the sub-agent's list was still kept
     known.forget("a")
