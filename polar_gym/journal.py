@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from polar_gym.known_json import KNOWN, PromptIds
+from polar_gym.known_json import CONVERSATION_FIELDS, KNOWN, PromptIds
 from polar_gym.schema import CompletionRecord
 
 __all__ = [
@@ -91,7 +91,7 @@ _REF, _SHARED, _RECV = "$ref", "$shared", "$recv"
 _HEAVY_FIELDS = frozenset({"request", "normalized_request", "response", "prompt_ids", "response_ids",
                            "response_logprobs"})
 _CALL_ERROR_CHARS = 2000
-_CONVERSATION_FIELDS = ("messages", "input", "contents")
+_CONVERSATION_FIELDS = CONVERSATION_FIELDS
 _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_logprobs")
 #: serializers that may reproduce a request body as a harness sent it, tried in order (orjson: Node's
 #: JSON.stringify and Rust's serde_json write the same compact UTF-8; the others: Python's json module as clients

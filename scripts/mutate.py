@@ -58,7 +58,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "merge/exports.py": ("tests/merge/test_exports.py",),
     "merge/rewards.py": ("tests/merge/test_rewards.py",),
     "dirnames.py": ("tests/unit/test_dirnames.py",),
-    "known_json.py": ("tests/unit/test_known_json.py",),
+    "known_json.py": ("tests/unit/test_known_json.py", "tests/unit/test_known_prompt_ids.py"),
     "launch/slurm.py": ("tests/launch/test_slurm_render.py", "tests/launch/test_token_files.py"),
     "proxy/providers/anthropic/translate.py": ("tests/unit/test_anthropic_translate.py",
                                                "tests/unit/test_anthropic_malformed.py"),

@@ -515,3 +515,56 @@ def test_what_a_forgotten_session_kept_is_freed_without_the_cyclic_collector():
         assert refs[3]() is None
     finally:
         gc.enable()
+
+
+def test_a_known_item_the_protocol_refuses_is_refused_as_a_fresh_parse_refuses_it():
+    """Validated once means refused every time, with the message (and its place in the body) a fresh parse gives."""
+    from polar_gym.proxy.errors import RequestError
+
+    provider, route = PROVIDERS.get("anthropic")(), Route("/v1/messages")
+    bad = {"model": "m", "max_tokens": 5, "messages": [turn(1), {"role": "robot", "content": "x" * 700}, turn(3)]}
+    with pytest.raises(RequestError) as fresh:
+        provider.parse(orjson.loads(orjson.dumps(bad)), route)
+    known = KNOWN.loads(orjson.dumps(bad), "refused")
+    again = KNOWN.loads(orjson.dumps(bad), "refused")
+    assert again["messages"][0] is known["messages"][0]  # the items are known ones
+    for body_ in (known, again):
+        with pytest.raises(RequestError) as ours:
+            provider.parse(body_, route)
+        assert str(ours.value) == str(fresh.value) and "messages.1.role" in str(ours.value)
+    KNOWN.forget("refused")
+
+
+def test_notes_of_known_turns_are_given_once_and_in_order():
+    """Claude Code's billing line in two in-conversation system turns: one note, as translating afresh gives it."""
+    billing = "x-anthropic-billing-header: cc_version=2.1.197.x; cc_entrypoint=cli; cch=00000;\n"
+    system_turn = {"role": "system", "content": [{"type": "text", "text": billing + "reminder " * 80}]}
+    body_ = {"model": "m", "max_tokens": 5, "messages": [turn(1), system_turn, turn(2, 300), system_turn, turn(3)]}
+    raw = orjson.dumps(body_)
+    provider, route = PROVIDERS.get("anthropic")(), Route("/v1/messages")
+    fresh = provider.parse(orjson.loads(raw), route)
+    for _ in range(3):
+        inbound = provider.parse(KNOWN.loads(raw, "notes"), route)
+        assert inbound.normalizations == fresh.normalizations
+        assert orjson.dumps(inbound.chat.dump()) == orjson.dumps(fresh.chat.dump())
+    assert fresh.normalizations.count(fresh.normalizations[0]) == 1
+    KNOWN.forget("notes")
+
+
+async def test_the_service_keeps_a_sessions_conversation_until_the_session_is_forgotten(tmp_path: Path):
+    from tests._serving import oracle_service
+
+    service = oracle_service(tmp_path)
+    raw = orjson.dumps({"model": "policy", "messages": [turn(1), turn(2), turn(3)]})
+
+    async def connected() -> bool:
+        return False
+
+    for _ in range(2):
+        reply = await service.handle("openai_chat", raw, Route("/v1/chat/completions"), {"authorization": "Bearer kc"},
+                                     connected)
+        assert reply.status == 200, reply.body
+    assert "kc" in KNOWN._scopes and KNOWN._scopes["kc"][0].items[0].holders
+    service.forget("kc")
+    assert "kc" not in KNOWN._scopes
+    service.journal.close()
