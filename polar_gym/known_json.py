@@ -253,9 +253,10 @@ class KnownValues:
             if at is None:
                 marker = self._list_markers[prefix.name]
                 pos = raw.find(marker)
-                at = found[prefix.name] = pos + len(marker) - 1 if pos >= 0 else -1
+                start = pos + len(marker) - 1  # the list's "["
+                at = found[prefix.name] = start if pos >= 0 else -1
             if at < 0:
-                continue
+                continue  # this body has no such list
             keep = _whole_items_shared(raw, at, prefix)
             if keep and (best is None or keep > best.keep):
                 best = _PrefixHit(prefix, at, keep)
@@ -525,7 +526,8 @@ class KnownPromptIds:
                 ids = PromptIds(values, array("I", values))
             else:
                 known = best.ids
-                keep = len(known) if cut == len(best.text) - 1 else best.text.count(b",", 0, cut) + 1
+                whole = cut == len(best.text) - 1  # all of it: no commas to count
+                keep = len(known) if whole else best.text.count(b",", 0, cut) + 1
                 tail = orjson.loads(b"[" + span[cut + 1:]) if span[cut] == ord(",") else []
                 packed = known.packed[:keep] if keep < len(known) else known.packed
                 ids = PromptIds(known[:keep] if keep < len(known) else known, packed + array("I", tail))
@@ -574,4 +576,5 @@ def _items_shared(span: bytes, text: bytes) -> int:
             lo = mid
         else:
             hi = mid
-    return max(span.rfind(b",", 0, lo), 0)  # a comma before ``lo`` is in both
+    comma = span.rfind(b",", 0, lo)  # a comma before ``lo`` is in both
+    return max(comma, 0)

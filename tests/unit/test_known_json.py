@@ -568,3 +568,114 @@ async def test_the_service_keeps_a_sessions_conversation_until_the_session_is_fo
     service.forget("kc")
     assert "kc" not in KNOWN._scopes
     service.journal.close()
+
+
+# ------------------------------------------------------------------ conversations: what mutation testing found
+
+
+def test_the_documented_conversation_bounds():
+    """docs/security.md: 4 conversations a session, at most 4 MiB each and 16 MiB in all, kept from 512 bytes."""
+    known = KnownValues()
+    assert (known.per_scope, known.min_conversation_bytes, known.max_conversation_bytes,
+            known.max_conversation_total) == (4, 512, 4 * 1024 * 1024, 16 * 1024 * 1024)
+    assert KnownValues().conversation_fields == ("messages", "input", "contents")
+
+
+def messages_of_size(size: int, tag: str = "a") -> list[dict[str, Any]]:
+    """One message whose conversation text (``[`` to the end of its last item) is ``size`` bytes."""
+    bare = len(orjson.dumps([{"role": "user", "content": tag}])) - 1
+    return [{"role": "user", "content": tag + "x" * (size - bare)}]
+
+
+def test_conversations_exactly_at_the_size_bounds_are_kept_and_fill_the_total_exactly():
+    size = 600
+    known = KnownValues(min_conversation_bytes=size, max_conversation_bytes=size, max_conversation_total=2 * size)
+    for tag, n in (("a", size), ("b", size - 1), ("c", size + 1)):
+        known.loads(orjson.dumps({"messages": messages_of_size(n, tag)}), tag)
+    assert list(known._scopes) == ["a"]  # 599 and 601 bytes: not kept
+    known.loads(orjson.dumps({"messages": messages_of_size(size, "d")}), "d")
+    assert list(known._scopes) == ["a", "d"] and known._conversation_total == 2 * size  # exactly the total: kept
+
+
+def test_a_scope_used_again_is_the_most_recently_used_and_a_retry_keeps_its_conversation():
+    size = len(orjson.dumps([turn(i) for i in range(4)])) - 1
+    known = KnownValues(max_conversation_total=2 * size + size // 2, per_scope=2)
+    known.loads(orjson.dumps(convo(4)), "a")
+    known.loads(orjson.dumps(convo(4, model="b")), "b")
+    kept = known._scopes["a"][0]
+    again = known.loads(orjson.dumps(convo(4)), "a")  # a retry: nothing new to keep, but "a" was used
+    assert known._scopes["a"] == [kept] and again["messages"][0] is kept.items[0].value
+    known.loads(orjson.dumps(body(messages=[turn(9), turn(8), turn(7), turn(6)])), "c")
+    assert list(known._scopes) == ["a", "c"]  # "b" was the least recently used
+    known.loads(orjson.dumps(convo(5)), "a")  # goes on from all of it: learned, and "a" is the newest again
+    known.loads(orjson.dumps(body(messages=[turn(5), turn(6), turn(7), turn(8)])), "d")
+    assert list(known._scopes)[-2:] == ["a", "d"] and "c" not in known._scopes
+
+
+def test_a_conversation_used_again_outlives_one_of_its_session_left_unused():
+    known = KnownValues(per_scope=2, min_conversation_bytes=64)
+    main = [turn(i) for i in range(3)]
+    known.loads(orjson.dumps(body(messages=main)), "s")
+    known.loads(orjson.dumps(body(messages=[turn(7), turn(8)])), "s")  # a sub-agent: kept beside
+    assert len(known._scopes["s"]) == 2
+    grown = known.loads(orjson.dumps(body(messages=[*main, turn(3)])), "s")  # the main agent again: the newest
+    known.loads(orjson.dumps(body(messages=[turn(5), turn(6)])), "s")  # a third: the sub-agent's goes
+    kept = [[item.value for item in prefix.items] for prefix in known._scopes["s"]]
+    assert [turn(5), turn(6)] in kept and [*main, turn(3)] in kept
+    assert known.loads(orjson.dumps(body(messages=[*main, turn(3), turn(4)])), "s")["messages"][0] is \
+        grown["messages"][0]
+
+
+def test_a_sub_agent_sharing_the_opening_is_kept_beside_not_instead():
+    known = KnownValues(min_conversation_bytes=64)
+    main = known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2)])), "s")["messages"]
+    known.loads(orjson.dumps(body(messages=[turn(0), turn(7)])), "s")  # shares only the first turn
+    assert len(known._scopes["s"]) == 2
+    assert known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2), turn(3)])), "s")["messages"][2] is \
+        main[2]
+
+
+def test_what_was_derived_from_an_item_survives_the_conversation_going_on():
+    known = KnownValues()
+    calls: list[int] = []
+    first = known.loads(orjson.dumps(convo(4)), "s")["messages"]
+    known.derive(first[1], "k", lambda item: calls.append(1) or [item["role"]])
+    second = known.loads(orjson.dumps(convo(6)), "s")["messages"]
+    assert known.derive(second[1], "k", lambda item: calls.append(1) or [item["role"]]) == ["user"]
+    assert calls == [1]  # computed once: the item, and what was derived from it, carried over
+
+
+def test_a_conversation_cut_back_reuses_exactly_the_items_it_kept():
+    known = KnownValues()
+    known.loads(orjson.dumps(convo(6)), "s")
+    cut = known.loads(orjson.dumps(convo(4)), "s")
+    assert cut == orjson.loads(orjson.dumps(convo(4))) and known.items_reused == 4
+    small = KnownValues(min_conversation_bytes=64)
+    numbers = b'{"messages":[' + b",".join([b"1234567890"] * 20)
+    small.loads(numbers + b"]}", "n")
+    small.loads(numbers[:-10] + b"12345678905]}", "n")  # the last number goes on: the 19 before it are reused
+    assert small.items_reused == 19
+
+
+def test_one_digit_items_are_kept_too():
+    known = KnownValues(min_conversation_bytes=8)
+    known.loads(b'{"messages":[5,6,7,8,9]}', "d")
+    assert known.loads(b'{"messages":[5,6,7,8,9,4]}', "d") == {"messages": [5, 6, 7, 8, 9, 4]}
+    assert known.items_reused == 5
+
+
+def test_clear_forgets_every_sessions_conversation():
+    known = KnownValues()
+    items = known.loads(orjson.dumps(convo(4)), "s")["messages"]
+    known.clear()
+    assert not known._scopes and known._conversation_total == 0 and not known.known(items[0])
+
+
+def test_a_conversation_sent_again_is_its_sessions_most_recently_used():
+    """A retry of the agent's conversation after a sub-agent's: the sub-agent's goes first when room runs out."""
+    known = KnownValues(per_scope=2, min_conversation_bytes=64)
+    main = known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2)])), "s")["messages"]
+    sub = known.loads(orjson.dumps(body(messages=[turn(7), turn(8)])), "s")["messages"]
+    known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2)])), "s")  # the agent's, again (a retry)
+    known.loads(orjson.dumps(body(messages=[turn(5), turn(6)])), "s")  # a third: the least recently used goes
+    assert known.known(main[0]) and not known.known(sub[0])

@@ -194,3 +194,59 @@ def test_the_journal_stores_vouched_ids_exactly_as_a_plain_list():
     assert vouched == [plain.encode(r) for r in records]
     lines, tokens, logprobs = (b"".join(part) for part in zip(*vouched, strict=True))
     assert [r.prompt_ids for r in decode([lines], tokens, logprobs)] == [PROMPT, [*PROMPT, 1, 2, 3]]
+
+
+# ------------------------------------------------------------------------------ what mutation testing found
+
+
+def test_the_documented_bounds_and_a_compact_list():
+    """docs/security.md: 2M prompt IDs in all, four lists a session, lists from 2 KB of JSON; a kept list has no
+    ``__dict__`` (one per session, tens of thousands of IDs each)."""
+    known = KnownPromptIds()
+    assert (known.max_tokens, known.per_scope, known.min_bytes) == (2 << 20, 4, 2048)
+    ids = known.loads(answer(PROMPT), "s")["prompt_token_ids"]
+    assert not hasattr(ids, "__dict__")
+
+
+def test_a_prompt_that_differs_in_its_first_id_shares_nothing():
+    known = KnownPromptIds()
+    known.loads(answer([1234, *PROMPT]), "s")
+    other = [1235, *PROMPT]  # shares "[123" only: no whole ID
+    assert known.loads(answer(other), "s") == orjson.loads(answer(other))
+    assert known.hits == 0 and known.reused == 0
+
+
+def test_a_prompt_cut_back_right_after_a_comma_reuses_every_id_before_it():
+    known = KnownPromptIds()
+    known.loads(answer(PROMPT), "s")
+    cut = [*PROMPT[:2000], 999999]  # differs at the first digit after the 2,000th comma
+    assert known.loads(answer(cut), "s") == orjson.loads(answer(cut)) and known.reused == 2000
+    shorter = PROMPT[:1500]  # ends where the known list goes on
+    assert known.loads(answer(shorter), "s") == orjson.loads(answer(shorter))
+
+
+def test_a_sub_agent_sharing_the_opening_is_kept_beside_the_agents_prompt():
+    known = KnownPromptIds()
+    known.loads(answer(PROMPT), "s")
+    known.loads(answer([*PROMPT[:1500], 7, 8, 9]), "s")  # shares 1,500 IDs: kept beside, not instead
+    assert len(known._scopes["s"]) == 2
+    grown = [*PROMPT, 5]
+    assert known.loads(answer(grown), "s") == orjson.loads(answer(grown)) and known.reused == 1500 + 3000
+
+
+def test_ids_exactly_at_the_total_are_kept():
+    known = KnownPromptIds(max_tokens=6000)
+    known.loads(answer(PROMPT), "a")
+    known.loads(answer(PROMPT), "b")
+    assert list(known._scopes) == ["a", "b"] and known._tokens == 6000
+
+
+def test_an_answer_malformed_outside_the_ids_raises_as_orjson_does():
+    known = KnownPromptIds()
+    known.loads(answer(PROMPT), "s")
+    raw = answer([*PROMPT, 1])[:-1] + b',"x":}'
+    with pytest.raises(orjson.JSONDecodeError) as theirs:
+        orjson.loads(raw)
+    with pytest.raises(orjson.JSONDecodeError) as ours:
+        known.loads(raw, "s")
+    assert str(ours.value) == str(theirs.value)
