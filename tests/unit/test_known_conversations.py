@@ -1,0 +1,370 @@
+"""A session's conversation through known values (polar_gym.known_json, ``KnownValues.loads(raw, scope)``): the
+items a body shares with the session's last ones are not parsed again and give exactly what parsing it whole gives;
+recorded conversations grown item by item translate as fresh parses do; what is kept is bounded, most recently used
+first, and freed by reference counting alone when the session is forgotten."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from polar_gym.known_json import CONVERSATION_FIELDS, KNOWN, KnownValues
+from polar_gym.proxy.providers.base import Route
+from polar_gym.registry import PROVIDERS
+from tests.unit.test_known_json import CASES, _route, body
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_recorded_conversations_translate_the_same_as_they_grow_item_by_item(case):
+    """Each recorded conversation sent one item longer each call, in one session (the items before the last are
+    taken from the session's known conversation): each call translates as a fresh parse of it does."""
+    recorded = json.loads(case.read_text())
+    name = next((n for n in CONVERSATION_FIELDS if isinstance(recorded["body"].get(n), list)), None)
+    if name is None:
+        pytest.skip("no conversation list")
+    provider, route = PROVIDERS.get(recorded["provider"])(), _route(recorded["path"])
+    known = KnownValues(min_conversation_bytes=64)
+    items = recorded["body"][name]
+    for n in range(1, len(items) + 1):
+        raw = orjson.dumps({**recorded["body"], name: items[:n]})
+        parsed = known.loads(raw, "s")
+        assert parsed == orjson.loads(raw)
+        try:
+            fresh = provider.parse(orjson.loads(raw), route)
+        except Exception as exc:  # a cut conversation the protocol refuses: refused the same way
+            with pytest.raises(type(exc)) as ours:
+                provider.parse(parsed, route)
+            assert str(ours.value) == str(exc)
+            continue
+        ours_inbound = provider.parse(parsed, route)
+        assert orjson.dumps(ours_inbound.chat.dump()) == orjson.dumps(fresh.chat.dump())
+        assert ours_inbound.normalizations == fresh.normalizations
+    assert known.items_reused >= len(items) - 1 or len(orjson.dumps(items)) < 64
+    assert orjson.dumps(parsed[name]) == orjson.dumps(items)  # translating changed no shared item
+
+
+# ------------------------------------------------------------------------------- a session's growing conversation
+
+
+def turn(i: int, size: int = 600) -> dict[str, Any]:
+    return {"role": "user" if i % 2 else "assistant", "content": f"turn {i} " + "w" * size + " é ☃"}
+
+
+def convo(n: int, **over: Any) -> dict[str, Any]:
+    return body(messages=[turn(i) for i in range(n)], **over)
+
+
+def test_a_growing_conversation_is_parsed_past_the_items_the_session_sent_before():
+    known = KnownValues()
+    first = known.loads(orjson.dumps(convo(4)), "s")
+    second = known.loads(orjson.dumps(convo(6)), "s")
+    assert second == orjson.loads(orjson.dumps(convo(6)))
+    assert known.items_reused == 4
+    assert all(a is b for a, b in zip(first["messages"], second["messages"][:4], strict=True))
+    assert second["messages"] is not first["messages"]  # each call has its own list
+    assert known.json_of(second["messages"][5]) is None  # an item's JSON is not kept twice (the text has it)
+    third = known.loads(orjson.dumps(convo(6)), "s")  # a retry: the same conversation
+    assert third == second and known.items_reused == 10
+    other = known.loads(orjson.dumps(convo(6)), "t")  # another session learns its own
+    assert other == second and known.items_reused == 10
+
+
+@pytest.mark.parametrize("case", ["edited", "nested-first", "duplicate-last", "duplicate-first", "number-grows",
+                                  "spaced-tail", "malformed", "not-a-list", "other-field", "empty"])
+def test_hostile_and_odd_conversations_parse_as_orjson_parses(case: str):
+    known = KnownValues(min_conversation_bytes=64)
+    known.loads(orjson.dumps(convo(4)), "s")
+    items = orjson.dumps([turn(i) for i in range(4)])[1:-1].decode()
+    raw = {
+        # the third turn changed: only the first two are shared
+        "edited": orjson.dumps(body(messages=[turn(0), turn(1), turn(9), turn(3)])),
+        # the same items under a nested "messages" before the field itself
+        "nested-first": f'{{"meta":{{"messages":[{items}]}},"messages":[{items},{{"role":"user","content":"x"}}]}}'
+        .encode(),
+        "duplicate-last": f'{{"messages":[{{"role":"user","content":"a"}}],"messages":[{items}]}}'.encode(),
+        "duplicate-first": f'{{"messages":[{items}],"messages":[{{"role":"user","content":"a"}}]}}'.encode(),
+        "spaced-tail": f'{{"messages":[{items}, {{"role": "user", "content": "x"}}]}}'.encode(),
+        "malformed": f'{{"messages":[{items},{{"role":"user",}}]}}'.encode(),
+        "not-a-list": orjson.dumps(body(messages="hello")),
+        "other-field": orjson.dumps({"contents": [turn(i) for i in range(4)]}),
+        "empty": orjson.dumps(body(messages=[])),
+    }.get(case, b"")
+    if case == "number-grows":  # a list of numbers whose last one goes on
+        known.loads(b'{"messages":[' + b",".join([b"1234567890"] * 20) + b"]}", "n")
+        raw = b'{"messages":[' + b",".join([b"1234567890"] * 20) + b"5]}"
+        assert known.loads(raw, "n") == orjson.loads(raw)
+        return
+    try:
+        expected = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        with pytest.raises(orjson.JSONDecodeError) as ours:
+            known.loads(raw, "s")
+        assert str(ours.value) == str(exc)
+        return
+    assert known.loads(raw, "s") == expected
+    if case == "edited":
+        assert known.items_reused == 2
+
+
+@given(st.lists(st.tuples(st.sampled_from(["grow", "same", "edit", "cut", "spaced", "garbage", "nested", "small",
+                                           "forget"]), st.integers(0, 7), st.sampled_from(["s", "t"])),
+                min_size=1, max_size=14))
+def test_any_sequence_of_conversations_parses_as_orjson_parses(steps):
+    known = KnownValues(min_conversation_bytes=256, max_conversation_total=40_000, per_scope=2)
+    sizes = {"s": 3, "t": 3}
+    for step, at, scope in steps:
+        n = sizes[scope]
+        messages = [turn(i, 100) for i in range(n)]
+        if step == "grow":
+            sizes[scope] = n + 1 + at % 3
+            messages = [turn(i, 100) for i in range(sizes[scope])]
+        elif step == "edit":
+            messages[at % n] = turn(at + 50, 100)
+        elif step == "cut":
+            messages = messages[:at % n + 1]
+        elif step == "small":
+            messages = [{"role": "user", "content": "x"}]
+        elif step == "forget":
+            known.forget(scope)
+            continue
+        data = {"model": "m", "messages": messages}
+        raw = {"spaced": json.dumps(data).encode(), "garbage": orjson.dumps(data)[:-2],
+               "nested": orjson.dumps({"x": {"messages": messages[:2]}, **data})}.get(step, orjson.dumps(data))
+        try:
+            expected = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            with pytest.raises(orjson.JSONDecodeError):
+                known.loads(raw, scope)
+            continue
+        assert known.loads(raw, scope) == expected
+        assert known._conversation_total <= 40_000
+
+
+def test_conversations_are_bounded_per_session_and_in_all_and_forgotten_with_their_session():
+    size = len(orjson.dumps([turn(i) for i in range(4)])) - 1
+    known = KnownValues(max_conversation_bytes=size, max_conversation_total=2 * size + size // 2, per_scope=2)
+    a = known.loads(orjson.dumps(convo(4)), "a")["messages"]
+    known.loads(orjson.dumps(body(messages=[turn(9), *[turn(i) for i in range(1, 4)]])), "a")  # a sub-agent
+    assert len(known._scopes["a"]) == 2 and known.known(a[0])
+    known.loads(orjson.dumps(body(messages=[turn(8), *[turn(i) for i in range(1, 4)]])), "a")  # a third: oldest goes
+    assert len(known._scopes["a"]) == 2 and not known.known(a[0])
+    b = known.loads(orjson.dumps(convo(4)), "b")["messages"]  # over the total: "a", least recently used, goes
+    assert list(known._scopes) == ["b"] and known._conversation_total == size
+    known.forget("b")
+    assert not known._scopes and known._conversation_total == 0 and not known.known(b[0])
+    assert known.json_of(b[0]) is None  # the journal serializes it again
+
+
+def test_items_shared_by_two_of_a_session_conversations_stay_known_until_both_are_gone():
+    known = KnownValues(per_scope=2, min_conversation_bytes=64)
+    first = known.loads(orjson.dumps(convo(4)), "s")["messages"]
+    sub = known.loads(orjson.dumps(convo(5)), "s")["messages"]
+    assert len(known._scopes["s"]) == 1 and sub[0] is first[0]  # went on from all of it: replaced it
+    known.loads(orjson.dumps(body(messages=[turn(0), turn(7)])), "s")  # shares turn 0 only: kept beside
+    known.loads(orjson.dumps(body(messages=[turn(9), turn(8)])), "s")  # pushes out the 5-turn one
+    assert known.known(first[0])  # still held by the two-turn one
+    known.loads(orjson.dumps(body(messages=[turn(6), turn(8)])), "s")
+    assert not known.known(first[0])
+    derived = known.derive(known.loads(orjson.dumps(convo(4)), "s")["messages"][1], "upper", lambda t: [t["role"]])
+    known.forget("s")
+    assert not known.known(derived)  # what was derived from an item goes with it
+
+
+def test_what_a_forgotten_session_kept_is_freed_without_the_cyclic_collector():
+    """A serving process runs the cyclic collector rarely (polar_gym.proxy.app.tune_gc_for_serving): what is
+    forgotten must be freed by reference counting alone, so nothing kept may point back at what holds it."""
+    import gc
+    import weakref
+
+    class Derived:
+        pass
+
+    known = KnownValues(min_conversation_bytes=64)
+    gc.collect()
+    gc.disable()
+    try:
+        items = known.loads(orjson.dumps(convo(4)), "s")["messages"]
+        first = known.derive(items[0], "a", lambda _: Derived())
+        second = known.derive(first, "b", lambda _: (Derived(), [Derived()]))  # derived from a derived value
+        tools = known.loads(orjson.dumps(convo(4)), "t")["tools"]
+        of_tools = known.derive(tools, "c", lambda _: Derived())
+        refs = [weakref.ref(first), weakref.ref(second[0]), weakref.ref(second[1][0]), weakref.ref(of_tools)]
+        del items, first, second, of_tools
+        known.forget("s")
+        known.forget("t")
+        assert [r() is None for r in refs[:3]] == [True, True, True]
+        known.clear()  # the tools go too
+        del tools
+        assert refs[3]() is None
+    finally:
+        gc.enable()
+
+
+def test_a_known_item_the_protocol_refuses_is_refused_as_a_fresh_parse_refuses_it():
+    """Validated once means refused every time, with the message (and its place in the body) a fresh parse gives."""
+    from polar_gym.proxy.errors import RequestError
+
+    provider, route = PROVIDERS.get("anthropic")(), Route("/v1/messages")
+    bad = {"model": "m", "max_tokens": 5, "messages": [turn(1), {"role": "robot", "content": "x" * 700}, turn(3)]}
+    with pytest.raises(RequestError) as fresh:
+        provider.parse(orjson.loads(orjson.dumps(bad)), route)
+    known = KNOWN.loads(orjson.dumps(bad), "refused")
+    again = KNOWN.loads(orjson.dumps(bad), "refused")
+    assert again["messages"][0] is known["messages"][0]  # the items are known ones
+    for body_ in (known, again):
+        with pytest.raises(RequestError) as ours:
+            provider.parse(body_, route)
+        assert str(ours.value) == str(fresh.value) and "messages.1.role" in str(ours.value)
+    KNOWN.forget("refused")
+
+
+def test_notes_of_known_turns_are_given_once_and_in_order():
+    """Claude Code's billing line in two in-conversation system turns: one note, as translating afresh gives it."""
+    billing = "x-anthropic-billing-header: cc_version=2.1.197.x; cc_entrypoint=cli; cch=00000;\n"
+    system_turn = {"role": "system", "content": [{"type": "text", "text": billing + "reminder " * 80}]}
+    body_ = {"model": "m", "max_tokens": 5, "messages": [turn(1), system_turn, turn(2, 300), system_turn, turn(3)]}
+    raw = orjson.dumps(body_)
+    provider, route = PROVIDERS.get("anthropic")(), Route("/v1/messages")
+    fresh = provider.parse(orjson.loads(raw), route)
+    for _ in range(3):
+        inbound = provider.parse(KNOWN.loads(raw, "notes"), route)
+        assert inbound.normalizations == fresh.normalizations
+        assert orjson.dumps(inbound.chat.dump()) == orjson.dumps(fresh.chat.dump())
+    assert fresh.normalizations.count(fresh.normalizations[0]) == 1
+    KNOWN.forget("notes")
+
+
+async def test_the_service_keeps_a_sessions_conversation_until_the_session_is_forgotten(tmp_path: Path):
+    from tests._serving import oracle_service
+
+    service = oracle_service(tmp_path)
+    raw = orjson.dumps({"model": "policy", "messages": [turn(1), turn(2), turn(3)]})
+
+    async def connected() -> bool:
+        return False
+
+    for _ in range(2):
+        reply = await service.handle("openai_chat", raw, Route("/v1/chat/completions"), {"authorization": "Bearer kc"},
+                                     connected)
+        assert reply.status == 200, reply.body
+    assert "kc" in KNOWN._scopes and KNOWN._scopes["kc"][0].items[0].holders
+    service.forget("kc")
+    assert "kc" not in KNOWN._scopes
+    service.journal.close()
+
+
+# ------------------------------------------------------------------ conversations: what mutation testing found
+
+
+def test_the_documented_conversation_bounds():
+    """docs/security.md: 4 conversations a session, at most 4 MiB each and 16 MiB in all, kept from 512 bytes."""
+    known = KnownValues()
+    assert (known.per_scope, known.min_conversation_bytes, known.max_conversation_bytes,
+            known.max_conversation_total) == (4, 512, 4 * 1024 * 1024, 16 * 1024 * 1024)
+    assert KnownValues().conversation_fields == ("messages", "input", "contents")
+
+
+def messages_of_size(size: int, tag: str = "a") -> list[dict[str, Any]]:
+    """One message whose conversation text (``[`` to the end of its last item) is ``size`` bytes."""
+    bare = len(orjson.dumps([{"role": "user", "content": tag}])) - 1
+    return [{"role": "user", "content": tag + "x" * (size - bare)}]
+
+
+def test_conversations_exactly_at_the_size_bounds_are_kept_and_fill_the_total_exactly():
+    size = 600
+    known = KnownValues(min_conversation_bytes=size, max_conversation_bytes=size, max_conversation_total=2 * size)
+    for tag, n in (("a", size), ("b", size - 1), ("c", size + 1)):
+        known.loads(orjson.dumps({"messages": messages_of_size(n, tag)}), tag)
+    assert list(known._scopes) == ["a"]  # 599 and 601 bytes: not kept
+    known.loads(orjson.dumps({"messages": messages_of_size(size, "d")}), "d")
+    assert list(known._scopes) == ["a", "d"] and known._conversation_total == 2 * size  # exactly the total: kept
+
+
+def test_a_scope_used_again_is_the_most_recently_used_and_a_retry_keeps_its_conversation():
+    size = len(orjson.dumps([turn(i) for i in range(4)])) - 1
+    known = KnownValues(max_conversation_total=2 * size + size // 2, per_scope=2)
+    known.loads(orjson.dumps(convo(4)), "a")
+    known.loads(orjson.dumps(convo(4, model="b")), "b")
+    kept = known._scopes["a"][0]
+    again = known.loads(orjson.dumps(convo(4)), "a")  # a retry: nothing new to keep, but "a" was used
+    assert known._scopes["a"] == [kept] and again["messages"][0] is kept.items[0].value
+    known.loads(orjson.dumps(body(messages=[turn(9), turn(8), turn(7), turn(6)])), "c")
+    assert list(known._scopes) == ["a", "c"]  # "b" was the least recently used
+    known.loads(orjson.dumps(convo(5)), "a")  # goes on from all of it: learned, and "a" is the newest again
+    known.loads(orjson.dumps(body(messages=[turn(5), turn(6), turn(7), turn(8)])), "d")
+    assert list(known._scopes)[-2:] == ["a", "d"] and "c" not in known._scopes
+
+
+def test_a_conversation_used_again_outlives_one_of_its_session_left_unused():
+    known = KnownValues(per_scope=2, min_conversation_bytes=64)
+    main = [turn(i) for i in range(3)]
+    known.loads(orjson.dumps(body(messages=main)), "s")
+    known.loads(orjson.dumps(body(messages=[turn(7), turn(8)])), "s")  # a sub-agent: kept beside
+    assert len(known._scopes["s"]) == 2
+    grown = known.loads(orjson.dumps(body(messages=[*main, turn(3)])), "s")  # the main agent again: the newest
+    known.loads(orjson.dumps(body(messages=[turn(5), turn(6)])), "s")  # a third: the sub-agent's goes
+    kept = [[item.value for item in prefix.items] for prefix in known._scopes["s"]]
+    assert [turn(5), turn(6)] in kept and [*main, turn(3)] in kept
+    assert known.loads(orjson.dumps(body(messages=[*main, turn(3), turn(4)])), "s")["messages"][0] is \
+        grown["messages"][0]
+
+
+def test_a_sub_agent_sharing_the_opening_is_kept_beside_not_instead():
+    known = KnownValues(min_conversation_bytes=64)
+    main = known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2)])), "s")["messages"]
+    known.loads(orjson.dumps(body(messages=[turn(0), turn(7)])), "s")  # shares only the first turn
+    assert len(known._scopes["s"]) == 2
+    assert known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2), turn(3)])), "s")["messages"][2] is \
+        main[2]
+
+
+def test_what_was_derived_from_an_item_survives_the_conversation_going_on():
+    known = KnownValues()
+    calls: list[int] = []
+    first = known.loads(orjson.dumps(convo(4)), "s")["messages"]
+    known.derive(first[1], "k", lambda item: calls.append(1) or [item["role"]])
+    second = known.loads(orjson.dumps(convo(6)), "s")["messages"]
+    assert known.derive(second[1], "k", lambda item: calls.append(1) or [item["role"]]) == ["user"]
+    assert calls == [1]  # computed once: the item, and what was derived from it, carried over
+
+
+def test_a_conversation_cut_back_reuses_exactly_the_items_it_kept():
+    known = KnownValues()
+    known.loads(orjson.dumps(convo(6)), "s")
+    cut = known.loads(orjson.dumps(convo(4)), "s")
+    assert cut == orjson.loads(orjson.dumps(convo(4))) and known.items_reused == 4
+    small = KnownValues(min_conversation_bytes=64)
+    numbers = b'{"messages":[' + b",".join([b"1234567890"] * 20)
+    small.loads(numbers + b"]}", "n")
+    small.loads(numbers[:-10] + b"12345678905]}", "n")  # the last number goes on: the 19 before it are reused
+    assert small.items_reused == 19
+
+
+def test_one_digit_items_are_kept_too():
+    known = KnownValues(min_conversation_bytes=8)
+    known.loads(b'{"messages":[5,6,7,8,9]}', "d")
+    assert known.loads(b'{"messages":[5,6,7,8,9,4]}', "d") == {"messages": [5, 6, 7, 8, 9, 4]}
+    assert known.items_reused == 5
+
+
+def test_clear_forgets_every_sessions_conversation():
+    known = KnownValues()
+    items = known.loads(orjson.dumps(convo(4)), "s")["messages"]
+    known.clear()
+    assert not known._scopes and known._conversation_total == 0 and not known.known(items[0])
+
+
+def test_a_conversation_sent_again_is_its_sessions_most_recently_used():
+    """A retry of the agent's conversation after a sub-agent's: the sub-agent's goes first when room runs out."""
+    known = KnownValues(per_scope=2, min_conversation_bytes=64)
+    main = known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2)])), "s")["messages"]
+    sub = known.loads(orjson.dumps(body(messages=[turn(7), turn(8)])), "s")["messages"]
+    known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2)])), "s")  # the agent's, again (a retry)
+    known.loads(orjson.dumps(body(messages=[turn(5), turn(6)])), "s")  # a third: the least recently used goes
+    assert known.known(main[0]) and not known.known(sub[0])
