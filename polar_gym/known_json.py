@@ -400,21 +400,26 @@ def _exact(serialized: bytes) -> bytes:
     return bytes(memoryview(serialized))
 
 
+def _shared_bytes(raw: bytes, at: int, text: bytes) -> int:
+    """How many leading bytes of ``text`` ``raw`` holds from ``at`` on (at most one short of the longest: the search
+    stops a byte short when it may): a memcmp when all of it is there, else a binary search, a memcmp a step. Both
+    lists compared start with ``[``."""
+    if raw.startswith(text, at):
+        return len(text)
+    lo, hi = 0, min(len(text), len(raw) - at)
+    while hi - lo > 1:  # the longest common prefix, by halves
+        mid = (lo + hi) // 2
+        if raw.startswith(text[lo:mid], at + lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def _whole_items_shared(raw: bytes, at: int, prefix: _Prefix) -> int:
     """How many whole items of ``prefix`` the list at ``raw[at]`` (its ``[``) starts with."""
-    text, ends = prefix.text, prefix.ends
-    if raw.startswith(text, at):
-        shared = len(text)
-    else:
-        lo, hi = 0, min(len(text), len(raw) - at)
-        while hi - lo > 1:  # the longest common prefix, by halves
-            mid = (lo + hi) // 2
-            if raw.startswith(text[lo:mid], at + lo):
-                lo = mid
-            else:
-                hi = mid
-        shared = lo
-    keep = bisect.bisect_right(ends, shared)
+    ends = prefix.ends
+    keep = bisect.bisect_right(ends, _shared_bytes(raw, at, prefix.text))
     # an item is whole in raw too when what follows it there ends it (a number may go on: "12" then "123")
     while keep and raw[at + ends[keep - 1]: at + ends[keep - 1] + 1] not in (b",", b"]"):
         keep -= 1
@@ -567,14 +572,8 @@ def _items_shared(span: bytes, text: bytes) -> int:
     """Where the items two JSON arrays of numbers (``span``, ``text``) share end: the index of the ``,`` or ``]``
     after the last item both hold whole (0: none shared)."""
     head = len(text) - 1  # text without its closing bracket
-    if span.startswith(text[:head]) and len(span) > head and span[head] in b",]":
+    shared = _shared_bytes(span, 0, text[:head])
+    if shared == head and len(span) > head and span[head] in b",]":
         return head  # the usual case: the new prompt starts with the whole known one
-    lo, hi = 0, min(len(span), head)
-    while hi - lo > 1:  # the longest common prefix, by halves
-        mid = (lo + hi) // 2
-        if span.startswith(text[lo:mid], lo):
-            lo = mid
-        else:
-            hi = mid
-    comma = span.rfind(b",", 0, lo)  # a comma before ``lo`` is in both
+    comma = span.rfind(b",", 0, shared)  # a comma before ``shared`` is in both
     return max(comma, 0)
