@@ -145,12 +145,13 @@ async def serve_gateway(settings: ProxySettings, config: GatewayConfig, args: ar
     from polar_gym.gateway.api import build_gateway
     from polar_gym.gateway.registration import ServerLink
     from polar_gym.proxy.app import tune_gc_for_serving
+    from polar_gym.serving import CoalescingHttpProtocol
 
     service = build_service(settings, allow_adhoc=False)
     node, app = build_gateway(service, config, admin_token)
     tune_gc_for_serving()  # issue 18: the start-up heap out of the cyclic collector's sight
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=False, lifespan="off"))
+                                           access_log=False, lifespan="off", http=CoalescingHttpProtocol))
     link = None
     if args.server_url and config.endpoint is not None:
         link = ServerLink(args.server_url, f"http://{config.endpoint.host}:{args.port}", config.dispatch_capacity(),

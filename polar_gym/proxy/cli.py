@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
 
     from polar_gym.proxy.app import create_app, tune_gc_for_serving
     from polar_gym.proxy.settings import build_service
+    from polar_gym.serving import CoalescingHttpProtocol
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     app = create_app(service, admin_token)
     tune_gc_for_serving()
     # No X-Forwarded-* rewriting (nothing reads the client address) and no access log: less work per call.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False, proxy_headers=False,
+                http=CoalescingHttpProtocol)
     service.journal.close()
     return 0

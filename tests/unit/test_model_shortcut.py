@@ -26,7 +26,7 @@ async def test_model_calls_take_the_shortcut_and_answer_as_the_routed_endpoints(
     app = create_app(service, "admin")
     assert isinstance(app.model_calls, ModelCallShortcut)
     routed: list[str] = []
-    original = models.model_call
+    original = models.model_reply
     stacked: list[str] = []  # calls that went through starlette's middleware stack
     original_stack = Starlette.__call__
 
@@ -38,7 +38,7 @@ async def test_model_calls_take_the_shortcut_and_answer_as_the_routed_endpoints(
         stacked.append(scope["path"])
         await original_stack(self, scope, receive, send)
 
-    monkeypatch.setattr(models, "model_call", counted)
+    monkeypatch.setattr(models, "model_reply", counted)
     monkeypatch.setattr(Starlette, "__call__", through_stack)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as client:
         chat = await client.post("/v1/chat/completions", content=orjson.dumps(CHAT), headers=HEADERS)
@@ -114,3 +114,75 @@ def test_the_disconnect_check_answers_at_once_and_leaves_nothing_waiting():
         return [*answers, await check()]
 
     assert asyncio.run(run()) == [False, False, True]
+
+
+def _request(chunks: list[dict[str, Any]], headers: list[tuple[bytes, bytes]] | None = None) -> Any:
+    from starlette.requests import Request
+
+    messages = iter(chunks)
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": headers or []}, receive)
+
+
+async def test_a_body_read_from_receive_is_what_starlette_reads():
+    """``read_body`` reads the server's messages itself: every chunk joined, a hang-up mid-body raised as starlette
+    raises it, the limit enforced while streaming and when declared, a body read before given again."""
+    import pytest
+    from starlette.requests import ClientDisconnect
+
+    from polar_gym.proxy.errors import PayloadTooLarge
+    from polar_gym.proxy.routes.common import read_body
+
+    parts = [{"type": "http.request", "body": b'{"a":', "more_body": True},
+             {"type": "http.request", "body": b"", "more_body": True},
+             {"type": "http.request", "body": b"1}"}]
+    assert await read_body(_request(parts), 100) == b'{"a":1}'
+    assert await _request(parts).body() == b'{"a":1}'  # starlette's own reading agrees
+    assert await read_body(_request([{"type": "http.request", "body": b"x" * 7}]), 100) == b"x" * 7
+    with pytest.raises(ClientDisconnect):
+        await read_body(_request([parts[0], {"type": "http.disconnect"}]), 100)
+    with pytest.raises(PayloadTooLarge, match="exceeds the limit of 6 bytes"):
+        await read_body(_request(parts), 6)
+    with pytest.raises(PayloadTooLarge, match="of 7 bytes exceeds"):
+        await read_body(_request(parts, [(b"content-length", b"7")]), 6)
+    read_before = _request(parts)
+    assert await read_before.body() == b'{"a":1}'
+    assert await read_body(read_before, 100) == b'{"a":1}'
+    twice = _request(parts)
+    assert await read_body(twice, 100) == b'{"a":1}'
+    assert await read_body(twice, 100) == b'{"a":1}'  # kept, as starlette keeps what it read
+
+
+async def test_a_plain_reply_is_sent_as_its_starlette_response_would_be():
+    """``send_reply`` skips building a Response only for replies it sends byte for byte the same."""
+    from polar_gym.proxy.routes.common import is_plain, send_reply, to_response
+    from polar_gym.proxy.service import Reply
+
+    async def sent_by(sender: Any) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            messages.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        await sender(send, receive)
+        return messages
+
+    plain = [Reply(200, b'{"ok":1}'), Reply(429, b""), Reply(500, b"{}", "application/problem+json")]
+    for reply in plain:
+        assert is_plain(reply)
+        ours = await sent_by(lambda send, receive, r=reply: send_reply(r, send))
+        theirs = await sent_by(lambda send, receive, r=reply: to_response(r)({"type": "http"}, receive, send))
+        assert ours == theirs
+
+    async def events() -> Any:
+        yield b"data: 1\n\n"
+
+    for other in [Reply(200, b"x", "text/event-stream"), Reply(200, b"{}", headers={"retry-after": "1"}),
+                  Reply(204, b""), Reply(200, b"", stream=events())]:
+        assert not is_plain(other)

@@ -5,7 +5,8 @@ catch-all would shadow every POST route after it)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -17,8 +18,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from polar_gym.proxy.detect import detect_provider, split_google_path
 from polar_gym.proxy.errors import AuthError, PayloadTooLarge, RequestError
 from polar_gym.proxy.providers.base import Route
-from polar_gym.proxy.routes.common import disconnect_check, proxy_service, read_body, to_response
-from polar_gym.proxy.service import session_key
+from polar_gym.proxy.routes.common import disconnect_check, is_plain, proxy_service, read_body, send_reply, to_response
+from polar_gym.proxy.service import Reply, session_key
 
 __all__ = ["MODEL_ROUTES", "ModelCallShortcut", "detect_router", "router"]
 
@@ -33,6 +34,7 @@ MODEL_ROUTES = {
 
 router = APIRouter()
 detect_router = APIRouter()
+_NO_QUERY: Mapping[str, str] = MappingProxyType({})
 
 
 async def _keyed_body(request: Request, provider: str, route: Route) -> bytes | Response:
@@ -47,11 +49,16 @@ async def _keyed_body(request: Request, provider: str, route: Route) -> bytes | 
 
 
 async def model_call(request: Request, provider: str, route: Route) -> Response:
+    reply = await model_reply(request, provider, route)
+    return reply if isinstance(reply, Response) else to_response(reply)
+
+
+async def model_reply(request: Request, provider: str, route: Route) -> Reply | Response:
+    """The call's reply (a refusal of its key or body size as a Response)."""
     raw = await _keyed_body(request, provider, route)
     if isinstance(raw, Response):
         return raw
-    return to_response(await proxy_service(request).handle(provider, raw, route, request.headers,
-                                                           disconnect_check(request)))
+    return await proxy_service(request).handle(provider, raw, route, request.headers, disconnect_check(request))
 
 
 async def count_call(request: Request, provider: str, route: Route) -> Response:
@@ -61,9 +68,14 @@ async def count_call(request: Request, provider: str, route: Route) -> Response:
     return to_response(await proxy_service(request).count_tokens(provider, raw, route, request.headers))
 
 
+def _query(request: Request) -> Mapping[str, str]:
+    """The call's query parameters (none, most calls: nothing to parse)."""
+    return request.query_params if request.scope.get("query_string") else _NO_QUERY
+
+
 def _fixed_route(provider: str) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
-        return await model_call(request, provider, Route(request.url.path, query=request.query_params))
+        return await model_call(request, provider, Route(request.url.path, query=_query(request)))
 
     return endpoint
 
@@ -74,7 +86,7 @@ for _path, _provider in MODEL_ROUTES.items():
 
 @router.post("/v1/messages/count_tokens", include_in_schema=False)
 async def count_tokens(request: Request) -> Response:
-    return await count_call(request, "anthropic", Route(request.url.path, query=request.query_params))
+    return await count_call(request, "anthropic", Route(request.url.path, query=_query(request)))
 
 
 @router.post("/{version}/models/{rest:path}", include_in_schema=False)
@@ -83,15 +95,20 @@ async def google(request: Request, version: str, rest: str) -> Response:
 
 
 async def google_call(request: Request) -> Response:
+    reply = await google_reply(request)
+    return reply if isinstance(reply, Response) else to_response(reply)
+
+
+async def google_reply(request: Request) -> Reply | Response:
     split = split_google_path(request.url.path)
     if split is None:
         exc = RequestError(f"unsupported path {request.url.path}")
-        return to_response(proxy_service(request).error_reply(exc, "google"))
+        return proxy_service(request).error_reply(exc, "google")
     model, action = split
-    route = Route(request.url.path, model=model, action=action, query=request.query_params)
+    route = Route(request.url.path, model=model, action=action, query=_query(request))
     if action == "countTokens":
         return await count_call(request, "google", route)
-    return await model_call(request, "google", route)
+    return await model_reply(request, "google", route)
 
 
 def _is_google_path(path: str) -> bool:
@@ -108,6 +125,7 @@ class ModelCallShortcut:
 
     def __init__(self, guarded: Callable[[str, str], bool]) -> None:
         self.guarded = guarded
+        self._fixed_guarded: dict[str, bool] = {}  # the fixed routes' answers (a gateway mounts its routes first)
 
     async def handled(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> bool:
         """Whether this was a model call, answered."""
@@ -115,18 +133,28 @@ class ModelCallShortcut:
             return False
         path = scope["path"]
         provider = MODEL_ROUTES.get(path)
-        if (provider is None and not _is_google_path(path)) or self.guarded("POST", path):
-            return False
+        if provider is None:
+            if not _is_google_path(path) or self.guarded("POST", path):
+                return False
+        else:
+            guarded = self._fixed_guarded.get(path)
+            if guarded is None:
+                guarded = self._fixed_guarded[path] = self.guarded("POST", path)
+            if guarded:
+                return False
         scope["app"] = app  # what starlette sets: the endpoints find the service through it
         request = Request(scope, receive)
         try:
             if provider is None:
-                response = await google_call(request)
+                reply: Reply | Response = await google_reply(request)
             else:
-                response = await model_call(request, provider, Route(path, query=request.query_params))
+                reply = await model_reply(request, provider, Route(path, query=_query(request)))
         except ClientDisconnect:  # hung up while sending its body: nobody to answer
             return True
-        await response(scope, receive, send)
+        if isinstance(reply, Reply) and is_plain(reply):
+            await send_reply(reply, send)
+        else:
+            await (to_response(reply) if isinstance(reply, Reply) else reply)(scope, receive, send)
         return True
 
 
