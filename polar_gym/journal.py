@@ -123,9 +123,10 @@ def common_prefix(a: bytes, b: bytes) -> int:
 
 
 def _list_prefix(a: list[Any], b: list[Any]) -> int:
+    """How many leading items two lists share: the same objects (a session's known items) or equal ones."""
     n = 0
     for x, y in zip(a, b, strict=False):
-        if x != y:
+        if x is not y and x != y:
             break
         n += 1
     return n
@@ -259,6 +260,8 @@ class SessionStore:
                     shared = _list_prefix(value, earlier)
                     if shared > keep:
                         base, keep = recent.index, shared
+                        if keep == len(value):
+                            break  # all of it: none can share more (a retry, or a sub-agent's same opening)
                 out[name] = {_SHARED: {"base": base, "keep": keep},
                              "tail": [self._blob_ref(item, blobs) for item in value[keep:]]}
             else:

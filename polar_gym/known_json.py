@@ -533,10 +533,13 @@ class KnownPromptIds:
                 known = best.ids
                 whole = cut == len(best.text) - 1  # all of it: no commas to count
                 keep = len(known) if whole else best.text.count(b",", 0, cut) + 1
-                tail = orjson.loads(b"[" + span[cut + 1:]) if span[cut] == ord(",") else []
-                packed = known.packed[:keep] if keep < len(known) else known.packed
-                ids = PromptIds(known[:keep] if keep < len(known) else known, packed + array("I", tail))
-                ids.extend(tail)
+                if whole and span[cut] != ord(","):
+                    ids = known  # the same IDs again (a retry): the same list, never changed in place
+                else:
+                    tail = orjson.loads(b"[" + span[cut + 1:]) if span[cut] == ord(",") else []
+                    packed = known.packed[:keep] if keep < len(known) else known.packed
+                    ids = PromptIds(known[:keep] if keep < len(known) else known, packed + array("I", tail))
+                    ids.extend(tail)
         except (orjson.JSONDecodeError, TypeError, OverflowError):
             return None  # not an array of uint32s: parsed whole, as it always was
         if best is not None:

@@ -48,6 +48,20 @@ def test_a_growing_prompt_is_parsed_past_the_known_one_and_equals_a_whole_parse(
     assert ids[0] is first["prompt_token_ids"][0]  # the shared items are the known ones, not parsed again
 
 
+def test_the_same_prompt_again_is_the_same_list_and_a_longer_one_a_new_list():
+    """A retry's IDs are the known list itself (no copy of a long prompt); one that goes on is a new list, so the
+    known one never changes."""
+    known = KnownPromptIds()
+    first = known.loads(answer(PROMPT), "s")["prompt_token_ids"]
+    again = known.loads(answer(PROMPT), "s")["prompt_token_ids"]
+    assert again is first and known.reused == len(PROMPT)
+    assert again.packed.tobytes() == array("I", PROMPT).tobytes()
+    grown = known.loads(answer([*PROMPT, 5]), "s")["prompt_token_ids"]
+    assert grown is not first and grown == [*PROMPT, 5] and first == PROMPT
+    assert grown.packed.tobytes() == array("I", [*PROMPT, 5]).tobytes()
+    assert first.packed.tobytes() == array("I", PROMPT).tobytes()
+
+
 def test_a_prompt_that_diverges_reuses_the_items_before_the_first_difference():
     known = KnownPromptIds()
     known.loads(answer(PROMPT), "s")
