@@ -566,3 +566,28 @@ def test_recorded_codex_second_request_parses_to_the_expected_chat():
     assert inbound.render_state.encrypted is True and inbound.render_state.summary is True
     assert inbound.render_state.tool_kinds.namespaced["multi_agent_v1__spawn_agent"] == ("multi_agent_v1",
                                                                                           "spawn_agent")
+
+
+def test_tool_names_are_checked_on_every_call_of_a_session_that_repeats_its_tools():
+    """A harness's repeated tools are translated (and their names checked) once; a repeated list with a duplicate
+    is refused on every call, and a unique one that an item adds a clashing tool to is refused too."""
+    import orjson
+
+    from polar_gym.known_json import KNOWN
+
+    long_shell = {**SHELL, "description": "Run a command. " * 400}  # large enough to be kept as a known value
+    twice = orjson.dumps({"model": "policy", "input": "x", "tools": [long_shell, long_shell]})
+    once = orjson.dumps({"model": "policy", "input": [{"role": "user", "content": "x"},
+                                                      {"type": "additional_tools", "role": "developer",
+                                                       "tools": [SHELL]}], "tools": [long_shell, PATCH]})
+    unique = orjson.dumps({"model": "policy", "input": "x", "tools": [long_shell, PATCH]})
+    hits = KNOWN.hits
+    for _ in range(3):
+        with pytest.raises(RequestError, match="tool names must be unique"):
+            PROVIDER.parse(KNOWN.loads(twice, "names"), ROUTE)
+        with pytest.raises(RequestError, match="tool names must be unique"):
+            PROVIDER.parse(KNOWN.loads(once, "names"), ROUTE)
+        tools = PROVIDER.parse(KNOWN.loads(unique, "names"), ROUTE).chat.tools or []
+        assert [t.name for t in tools] == ["shell", "apply_patch"]
+    assert KNOWN.hits - hits >= 6  # the tools were known: the kept answer refused them
+    KNOWN.forget("names")

@@ -42,6 +42,7 @@ __all__ = [
     "RenderContext",
     "Route",
     "SSEEvent",
+    "at_place",
     "encode_sse",
     "parse_model",
 ]
@@ -146,8 +147,8 @@ def parse_model(model: type[M], body: Any) -> M:
         if not known:
             return model.model_validate(body)
         try:
-            req = model.model_validate({key: value for key, value in body.items()
-                                        if not any(key == k for k, _ in known)})
+            known_keys = {key for key, _ in known}
+            req = model.model_validate({key: value for key, value in body.items() if key not in known_keys})
             for key, (name, adapter) in known:
                 req.__dict__[name] = KNOWN.derive(body[key], (model, name), adapter.validate_python)
                 req.__pydantic_fields_set__.add(name)
@@ -156,6 +157,14 @@ def parse_model(model: type[M], body: Any) -> M:
         return req
     except pydantic.ValidationError as exc:
         raise RequestError(validation_message(exc)) from exc
+
+
+@functools.lru_cache(maxsize=4096)
+def at_place(translate: Callable[..., T], /, **place: Any) -> Callable[[Any], T]:
+    """``translate`` with an item's place in the conversation bound (what :meth:`KnownValues.derive
+    <polar_gym.known_json.KnownValues.derive>` computes a known item's translation with), made once per place:
+    a conversation's places repeat on every call."""
+    return functools.partial(translate, **place)
 
 
 def translated_once(value: Any, kind: str, translate: Callable[[Any, list[str]], T], notes: list[str]) -> T:

@@ -21,7 +21,6 @@ back.
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import re
@@ -50,6 +49,7 @@ from polar_gym.proxy.providers.base import (
     RenderContext,
     Route,
     SSEEvent,
+    at_place,
     parse_model,
     translated_once,
 )
@@ -163,6 +163,13 @@ def system_in(system: str | list[dict[str, Any]] | None, notes: list[str]) -> st
 
 
 # ---------------------------------------------------------------------------------------------------------- blocks
+
+
+def _system_message_in(system: str | list[dict[str, Any]] | None, notes: list[str]) -> ChatMessage | None:
+    """The system prompt as the first Chat message (one for a harness's repeated system prompt, shared by its
+    calls: nothing changes it)."""
+    text = system_in(system, notes)
+    return None if text is None else ChatMessage(role="system", content=text)
 
 
 def _require_object(block: Any, where: str) -> None:
@@ -317,7 +324,7 @@ def messages_in(messages: list[InMessage], notes: list[str]) -> list[ChatMessage
     """Anthropic turns as Chat messages (one turn can become several: its tool results, then its text)."""
     out: list[ChatMessage] = []
     for i, msg in enumerate(messages):
-        translated, own = KNOWN.derive(msg, ("anthropic.message", i), functools.partial(_message_in, i=i))
+        translated, own = KNOWN.derive(msg, ("anthropic.message", i), at_place(_message_in, i=i))
         out.extend(translated)
         notes.extend(note for note in own if note not in notes)  # each note is given once
     if messages[-1].role == "assistant":
@@ -359,9 +366,9 @@ def tools_in(tools: list[dict[str, Any]] | None, notes: list[str]) -> list[Tool]
 
 def _translate(req: MessagesRequest, notes: list[str]) -> ChatRequest:
     messages = messages_in(req.messages, notes)
-    system = translated_once(req.system, "anthropic.system", system_in, notes)
+    system = translated_once(req.system, "anthropic.system", _system_message_in, notes)
     if system is not None:
-        messages.insert(0, ChatMessage(role="system", content=system))
+        messages.insert(0, system)
     tools = translated_once(req.tools, "anthropic.tools", tools_in, notes)
     tool_choice: str | dict[str, Any] | None = None
     parallel: bool | None = None

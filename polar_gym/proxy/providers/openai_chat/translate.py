@@ -6,7 +6,6 @@ The normalized form is Chat-shaped already, so this front end mostly validates, 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -25,7 +24,7 @@ from polar_gym.proxy.chat import (
     collapse_parts,
 )
 from polar_gym.proxy.errors import RequestError
-from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, parse_model
+from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, SSEEvent, at_place, parse_model
 from polar_gym.proxy.providers.openai_chat.protocol import KNOWN_IGNORED, ChatCompletionRequest, InMessage
 
 __all__ = ["OpenAIChatProvider", "OpenAIChatRenderState", "content_parts", "tool_calls_in", "tools_in"]
@@ -153,7 +152,7 @@ class OpenAIChatProvider(Provider[OpenAIChatRenderState]):
         chat = ChatRequest(
             model=req.model,
             # a session's earlier messages give the same ones every call: translated once, never changed after
-            messages=[KNOWN.derive(m, ("openai_chat.message", i), functools.partial(_message_in, i=i))
+            messages=[KNOWN.derive(m, ("openai_chat.message", i), at_place(_message_in, i=i))
                       for i, m in enumerate(req.messages)],
             tools=(tools_in(req.tools, req.functions) if req.functions else
                    KNOWN.derive(req.tools, "openai_chat.tools", lambda tools: tools_in(tools, None))),

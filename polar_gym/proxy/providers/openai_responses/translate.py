@@ -14,7 +14,6 @@ out with a note.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ import pydantic
 from polar_gym.known_json import KNOWN
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ContentPart, FunctionCall, Tool, ToolCall, collapse_parts
 from polar_gym.proxy.errors import RequestError, validation_message
-from polar_gym.proxy.providers.base import Inbound, parse_model, translated_once
+from polar_gym.proxy.providers.base import Inbound, at_place, parse_model, translated_once
 from polar_gym.proxy.providers.openai_responses.protocol import (
     HOSTED_TOOL_TYPES,
     KNOWN_IGNORED,
@@ -374,7 +373,7 @@ def items_in(items: list[Any], kinds: ToolKinds, tools: list[Tool], notes: list[
 
     for i, raw in enumerate(items):
         where = f"input.{i}"
-        piece = KNOWN.derive(raw, ("openai_responses.item", where), functools.partial(_piece, where=where))
+        piece = KNOWN.derive(raw, ("openai_responses.item", where), at_place(_piece, where=where))
         item = piece.item
         if isinstance(item, str):
             notes.extend(piece.notes)
@@ -458,6 +457,20 @@ def _tools_and_kinds(tools: list[dict[str, Any]] | None, notes: list[str]) -> tu
     return tools_in(tools, kinds, notes), kinds
 
 
+def _system_message(instructions: str) -> ChatMessage:
+    return ChatMessage(role="system", content=instructions)
+
+
+def _unique_names(tools: list[Tool]) -> bool:
+    names = [t.name for t in tools]
+    return len(set(names)) == len(names)
+
+
+def _check_unique_names(tools: list[Tool]) -> None:
+    if not _unique_names(tools):
+        raise RequestError(f"tools: tool names must be unique, got {sorted(t.name for t in tools)}")
+
+
 def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> Inbound[ResponsesRenderState]:
     """Validate a Responses request and translate it; raise RequestError with a field-addressed message."""
     req = parse_model(ResponsesRequest, body)
@@ -465,17 +478,17 @@ def parse_request(body: dict[str, Any], provider: str = "openai_responses") -> I
     notes: list[str] = []
     shared, kinds = translated_once(req.tools, "openai_responses.tools", _tools_and_kinds, notes)
     tools, kinds = list(shared), kinds.copy()  # the items may add tools and kinds of their own
+    n_shared = len(tools)
     messages: list[ChatMessage] = []
-    if req.instructions:
-        messages.append(ChatMessage(role="system", content=req.instructions))
+    if req.instructions:  # one message for a harness's repeated instructions, shared as its items' are
+        messages.append(KNOWN.derive(req.instructions, "openai_responses.instructions", _system_message))
     items: list[Any] = [{"type": "message", "role": "user", "content": req.input}] if isinstance(
         req.input, str) else req.input
     messages += items_in(items, kinds, tools, notes)
     if not messages:
         raise RequestError("input: at least one item (or instructions) is required")
-    names = [t.name for t in tools]
-    if len(set(names)) != len(names):
-        raise RequestError(f"tools: tool names must be unique, got {sorted(names)}")
+    if len(tools) != n_shared or not KNOWN.derive(shared, "openai_responses.unique-names", _unique_names):
+        _check_unique_names(tools)  # raises: the shared list's answer is kept, a list the items added to is new
     if req.reasoning is not None and req.reasoning.effort is not None:
         notes.append(f"reasoning.effort {req.reasoning.effort!r} echoed, not applied (the engine's template decides)")
     extra: dict[str, Any] = {}
