@@ -146,6 +146,11 @@ def _digest(serialized: bytes) -> bytes:
     return hashlib.sha256(serialized).digest()[:16]
 
 
+def _known_digest(value: Any) -> bytes:
+    """A known value's blob name (its JSON is known: :meth:`KnownValues.json_of`)."""
+    return _digest(KNOWN.json_of(value) or orjson.dumps(value))
+
+
 def _is_marker(value: Any) -> bool:
     """A dict a decoder would read as a reference: such a value is always stored as a blob, so it reads back as
     itself."""
@@ -283,7 +288,7 @@ class SessionStore:
         if len(serialized) < _BLOB_MIN and not _is_marker(value):
             return value
         if known is not None:  # a harness's repeated value: its blob's name is computed once
-            return {_REF: self._blob(known, blobs, KNOWN.derive(value, _DIGEST, lambda _: _digest(known)))}
+            return {_REF: self._blob(known, blobs, KNOWN.derive(value, _DIGEST, _known_digest))}
         return {_REF: self._blob(serialized, blobs)}
 
     def _blob(self, serialized: bytes, blobs: list[bytes], digest: bytes | None = None) -> str:

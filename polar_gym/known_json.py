@@ -63,6 +63,9 @@ class _Prefix:
     text: bytes
     ends: list[int]
     items: list[_Entry]
+    #: the repeated fields (of ``KnownValues.fields``) the body held: the only ones looked for in a body going on
+    #: from this one (looking for a field a body lacks scans all of it: ~10 us for 40 KB)
+    fields: tuple[str, ...] = ()
 
 
 @dataclass
@@ -144,12 +147,18 @@ class KnownValues:
 
     def _loads_known(self, raw: bytes, prefix: _PrefixHit | None = None) -> dict[str, Any] | None:
         hits: list[tuple[int, int, str, _Entry | _PrefixHit]] = []
+        fields: Iterable[str] = self._by_field
+        skip_from, skip_to = len(raw), len(raw)  # where no top-level field is: the shared items
         if prefix is not None:  # the shared items, from after the list's "[" to the end of the last one
-            hits.append((prefix.at + 1, prefix.at + prefix.prefix.ends[prefix.keep - 1], prefix.prefix.name,
-                         prefix))
-        for name, entries in self._by_field.items():
+            skip_from, skip_to = prefix.at + 1, prefix.at + prefix.prefix.ends[prefix.keep - 1]
+            hits.append((skip_from, skip_to, prefix.prefix.name, prefix))
+            fields = prefix.prefix.fields  # what the session's last body held
+        for name in fields:
+            entries = self._by_field.get(name)
+            if not entries:
+                continue
             marker = self._markers[name]
-            at = raw.find(marker)
+            at = _find_outside(raw, marker, 0, skip_from, skip_to)
             for _ in range(4):  # the field's name may also be a nested key: try a few places
                 if at < 0:
                     break
@@ -158,7 +167,7 @@ class KnownValues:
                 if found is not None:
                     hits.append((start, start + len(found.json or b""), name, found))
                     break
-                at = raw.find(marker, start)
+                at = _find_outside(raw, marker, start, skip_from, skip_to)
         if not hits:
             return None
         hits.sort(key=lambda hit: hit[0])
@@ -301,7 +310,7 @@ class KnownValues:
             return  # the new items were not sent as orjson writes them
         if raw[at + len(text): at + len(text) + 1] != b"]":
             return
-        prefix = _Prefix(name, text, ends, [*items, *new_items])
+        prefix = _Prefix(name, text, ends, [*items, *new_items], tuple(n for n in self.fields if n in body))
         # A conversation that goes on from all of a known one replaces it; one that shares only its start (a
         # sub-agent opening with the same system prompt) is kept beside it.
         whole = hit is not None and hit.keep == len(hit.prefix.items)
@@ -359,14 +368,18 @@ class KnownValues:
         return entry.json
 
     def as_fragments(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``body`` (shallowly copied) with its known values as :class:`orjson.Fragment` of their bytes: what
-        ``orjson.dumps`` writes of it is the same, without serializing them again."""
-        out = dict(body)
+        """``body`` (shallowly copied when it holds one) with its known values as :class:`orjson.Fragment` of their
+        bytes: what ``orjson.dumps`` writes of it is the same, without serializing them again."""
+        out = body
+        index = self._index
         for key, value in body.items():
-            if not isinstance(value, (list, dict, str)):
-                continue  # a scalar is never known
-            serialized = self.json_of(value)
+            entry = index.get(id(value))  # a live known value's id is its own (its entry keeps it alive)
+            if entry is None or entry.value is not value:
+                continue
+            serialized = entry.json if entry.json is not None else self.json_of(value)
             if serialized is not None:
+                if out is body:
+                    out = dict(body)
                 out[key] = orjson.Fragment(serialized)
         return out
 
@@ -424,6 +437,17 @@ def _whole_items_shared(raw: bytes, at: int, prefix: _Prefix) -> int:
     while keep and raw[at + ends[keep - 1]: at + ends[keep - 1] + 1] not in (b",", b"]"):
         keep -= 1
     return keep
+
+
+def _find_outside(raw: bytes, marker: bytes, start: int, skip_from: int, skip_to: int) -> int:
+    """``raw.find(marker, start)``, not looking in ``raw[skip_from:skip_to]`` (a found marker may not begin
+    there)."""
+    if start < skip_from:
+        at = raw.find(marker, start, skip_from + len(marker) - 1)
+        if at >= 0 and at < skip_from:
+            return at
+        start = skip_to
+    return raw.find(marker, max(start, skip_to))
 
 
 def _with_tuple_items(value: Any) -> list[Any]:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from polar_gym.known_json import CONVERSATION_FIELDS, KNOWN, KnownValues
 from polar_gym.proxy.providers.base import Route
 from polar_gym.registry import PROVIDERS
-from tests.unit.test_known_json import CASES, _route, body
+from tests.unit.test_known_json import CASES, SYSTEM, TOOLS, _route, body
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -368,3 +368,42 @@ def test_a_conversation_sent_again_is_its_sessions_most_recently_used():
     known.loads(orjson.dumps(body(messages=[turn(0), turn(1), turn(2)])), "s")  # the agent's, again (a retry)
     known.loads(orjson.dumps(body(messages=[turn(5), turn(6)])), "s")  # a third: the least recently used goes
     assert known.known(main[0]) and not known.known(sub[0])
+
+
+def test_a_session_looks_for_its_fields_outside_its_shared_items_and_only_for_those_its_last_body_held():
+    """Looking for a field scans the body, so a session's next body is searched only for the repeated fields its
+    last one held, and not inside the items it shares (a nested key of a field's name there is not the field).
+    Either way the body parses exactly as orjson parses it; a field the last body lacked is parsed, then known
+    from the call after."""
+    known = KnownValues(min_bytes=64)
+    nested = {"role": "user", "content": "x" * 600, "tools": [{"name": "not the tools"}], "system": "not it"}
+    other = orjson.dumps(body())  # another session teaches the system prompt and the tools
+    known.loads(other, "other")
+    taught = known.loads(other, "other")
+    first = {"model": "m", "messages": [nested, turn(1)], "tools": TOOLS}  # no system prompt yet
+    known.loads(orjson.dumps(first), "s")
+    grown = {**first, "messages": [nested, turn(1), turn(2)], "system": SYSTEM}
+    raw = orjson.dumps(grown)
+    parsed = known.loads(raw, "s")
+    assert parsed == orjson.loads(raw)
+    assert parsed["tools"] is taught["tools"]  # found past the shared items, whose nested "tools" is not it
+    assert parsed["messages"][0]["tools"] == [{"name": "not the tools"}]
+    assert parsed["system"] == SYSTEM and parsed["system"] is not taught["system"]  # its last body had none
+    again = {**grown, "messages": [*grown["messages"], turn(3)]}
+    raw = orjson.dumps(again)
+    reused = known.loads(raw, "s")
+    assert reused == orjson.loads(raw)
+    assert reused["system"] is parsed["system"] or reused["system"] is taught["system"]  # looked for, found
+
+
+@given(st.binary(max_size=40).map(lambda b: b.replace(b"\x00", b"ab")), st.sampled_from([b"a", b"ab", b"bab"]),
+       st.integers(0, 45), st.integers(0, 45), st.integers(0, 45))
+def test_finding_a_marker_outside_the_shared_items_is_the_first_one_that_does_not_begin_there(
+        raw: bytes, marker: bytes, start: int, skip_from: int, length: int):
+    from polar_gym.known_json import _find_outside
+
+    skip_to = min(len(raw), skip_from + length)
+    skip_from = min(skip_from, skip_to)
+    expected = next((at for at in range(start, len(raw)) if raw.startswith(marker, at)
+                     and not skip_from <= at < skip_to), -1)
+    assert _find_outside(raw, marker, start, skip_from, skip_to) == expected
