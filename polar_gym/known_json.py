@@ -390,8 +390,8 @@ class KnownValues:
 
     def derive(self, value: Any, kind: Any, compute: Callable[[Any], T]) -> T:
         """``compute(value)``, computed once per known ``value`` and ``kind`` (a result that is itself a list, dict
-        or model, or such an item of a tuple, is known in turn, so what is computed from it is kept too); for any other
-        value, computed now.
+        or model, or such an item of a tuple or of a list in a tuple, is known in turn, so what is computed from it
+        is kept too); for any other value, computed now.
         A ``compute`` that raises is not kept: the next call raises again."""
         entry = self._index.get(id(value))
         if entry is None or entry.value is not value:
@@ -450,11 +450,14 @@ def _find_outside(raw: bytes, marker: bytes, start: int, skip_from: int, skip_to
     return raw.find(marker, max(start, skip_to))
 
 
-def _with_tuple_items(value: Any) -> list[Any]:
-    """``value``, and when it is a tuple, its items (those of nested tuples too)."""
+def _with_tuple_items(value: Any, in_tuple: bool = False) -> list[Any]:
+    """``value``; when it is a tuple, its items (those of nested tuples too); when it is a list in a tuple (a
+    translation's messages, beside its notes), the list's items."""
+    if in_tuple and isinstance(value, list):
+        return [value, *value]
     if not isinstance(value, tuple):
         return [value]
-    return [value, *(item for part in value for item in _with_tuple_items(part))]
+    return [value, *(item for part in value for item in _with_tuple_items(part, True))]
 
 
 #: the process's known values: the proxy parses with it, the providers derive from it, the journal reads it

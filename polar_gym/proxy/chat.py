@@ -77,6 +77,10 @@ class ChatMessage(_Data):
     name: str | None = None
 
 
+def _dump_message(message: ChatMessage) -> dict[str, Any]:
+    return message.model_dump(exclude_none=True)
+
+
 class Tool(_Data):
     type: Literal["function"] = "function"
     function: dict[str, Any]
@@ -136,10 +140,12 @@ class ChatRequest(_Data):
         private = _private(self)
         data = private.get("_dump")
         if data is None:
-            data = self.model_dump(exclude_none=True, exclude={"tools"})
-            if self.tools is not None:  # in its place, each tool's own dump (kept with the tool)
-                tools = KNOWN.derive(self.tools, "dump", lambda tools: [tool.dump() for tool in tools])
-                data = {"model": data.pop("model"), "messages": data.pop("messages"), "tools": tools, **data}
+            rest = self.model_dump(exclude_none=True, exclude={"model", "messages", "tools"})
+            # a session's earlier messages are shared (known) and dumped once; the others now
+            data = {"model": self.model, "messages": [KNOWN.derive(m, "dump", _dump_message) for m in self.messages]}
+            if self.tools is not None:  # each tool's own dump (kept with the tool)
+                data["tools"] = KNOWN.derive(self.tools, "dump", lambda tools: [tool.dump() for tool in tools])
+            data.update(rest)
             private["_dump"] = data
         return data
 

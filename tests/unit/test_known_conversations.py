@@ -407,3 +407,25 @@ def test_finding_a_marker_outside_the_shared_items_is_the_first_one_that_does_no
     expected = next((at for at in range(start, len(raw)) if raw.startswith(marker, at)
                      and not skip_from <= at < skip_to), -1)
     assert _find_outside(raw, marker, start, skip_from, skip_to) == expected
+
+
+def test_a_sessions_earlier_messages_are_dumped_once_and_the_request_dumps_as_pydantic_does():
+    """The normalized request's messages that a session sent before are shared (their translation is known), so
+    their dump is computed once: the next call's dump holds the same dicts. A message of this call alone is dumped
+    now. Either way the request dumps exactly as ``model_dump(exclude_none=True)`` does, key order included."""
+    from polar_gym.proxy.chat import ChatMessage, ChatRequest, Tool
+
+    provider, route = PROVIDERS.get("anthropic")(), Route("/v1/messages")
+    first = convo(3)
+    second = convo(4)
+    one = provider.parse(KNOWN.loads(orjson.dumps(first), "dumps"), route).chat.dump()
+    two = provider.parse(KNOWN.loads(orjson.dumps(second), "dumps"), route).chat.dump()
+    shared = [a is b for a, b in zip(one["messages"], two["messages"], strict=False)]
+    assert shared == [True, True, True, True]  # the system prompt and the three turns the session sent before
+    KNOWN.forget("dumps")
+    fresh = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content=None, name="x")]
+    for tools in (None, [Tool(function={"name": "t", "parameters": {}})]):
+        request = ChatRequest(model="m", messages=fresh, tools=tools, max_tokens=5, extra={"a": 1})
+        assert orjson.dumps(request.dump()) == orjson.dumps(request.model_dump(exclude_none=True))
+    assert ChatRequest(model="m", messages=fresh).dump()["messages"][0] is not \
+        ChatRequest(model="m", messages=fresh).dump()["messages"][0]  # not known: dumped each time

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic
 
@@ -309,12 +309,12 @@ def _local_shell_arguments(action: dict[str, Any]) -> str:
                       ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class _Piece:
+class _Piece(NamedTuple):
     """What one input item gives on its own, before the turns are put together: its model (or the kind of a
     skipped item), the text of an assistant message, the message of a turn that stands alone (a user, system or
     developer message, a tool result), a call, reasoning; and the notes it gives. A session's earlier items give
-    the same pieces on every call, so they are computed once (:meth:`polar_gym.known_json.KnownValues.derive`)."""
+    the same pieces on every call, so they are computed once (:meth:`polar_gym.known_json.KnownValues.derive`; a
+    tuple, so its message is known in turn and dumped once too)."""
 
     item: Any
     text: str | None = None
