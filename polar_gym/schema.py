@@ -261,6 +261,15 @@ class CompletionRecord(_Model):
     upstream_seconds: float = 0.0
     total_seconds: float = 0.0
 
+    def set_fields(self, values: dict[str, Any]) -> None:
+        """Set several fields at once, as assigning each does (this model validates no assignment), without
+        pydantic's per-assignment dispatch (~1 us a field, a dozen a call)."""
+        unknown = values.keys() - type(self).model_fields.keys()
+        if unknown:
+            raise AttributeError(f"CompletionRecord has no field {sorted(unknown)[0]!r}")
+        self.__dict__.update(values)
+        self.__pydantic_fields_set__.update(values)
+
     @model_validator(mode="after")
     def _aligned(self) -> CompletionRecord:
         if self.response_logprobs and len(self.response_logprobs) != len(self.response_ids):

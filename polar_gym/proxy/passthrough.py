@@ -52,18 +52,19 @@ def stream_renderer(provider: Provider[Any], inbound: Inbound[Any], ctx: RenderC
 
 def fill_record(record: CompletionRecord, result: ChatResult, response_id: str) -> None:
     """What a finished call puts on its record, streamed through or not."""
-    record.response = {"id": response_id, "message": result.message.model_dump(exclude_none=True),
-                       "usage": result.usage.model_dump()}
-    record.prompt_ids, record.response_ids = result.prompt_ids, result.response_ids
-    record.response_logprobs = result.response_logprobs
-    record.finish_reason = result.finish_reason
-    record.token_faithful = result.token_faithful
-    record.prompt_mode = result.raw.get("prompt_mode")
-    record.unparseable_tool_calls = int(result.raw.get("unparseable_tool_calls", 0))
+    values = {
+        "response": {"id": response_id, "message": result.message.model_dump(exclude_none=True),
+                     "usage": result.usage.model_dump()},
+        "prompt_ids": result.prompt_ids, "response_ids": result.response_ids,
+        "response_logprobs": result.response_logprobs, "finish_reason": result.finish_reason,
+        "token_faithful": result.token_faithful, "prompt_mode": result.raw.get("prompt_mode"),
+        "unparseable_tool_calls": int(result.raw.get("unparseable_tool_calls", 0)),
+        "server": result.server, "policy_version": result.policy_version,
+        "upstream_seconds": float(result.raw.get("upstream_seconds", 0.0)),
+    }
     if result.raw.get("new_chain"):  # token_in rendered the whole prompt: say why (a new chain starts)
-        record.normalizations = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
-    record.server, record.policy_version = result.server, result.policy_version
-    record.upstream_seconds = float(result.raw.get("upstream_seconds", 0.0))
+        values["normalizations"] = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
+    record.set_fields(values)
 
 
 def _encode(events: list[SSEEvent]) -> bytes:

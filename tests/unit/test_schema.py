@@ -116,3 +116,25 @@ def test_completion_record_requires_aligned_logprobs():
 
 def test_terminal_statuses():
     assert SessionStatus.TIMEOUT.terminal and not SessionStatus.RUNNING.terminal
+
+
+def test_setting_a_records_fields_at_once_is_assigning_each():
+    """``CompletionRecord.set_fields`` leaves the record as assigning each field would: the same values, the same
+    fields counted as set (what ``exclude_unset`` dumps), and a name the record lacks refused."""
+    from polar_gym.schema import CompletionRecord
+
+    def fresh() -> CompletionRecord:
+        return CompletionRecord(completion_id="c", session_id="s", index=0, provider="openai_chat", engine="vllm",
+                                started_at=1.0)
+
+    values = {"prompt_ids": [1, 2], "response_ids": [3], "response_logprobs": [-0.5], "finish_reason": "stop",
+              "server": "http://x", "upstream_seconds": 0.25}
+    at_once, one_by_one = fresh(), fresh()
+    at_once.set_fields(values)
+    for name, value in values.items():
+        setattr(one_by_one, name, value)
+    assert at_once == one_by_one
+    assert at_once.model_fields_set == one_by_one.model_fields_set
+    assert at_once.model_dump(exclude_unset=True) == one_by_one.model_dump(exclude_unset=True)
+    with pytest.raises(AttributeError, match="no field 'promt_ids'"):
+        fresh().set_fields({"promt_ids": [1]})
