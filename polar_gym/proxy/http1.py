@@ -99,7 +99,7 @@ class LeanHttpClient:
 
     async def post(self, url: str, body: bytes) -> UpstreamAnswer:
         host, port, server, head = self._target(url)
-        request = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        request = (head + str(len(body)).encode() + b"\r\n\r\n", body)  # sent together, the body not copied
         try:
             async with asyncio.timeout(self.timeout):
                 for _ in range(3):
@@ -129,7 +129,7 @@ class LeanHttpClient:
         chunked answer as the server sent it). Each read may take ``timeout``; the connection is kept for the next
         call only when the body was read to its end."""
         host, port, server, head = self._target(url)
-        request = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        request = (head + str(len(body)).encode() + b"\r\n\r\n", body)  # sent together, the body not copied
         conn: _Connection | None = None
         with _translated(server, self.timeout):
             for _ in range(3):
@@ -232,7 +232,8 @@ class LeanHttpClient:
         return closed
 
     @staticmethod
-    async def _exchange(conn: _Connection, request: bytes, reused: bool) -> tuple[UpstreamAnswer, bool]:
+    async def _exchange(conn: _Connection, request: tuple[bytes, bytes], reused: bool
+                        ) -> tuple[UpstreamAnswer, bool]:
         """Send ``request`` and read one answer: (answer, whether the connection may be kept)."""
         status, length, chunked, close, _ = await _send_for_head(conn, request, reused)
         if chunked:
@@ -277,9 +278,11 @@ def _translated(server: str, timeout: float) -> Iterator[None]:
         raise UpstreamUnavailable(f"upstream {server} unreachable: {exc.__class__.__name__}: {exc}") from exc
 
 
-async def _send_for_head(conn: _Connection, request: bytes, reused: bool) -> tuple[int, int, bool, bool, str]:
-    """Send ``request`` and read the answer's head: (status, content length or -1, chunked, close, media type)."""
-    conn.writer.write(request)
+async def _send_for_head(conn: _Connection, request: tuple[bytes, bytes], reused: bool
+                         ) -> tuple[int, int, bool, bool, str]:
+    """Send ``request`` (its head, its body) and read the answer's head: (status, content length or -1, chunked,
+    close, media type)."""
+    conn.writer.writelines(request)
     try:
         await conn.writer.drain()
         head = await conn.reader.readuntil(b"\r\n\r\n")
