@@ -207,10 +207,13 @@ class SessionStore:
         self._blobs: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # digests, 16 bytes each
         self._dialect = "orjson"
 
-    def encode(self, record: CompletionRecord, received: bytes | None = None) -> tuple[bytes, bytes, bytes]:
+    def encode(self, record: CompletionRecord, received: bytes | None = None,
+               received_is_orjson: bool = False) -> tuple[bytes, bytes, bytes]:
         """(record lines, token bytes, logprob bytes) for ``record``; updates the store's state. The record lines
         are the blob lines the record needs, then its own line. ``received``: the request body as the harness sent
-        it, so :func:`read_received` can give it back byte for byte."""
+        it, so :func:`read_received` can give it back byte for byte; ``received_is_orjson``: it is known to be what
+        ``orjson.dumps`` writes of the request (:meth:`polar_gym.known_json.KnownValues.loads_checked` proved it),
+        so the request is not serialized again to find out."""
         ids = record.prompt_ids
         prompt = ids.packed if type(ids) is PromptIds else array("I", ids)  # packed as the engine's answer was read
         prompt_bytes = prompt.tobytes()
@@ -238,7 +241,7 @@ class SessionStore:
             if conv is not None:
                 lists[key] = conv
         if received is not None:
-            data[_RECV] = self._received(record.request, received, blobs)
+            data[_RECV] = "orjson" if received_is_orjson else self._received(record.request, received, blobs)
         self.token_count += len(tail) + len(response)
         self.logprob_count += len(logprobs)
         self._recent.appendleft(_Recent(record.index, prompt_bytes + response.tobytes(), lists))

@@ -129,23 +129,31 @@ class KnownValues:
         """``orjson.loads(raw)``, with the known values' bytes not parsed again (the same result, and the same
         error for a malformed body). Learns the large values of a body parsed whole. With a ``scope`` (the
         session), the items its conversation shares with the session's last bodies are not parsed again either."""
+        return self.loads_checked(raw, scope)[0]
+
+    def loads_checked(self, raw: bytes, scope: str | None = None) -> tuple[Any, bool]:
+        """:meth:`loads`, and whether ``orjson.dumps`` of the result is known to give ``raw`` back: True when a body
+        with known values in it proved so while it was parsed (known values are kept only as orjson writes them,
+        so serializing what was not known, the rest of the body, proves it for all); False when not known (not so,
+        or not checked: a body parsed whole). The journal then need not serialize the request to find out."""
         prefix = self._find_prefix(raw, scope) if scope is not None and scope in self._scopes else None
         if self._by_field or prefix is not None:
-            body = self._loads_known(raw, prefix)
-            if body is not None:
+            known = self._loads_known(raw, prefix)
+            if known is not None:
+                body, as_orjson_writes = known
                 self.hits += 1
                 self._learn(body, raw)  # the fields that were not known (new tools, the same system prompt)
                 if scope is not None:
                     self._learn_conversation(body, raw, scope, prefix)
-                return body
+                return body, as_orjson_writes
         body = orjson.loads(raw)
         if isinstance(body, dict):
             self._learn(body, raw)
             if scope is not None:
                 self._learn_conversation(body, raw, scope, None)
-        return body
+        return body, False
 
-    def _loads_known(self, raw: bytes, prefix: _PrefixHit | None = None) -> dict[str, Any] | None:
+    def _loads_known(self, raw: bytes, prefix: _PrefixHit | None = None) -> tuple[dict[str, Any], bool] | None:
         hits: list[tuple[int, int, str, _Entry | _PrefixHit]] = []
         fields: Iterable[str] = self._by_field
         skip_from, skip_to = len(raw), len(raw)  # where no top-level field is: the shared items
@@ -182,8 +190,9 @@ class KnownValues:
             kept.append((name, hit))
             pos = end
         pieces.append(raw[pos:])
+        skeleton = b"".join(pieces)
         try:
-            body = orjson.loads(b"".join(pieces))
+            body = orjson.loads(skeleton)
         except orjson.JSONDecodeError:
             return None  # parsed whole, for the error's true position
         if not isinstance(body, dict):
@@ -195,6 +204,8 @@ class KnownValues:
                     return None  # a nested list of the same name matched, not the field itself
             elif value != self._placeholder:
                 return None  # a nested key matched, not the field itself
+        # the known bytes are orjson's of the values put back (kept only so): the rest decides
+        as_orjson_writes = orjson.dumps(body) == skeleton
         for name, hit in kept:
             if isinstance(hit, _PrefixHit):
                 items = [item.value for item in hit.prefix.items[:hit.keep]]
@@ -204,7 +215,7 @@ class KnownValues:
             else:
                 body[name] = hit.value
                 self._lru.move_to_end(id(hit.value))
-        return body
+        return body, as_orjson_writes
 
     def _learn(self, body: dict[str, Any], raw: bytes) -> None:
         for name in self.fields:

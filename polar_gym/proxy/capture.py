@@ -360,14 +360,15 @@ class CaptureJournal:
     # -- records ---------------------------------------------------------------------------------------------
 
     async def append(self, record: CompletionRecord, attempt: str | None = None, *,
-                     received: bytes | None = None) -> CompletionRecord:
+                     received: bytes | None = None, received_is_orjson: bool = False) -> CompletionRecord:
         """Journal ``record`` as the next completion of its session's stream (``attempt``); returns it with its index
         set. Returns only once the record is written (to the OS, or to disk with ``fsync``); a failed write (disk
         full, permissions) raises here. ``received``: the request body as the harness sent it, kept so the journal
-        gives it back byte for byte (:func:`polar_gym.journal.read_received`)."""
+        gives it back byte for byte (:func:`polar_gym.journal.read_received`); ``received_is_orjson``: it is known to
+        be what ``orjson.dumps`` writes of ``record.request`` (:meth:`polar_gym.journal.SessionStore.encode`)."""
         async with self._use((record.session_id, attempt)) as session:
             record.index = session.store.count
-            line, tokens, logprobs = session.store.encode(record, received)
+            line, tokens, logprobs = session.store.encode(record, received, received_is_orjson)
             if self._writer is None:
                 session.write(line, tokens, logprobs, False)
                 return record

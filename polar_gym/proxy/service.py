@@ -310,12 +310,13 @@ class ProxyService:
             status, body = error_body(exc, "openai")
         return Reply(status, orjson.dumps(body))
 
-    def _read_body(self, raw: bytes, session_id: str) -> Any:
+    def _read_body(self, raw: bytes, session_id: str) -> tuple[Any, bool]:
+        """The parsed body, and whether it is known to serialize (orjson) back to ``raw``."""
         if len(raw) > self.max_body_bytes:
             raise PayloadTooLarge(f"request body of {len(raw)} bytes exceeds the limit of {self.max_body_bytes}")
         try:
             # the tools, system prompt and conversation the session sent last time are not parsed again
-            return KNOWN.loads(raw, session_id)
+            return KNOWN.loads_checked(raw, session_id)
         except orjson.JSONDecodeError as exc:
             raise RequestError(f"malformed JSON body: {exc}") from exc
 
@@ -344,12 +345,13 @@ class ProxyService:
         try:
             provider = self.provider(provider_name)
             info = self.sessions.resolve(session_key(headers, route.query))
-            body = self._read_body(raw, info.session_id)
+            body, as_orjson_writes = self._read_body(raw, info.session_id)
             inbound = self._parse(provider, body, route)
             if inbound.stream and not inbound.stream_json_array and self.engine.stream_passthrough:
-                return await self._stream_through(provider, inbound, body, info, route, disconnected, raw)
-            work = self._counted(info.session_id,
-                                 self._complete(provider, inbound, body, info, route, disconnected, raw))
+                return await self._stream_through(provider, inbound, body, info, route, disconnected, raw,
+                                                  as_orjson_writes)
+            work = self._counted(info.session_id, self._complete(provider, inbound, body, info, route, disconnected,
+                                                                 raw, as_orjson_writes))
             if inbound.stream and self.keepalive_after is not None and not inbound.stream_json_array:
                 return await self._stream_with_keepalive(provider, work)
             return await work
@@ -439,14 +441,15 @@ class ProxyService:
 
     async def _stream_through(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
                               info: SessionInfo, route: Route,
-                              disconnected: Callable[[], Awaitable[bool]] | None, received: bytes) -> Reply:
+                              disconnected: Callable[[], Awaitable[bool]] | None, received: bytes,
+                              received_is_orjson: bool = False) -> Reply:
         """A streamed call passed through as the engine samples (:mod:`polar_gym.proxy.passthrough`): answered
         once the engine has taken the call (or refused it, as a plain error reply), or after ``keepalive_after``
         with keep-alives until it has. The record is built when the call ends, off the first byte's path."""
         session_id = info.session_id
 
         async def journal(record: CompletionRecord) -> None:
-            await self.journal.append(record, info.attempt, received=received)
+            await self.journal.append(record, info.attempt, received=received, received_is_orjson=received_is_orjson)
 
         def finished(exc: ProxyError | None, result: Any, cause: str | None) -> None:
             self._note_call(session_id, exc, cause)
@@ -483,7 +486,7 @@ class ProxyService:
     async def _complete(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
                         info: SessionInfo, route: Route,
                         disconnected: Callable[[], Awaitable[bool]] | None = None,
-                        received: bytes | None = None) -> Reply:
+                        received: bytes | None = None, received_is_orjson: bool = False) -> Reply:
         t0 = time.perf_counter()
         record = self._new_record(provider, inbound, body, info, route)
         try:
@@ -492,14 +495,14 @@ class ProxyService:
             record.status, record.error = "error", f"{exc.__class__.__name__}: {exc.message}"
             record.token_faithful = False
             record.total_seconds = time.perf_counter() - t0
-            await self.journal.append(record, info.attempt, received=received)
+            await self.journal.append(record, info.attempt, received=received, received_is_orjson=received_is_orjson)
             self._note_call(info.session_id, exc)
             raise
         except Exception as exc:  # an engine bug must not take the proxy down or vanish from the journal
             log.exception("engine %s failed", self.engine.name)
             record.status, record.error = "error", f"{exc.__class__.__name__}: {exc}"
             record.token_faithful = False
-            await self.journal.append(record, info.attempt, received=received)
+            await self.journal.append(record, info.attempt, received=received, received_is_orjson=received_is_orjson)
             failure = UpstreamError(f"engine {self.engine.name} failed: {exc.__class__.__name__}: {exc}")
             self._note_call(info.session_id, failure, "engine_error")
             raise failure from exc
@@ -518,7 +521,7 @@ class ProxyService:
         record.total_seconds = time.perf_counter() - t0
         if disconnected is not None:  # a harness that hung up (timed out) never reads this answer
             record.delivered = not await disconnected()
-        await self.journal.append(record, info.attempt, received=received)
+        await self.journal.append(record, info.attempt, received=received, received_is_orjson=received_is_orjson)
         self._note_call(info.session_id, None)
         self.stats["prompt_tokens"] += len(result.prompt_ids)
         self.stats["response_tokens"] += len(result.response_ids)
@@ -529,7 +532,7 @@ class ProxyService:
         try:
             provider = self.provider(provider_name)
             info = self.sessions.resolve(session_key(headers, route.query))
-            body = self._read_body(raw, info.session_id)
+            body, _ = self._read_body(raw, info.session_id)
             if not isinstance(body, dict):
                 raise RequestError("request body must be a JSON object")
             inbound = provider.parse_count(body, route)  # UnsupportedRoute when the protocol has no such call

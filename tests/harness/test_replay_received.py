@@ -21,10 +21,11 @@ pytestmark = pytest.mark.harness
 
 def _forms(body: dict[str, Any]) -> list[bytes]:
     """The same body as Node's JSON.stringify and Rust's serde_json write it (compact UTF-8, what orjson writes),
-    as Python's json module writes it by default (ASCII escapes, spaced separators), that form again, and
-    pretty-printed (no serializer the journal knows: kept verbatim)."""
+    as Python's json module writes it by default (ASCII escapes, spaced separators), that form again,
+    pretty-printed (no serializer the journal knows: kept verbatim), and the compact form again (its conversation
+    and tools known to the session by then: proved to be what orjson writes while parsed, not serialized again)."""
     return [orjson.dumps(body), json.dumps(body).encode(), json.dumps(body).encode(),
-            json.dumps(body, indent=2).encode()]
+            json.dumps(body, indent=2).encode(), orjson.dumps(body)]
 
 
 @pytest.mark.parametrize("case_path", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])

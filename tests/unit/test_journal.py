@@ -451,3 +451,18 @@ def test_a_call_log_entry_counts_tokens_drops_bodies_and_cuts_long_errors():
     for length, kept in ((2000, "e" * 2000), (2001, "e" * 2000 + "...")):
         failed = rec.model_copy(update={"status": "error", "error": "e" * length})
         assert journal.call_log_entry(failed)["error"] == kept
+
+
+def test_a_request_known_to_be_what_orjson_writes_is_journaled_without_serializing_it(monkeypatch):
+    """``received_is_orjson`` (proved while the body was parsed): the journal names orjson's form without writing
+    the request again to compare, and gives the bytes back as received."""
+    body = agent_record(0, [long_message(0), {"role": "user", "content": "é"}]).request
+    calls: list[int] = []
+    original = journal._DIALECTS["orjson"]
+    monkeypatch.setitem(journal._DIALECTS, "orjson", lambda v: calls.append(1) or original(v))
+    store = SessionStore()
+    line, tokens, logprobs = store.encode(agent_record(0, body["messages"]), orjson.dumps(body), True)
+    assert calls == []
+    assert decode_received([line], tokens, logprobs) == [orjson.dumps(body)]  # reading serializes it, once
+    store.encode(agent_record(1, body["messages"]), orjson.dumps(body))
+    assert len(calls) == 2  # not known: compared

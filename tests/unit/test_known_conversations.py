@@ -113,9 +113,10 @@ def test_hostile_and_odd_conversations_parse_as_orjson_parses(case: str):
 
 
 @given(st.lists(st.tuples(st.sampled_from(["grow", "same", "edit", "cut", "spaced", "garbage", "nested", "small",
-                                           "forget"]), st.integers(0, 7), st.sampled_from(["s", "t"])),
+                                           "forget", "escaped"]), st.integers(0, 7), st.sampled_from(["s", "t"])),
                 min_size=1, max_size=14))
 def test_any_sequence_of_conversations_parses_as_orjson_parses(steps):
+    """And whenever a body is said to be what orjson writes of it (``loads_checked``), it is."""
     known = KnownValues(min_conversation_bytes=256, max_conversation_total=40_000, per_scope=2)
     sizes = {"s": 3, "t": 3}
     for step, at, scope in steps:
@@ -135,14 +136,18 @@ def test_any_sequence_of_conversations_parses_as_orjson_parses(steps):
             continue
         data = {"model": "m", "messages": messages}
         raw = {"spaced": json.dumps(data).encode(), "garbage": orjson.dumps(data)[:-2],
-               "nested": orjson.dumps({"x": {"messages": messages[:2]}, **data})}.get(step, orjson.dumps(data))
+               "nested": orjson.dumps({"x": {"messages": messages[:2]}, **data}),
+               "escaped": orjson.dumps(data)[::-1].replace("é".encode()[::-1], b"9e00u\\", 1)[::-1],  # the last é
+               }.get(step, orjson.dumps(data))
         try:
             expected = orjson.loads(raw)
         except orjson.JSONDecodeError:
             with pytest.raises(orjson.JSONDecodeError):
                 known.loads(raw, scope)
             continue
-        assert known.loads(raw, scope) == expected
+        parsed, as_written = known.loads_checked(raw, scope)
+        assert parsed == expected
+        assert not as_written or orjson.dumps(parsed) == raw
         assert known._conversation_total <= 40_000
 
 
@@ -429,3 +434,22 @@ def test_a_sessions_earlier_messages_are_dumped_once_and_the_request_dumps_as_py
         assert orjson.dumps(request.dump()) == orjson.dumps(request.model_dump(exclude_none=True))
     assert ChatRequest(model="m", messages=fresh).dump()["messages"][0] is not \
         ChatRequest(model="m", messages=fresh).dump()["messages"][0]  # not known: dumped each time
+
+
+def test_a_body_with_known_parts_is_proved_to_be_what_orjson_writes_by_serializing_the_rest_alone():
+    """``loads_checked`` says a body is what ``orjson.dumps`` writes of it when the parts it did not know prove it;
+    a body written otherwise anywhere outside its known parts (spaces, an escape orjson does not write, a key twice,
+    a number orjson writes another way) is not; a body parsed whole is not checked."""
+    known = KnownValues(min_bytes=64)
+    first = orjson.dumps(convo(3))
+    assert known.loads_checked(first, "s") == (orjson.loads(first), False)  # nothing known yet: not checked
+    grown = orjson.dumps(convo(4))
+    parsed, as_written = known.loads_checked(grown, "s")
+    assert as_written and parsed == orjson.loads(grown) and known.items_reused == 3
+    tail = grown[:-1]
+    for written_otherwise in [tail + b',"stop": null}', tail + b',"x":"\\u00e9"}', tail + b',"max_tokens":11}',
+                              tail + b',"t":1e5}', tail + b',"t":1.50}', tail + b' }']:
+        parsed, as_written = known.loads_checked(written_otherwise, "s")
+        assert parsed == orjson.loads(written_otherwise) and not as_written, written_otherwise[-20:]
+    parsed, as_written = known.loads_checked(tail + b',"t":1.5}', "s")
+    assert as_written and orjson.dumps(parsed) == tail + b',"t":1.5}'
