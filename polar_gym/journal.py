@@ -271,7 +271,7 @@ class SessionStore:
                         if keep == len(value):
                             break  # all of it: none can share more (a retry, or a sub-agent's same opening)
                 out[name] = {_SHARED: {"base": base, "keep": keep},
-                             "tail": [self._blob_ref(item, blobs) for item in value[keep:]]}
+                             "tail": [self._blob_ref(item, blobs, repeated=False) for item in value[keep:]]}
             else:
                 out[name] = self._blob_ref(value, blobs)
         frame = orjson.dumps({name: None if name == conv_name else value for name, value in out.items()})
@@ -282,11 +282,13 @@ class SessionStore:
             framed += [conv_name, out[conv_name]]
         return framed, conv
 
-    def _blob_ref(self, value: Any, blobs: list[bytes]) -> Any:
-        """``value`` itself when small, else a ref to its blob (written into ``blobs`` the first time)."""
+    def _blob_ref(self, value: Any, blobs: list[bytes], repeated: bool = True) -> Any:
+        """``value`` itself when small, else a ref to its blob (written into ``blobs`` the first time). Not
+        ``repeated`` (a conversation's new item, journaled once): its JSON is not asked of the known values, which
+        would keep it."""
         if not isinstance(value, (dict, list, str)) or (isinstance(value, str) and len(value) < _BLOB_MIN // 4):
             return value
-        known = KNOWN.json_of(value)
+        known = KNOWN.json_of(value) if repeated else None
         serialized = known or orjson.dumps(value)
         if len(serialized) < _BLOB_MIN and not _is_marker(value):
             return value

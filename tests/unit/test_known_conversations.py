@@ -427,6 +427,15 @@ def test_a_sessions_earlier_messages_are_dumped_once_and_the_request_dumps_as_py
     two = provider.parse(KNOWN.loads(orjson.dumps(second), "dumps"), route).chat.dump()
     shared = [a is b for a, b in zip(one["messages"], two["messages"], strict=False)]
     assert shared == [True, True, True, True]  # the system prompt and the three turns the session sent before
+    from polar_gym.journal import SessionStore
+    from polar_gym.schema import CompletionRecord
+
+    store = SessionStore()
+    for i, dumped in enumerate((one, two)):
+        store.encode(CompletionRecord(completion_id=f"c{i}", session_id="dumps", index=i, provider="anthropic",
+                                      engine="vllm", request={}, normalized_request=dumped))
+    kept = [KNOWN._index[id(m)] for m in two["messages"] if id(m) in KNOWN._index]
+    assert kept and all(entry.json is None for entry in kept)  # journaled once each: their JSON is not kept
     KNOWN.forget("dumps")
     fresh = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content=None, name="x")]
     for tools in (None, [Tool(function={"name": "t", "parameters": {}})]):
