@@ -196,12 +196,13 @@ class SessionRegistry:
         return len(self._sessions) + len(self._adhoc)
 
     def _lookup(self, key: str) -> SessionInfo | None:
-        session_id = self._by_key.get(_digest(key))
+        digest = _digest(key)
+        session_id = self._by_key.get(digest)
         info = self._sessions.get(session_id) if session_id is not None else None
         if info is None:
             return None
         expected = info.key if info.key is not None else info.session_id
-        return info if hmac.compare_digest(_digest(expected), _digest(key)) else None
+        return info if hmac.compare_digest(_digest(expected), digest) else None
 
     def resolve(self, key: str | None) -> SessionInfo:
         """The session ``key`` is served as; AuthError (a 401 in the caller's protocol) when none."""
