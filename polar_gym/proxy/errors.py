@@ -19,8 +19,6 @@ parse failure.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import httpx
@@ -175,14 +173,25 @@ def validation_message(exc: pydantic.ValidationError) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-@contextlib.contextmanager
-def translate_upstream_errors(server: str) -> Iterator[None]:
-    """Map transport and decoding failures of an upstream call onto the UpstreamError tree."""
-    try:
-        yield
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeout(f"upstream {server} timed out: {exc.__class__.__name__}") from exc
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-        raise UpstreamUnavailable(f"upstream {server} unreachable: {exc}") from exc
-    except (ValueError, LookupError, TypeError, AttributeError, pydantic.ValidationError) as exc:
-        raise UpstreamError(f"upstream {server} returned an unusable response: {exc}") from exc
+class translate_upstream_errors:
+    """``with translate_upstream_errors(server):`` maps transport and decoding failures of an upstream call onto the
+    UpstreamError tree. A class, not a generator-based context manager: it is entered twice a model call."""
+
+    __slots__ = ("server",)
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        server = self.server
+        if exc is None:
+            return
+        if isinstance(exc, httpx.TimeoutException):
+            raise UpstreamTimeout(f"upstream {server} timed out: {exc.__class__.__name__}") from exc
+        if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+            raise UpstreamUnavailable(f"upstream {server} unreachable: {exc}") from exc
+        if isinstance(exc, (ValueError, LookupError, TypeError, AttributeError, pydantic.ValidationError)):
+            raise UpstreamError(f"upstream {server} returned an unusable response: {exc}") from exc
