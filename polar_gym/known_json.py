@@ -453,11 +453,10 @@ def _whole_items_shared(raw: bytes, at: int, prefix: _Prefix) -> int:
 def _find_outside(raw: bytes, marker: bytes, start: int, skip_from: int, skip_to: int) -> int:
     """``raw.find(marker, start)``, not looking in ``raw[skip_from:skip_to]`` (a found marker may not begin
     there)."""
-    if start < skip_from:
+    if start < skip_from:  # before the span first: only a marker that begins there fits
         at = raw.find(marker, start, skip_from + len(marker) - 1)
-        if at >= 0 and at < skip_from:
+        if at >= 0:
             return at
-        start = skip_to
     return raw.find(marker, max(start, skip_to))
 
 

@@ -462,3 +462,47 @@ def test_a_body_with_known_parts_is_proved_to_be_what_orjson_writes_by_serializi
         assert parsed == orjson.loads(written_otherwise) and not as_written, written_otherwise[-20:]
     parsed, as_written = known.loads_checked(tail + b',"t":1.5}', "s")
     assert as_written and orjson.dumps(parsed) == tail + b',"t":1.5}'
+
+
+def test_finding_a_marker_outside_the_shared_items_every_way_it_can_lie():
+    """Every start and span over a few bodies: a marker straddling the span's start, at the body's first byte,
+    right after the span, inside it only."""
+    from polar_gym.known_json import _find_outside
+
+    for raw in (b"abab", b"xxabyyab", b"ab", b"babab", b"aXbab"):
+        for marker in (b"a", b"ab", b"bab"):
+            for start in range(len(raw) + 1):
+                for skip_from in range(len(raw) + 1):
+                    for skip_to in range(skip_from, len(raw) + 1):
+                        expected = next((at for at in range(start, len(raw)) if raw.startswith(marker, at)
+                                         and not skip_from <= at < skip_to), -1)
+                        got = _find_outside(raw, marker, start, skip_from, skip_to)
+                        assert got == expected, (raw, marker, start, skip_from, skip_to)
+
+
+def test_known_values_as_fragments_leave_the_body_given_alone():
+    """``as_fragments`` swaps a known value for its JSON in a copy (the body given is the caller's), and hands back
+    the body itself when it holds none."""
+    known = KnownValues(min_bytes=64)
+    raw = orjson.dumps(body())
+    parsed = known.loads(raw)
+    fragments = known.as_fragments(parsed)
+    assert fragments is not parsed and isinstance(fragments["tools"], orjson.Fragment)
+    assert isinstance(fragments["system"], orjson.Fragment) and fragments["model"] == "m"
+    assert parsed["tools"] is known.loads(raw)["tools"] and isinstance(parsed["tools"], list)  # unchanged
+    assert orjson.dumps(fragments) == raw
+    plain = {"model": "m", "tools": [{"name": "t"}]}
+    assert known.as_fragments(plain) is plain
+
+
+def test_what_is_derived_is_known_in_turn_down_to_a_tuples_lists_items():
+    """A derived result is known, and so are the items of a tuple it is and the items of a list in that tuple (a
+    translation's messages beside its notes); the items of a list derived alone are not (each would be an entry
+    kept for nothing)."""
+    known = KnownValues(min_bytes=64)
+    value = known.loads(orjson.dumps(body()))["tools"]
+    alone = known.derive(value, "alone", lambda v: [{"a": 1}, {"b": 2}])
+    paired = known.derive(value, "paired", lambda v: ([{"a": 1}], ["a note"], ({"c": 3},)))
+    assert known.known(alone) and not any(known.known(item) for item in alone)
+    assert known.known(paired) and known.known(paired[0]) and known.known(paired[0][0])
+    assert known.known(paired[2]) and known.known(paired[2][0])
