@@ -493,6 +493,9 @@ def test_known_values_as_fragments_leave_the_body_given_alone():
     assert orjson.dumps(fragments) == raw
     plain = {"model": "m", "tools": [{"name": "t"}]}
     assert known.as_fragments(plain) is plain
+    derived = known.derive(parsed["tools"], "renamed", lambda tools: [{**tool, "name": "x"} for tool in tools])
+    upstream = known.as_fragments({"tools": derived})  # a derived value's JSON, made on first use
+    assert isinstance(upstream["tools"], orjson.Fragment) and orjson.dumps(upstream) == orjson.dumps({"tools": derived})
 
 
 def test_what_is_derived_is_known_in_turn_down_to_a_tuples_lists_items():
