@@ -269,7 +269,7 @@ class SessionStore:
                     if shared > keep:
                         base, keep = recent.index, shared
                         if keep == len(value):
-                            break  # all of it: none can share more (a retry, or a sub-agent's same opening)
+                            break  # the whole list: no record can share more of it
                 out[name] = {_SHARED: {"base": base, "keep": keep},
                              "tail": [self._blob_ref(item, blobs, repeated=False) for item in value[keep:]]}
             else:

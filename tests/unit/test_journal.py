@@ -466,3 +466,15 @@ def test_a_request_known_to_be_what_orjson_writes_is_journaled_without_serializi
     assert decode_received([line], tokens, logprobs) == [orjson.dumps(body)]  # reading serializes it, once
     store.encode(agent_record(1, body["messages"]), orjson.dumps(body))
     assert len(calls) == 2  # not known: compared
+
+
+def test_a_conversation_is_shared_with_the_record_sharing_most_of_it_not_the_newest():
+    """The newest record may share less of a conversation than an older one (a sub-agent's call came between):
+    the encoder shares with the one sharing most, so the tail it stores is the shortest."""
+    long_history = [long_message(i) for i in range(4)]
+    records = [agent_record(0, long_history), agent_record(1, [long_history[0], long_message(9)]),  # a sub-agent's
+               agent_record(2, [*long_history, long_message(5)])]
+    lines, tokens, logprobs = encoded(records)
+    shared = [part[:20] for part in lines[2].splitlines()[-1].split(b'"$shared":')[1:]]
+    assert shared == [b'{"base":0,"keep":4},', b'{"base":0,"keep":5},']  # the request's, the normalized one's
+    assert decode(lines, tokens, logprobs) == records
