@@ -41,7 +41,8 @@ from typing import Any
 
 import orjson
 
-from polar_gym.known_json import CONVERSATION_FIELDS, KNOWN, PromptIds
+from polar_gym.known_json import CONVERSATION_FIELDS, KNOWN
+from polar_gym.known_prompt_ids import PromptIds
 from polar_gym.schema import CompletionRecord
 
 __all__ = [

@@ -61,6 +61,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "dirnames.py": ("tests/unit/test_dirnames.py",),
     "known_json.py": ("tests/unit/test_known_json.py", "tests/unit/test_known_conversations.py",
                       "tests/unit/test_known_prompt_ids.py"),
+    "known_prompt_ids.py": ("tests/unit/test_known_prompt_ids.py",),
     "launch/slurm.py": ("tests/launch/test_slurm_render.py", "tests/launch/test_token_files.py"),
     "proxy/providers/anthropic/translate.py": ("tests/unit/test_anthropic_translate.py",
                                                "tests/unit/test_anthropic_malformed.py"),

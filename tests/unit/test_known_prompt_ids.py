@@ -1,4 +1,4 @@
-"""An engine's prompt token IDs parsed past what the session's last answer shared (polar_gym.known_json
+"""An engine's prompt token IDs parsed past what the session's last answer shared (polar_gym.known_prompt_ids
 .KnownPromptIds): every answer gives exactly what ``orjson.loads`` gives, the IDs come checked and packed, a
 hostile or odd answer is parsed whole, and what is kept is bounded and dropped with its session."""
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar_gym.journal import SessionStore, decode
-from polar_gym.known_json import KnownPromptIds, PromptIds
+from polar_gym.known_prompt_ids import KnownPromptIds, PromptIds
 from polar_gym.proxy.engines.openai import token_ids_in
 from polar_gym.proxy.engines.sglang import SGLangEngine
 from polar_gym.proxy.engines.vllm import VLLMEngine

@@ -30,7 +30,8 @@ from typing import Any, ClassVar, Literal
 import httpx
 import orjson
 
-from polar_gym.known_json import KNOWN, KnownPromptIds
+from polar_gym.known_json import KNOWN
+from polar_gym.known_prompt_ids import KnownPromptIds
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.errors import (
     RequestError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from array import array
 from typing import Any, ClassVar
 
-from polar_gym.known_json import PromptIds
+from polar_gym.known_prompt_ids import PromptIds
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FunctionCall, ToolCall, Usage
 from polar_gym.proxy.engines.base import HttpEngine
 
