@@ -48,9 +48,12 @@ async def _keyed_body(request: Request, provider: str, route: Route) -> bytes | 
         return to_response(service.error_reply(exc, provider))
 
 
-async def model_call(request: Request, provider: str, route: Route) -> Response:
-    reply = await model_reply(request, provider, route)
+def _response(reply: Reply | Response) -> Response:
     return reply if isinstance(reply, Response) else to_response(reply)
+
+
+async def model_call(request: Request, provider: str, route: Route) -> Response:
+    return _response(await model_reply(request, provider, route))
 
 
 async def model_reply(request: Request, provider: str, route: Route) -> Reply | Response:
@@ -95,8 +98,7 @@ async def google(request: Request, version: str, rest: str) -> Response:
 
 
 async def google_call(request: Request) -> Response:
-    reply = await google_reply(request)
-    return reply if isinstance(reply, Response) else to_response(reply)
+    return _response(await google_reply(request))
 
 
 async def google_reply(request: Request) -> Reply | Response:
@@ -154,7 +156,7 @@ class ModelCallShortcut:
         if isinstance(reply, Reply) and is_plain(reply):
             await send_reply(reply, send)
         else:
-            await (to_response(reply) if isinstance(reply, Reply) else reply)(scope, receive, send)
+            await _response(reply)(scope, receive, send)
         return True
 
 
