@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["CoalescingHttpProtocol", "EmbeddedServer", "free_port", "serving"]
+__all__ = ["CoalescingHttpProtocol", "EmbeddedServer", "caller_gone", "free_port", "serving"]
 
 #: a held response head and a body up to this size go out as one buffer (copied); a larger body as two buffers
 _JOIN_BELOW = 256 * 1024
@@ -85,6 +86,21 @@ class CoalescingHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeadHoldingTransport(transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
+
+
+#: uvicorn's per-request cycles: ``receive`` is a bound method of one, which keeps whether its connection is gone
+_UVICORN_CYCLES = (httptools_impl.RequestResponseCycle, h11_impl.RequestResponseCycle)
+
+
+def caller_gone(receive: Callable[[], Any]) -> Callable[[], bool] | None:
+    """Whether the caller of a request uvicorn serves has hung up, read from the flag uvicorn's protocol sets when
+    the connection is lost (or the answer is complete): what ``receive`` would answer once the body is read, without
+    stepping it (a waiter made and dropped, ~3 % of a model call's CPU at 64 concurrent calls). None when
+    ``receive`` is not uvicorn's: ask it."""
+    cycle: Any = getattr(receive, "__self__", None)
+    if type(cycle) not in _UVICORN_CYCLES:
+        return None
+    return lambda: bool(cycle.disconnected or cycle.response_complete)
 
 
 class EmbeddedServer(uvicorn.Server):

@@ -91,3 +91,17 @@ def test_a_harness_that_hangs_up_mid_stream_is_journaled_as_not_delivered(slow_p
         assert b"".join(resp.iter_raw()).rstrip().endswith(b"data: [DONE]")
     until_sync(lambda: len(slow_proxy.completions("gone")) == 2, what="the answered call to be journaled")
     assert [(r["status"], r["delivered"]) for r in slow_proxy.completions("gone")] == [("ok", False), ("ok", True)]
+
+
+def test_a_harness_that_hangs_up_on_a_whole_answer_is_journaled_as_not_delivered(slow_proxy):
+    """The same for an answer sent whole: the proxy reads the hang-up from the connection before it answers."""
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(httpx.ReadTimeout):  # gives up well before the engine's 0.5 s: the connection is closed
+        httpx.post(slow_proxy.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer cut"},
+                   timeout=httpx.Timeout(30, read=0.05))
+    until_sync(lambda: slow_proxy.completions("cut"), what="the abandoned call to be journaled")
+    answered = httpx.post(slow_proxy.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer cut"},
+                          timeout=30)
+    assert answered.status_code == 200
+    until_sync(lambda: len(slow_proxy.completions("cut")) == 2, what="the answered call to be journaled")
+    assert [(r["status"], r["delivered"]) for r in slow_proxy.completions("cut")] == [("ok", False), ("ok", True)]

@@ -10,7 +10,14 @@ from typing import Any
 import httpx
 import pytest
 
-from polar_gym.serving import _JOIN_BELOW, CoalescingHttpProtocol, EmbeddedServer, _HeadHoldingTransport, free_port
+from polar_gym.serving import (
+    _JOIN_BELOW,
+    CoalescingHttpProtocol,
+    EmbeddedServer,
+    _HeadHoldingTransport,
+    caller_gone,
+    free_port,
+)
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
 
@@ -159,6 +166,58 @@ async def test_a_real_server_with_the_protocol_answers_whole_and_streamed_calls(
         writer.close()
         head, _, body = received.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 201 ") and body == b"yyyy"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11", CoalescingHttpProtocol])
+async def test_a_caller_that_hangs_up_is_seen_from_the_connection_flag(http: Any) -> None:
+    """``caller_gone`` reads uvicorn's own flag: False while the caller waits for its answer, True once it hung up
+    (as ``receive`` would say), on each of uvicorn's HTTP protocols; a ``receive`` that is not uvicorn's gets None."""
+    import uvicorn
+
+    from tests._waiting import until
+
+    seen: list[bool] = []
+    gone_checks: list[Any] = []
+    answered = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        gone = caller_gone(receive)
+        assert gone is not None
+        gone_checks.append(gone)
+        seen.append(gone())
+        await answered.wait()  # the caller hangs up meanwhile
+        seen.append(gone())
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def not_uvicorns() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    assert caller_gone(not_uvicorns) is None
+    port = free_port()
+    server = EmbeddedServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                           http=http))
+    task = asyncio.create_task(server.serve())
+    try:
+        await until(lambda: server.started or task.done(), what="the server to start")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        await until(lambda: seen, what="the app to read the body")
+        assert seen == [False]  # still there
+        writer.close()
+        await writer.wait_closed()
+        await until(lambda: gone_checks[0](), what="the flag to say the caller is gone")
+        answered.set()
+        await until(lambda: len(seen) == 2, what="the app to ask again")
+        assert seen == [False, True]
+        del reader
     finally:
         server.should_exit = True
         await task

@@ -12,6 +12,7 @@ from starlette.types import Send
 
 from polar_gym.proxy.errors import PayloadTooLarge
 from polar_gym.proxy.service import ProxyService, Reply
+from polar_gym.serving import caller_gone
 
 __all__ = ["disconnect_check", "is_plain", "proxy_service", "read_body", "send_reply", "to_response"]
 
@@ -72,7 +73,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 def disconnect_check(request: Request) -> Callable[[], Awaitable[bool]]:
     """Whether the caller has hung up, asked once its body is read: one step of the server's ``receive``, which
     answers at once when the connection is gone and otherwise waits (then the step is dropped). What starlette's
-    ``is_disconnected`` does with an anyio cancel scope, at ~1 us instead of ~17 us a call."""
+    ``is_disconnected`` does with an anyio cancel scope, at ~1 us instead of ~17 us a call. Under uvicorn, the flag
+    its connection keeps (:func:`polar_gym.serving.caller_gone`), with no step at all."""
+    gone = caller_gone(request.receive)
+    if gone is not None:
+        async def flagged() -> bool:
+            return gone()
+
+        return flagged
+
     async def disconnected() -> bool:
         step = request.receive()
         if not inspect.iscoroutine(step):
