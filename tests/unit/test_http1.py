@@ -132,6 +132,82 @@ async def test_timeouts_and_refused_connections_are_the_proxys_errors() -> None:
         await LeanHttpClient().post(f"http://127.0.0.1:{closed_port}/x", b"{}")
 
 
+async def test_a_timed_out_call_leaves_its_task_uncancelled_and_other_calls_answered() -> None:
+    """Calls share one timer: the slow ones time out, the quick ones beside them are answered, and a task whose
+    call timed out goes on with no cancellation left pending."""
+    async def slow_on_demand(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        if body == b"slow":
+            await asyncio.sleep(30)
+        _answer(writer, body)
+        return True
+
+    client = LeanHttpClient(timeout=0.3)
+    async with _Server(slow_on_demand) as server:
+        async def one(body: bytes) -> str:
+            try:
+                answer = await client.post(server.url + "/x", body)
+            except UpstreamTimeout as exc:
+                await asyncio.sleep(0)  # nothing pending: this step is not cancelled
+                task = asyncio.current_task()
+                assert task is not None and task.cancelling() == 0
+                return f"timeout: {exc}"
+            return answer.content.decode()
+
+        got = await asyncio.gather(*(one(b"slow" if n % 3 == 0 else b"q%d" % n) for n in range(9)))
+        assert got[1:3] == ["q1", "q2"] and all(got[n] == f"q{n}" for n in range(9) if n % 3)
+        assert all(got[n].startswith("timeout: upstream http://127.0.0.1:") for n in (0, 3, 6))
+        assert "timed out after 0.3 s" in got[0]
+        await until(lambda: client._deadlines is not None and client._deadlines._timer is None,
+                    what="the timer to stop once no call is in flight")
+        await client.aclose()
+
+
+async def test_a_call_cancelled_from_outside_is_cancelled_not_timed_out() -> None:
+    """A caller's own cancellation passes through as a cancellation, also when the call's deadline came too."""
+    async def silent(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(30)
+        return False
+
+    client = LeanHttpClient(timeout=30)  # its sweep is driven by hand below
+    async with _Server(silent) as server:
+        call = asyncio.create_task(client.post(server.url + "/x", b"{}"))
+        await until(lambda: client._deadlines is not None and client._deadlines._calls, what="the call to start")
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        both = asyncio.create_task(client.post(server.url + "/x", b"{}"))
+        await until(lambda: client._deadlines is not None and both in client._deadlines._calls,
+                    what="the call to start")
+        deadlines = client._deadlines
+        deadlines._calls[both] = 0.0  # its deadline has passed
+        deadlines._sweep()
+        assert both in deadlines._expired
+        both.cancel()  # the caller's cancellation in the same loop iteration as the timeout's
+        with pytest.raises(asyncio.CancelledError):
+            await both
+    await client.aclose()
+
+
+def test_one_client_times_out_on_each_event_loop_it_is_used_from() -> None:
+    """A client made once and used from one ``asyncio.run`` after another (an engine made outside any loop) keeps
+    its timeout on each: a loop's timer never outlives its loop's calls."""
+    client = LeanHttpClient(timeout=0.2)
+
+    async def timed_out() -> bool:
+        async def silent(body: bytes, writer: asyncio.StreamWriter) -> bool:
+            await asyncio.sleep(30)
+            return False
+
+        async with _Server(silent) as server:
+            try:
+                await client.post(server.url + "/x", b"{}")
+            except UpstreamTimeout:
+                return True
+        return False
+
+    assert asyncio.run(timed_out()) and asyncio.run(timed_out())
+
+
 async def test_an_engine_without_an_injected_client_posts_through_it() -> None:
     """The vLLM engine's model call goes through the lean client: a vLLM-shaped answer becomes a result, a
     malformed one an upstream error."""
