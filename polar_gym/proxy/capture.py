@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from polar_gym.dirnames import dirname_for
@@ -115,6 +114,11 @@ def _append(fds: tuple[int, int, int], payloads: tuple[bytes, bytes, bytes], fsy
             os.fsync(fd)
 
 
+def _linked(fds: tuple[int, int, int]) -> bool:
+    """Whether none of a stream's open files was removed under it."""
+    return bool(os.fstat(fds[0]).st_nlink and os.fstat(fds[1]).st_nlink and os.fstat(fds[2]).st_nlink)
+
+
 class _OpenFiles:
     """The append descriptors (tokens, logprobs, records) of the streams written last, kept open between calls:
     opening three files and making the directory per call cost more than the writes. Only the writer thread opens
@@ -134,7 +138,7 @@ class _OpenFiles:
         hand the write to the writer thread."""
         with self._lock:
             fds = self._open.get(directory)
-            if fds is None or not all(os.fstat(fd).st_nlink for fd in fds):
+            if fds is None or not _linked(fds):
                 return False
             try:
                 _append(fds, payloads, fsync=False)
@@ -149,7 +153,7 @@ class _OpenFiles:
         """Append ``payloads`` through the stream's open files, opening them first if needed (writer thread)."""
         with self._lock:
             fds = self._open.get(directory)
-            if fds is not None and not all(os.fstat(fd).st_nlink for fd in fds):
+            if fds is not None and not _linked(fds):
                 del self._open[directory]
                 self._closing.append(fds)
                 fds = None
@@ -300,19 +304,6 @@ class CaptureJournal:
                 break
             del self._sessions[key]
 
-    @contextlib.asynccontextmanager
-    async def _use(self, key: _Key) -> AsyncIterator[_Session]:
-        session = self._open(key)
-        session.users += 1
-        try:
-            async with session.lock:
-                if not session.loaded:
-                    await asyncio.to_thread(session.load)
-                yield session
-        finally:
-            session.users -= 1
-            self._trim()
-
     def release(self, session_id: str, attempt: str | None = None) -> None:
         """The stream is final (its session's result is out): drop its state from memory. On disk it stays
         readable; in memory it is kept only until ``max_open`` newer streams push it out."""
@@ -366,22 +357,30 @@ class CaptureJournal:
         full, permissions) raises here. ``received``: the request body as the harness sent it, kept so the journal
         gives it back byte for byte (:func:`polar_gym.journal.read_received`); ``received_is_orjson``: it is known to
         be what ``orjson.dumps`` writes of ``record.request`` (:meth:`polar_gym.journal.SessionStore.encode`)."""
-        async with self._use((record.session_id, attempt)) as session:
-            record.index = session.store.count
-            line, tokens, logprobs = session.store.encode(record, received, received_is_orjson)
-            if self._writer is None:
-                session.write(line, tokens, logprobs, False)
-                return record
-            files = self._writer.files
-            try:
-                assert session.directory is not None
-                if self.fsync or not files.write_if_open(session.directory, (tokens, logprobs, line)):
-                    await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync, files))
-            except BaseException:
-                # The encoder counted a record the files may not hold (or hold in part): rebuild it from disk
-                # before the next append, cutting the torn part, so no later record points at missing bytes.
-                session.store, session.loaded = SessionStore(session.memo), False
-                raise
+        session = self._open((record.session_id, attempt))
+        session.users += 1  # held: never evicted while this call uses it
+        try:
+            async with session.lock:
+                if not session.loaded:
+                    await asyncio.to_thread(session.load)
+                record.index = session.store.count
+                line, tokens, logprobs = session.store.encode(record, received, received_is_orjson)
+                if self._writer is None:
+                    session.write(line, tokens, logprobs, False)
+                    return record
+                files = self._writer.files
+                try:
+                    assert session.directory is not None
+                    if self.fsync or not files.write_if_open(session.directory, (tokens, logprobs, line)):
+                        await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync, files))
+                except BaseException:
+                    # The encoder counted a record the files may not hold (or hold in part): rebuild it from disk
+                    # before the next append, cutting the torn part, so no later record points at missing bytes.
+                    session.store, session.loaded = SessionStore(session.memo), False
+                    raise
+        finally:
+            session.users -= 1
+            self._trim()
         return record
 
     async def records(self, session_id: str, attempt: str | None = None, *,
