@@ -186,3 +186,32 @@ async def test_a_plain_reply_is_sent_as_its_starlette_response_would_be():
     for other in [Reply(200, b"x", "text/event-stream"), Reply(200, b"{}", headers={"retry-after": "1"}),
                   Reply(204, b""), Reply(200, b"", stream=events())]:
         assert not is_plain(other)
+
+
+async def test_the_admin_guard_is_asked_once_per_model_path_and_its_answers_stay_bounded():
+    """The guard's answer for a model path is kept (it does not change once the app is built), for the fixed routes
+    and for Google's paths, which a caller picks: past the bound, a new path is asked every time, never kept."""
+    from polar_gym.proxy.routes.models import _GUARDED_PATHS, ModelCallShortcut
+
+    asked: list[str] = []
+
+    def guarded(method: str, path: str) -> bool:
+        asked.append(path)
+        return True  # guarded: the shortcut leaves the call to the app
+
+    shortcut = ModelCallShortcut(guarded)
+
+    async def handled(path: str) -> bool:
+        scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+        return await shortcut.handled(None, scope, None, None)  # type: ignore[arg-type]
+
+    for _ in range(3):
+        assert not await handled("/v1/messages")
+        assert not await handled("/v1beta/models/policy:generateContent")
+    assert asked == ["/v1/messages", "/v1beta/models/policy:generateContent"]
+    assert not await handled("/v1/not-a-model-route") and len(asked) == 2  # not a model path: never asked
+    paths = [f"/v1beta/models/m{n}:generateContent" for n in range(_GUARDED_PATHS + 10)]
+    for path in paths:
+        assert not await handled(path)
+    assert len(shortcut._guarded) == _GUARDED_PATHS
+    assert not await handled(paths[-1]) and asked[-2:] == [paths[-1], paths[-1]]  # not kept: asked again
