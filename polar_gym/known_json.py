@@ -60,8 +60,9 @@ class _Prefix:
     text: bytes
     ends: list[int]
     items: list[_Entry]
-    #: the repeated fields (of ``KnownValues.fields``) the body held: the only ones looked for in a body going on
-    #: from this one (looking for a field a body lacks scans all of it: ~10 us for 40 KB)
+    #: the repeated fields (of ``KnownValues.fields``) the body held, in its order: the only ones looked for in a
+    #: body going on from this one (looking for a field a body lacks scans all of it: ~10 us for 40 KB), each
+    #: after the one before it first
     fields: tuple[str, ...] = ()
 
 
@@ -158,19 +159,23 @@ class KnownValues:
             skip_from, skip_to = prefix.at + 1, prefix.at + prefix.prefix.ends[prefix.keep - 1]
             hits.append((skip_from, skip_to, prefix.prefix.name, prefix))
             fields = prefix.prefix.fields  # what the session's last body held
+        after = 0  # where the last field found ends: the next is looked for after it first (the last body's order)
         for name in fields:
             entries = self._by_field.get(name)
             if not entries:
                 continue
             marker = self._markers[name]
-            at = _find_outside(raw, marker, 0, skip_from, skip_to)
+            at = _find_outside(raw, marker, after, skip_from, skip_to)
+            if at < 0 and after:
+                at = _find_outside(raw, marker, 0, skip_from, skip_to)  # not in that order
             for _ in range(4):  # the field's name may also be a nested key: try a few places
                 if at < 0:
                     break
                 start = at + len(marker)
                 found = next((e for e in entries if e.json is not None and raw.startswith(e.json, start)), None)
                 if found is not None:
-                    hits.append((start, start + len(found.json or b""), name, found))
+                    after = start + len(found.json or b"")
+                    hits.append((start, after, name, found))
                     break
                 at = _find_outside(raw, marker, start, skip_from, skip_to)
         if not hits:
@@ -318,7 +323,7 @@ class KnownValues:
             return  # the new items were not sent as orjson writes them
         if raw[at + len(text): at + len(text) + 1] != b"]":
             return
-        prefix = _Prefix(name, text, ends, [*items, *new_items], tuple(n for n in self.fields if n in body))
+        prefix = _Prefix(name, text, ends, [*items, *new_items], tuple(n for n in body if n in self._markers))
         # A conversation that goes on from all of a known one replaces it; one that shares only its start (a
         # sub-agent opening with the same system prompt) is kept beside it.
         whole = hit is not None and hit.keep == len(hit.prefix.items)

@@ -509,3 +509,19 @@ def test_what_is_derived_is_known_in_turn_down_to_a_tuples_lists_items():
     assert known.known(alone) and not any(known.known(item) for item in alone)
     assert known.known(paired) and known.known(paired[0]) and known.known(paired[0][0])
     assert known.known(paired[2]) and known.known(paired[2][0])
+
+
+def test_a_sessions_fields_are_found_in_its_last_bodys_order_and_in_any_other():
+    """Each repeated field is looked for after the one before it (the last body's order: a field behind a 30 KB
+    system prompt is not searched for through it), and found as well when the next body sends them in another
+    order."""
+    known = KnownValues(min_bytes=64)
+    first = {"model": "m", "messages": [turn(0), turn(1)], "system": SYSTEM, "tools": TOOLS}
+    taught = known.loads(orjson.dumps(first), "s")
+    again = known.loads(orjson.dumps({**first, "messages": [turn(0), turn(1), turn(2)]}), "s")
+    assert again["system"] is taught["system"] and again["tools"] is taught["tools"]
+    swapped = {"model": "m", "messages": [turn(0), turn(1), turn(2), turn(3)], "tools": TOOLS, "system": SYSTEM}
+    raw = orjson.dumps(swapped)
+    parsed = known.loads(raw, "s")
+    assert parsed == orjson.loads(raw) and list(parsed) == list(swapped)
+    assert parsed["system"] is taught["system"] and parsed["tools"] is taught["tools"]
