@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import os
 import queue
 import threading
@@ -53,6 +54,12 @@ class _Session:
         self.lines: list[bytes] = []
         self.tokens = bytearray()
         self.logprobs = bytearray()
+        #: records encoded and not yet written (tokens, logprobs, lines), and their calls, waiting for the end of
+        #: the loop iteration (``CaptureJournal._flush``); a batch the writer thread is writing (``inflight``) goes
+        #: before them
+        self.pending: list[tuple[bytes, bytes, bytes]] = []
+        self.waiting: list[asyncio.Future[None]] = []
+        self.inflight: asyncio.Future[None] | None = None
 
     def load(self) -> None:
         """Reopen an existing journal (a restarted proxy, or a stream evicted from memory): rebuild the encoder
@@ -221,14 +228,25 @@ class _Writer:
     async def submit(self, job: Callable[[], None]) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         while True:
-            if self._closed or not self._thread.is_alive():
-                raise RuntimeError("the capture journal is closed: nothing writes it any more")
+            self._check_open()
             try:
                 self._queue.put_nowait((job, fut))
                 break
             except queue.Full:
                 await asyncio.sleep(0.005)  # back-pressure: the request waits, nothing is dropped
         await fut
+
+    def submit_nowait(self, job: Callable[[], None]) -> asyncio.Future[None]:
+        """``job`` queued from a loop callback, which cannot wait: a full queue blocks until the thread takes one
+        (it never waits on the loop); the future is done when the job is."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._check_open()
+        self._queue.put((job, fut))
+        return fut
+
+    def _check_open(self) -> None:
+        if self._closed or not self._thread.is_alive():
+            raise RuntimeError("the capture journal is closed: nothing writes it any more")
 
     def close(self) -> None:
         self._closed = True
@@ -274,6 +292,7 @@ class CaptureJournal:
         self._latest: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._writer = _Writer(max_pending) if self.root is not None else None
         self._memo = DigestMemo()  # shared by the streams: sessions of one harness send the same tools
+        self._due: list[_Session] = []  # streams with records to write at the end of this loop iteration
 
     # -- layout ----------------------------------------------------------------------------------------------
 
@@ -368,20 +387,88 @@ class CaptureJournal:
                 if self._writer is None:
                     session.write(line, tokens, logprobs, False)
                     return record
-                files = self._writer.files
-                try:
-                    assert session.directory is not None
-                    if self.fsync or not files.write_if_open(session.directory, (tokens, logprobs, line)):
-                        await self._writer.submit(lambda: session.write(line, tokens, logprobs, self.fsync, files))
-                except BaseException:
-                    # The encoder counted a record the files may not hold (or hold in part): rebuild it from disk
-                    # before the next append, cutting the torn part, so no later record points at missing bytes.
-                    session.store, session.loaded = SessionStore(session.memo), False
-                    raise
+                if self.fsync:
+                    files = self._writer.files
+                    try:
+                        await self._writer.submit(lambda: session.write(line, tokens, logprobs, True, files))
+                    except BaseException:
+                        # The encoder counted a record the files may not hold (or hold in part): rebuild it from
+                        # disk before the next append, cutting the torn part, so no later record points at
+                        # missing bytes.
+                        session.store, session.loaded = SessionStore(session.memo), False
+                        raise
+                    return record
+                written = self._queue(session, (tokens, logprobs, line))
+            await written  # outside the lock: the session's next call encodes meanwhile and joins the batch
         finally:
             session.users -= 1
             self._trim()
         return record
+
+    # -- group commit ----------------------------------------------------------------------------------------
+
+    def _queue(self, session: _Session, payload: tuple[bytes, bytes, bytes]) -> asyncio.Future[None]:
+        """Queue an encoded record for the end of this loop iteration: every record encoded in one iteration (at
+        64 concurrent calls, ~25) is written with one write per file, not three writes and three checks each."""
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[None] = loop.create_future()
+        session.pending.append(payload)
+        session.waiting.append(written)
+        if len(session.pending) == 1 and session.inflight is None:
+            self._due_now(session, loop)
+        return written
+
+    def _due_now(self, session: _Session, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._due:
+            loop.call_soon(self._flush)
+        self._due.append(session)
+
+    def _flush(self) -> None:
+        """Write each due stream's batch, in order: to its open files at once, else (not open yet, evicted, removed
+        under it) through the writer thread, whose batch the stream's next ones wait for."""
+        due, self._due = self._due, []
+        for session in due:
+            if session.inflight is not None or not session.pending:
+                continue
+            batch, waiting = session.pending, session.waiting
+            session.pending, session.waiting = [], []
+            payloads = batch[0] if len(batch) == 1 else (
+                b"".join(p[0] for p in batch), b"".join(p[1] for p in batch), b"".join(p[2] for p in batch))
+            assert self._writer is not None and session.directory is not None
+            files = self._writer.files
+            try:
+                if files.write_if_open(session.directory, payloads):
+                    for fut in waiting:
+                        _set_result(fut)
+                    continue
+                tokens, logprobs, lines = payloads
+                session.inflight = self._writer.submit_nowait(
+                    functools.partial(session.write, lines, tokens, logprobs, False, files))
+            except BaseException as exc:
+                self._failed(session, waiting, exc)
+                continue
+            session.inflight.add_done_callback(functools.partial(self._written, session, waiting))
+
+    def _written(self, session: _Session, waiting: list[asyncio.Future[None]], done: asyncio.Future[None]) -> None:
+        session.inflight = None
+        exc = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            self._failed(session, waiting, exc)
+            return
+        for fut in waiting:
+            _set_result(fut)
+        if session.pending:  # queued while the thread wrote
+            self._due_now(session, done.get_loop())
+
+    @staticmethod
+    def _failed(session: _Session, waiting: list[asyncio.Future[None]], exc: BaseException) -> None:
+        """A batch the files may not hold (or hold in part): its calls and those queued behind it get the error, and
+        the encoder is rebuilt from disk before the next append (cutting the torn part), so no later record points
+        at missing bytes."""
+        queued, session.pending, session.waiting = session.waiting, [], []
+        session.store, session.loaded = SessionStore(session.memo), False
+        for fut in (*waiting, *queued):
+            _set_exception(fut, exc)
 
     async def records(self, session_id: str, attempt: str | None = None, *,
                       latest: bool = True) -> list[CompletionRecord]:
@@ -417,6 +504,8 @@ class CaptureJournal:
 
     def close(self) -> None:
         if self._writer is not None:
+            if self._due:
+                self._flush()  # what this loop iteration encoded: written (or queued to the thread) before it stops
             self._writer.close()
 
 

@@ -16,6 +16,7 @@ from polar_gym.journal import common_prefix, read_session
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.schema import CompletionRecord
 from tests._fakes import disk_full
+from tests._waiting import until
 
 
 def record(session: str, prompt: list[int], response: list[int],
@@ -380,13 +381,18 @@ async def test_appends_to_open_files_skip_the_writer_thread_unless_fsync_is_aske
     from polar_gym.proxy import capture
 
     handed: list[int] = []
-    submit = capture._Writer.submit
+    submit, submit_nowait = capture._Writer.submit, capture._Writer.submit_nowait
 
     async def counted(self: capture._Writer, job: Any) -> None:
         handed.append(1)
         await submit(self, job)
 
+    def counted_nowait(self: capture._Writer, job: Any) -> Any:
+        handed.append(1)
+        return submit_nowait(self, job)
+
     monkeypatch.setattr(capture._Writer, "submit", counted)
+    monkeypatch.setattr(capture._Writer, "submit_nowait", counted_nowait)
     journal = CaptureJournal(tmp_path, fsync=fsync)
     originals = conversation(6)
     for rec in originals:
@@ -463,3 +469,105 @@ async def test_a_session_on_disk_but_not_loaded_reads_back_after_a_restart(tmp_p
     assert [r.model_dump(exclude={"index"}) for r in back] == [r.model_dump(exclude={"index"}) for r in originals]
     assert [r.index for r in back] == list(range(5))
     restarted.close()
+
+
+async def test_records_encoded_in_one_loop_iteration_are_written_together_and_in_order(tmp_path: Path, monkeypatch):
+    """Group commit: the calls that reach the journal in one loop iteration (one session's and others') are written
+    with one write per file per stream, and read back in the order they were numbered."""
+    from polar_gym.proxy import capture
+
+    journal = CaptureJournal(tmp_path)
+    turns = conversation(13)
+    await journal.append(turns[0].model_copy(deep=True))  # opens the files (through the writer thread)
+    await journal.append(record("other", [5, 6], [7]))
+    writes: list[int] = []
+    real_append = capture._append
+
+    def counted(fds: Any, payloads: Any, fsync: bool) -> None:
+        writes.append(payloads[2].count(b"\n"))
+        real_append(fds, payloads, fsync)
+
+    monkeypatch.setattr(capture, "_append", counted)
+    together = [journal.append(rec.model_copy(deep=True)) for rec in turns[1:]]
+    together += [journal.append(record("other", [5, 6, 7, 8 + n], [9])) for n in range(4)]
+    done = await asyncio.wait_for(asyncio.gather(*together), 60)
+    assert [r.index for r in done] == [*range(1, 13), 1, 2, 3, 4]
+    assert sorted(writes) == [4, 12]  # one write of each file per stream, for all its records
+    back = await CaptureJournal(tmp_path).records("chat")
+    assert [(r.index, r.prompt_ids, r.response_ids) for r in back] == [
+        (n, r.prompt_ids, r.response_ids) for n, r in enumerate(turns)]
+    journal.close()
+
+
+async def test_a_failing_batch_fails_each_of_its_calls_and_the_stream_recovers(tmp_path: Path, monkeypatch):
+    """A batch the disk refuses (torn part-way) is an error for every call in it; the next call reloads the stream
+    from disk, cutting the torn part, and goes on from the records written before the batch."""
+    from polar_gym.proxy import capture
+
+    journal = CaptureJournal(tmp_path)
+    turns = conversation(6)
+    await journal.append(turns[0].model_copy(deep=True))
+    real_append = capture._append
+    monkeypatch.setattr(capture, "_append", disk_full(torn=5))
+    failed = await asyncio.wait_for(asyncio.gather(
+        *(journal.append(rec.model_copy(deep=True)) for rec in turns[1:5]), return_exceptions=True), 60)
+    assert all(isinstance(exc, OSError) and "No space" in str(exc) for exc in failed)
+    monkeypatch.setattr(capture, "_append", real_append)
+    again = await journal.append(turns[5].model_copy(deep=True))
+    assert again.index == 1
+    back = await CaptureJournal(tmp_path).records("chat")
+    assert [(r.index, r.prompt_ids) for r in back] == [(0, turns[0].prompt_ids), (1, turns[5].prompt_ids)]
+    journal.close()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_calls_queued_behind_a_batch_the_writer_thread_writes_wait_for_it(tmp_path: Path, monkeypatch,
+                                                                              fails: bool):
+    """A stream whose files are not open yet is written by the writer thread; what its session encodes meanwhile
+    waits for that batch and is written after it, in order. When the thread's write fails, the calls queued
+    behind it fail too (their records went on from the lost ones) and the stream recovers from disk."""
+    import threading
+
+    from polar_gym.proxy import capture
+
+    journal = CaptureJournal(tmp_path)
+    turns = conversation(5)
+    release = threading.Event()
+    real_write = capture._OpenFiles.write
+
+    def slow_write(self: Any, directory: Path, payloads: Any, fsync: bool) -> None:
+        release.wait(30)  # the thread holds the first batch until the next calls are queued behind it
+        if fails:
+            raise OSError(5, "Input/output error")
+        real_write(self, directory, payloads, fsync)
+
+    monkeypatch.setattr(capture._OpenFiles, "write", slow_write)
+    first = [asyncio.ensure_future(journal.append(turns[0].model_copy(deep=True)))]
+    await until(lambda: (s := journal._sessions.get(("chat", None))) is not None and s.inflight is not None,
+                what="the first batch to reach the writer thread")
+    session = journal._sessions[("chat", None)]
+    behind = [asyncio.ensure_future(journal.append(rec.model_copy(deep=True))) for rec in turns[1:4]]
+    await until(lambda: len(session.pending) == 3, what="the next calls to queue behind it")
+    assert not any(task.done() for task in first + behind)
+    release.set()
+    results = await asyncio.wait_for(asyncio.gather(*first, *behind, return_exceptions=True), 60)
+    monkeypatch.setattr(capture._OpenFiles, "write", real_write)
+    if fails:
+        assert all(isinstance(r, OSError) for r in results)
+        assert (await journal.append(turns[4].model_copy(deep=True))).index == 0
+        expected = [turns[4].prompt_ids]
+    else:
+        assert [r.index for r in results] == [0, 1, 2, 3]  # type: ignore[union-attr]
+        expected = [rec.prompt_ids for rec in turns[:4]]
+    assert [r.prompt_ids for r in await CaptureJournal(tmp_path).records("chat")] == expected
+    journal.close()
+
+
+async def test_closing_the_journal_writes_what_this_loop_iteration_encoded(tmp_path: Path):
+    journal = CaptureJournal(tmp_path)
+    await journal.append(record("k", [1, 2], [3]))
+    late = asyncio.ensure_future(journal.append(record("k", [1, 2, 3, 4], [5])))
+    await asyncio.sleep(0)  # encoded and queued; its batch is due at the end of the loop iteration
+    journal.close()
+    await asyncio.wait_for(late, 60)
+    assert [r.prompt_ids for r in read_session(tmp_path / "k")] == [[1, 2], [1, 2, 3, 4]]
