@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import os
 import queue
@@ -504,8 +505,9 @@ class CaptureJournal:
 
     def close(self) -> None:
         if self._writer is not None:
-            if self._due:
-                self._flush()  # what this loop iteration encoded: written (or queued to the thread) before it stops
+            if self._due:  # what this loop iteration encoded: written (or queued to the thread) before it stops
+                with contextlib.suppress(RuntimeError):  # its loop is gone: nobody waits for those calls any more
+                    self._flush()
             self._writer.close()
 
 
