@@ -378,7 +378,8 @@ class CaptureJournal:
         gives it back byte for byte (:func:`polar_gym.journal.read_received`); ``received_is_orjson``: it is known to
         be what ``orjson.dumps`` writes of ``record.request`` (:meth:`polar_gym.journal.SessionStore.encode`)."""
         session = self._open((record.session_id, attempt))
-        session.users += 1  # held: never evicted while this call uses it
+        session.users += 1  # held: never evicted while this call uses it, or while its record waits to be written
+        queued = False
         try:
             async with session.lock:
                 if not session.loaded:
@@ -399,11 +400,12 @@ class CaptureJournal:
                         session.store, session.loaded = SessionStore(session.memo), False
                         raise
                     return record
-                written = self._queue(session, (tokens, logprobs, line))
+                written, queued = self._queue(session, (tokens, logprobs, line)), True
             await written  # outside the lock: the session's next call encodes meanwhile and joins the batch
         finally:
-            session.users -= 1
-            self._trim()
+            if not queued:  # else its batch lets go of the stream, written or not (also when this call is cancelled)
+                session.users -= 1
+                self._trim()
         return record
 
     # -- group commit ----------------------------------------------------------------------------------------
@@ -439,8 +441,7 @@ class CaptureJournal:
             files = self._writer.files
             try:
                 if files.write_if_open(session.directory, payloads):
-                    for fut in waiting:
-                        _set_result(fut)
+                    self._settle(session, waiting)
                     continue
                 tokens, logprobs, lines = payloads
                 session.inflight = self._writer.submit_nowait(
@@ -456,20 +457,27 @@ class CaptureJournal:
         if exc is not None:
             self._failed(session, waiting, exc)
             return
-        for fut in waiting:
-            _set_result(fut)
         if session.pending:  # queued while the thread wrote
             self._due_now(session, done.get_loop())
+        self._settle(session, waiting)
 
-    @staticmethod
-    def _failed(session: _Session, waiting: list[asyncio.Future[None]], exc: BaseException) -> None:
+    def _failed(self, session: _Session, waiting: list[asyncio.Future[None]], exc: BaseException) -> None:
         """A batch the files may not hold (or hold in part): its calls and those queued behind it get the error, and
         the encoder is rebuilt from disk before the next append (cutting the torn part), so no later record points
         at missing bytes."""
         queued, session.pending, session.waiting = session.waiting, [], []
         session.store, session.loaded = SessionStore(session.memo), False
-        for fut in (*waiting, *queued):
-            _set_exception(fut, exc)
+        self._settle(session, [*waiting, *queued], exc)
+
+    def _settle(self, session: _Session, waiting: list[asyncio.Future[None]], exc: BaseException | None = None) -> None:
+        """A batch's calls hear how it went; the stream is theirs no longer (it may be evicted once nobody holds it)."""
+        for fut in waiting:
+            if exc is None:
+                _set_result(fut)
+            else:
+                _set_exception(fut, exc)
+        session.users -= len(waiting)
+        self._trim()
 
     async def records(self, session_id: str, attempt: str | None = None, *,
                       latest: bool = True) -> list[CompletionRecord]:

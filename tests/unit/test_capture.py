@@ -571,3 +571,21 @@ async def test_closing_the_journal_writes_what_this_loop_iteration_encoded(tmp_p
     journal.close()
     await asyncio.wait_for(late, 60)
     assert [r.prompt_ids for r in read_session(tmp_path / "k")] == [[1, 2], [1, 2, 3, 4]]
+
+
+async def test_a_call_cancelled_while_its_record_waits_still_has_it_written(tmp_path: Path):
+    """A call cancelled after its record was encoded (its harness gone, the server stopping): the record is written
+    all the same, and the stream is held until it is, then let go (never evicted with a record still to write)."""
+    journal = CaptureJournal(tmp_path)
+    await journal.append(record("a", [1, 2], [3]))
+    session = journal._sessions[("a", None)]
+    call = asyncio.ensure_future(journal.append(record("a", [1, 2, 3, 4], [5])))
+    await asyncio.sleep(0)  # it encodes and queues: its batch is due at the end of the loop iteration
+    assert len(session.pending) == 1 and session.users == 1
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(call, 60)
+    assert session.users == 0 and not session.pending
+    assert [r.prompt_ids for r in read_session(tmp_path / "a")] == [[1, 2], [1, 2, 3, 4]]
+    assert (await journal.append(record("a", [1, 2, 3, 4, 5, 6], [7]))).index == 2
+    journal.close()
