@@ -90,8 +90,7 @@ class _Deadlines:
         """Whether the cancellation ``task`` caught is this timeout's (not also someone else's), taking it back."""
         if task not in self._expired:
             return False
-        self._expired.discard(task)
-        return task.uncancel() <= cancelling
+        return task.uncancel() <= cancelling  # the task leaves the expired set as it leaves (``leave``)
 
     def leave(self, task: asyncio.Task[Any]) -> None:
         self._calls.pop(task, None)

@@ -188,6 +188,67 @@ async def test_a_call_cancelled_from_outside_is_cancelled_not_timed_out() -> Non
     await client.aclose()
 
 
+async def test_a_sweep_cancels_only_the_calls_past_their_deadline_and_each_call_of_a_task_times_out() -> None:
+    """Driven by hand: a sweep leaves a call before its deadline alone and times out one past it; a task whose call
+    timed out times out again on its next call (it is not left marked as expired)."""
+    async def silent(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(30)
+        return False
+
+    client = LeanHttpClient(timeout=30)
+    async with _Server(silent) as server:
+        outcomes: list[str] = []
+
+        async def twice() -> list[str]:
+            for _ in range(2):
+                try:
+                    await client.post(server.url + "/x", b"{}")
+                except UpstreamTimeout:
+                    outcomes.append("timeout")
+            return outcomes
+
+        waiting = asyncio.ensure_future(client.post(server.url + "/x", b"{}"))
+        repeated = asyncio.ensure_future(twice())
+        await until(lambda: client._deadlines is not None and len(client._deadlines._calls) == 2,
+                    what="both calls to start")
+        deadlines = client._deadlines
+        deadlines._sweep()  # neither is past its deadline
+        await asyncio.sleep(0)
+        assert not deadlines._expired and not waiting.done() and not repeated.done()
+        for n in range(2):
+            await until(lambda: repeated in deadlines._calls and repeated not in deadlines._expired,
+                        what="the task's call to be in flight")
+            deadlines._calls[repeated] = 0.0  # its deadline has passed
+            deadlines._sweep()
+            assert deadlines._expired == {repeated}
+            await until(lambda: len(outcomes) > n, what="the call to time out")  # noqa: B023
+        assert await asyncio.wait_for(repeated, 60) == ["timeout", "timeout"]
+        assert not waiting.done() and not deadlines._expired
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    await client.aclose()
+
+
+async def test_a_timeouts_tick_is_an_eighth_of_it_at_most_a_second_and_needs_a_task() -> None:
+    """How late a call may end past its deadline (the documented bound), and a call outside any task is refused."""
+    from polar_gym.proxy.http1 import _Deadlines
+
+    loop = asyncio.get_running_loop()
+    assert [_Deadlines(loop, s).tick for s in (600, 8, 0.2, 0)] == [1.0, 1.0, 0.025, 0.001]
+    refused: list[BaseException] = []
+
+    def outside_a_task() -> None:
+        try:
+            _Deadlines(loop, 1).enter()
+        except RuntimeError as exc:
+            refused.append(exc)
+
+    loop.call_soon(outside_a_task)
+    await until(lambda: refused, what="the callback to run")
+    assert "must run in a task" in str(refused[0])
+
+
 def test_one_client_times_out_on_each_event_loop_it_is_used_from() -> None:
     """A client made once and used from one ``asyncio.run`` after another (an engine made outside any loop) keeps
     its timeout on each: a loop's timer never outlives its loop's calls."""
