@@ -12,8 +12,9 @@ How the pieces fit:
   and session id. The wrapper records that pid and the command's exit code under ``/polar/.polar-docker/exec``; a
   timeout kills that session's tree from inside (``exec … sh -c KILL tree PID``), ``cancel`` kills every process
   outside PID 1's session (``KILL all``), which spares PID 1 and the relay.
-- A missing pid file means the command never started (CRASHED); a missing exit-code file with the container gone
-  means the sandbox died under the command (CRASHED).
+- A missing pid file means the command never started (CRASHED); a missing exit-code file means the sandbox died
+  under the command or the wrapper was killed from outside (CRASHED either way: the container may still read as
+  running for a moment after its init was killed).
 - upload and download go through ``cp`` with tar streams, so parents are created and bytes round-trip exactly.
 """
 
@@ -444,12 +445,17 @@ class DockerRuntime(Runtime):
                               reason=_reason(err) or f"the command did not start (exit {code})")
         if exit_code is not None:
             code = exit_code
-        else:
+        else:  # the wrapper never wrote how the command ended: the sandbox died under it, or its wrapper was killed
             found, state, _ = await self._cli(self.commands.is_running(self.container))
             if found != 0 or state.strip() != b"true":
                 self._running = False
                 return ExecResult(status=ExecStatus.CRASHED, exit_code=code, stdout=out, stderr=err,
                                   reason=f"the container {self.container} died while the command ran")
+            # The container may still read as running for a moment after its init was killed (the runtime notices
+            # its exit a little later); either way the exec's own machinery died, not the command's choice.
+            return ExecResult(status=ExecStatus.CRASHED, exit_code=code, stdout=out, stderr=err,
+                              reason=f"the command's wrapper in {self.container} was killed before it recorded an "
+                                     f"exit code (exit {code})")
         status = ExecStatus.OK if code == 0 else ExecStatus.FAILED
         return ExecResult(status=status, exit_code=code, stdout=out, stderr=err)
 
