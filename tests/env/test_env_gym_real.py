@@ -62,15 +62,35 @@ def test_gym_lists_the_agent(tmp_path: Path) -> None:
     assert not agents["polar_gym_agent"]["self_contained"]
 
 
+class _NotUp(Exception):
+    """`gym env start` did not come up (its log's end is the message)."""
+
+
 @contextlib.contextmanager
 def gym_started(tmp_path: Path, *overrides: str) -> Iterator[dict]:
     """`gym env start` of the plugin in tmp_path (venvs are symlinks to the prebuilt one, a pinned head port, any
     extra Hydra ``overrides``); yields what `gym eval run` needs; stops everything with SIGINT and checks nothing is
-    left (by a marker)."""
+    left (by a marker). Started once more on a fresh head port when the first start does not come up: a port free a
+    moment ago may be taken by then (Ray's workers pick ports too)."""
+    for attempt in (1, 2):
+        with contextlib.ExitStack() as stack:
+            try:
+                started = stack.enter_context(_gym_started_once(tmp_path, attempt, *overrides))
+            except _NotUp as exc:
+                if attempt == 2:
+                    pytest.fail(f"gym env start did not come up:\n{exc}")
+                continue
+            yield started
+            return
+
+
+@contextlib.contextmanager
+def _gym_started_once(tmp_path: Path, attempt: int, *overrides: str) -> Iterator[dict]:
     venv = gym_venv_or_skip()
     for server in SERVERS:
-        (tmp_path / "venvs" / server).mkdir(parents=True)
-        (tmp_path / "venvs" / server / ".venv").symlink_to(venv)
+        (tmp_path / "venvs" / server).mkdir(parents=True, exist_ok=True)
+        if not (tmp_path / "venvs" / server / ".venv").is_symlink():
+            (tmp_path / "venvs" / server / ".venv").symlink_to(venv)
     marker = f"polar-gym-env-test-{uuid.uuid4().hex}"
     env = {**os.environ, "POLAR_PYTHON": sys.executable, "POLAR_ENV_TEST_MARKER": marker}
     env.pop("VIRTUAL_ENV", None)
@@ -78,7 +98,7 @@ def gym_started(tmp_path: Path, *overrides: str) -> Iterator[dict]:
     argv = [str(venv / "bin" / "gym"), "env", "start", "--search-dir", str(ENV_DIR), "--config", AGENT_CONFIG,
             "--config", RESOURCES_CONFIG, "+skip_venv_if_present=true", f"+uv_venv_dir={tmp_path / 'venvs'}",
             f"+head_server.port={port}", *overrides]
-    log = tmp_path / "env_start.log"
+    log = tmp_path / f"env_start-{attempt}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=take_ctrl_c)
@@ -86,7 +106,7 @@ def gym_started(tmp_path: Path, *overrides: str) -> Iterator[dict]:
         deadline = time.monotonic() + 120
         while "servers ready!" not in log.read_text(errors="replace"):
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"gym env start did not come up:\n{log.read_text(errors='replace')[-4000:]}")
+                raise _NotUp(log.read_text(errors="replace")[-4000:])
             time.sleep(0.5)
         yield {"gym": venv / "bin" / "gym", "env": env, "port": port, "cwd": tmp_path, "log": log}
     finally:
