@@ -62,6 +62,11 @@ class _Session:
         self.waiting: list[asyncio.Future[None]] = []
         self.inflight: asyncio.Future[None] | None = None
 
+    def reload_later(self) -> None:
+        """The encoder counted records the files may not hold (or hold in part): rebuild it from disk before the
+        next append, cutting the torn part, so no later record points at missing bytes."""
+        self.store, self.loaded = SessionStore(self.memo), False
+
     def load(self) -> None:
         """Reopen an existing journal (a restarted proxy, or a stream evicted from memory): rebuild the encoder
         state from disk, and cut a torn tail off so the next record's offsets point at its own bytes."""
@@ -394,10 +399,7 @@ class CaptureJournal:
                     try:
                         await self._writer.submit(lambda: session.write(line, tokens, logprobs, True, files))
                     except BaseException:
-                        # The encoder counted a record the files may not hold (or hold in part): rebuild it from
-                        # disk before the next append, cutting the torn part, so no later record points at
-                        # missing bytes.
-                        session.store, session.loaded = SessionStore(session.memo), False
+                        session.reload_later()
                         raise
                     return record
                 written, queued = self._queue(session, (tokens, logprobs, line)), True
@@ -466,7 +468,7 @@ class CaptureJournal:
         the encoder is rebuilt from disk before the next append (cutting the torn part), so no later record points
         at missing bytes."""
         queued, session.pending, session.waiting = session.waiting, [], []
-        session.store, session.loaded = SessionStore(session.memo), False
+        session.reload_later()
         self._settle(session, [*waiting, *queued], exc)
 
     def _settle(self, session: _Session, waiting: list[asyncio.Future[None]], exc: BaseException | None = None) -> None:
