@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "HOST_READ_ENV",
     "AgentSpec",
     "BuilderSpec",
     "CompletionRecord",
@@ -58,6 +59,7 @@ __all__ = [
     "UpstreamChange",
     "UpstreamRemoved",
     "UpstreamsView",
+    "host_read_env_names",
     "WeightUpdateReply",
     "WeightUpdateRequest",
 ]
@@ -98,6 +100,31 @@ class PrepareAction(_Model):
         return self
 
 
+#: environment names that a dynamic loader, libc or a container engine reads as instructions to the process that
+#: starts (preload a library, load a converter, pick a config or a storage root). A task or a request is untrusted
+#: input: its env only ever reaches the command inside the sandbox, and these names are refused outright as a second
+#: line of defence, so that no slip in a backend can hand them to a host binary. Entries ending in ``*`` are prefixes.
+HOST_READ_ENV: tuple[str, ...] = (
+    "LD_*", "GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "MALLOC_*", "GLIBC_TUNABLES",
+    "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+    "CONTAINERS_*", "CONTAINER_*", "DOCKER_*", "PODMAN_*", "BUILDAH_*", "STORAGE_*", "REGISTRY_AUTH_FILE",
+    "APPTAINER*", "SINGULARITY*", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "BWRAP_*",
+)
+
+
+def host_read_env_names(env: dict[str, str]) -> list[str]:
+    """The names of ``env`` that :data:`HOST_READ_ENV` refuses, or that no environment can hold (empty, ``=``, NUL),
+    in ``env``'s order."""
+
+    def refused(name: str) -> bool:
+        if not name or "=" in name or "\0" in name:
+            return True
+        upper = name.upper()
+        return any(upper.startswith(p[:-1]) if p.endswith("*") else upper == p for p in HOST_READ_ENV)
+
+    return [name for name in env if refused(name)]
+
+
 class RuntimeSpec(_Model):
     backend: str = "local"
     image: str | None = None
@@ -107,9 +134,18 @@ class RuntimeSpec(_Model):
     cpus: float | None = None
     memory_mb: int | None = None
     max_processes: int | None = None
+    #: the sandboxed command's environment (handed into the sandbox, never to a host process; see HOST_READ_ENV)
     env: dict[str, str] = Field(default_factory=dict)
     #: backend-specific settings (e.g. the docker CLI to use, apptainer overlay size)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_reaches_only_the_sandbox(cls, env: dict[str, str]) -> dict[str, str]:
+        if refused := host_read_env_names(env):
+            raise ValueError(f"runtime env may not set {', '.join(map(repr, refused))}: a dynamic loader or container "
+                             "engine reads it (set it in the image instead)")
+        return env
 
 
 class AgentSpec(_Model):
