@@ -82,6 +82,7 @@ class GatewayNode:
             with contextlib.suppress(ValueError):
                 self._finished_order.remove(spec.session_id)
         session = Session(spec)
+        self.stages.registered(session)
         self._sessions[spec.session_id] = session
         self._record(session, S.REGISTERED)
         self.utilization.change(pending=+1)

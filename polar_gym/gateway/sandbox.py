@@ -130,6 +130,11 @@ class SandboxStages(Stages):
     def live_runtimes(self) -> int:
         return len(self._live)
 
+    def registered(self, s: Session) -> None:
+        # A restarted gateway's journal still names the dead attempt on disk until INIT writes the new pointer,
+        # and INIT may wait for a slot: until then the session's captures read as the dead attempt's.
+        self.service.journal.mark_latest(s.spec.session_id, s.attempt_id)
+
     # -- INIT --------------------------------------------------------------------------------------------------
 
     async def init(self, s: Session) -> None:

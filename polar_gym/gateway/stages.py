@@ -19,6 +19,11 @@ __all__ = ["Stages"]
 
 
 class Stages(abc.ABC):
+    def registered(self, session: Session) -> None:
+        """At submit, before the caller hears of the session (synchronous): e.g. make its attempt the one that
+        reading the session returns, so no reader sees an earlier attempt's captures as this one's."""
+        return None
+
     @abc.abstractmethod
     async def init(self, session: Session) -> None:
         """INIT: create the session's runtime and prepare it (prepare actions, harness files)."""

@@ -349,12 +349,17 @@ class CaptureJournal:
 
     # -- attempts --------------------------------------------------------------------------------------------
 
-    async def begin_attempt(self, session_id: str, attempt: str) -> None:
-        """Make ``attempt`` the session's latest: what reading the session without an attempt returns."""
+    def mark_latest(self, session_id: str, attempt: str) -> None:
+        """Make ``attempt`` the session's latest in memory (what reading the session without an attempt returns),
+        at once: :meth:`begin_attempt` also writes it to disk."""
         self._latest[session_id] = attempt
         self._latest.move_to_end(session_id)
         while len(self._latest) > self.max_open:
             self._latest.popitem(last=False)
+
+    async def begin_attempt(self, session_id: str, attempt: str) -> None:
+        """Make ``attempt`` the session's latest: what reading the session without an attempt returns."""
+        self.mark_latest(session_id, attempt)
         base = self.session_dir(session_id)
         if base is not None and self._writer is not None:
             await self._writer.submit(lambda: _write_pointer(base, attempt))

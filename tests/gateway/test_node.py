@@ -249,3 +249,21 @@ async def test_every_dispatch_is_a_new_attempt() -> None:
     second = (await n.run([spec("again")]))[0]
     assert first.metadata["attempt_id"] != second.metadata["attempt_id"]
     assert n.get("again").describe()["attempt_id"] == second.metadata["attempt_id"]
+
+
+async def test_stages_hear_of_each_attempt_before_submit_returns() -> None:
+    """Issue 35: the journal must name a new attempt as the session's latest before its caller can read the session
+    (INIT may wait for a slot; until then a restarted gateway's disk still names the dead attempt)."""
+    heard: list[tuple[str, str]] = []
+
+    class Hearing(ScriptedStages):
+        def registered(self, session: gateway.Session) -> None:
+            heard.append((session.session_id, session.attempt_id))
+
+    n = node(Hearing())
+    first = n.submit(spec("a"))
+    assert heard == [("a", first.attempt_id)]  # no await in between: before any stage ran
+    await n.wait("a")
+    second = n.submit(spec("a"))  # its result was never taken: a new attempt
+    assert heard[-1] == ("a", second.attempt_id) != heard[0]
+    await n.wait("a")

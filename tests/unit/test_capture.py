@@ -182,6 +182,21 @@ async def test_each_attempt_is_its_own_stream_and_the_latest_is_what_the_session
     restarted.close()
 
 
+async def test_a_new_attempt_marked_at_submit_never_reads_as_the_dead_one(tmp_path: Path):
+    """Issue 35: after a gateway's kill -9 and restart, the disk still names the dead attempt until the new one's
+    INIT writes its pointer; a session marked latest at submit reads as its own (empty) attempt meanwhile."""
+    dead = CaptureJournal(tmp_path)
+    await dead.begin_attempt("s", "aaaaaaaaaaaa")
+    await dead.append(record("s", [1, 2, 3], [4]), "aaaaaaaaaaaa")
+    dead.close()
+    restarted = CaptureJournal(tmp_path)
+    assert [r.response_ids for r in await restarted.records("s")] == [[4]]  # what the disk says
+    restarted.mark_latest("s", "bbbbbbbbbbbb")  # what the gateway does at submit
+    assert await restarted.records("s") == []
+    assert await restarted.latest_attempt("s") == "bbbbbbbbbbbb"
+    restarted.close()
+
+
 async def test_open_streams_are_bounded_and_an_evicted_one_reads_back_from_disk(tmp_path: Path):
     journal = CaptureJournal(tmp_path, max_open=3)
     originals = {f"s{i}": conversation(4, seed=i) for i in range(10)}
