@@ -1,8 +1,10 @@
 """Run a test module again as an unprivileged user (uid 65534) under Debian's /usr/bin/python3.11.
 
-The project's venv lives under /root (0700), which that user cannot reach: a private mount namespace binds a
-directory of ours (the venv's site-packages, or the whole cache) at a place it can reach, for that run only; nothing
-is copied and the host's mounts are untouched. The outer test skips inside the inner run (``INNER`` is set there).
+The project's venv lives under /root (0700), which that user cannot reach, and so may the checkout (a clone in a
+0700 temporary folder): a private mount namespace binds a directory of ours (the venv's site-packages, or the whole
+cache) and the checkout at places it can reach, read-only, for that run only; nothing is copied and the host's
+mounts are untouched. Paths under the checkout (the module, ``pythonpath`` entries) are mapped to its bound copy.
+The outer test skips inside the inner run (``INNER`` is set there).
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ def require_outer_root_run() -> None:
 def run_as_nobody(module: Path, work: Path, *, bind: tuple[Path, Path], pythonpath: list[Path],
                   env: dict[str, str] | None = None, markers: tuple[str, ...] = (), timeout: float = 600,
                   min_passed: int = 1) -> str:
-    """Run ``module`` with pytest as uid 65534, ``bind = (source, target)`` read-only for that run, ``work`` (a
-    fresh directory under /tmp) as its root and HOME; fail unless it passed at least ``min_passed`` tests and
-    failed none. Returns pytest's output."""
+    """Run ``module`` with pytest as uid 65534, ``bind = (source, target)`` and the checkout (at ``work/src``)
+    read-only for that run, ``work`` (a fresh directory under /tmp) as its root and HOME; fail unless it passed at
+    least ``min_passed`` tests and failed none. Returns pytest's output."""
     require_outer_root_run()
     work.chmod(0o755)
     home = work / "home"
@@ -54,14 +56,22 @@ def run_as_nobody(module: Path, work: Path, *, bind: tuple[Path, Path], pythonpa
                                      "    ignore::PendingDeprecationWarning\n")
     source, target = bind
     target.mkdir(parents=True, exist_ok=True)
+    checkout = work / "src"
+    checkout.mkdir()
+
+    def reachable(path: Path) -> Path:
+        return checkout / path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+
     full_env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
-                "PYTHONPATH": ":".join(str(p) for p in pythonpath), INNER: "1", **(env or {})}
+                "PYTHONPATH": ":".join(str(reachable(p)) for p in pythonpath), INNER: "1", **(env or {})}
     argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-            'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && shift 2 && '
+            'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && '
+            'mount --bind "$3" "$4" && mount -o remount,bind,ro "$4" && shift 4 && '
             'exec setpriv --reuid 65534 --regid 65534 --clear-groups "$@"',
-            "polar-unprivileged", str(source), str(target), _PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "polar-unprivileged", str(source), str(target), str(ROOT), str(checkout),
+            _PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider",
             "--noconftest", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
-            "--basetemp", str(home / "pt"), "-rs", str(module)]
+            "--basetemp", str(home / "pt"), "-rs", str(reachable(module))]
     proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(work))
     report = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, report
