@@ -23,8 +23,9 @@ export POLAR_HYPOTHESIS=ci  # property tests draw the same examples every run (t
 .venv/bin/lint-imports || failed+=(lint-imports)
 .venv/bin/mypy || failed+=(mypy)
 # Coverage of polar_gym in this process (the sandboxes' and subprocesses' own runs are not measured); the table
-# lists the files not fully covered, coverage/coverage.xml holds the rest.
-.venv/bin/python -m pytest -q -p no:cacheprovider -m "$MARK" --cov --cov-report=term:skip-covered --cov-report=xml \
+# lists the files not fully covered, coverage/coverage.xml holds the rest. The 40 slowest tests are listed: CI time is
+# everyone's clock.
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 -m "$MARK" --cov --cov-report=term:skip-covered --cov-report=xml \
   "$@" || failed+=(pytest)
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
