@@ -47,6 +47,9 @@
 # SLURM_LOCAL_SUBNET (first three octets of a free /24, default 10.77.0), SLURM_LOCAL_SCRATCH (the node-local
 # scratch path, default $DIR/scratch), SLURM_LOCAL_TIME_NS (1: per-node monotonic offsets, the default; 0: none),
 # SLURM_LOCAL_NODE_TIMEOUT (SlurmdTimeout: seconds until a silent node is DOWN, default 30).
+# /etc/hosts is replaced whole (a temporary file in /etc renamed over it; a bind-mounted one is written in place in
+# one write, never truncated first) under a lock in SLURM_LOCAL_LOCK_DIR (default /run/polar-slurm, mode 700,
+# root's own). `hosts-block N` / `hosts-clear` do that step alone (tests point SLURM_LOCAL_HOSTS_FILE elsewhere).
 set -euo pipefail
 
 DIR="${SLURM_LOCAL_DIR:-/tmp/polar-slurm}"
@@ -277,19 +280,68 @@ node_names() {  # NODES
   for i in $(seq "$1"); do echo "$NAME-node$i"; done
 }
 
+HOSTS_FILE="${SLURM_LOCAL_HOSTS_FILE:-/etc/hosts}"
 hosts_without_block() {  # /etc/hosts without this cluster's block
-  awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0 == b {skip = 1} !skip {print} $0 == e {skip = 0}' /etc/hosts
+  awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0 == b {skip = 1} !skip {print} $0 == e {skip = 0}' "$HOSTS_FILE"
 }
 
-HOSTS_LOCK=/tmp/polar-slurm-hosts.lock  # clusters side by side edit /etc/hosts one at a time
+# Clusters side by side edit /etc/hosts one at a time, under a lock in a directory only root can write: a lock file
+# in /tmp would be opened as root through any symlink another user put there (and truncate what it points to).
+LOCK_DIR="${SLURM_LOCAL_LOCK_DIR:-/run/polar-slurm}"
 
-write_hosts() {  # NODES: (re)write the marked block; in place, as /etc/hosts is often a bind mount
-  local new i
-  exec 9>"$HOSTS_LOCK"
+lock_hosts() {  # take the /etc/hosts lock on fd 9 (the directory is made 0700 and must be root's own, no symlink)
+  if [ ! -e "$LOCK_DIR" ] && [ ! -L "$LOCK_DIR" ]; then
+    mkdir -m 0700 "$LOCK_DIR" 2>/dev/null || true  # fails if someone made it meanwhile: checked below
+  fi
+  if [ -L "$LOCK_DIR" ] || [ ! -d "$LOCK_DIR" ] || [ "$(stat -c '%u %a' "$LOCK_DIR")" != "$(id -u) 700" ]; then
+    log "refusing the lock directory $LOCK_DIR: it must be a directory of $(id -un)'s own, mode 700, not a symlink"
+    return 1
+  fi
+  exec 9>"$LOCK_DIR/hosts.lock"
   flock 9
+}
+
+replace_hosts() {  # CONTENT: make it /etc/hosts without a moment where the file is empty or cut
+  local tmp size length
+  rm -f "$(dirname "$HOSTS_FILE")"/.hosts.slurm_local.*  # left by a crash (we hold the lock: none is in use)
+  tmp="$(mktemp "$(dirname "$HOSTS_FILE")/.hosts.slurm_local.XXXXXX")"  # O_EXCL, mode 600, same file system
+  if ! printf '%s' "$1" > "$tmp" || ! chmod --reference="$HOSTS_FILE" "$tmp" \
+      || ! chown --reference="$HOSTS_FILE" "$tmp"; then
+    rm -f "$tmp"
+    return 1
+  fi
+  sync "$tmp" 2>/dev/null || true
+  if mv -fT "$tmp" "$HOSTS_FILE" 2>/dev/null; then return 0; fi
+  # A container's /etc/hosts is often a bind mount, which rename cannot replace (EBUSY). Then write in place
+  # without truncating first: the new content padded with newlines to at least the old size goes out in one
+  # write over the old bytes, and only then is the padding cut. A crash leaves the old file, the new one, or the
+  # new one with blank lines after it, never an empty or half file.
+  size="$(stat -c %s "$HOSTS_FILE")" length="$(stat -c %s "$tmp")"
+  if [ "$size" -gt "$length" ]; then head -c "$((size - length))" /dev/zero | tr '\0' '\n' >> "$tmp"; fi
+  if ! dd if="$tmp" of="$HOSTS_FILE" bs="$(stat -c %s "$tmp")" count=1 conv=notrunc,fsync status=none; then
+    rm -f "$tmp"
+    return 1
+  fi
+  rm -f "$tmp"
+  truncate -s "$length" "$HOSTS_FILE"
+}
+
+write_hosts() {  # NODES: (re)write the marked block
+  local new i
+  lock_hosts
   new="$(hosts_without_block)"$'\n'"$HOSTS_BEGIN"$'\n'"$SUBNET.1 $NAME-ctl"
   for i in $(seq "$1"); do new+=$'\n'"$SUBNET.$((10 + i)) $NAME-node$i"; done
-  printf '%s\n%s\n' "$new" "$HOSTS_END" > /etc/hosts
+  replace_hosts "$new"$'\n'"$HOSTS_END"$'\n'
+  exec 9>&-
+}
+
+clear_hosts() {  # remove the marked block, if there is one
+  lock_hosts
+  if grep -qxF "$HOSTS_BEGIN" "$HOSTS_FILE"; then
+    local kept
+    kept="$(hosts_without_block)"
+    replace_hosts "$kept"$'\n'
+  fi
   exec 9>&-
 }
 
@@ -468,14 +520,7 @@ stop_network() {  # NODES
   local i
   for i in $(seq "$1"); do ip link del "${NAME}v$i" 2>/dev/null || true; done
   ip link del "$BRIDGE" 2>/dev/null || true
-  exec 9>"$HOSTS_LOCK"
-  flock 9
-  if grep -qxF "$HOSTS_BEGIN" /etc/hosts; then
-    local kept
-    kept="$(hosts_without_block)"
-    printf '%s\n' "$kept" > /etc/hosts
-  fi
-  exec 9>&-
+  clear_hosts
 }
 
 load_cluster() {  # the node count, names and subnet the cluster was started with, whatever the environment says now
@@ -542,6 +587,9 @@ case "${1:-start}" in
   stop) stop ;;
   kill-node) kill_node "${2:?usage: $0 kill-node NODE}" ;;
   link) link_node "${2:?usage: $0 link NODE up|down}" "${3:-}" ;;
+  # the /etc/hosts block alone (tests: SLURM_LOCAL_HOSTS_FILE and SLURM_LOCAL_LOCK_DIR point elsewhere)
+  hosts-block) write_hosts "${2:?usage: $0 hosts-block NODES}" ;;
+  hosts-clear) clear_hosts ;;
   status) SLURM_CONF="$CONF" sinfo -N; SLURM_CONF="$CONF" squeue; SLURM_CONF="$CONF" sacct -X -o JobID,JobName,State ;;
   *) echo "usage: $0 [start [--nodes N]|stop|status|kill-node NODE|link NODE up|down]" >&2; exit 2 ;;
 esac
