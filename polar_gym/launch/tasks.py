@@ -6,9 +6,12 @@ import os
 import shlex
 from typing import Literal
 
+from pydantic import ValidationError
+
 from polar_gym.datagen.template import TaskTemplate
 from polar_gym.runtime.podman_host import default_cli
 from polar_gym.schema import EvaluatorSpec, TaskRequest
+from polar_gym.settings import ConfigError
 from polar_gym.tasks import DEMO_TASKS, demo_tasks
 from polar_gym.tasks.harbor import HarborTask, find_tasks
 from polar_gym.tasks.harbor_images import Runner, ensure_image, run_command
@@ -72,12 +75,24 @@ def harbor_task_requests(template: TaskTemplate, path: str, ids: list[str] | Non
     """:func:`harbor_requests` with the runner of the image commands (tests record them)."""
     if solution not in ("reference", "none"):
         raise ValueError(f"tasks.solution must be reference or none, not {solution!r}")
+    tasks = find_tasks(path, ids)
+    made: list[tuple[HarborTask, TaskRequest]] = []
+    problems: list[str] = []
+    for task in tasks:  # every task is read before any image is built: one refusal names every task refused
+        try:
+            made.append((task, task.to_request(
+                harness=template.agent.harness, model_name=template.agent.model_name, runtime=template.runtime,
+                evaluator=_harbor_evaluator(task, template), builder=template.builder,
+                num_samples=template.num_samples, timeout_seconds=template.timeout_seconds, solution=solution)))
+        except ValidationError as exc:
+            problems.append(f"{task.path}: its request does not validate: {exc}")
+        except ValueError as exc:  # ConfigError (a refused file, an environment this runtime cannot run), caps
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("", problems=[("", p) for p in problems],
+                          title=f"{len(problems)} of the {len(tasks)} Harbor tasks under {path} cannot be used")
     requests = []
-    for task in find_tasks(path, ids):
-        request = task.to_request(harness=template.agent.harness, model_name=template.agent.model_name,
-                                  runtime=template.runtime, evaluator=_harbor_evaluator(task, template),
-                                  builder=template.builder, num_samples=template.num_samples,
-                                  timeout_seconds=template.timeout_seconds, solution=solution)
+    for task, request in made:
         if build_images and request.runtime.backend == "docker" and not task.config.environment.docker_image:
             cli = os.environ.get("POLAR_DOCKER_CLI")  # the CLI the docker backend takes, too
             argv = shlex.split(cli) if cli else list(default_cli())

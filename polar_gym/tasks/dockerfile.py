@@ -5,6 +5,10 @@ COPY files from the build context and RUN a command or two. The local (bubblewra
 system directories, so such a Dockerfile is replayed as prepare actions (uploads and execs) over the host system
 and the base image is ignored, with a warning. Anything else (installing packages, other users, copies from other
 images or outside the writable workdir) needs a real image: runtime=docker or runtime=apptainer.
+
+The build context is read as task files (:mod:`polar_gym.tasks.files`): a COPY source that leaves it (``..``, a link
+out), a FIFO, device or socket in it, or a file over the caps is refused (:class:`TaskFileError`) whatever the
+runtime, since Docker would not copy it either; an ``ENV`` a host's loader or container engine reads is refused too.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar_gym.schema import PrepareAction
+from polar_gym.schema import PrepareAction, host_read_env_names
+from polar_gym.tasks.files import TaskFiles
 
 __all__ = [
     "INSTALLERS",
@@ -165,47 +170,41 @@ def _file_action(data: bytes, dst: str, executable: bool) -> list[PrepareAction]
     return actions
 
 
-def _copy(context: Path, sources: list[str], dst: str, workdir: str, problems: list[str],
+def _copy(context: TaskFiles, sources: list[str], dst: str, workdir: str, problems: list[str],
           line: int) -> list[PrepareAction]:
-    """COPY ``sources`` (relative to the build context) to ``dst`` with Docker's rules for trailing slashes."""
+    """COPY ``sources`` (relative to the build context) to ``dst`` with Docker's rules for trailing slashes; the
+    sources are read as task files (a source leaving the context or a special file raises TaskFileError)."""
     target = posixpath.normpath(posixpath.join(workdir, dst))
     into_dir = dst.endswith("/") or len(sources) > 1
     actions: list[PrepareAction] = []
-    root = context.resolve()
     for source in sources:
         if any(c in source for c in "*?["):
             problems.append(f"line {line}: COPY with a wildcard ({source})")
             continue
-        path = (root / source).resolve()
-        if path != root and root not in path.parents:
-            problems.append(f"line {line}: COPY {source} leaves the build context")
-            continue
-        if not path.exists():
+        rel = source.lstrip("/") or "."  # Docker reads /x as the context's x; ".." is resolved by kind()
+        kind = context.kind(rel)  # refuses a source out of the context (.., a link out), a FIFO, device, socket
+        if kind == "missing":
             problems.append(f"line {line}: COPY {source}: no such file in the build context")
-            continue
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
-            for file in files:
-                rel = file.relative_to(path).as_posix()
-                actions += _file_action(file.read_bytes(), posixpath.join(target, rel), _executable(file))
-            if not files:
+        elif kind == "dir":
+            entries = [e for e in context.walk(rel) if e.link is None]  # links inside are not followed
+            for entry in entries:
+                actions += _file_action(context.read_entry(entry, rel), posixpath.join(target, entry.rel),
+                                        entry.executable)
+            if not entries:
                 actions.append(PrepareAction(type="exec", command=f"mkdir -p {shlex.quote(target)}",
                                              timeout_seconds=60))
         else:
-            dest = posixpath.join(target, path.name) if into_dir else target
-            actions += _file_action(path.read_bytes(), dest, _executable(path))
+            path = context.locate(rel)
+            dest = posixpath.join(target, posixpath.basename(rel)) if into_dir else target
+            actions += _file_action(context.read_bytes(rel), dest, bool(path.stat().st_mode & 0o111))
     return actions
 
 
-def _executable(path: Path) -> bool:
-    return bool(path.stat().st_mode & 0o111)
+def _context_size(context: TaskFiles) -> int:
+    return sum(e.size for e in context.walk())
 
 
-def _context_size(context: Path) -> int:
-    return sum(p.stat().st_size for p in context.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def local_environment(dockerfile: str, context: Path, *, default_workdir: str = "/app",
+def local_environment(dockerfile: str, context: Path | TaskFiles, *, default_workdir: str = "/app",
                       which: Callable[[str], str | None] = shutil.which) -> LocalEnvironment:
     """Replay ``dockerfile`` (built from ``context``) as prepare actions for the local sandbox.
 
@@ -214,6 +213,8 @@ def local_environment(dockerfile: str, context: Path, *, default_workdir: str = 
     listing everything that needs an image.
     """
     instructions = parse_dockerfile(dockerfile)
+    if isinstance(context, Path):
+        context = TaskFiles(context, scope="the build context")
     problems: list[str] = []
     warnings: list[str] = []
     workdir = "/"
@@ -244,7 +245,11 @@ def local_environment(dockerfile: str, context: Path, *, default_workdir: str = 
             if not _within(workdir, final):
                 problems.append(f"{where}: WORKDIR {workdir} lies outside the final WORKDIR {final}")
         elif ins.keyword == "ENV":
-            env.update(_env_pairs(ins.args))
+            pairs = _env_pairs(ins.args)
+            for name in host_read_env_names(pairs):
+                problems.append(f"{where}: ENV {name}: a dynamic loader or container engine reads it, and the "
+                                "local sandbox's environment passes through host programs")
+            env.update(pairs)
         elif ins.keyword == "COPY":
             if any(f.startswith("--from") for f in ins.flags):
                 problems.append(f"{where}: COPY {' '.join(ins.flags)} copies from another image")

@@ -10,6 +10,10 @@ the tests the way Harbor's verifier does, and the oracle engine plays the soluti
 
 Files travel inside the request (the tests in the evaluator's config, the solution in the oracle script), so a
 gateway on another node needs no access to the task directory.
+
+A task is untrusted input: every file is read through :class:`polar_gym.tasks.files.TaskFiles` (no link out of the
+task directory, no FIFO / device / socket, every read bounded), and a task's ``env`` may not set a name a dynamic
+loader or container engine reads (:func:`polar_gym.schema.host_read_env_names`).
 """
 
 from __future__ import annotations
@@ -19,19 +23,29 @@ import gzip
 import hashlib
 import io
 import logging
+import os
 import posixpath
 import shlex
 import tarfile
 import tomllib
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from polar_gym.schema import EvaluatorSpec, OracleScript, RuntimeSpec, TaskMetadata, TaskRequest
+from polar_gym.schema import (
+    EvaluatorSpec,
+    OracleScript,
+    RuntimeSpec,
+    TaskMetadata,
+    TaskRequest,
+    host_read_env_names,
+)
 from polar_gym.settings import ConfigError
 from polar_gym.tasks.dockerfile import UnsupportedDockerfile, local_environment, parse_dockerfile
+from polar_gym.tasks.files import TaskFiles
 
 __all__ = [
     "HARBOR_LINKS",
@@ -102,18 +116,22 @@ class HarborTaskConfig(_Section):
         return cls.model_validate(data)
 
 
-def pack_files(directory: Path) -> list[dict[str, Any]]:
+def _packed(directory: Path | TaskFiles) -> list[tuple[str, bytes, bool]]:
+    """(path, bytes, executable) of every regular file under ``directory``, read as task files: links inside it are
+    left out (never followed), the total is capped (:data:`MAX_PACKED_BYTES`)."""
+    files = directory if isinstance(directory, TaskFiles) else TaskFiles(directory)
+    entries = [e for e in files.walk(max_file=MAX_PACKED_BYTES) if e.link is None]
+    if sum(e.size for e in entries) > MAX_PACKED_BYTES:
+        raise ValueError(f"{files.task}: {files.root} holds over {MAX_PACKED_BYTES // 2**20} MiB")
+    return [(e.rel, files.read_entry(e, limit=MAX_PACKED_BYTES), e.executable)
+            for e in sorted(entries, key=lambda e: PurePosixPath(e.rel).parts)]
+
+
+def pack_files(directory: Path | TaskFiles) -> list[dict[str, Any]]:
     """Every regular file under ``directory`` as ``{"path", "data" (base64), "executable"}``; symlinks are left out
     and the total is capped (:data:`MAX_PACKED_BYTES`)."""
-    files, total = [], 0
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()):
-        data = path.read_bytes()
-        total += len(data)
-        if total > MAX_PACKED_BYTES:
-            raise ValueError(f"{directory} holds over {MAX_PACKED_BYTES // 2**20} MiB")
-        files.append({"path": path.relative_to(directory).as_posix(), "data": base64.b64encode(data).decode(),
-                      "executable": bool(path.stat().st_mode & 0o111)})
-    return files
+    return [{"path": rel, "data": base64.b64encode(data).decode(), "executable": executable}
+            for rel, data, executable in _packed(directory)]
 
 
 def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -123,14 +141,17 @@ def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def solution_command(solution_dir: Path, script: str = "solve.sh", env: dict[str, str] | None = None) -> str:
+def solution_command(solution_dir: Path | TaskFiles, script: str = "solve.sh",
+                     env: dict[str, str] | None = None) -> str:
     """One POSIX command that recreates the solution directory at ``/solution`` and runs its script from the
     current directory, as Harbor's oracle does. The files travel as a base64 tarball (only ``[A-Za-z0-9+/=]``), so
     every harness's shell tool passes the command unchanged."""
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as packed, tarfile.open(fileobj=packed, mode="w") as tar:
-        for path in sorted(p for p in solution_dir.rglob("*") if p.is_file() and not p.is_symlink()):
-            tar.add(path, arcname=path.relative_to(solution_dir).as_posix(), recursive=False, filter=_plain)
+        for rel, data, executable in _packed(solution_dir):
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode = len(data), 0o755 if executable else 0o644
+            tar.addfile(_plain(info), io.BytesIO(data))
     if buffer.tell() > MAX_PACKED_BYTES:
         raise ValueError(f"{solution_dir} packs to over {MAX_PACKED_BYTES // 2**20} MiB")
     encoded = base64.b64encode(buffer.getvalue()).decode()
@@ -147,10 +168,23 @@ class HarborTask:
     path: Path
     config: HarborTaskConfig
     instruction: str
+    #: the reader of the task's files (its budget is the task's); load_task passes the one it read task.toml with
+    files: TaskFiles | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def reader(self) -> TaskFiles:
+        """Every read of this task's files goes through it (links stay inside, no FIFOs, bounded)."""
+        return self.files or TaskFiles(self.path)
 
     @property
     def task_id(self) -> str:
         return self.path.name
+
+    def _dockerfile_text(self) -> str | None:
+        """environment/Dockerfile's text, or None when the task has none."""
+        if self.reader.kind("environment/Dockerfile") != "file":
+            return None
+        return self.reader.read_text("environment/Dockerfile")
 
     @property
     def environment_dir(self) -> Path:
@@ -162,11 +196,12 @@ class HarborTask:
 
     def dockerfile_workdir(self) -> str | None:
         """The last WORKDIR of the Dockerfile (where the agent works), or None."""
-        if not self.dockerfile.is_file():
+        text = self._dockerfile_text()
+        if text is None:
             return None
         workdir = "/"
         seen = False
-        for ins in parse_dockerfile(self.dockerfile.read_text()):
+        for ins in parse_dockerfile(text):
             if ins.keyword == "WORKDIR":
                 workdir = posixpath.normpath(posixpath.join(workdir, ins.args.strip().strip('"')))
                 seen = True
@@ -180,18 +215,27 @@ class HarborTask:
         """The task's Dockerfile plus the directories Harbor mounts (``/logs/verifier``, ``/logs/agent``,
         ``/tests``, ``/solution``), made as root and writable by the task's user: the session container has no
         capabilities, so not even its root could create them in a read-only-moded ``/`` later."""
-        users = [ins.args.strip() for ins in parse_dockerfile(self.dockerfile.read_text()) if ins.keyword == "USER"]
+        text = self._dockerfile_text()
+        if text is None:
+            raise ConfigError(f"{self.path}: no environment/Dockerfile")
+        users = [ins.args.strip() for ins in parse_dockerfile(text) if ins.keyword == "USER"]
         dirs = " ".join(sorted({*_HARBOR_DIRS}))
         tail = f"\nUSER root\nRUN mkdir -p {dirs} && chmod 0777 {dirs}\n"
         if users:
             tail += f"USER {users[-1]}\n"
-        return self.dockerfile.read_text().rstrip("\n") + "\n" + tail
+        return text.rstrip("\n") + "\n" + tail
 
     def image_tag(self) -> str:
-        """A tag keyed by the environment directory's content (a changed Dockerfile or file builds a new one)."""
+        """A tag keyed by the environment directory's content (a changed Dockerfile, file or link builds a new one).
+        The directory is walked as task files: no link is followed, a FIFO or device or a link out is refused,
+        before podman is given it as the build context."""
         digest = hashlib.sha256(self.session_dockerfile().encode())
-        for path in sorted(p for p in self.environment_dir.rglob("*") if p.is_file()):
-            digest.update(path.relative_to(self.environment_dir).as_posix().encode() + b"\0" + path.read_bytes())
+        context = self.reader.under("environment", "the environment directory")
+        for entry in sorted(context.walk(), key=lambda e: PurePosixPath(e.rel).parts):
+            if entry.link is not None:
+                digest.update(entry.rel.encode() + b"\0->" + entry.link.encode())
+            else:
+                digest.update(entry.rel.encode() + b"\0" + context.read_entry(entry))
         name = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.task_id.lower()).strip("-.") or "task"
         return f"localhost/polar-harbor/{name}:{digest.hexdigest()[:12]}"
 
@@ -204,12 +248,14 @@ class HarborTask:
             "env": {**env_cfg.env, **base.env},
         }
         if base.backend == "local":
-            if env_cfg.docker_image and not self.dockerfile.is_file():
+            text = self._dockerfile_text()
+            if env_cfg.docker_image and text is None:
                 raise ConfigError(f"{self.path}: the environment is the image {env_cfg.docker_image}; it needs "
                                   "runtime=docker or runtime=apptainer")
+            context = (self.reader.under("environment", "the build context")
+                       if self.reader.kind("environment") == "dir" else self.environment_dir)
             try:
-                local = local_environment(self.dockerfile.read_text() if self.dockerfile.is_file() else "",
-                                          self.environment_dir, default_workdir=self.workdir(base.workdir))
+                local = local_environment(text or "", context, default_workdir=self.workdir(base.workdir))
             except UnsupportedDockerfile as exc:
                 raise ConfigError(f"{self.dockerfile} cannot be reproduced in the local sandbox; it needs "
                                   f"runtime=docker or runtime=apptainer:\n{exc}") from None
@@ -225,7 +271,7 @@ class HarborTask:
             image = env_cfg.docker_image if "://" in env_cfg.docker_image else f"docker://{env_cfg.docker_image}"
             update.update(image=image, workdir=self.workdir(base.workdir))
         else:
-            built = env_cfg.docker_image or (self.image_tag() if self.dockerfile.is_file() else None)
+            built = env_cfg.docker_image or (self.image_tag() if self._dockerfile_text() is not None else None)
             if built is None:
                 raise ConfigError(f"{self.path}: no environment/Dockerfile and no [environment] docker_image")
             update.update(image=built, workdir=self.workdir(base.workdir))
@@ -233,7 +279,7 @@ class HarborTask:
 
     def evaluator(self, *, refresh_runtime: bool = False, overrides: dict[str, Any] | None = None) -> EvaluatorSpec:
         """The ``harbor`` evaluator with this task's tests, verifier timeout and environment."""
-        config: dict[str, Any] = {"tests": pack_files(self.path / "tests"),
+        config: dict[str, Any] = {"tests": pack_files(self.reader.under("tests", "the tests directory")),
                                   "timeout": self.config.verifier.timeout_sec, "env": dict(self.config.verifier.env)}
         config.update(overrides or {})
         return EvaluatorSpec(strategy="harbor", refresh_runtime=refresh_runtime, config=config)
@@ -242,7 +288,8 @@ class HarborTask:
         """The reference solution as the oracle's one command (``none``: no command, the task as left)."""
         if solution == "none":
             return OracleScript(commands=[], final_answer="I did not change anything.")
-        return OracleScript(commands=[solution_command(self.path / "solution", env=self.config.solution.env)],
+        solution_dir = self.reader.under("solution", "the solution directory")
+        return OracleScript(commands=[solution_command(solution_dir, env=self.config.solution.env)],
                             final_answer="Ran the reference solution (solution/solve.sh).")
 
     def to_request(self, *, harness: str, model_name: str, runtime: RuntimeSpec, evaluator: EvaluatorSpec,
@@ -264,28 +311,46 @@ def _problem(path: Path, message: str) -> ConfigError:
     return ConfigError(f"{path}: {message}")
 
 
+def _host_env_problems(path: Path, config: HarborTaskConfig) -> list[str]:
+    """One line per name a section's ``env`` sets that the host's loader or container engine would read
+    (``[verifier] env``, ``[environment] env``, ``[solution] env``, ``[agent] env``, any other section's)."""
+    problems = []
+    for section, value in config.model_dump().items():
+        env = value.get("env") if isinstance(value, dict) and section != "metadata" else None
+        if not isinstance(env, dict):
+            continue
+        problems += [f"{path}: [{section}] env sets {name!r}: refused, a dynamic loader or container engine reads "
+                     "it as an instruction (a task's env reaches only the sandboxed command; a task that needs it "
+                     "sets it in its own scripts)" for name in host_read_env_names({str(k): "" for k in env})]
+    return problems
+
+
 def load_task(path: Path) -> HarborTask:
-    """Read one task directory; ConfigError naming what is missing or invalid."""
+    """Read one task directory as untrusted files (:mod:`polar_gym.tasks.files`); ConfigError naming the task and
+    what is missing, invalid or refused."""
     path = path.resolve()
+    files = TaskFiles(path)
+    if files.kind("task.toml") != "file":
+        raise _problem(path, "not a Harbor task (no task.toml)")
     try:
-        config = HarborTaskConfig.from_toml((path / "task.toml").read_text())
-    except FileNotFoundError:
-        raise _problem(path, "not a Harbor task (no task.toml)") from None
+        config = HarborTaskConfig.from_toml(files.read_text("task.toml"))
     except (tomllib.TOMLDecodeError, ValidationError) as exc:
         raise _problem(path, f"task.toml does not parse: {exc}") from None
     if config.steps:
         raise _problem(path, "multi-step tasks ([[steps]]) are not supported")
     if config.environment.os.lower() != "linux":
         raise _problem(path, f"[environment] os = {config.environment.os!r}: only linux tasks run here")
+    if env_problems := _host_env_problems(path, config):
+        raise ConfigError("\n".join(env_problems))
     compose = [n for n in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")
-               if (path / "environment" / n).is_file()]
+               if files.kind(f"environment/{n}") == "file"]
     if compose:
         raise _problem(path, f"environment/{compose[0]}: multi-container environments are not supported")
     missing = [name for name in ("instruction.md", "tests/test.sh", "solution/solve.sh")
-               if not (path / name).is_file()]
+               if files.kind(name) != "file"]
     if missing:
         raise _problem(path, f"missing {', '.join(missing)}")
-    return HarborTask(path=path, config=config, instruction=(path / "instruction.md").read_text())
+    return HarborTask(path=path, config=config, instruction=files.read_text("instruction.md"), files=files)
 
 
 def find_tasks(path: str | Path, ids: list[str] | None = None) -> list[HarborTask]:
@@ -293,12 +358,24 @@ def find_tasks(path: str | Path, ids: list[str] | None = None) -> list[HarborTas
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory")
-    if (root / "task.toml").is_file():
+    if os.path.lexists(root / "task.toml"):
         tasks = [load_task(root)]
     else:
-        tasks = [load_task(d) for d in sorted(root.iterdir()) if (d / "task.toml").is_file()]
-        if not tasks:
+        dirs = [d for d in sorted(root.iterdir()) if os.path.lexists(d / "task.toml")]
+        if not dirs:
             raise ConfigError(f"{root} holds no Harbor task (a directory with a task.toml)")
+        if ids is not None:  # a broken task that was not asked for does not stop the ones that were
+            names = {Path(os.path.realpath(d)).name for d in dirs}
+            dirs = [d for d in dirs if Path(os.path.realpath(d)).name in ids] if set(ids) <= names else dirs
+        tasks, problems = [], []
+        for directory in dirs:  # every task is read: one refusal names all the tasks that cannot be used
+            try:
+                tasks.append(load_task(directory))
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ConfigError("", problems=[("", p) for p in problems],
+                              title=f"{len(problems)} of the {len(dirs)} Harbor tasks under {root} cannot be used")
     if ids is not None:
         known = {t.task_id: t for t in tasks}
         unknown = [i for i in ids if i not in known]

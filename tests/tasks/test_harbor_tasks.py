@@ -109,7 +109,6 @@ def test_copy_follows_dockers_rules_for_files_dirs_and_trailing_slashes(tmp_path
     ("WORKDIR /app\nRUN frobnicate --all\n", "uses frobnicate, which this host does not have"),
     ("WORKDIR /app\nCOPY --from=ghcr.io/astral-sh/uv:0.9.7 /uv /usr/local/bin/uv\n", "copies from another image"),
     ("WORKDIR /app\nCOPY a.txt /etc/a.txt\n", "outside the WORKDIR /app"),
-    ("WORKDIR /app\nCOPY ../secret .\n", "leaves the build context"),
     ("WORKDIR /app\nCOPY *.txt .\n", "wildcard"),
     ("WORKDIR /app\nUSER nobody\n", "USER is not reproduced"),
     ("WORKDIR /app\nADD https://example.com/x.tgz .\n", "ADD is not reproduced"),
