@@ -5,7 +5,12 @@ viewer (a ground module so the report and the viewer, independent siblings, shar
 Infrastructure causes (:data:`INFRA_CAUSES`) say the fleet failed, not the policy: the gateway's rule for model
 calls that fail for infrastructure reasons (upstream unreachable, 5xx, timeout; a 4xx the server answers to the
 harness's own request does not count) ends a session ERROR, unscored, with the cause first in its reason when no
-call succeeded after the last such failure."""
+call succeeded after the last such failure. ``harness_not_run`` is one too: the harness command could not start
+(exit 126 or 127, no model call), so the policy was never asked.
+
+Other named causes (:data:`NAMED_CAUSES`) end a session ERROR, unscored, for a reason the run's data holds:
+``invalid_reward`` (an evaluator's reward is not a finite number within ±MAX_REWARD) and ``unstorable_result`` (the
+rollout server could not read or store the gateway's result, and set it aside once)."""
 
 from __future__ import annotations
 
@@ -16,11 +21,22 @@ from typing import Any
 
 from polar_gym.schema import SessionResult, SessionStatus
 
-__all__ = ["INFRA_CAUSES", "STDERR_TAIL", "cause_of", "error_cause", "harness_failed", "stderr_tail"]
+__all__ = ["HARNESS_NOT_RUN", "INFRA_CAUSES", "INVALID_REWARD", "NAMED_CAUSES", "STDERR_TAIL", "UNSTORABLE_RESULT",
+           "cause_of", "error_cause", "harness_failed", "stderr_tail"]
+
+#: the harness command could not start (exit 126 or 127 before any model call): its CLI is missing or not executable
+HARNESS_NOT_RUN = "harness_not_run"
+#: an evaluator's reward is not a finite number within ±MAX_REWARD (polar_gym.evaluate.errors.InvalidReward)
+INVALID_REWARD = "invalid_reward"
+#: the rollout server could not read or store a session's result: set aside once, with this cause
+UNSTORABLE_RESULT = "unstorable_result"
 
 #: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
 INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error",
-                          "job_lost"})  # job_lost: a Slurm job the run needed was lost (polar_gym.launch.lost_jobs)
+                          "job_lost",  # a Slurm job the run needed was lost (polar_gym.launch.lost_jobs)
+                          HARNESS_NOT_RUN})
+#: causes named first in an ERROR's reason (``cause: ...``), infrastructure or not
+NAMED_CAUSES = INFRA_CAUSES | {INVALID_REWARD, UNSTORABLE_RESULT}
 #: the artifacts key of a failed harness's stderr tail in its result
 STDERR_TAIL = "harness_stderr_tail"
 _STAGES = {"queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm"}
@@ -45,7 +61,7 @@ def cause_of(status: str, reason: str | None, metadata: Mapping[str, Any]) -> st
     if status != SessionStatus.ERROR.value:
         return status.lower() or None
     match = _CAUSE.match(reason or "")
-    if match and match.group(1) in INFRA_CAUSES:
+    if match and match.group(1) in NAMED_CAUSES:
         return match.group(1)
     if match and match.group(1) in _STAGES:
         return f"{match.group(1)}_failed"

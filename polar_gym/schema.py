@@ -26,6 +26,7 @@ from pydantic import (
 
 __all__ = [
     "HOST_READ_ENV",
+    "MAX_REWARD",
     "AgentSpec",
     "BuilderSpec",
     "CompletionRecord",
@@ -322,6 +323,13 @@ class CompletionSession(_Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+#: the largest reward magnitude: a trainer squares rewards (a batch's variance), and 1e308 made every advantage NaN
+MAX_REWARD = 1e9
+#: a reward: a finite number within ±MAX_REWARD (JSON has no NaN or inf: ``inf`` became ``null``, a result no reader
+#: could take back)
+Reward = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_REWARD, le=MAX_REWARD)]
+
+
 class Trace(_Model):
     """One training sequence (paper A.4): prompt, response with loss mask, aligned logprobs, reward.
 
@@ -338,7 +346,7 @@ class Trace(_Model):
     response_messages: list[dict[str, Any]] = Field(default_factory=list)
     tools: list[dict[str, Any]] = Field(default_factory=list)
     finish_reason: str | None = None
-    reward: float | None = None
+    reward: Reward | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("response_logprobs", mode="before")
@@ -378,9 +386,9 @@ class Trajectory(_Model):
 
 
 class EvalResult(_Model):
-    reward: float
+    reward: Reward
     passed: bool | None = None
-    per_trace_rewards: list[float] | None = None
+    per_trace_rewards: list[Reward] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -6,12 +6,13 @@ policy; training on a 0 there would punish it for our infrastructure. The gatewa
     EvaluationError
     ├── EvaluatorConfigError   the evaluator's config is invalid (raised when it is built)
     ├── MissingRuntimeError    the runtime the evaluator needs was not given
-    └── SandboxFailure         a command could not run (sandbox crashed or was cancelled)
+    ├── SandboxFailure         a command could not run (sandbox crashed or was cancelled)
+    └── InvalidReward          the evaluator produced a reward that is not a finite number (cause invalid_reward)
 """
 
 from __future__ import annotations
 
-__all__ = ["EvaluationError", "EvaluatorConfigError", "MissingRuntimeError", "SandboxFailure"]
+__all__ = ["EvaluationError", "EvaluatorConfigError", "InvalidReward", "MissingRuntimeError", "SandboxFailure"]
 
 
 class EvaluationError(RuntimeError):
@@ -28,3 +29,10 @@ class MissingRuntimeError(EvaluationError):
 
 class SandboxFailure(EvaluationError):
     """A command the evaluator ran did not run to its end for reasons outside the agent's control."""
+
+
+class InvalidReward(EvaluationError):
+    """A reward that is not a finite number (NaN, an infinity, a mean or an integer beyond a float's range). Why an
+    error and not a 0: a trainer fed ``inf`` or ``NaN`` corrupts every advantage of its batch, JSON cannot carry it
+    (it became ``null`` and the rollout server could not read the result back), and the value says the verifier is
+    broken or was tampered with, not that the policy failed. The session ends ERROR with cause ``invalid_reward``."""

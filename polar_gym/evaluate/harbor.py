@@ -14,8 +14,11 @@ Config (``EvaluatorSpec.config``; ``tasks=harbor`` fills it from the task direct
 What Harbor does (harbor 0.25.0's Verifier): stale reward files are removed; the tests directory is copied to
 ``/tests``; ``/tests/test.sh`` is made executable and run from the workdir with its output in
 ``/logs/verifier/test-stdout.txt``; its exit code is not the reward. ``reward.json`` is an object of named numbers (or
-one number) and wins over ``reward.txt`` (one number). Non-finite or non-numeric values are refused. With several
-keys, polar_gym's one reward is the ``reward`` key when present, else their mean; every key stays in details.
+one number) and wins over ``reward.txt`` (one number). Non-numeric values are refused (an unusable file, see
+``missing_reward``). With several keys, polar_gym's one reward is the ``reward`` key when present, else their mean;
+every key stays in details. A number that is not finite, or beyond ±MAX_REWARD (as every value and the mean must be)
+ends the session ERROR with cause ``invalid_reward`` whatever ``missing_reward`` says: the agent can write
+``reward.json`` (it wins over the tests' ``reward.txt``), and ``inf`` became ``null`` on the wire.
 
 Reading is careful with what the sandbox wrote: the verifier directory is copied out, then each file is read
 without following links, only if it is a regular file under a size cap.
@@ -37,8 +40,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from polar_gym.evaluate.base import EvalContext, Evaluator
-from polar_gym.evaluate.errors import EvaluationError, EvaluatorConfigError, MissingRuntimeError
+from polar_gym.evaluate.base import EvalContext, Evaluator, finite_reward
+from polar_gym.evaluate.errors import EvaluationError, EvaluatorConfigError, InvalidReward, MissingRuntimeError
 from polar_gym.evaluate.patches import check_ran, output_tail
 from polar_gym.runtime.base import ExecStatus, Runtime
 from polar_gym.schema import EvalResult
@@ -81,6 +84,8 @@ class RewardReading:
     rewards: dict[str, float] = field(default_factory=dict)
     source: str | None = None
     error: str | None = None
+    #: the file holds a number that no reward may be (not finite, or beyond ±MAX_REWARD): an error, never a 0
+    invalid: bool = False
 
 
 def _read_capped(path: Path) -> bytes:
@@ -101,12 +106,17 @@ def _read_capped(path: Path) -> bytes:
 
 
 def _number(value: Any, what: str) -> float:
+    """A value of a reward file as a reward: ValueError when it is not a number, InvalidReward when it is one no
+    reward may be."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{what} is not a number: {str(value)[:80]!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"{what} is not finite: {number}")
-    return number
+    return finite_reward(value, f"{what} is")
+
+
+def _mean(rewards: dict[str, float]) -> float:
+    """The mean, summed after dividing so that large values do not overflow on the way (1e308 + 1e308 was inf)."""
+    return finite_reward(math.fsum(v / len(rewards) for v in rewards.values()),
+                         f"the mean of reward.json's {len(rewards)} values is")
 
 
 def read_reward(verifier_dir: Path) -> RewardReading:
@@ -123,19 +133,22 @@ def read_reward(verifier_dir: Path) -> RewardReading:
                     value = float(data.decode("utf-8").strip())
                 except (UnicodeDecodeError, ValueError):
                     raise ValueError(f"reward.txt is not a number: {data[:80]!r}") from None
-                return RewardReading(reward=_number(value, "reward.txt"), rewards={"reward": value}, source=name)
+                value = _number(value, "reward.txt")
+                return RewardReading(reward=value, rewards={"reward": value}, source=name)
             try:
                 parsed = json.loads(data)
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise ValueError(f"reward.json is not JSON: {exc}") from None
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: [[[[... nested deep
+                raise ValueError(f"reward.json is not JSON: {str(exc)[:200]}") from None
             if isinstance(parsed, dict):
                 if not parsed:
                     raise ValueError("reward.json is an empty object")
                 rewards = {str(k): _number(v, f"reward.json[{k!r}]") for k, v in parsed.items()}
             else:
                 rewards = {"reward": _number(parsed, "reward.json")}
-            reward = rewards["reward"] if "reward" in rewards else sum(rewards.values()) / len(rewards)
+            reward = rewards["reward"] if "reward" in rewards else _mean(rewards)
             return RewardReading(reward=reward, rewards=rewards, source=name)
+        except InvalidReward as exc:
+            return RewardReading(reward=None, source=name, error=str(exc), invalid=True)
         except (OSError, ValueError) as exc:
             return RewardReading(reward=None, source=name, error=str(exc))
     return RewardReading(reward=None, error=f"no reward file ({VERIFIER_DIR}/reward.json or reward.txt)")
@@ -177,6 +190,8 @@ class HarborVerifier(Evaluator):
         if result.status is ExecStatus.TIMEOUT:
             details["reason"] = f"the tests timed out after {opts.timeout:g}s"
             return EvalResult(reward=0.0, passed=False, details=details)
+        if reading.invalid:  # a number no reward may be: an error whatever missing_reward says
+            raise InvalidReward(f"the task's tests left {reading.error}")
         if reading.reward is None:
             reason = reading.error or "no reward"
             if opts.missing_reward == "error":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_gym.evaluate import EvaluationError, EvaluatorConfigError, load_evaluator
+from polar_gym.evaluate import EvaluationError, EvaluatorConfigError, InvalidReward, load_evaluator
 from polar_gym.evaluate.base import EvalContext
 from polar_gym.evaluate.harbor import MAX_REWARD_BYTES, HarborVerifier, read_reward
 from polar_gym.runtime.base import ExecResult, ExecStatus, Runtime
@@ -199,6 +199,20 @@ async def test_the_verifier_timeout_ends_the_tests_with_zero(tmp_path) -> None:
                 b"#!/bin/sh\necho 1 > /logs/verifier/reward.txt\nexec sleep 30\n").decode()}))
         result = await evaluator.evaluate(_context(rt, spec))
         assert result.reward == 0.0 and "timed out after 1s" in result.details["reason"]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("missing_reward", ["zero", "error"])
+async def test_a_reward_json_whose_mean_overflows_is_an_invalid_reward_not_a_zero(tmp_path, missing_reward) -> None:
+    """Issue 35: each value was checked but not their mean; inf went out as null and the server looped on it."""
+    async with _task_runtime(tmp_path, "edit-greeting", script="huge.sh",
+                             missing_reward=missing_reward) as (rt, spec, evaluator):
+        evaluator.options.tests.append(evaluator.options.tests[0].model_copy(update={
+            "path": "huge.sh", "data": base64.b64encode(
+                b"#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n"
+                b"echo '{\"a\": 1e308, \"b\": 1e308}' > /logs/verifier/reward.json\n").decode()}))
+        with pytest.raises(InvalidReward, match=r"reward.json\['a'\] is 1e\+308, not finite or beyond"):
+            await evaluator.evaluate(_context(rt, spec))
 
 
 def test_a_task_dir_that_is_not_one_is_a_config_error(tmp_path) -> None:
