@@ -15,7 +15,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m polar_gym.view", description="the trace viewer of a polar_gym run")
     p.add_argument("out_dir", type=Path, help="a launch's out_dir (results.jsonl, trajectories.jsonl, capture/)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
-    p.add_argument("--port", type=int, default=8765, help="port (0: any free port)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8765 if free, else any free port; 0: any "
+                                                          "free port; a port named here that is taken: exit 2)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer directory to decode ids (default: the run's, else "
                                                   "the cached Qwen tokenizer)")
     p.add_argument("--ids", action="store_true", help="show token ids, do not decode")
@@ -43,12 +44,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process glue
     import asyncio
 
-    from polar_gym.view.serve import serve_forever
+    from polar_gym.view.serve import PortTaken, serve_forever
 
     args = parse_args(argv)
     try:
         asyncio.run(serve_forever(args.out_dir, args.host, args.port, tokenizer=args.tokenizer, decode=not args.ids,
                                   token=args.token))
+    except PortTaken as exc:
+        print(f"error: {exc.strerror}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         pass
     return 0

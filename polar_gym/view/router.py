@@ -18,6 +18,13 @@ Auth (``ViewerAuth``, used by the rollout server): the admin token as a header (
 Bearer``) for scripts, or for a browser ``/view/?token=T`` once, which answers with an HttpOnly SameSite=Strict
 cookie holding a random per-process viewer secret (never the admin token, and good for these read-only routes
 only) and redirects to ``/view/`` so the token leaves the address bar and history.
+
+A browser sends a host's cookies to every port of it, and counts every port of a host as the same site (SameSite
+does not tell them apart). So the cookie's name is the instance's own (``polar_view_<id>``, random per process: a
+second viewer's login does not overwrite the first's), its path is ``/view/``, and a request another origin made
+(an ``Origin`` or ``Referer`` that is not this request's own scheme and Host, or ``Sec-Fetch-Site`` same-site /
+cross-site) is refused with 403 on every route but a navigation to the page itself: a page on another local port
+cannot fetch, embed or script the viewer's answers with the user's cookie.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import secrets
+import urllib.parse
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -46,7 +54,7 @@ from polar_gym.view.model import (
 from polar_gym.view.source import ViewSource
 from polar_gym.web import ApiError
 
-__all__ = ["PREFIX", "SECURITY_HEADERS", "ViewerAuth", "viewer_router"]
+__all__ = ["PREFIX", "SECURITY_HEADERS", "ViewerAuth", "foreign_origin", "viewer_router"]
 
 PREFIX = "/view"
 SECURITY_HEADERS = {
@@ -64,19 +72,47 @@ def _asset(name: str) -> bytes:
     return resources.files("polar_gym.view").joinpath("static", name).read_bytes()
 
 
-class ViewerAuth:
-    """Who may read the viewer: the admin token (header), or the viewer cookie handed out for it."""
+def _origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower() if parts.scheme and parts.netloc else "null"
 
-    COOKIE = "polar_view"
+
+def foreign_origin(request: Request, *, navigation_ok: bool = False) -> str | None:
+    """The other origin a browser says made this request (its Origin or Referer, or ``Sec-Fetch-Site``), else None.
+    The request's own origin is its scheme and Host header as the browser sent it (so a viewer reached through
+    ``ssh -L`` on another local port is still its own origin). With ``navigation_ok`` a top-level navigation
+    from elsewhere (a link to the page) passes: the answer goes to the user's window, not to the other page."""
+    headers = request.headers
+    own = f"{request.url.scheme}://{headers.get('host', '')}".lower()
+    navigation = navigation_ok and headers.get("sec-fetch-mode", "navigate") == "navigate" \
+        and headers.get("sec-fetch-dest", "document") == "document"
+    origin = headers.get("origin")
+    if origin is not None and origin.lower() != own:
+        return origin[:200]
+    if navigation:
+        return None
+    referer = headers.get("referer")
+    if referer is not None and _origin(referer) != own:
+        return _origin(referer)[:200]
+    site = headers.get("sec-fetch-site", "")
+    if site in ("same-site", "cross-site"):
+        return f"a {site} page"
+    return None
+
+
+class ViewerAuth:
+    """Who may read the viewer: the admin token (header), or the viewer cookie handed out for it. The cookie's name
+    is this instance's own (see the module docstring)."""
 
     def __init__(self, check: TokenCheck) -> None:
         self._check = check
         self._secret = secrets.token_urlsafe(32)
+        self.cookie = f"polar_view_{secrets.token_hex(6)}"
 
     def admits(self, request: Request) -> bool:
         if self._check.admits(request.scope.get("headers", ())):
             return True
-        cookie = request.cookies.get(self.COOKIE, "")
+        cookie = request.cookies.get(self.cookie, "")
         return bool(cookie) and hmac.compare_digest(cookie.encode(), self._secret.encode())
 
     def login(self, token: str) -> str | None:
@@ -94,11 +130,20 @@ def viewer_router(source: ViewSource | Callable[[], ViewSource], auth: ViewerAut
     def current() -> ViewSource:
         return source() if callable(source) else source
 
-    async def allowed(request: Request) -> None:
+    def same_origin(request: Request, *, navigation_ok: bool = False) -> None:
+        other = foreign_origin(request, navigation_ok=navigation_ok)
+        if other is not None:
+            raise ApiError(403, "forbidden", f"the viewer answers its own page only, not a request made by {other}")
+
+    def admitted(request: Request) -> None:
         if auth is not None and not auth.admits(request):
             raise ApiError(401, "unauthorized", "the viewer needs its token: open /view/?token=TOKEN once (the "
                                                 "URL the viewer printed, or the server's admin token), or send the "
                                                 "x-admin-token header")
+
+    async def allowed(request: Request) -> None:
+        same_origin(request)
+        admitted(request)
 
     router = APIRouter(prefix=PREFIX)
     guarded = [Depends(allowed)]
@@ -109,15 +154,16 @@ def viewer_router(source: ViewSource | Callable[[], ViewSource], auth: ViewerAut
 
     @router.get("/", include_in_schema=False)
     async def page(request: Request, token: str | None = Query(None, max_length=4096)) -> Response:
+        same_origin(request, navigation_ok=True)
         if auth is not None and token is not None:
             cookie = auth.login(token)
             if cookie is None:
                 raise ApiError(401, "unauthorized", "wrong token")
             answer = RedirectResponse(f"{PREFIX}/", status_code=303, headers=SECURITY_HEADERS)
-            answer.set_cookie(ViewerAuth.COOKIE, cookie, httponly=True, samesite="strict", path=PREFIX,
+            answer.set_cookie(auth.cookie, cookie, httponly=True, samesite="strict", path=f"{PREFIX}/",
                               secure=request.url.scheme == "https")
             return answer
-        await allowed(request)
+        admitted(request)
         return Response(_asset("index.html"), media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
 
     @router.get("/static/{name}", include_in_schema=False, dependencies=guarded)

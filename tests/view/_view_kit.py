@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,22 +154,27 @@ def printed_url(output: str) -> str | None:
 
 
 @contextlib.contextmanager
-def running_viewer(out_dir: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``python -m polar_gym.view OUT_DIR`` on a free loopback port; yields (the URL it printed, process) once it
-    listens."""
-    port = free_port()
-    log = out_dir.parent / f"viewer-{port}.log"
+def running_viewer(out_dir: Path, *extra: str, port: int | None = None
+                   ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m polar_gym.view OUT_DIR`` on a free loopback port (``port=0``: no ``--port``, the viewer picks
+    one); yields (the URL it printed, process) once it listens."""
+    chosen = free_port() if port is None else port
+    log = out_dir.parent / f"viewer-{chosen or free_port()}.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "polar_gym.view", str(out_dir), "--port", str(port), *extra],
+        proc = subprocess.Popen([sys.executable, "-m", "polar_gym.view", str(out_dir),
+                                 *(("--port", str(chosen)) if chosen else ()), *extra],
                                 cwd=_ROOT, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ,
                                                                                       "PYTHONUNBUFFERED": "1"})
     try:
-        until_sync(lambda: proc.poll() is not None or _listening(port), timeout=60, what="the viewer to listen")
+        until_sync(lambda: proc.poll() is not None or printed_url(log.read_text()) is not None, timeout=60,
+                   what="the viewer to print its URL")
         if proc.poll() is not None:
             raise AssertionError(f"the viewer exited: {log.read_text()[-3000:]}")
-        until_sync(lambda: printed_url(log.read_text()) is not None, timeout=10, what="the viewer to print its URL")
         url = printed_url(log.read_text())
-        assert url is not None and url.startswith(f"http://127.0.0.1:{port}/view/")
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        listening = urllib.parse.urlsplit(url).port
+        assert listening and (not chosen or listening == chosen)
+        until_sync(lambda: _listening(listening), timeout=10, what="the viewer to listen")
         yield url, proc
     finally:
         proc.terminate()

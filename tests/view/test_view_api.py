@@ -3,8 +3,12 @@ token arrays against trajectories.jsonl, per-call timings from the capture journ
 
 from __future__ import annotations
 
+import contextlib
 import http.cookiejar
 import json
+import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -222,8 +226,9 @@ def test_with_a_token_every_route_needs_it_or_the_cookie_it_hands_out(run: Path)
     assert client.get("/view/api/run", headers={"x-admin-token": "s3cret"}).status_code == 200
     login = client.get("/view/?token=s3cret", follow_redirects=False)
     assert login.status_code == 303 and login.headers["location"] == "/view/"
-    cookie = login.cookies.get("polar_view")
-    assert cookie and "s3cret" not in cookie and "httponly" in login.headers["set-cookie"].lower()
+    (name, cookie), = login.cookies.items()
+    assert name.startswith("polar_view_") and cookie and "s3cret" not in cookie
+    assert "httponly" in login.headers["set-cookie"].lower()
     assert client.get("/view/api/sessions/s-a0").status_code == 200  # the client keeps the cookie
 
 
@@ -260,3 +265,67 @@ def test_the_viewer_process_prints_a_url_with_a_fresh_token(run: Path, tmp_path:
         port = urllib.parse.urlsplit(url).port
         log = (run.parent / f"viewer-{port}.log").read_text()
         assert "with no token: every user on this machine can read the run" in log
+
+
+def _browser(jar: http.cookiejar.CookieJar | None = None) -> urllib.request.OpenerDirector:
+    """One cookie jar for every port of 127.0.0.1, as a browser keeps them (a cookie carries no port)."""
+    jar = jar if jar is not None else http.cookiejar.CookieJar()
+    return urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+
+
+def _get(opener: urllib.request.OpenerDirector, url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_each_viewer_keeps_its_own_cookie_and_refuses_another_origin(run: Path) -> None:
+    """Issue 35: the cookie went to another local port (a browser sends a host's cookies to all its ports) and a
+    second viewer's login replaced the first's. Now each instance names its own cookie (Path=/view/, HttpOnly,
+    SameSite=Strict), and a request another origin made (another port's page) is 403 even with the cookie."""
+    jar = http.cookiejar.CookieJar()
+    browser = _browser(jar)
+    with running_viewer(run) as (url_a, _), running_viewer(run) as (url_b, _):
+        base_a, base_b = url_a.partition("?")[0], url_b.partition("?")[0]
+        other = f"http://127.0.0.1:{urllib.parse.urlsplit(url_b).port}"
+        assert _get(browser, url_a) == 200 and _get(browser, url_b) == 200  # log into both, one jar
+        assert _get(browser, base_a + "api/sessions") == 200  # B's login did not replace A's cookie
+        assert _get(browser, base_b + "api/sessions") == 200
+        names = [c.name for c in jar]
+        assert len(set(names)) == 2 and all(n.startswith("polar_view_") for n in names)
+        assert all(c.path == "/view/" for c in jar)
+        for foreign in ({"Origin": other}, {"Origin": "null"}, {"Referer": other + "/view/"},
+                        {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"}):
+            for path in ("api/sessions", "api/run", "static/viewer.js", "api/sessions/s-a0"):
+                assert _get(browser, base_a + path, foreign) == 403, (path, foreign)
+        assert _get(browser, base_a + "api/sessions", {"Origin": base_a.rsplit("/view/", 1)[0]}) == 200
+        # a link from another page to the viewer's page opens it (the answer goes to the user's window)
+        assert _get(browser, base_a, {"Referer": other + "/", "Sec-Fetch-Site": "same-site",
+                                      "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}) == 200
+        assert _get(browser, base_a, {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors",
+                                      "Sec-Fetch-Dest": "script"}) == 403
+
+
+def test_a_second_viewer_picks_a_free_port_and_a_taken_port_is_one_line(run: Path) -> None:
+    """Issue 35: the fixed port 8765 made a second viewer die with uvicorn's traceback. Without --port the viewer
+    takes 8765 when free, else any free port; a --port that is taken is one line naming it, exit 2."""
+    with contextlib.ExitStack() as stack:
+        held = stack.enter_context(socket.socket())
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        with contextlib.suppress(OSError):  # hold 8765 too, unless someone already does
+            default = stack.enter_context(socket.socket())
+            default.bind(("127.0.0.1", 8765))
+            default.listen()
+        refused = subprocess.run([sys.executable, "-m", "polar_gym.view", str(run), "--port", str(taken)],
+                                 capture_output=True, text=True, timeout=120, check=False)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert refused.stderr.strip().splitlines() == [
+            f"error: port {taken} on 127.0.0.1 is taken (another viewer?): give another --port, or leave --port "
+            "out to pick a free one"]
+        with running_viewer(run, "--no-token", port=0) as (url, _):
+            assert urllib.parse.urlsplit(url).port not in (taken, 8765)
+            assert _get(_browser(), url + "api/sessions") == 200
