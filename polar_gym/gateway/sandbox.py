@@ -28,9 +28,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from polar_gym.causes import STDERR_TAIL
+from polar_gym.causes import HARNESS_NOT_RUN, INVALID_REWARD, STDERR_TAIL
 from polar_gym.dirnames import dirname_for
-from polar_gym.evaluate.base import EvalContext, Evaluator
+from polar_gym.evaluate.base import EvalContext, Evaluator, checked_evaluation
+from polar_gym.evaluate.errors import InvalidReward
 from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import PrepareFailed, StageError
 from polar_gym.gateway.session import Session
@@ -40,7 +41,7 @@ from polar_gym.journal import call_log_entry
 from polar_gym.merge import apply_rewards, build_trajectory
 from polar_gym.proxy.service import CallFailures, ProxyService, SessionInfo, new_session_key
 from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
-from polar_gym.runtime.base import SESSION_MOUNT, Runtime, request_option_error
+from polar_gym.runtime.base import SESSION_MOUNT, ExecResult, ExecStatus, Runtime, request_option_error
 from polar_gym.runtime.errors import RuntimeOptionError
 from polar_gym.schema import BuilderSpec, CompletionSession, PrepareAction, SessionResult, SessionSpec, Trajectory
 
@@ -284,6 +285,7 @@ class SandboxStages(Stages):
                                               "attempt_id": s.attempt_id})
         s.artifacts["completions"] = len(records)
         s.artifacts["call_log"] = [call_log_entry(r) for r in records]  # the journal may stay on this node
+        _note_harness_not_run(s, s.harness_result, len(records))
         earlier = {a: n for a, n in (await journal.attempts(s.session_id)).items() if a != s.attempt_id}
         if earlier:  # calls of dead attempts: reported, never trained
             s.artifacts["earlier_attempts"] = earlier
@@ -297,7 +299,12 @@ class SandboxStages(Stages):
         evaluator = cls(s.spec.evaluator.config.model_dump())
         ctx = EvalContext(spec=s.spec, trajectory=s.trajectory, harness_result=s.harness_result, runtime=s.runtime,
                           fresh_runtime=s.eval_runtime, artifacts=s.artifacts)
-        s.evaluation = evaluation = await evaluator.evaluate(ctx)
+        try:
+            s.evaluation = evaluation = await checked_evaluation(evaluator, ctx)
+        except InvalidReward as exc:  # not a 0: the verifier is broken or was tampered with; never stored or trained
+            s.artifacts["error_cause"] = INVALID_REWARD
+            s.problem = f"{INVALID_REWARD}: {exc}" if s.problem is None else f"{INVALID_REWARD}: {exc}; {s.problem}"
+            return
         trajectory: Trajectory = s.trajectory
         s.trajectory = await asyncio.to_thread(apply_rewards, trajectory, evaluation)
 
@@ -340,6 +347,27 @@ def _note_call_failures(s: Session, failures: CallFailures | None) -> None:
     s.artifacts["error_cause"] = failures.last_cause
     problem = (f"{failures.last_error} ({failures.failed} model call(s) failed for infrastructure reasons, "
                f"none succeeded after the last)")
+    s.problem = problem if s.problem is None else f"{problem}; {s.problem}"
+
+
+#: the exit codes of a command that could not start: not executable (126), not found (127); the sandbox's relay, sh,
+#: env and the container engines all answer so
+_NOT_STARTED = (126, 127)
+
+
+def _note_harness_not_run(s: Session, result: ExecResult | None, completions: int) -> None:
+    """A harness whose command exited 126 or 127 before any model call never ran (its CLI is not installed where
+    the sandbox looks, or not executable): the session ends ERROR with the infrastructure cause ``harness_not_run``
+    (the exit code and the end of its stderr in the reason), not COMPLETED with a reward 0 that says nothing of the
+    policy. A harness that made a call ran, whatever it exited with; a cause already named (its upstream failed)
+    stays."""
+    if (result is None or result.status is not ExecStatus.FAILED or result.exit_code not in _NOT_STARTED
+            or completions or "error_cause" in s.artifacts):
+        return
+    s.artifacts["error_cause"] = HARNESS_NOT_RUN
+    tail = " / ".join(line.strip() for line in _tail(result.stderr).splitlines()[-3:] if line.strip())
+    problem = (f"{HARNESS_NOT_RUN}: the harness command exited {result.exit_code} before any model call (its CLI is "
+               f"not installed or not executable where the sandbox looks); stderr: {tail[-300:] or '(empty)'}")
     s.problem = problem if s.problem is None else f"{problem}; {s.problem}"
 
 
