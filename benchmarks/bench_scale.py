@@ -273,6 +273,7 @@ def memory_use(rows: list[dict[str, Any]], sessions: int) -> dict[str, float | N
 async def submit_and_wait(client: RolloutClient, tasks: list[TaskRequest], receiver: CallbackReceiver,
                           sampler: Sampler, what: str, timeout: float) -> float:
     """Submit every task (8 at once, as a trainer's workers would), wait for every callback; shows progress."""
+    tasks = [receiver.attach(t, t.callback_url) for t in tasks]  # signed with the receiver's secret, expected
     queue = list(reversed(tasks))
     t0 = time.monotonic()
 
@@ -409,7 +410,7 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     plans = [draw_plan(rng) for _ in range(args.sessions)]
     fleet = await start_fleet(args, work)
-    receiver = CallbackReceiver()
+    receiver = CallbackReceiver(max_pending=1_000_000)  # the benchmark reads every body from `received`
     local_url = f"http://127.0.0.1:{fleet.url.rsplit(':', 1)[1]}"
     try:
         async with receiver.serve() as callback, RolloutClient(local_url, fleet.token) as client:

@@ -258,9 +258,10 @@ async def run_server(args: argparse.Namespace, gateways: list[str], tmp: Path) -
     port = free_port()
     proc = spawn_server(port, db)
     url = f"http://127.0.0.1:{port}"
-    receiver = CallbackReceiver()
+    receiver = CallbackReceiver(max_pending=1_000_000)  # the benchmark reads every body from `received`
     cb_port = free_port()
-    tasks = make_tasks(args.sessions, args.samples, f"http://127.0.0.1:{cb_port}/callback", "srv")
+    callback_url = f"http://127.0.0.1:{cb_port}/callback"
+    tasks = [receiver.attach(t, callback_url) for t in make_tasks(args.sessions, args.samples, callback_url, "srv")]
     n_sessions = sum(t.num_samples for t in tasks)
     try:
         await wait_http(f"{url}/health")

@@ -192,6 +192,10 @@ class TaskRequest(_Model):
     builder: BuilderSpec = Field(default_factory=BuilderSpec)
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
     callback_url: str | None = None
+    #: the receiver's shared secret: the server signs each callback body with it (HMAC-SHA256, see
+    #: polar_gym.server.signing). Kept out of repr; stored with the request (the store is 0600) and in no answer.
+    callback_secret: str | None = Field(default=None, min_length=16, max_length=512, pattern=r"^[\x21-\x7e]+$",
+                                        repr=False)
     metadata: TaskMetadata = Field(default_factory=TaskMetadata)
 
 

@@ -1,6 +1,7 @@
 """Callback delivery: once every session of a task ended, POST the task view to its ``callback_url`` until a 2xx,
 with exponential backoff, then give up and record why. The store records the claim and the outcome, so a restarted
-server delivers what was pending (at least once; the idempotency key lets the receiver drop repeats)."""
+server delivers what was pending (at least once; the idempotency key lets the receiver drop repeats). A task with a
+``callback_secret`` gets each attempt signed afresh (polar_gym.server.signing); the secret is never logged."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import asyncio
 from collections.abc import Callable
 
 import httpx
+import orjson
 
 from polar_gym.server.background import Background
 from polar_gym.server.counters import ServerCounters
+from polar_gym.server.signing import sign
 from polar_gym.server.store import Store
 from polar_gym.server.tasks import task_view
 
@@ -40,12 +43,15 @@ class Callbacks:
         task = await self.store.task(task_id)
         if task is None or not task.request.callback_url:
             return
-        body = await task_view(self.store, task_id)
-        headers = {"idempotency-key": f"polar-task-{task_id}", "content-type": "application/json"}
+        body = await asyncio.to_thread(orjson.dumps, await task_view(self.store, task_id))
+        key, secret = f"polar-task-{task_id}", task.request.callback_secret
         error = "no attempt made"
         for attempt in range(self.attempts):
+            headers = {"idempotency-key": key, "content-type": "application/json"}
+            if secret is not None:  # signed at each attempt: a retry after a long backoff is not stale
+                headers |= await asyncio.to_thread(sign, secret, key, body)
             try:
-                resp = await self.http().post(task.request.callback_url, json=body, headers=headers)
+                resp = await self.http().post(task.request.callback_url, content=body, headers=headers)
                 if 200 <= resp.status_code < 300:
                     self.counters.callbacks["delivered"] += 1
                     await self.store.set_callback(task_id, "delivered")

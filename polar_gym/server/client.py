@@ -1,6 +1,7 @@
 """Trainer-side helpers for any trainer: submit tasks to the rollout server, iterate session results (and their
-token-faithful traces) as they finish, or receive them by callback with a tiny receiver that drops repeated
-deliveries by idempotency key (the server delivers at least once, so repeats are expected).
+token-faithful traces) as they finish, or receive them by callback (polar_gym.server.receiver: a tiny receiver that
+takes only deliveries signed with its secret and drops repeats by idempotency key; the server delivers at least
+once, so repeats are expected).
 
     async with RolloutClient(url, token) as client:
         await client.submit_all(tasks)
@@ -12,19 +13,16 @@ deliveries by idempotency key (the server delivers at least once, so repeats are
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from polar_gym.schema import FleetWeightUpdate, SessionResult, SessionStatus, TaskRequest, Trace, WeightUpdateRequest
-from polar_gym.serving import free_port, serving
+from polar_gym.server.receiver import CallbackEvicted, CallbackReceiver
 
-__all__ = ["CallbackReceiver", "RolloutClient", "WeightUpdateFailed", "traces_of"]
+__all__ = ["CallbackEvicted", "CallbackReceiver", "RolloutClient", "WeightUpdateFailed", "traces_of"]
 
 _DONE = {"COMPLETED", "ERROR", "CANCELLED", "TIMEOUT"}
 
@@ -133,50 +131,3 @@ def traces_of(result: SessionResult, *, completed_only: bool = True) -> list[Tra
     if result.trajectory is None or (completed_only and result.status is not SessionStatus.COMPLETED):
         return []
     return list(result.trajectory.traces)
-
-
-class CallbackReceiver:
-    """A FastAPI app receiving task callbacks: each idempotency key is handed to ``on_task`` once; repeats are
-    acknowledged (200) and dropped. ``received`` keeps the first body per key; ``deliveries`` counts every POST."""
-
-    def __init__(self, on_task: Callable[[dict[str, Any]], Awaitable[None] | None] | None = None) -> None:
-        self.on_task = on_task
-        self.received: dict[str, dict[str, Any]] = {}
-        self.deliveries = 0
-        self.arrived = asyncio.Event()
-        self._changed = asyncio.Condition()
-        self.app = FastAPI(title="polar_gym callback receiver")
-        self.app.post("/callback")(self._receive)
-
-    async def _receive(self, request: Request) -> JSONResponse:
-        self.deliveries += 1
-        key = request.headers.get("idempotency-key")
-        if not key:
-            return JSONResponse({"error": "missing idempotency-key header"}, status_code=400)
-        if key in self.received:
-            return JSONResponse({"duplicate": True, "key": key})
-        body = await request.json()
-        if self.on_task is not None:
-            out = self.on_task(body)
-            if isinstance(out, Awaitable):
-                await out
-        self.received[key] = body  # recorded only once handled: a failing handler gets the retry
-        self.arrived.set()
-        async with self._changed:
-            self._changed.notify_all()
-        return JSONResponse({"duplicate": False, "key": key})
-
-    async def wait_for(self, task_id: str, timeout: float = 3600.0) -> dict[str, Any]:
-        """The callback body of ``task_id`` (a task view with every SessionResult) once it arrived."""
-        key = f"polar-task-{task_id}"
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: key in self.received), timeout)
-        return self.received[key]
-
-    @contextlib.asynccontextmanager
-    async def serve(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> AsyncIterator[str]:
-        """Serve the receiver on ``host:port`` in this event loop while the block runs; yields the callback_url
-        to put in TaskRequests (``advertise`` is the host the rollout server uses to reach this process)."""
-        port = port or free_port(host)
-        async with serving(self.app, host, port):
-            yield f"http://{advertise or host}:{port}/callback"

@@ -21,9 +21,9 @@ async def test_submit_iterate_trajectories_and_receive_callbacks(tmp_path: Path)
         pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
     receiver = CallbackReceiver()
     async with (local_fleet(tmp_path, InferenceSettings(), pools=GatewayPools(run_slots=3)) as (url, token),
-                receiver.serve() as callback_url, RolloutClient(url, token) as client):
-        tasks = [DEMO_TASKS[d].to_request(harness="pi", model_name="policy", num_samples=n).model_copy(
-                 update={"callback_url": callback_url}) for d, n in (("demo-calc-add", 2), ("demo-slugify", 1))]
+                receiver.serve(), RolloutClient(url, token) as client):
+        tasks = [receiver.attach(DEMO_TASKS[d].to_request(harness="pi", model_name="policy", num_samples=n))
+                 for d, n in (("demo-calc-add", 2), ("demo-slugify", 1))]
         submitted = await client.submit_all(tasks)
         assert [s["created"] for s in submitted] == [True, True]
         results = [r async for r in client.results([t.task_id for t in tasks])]
@@ -39,4 +39,5 @@ async def test_submit_iterate_trajectories_and_receive_callbacks(tmp_path: Path)
     assert {k: v["status"] for k, v in bodies.items()} == {"demo-calc-add": "COMPLETED", "demo-slugify": "COMPLETED"}
     assert sorted(r["session_id"] for b in bodies.values() for r in b["results"]) == sorted(r.session_id
                                                                                            for r in results)
-    assert receiver.deliveries == 2 and len(receiver.received) == 2
+    assert receiver.deliveries == 2 and receiver.received == {}  # each taken by wait_for
+    assert all(t.callback_secret == receiver.secret for t in tasks) and not receiver.refused

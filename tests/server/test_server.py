@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import re
 from typing import Any
 
@@ -16,7 +18,7 @@ from fastapi import HTTPException
 
 from polar_gym.server import CallbackReceiver, RolloutClient
 from polar_gym.server.core import RolloutServer
-from tests.server._server_kit import SERVER_TOKEN, Harness, _serve, make_task, wait_for
+from tests.server._server_kit import SERVER_TOKEN, Harness, make_task, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -159,29 +161,53 @@ async def test_callbacks_retry_until_accepted_and_deduplicate(harness: Harness) 
             raise HTTPException(503, "not ready")
 
     receiver = CallbackReceiver(flaky)
-    from tests._serving import free_port
-
-    port = free_port()
-    rserver, rtask = await _serve(receiver.app, port)
-    try:
+    async with receiver.serve() as url:
         gw = await harness.gateway()
         srv = await harness.server()
         await srv.register(gw, 2)
-        url = f"http://127.0.0.1:{port}/callback"
-        await srv.http.post("/tasks", content=make_task("t-callback", 2, callback_url=url).model_dump_json(),
-                            headers={"content-type": "application/json"})
+        task = receiver.attach(make_task("t-callback", 2))
+        await srv.http.post("/tasks", content=task.model_dump_json(), headers={"content-type": "application/json"})
         await asyncio.wait_for(receiver.arrived.wait(), 60)
         assert receiver.deliveries == 3 and list(receiver.received) == ["polar-task-t-callback"]
         body = receiver.received["polar-task-t-callback"]
         assert body["status"] == "COMPLETED" and body["aggregate"]["finished"] == 2
-        async with httpx.AsyncClient() as client:  # a repeat delivery is acknowledged and dropped
+        async with httpx.AsyncClient() as client:  # a repeat without the signature is refused, not recorded
             repeat = await client.post(url, json=body, headers={"idempotency-key": "polar-task-t-callback"})
-        assert repeat.json()["duplicate"] is True and len(receiver.received) == 1
+        assert repeat.status_code == 401 and len(receiver.received) == 1
         view = (await srv.http.get("/tasks/t-callback")).json()
         assert view["callback"] == {"state": "delivered", "error": None}
-    finally:
-        rserver.should_exit = True
-        await rtask
+
+
+async def test_a_forged_callback_never_displaces_the_rollout_servers_signed_one(
+        harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 35, point 5, end to end: an attacker who knows the predictable key posts a forged result before the
+    server's delivery; the receiver refuses it (401), takes the server's signed one, and the secret that signs it
+    comes back in no answer of the rollout server and in no log line."""
+    caplog.set_level(logging.DEBUG)
+    receiver = CallbackReceiver()
+    async with receiver.serve() as url, httpx.AsyncClient() as attacker:
+        gw = await harness.gateway()
+        srv = await harness.server()
+        await srv.register(gw, 2)
+        task = receiver.attach(make_task("t-signed", 2, sleep=0.5))
+        forged = {"task_id": "t-signed", "status": "COMPLETED", "results": [{"attacker-marker-7f3a": True}]}
+        created = await srv.http.post("/tasks", content=task.model_dump_json(),
+                                      headers={"content-type": "application/json"})
+        assert created.status_code == 201
+        refused = await attacker.post(url, json=forged, headers={"idempotency-key": "polar-task-t-signed"})
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "unsigned_callback"
+        body = await receiver.wait_for("t-signed", 60)
+        assert "attacker-marker-7f3a" not in json.dumps(body) and body["status"] == "COMPLETED"
+        view = (await srv.http.get("/tasks/t-signed")).json()
+        assert sorted(r["session_id"] for r in body["results"]) == sorted(view["sessions"])
+        assert view["callback"] == {"state": "delivered", "error": None}
+        answers = [created.text, json.dumps(view), (await srv.http.get("/tasks")).text]
+        answers += [(await srv.http.get(f"/sessions/{sid}/result")).text for sid in view["sessions"]]
+        async with srv.http.stream("GET", "/tasks/t-signed/events") as events:
+            answers += [line async for line in events.aiter_lines()]
+        assert all(receiver.secret not in answer for answer in answers)
+        assert receiver.secret not in caplog.text
+        assert os.stat(srv.store.path).st_mode & 0o077 == 0  # the store holding it is private
 
 
 _SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="[^"]*",?)*\})? -?[0-9.e+-]+$')
