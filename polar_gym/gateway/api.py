@@ -14,14 +14,18 @@ from polar_gym.gateway.sandbox import SandboxStages
 from polar_gym.gateway.telemetry import GatewayTelemetry
 from polar_gym.proxy.app import create_app
 from polar_gym.proxy.service import ProxyService
+from polar_gym.runtime.relay import is_relay_peer
 
 __all__ = ["build_gateway", "create_gateway_app"]
 
 
 def create_gateway_app(node: GatewayNode, service: ProxyService, admin_token: str | None) -> FastAPI:
-    """The proxy's app with the session API in front of its catch-all route."""
+    """The proxy's app with the session API in front of its catch-all route. A connection from a sandbox (through
+    its relay, polar_gym.runtime.relay) gets the model routes only: health, metrics and the schema are the
+    operator's, who reads them from the host on the same port."""
     app = create_app(service, admin_token, routers=[admin_router, sessions_router, metrics_router],
                      title="polar_gym gateway")
+    app.sandbox_peer = is_relay_peer
     app.state.node = node
     return app
 

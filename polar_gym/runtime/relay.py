@@ -7,6 +7,11 @@ endpoint. Inside, the helper (``relay.c``, built statically with gcc or zig; ``r
 is there) listens on ``127.0.0.1:GATEWAY_INNER_PORT`` and forwards to that socket. A sandbox without a network
 namespace route to the host can then reach the proxy and nothing else. Backends mount the helper read-only at
 :data:`~base.RELAY_PATH`.
+
+The gateway tells a sandbox's connections from the operator's by their peer address: each connection a relay
+opens to the gateway is in :func:`is_relay_peer` (its local address and port, unique while it is open) until it
+closes, so the gateway's app answers such a caller its model routes only. Exact for the relays of the gateway's
+own process (every backend's, started by its sandbox stages); a sandbox has no other way to the gateway.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "build_relay",
     "cache_dir",
     "helper_argv",
+    "is_relay_peer",
     "relay_compiler",
     "relay_compilers",
     "relay_program",
@@ -43,6 +49,13 @@ RELAY_FALLBACK = Path(__file__).with_name("relay_fallback.py")
 #: the gateway socket's name in the session directory (``/polar/gateway.sock`` inside)
 GATEWAY_SOCKET = "gateway.sock"
 _SUN_PATH_MAX = 107
+#: the local (address, port) of every open relay connection to a gateway in this process
+_PEERS: set[tuple[str, int]] = set()
+
+
+def is_relay_peer(client: tuple[str, int] | None) -> bool:
+    """Whether a connection whose peer is ``client`` (an ASGI scope's ``client``) was opened by a sandbox's relay."""
+    return client is not None and (client[0], client[1]) in _PEERS
 
 
 def cache_dir() -> Path:
@@ -199,10 +212,14 @@ class GatewayRelay:
                 up_r, up_w = await asyncio.open_connection(self.endpoint.host, self.endpoint.port)
             except OSError:
                 return
+            local = up_w.get_extra_info("sockname")
+            peer = (str(local[0]), int(local[1]))
+            _PEERS.add(peer)  # before a byte is forwarded: the gateway sees no request of it unmarked
             try:
                 await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
             finally:
                 up_w.close()
+                _PEERS.discard(peer)
         finally:
             writer.close()
             self._tasks.discard(task)
