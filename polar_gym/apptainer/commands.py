@@ -9,18 +9,22 @@ sandbox has.
 
 from __future__ import annotations
 
-import os
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from polar_gym.runtime.base import RELAY_PATH, SESSION_MOUNT
+from polar_gym.runtime.errors import SandboxEnvError
+from polar_gym.runtime.hostenv import host_env
 from polar_gym.schema import RuntimeSpec
 
 __all__ = [
     "ENV_PREFIXES",
+    "HOST_NAMES",
+    "HOST_PREFIXES",
     "INNER_STATE",
     "KILL_TREE_SCRIPT",
     "PIDFILE_WRAPPER",
@@ -28,8 +32,9 @@ __all__ = [
     "REQUEST_OPTIONS",
     "ApptainerOptions",
     "OverlayMode",
+    "env_file_text",
     "exec_argv",
-    "exec_environment",
+    "host_environment",
     "instance_list_argv",
     "instance_name",
     "instance_start_argv",
@@ -86,9 +91,14 @@ exit 0
 """.strip()
 
 #: Apptainer reads ``APPTAINERENV_X`` (SingularityCE: ``SINGULARITYENV_X``) from the environment of ``exec`` as
-#: ``X`` inside, even under ``--containall`` (which cleans the rest). Unlike ``--env K=V`` this carries any value
-#: verbatim (commas, newlines, ``=``). These prefixes are stripped from the host environment we pass on.
+#: ``X`` inside. We never use them (a sandbox's values would sit in the host process's environment): the
+#: environment goes in an ``--env-file`` (:func:`env_file_text`), and these never reach the CLI at all.
 ENV_PREFIXES = ("APPTAINERENV_", "SINGULARITYENV_")
+#: what the CLI gets of the gateway's own environment besides PATH, HOME, LANG, USER and LOGNAME (the operator's
+#: apptainer settings: cache and tmp dirs, the runtime dir rootless cgroups need)
+HOST_NAMES = ("TMPDIR", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
+HOST_PREFIXES = ("APPTAINER_", "SINGULARITY_")
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -111,7 +121,8 @@ class ApptainerOptions:
       limits (rootless cgroups need cgroups v2 with systemd delegation, hence off by default).
     - ``start_timeout`` / ``stop_timeout``: seconds for ``instance start`` (may pull an image) and for the graceful
       ``instance stop`` before ``--force``.
-    - ``env_prefix``: ``SINGULARITYENV_`` when the binary is SingularityCE rather than Apptainer.
+    - ``env_prefix``: unused since the environment travels in an ``--env-file`` (kept so configurations that set it
+      still load).
     - ``extra_start_args``: appended to the ``instance start`` options verbatim.
     """
 
@@ -251,11 +262,14 @@ def shell_command(command: Sequence[str] | str) -> list[str]:
 
 
 def exec_argv(binary: str, name: str, command: Sequence[str] | str, *, cwd: str | None = None,
-              pidfile: str | None = None) -> list[str]:
-    """``exec [--pwd DIR] instance://NAME CMD...``; with ``pidfile`` the command first records its pid there."""
+              pidfile: str | None = None, env_file: str | None = None) -> list[str]:
+    """``exec [--env-file FILE] [--pwd DIR] instance://NAME CMD...``; with ``pidfile`` the command first records its
+    pid there; ``env_file`` (a host path, :func:`env_file_text`) holds the command's environment."""
     argv = [binary, "exec"]
+    if env_file:
+        argv += ["--env-file", env_file]
     if cwd:
-        argv += ["--pwd", cwd]
+        argv.append(f"--pwd={cwd}")
     argv.append(f"instance://{name}")
     inner = shell_command(command)
     if pidfile:
@@ -269,11 +283,22 @@ def kill_tree_argv(binary: str, name: str, pids: Sequence[int]) -> list[str]:
             *(str(p) for p in pids)]
 
 
-def exec_environment(env: Mapping[str, str], host_env: Mapping[str, str] | None = None, *,
-                     prefix: str = "APPTAINERENV_") -> dict[str, str]:
-    """The host environment of ``apptainer exec``: the caller's plus ``APPTAINERENV_K=V`` per variable inside."""
-    base = dict(os.environ if host_env is None else host_env)
-    for key in [k for k in base if k.startswith(ENV_PREFIXES)]:
-        del base[key]  # never leak the host's own container env into a session
-    base.update({f"{prefix}{k}": v for k, v in env.items()})
-    return base
+def host_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every apptainer command we run: a fixed one of ours plus the operator's apptainer
+    settings (:data:`HOST_NAMES`, :data:`HOST_PREFIXES`), never a sandbox's values and never ``APPTAINERENV_*``."""
+    return host_env(HOST_NAMES, HOST_PREFIXES, environ)
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """``NAME='VALUE'`` lines for ``--env-file``, which Apptainer reads as a shell script: each value single-quoted
+    (any byte but NUL, newlines included, is carried verbatim and nothing is expanded). A name that is not a shell
+    identifier, or a NUL, cannot be carried and is refused with the variable named (:class:`SandboxEnvError`)."""
+    lines = []
+    for key, value in env.items():
+        if not _SHELL_NAME.fullmatch(key):
+            raise SandboxEnvError(f"environment variable {key!r} cannot be passed to apptainer: its env file takes "
+                                  "shell names only ([A-Za-z_][A-Za-z0-9_]*)")
+        if "\0" in value:
+            raise SandboxEnvError(f"the value of environment variable {key!r} holds a NUL byte")
+        lines.append(f"{key}={shlex.quote(value)}\n")
+    return "".join(lines)

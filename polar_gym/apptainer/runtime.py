@@ -15,6 +15,11 @@ What goes through spython and what does not (spython blocks, so its calls run in
   out or kill a process tree), ``overlay create`` (no spython command), and list/stop when the binary is not
   spython's ``singularity``.
 
+Host side: every apptainer command runs with a fixed environment of ours
+(:func:`~polar_gym.apptainer.commands.host_environment`) in ``/``; an exec's environment (the spec's and the exec's
+own) goes in a 0600 ``--env-file`` in a private 0700 host directory the sandbox does not see, removed once the exec
+ends. ``APPTAINERENV_*`` in the CLI's environment carried a task's values into a host process (issue 35).
+
 Killing: each exec records its pid inside (``/polar/.polar_gym/exec/N.pid``); a timeout or ``cancel`` kills that
 tree from a second exec (:data:`~polar_gym.apptainer.commands.KILL_TREE_SCRIPT`), then the host-side ``exec``
 process group. ``stop`` also stops the instance, which ends every process in its PID namespace.
@@ -30,6 +35,7 @@ import logging
 import os
 import shutil
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -42,6 +48,7 @@ from polar_gym.apptainer.commands import INNER_STATE, ApptainerOptions
 from polar_gym.apptainer.gateway import ApptainerRelay
 from polar_gym.runtime.base import ExecResult, ExecStatus, GatewayEndpoint, OutputCallback, Runtime
 from polar_gym.runtime.errors import SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.hostenv import HOST_CWD, check_sandbox_env
 from polar_gym.runtime.processes import start_process
 from polar_gym.schema import RuntimeSpec
 
@@ -106,6 +113,8 @@ class ApptainerRuntime(Runtime):
         self._stop_lock = asyncio.Lock()
         self._relay: ApptainerRelay | None = None  # in "gateway" mode: the relay's host half and helper
         self.log_dir = self.session_dir / _STATE_DIR / "apptainer"
+        #: private host directory (0700) for env files; made on first use, removed by stop()
+        self._host_dir: Path | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -113,6 +122,7 @@ class ApptainerRuntime(Runtime):
         if self._state != "new":
             raise SandboxStateError(f"apptainer instance {self.instance} was already started")
         self._state = "starting"
+        check_sandbox_env(self.spec.env, "runtime env")
         self.binary = await self._check_install()
         (self.session_dir / _STATE_DIR / "exec").mkdir(parents=True, exist_ok=True)
         (self.session_dir / _STATE_DIR / "xfer").mkdir(parents=True, exist_ok=True)
@@ -154,6 +164,9 @@ class ApptainerRuntime(Runtime):
             if started or self.binary is not None:
                 await self._stop_instance()
             self._remove_overlay()
+            if self._host_dir is not None:
+                shutil.rmtree(self._host_dir, ignore_errors=True)
+                self._host_dir = None
             shutil.rmtree(self.session_dir / _STATE_DIR / "xfer", ignore_errors=True)
             shutil.rmtree(self.session_dir / _STATE_DIR / "exec", ignore_errors=True)
 
@@ -168,15 +181,44 @@ class ApptainerRuntime(Runtime):
         if self._state != "running":
             raise SandboxStateError(f"apptainer instance {self.instance} is {self._state}, not running")
         assert self.binary is not None
+        check_sandbox_env(env, "the exec's env")
+        merged = {**self.spec.env, **(env or {})}
+        env_file = await asyncio.to_thread(self._write_env_file, merged) if merged else None
+        try:
+            return await self._exec(command, env_file, cwd=cwd, timeout=timeout, stdin=stdin, on_stdout=on_stdout,
+                                    on_stderr=on_stderr)
+        finally:
+            if env_file is not None:
+                env_file.unlink(missing_ok=True)
+
+    def _write_env_file(self, env: dict[str, str]) -> Path:
+        """A 0600 env file (:func:`~polar_gym.apptainer.commands.env_file_text`) in the private host directory."""
+        text = cmd.env_file_text(env).encode("utf-8", "surrogateescape")
+        if self._host_dir is None or not self._host_dir.is_dir():
+            self._host_dir = Path(tempfile.mkdtemp(prefix="polar-apptainer-"))
+        fd, name = tempfile.mkstemp(prefix="env-", dir=self._host_dir)
+        try:
+            view = memoryview(text)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return Path(name)
+
+    async def _exec(self, command: list[str] | str, env_file: Path | None, *, cwd: str | None,
+                    timeout: float | None, stdin: bytes | None, on_stdout: OutputCallback | None,
+                    on_stderr: OutputCallback | None) -> ExecResult:
+        assert self.binary is not None
         number = next(self._counter)
         pidfile = self.session_dir / _STATE_DIR / "exec" / f"{number}.pid"
         argv = cmd.exec_argv(self.binary, self.instance, command, cwd=cwd or self.spec.workdir,
-                             pidfile=f"{INNER_STATE}/exec/{number}.pid")
-        environ = cmd.exec_environment({**self.spec.env, **(env or {})}, prefix=self.opts.env_prefix)
+                             pidfile=f"{INNER_STATE}/exec/{number}.pid",
+                             env_file=str(env_file) if env_file is not None else None)
         began = time.monotonic()
         proc = await start_process(
             *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=environ, start_new_session=True)
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cmd.host_environment(),
+            cwd=HOST_CWD, start_new_session=True)
         run = _Running(proc, pidfile)
         self._running.add(run)
         readers = [asyncio.create_task(_pump(proc.stdout, run.stdout, on_stdout)),
@@ -348,7 +390,8 @@ class ApptainerRuntime(Runtime):
         err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             proc = await start_process(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out_fd,
-                                       stderr=err_fd, start_new_session=True)
+                                       stderr=err_fd, env=cmd.host_environment(), cwd=HOST_CWD,
+                                       start_new_session=True)
         finally:
             os.close(out_fd)
             os.close(err_fd)
@@ -372,7 +415,7 @@ async def _run(argv: Sequence[str], timeout: float) -> tuple[int, bytes, bytes]:
     """A short control command with captured output; killed (whole group) at the timeout."""
     proc = await start_process(*argv, stdin=asyncio.subprocess.DEVNULL,
                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                               start_new_session=True)
+                               env=cmd.host_environment(), cwd=HOST_CWD, start_new_session=True)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:

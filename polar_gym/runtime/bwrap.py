@@ -41,6 +41,7 @@ __all__ = [
     "WorkdirError",
     "bwrap_argv",
     "cgroup_wrap",
+    "env_args",
     "launcher_argv",
     "list_root",
     "plan_links",
@@ -264,10 +265,13 @@ def plan_links(links: object, taken: set[str], workdir: str) -> tuple[tuple[str,
 
 
 def bwrap_argv(layout: SandboxLayout, command: Sequence[str], *, cwd: str, status_fd: int | None = None,
-               bwrap: str = "bwrap") -> list[str]:
-    """The bwrap command line for one exec (what the launcher execs, or what runs directly)."""
+               bwrap: str = "bwrap", args_fd: int | None = None) -> list[str]:
+    """The bwrap command line for one exec (what the launcher execs, or what runs directly); ``args_fd`` is the fd
+    bwrap reads the command's environment from (:func:`env_args`), so no value is on a command line or in the
+    environment bwrap and the launcher start with."""
     src = layout.source
-    argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    argv = [bwrap, *(["--args", str(args_fd)] if args_fd is not None else []),
+            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if layout.network != "host":
         argv.append("--unshare-net")
     argv += ["--die-with-parent", "--new-session", "--hostname", layout.hostname, "--cap-drop", "ALL",
@@ -331,6 +335,19 @@ def cgroup_wrap(procs_files: Sequence[str], argv: Sequence[str]) -> list[str]:
     (used only when no compiled launcher exists)."""
     script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
     return ["/bin/sh", "-c", script, "polar-cgroup", *procs_files, "--", *argv]
+
+
+def env_args(env: Mapping[str, str]) -> bytes:
+    """``--clearenv`` then ``--setenv NAME VALUE`` per variable, NUL-separated, for ``bwrap --args FD``: bwrap sets
+    them for the command inside, and its own environment and the launcher's stay ours (a NUL would split an
+    argument, so it is refused)."""
+    parts = ["--clearenv"]
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise ValueError(f"environment variable {name!r} cannot be set: a name needs no '=' and no NUL, a "
+                             "value no NUL")
+        parts += ["--setenv", name, value]
+    return b"".join(part.encode("utf-8", "surrogateescape") + b"\0" for part in parts)
 
 
 def sandbox_env(spec_env: Mapping[str, str], exec_env: Mapping[str, str] | None, *, loopback_ip: str | None = None,

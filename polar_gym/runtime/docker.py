@@ -16,6 +16,11 @@ How the pieces fit:
   under the command or the wrapper was killed from outside (CRASHED either way: the container may still read as
   running for a moment after its init was killed).
 - upload and download go through ``cp`` with tar streams, so parents are created and bytes round-trip exactly.
+- The CLI (and conmon, which it starts) runs with a fixed environment of ours (:func:`cli_env`) in a private 0700
+  directory of this sandbox (not the session directory, which the container writes); the container's and each
+  exec's environment travel in a 0600 env file there (``--env-file``), removed once the CLI has read it. A task's
+  ``LD_PRELOAD`` once ran in podman and conmon as root, and ``./evil.so`` loaded a file the container wrote
+  (issue 35).
 """
 
 from __future__ import annotations
@@ -53,10 +58,12 @@ from polar_gym.runtime.docker_commands import (
     DockerCommands,
     cli_env,
     container_name,
+    env_file_text,
     session_id_for,
 )
 from polar_gym.runtime.docker_files import pack_upload, unpack_download
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
+from polar_gym.runtime.hostenv import check_sandbox_env
 from polar_gym.runtime.lease import LEASE_LOOKS, Lease
 from polar_gym.runtime.local import DEFAULTS, LoopbackAllocator
 from polar_gym.runtime.podman_host import default_cli, host_defaults
@@ -192,18 +199,19 @@ class DockerRuntime(Runtime):
         self._loopback: TextIO | None = None  # holds this sandbox's loopback address (network "host")
         self.lease_seconds = float(opts.get("lease_seconds", 30.0) or 0.0)
         self._lease: Lease | None = None
+        #: the CLI's working directory and the env files' home: private (0700), outside the session directory
+        self._host_dir: Path | None = None
 
     # -- CLI plumbing -------------------------------------------------------------------------------------------
 
     async def _cli(self, argv: list[str], *, timeout: float = 60.0, stdin: Any = None,
-                   stdout: Any = asyncio.subprocess.PIPE, env: dict[str, str] | None = None
-                   ) -> tuple[int, bytes, bytes]:
+                   stdout: Any = asyncio.subprocess.PIPE) -> tuple[int, bytes, bytes]:
         """Run one CLI command to completion; a missing CLI or a dead daemon raise SandboxUnavailable."""
         try:
             proc = await start_process(*argv, stdin=stdin if stdin is not None else
                                        asyncio.subprocess.DEVNULL, stdout=stdout,
                                        stderr=asyncio.subprocess.PIPE, cwd=self._cli_cwd(),
-                                       env=cli_env(env))
+                                       env=cli_env())
         except FileNotFoundError as exc:
             raise SandboxUnavailable(f"container CLI {argv[0]!r} not found: {INSTALL_HINT}") from exc
         try:
@@ -224,10 +232,30 @@ class DockerRuntime(Runtime):
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
-    def _cli_cwd(self) -> str | None:
-        """Run the CLI from the session directory: podman's conmon leaves files (an ``oom`` marker under a memory
-        limit) in its working directory, which must not be the caller's."""
-        return str(self.session_dir) if self.session_dir.is_dir() else None
+    def _cli_cwd(self) -> str:
+        """The CLI's working directory, :meth:`_private_dir`: podman's conmon leaves files (an ``oom`` marker under a
+        memory limit) in its working directory, which must be neither the caller's nor one the container writes
+        (a relative ``LD_PRELOAD`` or a planted file resolves against it)."""
+        return str(self._private_dir())
+
+    def _private_dir(self) -> Path:
+        """This sandbox's private host directory (made on first use, 0700, removed by stop()): nothing of it is
+        mounted into the container."""
+        if self._host_dir is None or not self._host_dir.is_dir():
+            self._host_dir = Path(tempfile.mkdtemp(prefix="polar-docker-"))
+        return self._host_dir
+
+    def _write_env_file(self, env: dict[str, str]) -> Path:
+        """A 0600 env file in the private directory (:func:`env_file_text`); the caller removes it."""
+        text = env_file_text(env).encode("utf-8", "surrogateescape")
+        fd, name = tempfile.mkstemp(prefix="env-", dir=self._private_dir())  # 0600, O_EXCL
+        try:
+            view = memoryview(text)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return Path(name)
 
     async def start(self) -> None:
         if self._running or self._created:
@@ -236,6 +264,10 @@ class DockerRuntime(Runtime):
             raise SandboxUnavailable(f"container CLI {self.commands.cli[0]!r} not found on PATH: {INSTALL_HINT}")
         if not self.spec.image:
             raise SandboxStartError("the docker backend needs runtime.image (an image name the CLI can run)")
+        if self.spec.image.startswith("-"):
+            raise SandboxStartError(f"runtime.image {self.spec.image!r} is not an image name (it would be read as an "
+                                    f"option of {self.commands.cli[0]})")
+        check_sandbox_env(self.spec.env, "runtime env")
         session_dir = self.session_dir.resolve()
         if ":" in str(session_dir):
             raise SandboxStartError(f"session directory {session_dir} contains ':' and cannot be bind-mounted")
@@ -251,14 +283,17 @@ class DockerRuntime(Runtime):
             await asyncio.to_thread(_prepare_private, self._private)
             if self.spec.network == "host":  # one 127.x.y.z per sandbox, from the pool the local backend uses too
                 self.loopback_ip, self._loopback = await asyncio.to_thread(LoopbackAllocator().acquire)
-            env = self._env()
+            env_file = await asyncio.to_thread(self._write_env_file, self._env())
             argv = self.commands.run(name=self.container, session_id=self.session_id, image=self.spec.image,
-                                     session_dir=session_dir, workdir=self.spec.workdir, env=env,
+                                     session_dir=session_dir, workdir=self.spec.workdir, env_file=str(env_file),
                                      network=self.spec.network, cpus=self.spec.cpus,
                                      memory_mb=self._limit("memory_mb"), max_processes=self._limit("max_processes"),
                                      relay=await self._start_relay() if self.spec.network == "gateway" else None,
                                      max_connections=self._limit("max_connections"), lease=await self._start_lease())
-            code, _, err = await self._cli(argv, timeout=self.start_timeout, env=env)
+            try:
+                code, _, err = await self._cli(argv, timeout=self.start_timeout)
+            finally:
+                env_file.unlink(missing_ok=True)
             if code != 0:
                 raise SandboxStartError(f"{self.commands.cli[0]} run failed (exit {code}): "
                                         f"{err.decode(errors='replace').strip()}{_image_hint(self.spec.image)}")
@@ -338,6 +373,9 @@ class DockerRuntime(Runtime):
                 relay, self._relay = self._relay, None
                 await relay.stop()
             await asyncio.to_thread(_clean_private, self.session_dir)
+            if self._host_dir is not None:
+                await asyncio.to_thread(shutil.rmtree, self._host_dir, True)
+                self._host_dir = None
             if self._loopback is not None:
                 LoopbackAllocator.release(self._loopback)
                 self._loopback = None
@@ -382,15 +420,28 @@ class DockerRuntime(Runtime):
                    timeout: float | None = None, stdin: bytes | None = None,
                    on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
         self._require_running()
+        check_sandbox_env(env, "the exec's env")
         token = secrets.token_hex(8)
         marker = f"{SESSION_MOUNT}/{PRIVATE_DIR}/exec/{token}"
-        argv = self.commands.exec(self.container, _as_command(command), marker=marker, env=env,
+        env_file = await asyncio.to_thread(self._write_env_file, env) if env else None
+        try:
+            return await self._exec(command, token, marker, env_file, cwd=cwd, timeout=timeout, stdin=stdin,
+                                    on_stdout=on_stdout, on_stderr=on_stderr)
+        finally:
+            if env_file is not None:
+                env_file.unlink(missing_ok=True)
+
+    async def _exec(self, command: list[str] | str, token: str, marker: str, env_file: Path | None, *,
+                    cwd: str | None, timeout: float | None, stdin: bytes | None,
+                    on_stdout: OutputCallback | None, on_stderr: OutputCallback | None) -> ExecResult:
+        argv = self.commands.exec(self.container, _as_command(command), marker=marker,
+                                  env_file=str(env_file) if env_file is not None else None,
                                   cwd=posixpath.join(self.spec.workdir, cwd or "."))
         began = time.monotonic()
         try:
             proc = await start_process(*argv, stdin=asyncio.subprocess.PIPE,
                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                       cwd=self._cli_cwd(), env=cli_env(env))
+                                       cwd=self._cli_cwd(), env=cli_env())
         except OSError as exc:
             return ExecResult(status=ExecStatus.CRASHED, reason=f"cannot run {argv[0]!r}: {exc}",
                               seconds=time.monotonic() - began)

@@ -4,19 +4,22 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from polar_gym.runtime.base import RELAY_PATH, SESSION_MOUNT
+from polar_gym.runtime.errors import SandboxEnvError
+from polar_gym.runtime.hostenv import host_env
 from polar_gym.runtime.lease import LEASE_FILE
 from polar_gym.runtime.relay import helper_argv
 
 __all__ = [
-    "CLI_OWN_VARS",
+    "CLI_HOST_NAMES",
+    "CLI_HOST_PREFIXES",
+    "ENV_FILE_LINE_MAX",
     "EXEC_WRAPPER",
     "INSTALL_HINT",
     "KEEPALIVE",
@@ -27,7 +30,7 @@ __all__ = [
     "DockerCommands",
     "cli_env",
     "container_name",
-    "env_args",
+    "env_file_text",
     "session_id_for",
 ]
 
@@ -95,28 +98,43 @@ def container_name(session_id: str) -> str:
     return f"polar-{session_id}"
 
 
-#: variables the container CLI itself reads (rootless podman finds its store and runtime dir through them): a sandbox
-#: value for one of these goes on the command line as ``-e NAME=VALUE`` (never secrets: a home, a path), never into
-#: the CLI's own environment, where ``HOME=/polar/home`` made rootless podman fail ("cannot resolve /polar/home")
-CLI_OWN_VARS = frozenset({"HOME", "PATH", "TMPDIR", "USER", "LOGNAME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
-                          "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF",
-                          "CONTAINER_HOST", "DOCKER_HOST", "DOCKER_CONFIG"})
+#: what the container CLI (and conmon, which it starts) gets of the gateway's own environment besides PATH, HOME,
+#: LANG, USER and LOGNAME: where rootless podman finds its store and runtime directory, how docker finds its daemon
+CLI_HOST_NAMES = ("TMPDIR", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME",
+                  "DBUS_SESSION_BUS_ADDRESS", "REGISTRY_AUTH_FILE", "STORAGE_DRIVER", "STORAGE_OPTS")
+CLI_HOST_PREFIXES = ("CONTAINERS_", "CONTAINER_", "DOCKER_", "PODMAN_")
+#: the longest line an env file may hold: docker and podman read it with Go's bufio.Scanner (64 KiB per line)
+ENV_FILE_LINE_MAX = 65535
 
 
-def env_args(env: dict[str, str] | None) -> list[str]:
-    """``-e NAME`` per variable (its value from the CLI's environment, :func:`cli_env`), ``-e NAME=VALUE`` for the
-    CLI's own variables (:data:`CLI_OWN_VARS`)."""
-    args: list[str] = []
-    for key, value in (env or {}).items():
-        args += ["-e", f"{key}={value}" if key in CLI_OWN_VARS else key]
-    return args
+def cli_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The container CLI's own environment: a fixed one of ours (:func:`~polar_gym.runtime.hostenv.host_env`) with
+    the gateway's engine settings (:data:`CLI_HOST_NAMES`, :data:`CLI_HOST_PREFIXES`), never a sandbox's values:
+    those go in an env file (:func:`env_file_text`). A task's ``LD_PRELOAD`` there once ran in podman and conmon as
+    root (issue 35)."""
+    return host_env(CLI_HOST_NAMES, CLI_HOST_PREFIXES, environ)
 
 
-def cli_env(env: dict[str, str] | None) -> dict[str, str] | None:
-    """The container CLI's own environment for a command built with ``env``: ``-e NAME`` takes each value from
-    there, so no value (a session key) is on a command line that every user of the host can read in /proc. The
-    CLI's own variables keep the CLI's values (theirs go on the command line)."""
-    return {**os.environ, **{k: v for k, v in env.items() if k not in CLI_OWN_VARS}} if env else None
+def env_file_text(env: Mapping[str, str]) -> str:
+    """``NAME=VALUE`` lines for ``--env-file`` (values verbatim: no quoting, no expansion). What that format cannot
+    carry is refused with the variable named (:class:`SandboxEnvError`): a newline or carriage return in a value, a
+    name with whitespace, ``=``, a leading ``#`` or nothing, a line over :data:`ENV_FILE_LINE_MAX` bytes. A name
+    alone would take its value from the CLI's environment, so every line has its ``=``."""
+    lines = []
+    for name, value in env.items():
+        if not name or name[0] == "#" or "=" in name or any(c.isspace() or c == "\0" for c in name):
+            raise SandboxEnvError(f"environment variable {name!r} cannot be passed to a container: a name may not be "
+                                  "empty, start with '#' or hold '=', whitespace or NUL")
+        if any(c in value for c in "\n\r\0"):
+            raise SandboxEnvError(f"the value of environment variable {name!r} holds a newline, carriage return or "
+                                  "NUL, which a docker/podman env file cannot carry: pass it in a file the command "
+                                  "reads instead (an upload, or runtime.prepare)")
+        line = f"{name}={value}"
+        if len(line.encode("utf-8", "surrogateescape")) > ENV_FILE_LINE_MAX:
+            raise SandboxEnvError(f"environment variable {name!r} is longer than a docker/podman env file line may "
+                                  f"be ({ENV_FILE_LINE_MAX} bytes with its name): pass it in a file instead")
+        lines.append(line + "\n")
+    return "".join(lines)
 
 
 @dataclass(frozen=True)
@@ -128,7 +146,7 @@ class DockerCommands:
     shell: str = "/bin/sh"
 
     def run(self, *, name: str, session_id: str, image: str, session_dir: Path, workdir: str,
-            env: dict[str, str] | None = None, network: str = "none", cpus: float | None = None,
+            env_file: str | None = None, network: str = "none", cpus: float | None = None,
             memory_mb: int | None = None, max_processes: int | None = None,
             relay: Path | None = None, max_connections: int | None = None,
             lease: tuple[Path, float, int] | None = None) -> list[str]:
@@ -136,12 +154,14 @@ class DockerCommands:
         ``relay`` (the helper binary on the host) makes the entrypoint the relay, which opens the gateway port
         (at most ``max_connections`` at once) and then execs PID 1's loop. ``lease`` (the host directory of a
         :class:`~polar_gym.runtime.lease.Lease`, mounted read-only; seconds between looks; looks without a change)
-        ends the container when its gateway stops rewriting the lease."""
+        ends the container when its gateway stops rewriting the lease. ``env_file`` (a host path) holds the
+        container's environment (:func:`env_file_text`)."""
         argv = [*self.cli, "run", "-d", "--name", name, "--label", f"{LABEL}={session_id}",
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                 "-v", f"{session_dir}:{SESSION_MOUNT}",
                 "--network", "host" if network == "host" else "none"]
-        argv += env_args(env)  # names only (but the CLI's own): the values reach the CLI through cli_env
+        if env_file is not None:  # no name or value of the sandbox's on the command line or in the CLI's environment
+            argv += ["--env-file", env_file]
         if cpus is not None:
             argv += ["--cpus", f"{cpus:g}"]
         if memory_mb is not None:
@@ -158,11 +178,13 @@ class DockerCommands:
             init = helper_argv(RELAY_PATH, init, gateway=True, max_connections=max_connections)
         return [*argv, "--entrypoint", init[0], *self.run_args, image, *init[1:]]
 
-    def exec(self, name: str, command: Sequence[str], *, marker: str, env: dict[str, str] | None = None,
+    def exec(self, name: str, command: Sequence[str], *, marker: str, env_file: str | None = None,
              cwd: str | None = None) -> list[str]:
-        """``exec -i``: ``command`` under the wrapper that records its pid and exit code at ``marker``.{pid,rc}."""
+        """``exec -i``: ``command`` under the wrapper that records its pid and exit code at ``marker``.{pid,rc};
+        ``env_file`` (a host path) holds the exec's own environment."""
         argv = [*self.cli, "exec", "-i"]
-        argv += env_args(env)  # names only (but the CLI's own): the values reach the CLI through cli_env
+        if env_file is not None:
+            argv += ["--env-file", env_file]
         if cwd:
             argv += ["-w", cwd]
         return [*argv, name, self.shell, "-c", EXEC_WRAPPER, "polar-exec", marker, *command]

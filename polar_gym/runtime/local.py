@@ -16,7 +16,10 @@ the system directories read-only with /etc's secrets masked, its own session dir
 workdir), the helper, and the read-only extras the gateway binds (``ro_binds``: the harness install) or a request
 exposes (``expose``); not /root, /home, /var, /run, host /tmp, the project checkout, other sessions, nor any host
 Unix socket (their directories are not there; abstract sockets belong to the host's network namespace). With
-``spec.image`` (an unpacked image directory) the image is the root instead. The environment is built from scratch.
+``spec.image`` (an unpacked image directory) the image is the root instead. The environment is built from scratch
+and handed *into* the sandbox: bwrap reads ``--clearenv --setenv NAME VALUE ...`` from an anonymous file
+(``--args FD``), while the launcher and bwrap themselves start with a fixed environment of ours in ``/``
+(:mod:`polar_gym.runtime.hostenv`): a task's ``LD_PRELOAD`` once ran inside bwrap on the host (issue 35).
 
 Who the sandbox is on the host: bwrap is started through the compiled helper (``relay.c``, host side), which stages
 the bind sources in a private mount namespace and, when the gateway runs as root, drops to ``sandbox_uid`` (65534,
@@ -90,6 +93,7 @@ from polar_gym.runtime.bwrap import (
     WorkdirError,
     bwrap_argv,
     cgroup_wrap,
+    env_args,
     launcher_argv,
     list_root,
     plan_links,
@@ -99,6 +103,7 @@ from polar_gym.runtime.bwrap import (
 )
 from polar_gym.runtime.errors import SandboxStartError, SandboxStateError, SandboxUnavailable
 from polar_gym.runtime.files import confine, copy_in, copy_out
+from polar_gym.runtime.hostenv import HOST_CWD, check_sandbox_env, host_env
 from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, disk_usage
 from polar_gym.runtime.processes import start_process
 from polar_gym.runtime.relay import RELAY_FALLBACK, GatewayRelay, helper_argv, relay_program
@@ -203,6 +208,7 @@ class LocalRuntime(Runtime):
     async def start(self) -> None:
         if self._stopped:
             raise SandboxStateError("this sandbox was stopped; make a new one")
+        check_sandbox_env(self.spec.env, "runtime env")
         bwrap = shutil.which(self._bwrap)
         if bwrap is None:
             raise SandboxUnavailable("bubblewrap is not installed: apt-get install bubblewrap "
@@ -379,9 +385,10 @@ class LocalRuntime(Runtime):
 
     # -- exec --------------------------------------------------------------------------------------------------
 
-    def command_argv(self, command: list[str] | str, *, cwd: str | None = None, status_fd: int | None = None
-                     ) -> list[str]:
-        """The host command line for one exec (launcher, bwrap, the helper, the command)."""
+    def command_argv(self, command: list[str] | str, *, cwd: str | None = None, status_fd: int | None = None,
+                     args_fd: int | None = None) -> list[str]:
+        """The host command line for one exec (launcher, bwrap, the helper, the command); bwrap reads the command's
+        environment from ``args_fd`` (:func:`~polar_gym.runtime.bwrap.env_args`)."""
         layout = self._layout
         if layout is None:
             raise SandboxStateError("the sandbox is not started")
@@ -396,7 +403,7 @@ class LocalRuntime(Runtime):
                            file_bytes=disk * 1024 * 1024 if disk else None,
                            max_connections=self.limit("max_connections"), cpus=self._cpus)
         inside_cwd = posixpath.normpath(posixpath.join(layout.workdir, cwd or "."))
-        full = bwrap_argv(layout, argv, cwd=inside_cwd, status_fd=status_fd, bwrap=self._bwrap)
+        full = bwrap_argv(layout, argv, cwd=inside_cwd, status_fd=status_fd, bwrap=self._bwrap, args_fd=args_fd)
         if layout.launch.helper is not None:
             return launcher_argv(layout, full, watchdog_for=os.getpid())
         if layout.launch.cgroup_procs:
@@ -404,6 +411,7 @@ class LocalRuntime(Runtime):
         return full
 
     def command_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """The sandboxed command's environment; it reaches bwrap through an args fd, never the host's environment."""
         url = self.gateway_url if self.spec.network == "gateway" or self.gateway is not None else None
         return sandbox_env(self.spec.env, env, loopback_ip=self.loopback_ip, gateway_url=url)
 
@@ -412,15 +420,18 @@ class LocalRuntime(Runtime):
                    on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
         if self._stopped or self._layout is None:
             raise SandboxStateError("the sandbox is not running")
+        check_sandbox_env(env, "the exec's env")
         started = time.monotonic()
         epoch = self._kill_epoch
+        env_fd = _memfd(env_args(self.command_env(env)))
         status_r, status_w = os.pipe()
         try:
-            argv = self.command_argv(command, cwd=cwd, status_fd=status_w)
+            argv = self.command_argv(command, cwd=cwd, status_fd=status_w, args_fd=env_fd)
+            # the launcher and bwrap start with an environment and a working directory of ours (issue 35)
             proc = await start_process(
                 *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.command_env(env),
-                pass_fds=(status_w,), start_new_session=True)
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=host_env(), cwd=HOST_CWD,
+                pass_fds=(status_w, env_fd), start_new_session=True)
         except OSError as exc:
             os.close(status_r)
             return ExecResult(status=ExecStatus.CRASHED, reason=f"cannot start bwrap: {exc}",
@@ -430,6 +441,7 @@ class LocalRuntime(Runtime):
             raise
         finally:
             os.close(status_w)
+            os.close(env_fd)
         run = _Running(proc, status_r)
         self._running.add(run)
         if self._kill_epoch != epoch:  # cancel() or stop() ran while this exec was starting
@@ -530,6 +542,20 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
         proc.stdin.write(data)
         await proc.stdin.drain()
         proc.stdin.close()
+
+
+def _memfd(data: bytes) -> int:
+    """An anonymous file holding ``data``, read from its start (bwrap's ``--args``): no path, no size limit."""
+    fd = os.memfd_create("polar-env", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _drain(fd: int) -> bytes:

@@ -65,6 +65,15 @@ def make_fake(root: Path, names: tuple[str, ...] = ("singularity", "apptainer"))
     return FakeApptainer(bin_dir, state)
 
 
+@pytest.fixture(autouse=True)
+def fake_switches_reach_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend starts apptainer with a fixed environment of its own plus the operator's ``APPTAINER_*``
+    settings (issue 35); the fake's state directory and switches (``FAKE_*``) travel the same way."""
+    from polar_gym.apptainer import commands
+
+    monkeypatch.setattr(commands, "HOST_PREFIXES", (*commands.HOST_PREFIXES, "FAKE_"))
+
+
 @pytest.fixture
 def fake_apptainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApptainer]:
     """Both names on PATH (as Apptainer installs them); every instance left running is killed afterwards."""

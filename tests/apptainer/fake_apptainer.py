@@ -2,10 +2,11 @@
 
 It logs every argv (JSON lines in ``$FAKE_APPTAINER_STATE/argv.log``) and simulates the behaviour the runtime relies
 on, without any isolation: ``instance start`` spawns a detached ``sleep`` as the instance and records it; ``instance
-list --json`` reports live instances; ``exec instance://NAME CMD`` runs CMD on the host with ``APPTAINERENV_X``
-turned into ``X`` under a clean environment, with absolute paths rewritten (bind destinations to their sources,
-other non-system paths under a per-instance fake root), and exits 255 if the instance is gone or dies meanwhile;
-``instance stop`` kills the instance and its execs; ``overlay create`` makes a sparse file.
+list --json`` reports live instances; ``exec [--env-file F] instance://NAME CMD`` runs CMD on the host with the
+shell assignments of F (and ``APPTAINERENV_X`` as ``X``) under a clean environment, with absolute paths rewritten
+(bind destinations to their sources, other non-system paths under a per-instance fake root), and exits 255 if the
+instance is gone or dies meanwhile; ``instance stop`` kills the instance and its execs;
+``overlay create`` makes a sparse file.
 
 Switches (environment): FAKE_APPTAINER_BROKEN (``--version`` fails), FAKE_START_FAIL (``instance start`` fails with
 a FATAL line), FAKE_START_DIES (the instance exits right after starting), FAKE_STOP_FAIL (a graceful stop fails;
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from pathlib import Path
 STATE = Path(os.environ["FAKE_APPTAINER_STATE"])
 SYSTEM = ("/bin", "/usr", "/proc", "/dev", "/etc", "/lib", "/lib64", "/sbin", "/sys")
 VALUED = {"--network", "--overlay", "--bind", "-B", "--hostname", "--cpus", "--memory", "--pids-limit", "--pwd",
-          "--env", "--size", "-t", "--timeout"}
+          "--env", "--env-file", "--size", "-t", "--timeout"}
 
 
 def fatal(message: str) -> None:
@@ -48,7 +50,11 @@ def parse(args: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
     opts: list[tuple[str, str | None]] = []
     i = 0
     while i < len(args) and args[i].startswith("-"):
-        if args[i] in VALUED:
+        if "=" in args[i] and args[i].split("=", 1)[0] in VALUED:
+            key, value = args[i].split("=", 1)
+            opts.append((key, value))
+            i += 1
+        elif args[i] in VALUED:
             opts.append((args[i], args[i + 1]))
             i += 2
         else:
@@ -174,6 +180,9 @@ def execute(args: list[str]) -> None:
         fatal(f"--pwd {dict(opts).get('--pwd')}: no such directory")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     env.update({k[len("APPTAINERENV_"):]: v for k, v in os.environ.items() if k.startswith("APPTAINERENV_")})
+    env_file = dict(opts).get("--env-file")
+    if env_file:  # NAME='value' lines, as Apptainer reads them (a shell script)
+        env.update(word.split("=", 1) for word in shlex.split(Path(env_file).read_text()))  # type: ignore[misc]
     child = subprocess.Popen([map_path(a) for a in command], cwd=cwd, env=env)
     with open(STATE / f"{name}.execs", "a") as f:
         f.write(f"{child.pid} -{os.getpgid(0)}\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import polar_gym.apptainer as apptainer
 from polar_gym.apptainer import commands as cmd
 from polar_gym.apptainer.commands import ApptainerOptions
 from polar_gym.apptainer.gateway import relay_start_argv
+from polar_gym.runtime.errors import SandboxEnvError
 from polar_gym.schema import RuntimeSpec
 
 S = Path("/scratch/sess-1")
@@ -97,8 +99,8 @@ def test_options_reject_unknown_keys_and_bad_overlay() -> None:
 
 def test_exec_argv_with_pwd_and_pidfile_wrapper() -> None:
     assert cmd.exec_argv("singularity", "n1", ["python", "-c", "print(1)"], cwd="/workspace",
-                         pidfile="/polar/.polar_gym/exec/3.pid") == [
-        "singularity", "exec", "--pwd", "/workspace", "instance://n1",
+                         pidfile="/polar/.polar_gym/exec/3.pid", env_file="/tmp/polar-apptainer-x/env-1") == [
+        "singularity", "exec", "--env-file", "/tmp/polar-apptainer-x/env-1", "--pwd=/workspace", "instance://n1",
         "/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', "/polar/.polar_gym/exec/3.pid", "python", "-c", "print(1)"]
 
 
@@ -125,11 +127,19 @@ def test_relay_start_argv_opens_the_gateway_port_then_returns() -> None:
     assert relay_start_argv() == ["/polar/.bin/relay", "-l", "18080", "-u", "/polar/gateway.sock", "--", "true"]
 
 
-def test_exec_environment_prefixes_and_strips_the_hosts_container_env() -> None:
-    host = {"PATH": "/usr/bin", "APPTAINERENV_LEAK": "1", "SINGULARITYENV_OLD": "2"}
-    env = cmd.exec_environment({"A": "x,y=z\nw", "B": ""}, host)
-    assert env == {"PATH": "/usr/bin", "APPTAINERENV_A": "x,y=z\nw", "APPTAINERENV_B": ""}
-    assert cmd.exec_environment({"A": "1"}, {}, prefix="SINGULARITYENV_") == {"SINGULARITYENV_A": "1"}
+def test_the_cli_environment_is_ours_and_an_execs_goes_in_an_env_file() -> None:
+    """Issue 35: no sandbox value in apptainer's own environment (APPTAINERENV_* carried them there), only the
+    gateway's settings; the env file quotes every value for the shell script Apptainer reads it as."""
+    host = {"PATH": "/usr/bin", "HOME": "/root", "APPTAINER_CACHEDIR": "/c", "APPTAINERENV_LEAK": "1",
+            "SINGULARITYENV_OLD": "2", "LD_PRELOAD": "/x.so", "SECRET": "s"}
+    assert cmd.host_environment(host) == {"PATH": "/usr/bin", "HOME": "/root", "APPTAINER_CACHEDIR": "/c",
+                                          "LANG": "C.UTF-8"}
+    text = cmd.env_file_text({"A": "x,y=z\nw", "B": "", "C": "it's $(id) `id`"})
+    assert text == "A='x,y=z\nw'\nB=''\nC='it'\"'\"'s $(id) `id`'\n"
+    assert shlex.split(text) == ["A=x,y=z\nw", "B=", "C=it's $(id) `id`"]
+    for bad in ("A-B", "1A", ""):
+        with pytest.raises(SandboxEnvError, match="shell names only"):
+            cmd.env_file_text({bad: "v"})
 
 
 def test_instance_names_are_valid_and_carry_the_session() -> None:

@@ -26,9 +26,11 @@ from polar_gym.runtime.docker import (
     container_name,
     session_id_for,
 )
+from polar_gym.runtime.docker_commands import env_file_text
 from polar_gym.runtime.docker_files import unpack_download
 from polar_gym.runtime.errors import (
     RuntimeOptionError,
+    SandboxEnvError,
     SandboxError,
     SandboxStartError,
     SandboxStateError,
@@ -65,11 +67,13 @@ def test_run_minimal() -> None:
 
 def test_run_everything() -> None:
     argv = PODMAN.run(name="polar-s1", session_id="s1", image="img:1", session_dir=Path("/srv/s1"), workdir="/w",
-                      env={"A": "1", "B": "x=y"}, network="host", cpus=1.5, memory_mb=512, max_processes=64)
+                      env_file="/tmp/polar-docker-x/env-1", network="host", cpus=1.5, memory_mb=512,
+                      max_processes=64)
     assert argv == ["podman", "--runtime", "runc", "run", "-d", "--name", "polar-s1",
                     "--label", "polar_gym.session=s1", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                     "-v", "/srv/s1:/polar", "--network", "host",
-                    "-e", "A", "-e", "B", "--cpus", "1.5", "--memory", "512m", "--pids-limit", "64",
+                    "--env-file", "/tmp/polar-docker-x/env-1", "--cpus", "1.5", "--memory", "512m",
+                    "--pids-limit", "64",
                     "--entrypoint", "/bin/sh", "--ulimit", "nofile=1024:1024", "img:1", *INIT, "/w"]
 
 
@@ -96,20 +100,31 @@ def test_exec() -> None:
     assert DockerCommands().exec("polar-s1", ["ls", "-l"], marker="/polar/.polar-docker/exec/t") == [
         "docker", "exec", "-i", "polar-s1", "/bin/sh", "-c", EXEC_WRAPPER, "polar-exec",
         "/polar/.polar-docker/exec/t", "ls", "-l"]
-    assert PODMAN.exec("c", ["true"], marker="/m", env={"K": "v"}, cwd="/tmp") == [
-        "podman", "--runtime", "runc", "exec", "-i", "-e", "K", "-w", "/tmp", "c", "/bin/sh", "-c", EXEC_WRAPPER,
-        "polar-exec", "/m", "true"]
+    assert PODMAN.exec("c", ["true"], marker="/m", env_file="/p/env-2", cwd="/tmp") == [
+        "podman", "--runtime", "runc", "exec", "-i", "--env-file", "/p/env-2", "-w", "/tmp", "c", "/bin/sh", "-c",
+        EXEC_WRAPPER, "polar-exec", "/m", "true"]
 
 
-def test_env_values_stay_off_the_command_line() -> None:
-    """A session key in the environment must not be readable in /proc/*/cmdline by other users: the command line
-    names the variables, their values travel in the CLI's own environment."""
-    secret = {"OPENAI_API_KEY": "sk-secret-value"}
-    argv = PODMAN.exec("c", ["true"], marker="/m", env=secret)
-    assert not any("sk-secret-value" in a for a in argv)
-    env = cli_env(secret)
-    assert env is not None and env["OPENAI_API_KEY"] == "sk-secret-value" and env["PATH"] == os.environ["PATH"]
-    assert cli_env(None) is None
+def test_the_cli_environment_is_ours_and_a_sandboxs_values_go_in_an_env_file() -> None:
+    """Issue 35: a sandbox's variables (a session key, a task's LD_PRELOAD) are neither on the CLI's command line
+    nor in its environment; the CLI keeps the gateway's engine settings and nothing a loader reads."""
+    gateway = {"PATH": "/usr/bin", "HOME": "/root", "XDG_RUNTIME_DIR": "/run/user/0", "CONTAINERS_CONF": "/c.conf",
+               "DOCKER_HOST": "unix:///d.sock", "LD_PRELOAD": "/x.so", "OPENAI_API_KEY": "sk-gateway", "TERM": "x"}
+    assert cli_env(gateway) == {"PATH": "/usr/bin", "HOME": "/root", "XDG_RUNTIME_DIR": "/run/user/0",
+                                "CONTAINERS_CONF": "/c.conf", "DOCKER_HOST": "unix:///d.sock", "LANG": "C.UTF-8"}
+    assert env_file_text({"OPENAI_API_KEY": "sk-secret", "HOME": "/polar/home", "E": "", "Q": " a=b #c 'd' "}) == (
+        "OPENAI_API_KEY=sk-secret\nHOME=/polar/home\nE=\nQ= a=b #c 'd' \n")
+
+
+@pytest.mark.parametrize(("env", "match"), [
+    ({"K": "a\nb"}, "'K' holds a newline"), ({"K": "a\rb"}, "'K' holds a newline"),
+    ({"A B": "1"}, "'A B' cannot be passed"), ({"#K": "1"}, "'#K' cannot be passed"), ({"": "1"}, "'' cannot"),
+    ({"K": "x" * 65534}, "'K' is longer than"),
+])
+def test_an_env_file_refuses_what_it_cannot_carry(env: dict[str, str], match: str) -> None:
+    with pytest.raises(SandboxEnvError, match=match):
+        env_file_text(env)
+    assert env_file_text({"K": "x" * 65533}).endswith("x\n")  # 65535 bytes with "K=": the longest line
 
 
 def test_kill_copy_inspect_list_remove() -> None:

@@ -28,6 +28,7 @@ from polar_gym.runtime.bwrap import (
     WorkdirError,
     bwrap_argv,
     cgroup_wrap,
+    env_args,
     launcher_argv,
     plan_workdir,
     sandbox_env,
@@ -120,6 +121,19 @@ def test_sandbox_env_starts_from_nothing() -> None:
     assert env == {"PATH": bwrap_mod.DEFAULT_PATH, "HOME": "/polar/home", "LANG": "C.UTF-8", "TERM": "dumb",
                    "POLAR_SESSION_DIR": "/polar", "POLAR_LOOPBACK_IP": "127.77.0.9", "POLAR_GATEWAY_URL": "http://g",
                    "A": "spec", "B": "exec"}
+
+
+def test_the_commands_env_goes_through_bwraps_args_fd_not_its_command_line() -> None:
+    """Issue 35: ``--args FD`` first, then ``--clearenv`` and one ``--setenv`` per variable in the fd's NUL-separated
+    text (any byte but NUL, a newline included); nothing of it on bwrap's command line."""
+    assert env_args({"K": "a\nb", "E": ""}) == b"--clearenv\0--setenv\0K\0a\nb\0--setenv\0E\0\0"
+    for bad in ({"K": "a\0b"}, {"A=B": "1"}, {"": "1"}):
+        with pytest.raises(ValueError, match="cannot be set"):
+            env_args(bad)
+    layout = SandboxLayout(root="/", entries=(), session_dir="/s", workdir="/polar", workdir_host=None,
+                           network="none")
+    assert bwrap_argv(layout, ["true"], cwd="/polar", args_fd=7)[:4] == ["bwrap", "--args", "7", "--unshare-user"]
+    assert "--args" not in bwrap_argv(layout, ["true"], cwd="/polar")
 
 
 def test_plan_workdir(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from polar_gym.apptainer.offline import OfflineRecipe, ensure_base
 from polar_gym.apptainer.rootless import MMDEBSTRAP_DIR, fetch_mmdebstrap, find_mmdebstrap, mmdebstrap_argv
-from polar_gym.runtime.docker_commands import DockerCommands, cli_env, env_args
+from polar_gym.runtime.docker_commands import DockerCommands, cli_env, env_file_text
 from polar_gym.runtime.docker_files import escape_check
 from polar_gym.runtime.errors import SandboxError
 from polar_gym.runtime.podman_host import ALL_LIMITS, enforced_limits
@@ -81,14 +81,15 @@ def test_rootless_podman_on_cgroup_v1_enforces_no_limit() -> None:
 
 
 def test_the_cli_keeps_its_own_home_and_path_and_secrets_stay_off_the_command_line() -> None:
-    """A sandbox's HOME=/polar/home in rootless podman's own environment made it look for its store there."""
+    """A sandbox's HOME=/polar/home in rootless podman's own environment made it look for its store there; a
+    sandbox's values now travel in an env file only (issue 35), the CLI keeps the user's HOME and PATH."""
     env = {"HOME": "/polar/home", "POLAR_KEY": "secret", "PATH": "/opt/bin:/usr/bin"}
-    assert env_args(env) == ["-e", "HOME=/polar/home", "-e", "POLAR_KEY", "-e", "PATH=/opt/bin:/usr/bin"]
-    own = cli_env(env)
-    assert own is not None and own["POLAR_KEY"] == "secret"
+    own = cli_env()
+    assert "POLAR_KEY" not in own
     assert own.get("HOME") == os.environ.get("HOME") and own.get("PATH") == os.environ.get("PATH")
-    argv = DockerCommands(cli=("podman",)).exec("c", ["true"], marker="/m", env=env)
-    assert "secret" not in " ".join(argv) and "HOME=/polar/home" in argv
+    assert env_file_text(env) == "HOME=/polar/home\nPOLAR_KEY=secret\nPATH=/opt/bin:/usr/bin\n"
+    argv = DockerCommands(cli=("podman",)).exec("c", ["true"], marker="/m", env_file="/private/env-1")
+    assert "secret" not in " ".join(argv) and "HOME=/polar/home" not in argv
 
 
 def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", mode: int = 0o644) -> tarfile.TarInfo:
