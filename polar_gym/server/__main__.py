@@ -2,6 +2,7 @@
 
     python -m polar_gym.server --port N --db PATH [--admin-token-file F | --admin-token T] [--host H]
                                [--heartbeat S] [--dead-after S] [--max-samples N] [--max-body-mb M]
+                               [--weight-server URL ...]
 
 The admin token is best given by ``POLAR_ADMIN_TOKEN`` or ``--admin-token-file`` (a command line is readable by
 every user of the host); it is never logged. The SQLite db (mode 0600: it holds the gateways' admin tokens) keeps
@@ -31,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-attempts", type=int, default=3, help="dispatches per session before it fails")
     p.add_argument("--max-samples", type=int, default=4096, help="most sessions one task may ask for")
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted, in MiB")
+    p.add_argument("--weight-server", action="append", default=[], metavar="URL",
+                   help="an inference server a weight update's `servers` may name besides the fleet's own "
+                        "(repeatable; a URL without a port allows every port of its host)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     if args.admin_token_file is not None:
@@ -40,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"cannot read --admin-token-file: {exc.strerror}")
     if not args.admin_token:
         p.error("--admin-token-file, POLAR_ADMIN_TOKEN or --admin-token is required")
+    from polar_gym.httpguard import check_upstream_url
+
+    for url in args.weight_server:
+        try:
+            check_upstream_url(url)
+        except ValueError as exc:
+            p.error(f"--weight-server {url!r}: {exc}")
     if args.max_attempts < 1 or args.heartbeat <= 0 or args.dead_after <= 0 or args.max_samples < 1 \
             or args.max_body_mb <= 0:
         p.error("--max-attempts, --heartbeat, --dead-after, --max-samples and --max-body-mb must be positive")
@@ -56,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     args = parse_args(argv)
     store = Store(args.db)
     server = RolloutServer(store, heartbeat_interval=args.heartbeat, dead_after=args.dead_after,
-                           max_attempts=args.max_attempts, max_samples=args.max_samples)
+                           max_attempts=args.max_attempts, max_samples=args.max_samples,
+                           weight_servers=args.weight_server)
     try:
         uvicorn.run(create_server_app(server, args.admin_token, max_body_bytes=int(args.max_body_mb * 2**20)),
                     host=args.host, port=args.port, log_level=args.log_level)

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from polar_gym.gateway.client import GatewayClient
 from polar_gym.gateway.errors import GatewayBadReply, GatewayCallError, GatewayRefused, GatewayUnreachable
+from polar_gym.httpguard import check_upstream_url
 from polar_gym.schema import GatewayRegistration, ResumeRequest, SessionStatus, TaskRequest
 from polar_gym.server.background import Background
 from polar_gym.server.callbacks import Callbacks
@@ -45,8 +46,10 @@ class RolloutServer:
     def __init__(self, store: Store, *, heartbeat_interval: float = 2.0, dead_after: float = 10.0,
                  max_attempts: int = 3, result_wait: float = 2.0, callback_attempts: int = 8,
                  callback_backoff: float = 0.5, max_samples: int = 4096, max_task_bytes: int = 256 * 1024 * 1024,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 weight_servers: Collection[str] = (), transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.store = store
+        #: inference servers a weight update's ``servers`` may name besides the fleet's own (polar_gym.server.weights)
+        self.weight_servers = [check_upstream_url(url).rstrip("/") for url in weight_servers]
         #: bounds of one task: sessions, and bytes stored for it (its request times its sessions)
         self.max_samples, self.max_task_bytes = max_samples, max_task_bytes
         self.fleet = Fleet()

@@ -10,19 +10,24 @@ gateway still has a call on it (gateways share servers):
    does not name.
 
 Sessions only wait; none is lost. With ``servers`` (engines restarted on the checkpoint instead of reloaded), phase
-2 swaps every gateway's servers for them, and they replace the server's backends.
+2 swaps every gateway's servers for them, and they replace the server's backends. Each of ``servers`` must be one the
+fleet knows (a backend of this server, an upstream a gateway reports) or be allowed by the server's ``weight_servers``
+setting, checked before anything pauses: a gateway's proxy fetches every one of them, so an open list would let an
+admin call make the fleet request any URL (403 ``weight_server_not_allowed`` names the refused ones).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 from polar_gym.schema import FleetWeightUpdate, WeightUpdateRequest
 from polar_gym.server.core import FANOUT_TIMEOUT, RolloutServer
 from polar_gym.server.errors import ServerError
 
-__all__ = ["update_fleet_weights"]
+__all__ = ["allowed_by", "check_servers", "update_fleet_weights"]
 
 
 def _failed(answers: dict[str, Any]) -> dict[str, Any]:
@@ -36,9 +41,55 @@ def _why(answer: dict[str, Any]) -> str:
     return str(answer.get("error") or answer.get("body"))[:500]
 
 
+def allowed_by(url: str, entries: Iterable[str]) -> bool:
+    """Whether an allowlist entry covers ``url``: same scheme and host, the same port (an entry without a port allows
+    every port of its host) and a path under the entry's path."""
+    want = urlsplit(url)
+    for entry in entries:
+        have = urlsplit(entry)
+        path = have.path.rstrip("/")
+        if (have.scheme.lower(), have.hostname) == (want.scheme.lower(), want.hostname) \
+                and (have.port is None or have.port == _port(want)) \
+                and (want.path.rstrip("/") == path or want.path.startswith(path + "/")):
+            return True
+    return False
+
+
+def _port(parts: SplitResult) -> int:
+    return parts.port or (443 if parts.scheme.lower() == "https" else 80)
+
+
+async def _registered(server: RolloutServer) -> set[str]:
+    """The upstreams every live gateway reports (the servers the fleet was started with or was given)."""
+    urls: set[str] = set(server.backends)
+    for answer in (await server.fanout("GET", "/admin/upstreams")).values():
+        body = answer.get("body") if answer.get("status") == 200 else None
+        for each in (body or {}).get("servers", []) if isinstance(body, dict) else []:
+            if isinstance(each, dict) and isinstance(each.get("url"), str):
+                urls.add(each["url"].rstrip("/"))
+    return urls
+
+
+async def check_servers(server: RolloutServer, servers: list[str]) -> None:
+    """Refuse (403, naming them) the ``servers`` of an update that the fleet does not know and the server's
+    ``weight_servers`` allowlist does not cover."""
+    refused = [url for url in servers if url not in server.backends and not allowed_by(url, server.weight_servers)]
+    if refused:
+        registered = await _registered(server)
+        refused = [url for url in refused if url.rstrip("/") not in registered]
+    if refused:
+        raise ServerError(403, "weight_server_not_allowed",
+                          f"weight update servers {', '.join(refused)} are not servers of this fleet and not in the "
+                          "rollout server's weight-server allowlist; start the server with --weight-server URL "
+                          "(repeatable; a URL without a port allows every port of its host) for servers you "
+                          "restart on new checkpoints")
+
+
 async def update_fleet_weights(server: RolloutServer, update: WeightUpdateRequest) -> FleetWeightUpdate:
     """Load ``update.checkpoint`` into every live gateway's servers (see the module docstring)."""
     async with server.weights_lock:
+        if update.servers is not None:
+            await check_servers(server, update.servers)
         return await _update(server, update)
 
 

@@ -7,12 +7,21 @@ version; sessions running during an update wait and complete, their later calls 
 from __future__ import annotations
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
+from polar_gym.proxy.engines.openai import OpenAIEngine
 from polar_gym.proxy.errors import WeightUpdateError
 from polar_gym.proxy.routes import admin as admin_routes
+from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.server import RolloutClient
+from polar_gym.server.__main__ import parse_args
 from polar_gym.server.client import WeightUpdateFailed, traces_of
 from polar_gym.server.fleet import DRAINING
+from polar_gym.server.weights import allowed_by
+from polar_gym.serving import free_port, serving
 from tests._waiting import until
 from tests.server._server_kit import SERVER_TOKEN, Harness, make_task
 
@@ -91,3 +100,87 @@ async def test_sessions_in_flight_wait_through_an_update_and_go_on_under_the_new
         versions = [span["policy_version"] for t in traces for span in t.metadata["spans"]]
         assert len(versions) == 3 and versions[0] is None and versions[-1] == 1, versions
         assert versions == sorted(versions, key=lambda v: -1 if v is None else v)  # never back to the old one
+
+
+class Bystander:
+    """A real HTTP service on loopback that is not an inference server of the fleet: it counts the requests it gets
+    and answers each with a 500 whose text must never travel back to the caller of the weight update."""
+
+    TEXT = "bystander-private-answer-5c1e"
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        self.app = Starlette(routes=[Route("/{path:path}", self.answer, methods=["GET", "POST"])])
+
+    async def answer(self, request: Request) -> PlainTextResponse:
+        self.hits.append(request.url.path)
+        return PlainTextResponse(self.TEXT, status_code=500)
+
+
+async def test_weight_update_servers_are_limited_to_the_fleet_and_the_allowlist_and_answers_are_not_echoed(
+        harness: Harness) -> None:
+    """Issue 35, point 6: ``servers`` named any URL, a gateway's proxy fetched it, and 300 characters of its answer
+    came back. Now a URL the fleet does not know is refused (403, named) before anything is fetched or paused; one
+    the fleet knows (a gateway's upstream) or the allowlist covers is fetched, and its failure is told by status."""
+    bystander = Bystander()
+    port = free_port()
+    async with serving(bystander.app, "127.0.0.1", port):
+        foreign = f"http://127.0.0.1:{port}"
+        gw = await harness.gateway()
+        srv = await harness.server()
+        await srv.register(gw, 2)
+        refused = await srv.http.post("/backends/weights", json={"checkpoint": "/ckpt", "policy_version": 1,
+                                                                 "servers": [foreign + "/v1"]})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["type"] == "weight_server_not_allowed"
+        assert f"{foreign}/v1" in refused.json()["error"]["message"]
+        assert bystander.hits == [] and not gw.service.engine.pool.paused and srv.core.policy_version is None
+
+        # a gateway whose proxy serves through the bystander: a server of the fleet, so it is asked, and it fails
+        engine = OpenAIEngine(UpstreamPool([foreign], policy_version=0), upstream_model="policy")
+        try:
+            http_gw = await harness.gateway(engine=engine)
+            srv2 = await harness.server(db=harness.tmp / "second.sqlite")
+            await srv2.register(http_gw, 2)
+            async with RolloutClient(srv2.url, SERVER_TOKEN) as client:
+                with pytest.raises(WeightUpdateFailed) as failed:
+                    await client.update_weights("/ckpt", 1, servers=[foreign])
+            reply = failed.value.reply
+            assert bystander.hits == ["/v1/models"] and "answered HTTP 500, not a model list" in reply.message
+            assert Bystander.TEXT not in reply.model_dump_json()
+
+            # the allowlist: an entry without a port allows every port of its host
+            srv3 = await harness.server(db=harness.tmp / "third.sqlite", weight_servers=["http://127.0.0.1"])
+            await srv3.register(http_gw, 2)
+            async with RolloutClient(srv3.url, SERVER_TOKEN) as client:
+                with pytest.raises(WeightUpdateFailed) as failed:
+                    await client.update_weights("/ckpt", 1, servers=[f"http://127.0.0.1:{port}/other"])
+            assert bystander.hits == ["/v1/models", "/other/v1/models"]
+            assert Bystander.TEXT not in failed.value.reply.model_dump_json()
+        finally:
+            await engine.aclose()
+
+
+@pytest.mark.parametrize(("url", "entries", "allowed"), [
+    ("http://gpu-07:8000", ["http://gpu-07:8000"], True),
+    ("http://gpu-07:8000", ["http://gpu-07"], True),  # no port: every port of the host
+    ("http://gpu-07:8001", ["http://gpu-07:8000"], False),
+    ("http://GPU-07:8000/v1", ["http://gpu-07:8000"], True),
+    ("https://gpu-07:8000", ["http://gpu-07:8000"], False),
+    ("http://gpu-070:8000", ["http://gpu-07"], False),
+    ("http://gpu-07:8000/a/b", ["http://gpu-07:8000/a"], True),
+    ("http://gpu-07:8000/ab", ["http://gpu-07:8000/a"], False),
+    ("http://gpu-07", ["http://gpu-07:80"], True),
+    ("http://evil.example", [], False),
+])
+def test_the_allowlist_matches_scheme_host_port_and_path(url: str, entries: list[str], allowed: bool) -> None:
+    assert allowed_by(url, entries) is allowed
+
+
+def test_the_allowlist_is_a_server_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse_args(["--admin-token", "t", "--weight-server", "http://gpu-07", "--weight-server",
+                       "https://gpu-08:8000/v1"])
+    assert args.weight_server == ["http://gpu-07", "https://gpu-08:8000/v1"]
+    with pytest.raises(SystemExit):
+        parse_args(["--admin-token", "t", "--weight-server", "file:///etc/passwd"])
+    assert "--weight-server 'file:///etc/passwd'" in capsys.readouterr().err

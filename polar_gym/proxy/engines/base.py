@@ -307,15 +307,20 @@ class HttpEngine(Engine):
             raise WeightUpdateError(f"{url}: {exc.message}") from exc
 
     async def _models(self, server_url: str) -> list[dict[str, Any]]:
-        """The server's model cards (vLLM, SGLang and OpenAI-compatible servers all list them at /v1/models)."""
+        """The server's model cards (vLLM, SGLang and OpenAI-compatible servers all list them at /v1/models). A
+        failure says the status and a generic reason, never the answer's text: the URL may be a new server named by
+        a weight update, and its answer is not ours to relay."""
         url = server_url + "/v1/models"
         try:
             resp = await self.client.get(url, timeout=30.0)
+        except httpx.HTTPError as exc:
+            raise WeightUpdateError(f"{url} did not answer ({exc.__class__.__name__})") from exc
+        try:
             data = orjson.loads(resp.content) if resp.status_code == 200 else None
-        except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
-            raise WeightUpdateError(f"{url} did not answer: {exc.__class__.__name__}: {exc}") from exc
+        except orjson.JSONDecodeError:
+            data = None
         if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-            raise WeightUpdateError(f"{url} answered {resp.status_code}, not a model list: {resp.text[:300]}")
+            raise WeightUpdateError(f"{url} answered HTTP {resp.status_code}, not a model list")
         return [m for m in data["data"] if isinstance(m, dict)]
 
     async def check_server(self, server_url: str) -> None:
