@@ -82,3 +82,10 @@ async def test_a_granted_root_does_not_lend_links_out_or_fifos(tmp_path, kind) -
     else:
         await _play(tmp_path, [action], [granted])
     assert not _planted(tmp_path)
+
+
+async def test_a_relative_src_is_refused(tmp_path) -> None:
+    granted, _ = _layout(tmp_path)
+    relative = PrepareAction(type="upload_file", src="granted/hints.md", dst="/workspace/HINTS.md")
+    with pytest.raises(PrepareError, match="must be an absolute host path"):
+        await _play(tmp_path, [relative], [granted])

@@ -288,3 +288,29 @@ def test_launch_refuses_a_set_with_a_bad_task_under_the_tasks_key(tmp_path) -> N
                                                f"tasks.path={root}"]))
     assert caught.value.keys == ["tasks"] and "bad-link: instruction.md: is a symbolic link" in str(caught.value)
     assert SECRET not in str(caught.value)
+
+
+def test_the_readers_other_refusals_name_the_path(tmp_path, monkeypatch) -> None:
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "x").write_text("x")
+    files = TaskFiles(tmp_path)
+    with pytest.raises(TaskFileError, match=r"bad\.txt: is not UTF-8 text"):
+        files.read_text("bad.txt")
+    with pytest.raises(TaskFileError, match="dir: is a directory, not a regular file"):
+        files.read_bytes("dir")
+    with pytest.raises(TaskFileError, match="nope: no such file"):
+        files.read_bytes("nope")
+    assert files.kind("bad.txt/below") == "missing" and files.kind("nope") == "missing"
+    with pytest.raises(TaskFileError, match=r"bad\.txt: is not a directory"):
+        files.walk("bad.txt")
+    with pytest.raises(TaskFileError, match="nope: no such directory"):
+        files.walk("nope")
+    monkeypatch.setattr("polar_gym.tasks.files.MAX_TASK_ENTRIES", 2)
+    with pytest.raises(TaskFileError, match=r"holds over 2 entries \(MAX_TASK_ENTRIES\)"):
+        files.walk()
+    devices = TaskFiles(Path("/dev"))  # a real character device, refused before it is opened
+    with pytest.raises(TaskFileError, match="/dev: null: is a character device"):
+        devices.read_bytes("null")
+    with pytest.raises(TaskFileError, match="null: is a character device"):
+        devices.kind("null")
