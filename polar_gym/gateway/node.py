@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import httpx
-
 from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import DeadlineExceeded, DuplicateSession, GatewayClosed, StageError, UnknownSession
 from polar_gym.gateway.pools import LatencyStats, Pool, UtilizationTracker
@@ -65,7 +63,6 @@ class GatewayNode:
         #: set (and replaced) whenever a session finishes: what a batch poll waits on
         self._any_finished = asyncio.Event()
         self._finished_order: collections.deque[str] = collections.deque()
-        self._client: httpx.AsyncClient | None = None
 
     # -- public API ------------------------------------------------------------------------------------------
 
@@ -334,7 +331,8 @@ class GatewayNode:
         self.latency.add("teardown", s.timings["teardown"])
 
     async def _finish(self, s: Session) -> None:
-        """Publish the result; then hooks and the callback, outside every pool."""
+        """Publish the result; then hooks and telemetry, outside every pool (a result goes back only through the
+        rollout server, never to a URL a task names)."""
         if not _reached(s, S.RUNNING):
             self.utilization.change(pending=-1)
         try:
@@ -364,28 +362,12 @@ class GatewayNode:
                     await out
             except Exception:
                 log.exception("result hook failed for session %s", s.session_id)
-        url = getattr(s.spec.metadata, "callback_url", None)
-        if isinstance(url, str) and url:
-            await self._callback(url, result)
         if self.telemetry is not None:  # spans last: never ahead of the result
             await self.telemetry.finished(s, result)
-
-    async def _callback(self, url: str, result: SessionResult) -> None:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.config.callback_timeout_seconds)
-        try:
-            resp = await self._client.post(url, content=result.model_dump_json(),
-                                           headers={"content-type": "application/json"})
-            resp.raise_for_status()
-        except httpx.HTTPError as exc:
-            log.warning("callback %s for session %s failed: %s", url, result.session_id, exc)
 
     async def _close_client(self) -> None:
         if self.telemetry is not None:
             await self.telemetry.close()
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
 
     # -- helpers ---------------------------------------------------------------------------------------------
 

@@ -15,9 +15,15 @@ import atif
 import httpx
 import pytest
 from fastapi import HTTPException
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
+from polar_gym.schema import TaskMetadata
 from polar_gym.server import CallbackReceiver, RolloutClient
 from polar_gym.server.core import RolloutServer
+from polar_gym.serving import free_port, serving
 from tests.server._server_kit import SERVER_TOKEN, Harness, make_task, wait_for
 
 pytestmark = pytest.mark.slow
@@ -208,6 +214,28 @@ async def test_a_forged_callback_never_displaces_the_rollout_servers_signed_one(
         assert all(receiver.secret not in answer for answer in answers)
         assert receiver.secret not in caplog.text
         assert os.stat(srv.store.path).st_mode & 0o077 == 0  # the store holding it is private
+
+
+async def test_a_url_in_task_metadata_gets_no_post_from_the_gateway(harness: Harness) -> None:
+    """The gateway used to POST every session result to ``metadata.callback_url``, a free-form field of the task:
+    any URL a task named, unchecked and unsigned. Results now go back only through the rollout server."""
+    hits: list[str] = []
+
+    async def record(request: Request) -> PlainTextResponse:
+        hits.append(request.url.path)
+        return PlainTextResponse("ok")
+
+    port = free_port()
+    async with serving(Starlette(routes=[Route("/{path:path}", record, methods=["POST"])]), "127.0.0.1", port):
+        gw = await harness.gateway()
+        srv = await harness.server()
+        await srv.register(gw, 2)
+        task = make_task("t-metadata-url", 2).model_copy(
+            update={"metadata": TaskMetadata(callback_url=f"http://127.0.0.1:{port}/steal")})
+        await srv.http.post("/tasks", content=task.model_dump_json(), headers={"content-type": "application/json"})
+        view = await srv.wait_task("t-metadata-url")
+        assert view["status"] == "COMPLETED"
+    assert hits == []
 
 
 _SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="[^"]*",?)*\})? -?[0-9.e+-]+$')
