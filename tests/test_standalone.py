@@ -16,6 +16,7 @@ import pytest
 from polar_gym.assets import tokenizer_dir
 from polar_gym.journal import read_session
 from tests._serving import free_port
+from tests._waiting import until_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,3 +77,53 @@ async def test_await_upstreams_starts_an_engine_with_an_empty_pool():
         assert engine.pool.servers() == [] and engine.pool.wait_for_server_seconds > 0
     finally:
         await engine.aclose()
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_adhoc_sessions_are_bounded_and_their_files_closed(tmp_path: Path) -> None:
+    """Issue 35: 2,000 ad-hoc keys kept every session's state (and up to 64 streams' files) for the idle timeout.
+    Now at most --max-adhoc-sessions are kept; the least recently used beyond it is forgotten and its journal files
+    are closed at once, and nothing it captured is lost: every key's record reads back from disk."""
+    if not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("the Qwen tokenizer asset is missing: run `bash scripts/setup.sh`")
+    port, cap, keep, keys = free_port(), tmp_path / "cap", 8, 120
+    log = (tmp_path / "proxy.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polar_gym.proxy", "--engine", "oracle", "--tokenizer", str(tokenizer_dir()),
+         "--port", str(port), "--capture-dir", str(cap), "--admin-token", "t0ken", "--log-level", "warning",
+         "--max-adhoc-sessions", str(keep)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=log, stdout=log)
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hello"}]}
+    try:
+        with httpx.Client(base_url=base, timeout=60) as client:
+            until_sync(lambda: proc.poll() is not None or _answers(client), timeout=60, what="the proxy to listen")
+            assert proc.poll() is None, (tmp_path / "proxy.log").read_text()
+            for i in range(keep):  # the kept sessions' files open: the most this process should ever hold
+                assert client.post("/v1/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer warm-{i}"}).status_code == 200
+            held = _fds(proc.pid)
+            for i in range(keys):
+                resp = client.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer key-{i}"})
+                assert resp.status_code == 200, resp.text
+                assert _fds(proc.pid) <= held + 6, f"after {i + 1} keys"  # a connection or two, not 3 per key
+            for i in (0, keys // 2, keys - 1):  # forgotten or not, its record is on disk and reads back
+                got = client.get(f"/sessions/key-{i}/completions", headers={"authorization": f"Bearer key-{i}"})
+                assert got.status_code == 200 and len(got.json()["completions"]) == 1, got.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+    for i in range(keys):
+        (rec,) = read_session(cap / f"key-{i}")
+        assert rec.request == body and rec.response_ids[-1] == 151645
+
+
+def _answers(client: httpx.Client) -> bool:
+    try:
+        return client.get("/health").status_code == 200
+    except httpx.HTTPError:
+        return False

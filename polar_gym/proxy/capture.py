@@ -204,6 +204,18 @@ class _OpenFiles:
             self._open.clear()
         self._close_pending()
 
+    def drop(self, directory: Path) -> bool:
+        """Take a finished stream's files out (the writer thread closes them next); whether they were open."""
+        with self._lock:
+            fds = self._open.pop(directory, None)
+            if fds is not None:
+                self._closing.append(fds)
+        return fds is not None
+
+    def close_dropped(self) -> None:
+        """Close what :meth:`drop` took out (writer thread)."""
+        self._close_pending()
+
 
 class _Writer:
     """One thread doing all journal file I/O, so the event loop never blocks on disk. It keeps the files it wrote
@@ -334,6 +346,8 @@ class CaptureJournal:
         readable; in memory it is kept only until ``max_open`` newer streams push it out."""
         key = (session_id, attempt)
         session = self._sessions.get(key)
+        if session is None or session.users == 0:
+            self._close_files(key)
         if session is None:
             return
         if self.root is not None and session.users == 0:
@@ -342,6 +356,18 @@ class CaptureJournal:
             self._sessions.move_to_end(key, last=False)  # first in line for eviction
         if self.root is not None and self._latest.get(session_id) == attempt:
             self._latest.pop(session_id, None)  # the pointer file on disk still names it
+
+    def _close_files(self, key: _Key) -> None:
+        """Close a released stream's append files now (on the writer thread, after what is queued before: nothing
+        of the stream is, as no call holds it), not when 64 newer streams push them out."""
+        directory = self.stream_dir(*key)
+        if self._writer is None or directory is None or not self._writer.files.drop(directory):
+            return
+        try:
+            done = self._writer.submit_nowait(self._writer.files.close_dropped)
+        except RuntimeError:  # no running loop, or the journal is closed: its close closes them
+            return
+        done.add_done_callback(lambda fut: fut.cancelled() or fut.exception())
 
     def open_streams(self) -> int:
         """Streams whose state is held in memory (bounded by ``max_open``)."""

@@ -141,12 +141,13 @@ class SessionRegistry:
     continues, a session of that name, so there the key IS the session name and anyone who knows it can use it.
     Nobody says when an ad-hoc session ends, so it ends when it goes quiet: one unused for ``idle_seconds`` (None:
     never) is forgotten, as are the least recently used beyond ``max_adhoc``; ``on_expire`` (else ``on_forget``)
-    is told, so the service drops what it keeps per session (flat memory over any number of sessions), and a
-    session ``in_use`` (a call in flight) is not. Their journals stay on disk; a forgotten session that calls
+    is told, so the service drops what it keeps per session and closes its journal files (flat memory and file
+    descriptors over any number of sessions), and a session ``in_use`` (a call in flight) is not, even beyond
+    ``max_adhoc``: its record is still to be written. Their journals stay on disk; a forgotten session that calls
     again is opened again.
     """
 
-    def __init__(self, allow_adhoc: bool = False, *, max_adhoc: int = 4096,
+    def __init__(self, allow_adhoc: bool = False, *, max_adhoc: int = 256,
                  on_forget: Callable[[str], None] | None = None, idle_seconds: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.allow_adhoc = allow_adhoc
@@ -234,7 +235,7 @@ class SessionRegistry:
             over = len(self._adhoc) > self.max_adhoc
             if not over and (cutoff is None or self._last_used.get(session_id, now) > cutoff):
                 break
-            if not over and self.in_use is not None and self.in_use(session_id):
+            if self.in_use is not None and self.in_use(session_id):
                 self._adhoc.move_to_end(session_id)  # busy: looked at again once it has been idle as long
                 self._last_used[session_id] = now
                 continue

@@ -75,7 +75,10 @@ class ProxySettings(EngineSettings):
                                        "(null: no clamp)")
     session_idle_seconds: float | None = Field(default=3600.0, gt=0, description="standalone (ad-hoc) sessions: "
                                                "forget what is kept in memory for a session unused this long (its "
-                                               "journal stays on disk; null: only beyond 4096 sessions)")
+                                               "journal stays on disk; null: only beyond max_adhoc_sessions)")
+    max_adhoc_sessions: int = Field(default=256, ge=1, description="standalone (ad-hoc) sessions: at most this many "
+                                    "are kept in memory with their journal files open; the least recently used "
+                                    "beyond it is forgotten (its journal is on disk and reopens if it calls again)")
 
 
 def check_upstreams_given(settings: EngineSettings, *, more_coming: bool = False) -> None:
@@ -220,6 +223,7 @@ def build_service(settings: ProxySettings, *, allow_adhoc: bool) -> ProxyService
     """The proxy service ``settings`` describe; ``allow_adhoc`` serves unregistered keys as sessions of that name
     (the standalone proxy's default; a gateway serves registered sessions only)."""
     return ProxyService(build_engine(settings), CaptureJournal(settings.capture_dir, fsync=settings.fsync),
-                        SessionRegistry(allow_adhoc=allow_adhoc, idle_seconds=settings.session_idle_seconds),
+                        SessionRegistry(allow_adhoc=allow_adhoc, idle_seconds=settings.session_idle_seconds,
+                                        max_adhoc=settings.max_adhoc_sessions),
                         strict=settings.strict,
                         model_names=settings.model_names, max_tokens_cap=settings.max_tokens_cap)
