@@ -35,6 +35,7 @@ from polar_gym.datagen.selection import (
     stratified_split,
 )
 from polar_gym.merge.exports import SFTRecord, sft_records
+from polar_gym.private_files import open_private, private_dir, write_secret
 from polar_gym.schema import SessionResult, TaskRequest
 
 __all__ = ["DatagenConfig", "DatagenRecord", "DatagenSummary", "DatasetExport", "build_dataset", "pass_at_k",
@@ -194,8 +195,8 @@ def build_dataset(results: Iterable[SessionResult], tasks: Sequence[TaskRequest]
 
 
 def _write_jsonl(path: Path, records: Sequence[BaseModel]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    private_dir(path.parent)  # prompts and completions: the owner's only
+    with open_private(path) as f:
         for record in records:
             f.write(record.model_dump_json() + "\n")
 
@@ -212,7 +213,6 @@ def write_dataset(out_dir: str | Path, results: Iterable[SessionResult], tasks: 
     _write_jsonl(out / "sft" / "test.jsonl", export.test)
     if export.summary.config.keep_failures:
         _write_jsonl(out / "verifier" / "failures.jsonl", export.failures)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "datagen_summary.json").write_text(json.dumps(export.summary.model_dump(mode="json"), indent=2) + "\n",
-                                              encoding="utf-8")
+    private_dir(out)
+    write_secret(out / "datagen_summary.json", json.dumps(export.summary.model_dump(mode="json"), indent=2) + "\n")
     return export.summary

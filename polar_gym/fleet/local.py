@@ -15,7 +15,7 @@ from polar_gym.fleet.settings import InferenceSettings
 from polar_gym.gateway import build_gateway
 from polar_gym.gateway.config import GatewayConfig, GatewayPools
 from polar_gym.gateway.registration import ServerLink
-from polar_gym.private_files import write_secret
+from polar_gym.private_files import private_dir, write_secret
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.settings import build_engine
@@ -33,7 +33,7 @@ async def rollout_server(db: Path, host: str, port: int, admin_token: str,
                          heartbeat: float = 1.0) -> AsyncIterator[str]:
     """A rollout server (SQLite store at ``db``, mode 600: it holds the gateways' admin tokens) served on
     ``host:port`` while the block runs; yields its URL."""
-    await asyncio.to_thread(db.parent.mkdir, parents=True, exist_ok=True)  # the Store makes the db 0600
+    await asyncio.to_thread(private_dir, db.parent)  # the Store makes the db 0600
     store = Store(db)
     server = RolloutServer(store, heartbeat_interval=heartbeat, dead_after=max(10.0, heartbeat * 5))
     await server.start()
@@ -49,12 +49,15 @@ async def rollout_server(db: Path, host: str, port: int, admin_token: str,
 async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str = "127.0.0.1", gateway_port: int = 0,
                       server_port: int = 0, heartbeat: float = 1.0,
                       pools: GatewayPools | None = None,
-                      telemetry: TelemetrySettings | None = None) -> AsyncIterator[tuple[str, str]]:
+                      telemetry: TelemetrySettings | None = None,
+                      state_dir: Path | None = None) -> AsyncIterator[tuple[str, str]]:
     """A rollout server and one registered gateway node (proxy + sandboxes) in this event loop, on ``host``;
     yields the server's URL and admin token (also written to ``out_dir/server.json``). Everything is stopped and
-    torn down when the block ends; ``telemetry``: the gateway's OpenTelemetry spans. Raises ConfigError (keys
-    below ``inference.``) for an engine that cannot be built."""
-    await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
+    torn down when the block ends; ``telemetry``: the gateway's OpenTelemetry spans; ``state_dir``: where the
+    server's store goes (default: out_dir). The run's folders are owner-only (they hold prompts and completions).
+    Raises ConfigError (keys below ``inference.``) for an engine that cannot be built."""
+    for folder in (out_dir, out_dir / "capture", out_dir / "gateway"):
+        await asyncio.to_thread(private_dir, folder)
     try:
         engine = build_engine(inference)
     except ConfigError as exc:
@@ -69,8 +72,8 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
     link: ServerLink | None = None
     try:
         async with (serving(app, host, port) as gateway_url,
-                    rollout_server(out_dir / "server.sqlite", host, server_port or free_port(host), server_token,
-                                   heartbeat) as server_url):
+                    rollout_server((state_dir or out_dir) / "server.sqlite", host, server_port or free_port(host),
+                                   server_token, heartbeat) as server_url):
             write_server_info(out_dir, server_url, server_token)
             link = ServerLink(server_url, gateway_url, config.dispatch_capacity(), server_token=server_token,
                               gateway_token=gateway_token, health=node.health, interval=heartbeat)

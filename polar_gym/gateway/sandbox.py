@@ -39,6 +39,7 @@ from polar_gym.gateway.stages import Stages
 from polar_gym.harness.base import Harness, HarnessContext
 from polar_gym.journal import call_log_entry
 from polar_gym.merge import apply_rewards, build_trajectory
+from polar_gym.private_files import private_dir, write_secret
 from polar_gym.proxy.service import CallFailures, ProxyService, SessionInfo, new_session_key
 from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
 from polar_gym.runtime.base import SESSION_MOUNT, ExecResult, ExecStatus, Runtime, request_option_error
@@ -446,7 +447,8 @@ def _open_attempt(attempt_dir: Path, artifacts: Path) -> list[str]:
             if other != attempt_dir and _stale(other):
                 shutil.rmtree(other, ignore_errors=True)
                 removed.append(other.name)
-    _make_dirs(attempt_dir / "sandbox", artifacts)
+    _make_dirs(attempt_dir / "sandbox")  # its mode is the runtime's business (a container's user must reach it)
+    private_dir(artifacts)
     # only the gateway's user reaches inside: a sandbox's files (its uid owns every session's) and its copied-out
     # logs are nobody else's business, and a file it planted must not be reachable by another user of the host
     for path in (attempt_dir.parent, attempt_dir):  # not the workdir itself: it may be shared (/tmp)
@@ -482,12 +484,12 @@ def _make_dirs(*paths: Path) -> None:
 
 
 def _write_outputs(artifacts: Path, stdout: bytes, stderr: bytes) -> None:
-    artifacts.mkdir(parents=True, exist_ok=True)
-    (artifacts / "harness.stdout").write_bytes(stdout)
-    (artifacts / "harness.stderr").write_bytes(stderr)
+    private_dir(artifacts)  # what the harness printed holds prompts and completions: the owner's only
+    write_secret(artifacts / "harness.stdout", stdout)
+    write_secret(artifacts / "harness.stderr", stderr)
 
 
 def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    """An artifact (result.json, the owner file): the owner's only, like the rest of a run's files."""
+    write_secret(path, text)
 

@@ -1,7 +1,9 @@
 """``python -m polar_gym.launch``: compose conf/ with Hydra, validate it against the wire types, hand the job to the
 configured launcher (``launcher._target_``) and exit non-zero if any session errored.
 
-Exit codes: 0 every session completed; 1 a session ended ERROR or CANCELLED; 2 a configuration error; 3 an
+Exit codes: 0 every session completed; 1 a session ended ERROR or CANCELLED; 2 a configuration error (any: Hydra's,
+OmegaConf's, a settings model's or ours, each naming its key; an out_dir holding an earlier run without
+``resume=true``); 3 an
 infrastructure failure: an inference upstream failed the check before the first session (the message names the URL
 and what it answered), or a session's model calls failed for infrastructure reasons (see ``outputs.INFRA_CAUSES``).
 
@@ -30,6 +32,8 @@ from polar_gym.launch.config import (
     build_launcher,
     load_target,
 )
+from polar_gym.launch.config_errors import CONFIG_ERRORS, Composition, config_error
+from polar_gym.launch.earlier_run import check_earlier_run
 
 __all__ = ["CONF_DIR", "ConfigError", "InferenceSettings", "LaunchJob", "TaskTemplate", "UpstreamCheckFailed",
            "build_job", "build_launcher", "load_target", "main", "run"]
@@ -43,9 +47,12 @@ def run(cfg: DictConfig) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll would drown the live display
     try:
         job = build_job(cfg)  # every key of every group, before anything starts
-    except ConfigError as exc:
-        print(f"polar_gym.launch: configuration error: {exc}", file=sys.stderr)
+        resumed = check_earlier_run(job)  # an earlier run in out_dir: refused, or resumed when asked for
+    except CONFIG_ERRORS as exc:
+        print(f"polar_gym.launch: configuration error: {config_error(exc)}", file=sys.stderr)
         return 2
+    if resumed is not None:
+        print(f"polar_gym.launch: {resumed}", file=sys.stderr)
     assert job.launcher is not None
     try:
         if job.trainer is not None:
@@ -65,13 +72,25 @@ def run(cfg: DictConfig) -> int:
         return 3
 
 
+#: Hydra's composition errors reach main() (exit 2) instead of Hydra's own report (exit 1)
+_COMPOSITION = Composition()
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:  # pragma: no cover - process glue
+    _COMPOSITION.composed()  # the run's own errors are Hydra's to report again
     code = run(cfg)
     if code:
         sys.exit(code)
 
 
 def main() -> None:  # pragma: no cover - process glue
-    """The console entry point (Hydra parses sys.argv)."""
-    _hydra_main()
+    """The console entry point (Hydra parses sys.argv); a config Hydra cannot compose exits 2 naming the key."""
+    try:
+        with _COMPOSITION:
+            _hydra_main()
+    except CONFIG_ERRORS as exc:
+        if _COMPOSITION.done:  # raised by the run (the user's HYDRA_FULL_ERROR=1), not by composing
+            raise
+        print(f"polar_gym.launch: configuration error: {config_error(exc)}", file=sys.stderr)
+        sys.exit(2)

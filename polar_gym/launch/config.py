@@ -53,7 +53,7 @@ __all__ = [
 #: the keys of a composed config (``hydra`` is Hydra's own)
 TOP_LEVEL_KEYS = frozenset({"harness", "builder", "runtime", "evaluator", "inference", "tasks", "launcher",
                             "num_samples", "timeout_seconds", "out_dir", "datagen", "trainer", "logging",
-                            "telemetry", "hydra"})
+                            "telemetry", "resume", "state_dir", "hydra"})
 
 
 class RunSettings(RunShape):
@@ -61,6 +61,11 @@ class RunSettings(RunShape):
 
     out_dir: str = Field(description="where the run's files go: trajectories.jsonl, results.jsonl, summary.md, "
                          "config.yaml, capture/, gateway/ (default: outputs/DATE/TIME)")
+    resume: bool = Field(default=False, description="resume the earlier run in out_dir (its tasks come back from its "
+                         "rollout store, the unfinished ones run); without it a folder holding an earlier run is "
+                         "refused, so a rerun never returns old results as new ones")
+    state_dir: str | None = Field(default=None, description="where the rollout server keeps its store, "
+                                  "server.sqlite (null: out_dir); a local disk when out_dir is on a shared one")
 
 
 class Launcher(Protocol):
@@ -90,6 +95,15 @@ class LaunchJob:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     #: this launch's id (W&B config, the spans' polar_gym.launch_id)
     launch_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    #: ``resume=true``: the earlier run in out_dir may be resumed (polar_gym.launch.earlier_run)
+    resume: bool = False
+    #: ``state_dir``: where the rollout server's store goes (None: out_dir)
+    state_dir: Path | None = None
+
+    @property
+    def store(self) -> Path:
+        """The rollout server's SQLite store: ``server.sqlite`` in state_dir, else in out_dir."""
+        return (self.state_dir or self.out_dir) / "server.sqlite"
 
 
 def section(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -136,7 +150,7 @@ def _validated(model: type[BaseModel], data: dict[str, Any], where: str, problem
         return None
 
 
-def _template(cfg: DictConfig, problems: list[Problem]) -> TaskTemplate | None:
+def _template(cfg: DictConfig, problems: list[Problem]) -> tuple[RunSettings, TaskTemplate] | None:
     harness = section(cfg, "harness")
     agent = _validated(AgentSpec, {"harness": harness.pop("name", None), **harness}, "harness", problems)
     # AgentSpec calls it harness; the group calls it name
@@ -160,7 +174,7 @@ def _template(cfg: DictConfig, problems: list[Problem]) -> TaskTemplate | None:
                                          "", problems)
     if run is None or None in (agent, runtime, builder, evaluator):
         return None
-    return TaskTemplate(agent=agent, runtime=runtime, builder=builder, evaluator=evaluator,
+    return run, TaskTemplate(agent=agent, runtime=runtime, builder=builder, evaluator=evaluator,
                         num_samples=run.num_samples, timeout_seconds=run.timeout_seconds)
 
 
@@ -234,10 +248,12 @@ def _launch_telemetry(telemetry: TelemetrySettings, out_dir: Path, launch_id: st
 
 def build_job(cfg: DictConfig) -> LaunchJob:
     """Validate every key of a composed config, build the launcher and materialize the TaskRequests (through the
-    ``tasks`` plug point); nothing is started. Raises ConfigError listing every problem found."""
+    ``tasks`` plug point); nothing is started. Raises ConfigError listing every problem found (and OmegaConf's
+    error, naming the key, for an interpolation that does not resolve)."""
+    OmegaConf.to_container(cfg, resolve=True)  # a bad ${...} fails here with its key, not in a later lookup
     problems: list[Problem] = [(str(k), "not a config key of polar_gym.launch (a typo, or a `+key` too many?)")
                                for k in cfg if str(k) not in TOP_LEVEL_KEYS]
-    template = _template(cfg, problems)
+    shaped = _template(cfg, problems)
     inference = _inference(cfg, problems)
     datagen = None
     if cfg.get("datagen") is not None:
@@ -256,10 +272,15 @@ def build_job(cfg: DictConfig) -> LaunchJob:
         problems += exc.problems
     if problems:
         raise ConfigError("", problems=problems)
-    assert template is not None and inference is not None
+    assert shaped is not None and inference is not None
+    run, template = shaped
+    if run.resume and trainer is not None:
+        raise ConfigError("a training run (+trainer) cannot be resumed from its store; pick a new out_dir",
+                          key="resume")
     launch_id = uuid.uuid4().hex[:12]
     return LaunchJob(requests=_requests(cfg, template), inference=inference, out_dir=Path(str(out_dir)),
                      resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen, launcher=launcher,
                      trainer=trainer, logging=logging_settings or LoggingSettings(),
                      telemetry=_launch_telemetry(telemetry or TelemetrySettings(), Path(str(out_dir)), launch_id),
-                     launch_id=launch_id)
+                     launch_id=launch_id, resume=run.resume,
+                     state_dir=Path(run.state_dir) if run.state_dir else None)

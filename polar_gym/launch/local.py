@@ -16,7 +16,7 @@ from polar_gym.gateway.config import GatewayPools
 from polar_gym.launch.config import LaunchJob
 from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.outputs import SessionOutcome, finish
-from polar_gym.private_files import write_secret
+from polar_gym.private_files import private_dir, write_secret
 from polar_gym.server.client import RolloutClient
 
 __all__ = ["LocalLauncher", "LocalLauncherSettings"]
@@ -51,7 +51,7 @@ class LocalLauncher:
         self.console = Console(stderr=True)
 
     def launch(self, job: LaunchJob) -> int:
-        job.out_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(job.out_dir)
         write_secret(job.out_dir / "config.yaml", job.resolved_config)  # it may hold a key (runtime.env, ...)
         outcomes, wall = asyncio.run(self._run(job))
         return finish(self.console, job, outcomes, wall)
@@ -66,7 +66,8 @@ class LocalLauncher:
             await ensure_upstreams(inference, inference.upstreams, self.console)
         async with local_fleet(job.out_dir, inference, host=settings.host, gateway_port=settings.port,
                                server_port=settings.server_port, heartbeat=settings.heartbeat_seconds,
-                               pools=self.pools, telemetry=job.telemetry) as (server_url, server_token):
+                               pools=self.pools, telemetry=job.telemetry,
+                               state_dir=job.state_dir) as (server_url, server_token):
             self.console.print(f"rollout server {server_url} (token in {job.out_dir / 'server.json'})")
             async with RolloutClient(server_url, server_token) as client:
                 if inference.await_upstreams:  # the policy may start after the fleet: wait for it (bounded)

@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from polar_gym.merge.fidelity import Fidelity, run_fidelity
+from polar_gym.private_files import open_private, private_dir, write_secret
 from polar_gym.report import INFRA_CAUSES, HarnessFailureRow, RunData, SessionRow, error_cause, harness_failed
 from polar_gym.report import stderr_tail as read_stderr_tail
 from polar_gym.report import write_report as write_report_file
@@ -218,18 +219,18 @@ def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float, *,
                   lost_jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Write trajectories.jsonl, results.jsonl, summary.md and report.html under ``out_dir``; returns the totals
     (``lost_jobs``: the Slurm jobs the run lost, :mod:`polar_gym.launch.lost_jobs`)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / "trajectories.jsonl").open("w") as f:
+    private_dir(out_dir)  # prompts and completions: every file here is the owner's only (0600)
+    with open_private(out_dir / "trajectories.jsonl") as f:
         for o in outcomes:
             for line in _trace_lines(o):
                 f.write(line + "\n")
-    with (out_dir / "calls.jsonl").open("w") as f:
+    with open_private(out_dir / "calls.jsonl") as f:
         for o in outcomes:
             calls = (o.result.metadata.get("artifacts") or {}).get("call_log")
             if isinstance(calls, list):
                 f.write(json.dumps({"session_id": o.spec.session_id, "calls": calls}) + "\n")
     rows = [result_row(o) for o in outcomes]
-    with (out_dir / "results.jsonl").open("w") as f:
+    with open_private(out_dir / "results.jsonl") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     totals = _totals(outcomes, wall)  # once: the fidelity totals walk every trace
@@ -238,7 +239,7 @@ def write_outputs(out_dir: Path, outcomes: list[SessionOutcome], wall: float, *,
         write_report(out_dir, outcomes, rows, Fidelity.model_validate(totals["fidelity"]), wall=wall, title=title)
     except Exception as exc:  # the run's data files are written: a failed page must not cost its exit code
         totals["report_error"] = f"{type(exc).__name__}: {exc}"
-    (out_dir / "summary.md").write_text(_summary_md(outcomes, wall, totals))
+    write_secret(out_dir / "summary.md", _summary_md(outcomes, wall, totals))
     return totals
 
 

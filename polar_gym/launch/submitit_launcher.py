@@ -50,7 +50,7 @@ from polar_gym.launch.placement import (
     placement_parameters,
     running_nodes,
 )
-from polar_gym.private_files import write_secret
+from polar_gym.private_files import private_dir, write_secret
 from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.server.client import RolloutClient
 from polar_gym.settings import ConfigError
@@ -132,7 +132,7 @@ class SlurmLauncher:
         self.nodes: dict[str, str] = {}  # job id -> the node it runs on, once squeue lists it running
 
     def launch(self, job: LaunchJob) -> int:
-        job.out_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(job.out_dir)
         write_secret(job.out_dir / "config.yaml", job.resolved_config)  # it may hold a key (runtime.env, ...)
         outcomes, wall = asyncio.run(self._main(job))
         lost = [j.as_dict() for j in self.watch.lost.values()] if self.watch is not None else []
@@ -209,7 +209,7 @@ class SlurmLauncher:
         rows = [{"job_id": j.job_id, "name": self.names[j.job_id], "node": self.nodes.get(j.job_id),
                  "state": states.get(j.job_id, "live"),
                  **({"replaced_by": lost[j.job_id].replaced_by} if j.job_id in lost else {})} for j in self.jobs]
-        (out_dir / "jobs.json").write_text(json.dumps(rows, indent=1) + "\n")
+        write_secret(out_dir / "jobs.json", json.dumps(rows, indent=1) + "\n")
 
     @contextlib.asynccontextmanager
     async def _server(self, job: LaunchJob, token: str) -> AsyncIterator[str]:
@@ -217,7 +217,7 @@ class SlurmLauncher:
             default = await asyncio.to_thread(launcher_host) if self.cluster == "slurm" else socket.getfqdn()
             host = advertised_host(self.server_host, default)
             port = self.server_port or node_port()
-            async with rollout_server(job.out_dir / "server.sqlite", "0.0.0.0", port, token, self.heartbeat):
+            async with rollout_server(job.store, "0.0.0.0", port, token, self.heartbeat):
                 url = f"http://{host}:{port}"
                 write_server_info(job.out_dir, url, token)
                 self.console.print(f"rollout server {url} (token in {job.out_dir / 'server.json'})")
@@ -227,7 +227,7 @@ class SlurmLauncher:
         info.unlink(missing_ok=True)
         executor = self._executor(job, "polar-server", cpus_per_task=4, mem_gb=8,
                                   timeout_min=self.gateway.timeout_min)
-        submitted = self._submit(executor, "polar-server", run_server_job, str(job.out_dir / "server.sqlite"),
+        submitted = self._submit(executor, "polar-server", run_server_job, str(job.store),
                                  token, str(info), self.server_host, self.heartbeat, out_dir=job.out_dir)
         url = (await self._wait_for_file(info, submitted, self.register_timeout))["url"]
         await asyncio.to_thread(self._note_nodes, job.out_dir)
@@ -314,7 +314,7 @@ class SlurmLauncher:
             await asyncio.gather(run, return_exceptions=True)
             raise exc if exc is not None else RuntimeError("the job watch ended")
         self.console.print(f"[bold red]the run cannot go on: {escape(str(exc))}[/]", highlight=False)
-        outcomes = await lost_outcomes(job.out_dir / "server.sqlite", job.requests, exc.lost,
+        outcomes = await lost_outcomes(job.store, job.requests, exc.lost,
                                        time.monotonic() - started)
         run.cancel()  # the driver cancels the tasks still open on the server (when it still answers)
         await asyncio.gather(run, return_exceptions=True)

@@ -27,7 +27,7 @@ from polar_gym.launch.driver import outcome_of, sigterm_cancels_run
 from polar_gym.launch.local import LocalLauncher
 from polar_gym.launch.outputs import REPORT, SessionOutcome, result_row, write_report
 from polar_gym.merge.fidelity import run_fidelity
-from polar_gym.private_files import write_secret
+from polar_gym.private_files import open_private, private_dir, write_secret
 from polar_gym.report.files import TRAIN_KEYS, read_jsonl
 from polar_gym.schema import SessionResult, TaskRequest
 from polar_gym.server.client import RolloutClient
@@ -67,7 +67,7 @@ def write_training_report(out_dir: Path, algorithm: str, sessions: list[tuple[in
     results.jsonl too, so ``python -m polar_gym.report`` rebuilds the page)."""
     rows = [{**result_row(o), "step": step} for step, o in sessions]
     if sessions:
-        with (out_dir / "results.jsonl").open("w") as f:
+        with open_private(out_dir / "results.jsonl") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
     outcomes = [o for _, o in sessions]
@@ -81,7 +81,7 @@ def train(job: LaunchJob) -> int:
     assert job.trainer is not None
     console = Console(stderr=True)
     out = job.out_dir / "trainer"
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)
     write_secret(job.out_dir / "config.yaml", job.resolved_config)
     if job.trainer.algorithm == "sft":
         if not job.trainer.data:
@@ -119,7 +119,7 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console) -> in
         async with (local_fleet(job.out_dir, inference, host=launcher.settings.host,
                                 gateway_port=launcher.settings.port, server_port=launcher.settings.server_port,
                                 heartbeat=launcher.settings.heartbeat_seconds, pools=launcher.pools,
-                                telemetry=job.telemetry) as (url, token),
+                                telemetry=job.telemetry, state_dir=job.state_dir) as (url, token),
                     RolloutClient(url, token) as client):
             weights = client if isinstance(client, WeightSync) else None
             recorder, started = SessionRecorder(client), time.monotonic()

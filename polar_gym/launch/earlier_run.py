@@ -1,0 +1,141 @@
+"""An output folder that already holds a run: refused, unless ``resume=true`` asks for it.
+
+Why: the rollout store is durable and a task id names the same task in every launch, so a launch into a folder
+holding an earlier run's ``server.sqlite`` gets the old sessions back as its own (the old single merged trace for
+``num_samples=2 +builder=per_request``, "in 0.0 s"), while config.yaml says otherwise. So a folder holding an
+earlier run (a rollout store with tasks, or the run files) is a configuration error naming the folder and the
+override; ``resume=true`` resumes it, and then the console says how many tasks and sessions came from the old
+store. A resumed run keeps its config: the new one may differ only where the fleet runs (:data:`MAY_CHANGE`), and a
+stored task whose request differs from the new one (an edited task file) is refused too, each naming what differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from polar_gym.schema import SessionStatus, TaskRequest
+from polar_gym.server import Store
+from polar_gym.settings import ConfigError
+
+if TYPE_CHECKING:
+    from polar_gym.launch.config import LaunchJob
+
+__all__ = ["MAY_CHANGE", "RUN_FILES", "StoredTasks", "check_earlier_run", "config_changes", "request_changes",
+           "stored_tasks"]
+
+#: the files of a finished (or interrupted) run's outputs, besides its store
+RUN_FILES = ("results.jsonl", "trajectories.jsonl", "summary.md")
+#: config keys (and the keys under them) a resumed run may change: where and how the fleet runs, and the metrics
+MAY_CHANGE = ("resume", "out_dir", "state_dir", "launcher", "inference.upstreams", "inference.await_upstreams",
+              "logging", "telemetry")
+
+
+@dataclass(frozen=True)
+class StoredTasks:
+    """What an earlier run's store holds: each task's request and its sessions' statuses."""
+
+    requests: dict[str, TaskRequest]
+    statuses: dict[str, list[SessionStatus]]
+
+
+def stored_tasks(db: Path) -> StoredTasks:
+    """The tasks of the store at ``db`` (an unreadable one is a ConfigError naming it)."""
+
+    async def read() -> StoredTasks:
+        store = Store(db)
+        try:
+            requests, statuses = {}, {}
+            offset = 0
+            while ids := await store.task_ids(limit=1000, offset=offset):
+                offset += len(ids)
+                for task_id in ids:
+                    row = await store.task(task_id)
+                    if row is not None:
+                        requests[task_id] = row.request
+                    statuses[task_id] = [s.status for s in await store.sessions_of(task_id)]
+            return StoredTasks(requests, statuses)
+        finally:
+            store.close()
+
+    try:
+        return asyncio.run(read())
+    except Exception as exc:  # not SQLite, a store of another schema, unreadable
+        raise ConfigError(f"{db} cannot be read as a rollout store ({type(exc).__name__}: {exc}); move it away, or "
+                          "pick another out_dir", key="state_dir") from None
+
+
+def _flat(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, Mapping) and node:
+        for key, value in node.items():
+            yield from _flat(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node
+
+
+def _may_change(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in MAY_CHANGE)
+
+
+def config_changes(old_yaml: str, new_yaml: str) -> list[str]:
+    """``key (old -> new)`` for each config key that differs and a resumed run may not change."""
+    old, new = dict(_flat(yaml.safe_load(old_yaml) or {})), dict(_flat(yaml.safe_load(new_yaml) or {}))
+    missing = object()
+    return [f"{key} ({old.get(key, 'unset')!r} -> {new.get(key, 'unset')!r})" for key in sorted(old.keys() | new.keys())
+            if not _may_change(key) and old.get(key, missing) != new.get(key, missing)]
+
+
+def request_changes(stored: TaskRequest, new: TaskRequest) -> list[str]:
+    """The fields (dotted) where a stored task's request and the new one differ."""
+    old, now = dict(_flat(stored.model_dump(mode="json"))), dict(_flat(new.model_dump(mode="json")))
+    return sorted(key for key in old.keys() | now.keys() if old.get(key) != now.get(key))
+
+
+def _earlier(job: LaunchJob) -> tuple[list[str], StoredTasks | None]:
+    """What in out_dir (and state_dir) shows an earlier run, and its store's tasks."""
+    found = [name for name in RUN_FILES if (job.out_dir / name).exists()]
+    stored = None
+    if job.store.exists():
+        stored = stored_tasks(job.store)
+        if stored.requests:
+            found.insert(0, f"{job.store.name} with {len(stored.requests)} task(s)")
+    return found, stored
+
+
+def check_earlier_run(job: LaunchJob) -> str | None:
+    """Refuse (ConfigError) a launch into a folder holding an earlier run unless ``job.resume``; for a resume,
+    refuse a changed config or task, else answer the console line saying what is resumed. None: nothing earlier
+    (a new run)."""
+    found, stored = _earlier(job)
+    if not found:
+        return f"resume=true: no earlier run in {job.out_dir}; this is a new run" if job.resume else None
+    if not job.resume:
+        raise ConfigError(f"{job.out_dir} holds an earlier run ({', '.join(found)}); pick another out_dir, or add "
+                          "resume=true to resume it", key="out_dir")
+    config = job.out_dir / "config.yaml"
+    if config.exists():
+        changed = config_changes(config.read_text(encoding="utf-8", errors="replace"), job.resolved_config)
+        if changed:
+            raise ConfigError(f"the config differs from the earlier run's ({config}) at {', '.join(changed)}; a "
+                              "resumed run keeps its config: drop those overrides, or pick another out_dir",
+                              key="resume")
+    stored = stored or StoredTasks({}, {})
+    for request in job.requests:
+        old = stored.requests.get(request.task_id)
+        if old is not None and (fields := request_changes(old, request)):
+            raise ConfigError(f"task {request.task_id!r} differs from the one in {job.store} at "
+                              f"{', '.join(fields[:5])}{' ...' if len(fields) > 5 else ''}; a resumed run keeps its "
+                              "tasks: pick another out_dir", key="resume")
+    resumed = [r.task_id for r in job.requests if r.task_id in stored.requests]
+    statuses = [s for task_id in resumed for s in stored.statuses.get(task_id, [])]
+    finished = sum(s.terminal for s in statuses)
+    unfinished = len(statuses) - finished
+    return (f"resume=true: {len(resumed)} of {len(job.requests)} task(s) come from the earlier run's store "
+            f"({job.store}): {finished} session(s) finished there, {unfinished} to run; "
+            f"{len(job.requests) - len(resumed)} new task(s)")
+
