@@ -129,3 +129,13 @@ def test_sessions_beyond_the_cap_go_least_recently_used_first() -> None:
     for key in ("a", "b", "c", "a", "d"):
         registry.resolve(key)
     assert registry.ids() == ["a", "c", "d"] and len(registry._last_used) == 3
+
+
+def test_a_session_with_a_call_in_flight_is_kept_even_beyond_the_cap() -> None:
+    """Its record is still to be written: forgetting it would drop what the engine keeps for the call."""
+    forgotten: list[str] = []
+    registry = SessionRegistry(allow_adhoc=True, max_adhoc=2, on_forget=forgotten.append)
+    registry.in_use = {"busy"}.__contains__
+    for key in ("busy", "b", "c", "d"):
+        registry.resolve(key)
+    assert forgotten == ["b", "c"] and registry.ids() == ["busy", "d"]
