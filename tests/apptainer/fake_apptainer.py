@@ -210,7 +210,8 @@ def main() -> None:
     args = sys.argv[1:]
     STATE.mkdir(parents=True, exist_ok=True)
     with open(STATE / "argv.log", "a") as f:
-        f.write(json.dumps({"argv0": os.environ.get("FAKE_ARGV0", ""), "args": args, "t": time.time()}) + "\n")
+        f.write(json.dumps({"argv0": os.environ.get("FAKE_ARGV0", ""), "args": args, "t": time.time(),
+                            "env": dict(os.environ), "cwd": os.getcwd()}) + "\n")
     while args and args[0] in ("--quiet", "-q", "--debug", "-d", "--silent", "-s"):
         args = args[1:]
     if args[:1] == ["--version"]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
 import os
 import socket
 import threading
@@ -60,6 +61,17 @@ async def test_life_cycle_exec_env_cwd_and_stop(tmp_path: Path, fake_apptainer: 
     assert verbs[-1] == "instance stop"
     assert fake_apptainer.instances() == []
     assert not (tmp_path / "session" / "overlay").exists()
+    # issue 35: apptainer itself ran with none of the sandbox's variables (they went in an env file), in /
+    logged = [json.loads(line) for line in (fake_apptainer.state / "argv.log").read_text().splitlines()]
+    assert logged
+    for call in logged:  # spython's own calls (--version, instance list / stop) run in the gateway's directory
+        if call["args"][:1] == ["exec"] or call["args"][:2] == ["instance", "start"]:
+            assert call["cwd"] == "/", call
+        assert not {"BASE", "EXTRA"} & set(call["env"]) and "a,b=c" not in call["env"].values(), call
+        assert not any(k.startswith(("APPTAINERENV_", "LD_")) for k in call["env"]), call
+    env_files = [c["args"][c["args"].index("--env-file") + 1] for c in logged if "--env-file" in c["args"]]
+    assert env_files and not any(map(os.path.exists, env_files))  # outside the session, removed after use
+    assert not any(f.startswith(str(tmp_path / "session")) for f in env_files)
     # the spython path: spython's Instance.stop built this (--quiet first, -t timeout)
     assert fake_apptainer.calls()[-1] == ["--quiet", "instance", "stop", "-t", "10", rt.instance]
 
