@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
+from omegaconf import OmegaConf
 
 from polar_gym.schema import SessionStatus, TaskRequest
 from polar_gym.server import Store
@@ -82,9 +82,14 @@ def _may_change(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in MAY_CHANGE)
 
 
+def _yaml(text: str) -> Any:
+    """A config.yaml as plain data (its interpolations were resolved when it was written; kept as text if not)."""
+    return OmegaConf.to_container(OmegaConf.create(text), resolve=False) if text.strip() else {}
+
+
 def config_changes(old_yaml: str, new_yaml: str) -> list[str]:
     """``key (old -> new)`` for each config key that differs and a resumed run may not change."""
-    old, new = dict(_flat(yaml.safe_load(old_yaml) or {})), dict(_flat(yaml.safe_load(new_yaml) or {}))
+    old, new = dict(_flat(_yaml(old_yaml))), dict(_flat(_yaml(new_yaml)))
     missing = object()
     return [f"{key} ({old.get(key, 'unset')!r} -> {new.get(key, 'unset')!r})" for key in sorted(old.keys() | new.keys())
             if not _may_change(key) and old.get(key, missing) != new.get(key, missing)]
@@ -119,7 +124,11 @@ def check_earlier_run(job: LaunchJob) -> str | None:
                           "resume=true to resume it", key="out_dir")
     config = job.out_dir / "config.yaml"
     if config.exists():
-        changed = config_changes(config.read_text(encoding="utf-8", errors="replace"), job.resolved_config)
+        try:
+            changed = config_changes(config.read_text(encoding="utf-8", errors="replace"), job.resolved_config)
+        except Exception as exc:  # not YAML: nothing says which config the earlier run had
+            raise ConfigError(f"{config} cannot be read ({type(exc).__name__}), so the earlier run's config is "
+                              "unknown; pick another out_dir", key="resume") from None
         if changed:
             raise ConfigError(f"the config differs from the earlier run's ({config}) at {', '.join(changed)}; a "
                               "resumed run keeps its config: drop those overrides, or pick another out_dir",

@@ -3,12 +3,13 @@ the comment: ``<!-- run: timeout=300 harness=codex -->``). See docs/writing-docs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,19 +112,29 @@ def _end_group(process: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def run_block(block: Block, *, path: Sequence[Path] = (), env: Mapping[str, str] | None = None) -> str:
-    """Run ``block`` as docs/writing-docs.md says: ``bash -euo pipefail`` in a fresh temporary directory, POLAR_REPO
-    set, the repository's .venv/bin (after ``path``) first on PATH, the marker's ``timeout`` (default 600 s); its
-    process group is ended afterwards, so background jobs never outlive it. Returns the output (stdout and stderr
-    together); raises :class:`BlockFailed` on a non-zero exit or a timeout."""
+@contextlib.contextmanager
+def _folder(cwd: Path | None) -> Iterator[str]:
+    if cwd is not None:
+        yield str(cwd)
+        return
+    with tempfile.TemporaryDirectory(prefix="polar-docblock-") as fresh:
+        yield fresh
+
+
+def run_block(block: Block, *, path: Sequence[Path] = (), env: Mapping[str, str] | None = None,
+              cwd: Path | None = None) -> str:
+    """Run ``block`` as docs/writing-docs.md says: ``bash -euo pipefail`` in a fresh temporary directory (``cwd``:
+    in that folder instead, as a reader runs a page's blocks one after the other), POLAR_REPO set, the repository's
+    .venv/bin (after ``path``) first on PATH, the marker's ``timeout`` (default 600 s); its process group is ended
+    afterwards, so background jobs never outlive it. Returns the output (stdout and stderr together); raises
+    :class:`BlockFailed` on a non-zero exit or a timeout."""
     timeout = float(block.options.get("timeout", DEFAULT_TIMEOUT))
     base = dict(os.environ) | dict(env or {})
     search = [str(p) for p in path] + [str(ROOT / ".venv" / "bin"), base.get("PATH", "/usr/bin:/bin")]
     base |= {"POLAR_REPO": str(ROOT), "PATH": os.pathsep.join(search)}
-    with tempfile.TemporaryDirectory(prefix="polar-docblock-") as cwd, \
-            tempfile.TemporaryFile("w+", errors="replace") as log:
+    with _folder(cwd) as folder, tempfile.TemporaryFile("w+", errors="replace") as log:
         # output to a file, not a pipe: a background job holding the pipe open would keep a reader waiting
-        process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", block.code], cwd=cwd, env=base,
+        process = subprocess.Popen(["bash", "-euo", "pipefail", "-c", block.code], cwd=folder, env=base,
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         try:

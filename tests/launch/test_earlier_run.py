@@ -165,3 +165,10 @@ def test_config_changes_ignore_where_the_fleet_runs() -> None:
     new = ("num_samples: 1\nlauncher:\n  port: 9000\n  progress: false\ninference:\n  engine: vllm\n  upstreams: "
            "[http://gpu:8000]\nresume: true\nlogging:\n  tensorboard: {enabled: true}\n")
     assert config_changes(old, new) == ["inference.engine ('oracle' -> 'vllm')"]
+
+
+def test_a_resume_whose_earlier_config_cannot_be_read_is_refused(tmp_path: Path) -> None:
+    earlier(tmp_path, TWO)
+    (tmp_path / "config.yaml").write_text("num_samples: [1\n  : {\n")
+    with pytest.raises(ConfigError, match=r"resume: .*config\.yaml cannot be read"):
+        check_earlier_run(job(tmp_path, TWO, "resume=true"))
