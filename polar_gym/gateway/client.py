@@ -47,10 +47,12 @@ _JSON = {"content-type": "application/json"}
 @dataclass
 class PolledSessions:
     """A poll's answer; ``unreadable`` holds why each result that did not validate was dropped (one bad result
-    must not hide the others)."""
+    must not hide the others), and ``unreadable_ids`` the same by session id (and attempt id, when the result names
+    them), so the caller can end that session instead of asking for its result again and again."""
 
     reply: SessionPollReply
     unreadable: list[str] = field(default_factory=list)
+    unreadable_ids: dict[str, tuple[str | None, str]] = field(default_factory=dict)
 
 
 class GatewayClient:
@@ -96,7 +98,11 @@ class GatewayClient:
             try:
                 polled.reply.results.append(SessionResult.model_validate(item))
             except ValueError as exc:
-                polled.unreadable.append(excerpt(exc, 300))
+                why = excerpt(exc, 300)
+                polled.unreadable.append(why)
+                named = _named(item)
+                if named is not None:
+                    polled.unreadable_ids[named[0]] = (named[1], why)
         return polled
 
     async def cancel_session(self, session_id: str) -> SessionCancelReply:
@@ -155,6 +161,15 @@ class GatewayClient:
         if resp.status_code != expect:
             raise _refused(resp)
         return resp
+
+
+def _named(item: Any) -> tuple[str, str | None] | None:
+    """(session id, attempt id) of a result that did not validate, when it names them as strings."""
+    if not isinstance(item, dict) or not isinstance(item.get("session_id"), str):
+        return None
+    metadata = item.get("metadata")
+    attempt = metadata.get("attempt_id") if isinstance(metadata, dict) else None
+    return item["session_id"], attempt if isinstance(attempt, str) else None
 
 
 def _refused(resp: httpx.Response) -> GatewayRefused:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from polar_gym.causes import UNSTORABLE_RESULT
+from polar_gym.httpguard import excerpt
 from polar_gym.schema import SessionResult, SessionStatus
 from polar_gym.server.callbacks import Callbacks
 from polar_gym.server.counters import ServerCounters
@@ -19,6 +22,7 @@ from polar_gym.server.store import SessionRow, Store
 
 __all__ = ["Ledger", "ended_as"]
 
+log = logging.getLogger(__name__)
 S = SessionStatus
 
 
@@ -66,10 +70,22 @@ class Ledger:
             await self.notify(row.task_id, {"event": "status", "session_id": session_id, "status": status.value})
 
     async def finish(self, result: SessionResult, gw: GatewayState | None) -> None:
-        """A final result; the first one stored stays."""
+        """A final result; the first one stored stays. A result the store cannot take (it does not serialize, the
+        write fails) is set aside once: the session ends ERROR with cause unstorable_result, never retried."""
         if gw is not None:
             gw.sessions.discard(result.session_id)
-        if await self.store.finish(result):  # False: it had already ended
+        try:
+            stored = await self.store.finish(result)
+        except Exception as exc:
+            self.counters.errors["result_unstorable"] += 1
+            reason = (f"{UNSTORABLE_RESULT}: the result could not be stored ({type(exc).__name__}: "
+                      f"{excerpt(str(exc), 200)})")
+            log.error("session %s of task %s ends ERROR, its result set aside: %s", result.session_id,
+                      result.task_id, reason)
+            result = SessionResult(session_id=result.session_id, task_id=result.task_id, status=S.ERROR,
+                                   reason=reason)
+            stored = await self.store.finish(result)
+        if stored:  # False: it had already ended
             await self.ended(result.task_id, result.session_id, result.status, result.reason)
 
     async def ended(self, task_id: str, session_id: str, status: SessionStatus, reason: str | None) -> None:

@@ -9,12 +9,14 @@ import contextlib
 import logging
 import time
 
+from polar_gym.causes import UNSTORABLE_RESULT
+from polar_gym.gateway.client import PolledSessions
 from polar_gym.gateway.errors import GatewayCallError, GatewayRefused
 from polar_gym.schema import SessionResult, SessionStatus
 from polar_gym.server.background import Background
 from polar_gym.server.counters import ServerCounters
 from polar_gym.server.fleet import DEAD, Fleet, GatewayState
-from polar_gym.server.ledger import Ledger
+from polar_gym.server.ledger import Ledger, ended_as
 from polar_gym.server.links import Links
 from polar_gym.server.store import Store
 
@@ -102,9 +104,7 @@ class Watching:
                 self.counters.errors[cause] += 1
                 await asyncio.sleep(min(1.0, self.heartbeat_interval))
                 continue
-            for why in polled.unreadable:  # one bad result must not stop the watch of the others
-                self.counters.errors["result_unreadable"] += 1
-                log.error("unreadable result from %s: %s", gw.gateway_id, why)
+            await self.unreadable(gw, polled)
             reply = polled.reply
             for result in reply.results:
                 last.pop(result.session_id, None)
@@ -138,6 +138,35 @@ class Watching:
                     row = await self.store.session(session_id)
                     if row is not None and not row.status.terminal:
                         await self.ledger.lost(row, f"{gw.gateway_id} does not know the session any more")
+
+
+    async def unreadable(self, gw: GatewayState, polled: PolledSessions) -> None:
+        """Results that did not validate: one bad result must not stop the watch of the others, and it is set aside
+        once (the session ends ERROR, cause unstorable_result). It used to stay watched, and the gateway answered
+        the next poll at once with the same result: a loop of thousands of log lines a minute, and a run that
+        never ended."""
+        named = {why for _, why in polled.unreadable_ids.values()}
+        for why in polled.unreadable:
+            if why not in named:  # no session id to end: counted and logged, nothing to retry
+                self.counters.errors["result_unreadable"] += 1
+                log.error("unreadable result from %s: %s", gw.gateway_id, why)
+        for session_id, (attempt, why) in polled.unreadable_ids.items():
+            if session_id not in gw.sessions:
+                continue
+            self.counters.errors["result_unreadable"] += 1
+            gw.sessions.discard(session_id)
+            expected = gw.attempts.pop(session_id, None)
+            row = await self.store.session(session_id)
+            if row is None or row.status.terminal:
+                continue
+            if (expected is not None and attempt not in (None, expected)) or (expected is None
+                                                                              and session_id in gw.stale):
+                gw.stale.add(session_id)  # an attempt this server did not hand out, as for a readable one
+                await self.ledger.lost(row, f"{gw.gateway_id} answered with a stale attempt")
+                continue
+            reason = f"{UNSTORABLE_RESULT}: the result {gw.gateway_id} sent could not be read: {why}"
+            log.error("session %s ends ERROR, its result set aside: %s", session_id, reason)
+            await self.ledger.finish(ended_as(row, S.ERROR, reason), gw)
 
 
 def _current_attempt(gw: GatewayState, result: SessionResult) -> bool:
