@@ -35,6 +35,7 @@ from polar_gym.journal import (
     stored_bytes,
     truncate_torn_tail,
 )
+from polar_gym.private_files import private_dir, write_secret
 from polar_gym.schema import CompletionRecord
 
 __all__ = ["CaptureJournal"]
@@ -105,12 +106,12 @@ class _Session:
 
 
 def _open_stream(directory: Path) -> tuple[int, int, int]:
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)  # prompts and completions: the owner's only (0700 directories, 0600 files)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
     opened: list[int] = []
     try:
         for name in (TOKENS_FILE, LOGPROBS_FILE, RECORDS_FILE):
-            opened.append(os.open(directory / name, flags, 0o666))
+            opened.append(os.open(directory / name, flags, 0o600))
     except BaseException:
         for fd in opened:
             os.close(fd)
@@ -553,7 +554,5 @@ class CaptureJournal:
 
 
 def _write_pointer(base: Path, attempt: str) -> None:
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = base / f".{CURRENT_ATTEMPT}.tmp"
-    tmp.write_text(attempt)
-    os.replace(tmp, base / CURRENT_ATTEMPT)
+    private_dir(base)
+    write_secret(base / CURRENT_ATTEMPT, attempt)
