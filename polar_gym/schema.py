@@ -60,9 +60,9 @@ __all__ = [
     "UpstreamChange",
     "UpstreamRemoved",
     "UpstreamsView",
-    "host_read_env_names",
     "WeightUpdateReply",
     "WeightUpdateRequest",
+    "host_read_env_names",
 ]
 
 
