@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from polar_gym.schema import SessionStatus, TaskRequest
+from polar_gym.schema import TaskRequest
 from polar_gym.server import Store
 from polar_gym.settings import ConfigError
 
@@ -38,28 +38,29 @@ MAY_CHANGE = ("resume", "out_dir", "state_dir", "launcher", "inference.upstreams
 
 @dataclass(frozen=True)
 class StoredTasks:
-    """What an earlier run's store holds: each task's request and its sessions' statuses."""
+    """What an earlier run's store holds: how many tasks, and of the tasks asked for, each one's stored request and
+    how many of its sessions have not ended."""
 
+    count: int
     requests: dict[str, TaskRequest]
-    statuses: dict[str, list[SessionStatus]]
+    unfinished: dict[str, int]
 
 
-def stored_tasks(db: Path) -> StoredTasks:
-    """The tasks of the store at ``db`` (an unreadable one is a ConfigError naming it)."""
+def stored_tasks(db: Path, task_ids: list[str]) -> StoredTasks:
+    """The store at ``db``: its task count, and the requests and open sessions of ``task_ids`` (counted, not read:
+    a result is megabytes). An unreadable store is a ConfigError naming it."""
 
     async def read() -> StoredTasks:
         store = Store(db)
         try:
-            requests, statuses = {}, {}
-            offset = 0
-            while ids := await store.task_ids(limit=1000, offset=offset):
-                offset += len(ids)
-                for task_id in ids:
-                    row = await store.task(task_id)
-                    if row is not None:
-                        requests[task_id] = row.request
-                    statuses[task_id] = [s.status for s in await store.sessions_of(task_id)]
-            return StoredTasks(requests, statuses)
+            _, tasks = await store.counts()
+            requests, unfinished = {}, {}
+            for task_id in task_ids:
+                row = await store.task(task_id)
+                if row is not None:
+                    requests[task_id] = row.request
+                    unfinished[task_id] = await store.unfinished(task_id)
+            return StoredTasks(int(tasks["open"]) + int(tasks["finished"]), requests, unfinished)
         finally:
             store.close()
 
@@ -106,9 +107,9 @@ def _earlier(job: LaunchJob) -> tuple[list[str], StoredTasks | None]:
     found = [name for name in RUN_FILES if (job.out_dir / name).exists()]
     stored = None
     if job.store.exists():
-        stored = stored_tasks(job.store)
-        if stored.requests:
-            found.insert(0, f"{job.store.name} with {len(stored.requests)} task(s)")
+        stored = stored_tasks(job.store, [r.task_id for r in job.requests])
+        if stored.count:
+            found.insert(0, f"{job.store.name} with {stored.count} task(s)")
     return found, stored
 
 
@@ -133,7 +134,7 @@ def check_earlier_run(job: LaunchJob) -> str | None:
             raise ConfigError(f"the config differs from the earlier run's ({config}) at {', '.join(changed)}; a "
                               "resumed run keeps its config: drop those overrides, or pick another out_dir",
                               key="resume")
-    stored = stored or StoredTasks({}, {})
+    stored = stored or StoredTasks(0, {}, {})
     for request in job.requests:
         old = stored.requests.get(request.task_id)
         if old is not None and (fields := request_changes(old, request)):
@@ -141,9 +142,8 @@ def check_earlier_run(job: LaunchJob) -> str | None:
                               f"{', '.join(fields[:5])}{' ...' if len(fields) > 5 else ''}; a resumed run keeps its "
                               "tasks: pick another out_dir", key="resume")
     resumed = [r.task_id for r in job.requests if r.task_id in stored.requests]
-    statuses = [s for task_id in resumed for s in stored.statuses.get(task_id, [])]
-    finished = sum(s.terminal for s in statuses)
-    unfinished = len(statuses) - finished
+    unfinished = sum(stored.unfinished[task_id] for task_id in resumed)
+    finished = sum(stored.requests[task_id].num_samples for task_id in resumed) - unfinished
     return (f"resume=true: {len(resumed)} of {len(job.requests)} task(s) come from the earlier run's store "
             f"({job.store}): {finished} session(s) finished there, {unfinished} to run; "
             f"{len(job.requests) - len(resumed)} new task(s)")
