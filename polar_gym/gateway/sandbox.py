@@ -45,6 +45,7 @@ from polar_gym.registry import EVALUATORS, HARNESSES, RUNTIMES, RegistryError
 from polar_gym.runtime.base import SESSION_MOUNT, ExecResult, ExecStatus, Runtime, request_option_error
 from polar_gym.runtime.errors import RuntimeOptionError
 from polar_gym.schema import BuilderSpec, CompletionSession, PrepareAction, SessionResult, SessionSpec, Trajectory
+from polar_gym.tasks.prepare import PrepareError, upload_host_source
 
 __all__ = ["OWNER_FILE", "SandboxStages", "clean_dead_attempts", "safe_name"]
 
@@ -193,26 +194,14 @@ class SandboxStages(Stages):
                     detail = _tail(result.stderr) or _tail(result.stdout) or result.reason or ""
                     code = f"exit code {result.exit_code}" if result.exit_code is not None else result.status.value
                     raise PrepareFailed("init", f"{what} {action.command!r} failed ({code}): {detail}")
-            else:
+            elif action.content is not None:
                 assert action.dst is not None
-                data: bytes | Path = action.content.encode() if action.content is not None else Path(str(action.src))
-                if isinstance(data, Path):  # a host path named by the request: only under the operator's roots
-                    data = await asyncio.to_thread(self._host_source, data, what)
-                await runtime.upload(data, action.dst)
-
-    def _host_source(self, path: Path, what: str) -> Path:
-        """A request's host path to copy into the sandbox, resolved; it must lie under one of the gateway's
-        ``expose_roots`` (otherwise a request could copy any file the gateway can read, /etc/shadow or the run's
-        tokens, into a sandbox)."""
-        real = path.resolve()
-        roots = [Path(root).resolve() for root in self.config.expose_roots]
-        if not any(real == root or root in real.parents for root in roots):
-            allowed = ", ".join(map(str, roots)) or "none"
-            raise PrepareFailed("init", f"{what}: {path} is not under a directory this gateway lets requests read "
-                                        f"from (GatewayConfig.expose_roots, --expose-root: {allowed})")
-        if not real.exists():
-            raise PrepareFailed("init", f"{what}: {path} does not exist on the gateway host")
-        return real
+                await runtime.upload(action.content.encode(), action.dst)
+            else:  # a host path named by the request: only under the operator's roots, read as a task's files are
+                try:
+                    await upload_host_source(runtime, action, self.config.expose_roots)
+                except (ValueError, PrepareError) as exc:  # under no root; a link out, a FIFO, a file over the caps
+                    raise PrepareFailed("init", f"{what}: {exc} (GatewayConfig.expose_roots, --expose-root)") from None
 
     # -- RUNNING -----------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from polar_gym.runtime.base import ExecResult, Runtime
 from polar_gym.schema import PrepareAction
 from polar_gym.tasks.files import TaskFiles
 
-__all__ = ["PrepareError", "host_source", "run_prepare"]
+__all__ = ["PrepareError", "host_source", "run_prepare", "upload_host_source"]
 
 
 class PrepareError(RuntimeError):
@@ -47,8 +47,9 @@ def host_source(src: str, roots: Sequence[Path]) -> tuple[TaskFiles, str]:
     raise PrepareError(f"{src}: not under a directory requests may read from (granted: {granted})")
 
 
-async def _upload_src(runtime: Runtime, action: PrepareAction, roots: Sequence[Path]) -> None:
-    """An upload naming a host ``src``, read by the rules of task files under a granted root."""
+async def upload_host_source(runtime: Runtime, action: PrepareAction, roots: Sequence[Path]) -> None:
+    """An upload naming a host ``src``, read by the rules of task files under a granted root (PrepareError when it
+    is under none; TaskFileError, a ValueError, for a link out, a FIFO or a file over the caps)."""
     assert action.src is not None and action.dst is not None
     files, rel = host_source(action.src, roots)
     if action.type == "upload_file":
@@ -78,6 +79,6 @@ async def run_prepare(runtime: Runtime, actions: Sequence[PrepareAction], *, def
             await runtime.upload(action.content.encode(), action.dst)
         else:
             try:
-                await _upload_src(runtime, action, roots)
+                await upload_host_source(runtime, action, roots)
             except (ValueError, PrepareError) as exc:  # not granted; TaskFileError: a link out, a FIFO, a cap
                 raise PrepareError(f"prepare action {i} ({action.type} {action.src}): {exc}") from None

@@ -82,6 +82,14 @@ async def test_a_prepare_upload_reads_host_files_only_under_the_gateways_roots(m
     fine = PrepareAction(type="upload_file", src=str(data / "hints.md"), dst="/workspace/HINTS.md")
     allowed = (await gw.node.run([gw.spec("hints", prepare=[fine])]))[0]
     assert allowed.status.value == "COMPLETED", allowed.reason
+    # under a root, read as a task's files are (issue 35): no link out of the root, no FIFO opened
+    (data / "shadow").symlink_to("/etc/shadow")
+    os.mkfifo(data / "pipe")
+    for name, problem in (("shadow", "leaves"), ("pipe", "FIFO")):
+        sneak = PrepareAction(type="upload_file", src=str(data / name), dst="/workspace/loot")
+        refused = (await gw.node.run([gw.spec(f"sneak-{name}", prepare=[sneak])]))[0]
+        assert refused.status.value == "ERROR" and problem in (refused.reason or ""), refused.reason
+    assert not list(gw.workdir.rglob("loot"))
 
 
 async def test_fault1_a_sessions_command_cannot_write_the_host(make_gateway: MakeGateway) -> None:
