@@ -9,8 +9,11 @@ call succeeded after the last such failure. ``harness_not_run`` is one too: the 
 (exit 126 or 127, no model call), so the policy was never asked.
 
 Other named causes (:data:`NAMED_CAUSES`) end a session ERROR, unscored, for a reason the run's data holds:
-``invalid_reward`` (an evaluator's reward is not a finite number within ±MAX_REWARD) and ``unstorable_result`` (the
-rollout server could not read or store the gateway's result, and set it aside once)."""
+``invalid_reward`` (an evaluator's reward is not a finite number within ±MAX_REWARD), ``unstorable_result`` (the
+rollout server could not read or store the gateway's result, and set it aside once) and ``invalid_task`` (the task
+itself was refused before anything ran: a Harbor task directory with a link out, a FIFO, an oversized file or an env
+name the host's loader reads, or a request that does not validate; the task's author must fix it, the fleet is fine).
+"""
 
 from __future__ import annotations
 
@@ -21,13 +24,15 @@ from typing import Any
 
 from polar_gym.schema import SessionResult, SessionStatus
 
-__all__ = ["HARNESS_NOT_RUN", "INFRA_CAUSES", "INVALID_REWARD", "NAMED_CAUSES", "STDERR_TAIL", "UNSTORABLE_RESULT",
-           "cause_of", "error_cause", "harness_failed", "stderr_tail"]
+__all__ = ["HARNESS_NOT_RUN", "INFRA_CAUSES", "INVALID_REWARD", "INVALID_TASK", "NAMED_CAUSES", "STDERR_TAIL",
+           "UNSTORABLE_RESULT", "cause_of", "error_cause", "harness_failed", "stderr_tail"]
 
 #: the harness command could not start (exit 126 or 127 before any model call): its CLI is missing or not executable
 HARNESS_NOT_RUN = "harness_not_run"
 #: an evaluator's reward is not a finite number within ±MAX_REWARD (polar_gym.evaluate.errors.InvalidReward)
 INVALID_REWARD = "invalid_reward"
+#: a task its source refused (polar_gym.tasks.refused): the session never ran, the task must be fixed
+INVALID_TASK = "invalid_task"
 #: the rollout server could not read or store a session's result: set aside once, with this cause
 UNSTORABLE_RESULT = "unstorable_result"
 
@@ -36,7 +41,7 @@ INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_
                           "job_lost",  # a Slurm job the run needed was lost (polar_gym.launch.lost_jobs)
                           HARNESS_NOT_RUN})
 #: causes named first in an ERROR's reason (``cause: ...``), infrastructure or not
-NAMED_CAUSES = INFRA_CAUSES | {INVALID_REWARD, UNSTORABLE_RESULT}
+NAMED_CAUSES = INFRA_CAUSES | {INVALID_REWARD, INVALID_TASK, UNSTORABLE_RESULT}
 #: the artifacts key of a failed harness's stderr tail in its result
 STDERR_TAIL = "harness_stderr_tail"
 _STAGES = {"queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm"}

@@ -1,11 +1,12 @@
 """``python -m polar_gym.launch``: compose conf/ with Hydra, validate it against the wire types, hand the job to the
 configured launcher (``launcher._target_``) and exit non-zero if any session errored.
 
-Exit codes: 0 every session completed; 1 a session ended ERROR or CANCELLED; 2 a configuration error (any: Hydra's,
-OmegaConf's, a settings model's or ours, each naming its key; an out_dir holding an earlier run without
-``resume=true``); 3 an
-infrastructure failure: an inference upstream failed the check before the first session (the message names the URL
-and what it answered), or a session's model calls failed for infrastructure reasons (see ``outputs.INFRA_CAUSES``).
+Exit codes: 0 every session completed; 1 a session ended ERROR or CANCELLED (a task the source refused, say a Harbor
+task with a link out of its directory, is one such session, ``invalid_task``; the other tasks run); 2 a configuration
+error (any: Hydra's, OmegaConf's, a settings model's or ours, each naming its key; every task of the set refused; an
+out_dir holding an earlier run without ``resume=true``); 3 an infrastructure failure: an inference upstream failed
+the check before the first session (the message names the URL and what it answered), or a session's model calls
+failed for infrastructure reasons (see ``outputs.INFRA_CAUSES``).
 
     python -m polar_gym.launch                                   # pi on the demo tasks, oracle engine, local sandbox
     python -m polar_gym.launch +harness=codex +builder=prefix_merging num_samples=2 out_dir=runs/codex
@@ -22,6 +23,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from polar_gym.causes import INVALID_TASK
 from polar_gym.fleet.upstreams import UpstreamCheckFailed
 from polar_gym.launch.config import (
     ConfigError,
@@ -53,6 +55,9 @@ def run(cfg: DictConfig) -> int:
         return 2
     if resumed is not None:
         print(f"polar_gym.launch: {resumed}", file=sys.stderr)
+    for task in job.refused:  # each is an ERROR session (invalid_task) of the run; the others run
+        print(f"polar_gym.launch: task {task.task_id} refused ({INVALID_TASK}), the run goes on without it: "
+              f"{task.problem}", file=sys.stderr)
     assert job.launcher is not None
     try:
         if job.trainer is not None:

@@ -33,6 +33,7 @@ from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.registry import BUILDERS, ENGINES, EVALUATORS, HARNESSES, RUNTIMES, Registry, RegistryError, load_dotted
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar_gym.settings import ConfigError, Problem, validate
+from polar_gym.tasks.refused import RefusedTask, TaskSet
 from polar_gym.telemetry import LoggingSettings, TelemetrySettings, missing_packages
 from polar_gym.trainer.settings import TrainerSettings
 
@@ -99,6 +100,8 @@ class LaunchJob:
     resume: bool = False
     #: ``state_dir``: where the rollout server's store goes (None: out_dir)
     state_dir: Path | None = None
+    #: the tasks the task source refused (never dispatched): each is reported as an ERROR session, ``invalid_task``
+    refused: list[RefusedTask] = field(default_factory=list)
 
     @property
     def store(self) -> Path:
@@ -210,22 +213,24 @@ def build_launcher(cfg: DictConfig) -> Launcher:
     return launcher
 
 
-def _requests(cfg: DictConfig, template: TaskTemplate) -> list[TaskRequest]:
+def _requests(cfg: DictConfig, template: TaskTemplate) -> TaskSet:
     source, params = load_target(section(cfg, "tasks"), "tasks")
     problems = target_problems(source, params, "tasks", skip=1)
     if problems:
         raise ConfigError("", problems=problems, title="invalid tasks config")
     try:
-        requests = source(template, **params)
+        made = source(template, **params)
     except ValidationError as exc:
         raise ConfigError(f"a TaskRequest does not validate:\n{exc}", key="tasks") from None
     except (TypeError, KeyError, ValueError) as exc:
         raise ConfigError(str(exc), key="tasks") from None
-    if not requests:
-        raise ConfigError("the task source produced no tasks", key="tasks")
-    if not all(isinstance(r, TaskRequest) for r in requests):
+    tasks = made if isinstance(made, TaskSet) else TaskSet(list(made))
+    if not tasks.requests:
+        raise ConfigError("", problems=[("tasks", r.problem) for r in tasks.refused] or
+                          [("tasks", "the task source produced no tasks")], title="no task can be used")
+    if not all(isinstance(r, TaskRequest) for r in tasks.requests):
         raise ConfigError("the task source must return TaskRequest objects", key="tasks")
-    return list(requests)
+    return tasks
 
 
 def _metrics(cfg: DictConfig, problems: list[Problem]) -> tuple[LoggingSettings | None, TelemetrySettings | None]:
@@ -278,7 +283,8 @@ def build_job(cfg: DictConfig) -> LaunchJob:
         raise ConfigError("a training run (+trainer) cannot be resumed from its store; pick a new out_dir",
                           key="resume")
     launch_id = uuid.uuid4().hex[:12]
-    return LaunchJob(requests=_requests(cfg, template), inference=inference, out_dir=Path(str(out_dir)),
+    tasks = _requests(cfg, template)
+    return LaunchJob(requests=tasks.requests, refused=tasks.refused, inference=inference, out_dir=Path(str(out_dir)),
                      resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen, launcher=launcher,
                      trainer=trainer, logging=logging_settings or LoggingSettings(),
                      telemetry=_launch_telemetry(telemetry or TelemetrySettings(), Path(str(out_dir)), launch_id),

@@ -22,19 +22,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from polar_gym.causes import INVALID_TASK
 from polar_gym.merge.fidelity import Fidelity, run_fidelity
 from polar_gym.private_files import open_private, private_dir, write_secret
 from polar_gym.report import INFRA_CAUSES, HarnessFailureRow, RunData, SessionRow, error_cause, harness_failed
 from polar_gym.report import stderr_tail as read_stderr_tail
 from polar_gym.report import write_report as write_report_file
 from polar_gym.report.files import lost_jobs
-from polar_gym.schema import SessionResult, SessionSpec, SessionStatus
+from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus
+from polar_gym.tasks.refused import RefusedTask
 
 if TYPE_CHECKING:
     from polar_gym.launch.config import LaunchJob
 
 __all__ = ["INFRA_CAUSES", "REPORT", "HarnessFailure", "SessionOutcome", "error_cause", "errors_by_cause", "finish",
-           "harness_failures", "print_summary", "result_row", "summary_rows", "write_outputs", "write_report"]
+           "harness_failures", "print_summary", "refused_outcome", "result_row", "summary_rows", "write_outputs",
+           "write_report"]
 
 _FAILED = {SessionStatus.ERROR, SessionStatus.CANCELLED}
 #: the run report's file name, beside summary.md
@@ -304,11 +307,24 @@ def print_summary(console: Console, outcomes: list[SessionOutcome], totals: dict
                           f"{escape(_last_lines(f.stderr_tail, 2, 200)) or '(empty)'}", highlight=False)
 
 
+def refused_outcome(task: RefusedTask, agent: AgentSpec) -> SessionOutcome:
+    """A task the source refused, as the one session it never had: ERROR, cause ``invalid_task``, the problem (naming
+    the task) as its reason, nothing run and nothing scored."""
+    spec = SessionSpec(session_id=f"{task.task_id}-0-refused", task_id=task.task_id, instruction="", agent=agent)
+    result = SessionResult(session_id=spec.session_id, task_id=task.task_id, status=SessionStatus.ERROR,
+                           reason=f"{INVALID_TASK}: {task.problem}")
+    return SessionOutcome(spec, result, 0, 0.0)
+
+
 def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wall: float, *,
            lost_jobs: list[dict[str, Any]] | None = None) -> int:
     """Write the run's files (and the datagen export), print the summary; the exit code: 3 if a session failed for
     infrastructure reasons (its model calls did not reach a working upstream), else 1 if any session ended ERROR or
-    CANCELLED (a datagen run counts only what it kept, so its empty generations do not fail the run)."""
+    CANCELLED or a task was refused (a datagen run counts only what it kept, so its empty generations do not fail
+    the run). Each refused task is one ERROR session (:func:`refused_outcome`) after the ones that ran."""
+    ran = outcomes
+    if job.refused and job.requests:
+        outcomes = [*outcomes, *(refused_outcome(t, job.requests[0].agent) for t in job.refused)]
     totals = write_outputs(job.out_dir, outcomes, wall, title="datagen" if job.datagen is not None else "launch",
                            lost_jobs=lost_jobs)
     print_summary(console, outcomes, totals, job.out_dir)
@@ -325,8 +341,8 @@ def finish(console: Console, job: LaunchJob, outcomes: list[SessionOutcome], wal
         return 1 if any(o.result.status in _FAILED for o in outcomes) else 0
     from polar_gym.datagen import write_dataset
 
-    summary = write_dataset(job.out_dir / "datagen", [o.result for o in outcomes], job.requests, job.datagen)
+    summary = write_dataset(job.out_dir / "datagen", [o.result for o in ran], job.requests, job.datagen)
     console.print(f"datagen: {summary.passed}/{summary.samples} samples passed ({summary.empty} empty, "
                   f"{summary.retried} retried), {summary.sft_records.get('train', 0)} train / "
                   f"{summary.sft_records.get('test', 0)} test SFT records in {job.out_dir / 'datagen'}")
-    return 3 if infra else 0 if summary.kept else 1
+    return 3 if infra else 1 if job.refused or not summary.kept else 0

@@ -1,4 +1,5 @@
-"""Task sources for the ``tasks`` config group: callables ``(template, **params) -> list[TaskRequest]``."""
+"""Task sources for the ``tasks`` config group: callables ``(template, **params) -> list[TaskRequest] | TaskSet``
+(a TaskSet also names the tasks the source refused; the launch reports each as an ERROR session)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pydantic import ValidationError
 from polar_gym.datagen.template import TaskTemplate
 from polar_gym.runtime.podman_host import default_cli
 from polar_gym.schema import EvaluatorSpec, TaskRequest
-from polar_gym.settings import ConfigError
 from polar_gym.tasks import DEMO_TASKS, demo_tasks
-from polar_gym.tasks.harbor import HarborTask, find_tasks
+from polar_gym.tasks.harbor import HarborTask, refusal, scan_tasks
 from polar_gym.tasks.harbor_images import Runner, ensure_image, run_command
+from polar_gym.tasks.refused import RefusedTask, TaskSet
 
 __all__ = ["demo_requests", "harbor_requests", "harbor_task_requests"]
 
@@ -62,35 +63,35 @@ def _harbor_evaluator(task: HarborTask, template: TaskTemplate) -> EvaluatorSpec
 
 def harbor_requests(template: TaskTemplate, path: str, ids: list[str] | None = None,
                     solution: Literal["reference", "none"] = "reference",
-                    build_images: bool = True) -> list[TaskRequest]:
+                    build_images: bool = True) -> TaskSet:
     """Harbor task directories under ``path`` (all, or those in ``ids``) as TaskRequests shaped by ``template``:
     the environment becomes the runtime (on runtime=docker the Dockerfile is built into the session image when
-    missing), the ``harbor`` evaluator runs the task's tests, the oracle plays ``solution``."""
+    missing), the ``harbor`` evaluator runs the task's tests, the oracle plays ``solution``. A task refused (its
+    files, its env, a request that does not validate) is left out and named in the set's ``refused``; a set with no
+    usable task is a ConfigError naming every refused one."""
     return harbor_task_requests(template, path, ids, solution, build_images)
 
 
 def harbor_task_requests(template: TaskTemplate, path: str, ids: list[str] | None = None,
                          solution: Literal["reference", "none"] = "reference", build_images: bool = True,
-                         runner: Runner = run_command) -> list[TaskRequest]:
+                         runner: Runner = run_command) -> TaskSet:
     """:func:`harbor_requests` with the runner of the image commands (tests record them)."""
     if solution not in ("reference", "none"):
         raise ValueError(f"tasks.solution must be reference or none, not {solution!r}")
-    tasks = find_tasks(path, ids)
+    tasks, refused = scan_tasks(path, ids)
     made: list[tuple[HarborTask, TaskRequest]] = []
-    problems: list[str] = []
-    for task in tasks:  # every task is read before any image is built: one refusal names every task refused
+    for task in tasks:  # every task is read before any image is built
         try:
             made.append((task, task.to_request(
                 harness=template.agent.harness, model_name=template.agent.model_name, runtime=template.runtime,
                 evaluator=_harbor_evaluator(task, template), builder=template.builder,
                 num_samples=template.num_samples, timeout_seconds=template.timeout_seconds, solution=solution)))
         except ValidationError as exc:
-            problems.append(f"{task.path}: its request does not validate: {exc}")
+            refused.append(RefusedTask(task.task_id, f"{task.path}: its request does not validate: {exc}"))
         except ValueError as exc:  # ConfigError (a refused file, an environment this runtime cannot run), caps
-            problems.append(str(exc))
-    if problems:
-        raise ConfigError("", problems=[("", p) for p in problems],
-                          title=f"{len(problems)} of the {len(tasks)} Harbor tasks under {path} cannot be used")
+            refused.append(RefusedTask(task.task_id, str(exc)))
+    if not made:
+        raise refusal(path, refused, len(refused))
     requests = []
     for task, request in made:
         if build_images and request.runtime.backend == "docker" and not task.config.environment.docker_image:
@@ -102,4 +103,4 @@ def harbor_task_requests(template: TaskTemplate, path: str, ids: list[str] | Non
         if template.agent.config:
             request = request.model_copy(update={"agent": template.agent})
         requests.append(request)
-    return requests
+    return TaskSet(requests, refused)

@@ -46,6 +46,7 @@ from polar_gym.schema import (
 from polar_gym.settings import ConfigError
 from polar_gym.tasks.dockerfile import UnsupportedDockerfile, local_environment, parse_dockerfile
 from polar_gym.tasks.files import TaskFiles
+from polar_gym.tasks.refused import RefusedTask
 
 __all__ = [
     "HARBOR_LINKS",
@@ -54,6 +55,8 @@ __all__ = [
     "find_tasks",
     "load_task",
     "pack_files",
+    "refusal",
+    "scan_tasks",
     "solution_command",
 ]
 
@@ -353,13 +356,15 @@ def load_task(path: Path) -> HarborTask:
     return HarborTask(path=path, config=config, instruction=files.read_text("instruction.md"), files=files)
 
 
-def find_tasks(path: str | Path, ids: list[str] | None = None) -> list[HarborTask]:
-    """A task directory, or every task directory directly under ``path`` (sorted by name); ``ids`` picks some."""
+def scan_tasks(path: str | Path, ids: list[str] | None = None) -> tuple[list[HarborTask], list[RefusedTask]]:
+    """A task directory, or every task directory directly under ``path`` (sorted by name; ``ids`` picks some): the
+    tasks that load and the ones refused, each named by its directory with every problem found. A ConfigError only
+    for the set itself (no directory, no task in it, an unknown id)."""
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory")
     if os.path.lexists(root / "task.toml"):
-        tasks = [load_task(root)]
+        dirs = [root]
     else:
         dirs = [d for d in sorted(root.iterdir()) if os.path.lexists(d / "task.toml")]
         if not dirs:
@@ -367,19 +372,32 @@ def find_tasks(path: str | Path, ids: list[str] | None = None) -> list[HarborTas
         if ids is not None:  # a broken task that was not asked for does not stop the ones that were
             names = {Path(os.path.realpath(d)).name for d in dirs}
             dirs = [d for d in dirs if Path(os.path.realpath(d)).name in ids] if set(ids) <= names else dirs
-        tasks, problems = [], []
-        for directory in dirs:  # every task is read: one refusal names all the tasks that cannot be used
-            try:
-                tasks.append(load_task(directory))
-            except ConfigError as exc:
-                problems.append(str(exc))
-        if problems:
-            raise ConfigError("", problems=[("", p) for p in problems],
-                              title=f"{len(problems)} of the {len(dirs)} Harbor tasks under {root} cannot be used")
+    tasks: list[HarborTask] = []
+    refused: list[RefusedTask] = []
+    for directory in dirs:  # every task is read: one bad task does not hide another
+        try:
+            tasks.append(load_task(directory))
+        except ConfigError as exc:
+            refused.append(RefusedTask(Path(os.path.realpath(directory)).name, str(exc)))
     if ids is not None:
         known = {t.task_id: t for t in tasks}
-        unknown = [i for i in ids if i not in known]
+        unknown = [i for i in ids if i not in known and i not in {r.task_id for r in refused}]
         if unknown:
-            raise ConfigError(f"unknown task(s) {unknown}; known: {', '.join(known)}")
-        tasks = [known[i] for i in ids]
+            raise ConfigError(f"unknown task(s) {unknown}; known: {', '.join([*known, *(r.task_id for r in refused)])}")
+        tasks = [known[i] for i in ids if i in known]
+        refused = [r for r in refused if r.task_id in ids]
+    return tasks, refused
+
+
+def refusal(path: str | Path, refused: list[RefusedTask], of: int) -> ConfigError:
+    """The one error naming every refused task of a set of ``of`` tasks under ``path``."""
+    return ConfigError("", problems=[("", r.problem) for r in refused],
+                       title=f"{len(refused)} of the {of} Harbor tasks under {Path(path).expanduser()} cannot be used")
+
+
+def find_tasks(path: str | Path, ids: list[str] | None = None) -> list[HarborTask]:
+    """:func:`scan_tasks`'s tasks; a ConfigError naming every refused one if any is."""
+    tasks, refused = scan_tasks(path, ids)
+    if refused:
+        raise refusal(path, refused, len(tasks) + len(refused))
     return tasks

@@ -137,5 +137,5 @@ def test_on_docker_a_registry_base_image_builds_where_a_registry_is_reachable() 
                     "mirrors): the build command itself is tested with a recording runner in tests/tasks")
     template = TaskTemplate(agent=AgentSpec(harness="pi"), runtime=RuntimeSpec(backend="docker"),
                             builder=BuilderSpec(), evaluator=EvaluatorSpec())
-    (request,) = harbor_task_requests(template, str(DATA / "image"))
+    (request,) = harbor_task_requests(template, str(DATA / "image")).requests
     assert request.runtime.image is not None and _podman_image(request.runtime.image) is None

@@ -34,6 +34,7 @@ from polar_gym.schema import (
     SessionSpec,
     SessionStatus,
 )
+from polar_gym.tasks.refused import RefusedTask
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,3 +103,28 @@ def test_a_report_that_cannot_be_written_keeps_the_runs_files_and_exit_code(tmp_
     assert "report.html was not written: OSError: disk full" in console.export_text()
     assert "Report: report.html was not written (OSError: disk full)" in (tmp_path / "run" / "summary.md").read_text()
     assert (tmp_path / "run" / "results.jsonl").exists() and not (tmp_path / "run" / "report.html").exists()
+
+
+def test_a_refused_task_is_an_error_session_of_the_run_not_an_infrastructure_failure(tmp_path: Path) -> None:
+    """Issue 35: a Harbor task refused at load is the task's error; the run's files and exit code say so (1, not 3)
+    and name the task and the problem, beside the sessions that ran."""
+    out = tmp_path / "run"
+    ran = _outcome(tmp_path, SessionStatus.COMPLETED)
+    request = demo_requests(TaskTemplate(agent=AgentSpec(harness="shell"), runtime=RuntimeSpec(),
+                                         builder=BuilderSpec(), evaluator=EvaluatorSpec()), ids=["demo-calc-add"])[0]
+    problem = "/tasks/evil: instruction.md: is a symbolic link to '/etc/shadow', which leaves the task directory"
+    job = LaunchJob(requests=[request], inference=InferenceSettings(), out_dir=out, resolved_config="",
+                    refused=[RefusedTask("evil", problem)])
+    console = Console(record=True, file=io.StringIO(), width=300)
+    assert finish(console, job, [ran], 1.0) == 1
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["task_id"], r["status"], r["error_cause"]) for r in rows] == [
+        ("demo-calc-add", "COMPLETED", None), ("evil", "ERROR", "invalid_task")]
+    assert rows[1]["reason"] == f"invalid_task: {problem}" and rows[1]["harness"] == "shell"
+    summary = (out / "summary.md").read_text()
+    assert "| evil | 0 | shell | ERROR | - |" in summary and f"(ERROR): invalid_task: {problem}" in summary
+    assert "| invalid_task | 1 |" in summary and "infrastructure" not in summary
+    text = console.export_text()
+    assert "invalid_task: 1 session(s), e.g. /tasks/evil: instruction.md" in text
+    assert "infrastructure reasons" not in text
+    assert "evil" in (out / "report.html").read_text() and "invalid_task" in (out / "report.html").read_text()

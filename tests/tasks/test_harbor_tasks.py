@@ -129,7 +129,7 @@ def _template(backend: str = "local", evaluator: EvaluatorSpec | None = None) ->
 
 
 def test_local_requests_link_harbors_dirs_and_carry_tests_and_solution_inside() -> None:
-    requests = harbor_requests(_template(), str(DATA / "tasks"))
+    requests = harbor_requests(_template(), str(DATA / "tasks")).requests
     greeting = next(r for r in requests if r.task_id == "edit-greeting")
     assert greeting.runtime.workdir == "/app" and greeting.runtime.options == {"links": HARBOR_LINKS}
     assert (greeting.runtime.cpus, greeting.runtime.memory_mb) == (1, 1024)
@@ -142,17 +142,17 @@ def test_local_requests_link_harbors_dirs_and_carry_tests_and_solution_inside() 
                         r"&& chmod \+x /solution/solve.sh && DEBIAN_FRONTEND=noninteractive /solution/solve.sh",
                         command)
     assert command == solution_command(DATA / "tasks" / "edit-greeting" / "solution")  # the same bytes each time
-    none = harbor_requests(_template(), str(DATA / "tasks"), ids=["edit-greeting"], solution="none")
+    none = harbor_requests(_template(), str(DATA / "tasks"), ids=["edit-greeting"], solution="none").requests
     assert none[0].metadata.model_dump()["oracle"]["commands"] == []
 
 
 def test_the_evaluator_group_overrides_the_tasks_keys_or_replaces_the_evaluator() -> None:
     harbor = EvaluatorSpec(strategy="harbor", config={"missing_reward": "error", "timeout": 5})
-    (request,) = harbor_requests(_template(evaluator=harbor), str(DATA / "tasks"), ids=["fix-median"])
+    (request,) = harbor_requests(_template(evaluator=harbor), str(DATA / "tasks"), ids=["fix-median"]).requests
     config = request.evaluator.config.model_dump()
     assert (config["missing_reward"], config["timeout"], config["env"]) == ("error", 5, {"MEDIAN_CASES": "5"})
     other = EvaluatorSpec(strategy="session_completed")
-    (request,) = harbor_requests(_template(evaluator=other), str(DATA / "tasks"), ids=["fix-median"])
+    (request,) = harbor_requests(_template(evaluator=other), str(DATA / "tasks"), ids=["fix-median"]).requests
     assert request.evaluator == other
 
 
@@ -176,7 +176,7 @@ class Recorder:
 def test_on_docker_the_dockerfile_is_built_into_the_session_image_once(monkeypatch) -> None:
     monkeypatch.setenv("POLAR_DOCKER_CLI", "podman --runtime runc")
     runner = Recorder(1, 0)  # not there yet, then built
-    (request,) = harbor_task_requests(_template("docker"), str(DATA / "image"), runner=runner)
+    (request,) = harbor_task_requests(_template("docker"), str(DATA / "image"), runner=runner).requests
     tag = request.runtime.image
     assert tag is not None and re.fullmatch(r"localhost/polar-harbor/needs-jq:[0-9a-f]{12}", tag)
     assert request.runtime.workdir == "/app" and request.runtime.options == {}
@@ -221,7 +221,7 @@ def test_apptainer_takes_a_prebuilt_image_only(tmp_path) -> None:
         (task / name).parent.mkdir(parents=True, exist_ok=True)
         (task / name).write_text("x")
     (task / "task.toml").write_text('[environment]\ndocker_image = "ghcr.io/acme/env:1"\nworkdir = "/work"\n')
-    (request,) = harbor_requests(_template("apptainer"), str(task))
+    (request,) = harbor_requests(_template("apptainer"), str(task)).requests
     assert (request.runtime.image, request.runtime.workdir) == ("docker://ghcr.io/acme/env:1", "/work")
     with pytest.raises(ConfigError, match="needs runtime=docker or runtime=apptainer"):
         harbor_requests(_template("local"), str(task))
@@ -262,7 +262,7 @@ def test_a_task_needs_its_files_and_an_image_backend_needs_an_environment(tmp_pa
 
 def test_the_harness_config_of_the_run_reaches_every_task() -> None:
     template = _template().model_copy(update={"agent": AgentSpec(harness="codex", config={"reasoning": "low"})})
-    (request,) = harbor_requests(template, str(DATA / "tasks"), ids=["edit-greeting"])
+    (request,) = harbor_requests(template, str(DATA / "tasks"), ids=["edit-greeting"]).requests
     assert request.agent == AgentSpec(harness="codex", config={"reasoning": "low"})
 
 

@@ -18,12 +18,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from polar_gym.datagen.template import TaskTemplate
-from polar_gym.launch import CONF_DIR, build_job
+from polar_gym.launch import CONF_DIR, LaunchJob, build_job
 from polar_gym.launch.tasks import harbor_task_requests
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
 from polar_gym.settings import ConfigError
 from polar_gym.tasks.files import MAX_FILE_BYTES, MAX_TEXT_BYTES, TaskFileError, TaskFiles
 from polar_gym.tasks.harbor import find_tasks, load_task
+from polar_gym.tasks.refused import TaskSet
 from tests._waiting import BOUND
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "harbor"
@@ -52,7 +53,7 @@ def _template(backend: str = "local") -> TaskTemplate:
                         evaluator=EvaluatorSpec(strategy="test_on_output"))
 
 
-def _requests(path: Path, backend: str = "local") -> list[Any]:
+def _requests(path: Path, backend: str = "local") -> TaskSet:
     recorded: list[list[str]] = []
 
     def runner(argv: list[str], timeout: float) -> tuple[int, str]:
@@ -281,13 +282,46 @@ def test_every_bad_task_of_a_set_is_named_in_one_refusal_and_unasked_ones_do_not
     assert [t.task_id for t in find_tasks(root, ["good"])] == ["good"]
 
 
-def test_launch_refuses_a_set_with_a_bad_task_under_the_tasks_key(tmp_path) -> None:
+def _job(root: Path, out: Path, *overrides: str) -> LaunchJob:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return build_job(compose("config", overrides=["tasks=harbor", f"out_dir={out}", f"tasks.path={root}",
+                                                      *overrides]))
+
+
+def test_launch_runs_the_good_tasks_of_a_set_and_carries_each_refused_one(tmp_path) -> None:
+    """A bad task is the task's error, not the run's: the job runs the good one and names each refused one (it
+    stopped the whole launch with exit 2 before)."""
     root = _bad_set(tmp_path)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"), pytest.raises(ConfigError) as caught:
-        build_job(compose("config", overrides=["tasks=harbor", f"out_dir={tmp_path / 'out'}",
-                                               f"tasks.path={root}"]))
-    assert caught.value.keys == ["tasks"] and "bad-link: instruction.md: is a symbolic link" in str(caught.value)
-    assert SECRET not in str(caught.value)
+    job = _job(root, tmp_path / "out")
+    assert [r.task_id for r in job.requests] == ["good"]
+    assert [t.task_id for t in job.refused] == ["bad-env", "bad-link"]
+    env, link = (t.problem for t in job.refused)
+    assert env.startswith(f"{root}/bad-env: [verifier] env sets 'LD_PRELOAD': refused")
+    assert link.startswith(f"{root}/bad-link: instruction.md: is a symbolic link")
+    assert all(SECRET not in t.problem for t in job.refused)
+    # a task refused when its request is made (a runtime it cannot run on) is carried the same way
+    (root / "good" / "environment" / "Dockerfile").write_text("FROM x\nRUN apt-get install -y jq\n")
+    _task(root, "fine")
+    job = _job(root, tmp_path / "out")
+    assert [r.task_id for r in job.requests] == ["fine"]
+    assert [t.task_id for t in job.refused] == ["bad-env", "bad-link", "good"]
+    assert "needs runtime=docker or runtime=apptainer" in job.refused[2].problem
+    # tasks.ids: an unasked bad task is not even read, an asked one is refused
+    job = _job(root, tmp_path / "out", "tasks.ids=[fine,bad-link]")
+    assert [r.task_id for r in job.requests] == ["fine"] and [t.task_id for t in job.refused] == ["bad-link"]
+
+
+def test_launch_refuses_a_set_whose_every_task_is_refused_naming_each(tmp_path) -> None:
+    root = _bad_set(tmp_path)
+    shutil.rmtree(root / "good")
+    with pytest.raises(ConfigError) as caught:
+        _job(root, tmp_path / "out")
+    message = str(caught.value)
+    assert caught.value.keys == ["tasks"] and f"2 of the 2 Harbor tasks under {root} cannot be used" in message
+    assert "bad-env: [verifier] env sets 'LD_PRELOAD'" in message
+    assert "bad-link: instruction.md: is a symbolic link" in message and SECRET not in message
+    with pytest.raises(ConfigError, match=r"bad-link: instruction\.md: is a symbolic link"):
+        _job(root, tmp_path / "out", "tasks.ids=[bad-link]")
 
 
 def test_the_readers_other_refusals_name_the_path(tmp_path, monkeypatch) -> None:
