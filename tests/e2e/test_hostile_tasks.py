@@ -171,6 +171,12 @@ def launch_hostile(tmp_path: Path, kit: Kit, *overrides: str, base_image: str | 
         pytest.fail(f"the launch did not finish within {LAUNCH_TIMEOUT} s: {str(exc.stderr)[-3000:]}")
     console = done.stdout + done.stderr
     assert done.returncode == 1, console[-6000:]
+    # first what must never happen: the library ran on the host, the host file was read into the run
+    assert kit.ran() == [], f"the task's library ran on the host: {kit.ran()}"
+    files = [p for p in out.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert out / "server.sqlite" in files and out / "trajectories.jsonl" in files  # the check reads the run
+    leaked = [str(p) for p in files if canary.encode() in p.read_bytes()]
+    assert not leaked and canary not in console, f"the canary was read into {leaked or 'the console'}"
     rows = {r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert sorted(rows) == sorted(["good", *expected]), console[-3000:]
     good = rows["good"]
@@ -182,8 +188,8 @@ def launch_hostile(tmp_path: Path, kit: Kit, *overrides: str, base_image: str | 
         if (row["status"], row["error_cause"]) != ("ERROR", want.cause) or not reason.startswith(want.prefix) \
                 or not all(w in reason for w in want.words):
             wrong[name] = (row["status"], row["error_cause"], reason[:400])
-        if want.cause == "invalid_task":
-            assert f"task {name} refused (invalid_task)" in done.stderr
+        elif want.cause == "invalid_task" and f"task {name} refused (invalid_task)" not in done.stderr:
+            wrong[name] = ("not named on the console",)
     assert not wrong, json.dumps(wrong, indent=1)
     assert all(r["evaluation"] is None or r["evaluation"].get("reward") is None for n, r in rows.items() if n != "good")
     summary = (out / "summary.md").read_text()
@@ -191,11 +197,6 @@ def launch_hostile(tmp_path: Path, kit: Kit, *overrides: str, base_image: str | 
     assert "| invalid_task | 7 |" in summary and "| invalid_reward | 5 |" in summary
     assert f"1/{len(rows)} completed" in done.stderr
     assert "infrastructure reasons" not in console
-    assert kit.ran() == [], f"the task's library ran on the host: {kit.ran()}"
-    files = [p for p in out.rglob("*") if p.is_file() and not p.is_symlink()]
-    assert out / "server.sqlite" in files and out / "trajectories.jsonl" in files  # the check reads the run
-    leaked = [str(p) for p in files if canary.encode() in p.read_bytes()]
-    assert not leaked and canary not in console, leaked
 
 
 def test_hostile_tasks_on_the_local_runtime_are_per_session_errors(tmp_path: Path, kit: Kit) -> None:
