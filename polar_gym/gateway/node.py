@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from polar_gym.causes import INVALID_TASK
 from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import DeadlineExceeded, DuplicateSession, GatewayClosed, StageError, UnknownSession
 from polar_gym.gateway.pools import LatencyStats, Pool, UtilizationTracker
@@ -30,6 +31,7 @@ from polar_gym.gateway.session import Session, stage_of
 from polar_gym.gateway.stages import Stages
 from polar_gym.gateway.telemetry import GatewayTelemetry
 from polar_gym.runtime.base import ExecStatus
+from polar_gym.runtime.errors import SandboxEnvError
 from polar_gym.schema import GatewayHealth, SessionResult, SessionSpec, SessionStatus
 
 __all__ = ["GatewayNode", "StatusListener"]
@@ -207,6 +209,8 @@ class GatewayNode:
             self._end(s, S.TIMEOUT, exc.message)
         except StageError as exc:
             self._end(s, S.ERROR, f"{exc.stage}: {exc.message}")
+        except SandboxEnvError as exc:  # the task's own env names what a host loader reads: the task is at fault
+            self._end(s, S.ERROR, f"{INVALID_TASK}: {exc} (in {s.stage})")
         except Exception as exc:  # fault isolation: a bug or a failing plug-in ends this session only
             log.warning("session %s failed in %s", s.session_id, s.stage, exc_info=True)
             self._end(s, S.ERROR, f"{s.stage}: {exc.__class__.__name__}: {exc}")

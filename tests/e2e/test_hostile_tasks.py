@@ -11,7 +11,7 @@ load): the good task's request with the verifier's exec env set to ``LD_PRELOAD`
 _hostile_source.py, the ``tasks`` plug point).
 
 Each attempt must end as a clear per-session ERROR (``invalid_task``, ``invalid_reward``, or the backend's refusal
-of the exec env, ``postrun_failed``) while the run finishes (exit 1, bounded wait) and the good task scores 1; the
+of the exec env, also ``invalid_task``) while the run finishes (exit 1, bounded wait) and the good task scores 1; the
 library never runs on the host (its marker directory stays empty) and the canary is in no file of the run's folder.
 
 Run as root (the suite's user) on runtime=local and runtime=docker (podman, when it and the offline pi image are
@@ -122,7 +122,7 @@ def hostile_set(root: Path, kit: Kit, canary_file: Path, base_image: str | None 
         (task(name) / "tests" / "test.sh").write_text(REWARD_SCRIPT.format(script))
         expected[name] = Expected("invalid_reward", ("reward",))
     for name, (env, _) in REQUESTS.items():
-        expected[name] = Expected("postrun_failed", ("SandboxEnvError: the exec's env may not set", *env))
+        expected[name] = Expected("invalid_task", ("the exec's env may not set", *env, "(in postrun)"))
     return expected
 
 
@@ -188,13 +188,14 @@ def launch_hostile(tmp_path: Path, kit: Kit, *overrides: str, base_image: str | 
         if (row["status"], row["error_cause"]) != ("ERROR", want.cause) or not reason.startswith(want.prefix) \
                 or not all(w in reason for w in want.words):
             wrong[name] = (row["status"], row["error_cause"], reason[:400])
-        elif want.cause == "invalid_task" and f"task {name} refused (invalid_task)" not in done.stderr:
+        elif name not in REQUESTS and want.cause == "invalid_task" \
+                and f"task {name} refused (invalid_task)" not in done.stderr:  # refused at load, before any run
             wrong[name] = ("not named on the console",)
     assert not wrong, json.dumps(wrong, indent=1)
     assert all(r["evaluation"] is None or r["evaluation"].get("reward") is None for n, r in rows.items() if n != "good")
     summary = (out / "summary.md").read_text()
     assert all(f"| {name} | 0 | pi | ERROR |" in summary for name in expected)
-    assert "| invalid_task | 7 |" in summary and "| invalid_reward | 5 |" in summary
+    assert f"| invalid_task | {7 + len(REQUESTS)} |" in summary and "| invalid_reward | 5 |" in summary
     assert f"1/{len(rows)} completed" in done.stderr
     assert "infrastructure reasons" not in console
 

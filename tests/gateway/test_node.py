@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 import polar_gym.gateway as gateway
+from polar_gym.causes import cause_of
 from polar_gym.gateway import DuplicateSession, GatewayClosed, GatewayConfig, GatewayNode, Pool, UtilizationTracker
+from polar_gym.runtime.errors import SandboxEnvError
 from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus
 from tests._waiting import BOUND
 from tests.gateway._gw_doubles import ScriptedStages
@@ -267,3 +269,16 @@ async def test_stages_hear_of_each_attempt_before_submit_returns() -> None:
     second = n.submit(spec("a"))  # its result was never taken: a new attempt
     assert heard[-1] == ("a", second.attempt_id) != heard[0]
     await n.wait("a")
+
+
+async def test_an_env_the_sandbox_refuses_ends_the_session_as_the_tasks_fault() -> None:
+    """Issue 35: a task's exec env naming what a host loader reads (refused by the runtime backend) is the task's
+    fault: ERROR with cause invalid_task and the stage, not a stage failure with a traceback."""
+    class Refusing(ScriptedStages):
+        async def evaluate(self, session: gateway.Session) -> None:
+            raise SandboxEnvError("the exec's env may not set 'LD_PRELOAD': ...")
+
+    result = (await node(Refusing()).run([spec("a")]))[0]
+    assert result.status is S.ERROR
+    assert result.reason == "invalid_task: the exec's env may not set 'LD_PRELOAD': ... (in postrun)"
+    assert cause_of(result.status.value, result.reason, result.metadata) == "invalid_task"
