@@ -72,7 +72,6 @@ class GatewayConfig(GatewayPools):
     #: how long BUILDING waits for the session's in-flight model calls to be journaled
     settle_timeout_seconds: float = 10.0
     log_collect_timeout_seconds: float = 30.0
-    callback_timeout_seconds: float = 30.0
     evaluate_on_timeout: bool = True
     #: finished sessions remembered for GET /sessions/{id}/result (oldest forgotten first)
     max_finished: int = 10_000
