@@ -200,7 +200,7 @@ async def test_a_restarted_server_replaces_the_old_one_through_the_rollout_serve
                         upstream_model=vllm_server.model)
     try:
         gateway = await harness.gateway(engine=engine)
-        srv = await harness.server()
+        srv = await harness.server(weight_servers=[vllm_train_server.url])  # --weight-server: a new engine
         await srv.register(gateway, 2)
         async with httpx.AsyncClient(base_url=gateway.url, timeout=300.0) as http, \
                 RolloutClient(srv.url, SERVER_TOKEN) as client:

@@ -109,15 +109,17 @@ def test_descriptors_given_up_by_the_loop_are_closed_by_the_next_write_on_the_wr
     assert descriptors_under(tmp_path) == 0
 
 
-async def test_journal_files_are_created_readable_and_not_executable(tmp_path: Path):
-    """Created with mode 0o666 less the umask, as any file the user's tools write: never executable."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    journal = CaptureJournal(tmp_path)
-    await journal.append(record("m", [1, 2], [3]))
-    journal.close()
+async def test_journal_files_are_created_private_and_not_executable(tmp_path: Path):
+    """Created 0600 whatever the umask (they hold prompts and completions: issue 35), never executable."""
+    umask = os.umask(0o002)
+    try:
+        journal = CaptureJournal(tmp_path)
+        await journal.append(record("m", [1, 2], [3]))
+        journal.close()
+    finally:
+        os.umask(umask)
     for name in ("tokens.bin", "logprobs.bin", "records.jsonl"):
-        assert stat.S_IMODE((tmp_path / "m" / name).stat().st_mode) == 0o666 & ~umask, name
+        assert stat.S_IMODE((tmp_path / "m" / name).stat().st_mode) == 0o600, name
 
 
 def test_an_on_disk_stream_is_never_written_past_the_open_file_cache(tmp_path: Path):
