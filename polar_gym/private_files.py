@@ -5,10 +5,11 @@ directories. A user who shares a run shares it on purpose."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import IO
 
-__all__ = ["open_private", "private_dir", "write_secret"]
+__all__ = ["new_private_file", "open_private", "private_dir", "write_secret"]
 
 
 def private_dir(path: Path) -> Path:
@@ -35,6 +36,19 @@ def open_private(path: Path, mode: str = "w") -> IO[str]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def new_private_file(directory: Path, data: bytes, prefix: str = "") -> Path:
+    """A new file (a fresh name, O_EXCL, mode 600) in ``directory`` holding ``data``; the caller removes it. For
+    what a host tool reads once, such as a sandbox's env file."""
+    fd, name = tempfile.mkstemp(prefix=prefix, dir=directory)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    return Path(name)
 
 
 def write_secret(path: Path, text: str | bytes) -> Path:

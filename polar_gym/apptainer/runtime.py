@@ -46,6 +46,7 @@ from typing import Any
 from polar_gym.apptainer import commands as cmd
 from polar_gym.apptainer.commands import INNER_STATE, ApptainerOptions
 from polar_gym.apptainer.gateway import ApptainerRelay
+from polar_gym.private_files import new_private_file
 from polar_gym.runtime.base import ExecResult, ExecStatus, GatewayEndpoint, OutputCallback, Runtime
 from polar_gym.runtime.errors import SandboxStartError, SandboxStateError, SandboxUnavailable
 from polar_gym.runtime.hostenv import HOST_CWD, check_sandbox_env
@@ -193,17 +194,9 @@ class ApptainerRuntime(Runtime):
 
     def _write_env_file(self, env: dict[str, str]) -> Path:
         """A 0600 env file (:func:`~polar_gym.apptainer.commands.env_file_text`) in the private host directory."""
-        text = cmd.env_file_text(env).encode("utf-8", "surrogateescape")
         if self._host_dir is None or not self._host_dir.is_dir():
             self._host_dir = Path(tempfile.mkdtemp(prefix="polar-apptainer-"))
-        fd, name = tempfile.mkstemp(prefix="env-", dir=self._host_dir)
-        try:
-            view = memoryview(text)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        return Path(name)
+        return new_private_file(self._host_dir, cmd.env_file_text(env).encode("utf-8", "surrogateescape"), "env-")
 
     async def _exec(self, command: list[str] | str, env_file: Path | None, *, cwd: str | None,
                     timeout: float | None, stdin: bytes | None, on_stdout: OutputCallback | None,

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
+from polar_gym.private_files import new_private_file
 from polar_gym.runtime.base import (
     RELAY_PATH,
     SESSION_MOUNT,
@@ -247,15 +248,7 @@ class DockerRuntime(Runtime):
 
     def _write_env_file(self, env: dict[str, str]) -> Path:
         """A 0600 env file in the private directory (:func:`env_file_text`); the caller removes it."""
-        text = env_file_text(env).encode("utf-8", "surrogateescape")
-        fd, name = tempfile.mkstemp(prefix="env-", dir=self._private_dir())  # 0600, O_EXCL
-        try:
-            view = memoryview(text)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        return Path(name)
+        return new_private_file(self._private_dir(), env_file_text(env).encode("utf-8", "surrogateescape"), "env-")
 
     async def start(self) -> None:
         if self._running or self._created:
