@@ -13,11 +13,15 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-__all__ = ["INNER", "NOBODY", "require_outer_root_run", "run_as_nobody"]
+from polar_gym.runtime.relay import relay_program
+
+__all__ = ["INNER", "NOBODY", "require_outer_root_run", "rerun_with_the_local_runtime", "run_as_nobody"]
 
 INNER = "POLAR_UNPRIVILEGED_RUN"
 NOBODY = 65534
@@ -79,3 +83,22 @@ def run_as_nobody(module: Path, work: Path, *, bind: tuple[Path, Path], pythonpa
     assert passed is not None and int(passed.group(1)) >= min_passed, report
     assert not re.search(r"\d+ failed", proc.stdout), report
     return proc.stdout
+
+
+def rerun_with_the_local_runtime(module: Path, *, min_passed: int, timeout: float) -> str:
+    """``module`` again as uid 65534 with what the local runtime needs: the venv's site-packages bound where that
+    user can reach them and the relay helper copied into a cache of its own. Returns pytest's output."""
+    require_outer_root_run()
+    site = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "pydantic").is_dir()))
+    work = Path(tempfile.mkdtemp(prefix="polar-unpriv-", dir="/tmp"))
+    try:
+        relay = Path(relay_program())
+        cache = work / "cache" / relay.parent.name
+        cache.mkdir(parents=True)
+        shutil.copy(relay, cache / relay.name)
+        for sub in [work / "cache", *(work / "cache").rglob("*")]:
+            os.chown(sub, NOBODY, NOBODY)
+        return run_as_nobody(module, work, bind=(site, work / "site"), pythonpath=[work / "site", ROOT],
+                             env={"POLAR_CACHE": str(work / "cache")}, min_passed=min_passed, timeout=timeout)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

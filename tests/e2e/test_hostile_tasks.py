@@ -128,19 +128,8 @@ def hostile_set(root: Path, kit: Kit, canary_file: Path, base_image: str | None 
 
 @pytest.fixture
 def kit() -> Iterator[Kit]:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is missing")
-    work = Path(tempfile.mkdtemp(prefix="polar-hostile-tasks-", dir="/tmp"))
-    work.chmod(0o755)
-    try:
-        kit = Kit(work)
-        # the library works: a host process that loads it leaves a marker (so "no marker" below means something)
-        subprocess.run(["/bin/true"], env={"LD_PRELOAD": str(kit.lib), "PATH": "/usr/bin:/bin"}, check=True)
-        assert kit.ran(), "the test library did not run on the host when preloaded on purpose"
-        kit.clear()
-        yield kit
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with Kit.made("polar-hostile-tasks-") as made:
+        yield made
 
 
 def _canary(tmp_path: Path) -> tuple[Path, str]:

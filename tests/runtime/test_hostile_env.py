@@ -19,7 +19,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -32,9 +31,8 @@ from polar_gym.runtime.base import Runtime
 from polar_gym.runtime.docker import DockerRuntime
 from polar_gym.runtime.errors import SandboxEnvError
 from polar_gym.runtime.local import LocalRuntime
-from polar_gym.runtime.relay import relay_program
 from polar_gym.schema import RuntimeSpec
-from tests._unprivileged import NOBODY, require_outer_root_run, run_as_nobody
+from tests._unprivileged import require_outer_root_run, rerun_with_the_local_runtime
 
 ROOT = Path(__file__).parents[2]
 PODMAN_CLI = ["podman", "--runtime", "runc"]
@@ -87,6 +85,23 @@ class Kit:
         self.recorder.write_text(RECORDER.format(out=self.records))
         self.recorder.chmod(0o755)
 
+    @classmethod
+    @contextlib.contextmanager
+    def made(cls, prefix: str) -> Iterator[Kit]:
+        """A kit in a fresh directory under /tmp (skips without gcc), removed afterwards. Its library is proven to
+        run on the host when preloaded on purpose, so that "no marker" later means something."""
+        if shutil.which("gcc") is None:
+            pytest.skip("gcc is missing")
+        work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        try:
+            kit = cls(work)
+            subprocess.run(["/bin/true"], env={"LD_PRELOAD": str(kit.lib), "PATH": "/usr/bin:/bin"}, check=True)
+            assert kit.ran(), "the test library did not run on the host when preloaded on purpose"
+            kit.clear()
+            yield kit
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
     def ran(self) -> list[str]:
         return sorted(p.name for p in self.markers.iterdir())
 
@@ -107,18 +122,8 @@ class Kit:
 
 @pytest.fixture
 def kit() -> Iterator[Kit]:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is missing")
-    work = Path(tempfile.mkdtemp(prefix="polar-hostile-env-", dir="/tmp"))
-    try:
-        kit = Kit(work)
-        # the library works: a host process that loads it leaves a marker (so "no marker" below means something)
-        subprocess.run(["/bin/true"], env={"LD_PRELOAD": str(kit.lib), "PATH": "/usr/bin:/bin"}, check=True)
-        assert kit.ran(), "the test library did not run on the host when preloaded on purpose"
-        kit.clear()
-        yield kit
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with Kit.made("polar-hostile-env-") as made:
+        yield made
 
 
 def _podman_reason() -> str | None:
@@ -267,17 +272,5 @@ def test_the_same_attacks_fail_as_an_unprivileged_user() -> None:
     require_outer_root_run()
     if shutil.which("gcc") is None or shutil.which("bwrap") is None:
         pytest.skip("gcc or bubblewrap is missing")
-    site = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "pydantic").is_dir()))
-    work = Path(tempfile.mkdtemp(prefix="polar-unpriv-", dir="/tmp"))
-    try:
-        relay = Path(relay_program())
-        cache = work / "cache" / relay.parent.name
-        cache.mkdir(parents=True)
-        shutil.copy(relay, cache / relay.name)
-        for sub in [work / "cache", *(work / "cache").rglob("*")]:
-            os.chown(sub, NOBODY, NOBODY)
-        out = run_as_nobody(Path(__file__), work, bind=(site, work / "site"), pythonpath=[work / "site", ROOT],
-                            env={"POLAR_CACHE": str(work / "cache")}, min_passed=4, timeout=900)
-        assert "failed" not in out
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    out = rerun_with_the_local_runtime(Path(__file__), min_passed=4, timeout=900)
+    assert "failed" not in out

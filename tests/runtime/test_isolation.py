@@ -28,9 +28,8 @@ import pytest
 from polar_gym.runtime.base import ExecStatus, GatewayEndpoint
 from polar_gym.runtime.errors import SandboxStartError
 from polar_gym.runtime.local import LocalRuntime, disk_usage
-from polar_gym.runtime.relay import relay_program
 from polar_gym.schema import RuntimeSpec
-from tests._unprivileged import NOBODY, require_outer_root_run, run_as_nobody
+from tests._unprivileged import require_outer_root_run, rerun_with_the_local_runtime
 from tests._waiting import until
 
 ROOT = Path(__file__).parents[2]
@@ -354,20 +353,7 @@ def test_the_same_checks_pass_as_an_unprivileged_user(tmp_path: Path) -> None:
     """This module again, as uid 65534 under Debian's /usr/bin/python3.11 (the venv's site-packages bound where
     that user can reach them; the relay helper copied into a cache of its own)."""
     require_outer_root_run()
-    site = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "pydantic").is_dir()))
-    work = Path(tempfile.mkdtemp(prefix="polar-unpriv-", dir="/tmp"))
-    try:
-        relay = Path(relay_program())
-        cache = work / "cache" / relay.parent.name
-        cache.mkdir(parents=True)
-        shutil.copy(relay, cache / relay.name)
-        for sub in [work / "cache", *(work / "cache").rglob("*")]:
-            os.chown(sub, NOBODY, NOBODY)
-        run_as_nobody(Path(__file__), work, bind=(site, work / "site"),
-                      pythonpath=[work / "site", ROOT],
-                      env={"POLAR_CACHE": str(work / "cache")}, min_passed=10, timeout=1200)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    rerun_with_the_local_runtime(Path(__file__), min_passed=10, timeout=1200)
 
 
 def test_the_setuid_sweep_clears_the_sandboxs_files_and_follows_no_link(tmp_path: Path) -> None:
