@@ -32,8 +32,8 @@ from tests._fakes import ByteTokenizer
 from tests._serving import ADMIN, QuietServer, free_port
 from tests.gateway._gateway_kit import DOUBLES, no_processes_with
 
-__all__ = ["SERVER_TOKEN", "Harness", "RunningGateway", "RunningServer", "harness", "make_task",
-           "wait_for"]
+__all__ = ["SERVER_TOKEN", "Handler", "Harness", "RunningGateway", "RunningServer", "harness", "make_server",
+           "make_task", "wait_for"]
 
 SERVER_TOKEN = "server-admin-token"
 MARKER = f"polarsrv{uuid.uuid4().hex[:12]}"
@@ -191,3 +191,25 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         yield made
     finally:
         await made.close()
+
+
+#: what a MockTransport-backed RolloutServer's HTTP goes to
+Handler = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
+
+
+@pytest_asyncio.fixture
+async def make_server(tmp_path: Path) -> AsyncIterator[Callable[..., RolloutServer]]:
+    """A RolloutServer whose HTTP goes to ``handler`` (its loops are not started)."""
+    made: list[RolloutServer] = []
+
+    def make(handler: Handler, **knobs: Any) -> RolloutServer:
+        server = RolloutServer(Store(tmp_path / f"db{len(made)}.sqlite"), transport=httpx.MockTransport(handler),
+                               **knobs)
+        server.links.open()
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        await server.stop()
+        server.store.close()

@@ -1,3 +1,3 @@
 """Fixtures of this folder live in ``_server_kit.py`` (importable by the tests as ``tests.server._server_kit``)."""
 
-from tests.server._server_kit import harness  # noqa: F401
+from tests.server._server_kit import harness, make_server  # noqa: F401

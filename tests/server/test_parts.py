@@ -5,23 +5,19 @@ retry then give up, the admin fan-out, the typed counters."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from polar_gym.schema import AgentSpec, GatewayRegistration, SessionSpec, SessionStatus, TaskRequest
-from polar_gym.server import RolloutServer, ServerCounters, Store
+from polar_gym.server import RolloutServer, ServerCounters
 from polar_gym.server.core import admin_call
 from polar_gym.server.dispatch import free_slots, plan
 from polar_gym.server.fleet import DRAINING, Fleet
 from polar_gym.server.store import SessionRow
 
 S = SessionStatus
-Handler = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
 
 
 def _rows(n: int) -> list[SessionRow]:
@@ -44,24 +40,6 @@ def test_the_plan_fills_free_slots_least_loaded_first_and_leaves_the_fleet_as_it
     assert small.sessions == set() and big.sessions == set() and busy.sessions == {"x", "y"}
     big.suspect, small.row.state = True, DRAINING
     assert free_slots(fleet) == 0 and plan(fleet, rows) == []
-
-
-@pytest_asyncio.fixture
-async def make_server(tmp_path: Path) -> AsyncIterator[Callable[..., RolloutServer]]:
-    """A RolloutServer whose HTTP goes to ``handler`` (its loops are not started)."""
-    made: list[RolloutServer] = []
-
-    def make(handler: Handler, **knobs: Any) -> RolloutServer:
-        server = RolloutServer(Store(tmp_path / f"db{len(made)}.sqlite"), transport=httpx.MockTransport(handler),
-                               **knobs)
-        server.links.open()
-        made.append(server)
-        return server
-
-    yield make
-    for server in made:
-        await server.stop()
-        server.store.close()
 
 
 async def _submitted(server: RolloutServer, n: int, callback_url: str | None = None) -> list[SessionRow]:

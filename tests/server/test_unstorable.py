@@ -8,37 +8,19 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from polar_gym.causes import UNSTORABLE_RESULT, cause_of
 from polar_gym.schema import AgentSpec, GatewayRegistration, SessionResult, SessionStatus, TaskRequest
-from polar_gym.server import RolloutServer, Store
+from polar_gym.server import RolloutServer
 from polar_gym.server.store import SessionRow
 from tests._waiting import until
 
 S = SessionStatus
-
-
-@pytest_asyncio.fixture
-async def make_server(tmp_path: Path) -> AsyncIterator[Callable[..., RolloutServer]]:
-    made: list[RolloutServer] = []
-
-    def make(handler: Callable[[httpx.Request], Any]) -> RolloutServer:
-        server = RolloutServer(Store(tmp_path / f"db{len(made)}.sqlite"), transport=httpx.MockTransport(handler))
-        server.links.open()
-        made.append(server)
-        return server
-
-    yield make
-    for server in made:
-        await server.stop()
-        server.store.close()
 
 
 async def _one_session(server: RolloutServer) -> SessionRow:
