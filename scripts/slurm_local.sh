@@ -409,7 +409,16 @@ node_pids() {  # NODE: the processes in its network namespace, and (sandboxes ma
   fi
 }
 
+own_state_dir() {  # the state dir holds the configs, keys and pid files root's daemons read: ours, never a link
+  if [ -L "$DIR" ] || { [ -e "$DIR" ] && [ "$(stat -c %u "$DIR")" != "$(id -u)" ]; }; then
+    log "refusing the state directory $DIR: it must be $(id -un)'s own and not a symlink (SLURM_LOCAL_DIR picks another)"
+    exit 1
+  fi
+  mkdir -p "$DIR"
+}
+
 start() {
+  own_state_dir
   local nodes=0
   if [ "${1:-}" = "--nodes" ]; then
     nodes="${2:-}"

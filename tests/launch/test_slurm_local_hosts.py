@@ -142,3 +142,21 @@ def test_a_crash_at_any_moment_leaves_the_old_or_the_new_hosts(hosts: Path, tmp_
         old = before.rstrip("\n") + "\n"  # an earlier attempt killed in place may have left blank lines after it
         assert stripped in (old, new), f"attempt {attempt}: neither the old nor the new content: {after!r}"
         assert after.startswith(BASE)
+
+
+@needs_root
+def test_a_state_dir_that_is_a_link_or_anothers_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """The state dir (default /tmp/polar-slurm) holds what root's daemons read (slurm.conf, slurmdbd.conf, pid
+    files): one another user made first, or a link they planted, is refused before anything is installed or written."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    link = tmp_path / "state-link"
+    link.symlink_to(victim)
+    theirs = tmp_path / "state-theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # another user's
+    for state in (link, theirs):
+        env = {"PATH": os.environ["PATH"], "SLURM_LOCAL_DIR": str(state)}
+        done = subprocess.run(["bash", str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and f"refusing the state directory {state}" in done.stderr, done.stderr
+    assert list(victim.iterdir()) == [] and list(theirs.iterdir()) == []
