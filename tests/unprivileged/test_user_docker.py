@@ -37,10 +37,11 @@ def test_setup_built_the_harness_image_rootless(rootless_podman: UserClone) -> N
 
 def test_the_docker_conformance_suite_as_an_unprivileged_user(rootless_podman: UserClone) -> None:
     """tests/runtime's conformance suite on ``docker``, run by the user: every guarantee but the cgroup limits,
-    which rootless podman cannot enforce on cgroup v1 (they skip, saying so; podman_host logs it); and a container
-    of a SIGKILLed gateway stops on its own (its lease)."""
+    which rootless podman cannot enforce on cgroup v1 (they skip, saying so; podman_host logs it); a container
+    of a SIGKILLed gateway stops on its own (its lease); and a task's env naming a library to preload or audit
+    never reaches the user's podman or conmon (tests/runtime/test_hostile_env.py's docker cases)."""
     proc = as_user(".venv/bin/python -m pytest -q -p no:cacheprovider -rs -m 'not slow' "
-                   "tests/runtime/test_conformance.py "
+                   "tests/runtime/test_conformance.py tests/runtime/test_hostile_env.py "
                    "tests/runtime/test_docker.py::test_a_container_outlives_no_sigkilled_gateway -k docker",
                    cwd=rootless_podman.clone, timeout=1200)
     report = proc.stdout[-6000:] + proc.stderr[-2000:]
