@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-__all__ = ["new_private_file", "open_private", "private_dir", "write_secret"]
+__all__ = ["new_private_file", "open_private", "private_dir", "write_all", "write_secret"]
 
 
 def private_dir(path: Path) -> Path:
@@ -43,12 +43,17 @@ def new_private_file(directory: Path, data: bytes, prefix: str = "") -> Path:
     what a host tool reads once, such as a sandbox's env file."""
     fd, name = tempfile.mkstemp(prefix=prefix, dir=directory)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
     finally:
         os.close(fd)
     return Path(name)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write the whole of ``data`` to ``fd`` (``os.write`` may take less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def write_secret(path: Path, text: str | bytes) -> Path:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from polar_gym.private_files import write_all
 from polar_gym.runtime.base import RELAY_PATH, SESSION_MOUNT
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "bwrap_argv",
     "cgroup_wrap",
     "env_args",
+    "env_args_fd",
     "launcher_argv",
     "list_root",
     "plan_links",
@@ -348,6 +350,19 @@ def env_args(env: Mapping[str, str]) -> bytes:
                              "value no NUL")
         parts += ["--setenv", name, value]
     return b"".join(part.encode("utf-8", "surrogateescape") + b"\0" for part in parts)
+
+
+def env_args_fd(env: Mapping[str, str]) -> int:
+    """An anonymous file (no path, no size limit) holding :func:`env_args` of ``env``, read from its start: the fd to
+    pass to bwrap as ``--args FD``. The caller closes it once bwrap started."""
+    fd = os.memfd_create("polar-env", os.MFD_CLOEXEC)
+    try:
+        write_all(fd, env_args(env))
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def sandbox_env(spec_env: Mapping[str, str], exec_env: Mapping[str, str] | None, *, loopback_ip: str | None = None,

@@ -93,7 +93,7 @@ from polar_gym.runtime.bwrap import (
     WorkdirError,
     bwrap_argv,
     cgroup_wrap,
-    env_args,
+    env_args_fd,
     launcher_argv,
     list_root,
     plan_links,
@@ -423,7 +423,7 @@ class LocalRuntime(Runtime):
         check_sandbox_env(env, "the exec's env")
         started = time.monotonic()
         epoch = self._kill_epoch
-        env_fd = _memfd(env_args(self.command_env(env)))
+        env_fd = env_args_fd(self.command_env(env))
         status_r, status_w = os.pipe()
         try:
             argv = self.command_argv(command, cwd=cwd, status_fd=status_w, args_fd=env_fd)
@@ -542,20 +542,6 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
         proc.stdin.write(data)
         await proc.stdin.drain()
         proc.stdin.close()
-
-
-def _memfd(data: bytes) -> int:
-    """An anonymous file holding ``data``, read from its start (bwrap's ``--args``): no path, no size limit."""
-    fd = os.memfd_create("polar-env", os.MFD_CLOEXEC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _drain(fd: int) -> bytes:
