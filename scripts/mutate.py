@@ -45,12 +45,13 @@ _STREAM_TESTS = ("tests/unit/test_stream_renderers.py", "tests/unit/test_stream_
 
 #: module (under polar_gym/) -> the test files that cover it; a module's score is against these only
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
-    "journal.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
+    "journal.py": ("tests/unit/test_capture.py", "tests/unit/test_capture_attempts.py", "tests/unit/test_journal.py",
                    "tests/unit/test_edited_history_route.py", "tests/unit/test_known_json.py",
                    "tests/unit/test_known_conversations.py"),
-    "proxy/capture.py": ("tests/unit/test_capture.py", "tests/unit/test_journal.py",
-                         "tests/unit/test_session_state.py", "tests/unit/test_edited_history_route.py",
-                         "tests/unit/test_proxy_faults.py", "tests/unit/test_capture_writer.py"),
+    "proxy/capture.py": ("tests/unit/test_capture.py", "tests/unit/test_capture_attempts.py",
+                         "tests/unit/test_journal.py", "tests/unit/test_session_state.py",
+                         "tests/unit/test_edited_history_route.py", "tests/unit/test_proxy_faults.py",
+                         "tests/unit/test_capture_writer.py"),
     "merge/base.py": ("tests/merge/test_cases.py", "tests/merge/test_pinned.py", "tests/merge/test_properties.py"),
     "merge/prefix_merging.py": ("tests/merge/test_prefix_pinned.py", "tests/merge/test_cases.py",
                                 "tests/merge/test_pinned.py", "tests/merge/test_properties.py",
