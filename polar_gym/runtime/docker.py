@@ -66,7 +66,8 @@ from polar_gym.runtime.docker_files import pack_upload, unpack_download
 from polar_gym.runtime.errors import SandboxError, SandboxStartError, SandboxStateError, SandboxUnavailable
 from polar_gym.runtime.hostenv import check_sandbox_env
 from polar_gym.runtime.lease import LEASE_LOOKS, Lease
-from polar_gym.runtime.local import DEFAULTS, LoopbackAllocator
+from polar_gym.runtime.local import DEFAULTS
+from polar_gym.runtime.loopback import LoopbackAllocator
 from polar_gym.runtime.podman_host import default_cli, host_defaults
 from polar_gym.runtime.processes import start_process
 from polar_gym.runtime.relay import GatewayRelay, relay_program

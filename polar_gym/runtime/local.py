@@ -62,14 +62,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import itertools
 import json
 import logging
 import math
 import os
 import posixpath
-import random
 import shutil
 import signal
 import time
@@ -105,6 +103,7 @@ from polar_gym.runtime.errors import SandboxStartError, SandboxStateError, Sandb
 from polar_gym.runtime.files import confine, copy_in, copy_out
 from polar_gym.runtime.hostenv import HOST_CWD, check_sandbox_env, host_env
 from polar_gym.runtime.limits import SandboxCgroup, cgroup_name, chown_tree, disk_usage
+from polar_gym.runtime.loopback import LoopbackAllocator
 from polar_gym.runtime.processes import start_process
 from polar_gym.runtime.relay import RELAY_FALLBACK, GatewayRelay, helper_argv, relay_program
 from polar_gym.schema import RuntimeSpec
@@ -121,33 +120,6 @@ _STAGE_DIRS = ("/media", "/srv", "/mnt")
 _LAUNCHER = "polar relay: "
 log = logging.getLogger(__name__)
 _cpu_counter = itertools.count()
-
-
-class LoopbackAllocator:
-    """Distinct 127.x.y.z addresses across sandboxes and processes, held by flock'ed files (freed on crash too)."""
-
-    def __init__(self, directory: Path | None = None, prefix: int = 77) -> None:
-        self.directory = directory or Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / f"polar_gym-lo-{os.getuid()}"
-        self.prefix = prefix
-
-    def acquire(self) -> tuple[str, TextIO]:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        start = random.randrange(256 * 254)
-        for i in range(256 * 254):
-            n = (start + i) % (256 * 254)
-            ip = f"127.{self.prefix}.{n // 254}.{n % 254 + 1}"
-            handle = open(self.directory / ip, "a")  # held open (and locked) until release
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            return ip, handle
-        raise SandboxStartError("no free loopback address")
-
-    @staticmethod
-    def release(handle: TextIO) -> None:
-        handle.close()
 
 
 @dataclass(eq=False)

@@ -7,6 +7,7 @@ import asyncio
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,7 @@ import polar_gym.runtime as runtime_pkg
 from polar_gym.runtime import bwrap as bwrap_mod
 from polar_gym.runtime import limits as limits_mod
 from polar_gym.runtime import local as local_mod
+from polar_gym.runtime import loopback as loopback_mod
 from polar_gym.runtime import relay as relay_mod
 from polar_gym.runtime.base import RELAY_PATH, ExecStatus
 from polar_gym.runtime.bwrap import (
@@ -34,7 +36,8 @@ from polar_gym.runtime.bwrap import (
     sandbox_env,
 )
 from polar_gym.runtime.errors import SandboxError, SandboxStartError
-from polar_gym.runtime.local import LocalRuntime, LoopbackAllocator, confine
+from polar_gym.runtime.local import LocalRuntime, confine
+from polar_gym.runtime.loopback import LoopbackAllocator
 from polar_gym.runtime.relay import build_relay, helper_argv
 from polar_gym.schema import RuntimeSpec
 from tests._waiting import BOUND
@@ -393,3 +396,30 @@ async def test_without_a_stage_directory_bwrap_starts_directly_with_no_capabilit
     async with LocalRuntime(RuntimeSpec(network="none"), tmp_path) as rt:
         result = await rt.exec("grep -E '^(CapEff|NoNewPrivs):' /proc/self/status; touch /usr/x || echo read-only")
     assert result.text.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1", "read-only"], result
+
+
+def test_the_loopback_lock_directory_is_ours_and_no_file_in_it_is_opened_through_a_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35's lesson for every file a root gateway opens in a shared /tmp: a lock directory planted as a link (or
+    another user's) is refused, an older one of ours is narrowed to 0700, and a lock file is never followed."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    planted = tmp_path / "planted"
+    planted.symlink_to(victim)
+    with pytest.raises(SandboxStartError, match="refusing the loopback lock directory"):
+        LoopbackAllocator(planted).acquire()
+    assert list(victim.iterdir()) == []
+    older = tmp_path / "older"
+    older.mkdir(mode=0o755)
+    older.chmod(0o755)
+    ip, handle = LoopbackAllocator(older, prefix=78).acquire()
+    LoopbackAllocator.release(handle)
+    assert stat.S_IMODE(older.stat().st_mode) == 0o700 and (older / ip).is_file()
+    linked = tmp_path / "linked"
+    linked.mkdir(mode=0o700)
+    target = tmp_path / "target"
+    monkeypatch.setattr(loopback_mod.random, "randrange", lambda n: 0)  # the first address tried: 127.79.0.1
+    (linked / "127.79.0.1").symlink_to(target)
+    with pytest.raises(OSError):  # ELOOP: not opened through the link
+        LoopbackAllocator(linked, prefix=79).acquire()
+    assert not target.exists()
