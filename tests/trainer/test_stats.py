@@ -61,4 +61,5 @@ def test_bands_by_hand() -> None:
     with pytest.raises(ValueError, match="p must be"):
         binomial_band(1.5, 4)
     mean, low, high = mean_band([1.0, 2.0, 3.0, 4.0], z=2.0)
-    assert mean == 2.5 and (low, high) == (pytest.approx(2.5 - 2 * math.sqrt(5 / 12)), pytest.approx(2.5 + 2 * math.sqrt(5 / 12)))
+    half = 2 * math.sqrt(5 / 12)
+    assert mean == 2.5 and (low, high) == (pytest.approx(2.5 - half), pytest.approx(2.5 + half))
