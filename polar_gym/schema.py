@@ -43,6 +43,7 @@ __all__ = [
     "ResumeReply",
     "ResumeRequest",
     "RuntimeSpec",
+    "SamplingOverride",
     "SessionCancelReply",
     "SessionPollReply",
     "SessionPollRequest",
@@ -174,10 +175,40 @@ class OracleScript(_Model):
     final_answer: str = "Done."
 
 
+class SamplingOverride(_Model):
+    """Sampling values that replace what the harness sends, on every model call of a session (``metadata.sampling``):
+    a trainer measures greedy success (``{"temperature": 0.0}``) through an unmodified harness, which sends its own
+    values or none (the engine's default, 1.0 in vLLM, then applies). A field left None keeps the harness's value.
+    The bounds are the ones both vLLM and SGLang accept, so a bad value is refused at submit (422), not by the engine
+    at the first call. The oracle engine samples nothing and ignores it."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="0 to 2; 0 is greedy")
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description="above 0, at most 1")
+    #: 0 is refused: vLLM reads it as "all tokens", SGLang refuses it
+    top_k: int | None = Field(default=None, ge=-1, description="-1 (all tokens) or at least 1")
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1,
+                             description="a 64-bit signed integer, the same on every call of the session")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("top_k must be -1 (all tokens) or at least 1")
+        return value
+
+    def overrides(self) -> dict[str, float | int]:
+        """The fields set (not None): what replaces the harness's values."""
+        return {name: value for name, value in self.__dict__.items() if value is not None}
+
+
 class TaskMetadata(_Open):
     group_id: str | None = None
     policy_version: int | str | None = None
     rollout_step: int | None = None
+    #: sampling values forced on every model call of the task's sessions (e.g. greedy evaluation); None: the
+    #: harness's own
+    sampling: SamplingOverride | None = Field(
+        default=None, description="sampling forced on every model call of the sessions (e.g. greedy evaluation)")
 
 
 class TaskRequest(_Model):

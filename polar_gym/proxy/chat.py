@@ -6,6 +6,7 @@ Providers never translate pairwise; each one maps its protocol onto :class:`Chat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import (
@@ -148,6 +149,20 @@ class ChatRequest(_Data):
             data.update(rest)
             private["_dump"] = data
         return data
+
+    def with_sampling(self, values: Mapping[str, float | int]) -> tuple[ChatRequest, str | None]:
+        """This request with ``values`` (validated sampling fields: temperature, top_p, top_k, seed) in place of
+        its own, and a note of what changed for the capture record (None and the request itself: nothing did). The
+        harness's own values stay in the record's ``request``; its ``normalized_request`` is what the engine got."""
+        changed = {name: value for name, value in values.items() if getattr(self, name) != value}
+        if not changed:
+            return self, None
+        note = "sampling override: " + ", ".join(
+            f"{name} {'unset' if getattr(self, name) is None else getattr(self, name)} -> {value}"
+            for name, value in changed.items())
+        copy = self.model_copy(update=changed)  # validated already (SamplingOverride): no re-parse
+        _private(copy)["_dump"] = None  # a dump computed before the copy holds the old values
+        return copy, note
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI Chat body for an upstream (always non-streaming: streams are synthesized by the proxy)."""

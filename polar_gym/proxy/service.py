@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
+import pydantic
 
 from polar_gym.known_json import KNOWN
 from polar_gym.proxy.capture import CaptureJournal
@@ -27,16 +28,18 @@ from polar_gym.proxy.errors import (
     PayloadTooLarge,
     ProxyError,
     RequestError,
+    SessionMetadataError,
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnavailable,
     error_body,
+    validation_message,
 )
 from polar_gym.proxy.heap import HeapTrimmer
 from polar_gym.proxy.passthrough import PassthroughCall, fill_record
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, encode_sse
 from polar_gym.registry import PROVIDERS, RegistryError
-from polar_gym.schema import CompletionRecord
+from polar_gym.schema import CompletionRecord, SamplingOverride
 
 __all__ = ["CallFailures", "ProxyService", "Reply", "SessionInfo", "SessionRegistry", "failure_cause",
            "new_admin_token", "new_call_id", "new_session_key", "session_key"]
@@ -67,6 +70,19 @@ class SessionInfo:
     metadata: dict[str, Any] = field(default_factory=dict)
     attempt: str | None = None
     key: str | None = field(default=None, repr=False)
+    #: the sampling values forced on every call (``metadata["sampling"]``, read once here); None: the harness's
+    sampling: dict[str, float | int] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        """Read the session's sampling override; SessionMetadataError when it is not one (a registration's 400)."""
+        raw = self.metadata.get("sampling")
+        if raw is None:
+            return
+        try:
+            values = SamplingOverride.model_validate(raw).overrides()
+        except pydantic.ValidationError as exc:
+            raise SessionMetadataError(f"invalid sampling override: {validation_message(exc)}") from exc
+        self.sampling = values or None
 
 
 def failure_cause(exc: ProxyError) -> str | None:
@@ -349,6 +365,10 @@ class ProxyService:
             info = self.sessions.resolve(session_key(headers, route.query))
             body, as_orjson_writes = self._read_body(raw, info.session_id)
             inbound = self._parse(provider, body, route)
+            if info.sampling is not None:  # a trainer's forced sampling (greedy evaluation): every front end
+                inbound.chat, note = inbound.chat.with_sampling(info.sampling)
+                if note is not None:
+                    inbound.normalizations.append(note)
             if inbound.stream and not inbound.stream_json_array and self.engine.stream_passthrough:
                 return await self._stream_through(provider, inbound, body, info, route, disconnected, raw,
                                                   as_orjson_writes)

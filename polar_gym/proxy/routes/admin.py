@@ -61,12 +61,14 @@ async def register(request: Request, body: SessionRegistration) -> dict[str, Any
     service = proxy_service(request)
     if json_depth([body.metadata, body.oracle]) > MAX_JSON_DEPTH:
         raise ApiError(400, "invalid_request", f"session metadata nests JSON deeper than {MAX_JSON_DEPTH} levels")
-    try:  # the engine reads what it needs (the oracle its script) and refuses bad metadata before the key exists
+    try:  # the proxy (a sampling override) and the engine (the oracle its script) read what they need and refuse
+        # bad metadata before the key exists
+        info = SessionInfo(body.session_id, body.model_name, body.metadata)
         service.engine.open_session(body.session_id, {**body.metadata, "oracle": body.oracle})
     except SessionMetadataError as exc:
         raise ApiError(400, "invalid_request", str(exc)) from exc
-    key = new_session_key()  # a fresh secret, never the session id (invariant 7)
-    service.sessions.register(SessionInfo(body.session_id, body.model_name, body.metadata, key=key))
+    key = info.key = new_session_key()  # a fresh secret, never the session id (invariant 7)
+    service.sessions.register(info)
     return {"registered": body.session_id, "api_key": key}
 
 
