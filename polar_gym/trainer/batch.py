@@ -3,18 +3,23 @@
 A :class:`TrainSequence` is one trace seen by a trainer: ``prompt_ids + response_ids`` is what the model reads,
 ``loss_mask`` (over the response) says which response tokens the model sampled and is trained on, ``old_logprobs``
 are the engine's captured logprobs of those tokens (the behaviour policy), ``advantage`` is the sequence's scalar
-advantage (GRPO) or 0 (SFT). :func:`collate` right-pads the token rows and lists the trained positions, so the
-output layer can be computed at those positions only (:mod:`polar_gym.trainer.logprobs`).
+advantage (GRPO) or 0 (SFT), ``weight`` its say in the loss (the builder's session weight, so a session split into
+k traces counts once: :mod:`polar_gym.merge.rewards`). :func:`collate` right-pads the token rows and lists the
+trained positions with their row (the sequence index) and weight, so the output layer can be computed at those
+positions only (:mod:`polar_gym.trainer.logprobs`) and a loss can aggregate per sequence
+(:mod:`polar_gym.trainer.losses`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-__all__ = ["TrainBatch", "TrainSequence", "collate", "sequence_of_trace"]
+__all__ = ["TrainBatch", "TrainSequence", "collate", "sequence_of_trace", "trace_weight"]
 
 
 @dataclass(frozen=True)
@@ -28,8 +33,15 @@ class TrainSequence:
     advantage: float = 0.0
     reward: float = 0.0
     group: str = ""
+    #: the sequence's weight in the loss (>= 0; 0 removes it): the builder's ``metadata["weight"]``
+    weight: float = 1.0
+    #: the reward before ``shuffle_rewards`` permuted it (``reward`` is what the advantage was computed from);
+    #: None when nothing set it (``reward`` is then the real one)
+    true_reward: float | None = None
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.weight) and self.weight >= 0):
+            raise ValueError(f"a sequence's weight must be finite and >= 0, not {self.weight!r}")
         if len(self.loss_mask) != len(self.response_ids):
             raise ValueError("loss_mask must align with response_ids")
         if self.old_logprobs and len(self.old_logprobs) != len(self.response_ids):
@@ -43,8 +55,9 @@ class TrainBatch:
     """Padded rows and the flat list of trained tokens.
 
     ``input_ids``/``attention_mask`` are ``[B, T]``; trained token ``k`` is ``input_ids[rows[k], positions[k]]``,
-    predicted from the hidden state at ``positions[k] - 1``; ``targets``, ``old_logprobs`` and ``advantages`` are
-    ``[N]`` over the ``N`` trained tokens, in row then position order.
+    predicted from the hidden state at ``positions[k] - 1``; ``targets``, ``old_logprobs``, ``advantages`` and
+    ``weights`` (each token's sequence weight) are ``[N]`` over the ``N`` trained tokens, in row then position
+    order; ``rows`` doubles as the sequence index (one row per sequence, in the order given to :func:`collate`).
     """
 
     input_ids: torch.Tensor
@@ -55,6 +68,7 @@ class TrainBatch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     has_old_logprobs: bool
+    weights: torch.Tensor
 
     @property
     def trained_tokens(self) -> int:
@@ -74,6 +88,7 @@ def collate(sequences: Sequence[TrainSequence], pad_id: int = 0) -> TrainBatch:
     targets: list[int] = []
     old: list[float] = []
     advantages: list[float] = []
+    weights: list[float] = []
     has_old = all(s.old_logprobs or not any(s.loss_mask) for s in sequences)
     for r, seq in enumerate(sequences):
         tokens = [*seq.prompt_ids, *seq.response_ids]
@@ -87,16 +102,32 @@ def collate(sequences: Sequence[TrainSequence], pad_id: int = 0) -> TrainBatch:
                 targets.append(seq.response_ids[j])
                 old.append(seq.old_logprobs[j] if has_old else 0.0)
                 advantages.append(seq.advantage)
+                weights.append(seq.weight)
     return TrainBatch(input_ids=ids, attention_mask=attention, rows=torch.tensor(rows, dtype=torch.long),
                       positions=torch.tensor(positions, dtype=torch.long),
                       targets=torch.tensor(targets, dtype=torch.long),
                       old_logprobs=torch.tensor(old, dtype=torch.float32),
-                      advantages=torch.tensor(advantages, dtype=torch.float32), has_old_logprobs=has_old)
+                      advantages=torch.tensor(advantages, dtype=torch.float32), has_old_logprobs=has_old,
+                      weights=torch.tensor(weights, dtype=torch.float32))
 
 
 def sequence_of_trace(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int],
                       logprobs: Sequence[float] = (), *, reward: float = 0.0, group: str = "",
-                      advantage: float = 0.0) -> TrainSequence:
+                      advantage: float = 0.0, weight: float = 1.0,
+                      true_reward: float | None = None) -> TrainSequence:
     """A TrainSequence from a trace's fields (a :class:`polar_gym.schema.Trace` or a token-id JSONL line)."""
     return TrainSequence(list(prompt_ids), list(response_ids), [int(bool(m)) for m in loss_mask],
-                         [float(x) for x in logprobs], advantage=advantage, reward=reward, group=group)
+                         [float(x) for x in logprobs], advantage=advantage, reward=reward, group=group,
+                         weight=weight, true_reward=true_reward)
+
+
+def trace_weight(metadata: Mapping[str, Any], where: str) -> float:
+    """A trace's loss weight from its ``metadata["weight"]`` (the builder's session weight; absent or null: 1.0);
+    a negative, non-finite or non-numeric one is refused, naming ``where`` (the session and trace)."""
+    raw = metadata.get("weight")
+    if raw is None:
+        return 1.0
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0:
+        raise ValueError(f"{where}: metadata['weight'] must be a finite number >= 0 (the builder's session weight, "
+                         f"polar_gym.merge.rewards), not {raw!r}")
+    return float(raw)

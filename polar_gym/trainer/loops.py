@@ -23,10 +23,10 @@ import torch
 from polar_gym.merge.exports import trace_lines
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.telemetry import MetricSinks
-from polar_gym.trainer.batch import TrainSequence, collate, sequence_of_trace
+from polar_gym.trainer.batch import TrainSequence, collate, sequence_of_trace, trace_weight
 from polar_gym.trainer.checkpoint import load_policy, save_checkpoint
 from polar_gym.trainer.logprobs import trained_logprobs
-from polar_gym.trainer.losses import group_advantages, logprob_diff_stats, policy_loss, sft_loss
+from polar_gym.trainer.losses import group_advantages, logprob_diff_stats, policy_loss, sft_loss, shuffled_rewards
 from polar_gym.trainer.metrics import MetricsLog
 from polar_gym.trainer.settings import TrainerSettings
 from polar_gym.trainer.sft_data import load_sft_file
@@ -95,7 +95,8 @@ class Trainer:
         s = self.settings
         logprobs = trained_logprobs(self.model, batch)
         loss, stats = policy_loss(logprobs, batch.old_logprobs, batch.advantages, clip_low=s.clip_low,
-                                  clip_high=s.clip_high, tis_cap=s.tis_cap)
+                                  clip_high=s.clip_high, tis_cap=s.tis_cap, weights=batch.weights, rows=batch.rows,
+                                  aggregation=s.loss_aggregation, loss_norm_tokens=s.loss_norm_tokens)
         diff = logprob_diff_stats(logprobs, batch.old_logprobs, batch.rows)
         norm = self._apply(loss) if bool((batch.advantages != 0).any()) else 0.0
         return StepReport(loss.item(), batch.trained_tokens, norm, {**stats, **diff}, logprobs.detach())
@@ -158,21 +159,33 @@ def run_sft(settings: TrainerSettings, out_dir: Path, *, echo: Any = print, sink
     return final
 
 
-def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = True) -> list[TrainSequence]:
-    """Every trace of ``results`` with its GRPO advantage (group: the session's task, one prompt).
-    A session's traces share its reward (trace reward, else the evaluation's, else 0)."""
-    traces: list[tuple[str, float, Any]] = []
-    for result in results:
-        if result.trajectory is None or (completed_only and result.status is not SessionStatus.COMPLETED):
-            continue
-        group = result.task_id
+def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = True,
+                   shuffle: random.Random | None = None) -> list[TrainSequence]:
+    """Every trace of ``results`` with its GRPO advantage (group: the session's task, one prompt) and its loss
+    weight (the builder's ``metadata["weight"]``, default 1: a session split into k traces counts once).
+
+    A trace's reward is its own, else the evaluation's, else 0. With ``shuffle`` (``trainer.shuffle_rewards``, the
+    control) the session rewards (the evaluation's, else the first trace's) are permuted across the step's sessions
+    by :func:`~polar_gym.trainer.losses.shuffled_rewards` before advantages, and every trace of a session gets that
+    session's permuted reward. ``true_reward`` keeps each trace's real reward either way."""
+    kept = [(r, r.trajectory.traces) for r in results if r.trajectory is not None and r.trajectory.traces
+            and not (completed_only and r.status is not SessionStatus.COMPLETED)]
+    true: list[list[float]] = []
+    for result, traces in kept:
         outcome = result.evaluation.reward if result.evaluation is not None else None
-        for trace in result.trajectory.traces:
-            reward = trace.reward if trace.reward is not None else outcome
-            traces.append((group, float(reward or 0.0), trace))
-    advantages = group_advantages([r for _, r, _ in traces], [g for g, _, _ in traces])
-    return [sequence_of_trace(t.prompt_ids, t.response_ids, t.loss_mask, t.response_logprobs, reward=r, group=g,
-                              advantage=a) for (g, r, t), a in zip(traces, advantages, strict=True)]
+        true.append([float((t.reward if t.reward is not None else outcome) or 0.0) for t in traces])
+    used = true
+    if shuffle is not None:
+        session = [float(r.evaluation.reward) if r.evaluation is not None and r.evaluation.reward is not None
+                   else rewards[0] for (r, _), rewards in zip(kept, true, strict=True)]
+        used = [[p] * len(rewards) for p, rewards in zip(shuffled_rewards(session, shuffle), true, strict=True)]
+    rows = [(r.task_id, reward, real, trace, trace_weight(trace.metadata, f"session {r.session_id!r} trace {i}"))
+            for (r, traces), rewards, reals in zip(kept, used, true, strict=True)
+            for i, (trace, reward, real) in enumerate(zip(traces, rewards, reals, strict=True))]
+    advantages = group_advantages([reward for _, reward, *_ in rows], [g for g, *_ in rows])
+    return [sequence_of_trace(t.prompt_ids, t.response_ids, t.loss_mask, t.response_logprobs, reward=reward, group=g,
+                              advantage=a, weight=w, true_reward=real)
+            for (g, reward, real, t, w), a in zip(rows, advantages, strict=True)]
 
 
 def _step_request(task: TaskRequest, step: int) -> TaskRequest:

@@ -8,9 +8,21 @@ Definitions followed (cited per function):
   sample; std is the unbiased sample std with ``eps = 1e-6`` as in verl's ``compute_grpo_outcome_advantage``.
   Unlike verl (which passes a lone sample's raw reward through), a group of one or with zero variance gets advantage
   0: it carries no relative signal.
-- Policy loss: PPO's clipped surrogate (Schulman et al. 2017) at token level, averaged over all trained tokens of
-  the batch (DAPO, Yu et al. 2025, arXiv 2503.14476 "token-level policy gradient loss"), with DAPO's asymmetric clip
+- Policy loss: PPO's clipped surrogate (Schulman et al. 2017) per token ``l_t``, with DAPO's asymmetric clip
   ``[1 - eps_low, 1 + eps_high]``; ``ratio = exp(new - old)`` with the engine's captured logprobs as ``old``.
+- Loss aggregation (:data:`Aggregation`, verl's ``loss_agg_mode`` names with underscores), each sequence ``s``
+  weighted by ``w_s >= 0`` (the builder's session weight, so a session split into k traces counts once; a token's
+  ``w_t`` is its sequence's); only sequences with trained tokens take part, and all weights 0 is an error:
+
+  - ``token_mean`` (the default; what the trainer always did, unchanged for weight-1 traces):
+    ``sum_t w_t l_t / sum_t w_t`` over all trained tokens of the batch (DAPO, Yu et al. 2025, arXiv 2503.14476,
+    "token-level policy gradient loss": a long sequence has more say, in proportion to its tokens);
+  - ``seq_mean_token_mean``: ``sum_s w_s mean_t(l_t in s) / sum_s w_s`` (the original GRPO objective, Shao et al.
+    2024, arXiv 2402.03300 eq. 3: each sequence's mean, then the mean over sequences; a short answer weighs as
+    much as a long one, so each of its tokens weighs more);
+  - ``seq_mean_token_sum_norm``: ``sum_s w_s sum_t(l_t in s) / (sum_s w_s * loss_norm_tokens)`` (Dr.GRPO, Liu et
+    al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783 §3.1: a sequence's token sum divided by a
+    constant, the generation budget, instead of its length, which removes GRPO's length bias).
 - Truncated importance sampling (TIS): Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy
   RL Training" (fengyao.notion.site/off-policy-rl; verl ``rollout_is`` / ``tis_imp_ratio_cap``): the surrogate is
   taken against the trainer's own logprobs before the update (``proximal``, detached) and each token is weighted by
@@ -23,13 +35,17 @@ Definitions followed (cited per function):
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
+from typing import get_args
 
 import torch
 
 from polar_gym.audit.metrics import mismatch_metrics
+from polar_gym.trainer.settings import Aggregation
 
-__all__ = ["GRPO_EPS", "group_advantages", "logprob_diff_stats", "policy_loss", "sft_loss"]
+__all__ = ["GRPO_EPS", "Aggregation", "aggregate", "group_advantages", "logprob_diff_stats", "policy_loss",
+           "sft_loss", "shuffled_rewards"]
 
 GRPO_EPS = 1e-6
 
@@ -63,9 +79,57 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[str], eps: float
     return out
 
 
+def shuffled_rewards(rewards: Sequence[float], rng: random.Random) -> list[float]:
+    """A permutation of one step's session rewards (``trainer.shuffle_rewards``, the control): advantages computed
+    from it train on noise with the same reward distribution, so a curve that also rises under it is not learning
+    from the reward. ``rng`` alone decides the order (same seed, same permutation)."""
+    out = [float(r) for r in rewards]
+    rng.shuffle(out)
+    return out
+
+
+def aggregate(terms: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, aggregation: Aggregation = "token_mean",
+              *, loss_norm_tokens: int = 4096) -> torch.Tensor:
+    """Per-token terms ``[N]`` to one scalar, each token ``k`` of sequence ``rows[k]`` with its sequence's weight
+    ``weights[k]``; the three modes are defined in the module docstring."""
+    if aggregation not in get_args(Aggregation):
+        raise ValueError(f"unknown loss aggregation {aggregation!r}; use one of {', '.join(get_args(Aggregation))}")
+    if not (terms.shape == weights.shape == rows.shape):
+        raise ValueError("terms, weights and rows must align")
+    if terms.numel() == 0:
+        raise ValueError("no trained tokens in the batch")
+    if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
+        raise ValueError("sequence weights must be finite and >= 0")
+    weights = weights.to(terms.dtype)
+    if aggregation == "token_mean":
+        total = weights.sum()
+        if total.item() <= 0:
+            raise ValueError("every trained sequence of the batch has weight 0: nothing to train on")
+        return (weights * terms).sum() / total
+    if loss_norm_tokens < 1:
+        raise ValueError("loss_norm_tokens must be >= 1")
+    unique, seq = torch.unique(rows, return_inverse=True)
+    count = unique.numel()
+    sums = torch.zeros(count, dtype=terms.dtype).index_add(0, seq, terms)
+    lengths = torch.zeros(count, dtype=terms.dtype).index_add(0, seq, torch.ones_like(terms))
+    seq_weights = torch.zeros(count, dtype=terms.dtype).scatter(0, seq, weights)
+    if not torch.equal(seq_weights[seq], weights):
+        raise ValueError("the tokens of one sequence must share its weight")
+    total = seq_weights.sum()
+    if total.item() <= 0:
+        raise ValueError("every trained sequence of the batch has weight 0: nothing to train on")
+    if aggregation == "seq_mean_token_mean":
+        return (seq_weights * sums / lengths).sum() / total
+    return (seq_weights * sums).sum() / (total * loss_norm_tokens)
+
+
 def policy_loss(new: torch.Tensor, rollout: torch.Tensor, advantages: torch.Tensor, *, clip_low: float = 0.2,
-                clip_high: float = 0.28, tis_cap: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The token-level clipped objective (to minimise) and its statistics; all tensors ``[N]`` over trained tokens.
+                clip_high: float = 0.28, tis_cap: float | None = None, weights: torch.Tensor | None = None,
+                rows: torch.Tensor | None = None, aggregation: Aggregation = "token_mean",
+                loss_norm_tokens: int = 4096) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped objective (to minimise), aggregated by ``aggregation`` (:func:`aggregate`), and its statistics;
+    all tensors ``[N]`` over trained tokens. ``weights`` (each token's sequence weight) default to 1 and ``rows``
+    (each token's sequence) to one sequence per token; the statistics are plain token means.
 
     Without ``tis_cap``: ``ratio = exp(new - rollout)``. With it: ``ratio = exp(new - new.detach())`` (1 in value,
     the policy gradient in its derivative: one update per batch, so the proximal policy is the current one) and
@@ -75,19 +139,22 @@ def policy_loss(new: torch.Tensor, rollout: torch.Tensor, advantages: torch.Tens
         raise ValueError("no trained tokens in the batch")
     if tis_cap is None:
         log_ratio = new - rollout
-        weight = torch.ones_like(new)
+        is_weight = torch.ones_like(new)
     else:
         proximal = new.detach()
         log_ratio = new - proximal
-        weight = torch.clamp(torch.exp(proximal - rollout), max=tis_cap)
+        is_weight = torch.clamp(torch.exp(proximal - rollout), max=tis_cap)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -(weight * torch.minimum(unclipped, clipped)).mean()
+    terms = -(is_weight * torch.minimum(unclipped, clipped))
+    loss = aggregate(terms, torch.ones_like(new) if weights is None else weights,
+                     torch.arange(new.numel()) if rows is None else rows, aggregation,
+                     loss_norm_tokens=loss_norm_tokens)
     with torch.no_grad():
         clip_frac = ((unclipped > clipped) & (advantages != 0)).float().mean().item()
         stats = {"clip_fraction": clip_frac, "ratio_mean": ratio.mean().item(),
-                 "tis_weight_mean": weight.mean().item(),
+                 "tis_weight_mean": is_weight.mean().item(),
                  "tis_capped_fraction": 0.0 if tis_cap is None else
                  (torch.exp(new.detach() - rollout) > tis_cap).float().mean().item()}
     return loss, stats

@@ -6,7 +6,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["TrainerSettings"]
+__all__ = ["Aggregation", "TrainerSettings"]
+
+#: how the GRPO loss averages its per-token terms (verl's ``loss_agg_mode`` names with underscores); defined in
+#: :mod:`polar_gym.trainer.losses`, here so settings validate without importing torch
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 
 
 class TrainerSettings(BaseModel):
@@ -41,3 +45,13 @@ class TrainerSettings(BaseModel):
                                "fleet to the new checkpoint and policy version")
     initial_version: int = Field(default=0, ge=0, description="grpo: the policy version of the starting weights")
     completed_only: bool = Field(default=True, description="grpo: train only on traces of COMPLETED sessions")
+    loss_aggregation: Aggregation = Field(default="token_mean", description="grpo: token_mean (over all trained "
+                                          "tokens), seq_mean_token_mean (per sequence, then over sequences) or "
+                                          "seq_mean_token_sum_norm (Dr.GRPO: token sums over loss_norm_tokens); "
+                                          "each weighted by the trace's session weight")
+    loss_norm_tokens: int = Field(default=4096, ge=1, description="grpo: seq_mean_token_sum_norm's constant "
+                                  "divisor (Dr.GRPO: the generation budget in tokens)")
+    shuffle_rewards: bool = Field(default=False, description="grpo: the control: rewards permuted within each step "
+                                  "before advantages are computed, so the step trains on noise with the same reward "
+                                  "distribution; a learning curve that also rises under it is not learning from the "
+                                  "reward")
