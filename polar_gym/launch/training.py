@@ -3,8 +3,12 @@
 SFT needs no fleet: it trains on ``trainer.data`` (datagen's exports). GRPO runs the job's tasks (``num_samples``
 sessions per task: one group) on a local fleet each step, as ``launcher=local`` would, and pushes each step's
 checkpoint to the fleet's engines through the rollout server's weight-update call. The engine is whatever
-``inference`` names; for a closed loop on CPU serve the starting model with vLLM CPU in fp32
-(``python -m polar_gym.trainer serve MODEL_DIR``) and set ``inference=vllm inference.upstreams=[URL]``.
+``inference`` names, but never the oracle: its scripted answers are not the policy's samples, so a GRPO run on it
+"trains" on nothing (issue 36: reward 1.000 everywhere, 10.98 nats between trainer and "engine"). With
+``inference=oracle`` (the default) the run serves the model being trained itself: ``python -m polar_gym.trainer
+serve MODEL_DIR`` (vLLM CPU, fp32, weight reloads on) on a free loopback port for the run's length, log in
+``out_dir/trainer/vllm-server.log``, and runs on it as ``inference=vllm`` would (:func:`policy_server`); without
+vLLM's CPU build it refuses with the command that installs it.
 Files go to ``out_dir/trainer/``: ``train_metrics.jsonl``, ``train_metrics.svg``, ``checkpoints/``; and
 ``out_dir/report.html`` (:mod:`polar_gym.report`): the training curves and, for GRPO, every step's sessions (also in
 ``out_dir/results.jsonl``, one line per session with its ``step``), written even when the loop stops on an error.
@@ -13,15 +17,23 @@ Files go to ``out_dir/trainer/``: ``train_metrics.jsonl``, ``train_metrics.svg``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 
-from polar_gym.fleet import ensure_upstreams, local_fleet
+from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python
+from polar_gym.fleet import InferenceSettings, UpstreamCheckFailed, ensure_upstreams, local_fleet
 from polar_gym.launch.config import LaunchJob
 from polar_gym.launch.driver import outcome_of, sigterm_cancels_run
 from polar_gym.launch.local import LocalLauncher
@@ -29,13 +41,21 @@ from polar_gym.launch.outputs import REPORT, SessionOutcome, result_row, write_r
 from polar_gym.merge.fidelity import run_fidelity
 from polar_gym.private_files import open_private, private_dir, write_secret
 from polar_gym.report.files import TRAIN_KEYS, read_jsonl
+from polar_gym.runtime.processes import start_process
 from polar_gym.schema import SessionResult, TaskRequest
 from polar_gym.server.client import RolloutClient
+from polar_gym.serving import free_port
 from polar_gym.settings import ConfigError
 from polar_gym.telemetry import MetricSinks
 from polar_gym.trainer.loops import RolloutSource, WeightSync, run_grpo, run_sft
 
-__all__ = ["SessionRecorder", "train", "write_training_report"]
+__all__ = ["SCRIPTED_ENGINE", "SETUP_ENGINE", "PolicyServer", "SessionRecorder", "policy_server", "served_inference",
+           "started_policy_server", "train", "write_training_report"]
+
+#: the engine GRPO never trains on (scripted answers, not samples of the policy)
+SCRIPTED_ENGINE = "oracle"
+#: what installs vLLM's CPU build and the tiny model
+SETUP_ENGINE = "bash scripts/setup.sh --engine"
 
 
 class SessionRecorder:
@@ -76,6 +96,123 @@ def write_training_report(out_dir: Path, algorithm: str, sessions: list[tuple[in
                         train_rows=read_jsonl(out_dir / "trainer" / "train_metrics.jsonl"), train_keys=TRAIN_KEYS)
 
 
+@dataclass(frozen=True)
+class PolicyServer:
+    """The engine a ``+trainer=grpo`` run with ``inference=oracle`` starts on the model it trains: ``command``
+    (``python -m polar_gym.trainer serve``: vLLM CPU, fp32, weight reloads on) on 127.0.0.1:``port``, its output
+    in ``log``."""
+
+    command: list[str]
+    port: int
+    model_dir: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _trained_model_dir(job: LaunchJob) -> Path:
+    assert job.trainer is not None
+    return Path(job.trainer.model) if job.trainer.model else tiny_model_dir()
+
+
+def policy_server(job: LaunchJob, port: int | None = None) -> PolicyServer | None:
+    """The policy server a GRPO job needs started, or None when its ``inference`` names a real engine. A ConfigError
+    (exit 2) naming the commands to run when vLLM's CPU build or the model is missing: nothing is started then."""
+    assert job.trainer is not None
+    if job.trainer.algorithm != "grpo" or job.inference.engine != SCRIPTED_ENGINE:
+        return None
+    model = _trained_model_dir(job)
+    manual = (f"or serve the model yourself: `python -m polar_gym.trainer serve {model} --port 8000`, then add "
+              "`inference=vllm inference.upstreams=[http://127.0.0.1:8000] inference.upstream_model="
+              f"{TINY_MODEL_NAME}`")
+    why = ("+trainer=grpo needs an engine that samples from the policy being trained, and inference=oracle plays "
+           "scripted answers (a run on it trains on nothing). The launch serves the model itself with vLLM's CPU "
+           "build")
+    if not vllm_python().exists():
+        raise ConfigError(f"{why}, which is not installed ({vllm_python()} is missing): run `{SETUP_ENGINE}` "
+                          f"(about 4 minutes, once); {manual}", key="inference")
+    if not (model / "config.json").exists():
+        hint = f"run `{SETUP_ENGINE}` (it builds the tiny model)" if not job.trainer.model else "fix trainer.model"
+        raise ConfigError(f"{why}, but {model} is not a model directory (no config.json): {hint}",
+                          key="trainer.model")
+    port = port or free_port()
+    command = [sys.executable, "-m", "polar_gym.trainer", "serve", str(model), "--port", str(port)]
+    return PolicyServer(command, port, model, job.out_dir / "trainer" / "vllm-server.log")
+
+
+def served_inference(inference: InferenceSettings, server: PolicyServer, policy_version: int) -> InferenceSettings:
+    """``inference`` as a user's ``inference=vllm inference.upstreams=[URL]`` on the policy server: token-in when a
+    tokenizer is known (``inference.tokenizer``, else the cached Qwen one), the served name sent upstream, the
+    starting weights recorded as ``policy_version`` (so step 1's traces carry a version too), no oracle options."""
+    data = inference.model_dump()
+    data.update(engine="vllm", upstreams=[server.url], await_upstreams=False, upstream_model=TINY_MODEL_NAME,
+                oracle_script=None, drift_every=0, policy_version=policy_version,
+                max_tokens_cap=inference.max_tokens_cap or 4096, preflight=True)
+    return InferenceSettings.model_validate(data)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+async def _stop(proc: asyncio.subprocess.Process, grace: float = 20.0) -> None:
+    """SIGTERM the server's process group (vLLM starts workers) at once, SIGKILL it after ``grace`` seconds or as
+    soon as the leader is gone (no worker of the group lingers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10.0)
+
+
+@contextlib.asynccontextmanager
+async def started_policy_server(server: PolicyServer, console: Console, *, wait_seconds: float,
+                                poll: float = 0.5) -> AsyncIterator[str]:
+    """Run ``server.command`` in its own process group while the block runs; yields its URL once ``/health``
+    answers 200, showing the seconds waited. Stopped with its group however the block ends (an error, Ctrl-C,
+    SIGTERM through :func:`sigterm_cancels_run`). :class:`UpstreamCheckFailed` (exit 3) with the log's end when
+    it exits or is not ready within ``wait_seconds``."""
+    server.log.parent.mkdir(parents=True, exist_ok=True)
+    with open_private(server.log) as log:
+        log.write(" ".join(server.command) + "\n")
+        log.flush()
+        proc = await start_process(*server.command, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, cwd=str(server.log.parent), start_new_session=True)
+    try:
+        started = time.monotonic()
+        what = f"starting the policy server (vLLM CPU, fp32) on {server.url}; log {server.log}"
+        with console.status(what) as status:
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                while True:
+                    if proc.returncode is not None:
+                        raise UpstreamCheckFailed(f"the policy server exited with {proc.returncode} before it was "
+                                                  f"ready; log {server.log}:\n{_tail(server.log)}")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await client.get(server.url + "/health")).status_code == 200:
+                            break
+                    waited = time.monotonic() - started
+                    if waited > wait_seconds:
+                        raise UpstreamCheckFailed(f"the policy server was not ready after {wait_seconds:.0f} s "
+                                                  f"(inference.upstream_wait_seconds); log {server.log}:\n"
+                                                  f"{_tail(server.log)}")
+                    status.update(f"{what} ({waited:.0f} s)")
+                    await asyncio.sleep(poll)
+        console.print(f"policy server ready on {server.url} after {time.monotonic() - started:.1f} s")
+        yield server.url
+    finally:
+        await _stop(proc)
+
+
 def train(job: LaunchJob) -> int:
     """Run the job's trainer; the exit code (a ConfigError for a setup it cannot run)."""
     assert job.trainer is not None
@@ -97,7 +234,7 @@ def train(job: LaunchJob) -> int:
         return 0
     if not isinstance(job.launcher, LocalLauncher):
         raise ConfigError("grpo runs on a local fleet: launcher=local", key="launcher")
-    return asyncio.run(_grpo(job, job.launcher, console))
+    return asyncio.run(_grpo(job, job.launcher, console, policy_server(job)))
 
 
 def _sinks(job: LaunchJob) -> MetricSinks:
@@ -107,13 +244,21 @@ def _sinks(job: LaunchJob) -> MetricSinks:
                             config={"trainer": job.trainer.model_dump(mode="json"), "launch_id": job.launch_id})
 
 
-async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console) -> int:
+async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console, server: PolicyServer | None) -> int:
     assert job.trainer is not None
     settings, inference = job.trainer, job.inference
     if settings.push_weights and not issubclass(RolloutClient, WeightSync):
         raise ConfigError("this rollout server client has no update_weights (the fleet's weight-update call); "
                           "trainer.push_weights=false trains without updating the engines", key="trainer.push_weights")
-    with sigterm_cancels_run():
+    async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(sigterm_cancels_run())
+        if server is not None:
+            console.print(f"[yellow]inference=oracle plays scripted answers, not the policy's samples: serving the "
+                          f"model being trained ({server.model_dir}) with vLLM CPU fp32 for this run and training on "
+                          f"it (inference=vllm inference.upstreams=[{server.url}])[/]", highlight=False)
+            await stack.enter_async_context(started_policy_server(server, console,
+                                                                  wait_seconds=inference.upstream_wait_seconds))
+            inference = served_inference(inference, server, settings.initial_version)
         if not inference.await_upstreams:
             await ensure_upstreams(inference, inference.upstreams, console)
         async with (local_fleet(job.out_dir, inference, host=launcher.settings.host,

@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from rich.console import Console
 
-from polar_gym.launch import CONF_DIR, ConfigError, build_job, run
+from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python
+from polar_gym.launch import CONF_DIR, ConfigError, UpstreamCheckFailed, build_job, run
+from polar_gym.launch.training import PolicyServer, policy_server, served_inference, started_policy_server
+from polar_gym.serving import free_port
 from polar_gym.trainer import TrainerSettings
+from tests._vllm import VLLMServer
+from tests._waiting import until_sync
 from tests.trainer._tiny import small_qwen3_dir
 from tests.trainer.test_sft import MESSAGES
+
+#: a stand-in for vLLM's process (its /health and nothing else), to test starting and stopping one
+HEALTH_SERVER = """
+import http.server, os, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+print(os.getpid(), flush=True)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
 
 
 def composed(*overrides: str) -> DictConfig:
@@ -46,18 +69,99 @@ def test_launch_trainer_sft_trains_on_a_datagen_export(tmp_path: Path) -> None:
     assert run(composed("+trainer=sft", f"out_dir={tmp_path / 'nodata'}")) == 2  # no trainer.data: config error
 
 
+def test_grpo_on_the_oracle_refuses_without_vllm_and_names_the_commands(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's first run, `+trainer=grpo trainer.steps=3` and nothing else, on a machine without vLLM's CPU
+    build: exit 2 before anything starts, with the install command and the manual alternative."""
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "cache"))
+    assert not vllm_python().exists()
+    out = tmp_path / "run"
+    assert run(composed("+trainer=grpo", "trainer.steps=3", f"out_dir={out}")) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "inference: +trainer=grpo needs an engine that samples from the policy being trained" in err
+    assert "run `bash scripts/setup.sh --engine`" in err
+    assert (f"`python -m polar_gym.trainer serve {tiny_model_dir()} --port 8000`, then add `inference=vllm "
+            f"inference.upstreams=[http://127.0.0.1:8000] inference.upstream_model={TINY_MODEL_NAME}`") in err
+    assert not (out / "trainer" / "vllm-server.log").exists() and not (out / "results.jsonl").exists()
+
+
+def test_grpo_on_the_oracle_serves_the_model_being_trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With vLLM's CPU build installed the run serves trainer.model itself and runs on it as inference=vllm;
+    a job that names an engine, and SFT, start nothing."""
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "cache"))
+    vllm_python().parent.mkdir(parents=True)
+    vllm_python().touch()
+    model, out = tmp_path / "model", tmp_path / "run"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    job = build_job(composed("+trainer=grpo", f"trainer.model={model}", "trainer.initial_version=3",
+                             f"out_dir={out}"))
+    server = policy_server(job, port=43123)
+    assert server == PolicyServer([sys.executable, "-m", "polar_gym.trainer", "serve", str(model), "--port", "43123"],
+                                  43123, model, out / "trainer" / "vllm-server.log")
+    inference = served_inference(job.inference, server, job.trainer.initial_version if job.trainer else 0)
+    assert (inference.engine, inference.upstreams, inference.upstream_model) == (
+        "vllm", ["http://127.0.0.1:43123"], TINY_MODEL_NAME)
+    assert inference.policy_version == 3 and inference.prompt_mode is None  # token_in: the tokenizer is known
+    assert inference.tokenizer == job.inference.tokenizer and inference.max_tokens_cap == 4096
+    assert policy_server(build_job(composed("+trainer=grpo", "inference=vllm", f"out_dir={out}"))) is None
+    assert policy_server(build_job(composed("+trainer=sft", f"out_dir={out}"))) is None
+    with pytest.raises(ConfigError) as err:  # a trainer.model that is not a model
+        policy_server(build_job(composed("+trainer=grpo", f"trainer.model={tmp_path}", f"out_dir={out}")))
+    assert err.value.keys == ["trainer.model"]
+
+
+async def test_the_policy_server_is_waited_for_and_stopped_with_its_group(tmp_path: Path) -> None:
+    port = free_port()
+    server = PolicyServer([sys.executable, "-c", HEALTH_SERVER, str(port)], port, tmp_path, tmp_path / "s.log")
+    async with started_policy_server(server, QUIET, wait_seconds=60) as url:
+        assert url == f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(url + "/health")).status_code == 200
+        pid = int(server.log.read_text().splitlines()[-1])
+    until_sync(lambda: not _alive(pid), what="the server's process group to be gone")
+    assert server.log.read_text().startswith(" ".join(server.command))
+
+
+async def test_a_policy_server_that_dies_before_it_is_ready_fails_the_run_with_its_log(tmp_path: Path) -> None:
+    server = PolicyServer([sys.executable, "-c", "print('no CPU for you'); raise SystemExit(7)"], free_port(),
+                          tmp_path, tmp_path / "s.log")
+    with pytest.raises(UpstreamCheckFailed) as err:
+        async with started_policy_server(server, QUIET, wait_seconds=60, poll=0.05):
+            pytest.fail("the block ran without a server")
+    assert "exited with 7 before it was ready" in str(err.value) and "no CPU for you" in str(err.value)
+    assert str(server.log) in str(err.value)
+
+
+QUIET = Console(file=io.StringIO())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.engine
 @pytest.mark.slow
-def test_launch_trainer_grpo_runs_a_step_through_a_real_fleet(tmp_path: Path) -> None:
-    """pi on the oracle engine (rewards all 1: zero advantages, so no update, but the whole path runs: submit,
-    collect through the rollout server, step, checkpoint, metrics). Weight pushes need the fleet's update call."""
+def test_launch_trainer_grpo_runs_a_step_on_the_policy_server(vllm_train_server: VLLMServer, tmp_path: Path) -> None:
+    """What a user runs with a server of their own (`python -m polar_gym.trainer serve`): pi on vLLM fp32 serving
+    the model being trained, through the whole path: submit, collect through the rollout server, step,
+    checkpoint, metrics, report. No weight push: the session's shared server keeps its weights."""
     if shutil.which("bwrap") is None:
         pytest.fail("bubblewrap is needed: run `bash scripts/setup.sh`")
     out = tmp_path / "run"
-    code = run(composed("+trainer=grpo", f"trainer.model={small_qwen3_dir(tmp_path)}", "trainer.steps=1",
+    code = run(composed("+trainer=grpo", f"trainer.model={vllm_train_server.model_dir}", "trainer.steps=1",
                         "trainer.push_weights=false", "num_samples=2", "tasks.ids=[demo-calc-add]",
+                        "inference=vllm", f"inference.upstreams=[{vllm_train_server.url}]",
+                        f"inference.upstream_model={vllm_train_server.model}", "inference.max_tokens_cap=64",
                         "launcher.progress=false", f"out_dir={out}"))
     assert code == 0
     (row,) = [json.loads(x) for x in (out / "trainer" / "train_metrics.jsonl").read_text().splitlines()]
-    assert row["sessions"] == 2 and row["errored"] == 0 and row["traces"] == 2
-    assert row["reward_mean"] == 1.0 and row["grad_norm"] == 0.0 and row["tokens"] > 0
+    assert row["sessions"] == 2 and row["errored"] == 0 and row["traces"] >= 2 and row["tokens"] > 0
+    assert row["audit/logprob_abs_diff_mean"] < 1e-3  # the engine runs the weights being trained
+    assert row["sampled_versions"] == []  # inference.policy_version not set: the user's server names none
     assert (out / "trainer" / "checkpoints" / "step-1" / "model.safetensors").exists()
+    assert 'id="fig-training"' in (out / "report.html").read_text()

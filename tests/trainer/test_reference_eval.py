@@ -102,6 +102,7 @@ def test_duplicates_merge_and_an_unnamed_record_is_the_reference(tmp_path: Path,
                   "response_logprobs": [-0.5, -0.25]}
     second = _write(tmp_path / "b.jsonl", [_record("+", 1.0, "right", "s3"), token_line, token_line,
                                            _record("*", 0.0, "wrong", "s4")])
+    second.write_text(second.read_text() + "\n", encoding="utf-8")  # a blank line is not a record
     answers = load_reference_answers([first, second], tokenizer)
     assert [(a.name, a.reward) for a in answers] == [("right", 1.0), ("wrong", 0.0), ("reference", 1.0)]
     assert [a.source.rsplit("/", 1)[1] for a in answers] == ["a.jsonl:1", "a.jsonl:2", "b.jsonl:2"]
@@ -202,3 +203,5 @@ def test_metrics_without_a_wrong_or_a_right_answer() -> None:
         reference_metrics([_answer("right", 1.0, 2), _answer("wrong", 0.0, 3)], [-1.0])
     with pytest.raises(ValueError, match="non-finite"):
         reference_metrics([_answer("right", 1.0, 2)], [float("nan")])
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        answer_logprobs(object(), [_answer("right", 1.0, 2)], pad_id=0, batch_size=0)
