@@ -21,10 +21,10 @@ from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
 from polar_gym.proxy.parsers.base import parser_for
-from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.proxy.service import ProxyService, SessionInfo, SessionRegistry
 from polar_gym.proxy.tokenizer import HFChatTokenizer, template_messages
 from polar_gym.proxy.upstreams import UpstreamPool
-from polar_gym.schema import CompletionSession
+from polar_gym.schema import CompletionSession, TaskMetadata
 from tests._serving import serve
 from tests._vllm import VLLMServer
 from tests.engine._engine_kit import EngineProxy, RecordingTransport
@@ -121,3 +121,21 @@ def test_tool_history_conversation_is_one_chain(token_proxy: EngineProxy, qwen_t
     assert "<tool_response>\na.txt\nb.txt\n</tool_response>" in qwen_tokenizer.decode(recs[-1]["prompt_ids"])
     assert recs[0]["prompt_ids"] == qwen_tokenizer.render(
         *template_messages(ChatRequest.model_validate(recs[0]["normalized_request"])))
+
+
+def test_greedy_sessions_sample_the_same_tokens_whatever_the_harness_asks(token_proxy: EngineProxy) -> None:
+    """A session whose metadata forces greedy sampling (``metadata.sampling``, issue 36) is sent temperature 0 though
+    its harness asks 1.0: two such sessions sample the same token IDs, and the records say so."""
+    metadata = TaskMetadata.model_validate({"sampling": {"temperature": 0.0}}).model_dump()  # as a gateway has it
+    for name in ("greedy-a", "greedy-b"):
+        token_proxy.service.sessions.register(SessionInfo(name, "policy", metadata, key=f"{name}-key"))
+        c = openai.OpenAI(base_url=token_proxy.url + "/v1", api_key=f"{name}-key", max_retries=0)
+        c.chat.completions.create(model="policy", max_tokens=8, temperature=1.0,
+                                  messages=[{"role": "user", "content": "Count to five."}])
+    (a,), (b,) = (httpx.get(f"{token_proxy.url}/sessions/{name}/completions",
+                            headers={"authorization": f"Bearer {name}-key"}).json()["completions"]
+                  for name in ("greedy-a", "greedy-b"))
+    calls = [e for e in token_proxy.exchanges if e.path == "/v1/completions"]
+    assert [call.request["temperature"] for call in calls[-2:]] == [0.0, 0.0]
+    assert a["request"]["temperature"] == 1.0 and a["normalized_request"]["temperature"] == 0.0
+    assert a["response_ids"] and a["response_ids"] == b["response_ids"]
