@@ -27,6 +27,7 @@ from pydantic import (
 __all__ = [
     "HOST_READ_ENV",
     "MAX_REWARD",
+    "ORACLE_NAME_PATTERN",
     "AgentSpec",
     "BuilderSpec",
     "CompletionRecord",
@@ -167,12 +168,18 @@ class EvaluatorSpec(_Model):
     config: _Open = Field(default_factory=_Open)
 
 
+#: an oracle script's name: a short identifier (it names a ``solution-<name>/`` directory and labels SFT records)
+ORACLE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
 class OracleScript(_Model):
     """A task's reference solution, played by the oracle engine: shell commands to run in order, then a final text
-    answer. It travels in the task's ``metadata["oracle"]``."""
+    answer. It travels in the task's ``metadata["oracle"]``; alternatives (a wrong solution, another right one) in
+    ``metadata["oracle_variants"]``, each with its own ``name``."""
 
     commands: list[str] = Field(default_factory=list)
     final_answer: str = "Done."
+    name: str = Field(default="reference", pattern=ORACLE_NAME_PATTERN)
 
 
 class SamplingOverride(_Model):
@@ -209,6 +216,43 @@ class TaskMetadata(_Open):
     #: harness's own
     sampling: SamplingOverride | None = Field(
         default=None, description="sampling forced on every model call of the sessions (e.g. greedy evaluation)")
+    #: alternatives to ``metadata["oracle"]`` (a fork: right and wrong solutions of one task, polar_gym.tasks.forks):
+    #: sample i of the task plays ``[oracle, *oracle_variants][i % n]`` (see :meth:`for_sample`)
+    oracle_variants: list[OracleScript] | None = None
+
+    @model_validator(mode="after")
+    def _check_variants(self) -> TaskMetadata:
+        if self.oracle_variants:
+            raw = (self.model_extra or {}).get("oracle")
+            if raw is None:
+                raise ValueError("oracle_variants need the reference script in metadata.oracle")
+            names = [OracleScript.model_validate(raw).name, *(v.name for v in self.oracle_variants)]
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ValueError(f"oracle script names repeat: {', '.join(repeated)} (each variant needs its own name)")
+        return self
+
+    def for_sample(self, sample_index: int) -> TaskMetadata:
+        """The metadata of one session: with ``oracle_variants``, ``oracle`` becomes the script this sample plays
+        (round robin over the reference and its variants: sample 0 the reference, 1 the first variant, ...) and the
+        variants are left out; ``oracle_variant`` names the script (what the oracle engine plays; a model engine
+        ignores it). Without variants only the name is added. A datagen retry (``retry_samples``: its sample j
+        stands for sample ``retry_samples[j]`` of the original task) plays what that sample played."""
+        extra = self.model_extra or {}
+        raw = extra.get("oracle")
+        if not isinstance(raw, dict):
+            return self
+        if not self.oracle_variants:
+            name = raw.get("name", "reference")
+            return self if not isinstance(name, str) else self.model_copy(update={"oracle_variant": name})
+        scripts = [OracleScript.model_validate(raw), *self.oracle_variants]
+        stands_for = extra.get("retry_samples")
+        if isinstance(stands_for, list) and 0 <= sample_index < len(stands_for) and isinstance(
+                stands_for[sample_index], int):
+            sample_index = stands_for[sample_index]
+        chosen = scripts[sample_index % len(scripts)]
+        return TaskMetadata.model_validate({**self.model_dump(), "oracle": chosen.model_dump(),
+                                            "oracle_variant": chosen.name, "oracle_variants": None})
 
 
 class TaskRequest(_Model):
@@ -267,6 +311,8 @@ class SessionSpec(_Model):
 
     @classmethod
     def from_task(cls, task: TaskRequest, sample_index: int) -> SessionSpec:
+        """Sample ``sample_index`` of ``task``; its metadata names the oracle script it plays
+        (:meth:`TaskMetadata.for_sample`)."""
         return cls(
             session_id=f"{task.task_id}-{sample_index}-{uuid.uuid4().hex[:8]}",
             task_id=task.task_id,
@@ -277,7 +323,7 @@ class SessionSpec(_Model):
             agent=task.agent,
             builder=task.builder,
             evaluator=task.evaluator,
-            metadata=task.metadata,
+            metadata=task.metadata.for_sample(sample_index),
         )
 
 

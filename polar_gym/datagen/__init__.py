@@ -29,6 +29,7 @@ Public functions:
 - ``is_empty_generation(result) -> bool``; ``retry_plan(results) -> list[tuple[str, int]]``;
   ``retry_requests(plan, tasks) -> list[TaskRequest]``; ``final_attempts(results)``; ``attempt_of(result)``;
   ``sample_key(result) -> (task_id, sample_index)``.
+- ``oracle_variant_of(result) -> str``: the oracle script a session carried (a forked task's variant).
 - ``judge(result, min_reward=1.0) -> Verdict``; ``rejection_sample(results, keep_failures=False, min_reward=1.0)
   -> Selection(accepted, failures, dropped)``.
 - ``stratified_split(records, key, test_fraction=0.1, seed=0) -> (train, test)``: grouped by key (repository).
@@ -57,6 +58,7 @@ from polar_gym.datagen.selection import (
     final_attempts,
     is_empty_generation,
     judge,
+    oracle_variant_of,
     rejection_sample,
     retry_plan,
     retry_requests,
@@ -85,6 +87,7 @@ __all__ = [
     "is_empty_generation",
     "judge",
     "load_dataset",
+    "oracle_variant_of",
     "pass_at_k",
     "rejection_sample",
     "retry_plan",

@@ -10,7 +10,9 @@ a repository-stratified 90/10 train/test split. :class:`DatagenRecord` is polar_
 
 Files written by :func:`write_dataset` under ``out_dir``::
 
-    sft/train.jsonl, sft/test.jsonl   accepted records (one line per trace of an accepted session)
+    sft/train.jsonl, sft/test.jsonl   accepted records (one line per trace of an accepted session); with
+                                      sft_include_failures also the failed non-empty ones (passed=false, their
+                                      reward); every record's metadata.oracle_variant names the oracle script
     verifier/failures.jsonl           with keep_failures: failed non-empty sessions, passed=false, reason in metadata
     datagen_summary.json              counts (see DatagenSummary)
 """
@@ -30,6 +32,7 @@ from polar_gym.datagen.selection import (
     attempt_of,
     final_attempts,
     is_empty_generation,
+    oracle_variant_of,
     rejection_sample,
     sample_key,
     stratified_split,
@@ -57,6 +60,10 @@ class DatagenConfig(BaseModel):
     #: (the launcher reads this; the pure functions never retry twice anyway)
     retry_empty: bool = Field(default=True, description="resubmit sessions that produced no generation, once")
     include_reasoning: bool = Field(default=True, description="keep the model's reasoning in the SFT messages")
+    sft_include_failures: bool = Field(default=False, description="also write failed sessions with model output "
+                                       "(reward below min_reward) to the SFT files, labelled with their reward and "
+                                       "passed=false (trainer.min_reward can still filter them): e.g. the wrong "
+                                       "variant of a forked task")
 
 
 class DatagenRecord(SFTRecord):
@@ -128,9 +135,12 @@ def _records(verdict: Verdict, task: TaskRequest | None, include_reasoning: bool
     task_id, index = sample_key(result)
     fields = _task_fields(task, task_id)
     out = []
+    variant = oracle_variant_of(result)
     for record in sft_records(result, instance_id=fields["instance_id"], include_reasoning=include_reasoning):
         data = record.model_dump()
         data["passed"] = verdict.passed
+        # which oracle script played (a forked task's right or wrong demo); "reference" for a task without variants
+        data["metadata"] = {**data["metadata"], "oracle_variant": variant}
         if not verdict.passed:
             data["metadata"] = {**data["metadata"], "rejection_reason": verdict.reason}
         out.append(DatagenRecord(**data, **{k: v for k, v in fields.items() if k != "instance_id"},
@@ -151,12 +161,16 @@ def build_dataset(results: Iterable[SessionResult], tasks: Sequence[TaskRequest]
     every = list(results)
     by_id = {t.task_id: t for t in tasks}
     finals = final_attempts(every)
-    selection = rejection_sample(finals, keep_failures=config.keep_failures, min_reward=config.min_reward)
+    selection = rejection_sample(finals, keep_failures=config.keep_failures or config.sft_include_failures,
+                                 min_reward=config.min_reward)
     accepted = [r for v in selection.accepted
                 for r in _records(v, by_id.get(sample_key(v.result)[0]), config.include_reasoning)]
-    failures = [r for v in selection.failures
-                for r in _records(v, by_id.get(sample_key(v.result)[0]), config.include_reasoning)]
-    train, test = stratified_split(accepted, key=lambda r: r.repo, test_fraction=config.test_fraction,
+    failed = [r for v in selection.failures
+              for r in _records(v, by_id.get(sample_key(v.result)[0]), config.include_reasoning)]
+    failures = failed if config.keep_failures else []
+    # with sft_include_failures the failed records join the split (a test repository's stay out of train)
+    pool = [*accepted, *failed] if config.sft_include_failures else accepted
+    train, test = stratified_split(pool, key=lambda r: r.repo, test_fraction=config.test_fraction,
                                    seed=config.seed)
 
     verdicts = [*selection.accepted, *selection.failures, *selection.dropped]
@@ -184,7 +198,7 @@ def build_dataset(results: Iterable[SessionResult], tasks: Sequence[TaskRequest]
         retried=sum(attempt_of(r) > 1 for r in finals),
         empty=empty,
         passed=len(selection.accepted), failed=len(finals) - len(selection.accepted) - empty,
-        kept=len(selection.accepted), kept_failures=len(selection.failures),
+        kept=len(selection.accepted), kept_failures=len(selection.failures) if config.keep_failures else 0,
         acceptance_rate=len(selection.accepted) / len(finals) if finals else None,
         sft_records={"train": len(train), "test": len(test), "failures": len(failures)},
         instances={"train": len({r.instance_id for r in train}), "test": len({r.instance_id for r in test})},

@@ -28,6 +28,7 @@ __all__ = [
     "final_attempts",
     "is_empty_generation",
     "judge",
+    "oracle_variant_of",
     "rejection_sample",
     "retry_plan",
     "retry_requests",
@@ -56,6 +57,13 @@ def attempt_of(result: SessionResult) -> int:
     """1 for a first attempt, 2 for its retry (the ``datagen_attempt`` marker; absent means 1)."""
     value = _marker(result, ATTEMPT_KEY)
     return int(value) if value is not None else 1
+
+
+def oracle_variant_of(result: SessionResult) -> str:
+    """The name of the oracle script the session carried (``task_metadata.oracle_variant``, set by
+    :meth:`polar_gym.schema.TaskMetadata.for_sample`: a forked task's right or wrong demo); ``reference`` when none."""
+    value = _marker(result, "oracle_variant")
+    return str(value) if value else "reference"
 
 
 def _sample_index(result: SessionResult) -> int:

@@ -33,6 +33,7 @@ from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.registry import BUILDERS, ENGINES, EVALUATORS, HARNESSES, RUNTIMES, Registry, RegistryError, load_dotted
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar_gym.settings import ConfigError, Problem, validate
+from polar_gym.tasks.forks import TaskFork, fork_requests
 from polar_gym.tasks.refused import RefusedTask, TaskSet
 from polar_gym.telemetry import LoggingSettings, TelemetrySettings, missing_packages
 from polar_gym.trainer.settings import TrainerSettings
@@ -54,7 +55,7 @@ __all__ = [
 #: the keys of a composed config (``hydra`` is Hydra's own)
 TOP_LEVEL_KEYS = frozenset({"harness", "builder", "runtime", "evaluator", "inference", "tasks", "launcher",
                             "num_samples", "timeout_seconds", "out_dir", "datagen", "trainer", "logging",
-                            "telemetry", "resume", "state_dir", "hydra"})
+                            "telemetry", "resume", "state_dir", "forks", "hydra"})
 
 
 class RunSettings(RunShape):
@@ -67,6 +68,9 @@ class RunSettings(RunShape):
                          "refused, so a rerun never returns old results as new ones")
     state_dir: str | None = Field(default=None, description="where the rollout server keeps its store, "
                                   "server.sqlite (null: out_dir); a local disk when out_dir is on a shared one")
+    forks: list[TaskFork] = Field(default_factory=list, description="alternative oracle solutions added to tasks "
+                                  "(polar_gym.tasks.forks): each {name, tasks, replace: [{old, new}]} or {name, "
+                                  "tasks, commands, final_answer}; sample i plays [reference, *forks][i % n]")
 
 
 class Launcher(Protocol):
@@ -284,6 +288,9 @@ def build_job(cfg: DictConfig) -> LaunchJob:
                           key="resume")
     launch_id = uuid.uuid4().hex[:12]
     tasks = _requests(cfg, template)
+    if run.forks:  # whatever the source (demo, harbor, dataset): a fork that does not apply is the config's error
+        tasks = TaskSet(fork_requests(tasks.requests, run.forks, refused={r.task_id for r in tasks.refused}),
+                        tasks.refused)
     return LaunchJob(requests=tasks.requests, refused=tasks.refused, inference=inference, out_dir=Path(str(out_dir)),
                      resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen, launcher=launcher,
                      trainer=trainer, logging=logging_settings or LoggingSettings(),

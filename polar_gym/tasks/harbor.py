@@ -6,7 +6,10 @@ WORKDIR), ``tests/test.sh`` (run after the agent from the workdir, with the test
 to ``/logs/verifier/reward.txt`` or ``reward.json``) and ``solution/solve.sh`` (what Harbor's oracle runs from
 ``/solution``). Here the environment becomes the session's runtime (an image on runtime=docker; on runtime=local the
 Dockerfile's simple subset replayed in the sandbox, :mod:`polar_gym.tasks.dockerfile`), the ``harbor`` evaluator runs
-the tests the way Harbor's verifier does, and the oracle engine plays the solution as one shell command.
+the tests the way Harbor's verifier does, and the oracle engine plays the solution as one shell command. Sibling
+directories ``solution-<name>/`` (the same layout: ``solution-wrong/solve.sh``) are alternative solutions, oracle
+variants named ``<name>`` (:mod:`polar_gym.tasks.forks`): sample i of the task plays the reference or a variant,
+round robin.
 
 Files travel inside the request (the tests in the evaluator's config, the solution in the oracle script), so a
 gateway on another node needs no access to the task directory.
@@ -22,9 +25,11 @@ import base64
 import gzip
 import hashlib
 import io
+import itertools
 import logging
 import os
 import posixpath
+import re
 import shlex
 import tarfile
 import tomllib
@@ -36,6 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_gym.schema import (
+    ORACLE_NAME_PATTERN,
     EvaluatorSpec,
     OracleScript,
     RuntimeSpec,
@@ -45,11 +51,12 @@ from polar_gym.schema import (
 )
 from polar_gym.settings import ConfigError
 from polar_gym.tasks.dockerfile import UnsupportedDockerfile, local_environment, parse_dockerfile
-from polar_gym.tasks.files import TaskFiles
+from polar_gym.tasks.files import MAX_TASK_ENTRIES, TaskFiles
 from polar_gym.tasks.refused import RefusedTask
 
 __all__ = [
     "HARBOR_LINKS",
+    "VARIANT_PREFIX",
     "HarborTask",
     "HarborTaskConfig",
     "find_tasks",
@@ -58,6 +65,7 @@ __all__ = [
     "refusal",
     "scan_tasks",
     "solution_command",
+    "solution_variants",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +76,9 @@ _HARBOR_DIRS = ("/logs", "/logs/verifier", "/logs/agent", "/tests", "/solution")
 #: a tests or solution directory bigger than this belongs in the image
 MAX_PACKED_BYTES = 8 * 1024 * 1024
 Solution = Literal["reference", "none"]
+#: an alternative solution (an oracle variant, polar_gym.tasks.forks) is a sibling directory ``solution-<name>/``
+VARIANT_PREFIX = "solution-"
+_REFERENCE_ANSWER = "Ran the reference solution (solution/solve.sh)."
 
 
 class _Section(BaseModel):
@@ -293,13 +304,32 @@ class HarborTask:
             return OracleScript(commands=[], final_answer="I did not change anything.")
         solution_dir = self.reader.under("solution", "the solution directory")
         return OracleScript(commands=[solution_command(solution_dir, env=self.config.solution.env)],
-                            final_answer="Ran the reference solution (solution/solve.sh).")
+                            final_answer=_REFERENCE_ANSWER)
+
+    def variant_names(self) -> list[str]:
+        """The names of the task's alternative solutions, its ``solution-<name>/`` directories (sorted); a name
+        that is not a short identifier, or such an entry that is not a directory holding ``solve.sh``, is a
+        ConfigError naming it (the task is refused)."""
+        return solution_variants(self.reader)
+
+    def variant_scripts(self) -> list[OracleScript]:
+        """Each ``solution-<name>/`` as an oracle script named ``<name>`` (the same final answer as the reference,
+        so a variant differs only in what it runs), read as task files like ``solution/``."""
+        return [OracleScript(commands=[solution_command(self.reader.under(f"{VARIANT_PREFIX}{name}",
+                                                                          f"the {VARIANT_PREFIX}{name} directory"),
+                                                        env=self.config.solution.env)],
+                             final_answer=_REFERENCE_ANSWER, name=name)
+                for name in self.variant_names()]
 
     def to_request(self, *, harness: str, model_name: str, runtime: RuntimeSpec, evaluator: EvaluatorSpec,
                    builder: Any, num_samples: int, timeout_seconds: float,
                    solution: Solution = "reference") -> TaskRequest:
+        """The task's request; with ``solution=reference`` its ``solution-<name>/`` directories travel as
+        ``metadata.oracle_variants`` (sample i plays the reference or a variant, round robin)."""
+        variants = self.variant_scripts() if solution == "reference" else []
         meta = TaskMetadata(oracle=self.oracle_script(solution).model_dump(), harbor_task=str(self.path),
-                            harbor_metadata=self.config.metadata)
+                            harbor_metadata=self.config.metadata,
+                            **({"oracle_variants": variants} if variants else {}))
         timeout = timeout_seconds
         if self.config.agent.timeout_sec is not None:  # the agent's time plus the verifier's, as Harbor allows
             timeout = min(timeout_seconds, self.config.agent.timeout_sec + self.config.verifier.timeout_sec)
@@ -308,6 +338,27 @@ class HarborTask:
             "timeout_seconds": timeout, "runtime": self.runtime(runtime).model_dump(),
             "agent": {"harness": harness, "model_name": model_name}, "builder": builder.model_dump(),
             "evaluator": evaluator.model_dump(), "metadata": meta.model_dump()})
+
+
+def solution_variants(files: TaskFiles) -> list[str]:
+    """The names ``<name>`` of the ``solution-<name>/`` entries of a task directory (sorted), each checked: a short
+    identifier other than ``reference`` (:data:`polar_gym.schema.ORACLE_NAME_PATTERN`), a directory inside the task
+    (a link out is refused by the reader) holding ``solve.sh``. ConfigError naming the entry otherwise."""
+    with os.scandir(files.root) as entries:
+        found = sorted(e.name for e in itertools.islice(entries, MAX_TASK_ENTRIES)
+                       if e.name.startswith(VARIANT_PREFIX))
+    names = []
+    for entry in found:
+        name = entry.removeprefix(VARIANT_PREFIX)
+        if not re.fullmatch(ORACLE_NAME_PATTERN, name) or name == "reference":
+            raise ConfigError(f"{files.task}: {entry!r}: an alternative solution directory is solution-NAME with "
+                              "NAME of letters, digits, - and _ (at most 64, not 'reference')")
+        if files.kind(entry) != "dir":
+            raise ConfigError(f"{files.task}: {entry}: an alternative solution must be a directory (like solution/)")
+        if files.kind(f"{entry}/solve.sh") != "file":
+            raise ConfigError(f"{files.task}: missing {entry}/solve.sh")
+        names.append(name)
+    return names
 
 
 def _problem(path: Path, message: str) -> ConfigError:
@@ -353,6 +404,7 @@ def load_task(path: Path) -> HarborTask:
                if files.kind(name) != "file"]
     if missing:
         raise _problem(path, f"missing {', '.join(missing)}")
+    solution_variants(files)  # a bad solution-NAME/ refuses the task when it loads
     return HarborTask(path=path, config=config, instruction=files.read_text("instruction.md"), files=files)
 
 
