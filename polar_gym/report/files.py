@@ -23,8 +23,10 @@ from polar_gym.schema import Trace, Trajectory
 __all__ = ["TRAIN_KEYS", "build_report", "failures_of_rows", "fidelity_of_diagnostics", "fidelity_of_files",
            "load_run", "lost_jobs", "read_jsonl", "write_report"]
 
-#: what the training figure plots from train_metrics.jsonl, when present (SFT: loss; GRPO: reward and loss)
-TRAIN_KEYS = ["reward_mean", "loss", "grad_norm", "audit/logprob_abs_diff_max", "seconds"]
+#: what the training figure plots from train_metrics.jsonl, each only when some row has it (SFT: loss; GRPO: the
+#: sampled reward with its band from reward_se, the noise-free evaluation, loss; older runs simply lack the new keys)
+TRAIN_KEYS = ["reward_mean", "eval/share_right", "eval/p_right", "eval/greedy_success", "loss", "grad_norm",
+              "audit/logprob_abs_diff_max", "seconds"]
 _TRACE_FIELDS = set(Trace.model_fields)
 
 

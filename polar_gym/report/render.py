@@ -19,6 +19,7 @@ from polar_gym.report.model import (
     stage_stats,
     status_counts,
 )
+from polar_gym.report.training import trained_summary
 
 __all__ = ["CSP", "MAX_ROWS", "render_html"]
 
@@ -51,6 +52,8 @@ pre { background:#f1f3f7; padding:8px; border-radius:6px; overflow:auto; max-hei
       white-space:pre-wrap; word-break:break-all; }
 code { font-size:12px; } details summary { cursor:pointer; color:var(--muted); margin:4px 0; }
 .note { color:var(--muted); font-size:12px; }
+.banner { margin:14px 0 0; padding:10px 14px; border-radius:8px; font-weight:600; }
+.banner.bad { background:#fbe9e7; border:1px solid var(--red); color:var(--red); }
 """
 
 
@@ -199,11 +202,19 @@ def _session_table(run: RunData) -> str:
             f"session</summary>{table}</details></section>")
 
 
+def _not_trained_banner(run: RunData) -> str:
+    """A red line at the top when steps of the run did not train (the rows' ``trained`` / ``not_trained_reasons``):
+    a run that trained on nothing must not read as a run that trained."""
+    summary = trained_summary(run.train_rows)
+    return f'<p class="banner bad" id="not-trained">{_e(summary)}</p>' if summary else ""
+
+
 def render_html(run: RunData, figures: Mapping[str, str], *, generated: datetime.datetime | None = None) -> str:
     """The whole page."""
     when = (generated or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%d %H:%M:%S UTC")
-    training = (f'<section id="training"><h2>Training</h2>{_figure(figures, "training")}</section>'
-                if "training" in figures else "")
+    training = (f'<section id="training"><h2>Training</h2>{_figure(figures, "training")}'
+                '<p class="note">Shaded: a 95 % interval where the step has one (reward_mean +- 1.96 reward_se; an '
+                "evaluation's KEY_lo..KEY_hi).</p></section>" if "training" in figures else "")
     config = (f'<section id="config"><h2>Resolved config</h2><details><summary>config.yaml</summary>'
               f'<pre>{_e(run.config_text or "(no config.yaml)")}</pre></details></section>')
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -211,6 +222,6 @@ def render_html(run: RunData, figures: Mapping[str, str], *, generated: datetime
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{_e(run.title)} · polar_gym run report</title><style>{_CSS}</style></head>\n<body>"
             f"<header><h1>{_e(run.title)}</h1><p>{_e(run.out_dir)} · generated {when}</p></header><main>"
-            f"{_cards(run)}{_sessions_section(run, figures)}{_rewards_section(run, figures)}"
+            f"{_not_trained_banner(run)}{_cards(run)}{_sessions_section(run, figures)}{_rewards_section(run, figures)}"
             f"{_timings_section(run, figures)}{_fidelity_section(run, figures)}{training}"
             f"{_failures_section(run)}{_session_table(run)}{config}</main></body></html>\n")

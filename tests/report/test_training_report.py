@@ -1,10 +1,11 @@
-"""Training runs write report.html too: SFT with its loss curve; GRPO with its curves and the sessions of every
-step (each with its step, also in results.jsonl so ``python -m polar_gym.report`` rebuilds the page)."""
+"""Training runs write report.html too: SFT with its loss curve; GRPO with its curves (95 % bands where the rows
+give them), a banner when steps did not train, and the sessions of every step (each with its step, also in
+results.jsonl so ``python -m polar_gym.report`` rebuilds the page). A GRPO launch's report through a real engine
+is checked by tests/trainer/test_launch_trainer.py's engine-tier run."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from omegaconf import DictConfig
 
 from polar_gym.launch import CONF_DIR, run
 from polar_gym.launch.training import SessionRecorder, write_training_report
+from polar_gym.plots import arm_panels, band
 from polar_gym.report import load_run
 from polar_gym.schema import (
     AgentSpec,
@@ -94,15 +96,62 @@ def test_an_sft_launch_writes_a_report_with_its_loss_curve(tmp_path: Path) -> No
     assert (out / "trainer" / "train_metrics.svg").read_text().startswith("<svg")
 
 
-@pytest.mark.slow
-def test_a_grpo_launch_reports_its_steps_sessions(tmp_path: Path) -> None:
-    if shutil.which("bwrap") is None:
-        pytest.fail("bubblewrap is needed: run `bash scripts/setup.sh`")
-    out = tmp_path / "run"
-    assert run(composed("+trainer=grpo", f"trainer.model={small_qwen3_dir(tmp_path)}", "trainer.steps=1",
-                        "trainer.push_weights=false", "num_samples=2", "tasks.ids=[demo-calc-add]",
-                        "launcher.progress=false", f"out_dir={out}")) == 0
-    report = load_run(out)
-    assert [(s.step, s.status, s.reward) for s in report.sessions] == [(1, "COMPLETED", 1.0)] * 2
-    page = (out / "report.html").read_text()
-    assert '<figure id="fig-training"><svg' in page and ">reward_mean<" in page
+def _metrics(out: Path, rows: list[dict[str, Any]]) -> None:
+    (out / "trainer").mkdir(parents=True, exist_ok=True)
+    (out / "trainer" / "train_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _fills(svg: str) -> int:
+    """Shaded bands in a figure (matplotlib writes fill_between as a path of that opacity)."""
+    return svg.count("fill-opacity: 0.18")
+
+
+def test_a_grpo_run_whose_steps_did_not_train_says_so_at_the_top(tmp_path: Path) -> None:
+    """The issue's run: three steps of reward 1.000 everywhere. The page says it trained on nothing."""
+    _metrics(tmp_path, [{"step": s, "reward_mean": 1.0, "reward_se": 0.0, "loss": 0.0, "trained": False,
+                         "not_trained_reasons": ["no_signal", "not_policy_sampled"]} for s in (1, 2, 3)])
+    page = write_training_report(tmp_path, "grpo", [], 1.0).read_text()
+    banner = ('<p class="banner bad" id="not-trained">GRPO: 0 of 3 steps trained — every group&#x27;s rewards were '
+              "equal (no signal); the traces were not sampled by the policy")
+    assert banner in page and page.index(banner) < page.index('data-key="sessions"')  # above everything else
+    _metrics(tmp_path, [{"step": 1, "reward_mean": 0.5, "trained": True, "not_trained_reasons": []}])
+    assert 'id="not-trained"' not in write_training_report(tmp_path, "grpo", [], 1.0).read_text()
+    _metrics(tmp_path, [{"step": 1, "reward_mean": 0.5}])  # a run older than the verdict: nothing claimed
+    assert 'id="not-trained"' not in write_training_report(tmp_path, "grpo", [], 1.0).read_text()
+
+
+def test_the_training_curves_have_bands_where_the_rows_give_them(tmp_path: Path) -> None:
+    rows = [{"step": s, "reward_mean": 0.25 * s, "reward_se": 0.1, "eval/share_right": 0.5 + 0.1 * s,
+             "eval/p_right": 0.4 + 0.05 * s, "eval/greedy_success": s / 4, "eval/greedy_success_lo": s / 8,
+             "eval/greedy_success_hi": min(1.0, s / 3), "loss": 1.0 / s} for s in (1, 2, 3)]
+    _metrics(tmp_path, rows)
+    page = write_training_report(tmp_path, "grpo", [], 1.0).read_text()
+    figure = page[page.index('<figure id="fig-training">'):]
+    figure = figure[:figure.index("</figure>")]
+    for key in ("reward_mean", "eval/share_right", "eval/p_right", "eval/greedy_success", "loss"):
+        assert f">{key}<" in figure, key
+    assert _fills(figure) == 2  # reward_mean (from reward_se) and greedy success (its _lo/_hi); the others none
+    assert figure.count("(band: 95 % interval)") == 2
+    assert "Shaded: a 95 % interval" in page
+
+
+def test_bands_from_a_standard_error_or_an_interval() -> None:
+    assert band({"reward_mean": 0.5, "reward_se": 0.1}, "reward_mean") == pytest.approx((0.304, 0.696))
+    assert band({"x": 0.5, "x_se": 0.1}, "x") == pytest.approx((0.304, 0.696))
+    assert band({"x": 0.5, "x_se": 0.1, "x_lo": 0.45, "x_hi": 0.9}, "x") == (0.45, 0.9)  # explicit wins
+    assert band({"x": 0.5}, "x") is None and band({"x": 0.5, "x_se": None}, "x") is None
+    assert band({"x": 0.5, "x_lo": 0.1}, "x") is None  # half an interval is none
+
+
+def test_arms_share_the_axes_with_their_bands_and_a_legend() -> None:
+    def arm(slope: float) -> list[dict[str, Any]]:
+        return [{"step": s, "eval/share_right": 0.5 + slope * s, "eval/share_right_lo": 0.4 + slope * s,
+                 "eval/share_right_hi": 0.6 + slope * s, "eval/p_right": 0.45 + slope * s} for s in range(4)]
+
+    svg = arm_panels({"treatment seed 0": arm(0.1), "treatment seed 1": arm(0.08), "shuffled control": arm(0.0)},
+                     ["eval/share_right", "eval/p_right", "eval/greedy_success"], "Fork: a + b vs a * b")
+    assert svg.startswith("<svg") and _fills(svg) == 3  # one band per arm on share_right, none on p_right
+    for name in ("treatment seed 0", "treatment seed 1", "shuffled control"):
+        assert svg.count(f">{name}<") == 2  # in the legend of both panels
+    assert ">eval/greedy_success<" not in svg  # no arm has it: no empty panel
+    assert "no values to plot yet" in arm_panels({"a": []}, ["x"])

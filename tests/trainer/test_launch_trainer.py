@@ -18,6 +18,7 @@ from rich.console import Console
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python
 from polar_gym.launch import CONF_DIR, ConfigError, UpstreamCheckFailed, build_job, run
 from polar_gym.launch.training import PolicyServer, policy_server, served_inference, started_policy_server
+from polar_gym.report import load_run
 from polar_gym.serving import free_port
 from polar_gym.trainer import TrainerSettings
 from tests._vllm import VLLMServer
@@ -164,4 +165,7 @@ def test_launch_trainer_grpo_runs_a_step_on_the_policy_server(vllm_train_server:
     assert row["audit/logprob_abs_diff_mean"] < 1e-3  # the engine runs the weights being trained
     assert row["sampled_versions"] == []  # inference.policy_version not set: the user's server names none
     assert (out / "trainer" / "checkpoints" / "step-1" / "model.safetensors").exists()
-    assert 'id="fig-training"' in (out / "report.html").read_text()
+    report = load_run(out)
+    assert [(s.step, s.status) for s in report.sessions] == [(1, "COMPLETED")] * 2
+    page = (out / "report.html").read_text()
+    assert '<figure id="fig-training"><svg' in page and ">reward_mean<" in page
