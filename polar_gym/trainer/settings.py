@@ -55,3 +55,7 @@ class TrainerSettings(BaseModel):
                                   "before advantages are computed, so the step trains on noise with the same reward "
                                   "distribution; a learning curve that also rises under it is not learning from the "
                                   "reward")
+    max_mismatch: float | None = Field(default=0.5, gt=0, description="grpo: a step whose mean |trainer - engine| "
+                                       "logprob (audit/logprob_abs_diff_mean, nats) is above this is not trained "
+                                       "(the engine does not run the trained weights; fp32 vLLM measures ~2e-5); "
+                                       "null: no bound")
