@@ -179,7 +179,8 @@ class OracleScript(_Model):
 
     commands: list[str] = Field(default_factory=list)
     final_answer: str = "Done."
-    name: str = Field(default="reference", pattern=ORACLE_NAME_PATTERN)
+    name: str = Field(default="reference", pattern=ORACLE_NAME_PATTERN,
+                      description="reference, or the name of an alternative (a forked task's variant)")
 
 
 class SamplingOverride(_Model):
@@ -218,7 +219,9 @@ class TaskMetadata(_Open):
         default=None, description="sampling forced on every model call of the sessions (e.g. greedy evaluation)")
     #: alternatives to ``metadata["oracle"]`` (a fork: right and wrong solutions of one task, polar_gym.tasks.forks):
     #: sample i of the task plays ``[oracle, *oracle_variants][i % n]`` (see :meth:`for_sample`)
-    oracle_variants: list[OracleScript] | None = None
+    oracle_variants: list[OracleScript] | None = Field(
+        default=None, description="alternative oracle scripts beside metadata.oracle: sample i plays "
+        "[oracle, *oracle_variants][i % n] and its session's metadata names it in oracle_variant")
 
     @model_validator(mode="after")
     def _check_variants(self) -> TaskMetadata:

@@ -9,12 +9,14 @@ import gzip
 import importlib
 import io
 import json
+import shlex
 import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from pydantic import ValidationError
@@ -277,3 +279,37 @@ def test_a_hostile_or_broken_variant_dir_refuses_the_task_naming_it(tmp_path: Pa
 def test_exports() -> None:
     mod = importlib.import_module("polar_gym.tasks.forks")
     assert mod.__all__ and all(hasattr(mod, name) for name in mod.__all__)
+
+
+# -- the docs' examples ----------------------------------------------------------------------------------------------
+
+def _docs_section() -> str:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "datagen.md").read_text()
+    return text.split("## Forking a task", 1)[1].split("\n## ", 1)[0]
+
+
+def _blocks(section: str, lang: str) -> list[str]:
+    return [part.split("\n```", 1)[0] for part in section.split(f"```{lang}\n")[1:]]
+
+
+def test_the_docs_fork_commands_parse_through_hydra_and_fork_their_task(tmp_path: Path) -> None:
+    commands = _blocks(_docs_section(), "bash")
+    assert len(commands) == 2
+    played = []
+    for command in commands:
+        argv = shlex.split(command.replace("\\\n", " "))
+        assert argv[:3] == ["python", "-m", "polar_gym.launch"]
+        overrides = [a if not a.startswith("out_dir=") else f"out_dir={tmp_path / 'run'}" for a in argv[3:]]
+        job = build_job(composed(*overrides))
+        assert job.datagen is not None and job.datagen.sft_include_failures
+        (request,) = job.requests
+        played.append([name for name, _ in _played(request)])
+    assert played == [["reference", "wrong"] * 2, ["reference", "underscore"] * 2]
+
+
+def test_the_docs_yaml_forks_apply_to_the_demo_tasks() -> None:
+    (block,) = _blocks(_docs_section(), "yaml")
+    forks = [TaskFork.model_validate(f) for f in yaml.safe_load(block)["forks"]]
+    forked = fork_requests(demo_requests(_template(num_samples=2), ids=["demo-calc-add", "demo-slugify"]), forks)
+    add, slug = (SessionSpec.from_task(r, 1).metadata.model_dump()["oracle"]["commands"][0] for r in forked)
+    assert "return a * b" in add and '"_".join' in slug and '"-".join' not in slug
