@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python
 from polar_gym.fleet import InferenceSettings, UpstreamCheckFailed, ensure_upstreams, local_fleet
@@ -111,6 +112,13 @@ class PolicyServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def notice(self) -> str:
+        """What the console says before starting it: the run does not train on the engine it was given."""
+        return (f"inference=oracle plays scripted answers, not the policy's samples: serving the model being trained "
+                f"({self.model_dir}) with vLLM CPU fp32 for this run and training on it (inference=vllm "
+                f"inference.upstreams=[{self.url}]; log {self.log})")
+
 
 def _trained_model_dir(job: LaunchJob) -> Path:
     assert job.trainer is not None
@@ -190,7 +198,7 @@ async def started_policy_server(server: PolicyServer, console: Console, *, wait_
                                    stdin=subprocess.DEVNULL, cwd=str(server.log.parent), start_new_session=True)
     try:
         started = time.monotonic()
-        what = f"starting the policy server (vLLM CPU, fp32) on {server.url}; log {server.log}"
+        what = escape(f"starting the policy server (vLLM CPU, fp32) on {server.url}; log {server.log}")
         with console.status(what) as status:
             async with httpx.AsyncClient(timeout=2.0) as client:
                 while True:
@@ -207,7 +215,8 @@ async def started_policy_server(server: PolicyServer, console: Console, *, wait_
                                                   f"{_tail(server.log)}")
                     status.update(f"{what} ({waited:.0f} s)")
                     await asyncio.sleep(poll)
-        console.print(f"policy server ready on {server.url} after {time.monotonic() - started:.1f} s")
+        console.print(escape(f"policy server ready on {server.url} after {time.monotonic() - started:.1f} s"),
+                      highlight=False)
         yield server.url
     finally:
         await _stop(proc)
@@ -253,9 +262,7 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console, serve
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(sigterm_cancels_run())
         if server is not None:
-            console.print(f"[yellow]inference=oracle plays scripted answers, not the policy's samples: serving the "
-                          f"model being trained ({server.model_dir}) with vLLM CPU fp32 for this run and training on "
-                          f"it (inference=vllm inference.upstreams=[{server.url}])[/]", highlight=False)
+            console.print(f"[yellow]{escape(server.notice)}[/]", highlight=False)
             await stack.enter_async_context(started_policy_server(server, console,
                                                                   wait_seconds=inference.upstream_wait_seconds))
             inference = served_inference(inference, server, settings.initial_version)

@@ -14,6 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python
 from polar_gym.launch import CONF_DIR, ConfigError, UpstreamCheckFailed, build_job, run
@@ -100,6 +101,9 @@ def test_grpo_on_the_oracle_serves_the_model_being_trained(tmp_path: Path, monke
     server = policy_server(job, port=43123)
     assert server == PolicyServer([sys.executable, "-m", "polar_gym.trainer", "serve", str(model), "--port", "43123"],
                                   43123, model, out / "trainer" / "vllm-server.log")
+    printed = io.StringIO()
+    Console(file=printed, width=400).print(f"[yellow]{escape(server.notice)}[/]")  # as the run prints it
+    assert "training on it (inference=vllm inference.upstreams=[http://127.0.0.1:43123];" in printed.getvalue()
     inference = served_inference(job.inference, server, job.trainer.initial_version if job.trainer else 0)
     assert (inference.engine, inference.upstreams, inference.upstream_model) == (
         "vllm", ["http://127.0.0.1:43123"], TINY_MODEL_NAME)
