@@ -13,7 +13,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -21,7 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from polar_gym.merge.exports import trace_lines
-from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
+from polar_gym.report.training import trained_summary
+from polar_gym.schema import SessionResult, SessionStatus, TaskRequest, Trace
 from polar_gym.telemetry import MetricSinks
 from polar_gym.trainer.batch import TrainSequence, collate, sequence_of_trace, trace_weight
 from polar_gym.trainer.checkpoint import load_policy, save_checkpoint
@@ -30,10 +31,15 @@ from polar_gym.trainer.losses import group_advantages, logprob_diff_stats, polic
 from polar_gym.trainer.metrics import MetricsLog
 from polar_gym.trainer.settings import TrainerSettings
 from polar_gym.trainer.sft_data import load_sft_file
+from polar_gym.trainer.step_eval import ReferenceScorer, greedy_request, is_greedy, reward_stats
+from polar_gym.trainer.verdict import step_verdict
 
 __all__ = ["RolloutSource", "StepReport", "Trainer", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"]
 
 PAD_ID = 151643  # <|endoftext|>: never attended to (attention mask 0), any id works
+#: the GRPO plot's panels (those a run has)
+GRPO_PLOT_KEYS = ("reward_mean", "eval/share_right", "eval/p_right", "eval/greedy_success", "loss",
+                  "audit/logprob_abs_diff_max", "seconds")
 
 
 @runtime_checkable
@@ -88,7 +94,10 @@ class Trainer:
         norm = self._apply(loss)
         return StepReport(loss.item(), batch.trained_tokens, norm, {}, logprobs.detach())
 
-    def grpo_step(self, sequences: Sequence[TrainSequence]) -> StepReport:
+    def grpo_step(self, sequences: Sequence[TrainSequence],
+                  judge: Callable[[Mapping[str, float]], bool] | None = None) -> StepReport:
+        """One update on ``sequences``; ``judge`` sees the step's statistics (the trainer-vs-engine mismatch
+        among them) before the update and returns False to skip it (see :mod:`polar_gym.trainer.verdict`)."""
         batch = collate(sequences, PAD_ID)
         if not batch.has_old_logprobs:
             raise ValueError("GRPO needs the captured logprobs of every trained token")
@@ -98,7 +107,8 @@ class Trainer:
                                   clip_high=s.clip_high, tis_cap=s.tis_cap, weights=batch.weights, rows=batch.rows,
                                   aggregation=s.loss_aggregation, loss_norm_tokens=s.loss_norm_tokens)
         diff = logprob_diff_stats(logprobs, batch.old_logprobs, batch.rows)
-        norm = self._apply(loss) if bool((batch.advantages != 0).any()) else 0.0
+        update = bool((batch.advantages != 0).any()) and (judge is None or judge({**stats, **diff}))
+        norm = self._apply(loss) if update else 0.0
         return StepReport(loss.item(), batch.trained_tokens, norm, {**stats, **diff}, logprobs.detach())
 
     def save(self, out_dir: Path) -> Path:
@@ -199,12 +209,39 @@ def _versions(results: Sequence[SessionResult]) -> list[str]:
     return sorted(found)
 
 
-def _reward_stats(results: Sequence[SessionResult]) -> dict[str, float]:
-    rewards = [float(r.evaluation.reward or 0.0) if r.evaluation else 0.0 for r in results]
-    if not rewards:
-        return {"reward_mean": 0.0, "reward_std": 0.0}
-    mean = sum(rewards) / len(rewards)
-    return {"reward_mean": mean, "reward_std": (sum((x - mean) ** 2 for x in rewards) / len(rewards)) ** 0.5}
+def _trained_traces(results: Sequence[SessionResult], completed_only: bool) -> list[Trace]:
+    """The traces :func:`grpo_sequences` trains on (those with a trained token), for the step's verdict."""
+    return [t for r in results if r.trajectory is not None
+            and not (completed_only and r.status is not SessionStatus.COMPLETED)
+            for t in r.trajectory.traces if any(t.loss_mask)]
+
+
+async def _evaluate(scorer: ReferenceScorer | None, model: Any) -> dict[str, float]:
+    return {} if scorer is None else await asyncio.to_thread(scorer, model)
+
+
+def _describe(row: Mapping[str, Any]) -> str:
+    parts = [f"reward {row['reward_mean']:.3f} ± {row['reward_se']:.3f}"]
+    if "eval/p_right" in row:
+        parts.append(f"P(right) {row['eval/p_right']:.3f} share {row['eval/share_right']:.3f}")
+    if "eval/greedy_success" in row:
+        parts.append(f"greedy {row['eval/greedy_success']:.2f}")
+    parts.append(f"loss {row.get('loss', float('nan')):.4f}")
+    return ", ".join(parts)
+
+
+class _Judge:
+    """The step's verdict, taken inside the update (it needs the mismatch the trainer measures before it)."""
+
+    def __init__(self, sequences: Sequence[TrainSequence], traces: Sequence[Trace], max_mismatch: float | None):
+        self.rewards, self.groups = [s.reward for s in sequences], [s.group for s in sequences]
+        self.traces, self.max_mismatch = traces, max_mismatch
+        self.verdict = step_verdict(self.rewards, self.groups, traces)
+
+    def __call__(self, stats: Mapping[str, float]) -> bool:
+        self.verdict = step_verdict(self.rewards, self.groups, self.traces, max_mismatch=self.max_mismatch,
+                                    mismatch=stats.get("audit/logprob_abs_diff_mean"))
+        return self.verdict.trained
 
 
 async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], client: RolloutSource,
@@ -213,36 +250,58 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
     """GRPO for ``settings.steps`` steps on ``tasks`` (each ``num_samples`` sessions: one group); after each step
     the checkpoint ``out_dir/checkpoints/step-N`` is pushed to the fleet as policy version ``initial_version + N``.
     Every step's traces go to ``out_dir/trajectories.jsonl``, every metrics row also to ``sinks``. Returns the last
-    checkpoint."""
+    checkpoint.
+
+    Besides the loss, each row says whether the step trained (:func:`~polar_gym.trainer.verdict.step_verdict`: a
+    step with no signal, scripted traces or a trainer-engine mismatch is not an update, and says so) and carries
+    the step's evaluation (:mod:`polar_gym.trainer.step_eval`); with ``reference_answers`` a row ``step 0`` holds
+    the evaluation of the starting weights, and row N that of the weights after update N."""
     if settings.push_weights and weights is None:
         raise ValueError("push_weights needs a WeightSync (the fleet's weight-update call)")
     model_dir = _model_dir(settings)
     trainer = await asyncio.to_thread(Trainer, settings, model_dir)
+    scorer = (await asyncio.to_thread(ReferenceScorer, settings.reference_answers, model_dir, PAD_ID)
+              if settings.reference_answers else None)
+    shuffle = random.Random(settings.seed) if settings.shuffle_rewards else None
     log = MetricsLog(out_dir / "train_metrics.jsonl")
+    if scorer is not None:
+        first = {"step": 0, "version": settings.initial_version, **await _evaluate(scorer, trainer.model)}
+        _write(log, first, sinks)
+        echo(f"grpo step 0 (before training): P(right) {first['eval/p_right']:.3f} share "
+             f"{first['eval/share_right']:.3f}")
     checkpoint = model_dir
     for step in range(1, settings.steps + 1):
         started = time.monotonic()
         requests = [_step_request(t, step) for t in tasks]
-        for request in requests:
+        greedy = [greedy_request(r, settings.greedy_samples) for r in requests] if settings.greedy_samples else []
+        for request in [*requests, *greedy]:
             await client.submit(request)
-        results = [r async for r in client.results([r.task_id for r in requests], timeout=timeout)]
+        everything = [r async for r in client.results([r.task_id for r in [*requests, *greedy]], timeout=timeout)]
+        results = [r for r in everything if not is_greedy(r)]
         rollout_seconds = time.monotonic() - started
         _keep_traces(out_dir / "trajectories.jsonl", results, step)
         if results and all(r.status is SessionStatus.ERROR for r in results):
             raise RuntimeError(f"every session of step {step} ended in ERROR (the fleet, not the policy): "
                                f"{results[0].reason}")
-        sequences = [s for s in grpo_sequences(results, completed_only=settings.completed_only) if any(s.loss_mask)]
+        sequences = [s for s in grpo_sequences(results, completed_only=settings.completed_only, shuffle=shuffle)
+                     if any(s.loss_mask)]
         row: dict[str, Any] = {"step": step, "version": settings.initial_version + step - 1,
                                "sessions": len(results), "traces": len(sequences),
                                "errored": sum(r.status is not SessionStatus.COMPLETED for r in results),
                                "sampled_versions": _versions(results), "rollout_seconds": rollout_seconds,
-                               **_reward_stats(results)}
+                               "shuffled_rewards": settings.shuffle_rewards, **reward_stats(results)}
+        if greedy:
+            greedy_stats = reward_stats([r for r in everything if is_greedy(r)], "greedy")
+            row.update({"eval/greedy_success": greedy_stats["greedy_mean"], "eval/greedy_n": greedy_stats["greedy_n"]})
+        judge = _Judge(sequences, _trained_traces(results, settings.completed_only), settings.max_mismatch)
         train_started = time.monotonic()
-        if sequences:
-            report = await asyncio.to_thread(trainer.grpo_step, sequences)
+        if sequences and any(s.weight > 0 for s in sequences):
+            report = await asyncio.to_thread(trainer.grpo_step, sequences, judge)
             row.update({"loss": report.loss, "tokens": report.tokens, "grad_norm": report.grad_norm,
                         **report.stats})
-        row["train_seconds"] = time.monotonic() - train_started
+        row.update({"trained": judge.verdict.trained, "not_trained_reasons": list(judge.verdict.reasons),
+                    "train_seconds": time.monotonic() - train_started})
+        row.update(await _evaluate(scorer, trainer.model))
         checkpoint = await asyncio.to_thread(trainer.save, out_dir / "checkpoints" / f"step-{step}")
         version = settings.initial_version + step
         if weights is not None and settings.push_weights:
@@ -251,10 +310,15 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
             row["push_seconds"] = time.monotonic() - push_started
         row["seconds"] = time.monotonic() - started
         _write(log, row, sinks)
-        echo(f"grpo step {step}: reward {row['reward_mean']:.3f} loss {row.get('loss', float('nan')):.4f} "
-             f"traces {len(sequences)} -> version {version} ({row['seconds']:.1f} s)")
-        _finish(log, out_dir, ["reward_mean", "loss", "audit/logprob_abs_diff_max", "seconds"], "GRPO")
+        echo(f"grpo step {step}: {_describe(row)}; traces {len(sequences)} -> version {version} "
+             f"({row['seconds']:.1f} s)")
+        if not judge.verdict.trained:
+            echo(f"grpo step {step}: {judge.verdict.message}")
+        _finish(log, out_dir, [k for k in GRPO_PLOT_KEYS if any(k in r for r in log.rows)], "GRPO")
         _prune(out_dir / "checkpoints", checkpoint, settings.save_every)
+    summary = trained_summary(log.rows)
+    if summary is not None:
+        echo(summary)
     return checkpoint
 
 

@@ -59,3 +59,11 @@ class TrainerSettings(BaseModel):
                                        "logprob (audit/logprob_abs_diff_mean, nats) is above this is not trained "
                                        "(the engine does not run the trained weights; fp32 vLLM measures ~2e-5); "
                                        "null: no bound")
+    reference_answers: list[str] = Field(default_factory=list, description="grpo: the noise-free evaluation: JSONL "
+                                         "files of reference answers (datagen's sft/train.jsonl of a forked task: "
+                                         "right and wrong variants with their rewards); before the first step and "
+                                         "after every step the exact log-probability of each is computed under the "
+                                         "current weights (eval/p_right, eval/p_wrong, eval/share_right)")
+    greedy_samples: int = Field(default=0, ge=0, description="grpo: per task and step, this many extra sessions "
+                                "sampled greedily (temperature 0 forced by the proxy) by the policy that samples "
+                                "the step, not trained on: eval/greedy_success")
