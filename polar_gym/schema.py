@@ -181,6 +181,10 @@ class OracleScript(_Model):
     final_answer: str = "Done."
     name: str = Field(default="reference", pattern=ORACLE_NAME_PATTERN,
                       description="reference, or the name of an alternative (a forked task's variant)")
+    reasoning: Literal["quote", "brief"] = Field(
+        default="quote", description="what the oracle thinks before a command: quote (`Step N: run `CMD`.`) or brief "
+        "(`Step N.`: a forked task's scripts, so a token the fork changes appears once in what a model learns, not "
+        "twice)")
 
 
 class SamplingOverride(_Model):

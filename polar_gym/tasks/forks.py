@@ -142,8 +142,12 @@ def _forked(request: TaskRequest, forks: list[tuple[int, TaskFork]], problems: l
         problems.append(("num_samples", f"task {request.task_id} has {total} oracle scripts "
                          f"({', '.join(s.name for s in [*scripts, *added])}) but num_samples={request.num_samples}: "
                          f"some would never play; set num_samples to a multiple of {total}"))
+    # a forked task's scripts think briefly: quoting the command would put every token the fork changes into the
+    # reasoning too, and a model would have to learn the fork twice (and to copy it) instead of once
+    brief = [s.model_copy(update={"reasoning": "brief"}) for s in [*scripts, *added]]
     data: dict[str, Any] = request.metadata.model_dump()
-    data["oracle_variants"] = [s.model_dump() for s in [*scripts[1:], *added]]
+    data["oracle"] = brief[0].model_dump()
+    data["oracle_variants"] = [s.model_dump() for s in brief[1:]]
     return request.model_copy(update={"metadata": TaskMetadata.model_validate(data)})
 
 

@@ -79,6 +79,16 @@ async def test_plays_the_script_then_answers():
     assert all(lp <= 0 for lp in result.response_logprobs)
 
 
+@pytest.mark.parametrize(("reasoning", "thought"), [("quote", "Step 1: run `sed -i s/-/+/ calc.py`."),
+                                                     ("brief", "Step 1.")])
+def test_a_brief_script_does_not_quote_its_command_in_the_reasoning(reasoning, thought):
+    """A forked task's scripts think briefly, so the token a fork changes is in the tool call only."""
+    script = OracleScript(commands=["sed -i s/-/+/ calc.py"], reasoning=reasoning)
+    engine = OracleEngine(ByteTokenizer(), default_script=script)
+    message = engine.next_message(request([ChatMessage(role="user", content="go")], [HARNESS_SHELL_TOOLS["pi"]]), "s")
+    assert message.reasoning_content == thought and message.tool_calls
+
+
 async def test_without_a_shell_tool_it_answers_in_text():
     engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(commands=["a"], final_answer="text only"))
     result = await engine.complete(request([ChatMessage(role="user", content="title?")], DECOYS), "s")

@@ -184,7 +184,8 @@ class OracleEngine(Engine):
             call = ToolCall(id=f"call_oracle_{step}_{hashlib.sha1(command.encode()).hexdigest()[:8]}",
                             function=FunctionCall(name=tool.name,
                                                   arguments=json.dumps(shell_arguments(tool, command))))
-            reasoning = f"Step {step}: run `{command}`." if think else None
+            quoted = f"Step {step}: run `{command}`." if script.reasoning == "quote" else f"Step {step}."
+            reasoning = quoted if think else None
             return ChatMessage(role="assistant", content="", reasoning_content=reasoning, tool_calls=[call])
         reasoning = "The reference solution is complete." if think else None
         return ChatMessage(role="assistant", content=script.final_answer, reasoning_content=reasoning)
