@@ -1,18 +1,25 @@
-"""Does the loop learn? (issue 14) SFT of the tiny Qwen3 on oracle demo trajectories, then GRPO steps in which the
-model itself, served by vLLM CPU in float32, solves demo tasks through the unmodified pi harness, sampled at
-temperature 1, with the new weights reloaded into the running engine after every step.
+"""Learning, proven (issue 36): a policy that gets better through the whole stack, against a control.
 
-The oracle only writes the SFT demos (phase 1). Every GRPO rollout is sampled by the policy on vLLM. pi sends no
-temperature and the tiny model's generation_config.json sets none, so vLLM would sample at its default, 1.0; the
-engine is also started with ``--override-generation-config {"temperature": 1.0, "top_p": 1.0}`` so that default is
-explicit, and the summary counts the temperatures the harness's requests carried (from the capture journal).
+A forked demo task: the oracle plays the task's reference solution and a wrong variant that differs from it in one
+token (demo-calc-add: ``return a + b`` against ``return a * b``) through the unmodified pi harness; datagen keeps
+both (``sft_include_failures``); SFT of the tiny Qwen3 on the two leaves it near 50/50 between them, so imitation
+alone cannot pass ~0.5 and only the reward can separate them. Then GRPO arms start from that checkpoint, each on a
+fresh local fleet: the model itself, served by vLLM CPU in float32 in token-in mode, samples every session through
+pi at temperature 1; the capture journal, prefix_merging, the test_on_output evaluator and the trainer close the loop,
+and every step's weights are reloaded into the running engine. Arms: treatment seeds (real rewards) and a control
+(``trainer.shuffle_rewards``: the same rewards permuted within the step).
+
+Every step the trainer logs the noise-free evaluation: the exact log-probability of the right and the wrong answer
+under the current weights (teacher-forced on the token ids the oracle's sessions captured), their share, greedy
+success on held-out sessions (temperature 0 forced by the proxy), and the sampled success with its standard error.
 
     nice -n 10 .venv/bin/python benchmarks/bench_learning.py --out /tmp/bench-learning
+    nice -n 10 .venv/bin/python benchmarks/bench_learning.py --task demo-inventory   # another task's fork
 
-Writes under ``--out``: demo/ (oracle sessions, datagen export), sft/ (train_metrics.jsonl, checkpoint),
-grpo/trainer/train_metrics.jsonl (one row per GRPO step: reward, loss, versions, the audit's mismatch metrics),
-reward_curve.svg (the trainer's plot writer), samples.jsonl (what the model sampled, one session per task and step),
-summary.md (the per-step table).
+Writes under ``--out``: demo/ (oracle sessions, datagen export: the reference answers), sft/ (its checkpoint),
+arm-NAME/trainer/train_metrics.jsonl (one row per step, step 0 = the SFT checkpoint), learning.svg (the arms on
+one figure, with 95 % bands), summary.md (the acceptance lines and a per-step table) and acceptance.json. Exit 0
+when every acceptance line holds, 1 when one does not.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +45,24 @@ from polar_gym.assets import TINY_MODEL_NAME, vllm_server_command, vllm_server_e
 from polar_gym.datagen.export import write_dataset
 from polar_gym.fleet import InferenceSettings, local_fleet
 from polar_gym.gateway.config import GatewayPools
+from polar_gym.plots import arm_panels
 from polar_gym.schema import SessionResult, TaskRequest
 from polar_gym.server.client import RolloutClient
 from polar_gym.tasks import DEMO_TASKS
-from polar_gym.trainer import TrainerSettings, run_grpo, run_sft
-from polar_gym.trainer.metrics import svg_plot
+from polar_gym.tasks.forks import Replacement, TaskFork, fork_requests
+from polar_gym.trainer import TrainerSettings, bootstrap_diff, run_grpo, run_sft
+from polar_gym.trainer.step_eval import is_greedy, session_reward
 
-COLUMNS = ("step", "version", "sessions", "errored", "reward_mean", "reward_std", "tokens", "loss",
-           "audit/logprob_abs_diff_max", "rollout_seconds", "train_seconds", "push_seconds")
+#: a one-token (or nearly) wrong variant of each demo task's reference solution, whose tests then fail
+DEFAULT_FORKS: dict[str, list[tuple[str, str]]] = {
+    "demo-calc-add": [("return a + b", "return a * b")],
+    "demo-slugify": [('"-".join', '"_".join')],
+    "demo-stack-module": [('raise IndexError("pop', 'raise KeyError("pop')],
+    "demo-inventory": [("unit_price * (1 - discount)", "unit_price * (1 + discount)")],
+}
+FIGURE_KEYS = ("eval/share_right", "eval/p_right", "reward_mean", "eval/greedy_success")
+TABLE_KEYS = ("step", "eval/p_right", "eval/p_wrong", "eval/share_right", "reward_mean", "reward_se",
+              "eval/greedy_success", "trained", "grad_norm", "audit/logprob_abs_diff_max", "seconds")
 
 
 def _say(msg: str) -> None:
@@ -57,31 +75,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _requests(tasks: list[str], samples: int, timeout: float) -> list[TaskRequest]:
-    return [DEMO_TASKS[name].to_request(harness="pi", model_name="policy", num_samples=samples)
-            .model_copy(update={"timeout_seconds": timeout}) for name in tasks]
+def task_request(task: str, samples: int, timeout: float) -> TaskRequest:
+    return DEMO_TASKS[task].to_request(harness="pi", model_name="policy", num_samples=samples,
+                                       timeout_seconds=timeout)
 
 
-async def oracle_demos(out: Path, tasks: list[str], samples: int) -> Path:
-    """Phase 1: the oracle plays the reference solutions through pi; datagen exports them as SFT records."""
-    requests = _requests(tasks, samples, 300.0)
+async def oracle_demos(out: Path, task: str, replace: Sequence[tuple[str, str]], demos: int) -> Path:
+    """Phase 1: the oracle plays the reference and the wrong variant (``demos`` sessions each) through pi;
+    datagen keeps both (the wrong ones with reward 0). Refuses a fork whose variant does not fail or whose
+    reference does not pass: such a fork cannot show anything."""
+    fork = TaskFork(name="wrong", replace=[Replacement(old=old, new=new) for old, new in replace])
+    requests = fork_requests([task_request(task, 2 * demos, 300.0)], [fork])
     async with (local_fleet(out, InferenceSettings(), pools=GatewayPools(run_slots=4)) as (url, token),
                 RolloutClient(url, token) as client):
         await client.submit_all(requests)
         results = [r async for r in client.results([r.task_id for r in requests], timeout=900)]
-    summary = write_dataset(out / "datagen", results, requests, {"test_fraction": 0.0})
-    _say(f"oracle demos: {summary.sft_records['train']} SFT records, rewards "
-         f"{[r.evaluation.reward if r.evaluation else None for r in results]}")
+    played = {(r.metadata.get("task_metadata", {}).get("oracle_variant"), session_reward(r)) for r in results}
+    if played != {("reference", 1.0), ("wrong", 0.0)}:
+        raise SystemExit(f"the fork of {task} does not separate: (variant, reward) played {sorted(played)}; the "
+                         "reference must pass and the wrong variant fail")
+    write_dataset(out / "datagen", results, requests, {"test_fraction": 0.0, "sft_include_failures": True})
+    _say(f"oracle demos of {task}: reference reward 1, wrong reward 0 ({len(results)} sessions)")
     return out / "datagen" / "sft" / "train.jsonl"
 
 
+@dataclass
 class Recorder:
-    """The RolloutClient calls run_grpo makes, passed through; keeps every step's results for samples.jsonl."""
+    """The RolloutClient calls run_grpo makes, passed through; keeps the reward of every training session by step
+    (the sampled success the acceptance's bootstrap reads)."""
 
-    def __init__(self, client: RolloutClient, tokenizer: Any, path: Path) -> None:
-        self.client, self.tokenizer, self.path = client, tokenizer, path
-        self.step = 0
-        path.write_text("", encoding="utf-8")
+    client: RolloutClient
+    rewards: dict[int, list[float]] = field(default_factory=dict)
+    step: int = 0
 
     async def submit(self, task: TaskRequest) -> dict[str, Any]:
         return await self.client.submit(task)
@@ -89,27 +114,16 @@ class Recorder:
     async def results(self, task_ids: Iterable[str], *, timeout: float = 3600.0,
                       poll: float = 1.0) -> AsyncIterator[SessionResult]:
         self.step += 1
-        seen: set[str] = set()
         async for result in self.client.results(task_ids, timeout=timeout, poll=poll):
-            self._sample(result, seen)
+            if not is_greedy(result):
+                self.rewards.setdefault(self.step, []).append(session_reward(result))
             yield result
-
-    def _sample(self, result: SessionResult, seen: set[str]) -> None:
-        reward = result.evaluation.reward if result.evaluation else None
-        first = result.task_id not in seen or bool(reward)
-        seen.add(result.task_id)
-        if not first or result.trajectory is None:
-            return
-        turns = [self.tokenizer.decode([t for t, m in zip(tr.response_ids, tr.loss_mask, strict=True) if m])
-                 for tr in result.trajectory.traces]
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": self.step, "task_id": result.task_id, "status": str(result.status),
-                                "reward": reward, "turns": [t[:600] for t in turns]}) + "\n")
 
 
 def start_vllm(model_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    cmd = [*vllm_server_command(port, model_dir=model_dir, max_model_len=16384,
-                                                    dtype="float32", weight_updates=True),
+    """vLLM CPU in fp32 with weight updates, sampling at temperature 1 unless a request says otherwise."""
+    cmd = [*vllm_server_command(port, model_dir=model_dir, max_model_len=16384, dtype="float32",
+                                weight_updates=True),
            "--override-generation-config", json.dumps({"temperature": 1.0, "top_p": 1.0})]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -139,75 +153,113 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-async def grpo(args: argparse.Namespace, sft_checkpoint: Path, engine_url: str, out: Path) -> Path:
-    """Phase 3: GRPO through pi on vLLM fp32 serving the SFT checkpoint (policy version 0)."""
-    from transformers import AutoTokenizer
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    seed: int
+    shuffle: bool
 
+
+async def run_arm(args: argparse.Namespace, arm: Arm, sft: Path, references: Path, engine_url: str,
+                  out: Path) -> tuple[list[dict[str, Any]], dict[int, list[float]]]:
+    """One GRPO arm from the SFT checkpoint (reloaded into the engine as version 0) on a fleet of its own."""
     inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
                                   max_tokens_cap=args.max_tokens)
-    settings = TrainerSettings(algorithm="grpo", model=str(sft_checkpoint), steps=args.grpo_steps,
-                               learning_rate=args.grpo_lr, initial_version=0, threads=args.threads)
-    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(sft_checkpoint))
+    settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=args.steps, learning_rate=args.lr,
+                               seed=arm.seed, shuffle_rewards=arm.shuffle, threads=args.threads,
+                               reference_answers=[str(references)], greedy_samples=args.greedy)
     async with (local_fleet(out, inference, pools=GatewayPools(run_slots=args.slots)) as (url, token),
                 RolloutClient(url, token) as client):
-        # the SFT checkpoint as policy version 0 (a running engine loads it; one started on it only gets the tag)
-        await client.update_weights(str(sft_checkpoint), 0)
-        recorder = Recorder(client, tokenizer, out / "samples.jsonl")
-        await run_grpo(settings, _requests(args.tasks, args.samples, args.session_timeout), recorder,
-                       out / "trainer", weights=client, echo=_say, timeout=3600)
-    return out / "trainer" / "train_metrics.jsonl"
+        await client.update_weights(str(sft), 0)
+        recorder = Recorder(client)
+        await run_grpo(settings, [task_request(args.task, args.samples, args.session_timeout)], recorder,
+                       out / "trainer", weights=client, echo=lambda m: _say(f"{arm.name}: {m}"), timeout=3600)
+    rows = [json.loads(x) for x in (out / "trainer" / "train_metrics.jsonl").read_text().splitlines() if x.strip()]
+    return rows, recorder.rewards
 
 
-def request_temperatures(capture: Path) -> dict[str, int]:
-    """How many captured calls carried which ``temperature`` (``unset``: the engine's default applies)."""
-    from polar_gym.journal import read_session
+@dataclass(frozen=True)
+class Check:
+    text: str
+    passed: bool
 
-    counts: dict[str, int] = {}
-    for attempt in capture.glob("*/attempts/*"):
-        for record in read_session(attempt):
-            key = str(record.request.get("temperature", "unset"))
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+
+def _at(rows: Sequence[Mapping[str, Any]], step: int, key: str) -> float:
+    return float(next(r[key] for r in rows if r["step"] == step))
+
+
+def acceptance(arms: Mapping[Arm, tuple[list[dict[str, Any]], dict[int, list[float]]]], last: int) -> list[Check]:
+    """The issue's acceptance lines, at step ``last`` (10), each with the numbers it was decided on."""
+    checks: list[Check] = []
+    treatment = [a for a in arms if not a.shuffle]
+    controls = [a for a in arms if a.shuffle]
+    for arm in treatment:
+        rows = arms[arm][0]
+        share, p0, p1 = _at(rows, last, "eval/share_right"), _at(rows, 0, "eval/p_right"), _at(rows, last,
+                                                                                                "eval/p_right")
+        checks.append(Check(f"{arm.name}: share right at step {last} {share:.3f} >= 0.85", share >= 0.85))
+        checks.append(Check(f"{arm.name}: P(right) step 0 -> {last}: {p0:.3f} -> {p1:.3f}, up {p1 - p0:+.3f} "
+                            ">= 0.2", p1 - p0 >= 0.2))
+    late = [x for a in treatment for s in range(last - 2, last + 1) for x in arms[a][1].get(s, [])]
+    early = [x for a in treatment for x in arms[a][1].get(1, [])]
+    diff, low, high = bootstrap_diff(late, early, seed=0)
+    checks.append(Check(f"treatment sampled success, steps {last - 2}-{last} minus step 1, pooled over seeds: "
+                        f"{diff:+.3f} (95 % bootstrap [{low:+.3f}, {high:+.3f}]; n {len(late)} vs {len(early)}) "
+                        ">= 0.2 and interval above 0", diff >= 0.2 and low > 0))
+    for arm in controls:
+        rows = arms[arm][0]
+        p0, p1 = _at(rows, 0, "eval/p_right"), _at(rows, last, "eval/p_right")
+        shares = [float(r["eval/share_right"]) for r in rows if r["step"] <= last]
+        checks.append(Check(f"{arm.name}: P(right) at step {last} {p1:.3f} <= step 0 {p0:.3f} + 0.05",
+                            p1 <= p0 + 0.05))
+        checks.append(Check(f"{arm.name}: share right within [0.25, 0.75] at every step (min {min(shares):.3f}, "
+                            f"max {max(shares):.3f})", all(0.25 <= s <= 0.75 for s in shares)))
+        for t in treatment:
+            gap = _at(arms[t][0], last, "eval/share_right") - _at(rows, last, "eval/share_right")
+            checks.append(Check(f"{t.name} share minus {arm.name} share at step {last}: {gap:+.3f} >= 0.25",
+                                gap >= 0.25))
+    return checks
 
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.0f}"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
+        return f"{value:.3g}"
     return "" if value is None else str(value)
 
 
-def summarize(metrics: Path, out: Path, header: str) -> None:
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    (out / "reward_curve.svg").write_text(svg_plot(rows, ["reward_mean", "audit/logprob_abs_diff_max"],
-                                                   "GRPO through pi on vLLM fp32: reward mean per step"))
-    lines = [header, "", "| " + " | ".join(COLUMNS) + " | sampled by |", "|" + "---|" * (len(COLUMNS) + 1)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in COLUMNS) + f" | {_cell(r.get('sampled_versions'))} |"
-              for r in rows]
+def summarize(out: Path, header: str, arms: Mapping[Arm, tuple[list[dict[str, Any]], dict[int, list[float]]]],
+              checks: Sequence[Check]) -> None:
+    (out / "learning.svg").write_text(arm_panels({a.name: rows for a, (rows, _) in arms.items()}, FIGURE_KEYS,
+                                                 "GRPO through pi on vLLM fp32: a forked task, treatment vs control"))
+    lines = [header, "", "## Acceptance", ""]
+    lines += [f"- {'PASS' if c.passed else 'FAIL'}: {c.text}" for c in checks]
+    for arm, (rows, _) in arms.items():
+        lines += ["", f"## {arm.name} (seed {arm.seed}{', rewards shuffled' if arm.shuffle else ''})", "",
+                  "| " + " | ".join(TABLE_KEYS) + " |", "|" + "---|" * len(TABLE_KEYS)]
+        lines += ["| " + " | ".join(_cell(r.get(k)) for k in TABLE_KEYS) + " |" for r in rows]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
+    (out / "acceptance.json").write_text(json.dumps([c.__dict__ for c in checks], indent=2) + "\n")
     print("\n".join(lines), flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-learning"))
-    parser.add_argument("--tasks", nargs="+", default=["demo-calc-add"], choices=sorted(DEMO_TASKS))
-    parser.add_argument("--demos", type=int, default=2, help="oracle sessions per task for SFT")
+    parser.add_argument("--task", default="demo-calc-add", choices=sorted(DEMO_TASKS))
+    parser.add_argument("--replace", nargs=2, action="append", metavar=("OLD", "NEW"),
+                        help="the wrong variant: OLD -> NEW in the reference solution (repeatable; default: the "
+                        "task's entry in DEFAULT_FORKS)")
+    parser.add_argument("--demos", type=int, default=1, help="oracle sessions per variant")
     parser.add_argument("--sft-steps", type=int, default=120)
-    parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--sft-batch", type=int, default=2)
-    parser.add_argument("--sft-from", type=Path, help="SFT starts from this checkpoint (default: the stock tiny "
-                        "model) to continue an earlier SFT run")
-    parser.add_argument("--sft-data", type=Path, help="skip phase 1: SFT on this datagen sft/train.jsonl")
-    parser.add_argument("--sft-save-every", type=int, default=0, help="also keep SFT checkpoints every N steps")
-    parser.add_argument("--sft-checkpoint", type=Path, help="skip phases 1-2: start GRPO from this checkpoint")
-    parser.add_argument("--sft-only", action="store_true", help="stop after SFT")
-    parser.add_argument("--engine-url", help="use this running fp32 vLLM with weight updates (python -m "
-                        "polar_gym.trainer serve) instead of starting one")
-    parser.add_argument("--grpo-steps", type=int, default=10)
-    parser.add_argument("--grpo-lr", type=float, default=1e-4)
-    parser.add_argument("--samples", type=int, default=4, help="sessions per task per GRPO step (one group)")
+    parser.add_argument("--sft-lr", type=float, default=5e-3)
+    parser.add_argument("--sft-checkpoint", type=Path, help="skip phases 1-2: this SFT checkpoint (with --references)")
+    parser.add_argument("--references", type=Path, help="the reference answers (phase 1's sft/train.jsonl)")
+    parser.add_argument("--steps", type=int, default=10, help="GRPO steps per arm")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--samples", type=int, default=16, help="sessions per GRPO step (one group)")
+    parser.add_argument("--greedy", type=int, default=1, help="greedy held-out sessions per step")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="treatment seeds")
+    parser.add_argument("--control-seeds", type=int, nargs="*", default=[0], help="shuffled-reward control seeds")
     parser.add_argument("--slots", type=int, default=4, help="concurrent sessions")
     parser.add_argument("--max-tokens", type=int, default=256, help="the proxy's max_tokens cap per call")
     parser.add_argument("--session-timeout", type=float, default=240.0)
@@ -215,39 +267,38 @@ def main() -> int:
     args = parser.parse_args()
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
+    replace = [tuple(pair) for pair in args.replace] if args.replace else DEFAULT_FORKS.get(args.task)
+    if not replace:
+        parser.error(f"no default fork for {args.task}: give --replace OLD NEW")
     if args.sft_checkpoint is None:
-        data = args.sft_data or asyncio.run(oracle_demos(args.out / "demo", args.tasks, args.demos))
-        _say(f"phase 1 done ({time.monotonic() - started:.0f} s)")
-        sft = TrainerSettings(algorithm="sft", model=str(args.sft_from) if args.sft_from else None, data=[str(data)],
-                              steps=args.sft_steps, batch_size=args.sft_batch,
-                              learning_rate=args.sft_lr, threads=args.threads,
-                              save_every=args.sft_save_every)
-        checkpoint = run_sft(sft, args.out / "sft", echo=_say)
-        _say(f"phase 2 (SFT) done ({time.monotonic() - started:.0f} s)")
-        if args.sft_only:
-            return 0
+        references = asyncio.run(oracle_demos(args.out / "demo", args.task, replace, args.demos))
+        sft = TrainerSettings(algorithm="sft", data=[str(references)], steps=args.sft_steps, batch_size=2 * args.demos,
+                              learning_rate=args.sft_lr, threads=args.threads)
+        checkpoint = run_sft(sft, args.out / "sft", echo=lambda m: None)
+        _say(f"SFT done ({time.monotonic() - started:.0f} s)")
     else:
-        checkpoint = args.sft_checkpoint
-    (args.out / "grpo").mkdir(parents=True, exist_ok=True)
-    if args.engine_url:
-        metrics = asyncio.run(grpo(args, checkpoint, args.engine_url, args.out / "grpo"))
-    else:
-        port = _free_port()
-        proc = start_vllm(checkpoint, port, args.out / "grpo" / "vllm-server.log")
-        try:
-            metrics = asyncio.run(grpo(args, checkpoint, f"http://127.0.0.1:{port}", args.out / "grpo"))
-        finally:
-            stop(proc)
-    wall = time.monotonic() - started
-    temperatures = request_temperatures(args.out / "grpo" / "capture")
-    sft_note = (f"SFT {args.sft_steps} steps lr {args.sft_lr} batch {args.sft_batch} on {args.demos} oracle demos/task"
-                if args.sft_checkpoint is None else f"GRPO from the SFT checkpoint {args.sft_checkpoint}")
-    header = (f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: tasks {', '.join(args.tasks)}; "
-              f"{sft_note}; GRPO {args.grpo_steps} steps x {args.samples} "
-              f"sessions/task lr {args.grpo_lr}; wall {wall / 60:.1f} min; temperature in the harness's "
-              f"requests: {temperatures} (engine default forced to 1.0)")
-    summarize(metrics, args.out, header)
-    return 0
+        if args.references is None:
+            parser.error("--sft-checkpoint needs --references")
+        checkpoint, references = args.sft_checkpoint, args.references
+    arms = [*(Arm(f"treatment-seed{s}", s, False) for s in args.seeds),
+            *(Arm(f"control-seed{s}", s, True) for s in args.control_seeds)]
+    port = _free_port()
+    proc = start_vllm(checkpoint, port, args.out / "vllm-server.log")
+    done: dict[Arm, tuple[list[dict[str, Any]], dict[int, list[float]]]] = {}
+    try:
+        for arm in arms:
+            done[arm] = asyncio.run(run_arm(args, arm, checkpoint, references, f"http://127.0.0.1:{port}",
+                                            args.out / f"arm-{arm.name}"))
+    finally:
+        stop(proc)
+    last = min(10, args.steps)
+    checks = acceptance(done, last)
+    header = (f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: task {args.task}, fork "
+              f"{'; '.join(f'{o!r} -> {n!r}' for o, n in replace)}; SFT {args.sft_steps} steps lr {args.sft_lr}; "
+              f"GRPO {args.steps} steps x {args.samples} sessions lr {args.lr}; wall "
+              f"{(time.monotonic() - started) / 60:.1f} min")
+    summarize(args.out, header, done, checks)
+    return 0 if all(c.passed for c in checks) else 1
 
 
 if __name__ == "__main__":
