@@ -11,6 +11,10 @@ failed for infrastructure reasons (see ``outputs.INFRA_CAUSES``).
     python -m polar_gym.launch                                   # pi on the demo tasks, oracle engine, local sandbox
     python -m polar_gym.launch +harness=codex +builder=prefix_merging num_samples=2 out_dir=runs/codex
     python -m polar_gym.launch +trainer=sft trainer.data=[runs/demo/datagen/sft/train.jsonl] out_dir=runs/sft
+    python -m polar_gym.launch -m +trainer=grpo trainer.seed=0,1 trainer.shuffle_rewards=false,true out_dir=runs/arms
+
+A sweep (``-m``, Hydra's multirun) runs each combination in ``out_dir/<its swept overrides>`` after validating
+every one (:mod:`polar_gym.launch.sweep`), and exits with the highest exit code of its jobs.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from polar_gym.launch.config import (
 )
 from polar_gym.launch.config_errors import CONFIG_ERRORS, Composition, config_error
 from polar_gym.launch.earlier_run import check_earlier_run
+from polar_gym.launch.sweep import Sweep
 
 __all__ = ["CONF_DIR", "ConfigError", "InferenceSettings", "LaunchJob", "TaskTemplate", "UpstreamCheckFailed",
            "build_job", "build_launcher", "load_target", "main", "run"]
@@ -79,23 +84,43 @@ def run(cfg: DictConfig) -> int:
 
 #: Hydra's composition errors reach main() (exit 2) instead of Hydra's own report (exit 1)
 _COMPOSITION = Composition()
+#: the sweep main() was asked for (``-m``): Hydra runs its jobs through _hydra_main, which files each in its folder
+_SWEEP: Sweep | None = None
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:  # pragma: no cover - process glue
     _COMPOSITION.composed()  # the run's own errors are Hydra's to report again
+    if _SWEEP is not None:  # one job of a sweep: its own out_dir; its exit code is kept, the next job runs
+        from hydra.core.hydra_config import HydraConfig
+
+        job = HydraConfig.get().job
+        _SWEEP.run_job(cfg, list(HydraConfig.get().overrides.task), int(job.num), run)
+        return
     code = run(cfg)
     if code:
         sys.exit(code)
 
 
 def main() -> None:  # pragma: no cover - process glue
-    """The console entry point (Hydra parses sys.argv); a config Hydra cannot compose exits 2 naming the key."""
+    """The console entry point (Hydra parses sys.argv); a config Hydra cannot compose exits 2 naming the key. A
+    sweep validates all its jobs first (exit 2 naming each bad one, nothing created) and exits with the highest
+    exit code of its jobs."""
+    global _SWEEP
     try:
         with _COMPOSITION:
+            _SWEEP = Sweep.parse(sys.argv[1:])
+            if _SWEEP is not None and (problems := _SWEEP.problems(CONF_DIR)):
+                print("polar_gym.launch: configuration error: " + "\n  ".join(["nothing was run:", *problems]),
+                      file=sys.stderr)
+                sys.exit(2)
             _hydra_main()
     except CONFIG_ERRORS as exc:
         if _COMPOSITION.done:  # raised by the run (the user's HYDRA_FULL_ERROR=1), not by composing
             raise
         print(f"polar_gym.launch: configuration error: {config_error(exc)}", file=sys.stderr)
         sys.exit(2)
+    if _SWEEP is not None:
+        print(_SWEEP.summary(), file=sys.stderr)
+        if _SWEEP.code:
+            sys.exit(_SWEEP.code)
