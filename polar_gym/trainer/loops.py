@@ -27,7 +27,15 @@ from polar_gym.telemetry import MetricSinks
 from polar_gym.trainer.batch import TrainSequence, collate, sequence_of_trace, trace_weight
 from polar_gym.trainer.checkpoint import load_policy, save_checkpoint
 from polar_gym.trainer.logprobs import trained_logprobs
-from polar_gym.trainer.losses import group_advantages, logprob_diff_stats, policy_loss, sft_loss, shuffled_rewards
+from polar_gym.trainer.losses import (
+    aggregate,
+    group_advantages,
+    kl_k3,
+    logprob_diff_stats,
+    policy_loss,
+    sft_loss,
+    shuffled_rewards,
+)
 from polar_gym.trainer.metrics import MetricsLog
 from polar_gym.trainer.settings import TrainerSettings
 from polar_gym.trainer.sft_data import load_sft_file
@@ -77,6 +85,7 @@ class Trainer:
         self.settings = settings
         self.model_dir = model_dir
         self.model = load_policy(model_dir)
+        self.reference = _frozen(load_policy(model_dir)) if settings.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
                                            weight_decay=settings.weight_decay)
 
@@ -106,6 +115,13 @@ class Trainer:
         loss, stats = policy_loss(logprobs, batch.old_logprobs, batch.advantages, clip_low=s.clip_low,
                                   clip_high=s.clip_high, tis_cap=s.tis_cap, weights=batch.weights, rows=batch.rows,
                                   aggregation=s.loss_aggregation, loss_norm_tokens=s.loss_norm_tokens)
+        if self.reference is not None:
+            with torch.no_grad():
+                reference = trained_logprobs(self.reference, batch)
+            kl = kl_k3(logprobs, reference)
+            loss = loss + s.kl_coef * aggregate(kl, batch.weights, batch.rows, s.loss_aggregation,
+                                                loss_norm_tokens=s.loss_norm_tokens)
+            stats = {**stats, "kl/k3_mean": kl.detach().mean().item()}
         diff = logprob_diff_stats(logprobs, batch.old_logprobs, batch.rows)
         update = bool((batch.advantages != 0).any()) and (judge is None or judge({**stats, **diff}))
         norm = self._apply(loss) if update else 0.0
@@ -113,6 +129,14 @@ class Trainer:
 
     def save(self, out_dir: Path) -> Path:
         return save_checkpoint(self.model, out_dir, self.model_dir)
+
+
+def _frozen(model: Any) -> Any:
+    """The reference policy of the KL term: evaluation mode, no gradients."""
+    model.eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model
 
 
 def _model_dir(settings: TrainerSettings) -> Path:

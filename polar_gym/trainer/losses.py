@@ -44,8 +44,17 @@ import torch
 from polar_gym.audit.metrics import mismatch_metrics
 from polar_gym.trainer.settings import Aggregation
 
-__all__ = ["GRPO_EPS", "Aggregation", "aggregate", "group_advantages", "logprob_diff_stats", "policy_loss",
-           "sft_loss", "shuffled_rewards"]
+__all__ = [
+    "GRPO_EPS",
+    "Aggregation",
+    "aggregate",
+    "group_advantages",
+    "kl_k3",
+    "logprob_diff_stats",
+    "policy_loss",
+    "sft_loss",
+    "shuffled_rewards",
+]
 
 GRPO_EPS = 1e-6
 
@@ -176,3 +185,12 @@ def logprob_diff_stats(train: torch.Tensor, rollout: torch.Tensor, rows: torch.T
     if metrics is None:
         return {}
     return {k: float(v) for k, v in metrics.as_dict().items() if v is not None}
+
+
+def kl_k3(new: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) on tokens the policy sampled: Schulman's k3,
+    ``exp(ref - new) - (ref - new) - 1`` (>= 0, unbiased, low variance), the penalty of DeepSeekMath's GRPO objective
+    (Shao et al. 2024, eq. 4; verl's ``low_var_kl``). Its gradient pulls each sampled token's logprob back toward the
+    reference policy's, which keeps noisy updates from eroding what the reference knew."""
+    delta = reference - new
+    return torch.exp(delta) - delta - 1.0

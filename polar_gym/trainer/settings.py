@@ -67,3 +67,6 @@ class TrainerSettings(BaseModel):
     greedy_samples: int = Field(default=0, ge=0, description="grpo: per task and step, this many extra sessions "
                                 "sampled greedily (temperature 0 forced by the proxy) by the policy that samples "
                                 "the step, not trained on: eval/greedy_success")
+    kl_coef: float = Field(default=0.0, ge=0, description="grpo: beta of a KL penalty to the reference policy (the "
+                           "starting weights), k3 per sampled token, aggregated like the loss (DeepSeekMath's GRPO; "
+                           "0: off, as DAPO and Dr.GRPO run)")
