@@ -120,11 +120,12 @@ class Recorder:
             yield result
 
 
-def start_vllm(model_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    """vLLM CPU in fp32 with weight updates, sampling at temperature 1 unless a request says otherwise."""
+def start_vllm(model_dir: Path, port: int, log_path: Path, top_p: float) -> subprocess.Popen[bytes]:
+    """vLLM CPU in fp32 with weight updates, sampling at temperature 1 and ``top_p`` unless a request says
+    otherwise (pi sends neither)."""
     cmd = [*vllm_server_command(port, model_dir=model_dir, max_model_len=16384, dtype="float32",
                                 weight_updates=True),
-           "--override-generation-config", json.dumps({"temperature": 1.0, "top_p": 1.0})]
+           "--override-generation-config", json.dumps({"temperature": 1.0, "top_p": top_p})]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=vllm_server_env(weight_updates=True), cwd=str(log_path.parent),
@@ -166,7 +167,7 @@ async def run_arm(args: argparse.Namespace, arm: Arm, sft: Path, references: Pat
     inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
                                   max_tokens_cap=args.max_tokens)
     settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=args.steps, learning_rate=args.lr,
-                               seed=arm.seed, shuffle_rewards=arm.shuffle, threads=args.threads,
+                               seed=arm.seed, shuffle_rewards=arm.shuffle, threads=args.threads, kl_coef=args.kl_coef,
                                reference_answers=[str(references)], greedy_samples=args.greedy)
     async with (local_fleet(out, inference, pools=GatewayPools(run_slots=args.slots)) as (url, token),
                 RolloutClient(url, token) as client):
@@ -260,6 +261,10 @@ def main() -> int:
     parser.add_argument("--greedy", type=int, default=1, help="greedy held-out sessions per step")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="treatment seeds")
     parser.add_argument("--control-seeds", type=int, nargs="*", default=[0], help="shuffled-reward control seeds")
+    parser.add_argument("--top-p", type=float, default=0.95, help="the engine's nucleus sampling (temperature 1): "
+                        "at 1.0 the tiny model's vocabulary tail (tokens of p < e^-6, one in ~4 sessions) gets sampled "
+                        "and a rewarded tail session teaches it noise")
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="trainer.kl_coef")
     parser.add_argument("--slots", type=int, default=4, help="concurrent sessions")
     parser.add_argument("--max-tokens", type=int, default=256, help="the proxy's max_tokens cap per call")
     parser.add_argument("--session-timeout", type=float, default=240.0)
@@ -283,7 +288,7 @@ def main() -> int:
     arms = [*(Arm(f"treatment-seed{s}", s, False) for s in args.seeds),
             *(Arm(f"control-seed{s}", s, True) for s in args.control_seeds)]
     port = _free_port()
-    proc = start_vllm(checkpoint, port, args.out / "vllm-server.log")
+    proc = start_vllm(checkpoint, port, args.out / "vllm-server.log", args.top_p)
     done: dict[Arm, tuple[list[dict[str, Any]], dict[int, list[float]]]] = {}
     try:
         for arm in arms:
@@ -295,7 +300,8 @@ def main() -> int:
     checks = acceptance(done, last)
     header = (f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: task {args.task}, fork "
               f"{'; '.join(f'{o!r} -> {n!r}' for o, n in replace)}; SFT {args.sft_steps} steps lr {args.sft_lr}; "
-              f"GRPO {args.steps} steps x {args.samples} sessions lr {args.lr}; wall "
+              f"GRPO {args.steps} steps x {args.samples} sessions lr {args.lr} kl {args.kl_coef}, sampled at "
+              f"temperature 1 top_p {args.top_p}; wall "
               f"{(time.monotonic() - started) / 60:.1f} min")
     summarize(args.out, header, done, checks)
     return 0 if all(c.passed for c in checks) else 1
