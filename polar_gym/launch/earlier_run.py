@@ -30,7 +30,7 @@ __all__ = ["MAY_CHANGE", "RUN_FILES", "StoredTasks", "check_earlier_run", "confi
            "stored_tasks"]
 
 #: the files of a finished (or interrupted) run's outputs, besides its store
-RUN_FILES = ("results.jsonl", "trajectories.jsonl", "summary.md")
+RUN_FILES = ("results.jsonl", "trajectories.jsonl", "summary.md", "trainer/train_metrics.jsonl")
 #: config keys (and the keys under them) a resumed run may change: where and how the fleet runs, and the metrics
 MAY_CHANGE = ("resume", "out_dir", "state_dir", "launcher", "inference.upstreams", "inference.await_upstreams",
               "logging", "telemetry")

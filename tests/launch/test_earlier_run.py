@@ -81,8 +81,10 @@ def test_run_refuses_it_with_exit_2_before_anything_starts(tmp_path: Path, capsy
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "server.sqlite"]
 
 
-@pytest.mark.parametrize("name", ["results.jsonl", "trajectories.jsonl", "summary.md"])
+@pytest.mark.parametrize("name", ["results.jsonl", "trajectories.jsonl", "summary.md",
+                                  "trainer/train_metrics.jsonl"])  # an SFT run writes only the last
 def test_the_run_files_alone_also_mark_an_earlier_run(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).parent.mkdir(exist_ok=True)
     (tmp_path / name).write_text("")
     with pytest.raises(ConfigError, match=rf"holds an earlier run \({name}\)"):
         check_earlier_run(job(tmp_path))
