@@ -8,13 +8,13 @@ the same way everywhere: with a :class:`ConfigError` whose message names the key
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-__all__ = ["ConfigError", "Problem", "error_problems", "reference_rows", "reference_table", "validate",
+__all__ = ["ConfigError", "Problem", "error_problems", "flat_items", "reference_rows", "reference_table", "validate",
            "validation_problems"]
 
 M = TypeVar("M", bound=BaseModel)
@@ -147,3 +147,13 @@ def reference_table(rows: Iterable[tuple[str, str, str]]) -> str:
     bar = "\\|"
     lines += [f"| `{key}` | `{default}` | {meaning.replace('|', bar)} |" for key, default, meaning in rows]
     return "\n".join(lines) + "\n"
+
+
+def flat_items(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """A nested config (mappings of mappings) as ``(dotted.key, leaf)`` pairs, so two configs compare key by key;
+    an empty mapping is a leaf."""
+    if isinstance(node, Mapping) and node:
+        for key, value in node.items():
+            yield from flat_items(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node

@@ -12,7 +12,6 @@ stored task whose request differs from the new one (an edited task file) is refu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ from omegaconf import OmegaConf
 
 from polar_gym.schema import TaskRequest
 from polar_gym.server import Store
-from polar_gym.settings import ConfigError
+from polar_gym.settings import ConfigError, flat_items
 
 if TYPE_CHECKING:
     from polar_gym.launch.config import LaunchJob
@@ -71,13 +70,6 @@ def stored_tasks(db: Path, task_ids: list[str]) -> StoredTasks:
                           "pick another out_dir", key="state_dir") from None
 
 
-def _flat(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(node, Mapping) and node:
-        for key, value in node.items():
-            yield from _flat(value, f"{prefix}.{key}" if prefix else str(key))
-    else:
-        yield prefix, node
-
 
 def _may_change(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in MAY_CHANGE)
@@ -90,7 +82,7 @@ def _yaml(text: str) -> Any:
 
 def config_changes(old_yaml: str, new_yaml: str) -> list[str]:
     """``key (old -> new)`` for each config key that differs and a resumed run may not change."""
-    old, new = dict(_flat(_yaml(old_yaml))), dict(_flat(_yaml(new_yaml)))
+    old, new = dict(flat_items(_yaml(old_yaml))), dict(flat_items(_yaml(new_yaml)))
     missing = object()
     return [f"{key} ({old.get(key, 'unset')!r} -> {new.get(key, 'unset')!r})" for key in sorted(old.keys() | new.keys())
             if not _may_change(key) and old.get(key, missing) != new.get(key, missing)]
@@ -98,7 +90,7 @@ def config_changes(old_yaml: str, new_yaml: str) -> list[str]:
 
 def request_changes(stored: TaskRequest, new: TaskRequest) -> list[str]:
     """The fields (dotted) where a stored task's request and the new one differ."""
-    old, now = dict(_flat(stored.model_dump(mode="json"))), dict(_flat(new.model_dump(mode="json")))
+    old, now = dict(flat_items(stored.model_dump(mode="json"))), dict(flat_items(new.model_dump(mode="json")))
     return sorted(key for key in old.keys() | now.keys() if old.get(key) != now.get(key))
 
 

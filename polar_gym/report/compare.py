@@ -21,7 +21,7 @@ import datetime
 import json
 import math
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from polar_gym.private_files import open_private
 from polar_gym.report.files import read_jsonl
 from polar_gym.report.render import _CSS, CSP, _e, _table
 from polar_gym.report.training import trained_summary
+from polar_gym.settings import flat_items
 
 __all__ = ["IGNORED_KEYS", "KEYS", "CompareError", "Run", "arm_names", "compare_html", "differences", "load_runs",
            "main", "steps_trained"]
@@ -59,13 +60,6 @@ class Run:
     name: str = ""
 
 
-def _flat(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(node, Mapping) and node:
-        for key, value in node.items():
-            yield from _flat(value, f"{prefix}.{key}" if prefix else str(key))
-    else:
-        yield prefix, node
-
 
 def _config(out_dir: Path) -> dict[str, Any]:
     path = out_dir / "config.yaml"
@@ -77,7 +71,7 @@ def _config(out_dir: Path) -> dict[str, Any]:
         print(f"polar_gym.report.compare: {path} cannot be read ({type(exc).__name__}); its run is named by its "
               "folder", file=sys.stderr)
         return {}
-    return dict(_flat(data))
+    return dict(flat_items(data))
 
 
 def load_runs(out_dirs: Sequence[Path]) -> list[Run]:
