@@ -86,8 +86,13 @@ class Trainer:
         self.model_dir = model_dir
         self.model = load_policy(model_dir)
         self.reference = _frozen(load_policy(model_dir)) if settings.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
-                                           weight_decay=settings.weight_decay)
+        self.optimizer: torch.optim.Optimizer
+        if settings.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=settings.learning_rate,
+                                             weight_decay=settings.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
+                                               weight_decay=settings.weight_decay)
 
     def _apply(self, loss: torch.Tensor) -> float:
         self.optimizer.zero_grad(set_to_none=True)

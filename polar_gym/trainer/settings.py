@@ -24,7 +24,12 @@ class TrainerSettings(BaseModel):
     model: str | None = Field(default=None, description="the starting HF model directory (null: the tiny Qwen3 "
                               "from setup.sh --engine)")
     steps: int = Field(default=10, ge=1, description="optimizer steps")
-    learning_rate: float = Field(default=1e-4, gt=0, description="AdamW learning rate")
+    optimizer: Literal["adamw", "sgd"] = Field(default="adamw", description="adamw, or sgd (plain gradient descent: "
+                                               "a step proportional to the gradient; AdamW's per-parameter "
+                                               "normalisation moves every weight by about the learning rate "
+                                               "whatever the gradient's size, a noise-only gradient included)")
+    learning_rate: float = Field(default=1e-4, gt=0, description="the optimizer's learning rate (sgd needs a far "
+                                 "larger one than adamw: ~1 where adamw takes ~1e-4)")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(default=1.0, gt=0, description="gradient clipping by global norm")
     seed: int = Field(default=0, description="seed of the data order and of torch")

@@ -1,4 +1,4 @@
-"""The GRPO loss's KL penalty to the reference policy (trainer.kl_coef): k3 per sampled token, the reference
+"""How a GRPO step moves the weights: the KL penalty to the reference policy (trainer.kl_coef: k3 per sampled token, the reference
 frozen at the starting weights, off by default."""
 
 from __future__ import annotations
@@ -46,3 +46,21 @@ def test_the_penalty_uses_a_frozen_reference_and_is_off_by_default(tmp_path: Pat
     assert second.stats["kl/k3_mean"] > 0.0  # the policy moved away; the reference did not
     assert all(torch.equal(frozen[k], v) for k, v in trainer.reference.state_dict().items())
     assert not any(p.requires_grad for p in trainer.reference.parameters())
+
+
+def test_sgd_steps_by_the_gradient_times_the_rate(tmp_path: Path) -> None:
+    """trainer.optimizer=sgd: a weight moves by lr x its (clipped) gradient, so a gradient of noise moves it little;
+    AdamW moves every weight with a gradient by about lr whatever its size."""
+    model_dir = small_qwen3_dir(tmp_path)
+    trainer = Trainer(TrainerSettings(algorithm="grpo", model=str(model_dir), optimizer="sgd", learning_rate=0.5,
+                                      max_grad_norm=1e9), model_dir)
+    assert isinstance(trainer.optimizer, torch.optim.SGD)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.grpo_step(_sequences())
+    grads = {n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert grads
+    for name, grad in grads.items():
+        moved = before[name] - dict(trainer.model.named_parameters())[name].detach()
+        assert torch.allclose(moved, 0.5 * grad, atol=1e-6), name
+    adam = Trainer(TrainerSettings(algorithm="grpo", model=str(model_dir)), model_dir)
+    assert isinstance(adam.optimizer, torch.optim.AdamW)
