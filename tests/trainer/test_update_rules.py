@@ -1,5 +1,5 @@
-"""How a GRPO step moves the weights: the KL penalty to the reference policy (trainer.kl_coef: k3 per sampled token, the reference
-frozen at the starting weights, off by default."""
+"""How a GRPO step moves the weights: the KL penalty to the reference policy (trainer.kl_coef: k3 per sampled
+token, the reference frozen at the starting weights, off by default) and the optimizer (trainer.optimizer)."""
 
 from __future__ import annotations
 
