@@ -167,6 +167,7 @@ async def run_arm(args: argparse.Namespace, arm: Arm, sft: Path, references: Pat
     inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
                                   max_tokens_cap=args.max_tokens)
     settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=args.steps, learning_rate=args.lr,
+                               optimizer=args.optimizer,
                                seed=arm.seed, shuffle_rewards=arm.shuffle, threads=args.threads, kl_coef=args.kl_coef,
                                reference_answers=[str(references)], greedy_samples=args.greedy)
     async with (local_fleet(out, inference, pools=GatewayPools(run_slots=args.slots)) as (url, token),
@@ -259,7 +260,10 @@ def main() -> int:
     parser.add_argument("--sft-checkpoint", type=Path, help="skip phases 1-2: this SFT checkpoint (with --references)")
     parser.add_argument("--references", type=Path, help="the reference answers (phase 1's sft/train.jsonl)")
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps per arm")
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd", help="trainer.optimizer: AdamW "
+                        "gives a shuffled-reward control steps as large as the treatment's (its first step is lr x "
+                        "sign(g) whatever |g|) and erodes the memorised answer; SGD's steps follow the gradient")
+    parser.add_argument("--lr", type=float, default=0.3, help="GRPO learning rate (sgd ~0.3; adamw ~2e-4)")
     parser.add_argument("--samples", type=int, default=16, help="sessions per GRPO step (one group)")
     parser.add_argument("--greedy", type=int, default=1, help="greedy held-out sessions per step")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="treatment seeds")
@@ -308,8 +312,8 @@ def main() -> int:
     header = (f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: task {args.task}, fork "
               f"{'; '.join(f'{o!r} -> {n!r}' for o, n in replace)}; SFT {args.sft_steps} steps lr {args.sft_lr} + "
               f"{args.sft_anneal_steps} at {args.sft_lr / 10:g}; "
-              f"GRPO {args.steps} steps x {args.samples} sessions lr {args.lr} kl {args.kl_coef}, sampled at "
-              f"temperature 1 top_p {args.top_p}; wall "
+              f"GRPO {args.steps} steps x {args.samples} sessions {args.optimizer} lr {args.lr} kl {args.kl_coef}, "
+              f"sampled at temperature 1 top_p {args.top_p}; wall "
               f"{(time.monotonic() - started) / 60:.1f} min")
     summarize(args.out, header, done, checks)
     return 0 if all(c.passed for c in checks) else 1
