@@ -2,15 +2,16 @@
 
 SFT on a right and a wrong answer to one prompt that differ in one token (``return a + b`` / ``return a * b``)
 leaves the model between them; GRPO (``run_grpo``: reference-answer evaluation, shuffle control, step verdicts,
-weight pushes) then samples on the real vLLM fp32 server, which is reloaded with every step's weights. The reward
-must move the policy: the treatment's exact P(right) rises and its share passes 0.9, while the shuffled-reward
-control's P(right) does not rise. Each "session" here is one completion the engine samples for the fork's prompt
-(the full stack, harness and sandbox included, is benchmarks/bench_learning.py's: ~30 minutes).
-"""
+weight pushes; SGD, whose steps follow the gradient) then samples on the real vLLM fp32 server, which is reloaded
+with every step's weights. The reward must move the policy: the treatment's exact P(right) rises and its share
+passes 0.9, while the shuffled-reward control's P(right) does not rise. Each "session" here is one completion the
+engine samples for the fork's prompt (the full stack, harness and sandbox included, is
+benchmarks/bench_learning.py's: ~30 minutes)."""
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 PROMPT = "calc.py's add(a, b) returns a - b. Reply with the one fixed line of add."
 STEPS = 12
-SAMPLES = 16
+SAMPLES = 64  # the control's random steps shrink as 1/sqrt(SAMPLES) against the treatment's (token-mean loss)
 
 
 def _records(path: Path) -> Path:
@@ -76,7 +77,9 @@ class EngineSessions:
             for task_id in task_ids:
                 task = self.tasks.pop(task_id)
                 sampling = task.metadata.sampling
+                # seeded: the same weights sample the same sessions, so the test's verdict does not vary by run
                 body = {"model": TINY_MODEL_NAME, "prompt": self.prompt_ids, "n": task.num_samples, "max_tokens": 12,
+                        "seed": zlib.crc32(task_id.encode()),
                         "temperature": 1.0 if sampling is None or sampling.temperature is None else
                         sampling.temperature, "logprobs": 0, "return_token_ids": True,
                         "stop_token_ids": [EOS_TOKEN_ID], "skip_special_tokens": False}
@@ -97,9 +100,9 @@ async def _arm(source: EngineSessions, sft: Path, references: Path, out: Path, *
                shuffle: bool) -> list[dict[str, Any]]:
     await source.update_weights(str(sft), 0)
     task = TaskRequest(task_id="fork", instruction=PROMPT, num_samples=SAMPLES, agent=AgentSpec(harness="shell"))
-    settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=STEPS, learning_rate=5e-4, seed=0,
-                               shuffle_rewards=shuffle, reference_answers=[str(references)], greedy_samples=1,
-                               threads=2)
+    settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=STEPS, optimizer="sgd", learning_rate=0.02,
+                               seed=0, shuffle_rewards=shuffle, reference_answers=[str(references)],
+                               greedy_samples=1, threads=2)
     await run_grpo(settings, [task], source, out, weights=source, echo=lambda _: None, timeout=600)
     return [json.loads(x) for x in (out / "train_metrics.jsonl").read_text().splitlines()]
 
