@@ -69,7 +69,6 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
                            telemetry=telemetry, **dict(pools or GatewayPools()))
     gateway_token, server_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     node, app = build_gateway(service, config, gateway_token)
-    link: ServerLink | None = None
     try:
         async with (serving(app, host, port) as gateway_url,
                     rollout_server((state_dir or out_dir) / "server.sqlite", host, server_port or free_port(host),
@@ -78,11 +77,12 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
             link = ServerLink(server_url, gateway_url, config.dispatch_capacity(), server_token=server_token,
                               gateway_token=gateway_token, health=node.health, interval=heartbeat)
             link.start()
-            await asyncio.wait_for(link.registered.wait(), 60.0)
-            yield server_url, server_token
+            try:
+                await asyncio.wait_for(link.registered.wait(), 60.0)
+                yield server_url, server_token
+            finally:  # before the server stops: a heartbeat to a stopped server was logged as a lost server
+                await link.drain_and_close()
     finally:
-        if link is not None:
-            await link.drain_and_close()
         await node.stop("fleet stopped")
         service.journal.close()
         await engine.aclose()

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,16 @@ async def test_a_fleet_names_the_inference_key(tmp_path: Path) -> None:
         async with local_fleet(tmp_path, InferenceSettings(engine="vllm")):
             pass
     assert info.value.keys == ["inference.upstreams"]
+
+
+async def test_a_fleet_stops_without_saying_it_lost_its_server(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The gateway stops heartbeating before the rollout server stops: no "could not be reached" at every exit."""
+    caplog.set_level(logging.WARNING, logger="polar_gym")
+    async with local_fleet(tmp_path, InferenceSettings(), heartbeat=0.05) as (url, _token):
+        assert url.startswith("http://127.0.0.1:")
+        await asyncio.sleep(0.2)  # heartbeats in flight when the fleet stops (20 of them at 0.05 s)
+    assert not [r.getMessage() for r in caplog.records if "could not be reached" in r.getMessage()]
 
 
 def test_gateway_settings_refuse_bad_pools_and_unknown_keys() -> None:
