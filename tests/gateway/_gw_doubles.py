@@ -37,6 +37,7 @@ while [ "$i" -lt "$POLAR_CALLS" ]; do
        -H "content-type: application/json" -d "$body" >> "$log" || exit 7
   echo >> "$log"
   i=$((i+1))
+  [ "$i" -lt "$POLAR_CALLS" ] && sleep "$POLAR_GAP"
 done
 echo "calls done" >> "$log"
 sleep "$POLAR_SLEEP"
@@ -60,7 +61,8 @@ class CurlHarness(Harness):
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {"POLAR_URL": ctx.gateway_url, "POLAR_KEY": ctx.key, "POLAR_MODEL": ctx.model_name,
                 "POLAR_INSTRUCTION": ctx.instruction, "POLAR_CALLS": str(ctx.config.get("calls", 1)),
-                "POLAR_SLEEP": str(ctx.config.get("sleep", 0)), "POLAR_EXIT": str(ctx.config.get("exit_code", 0)),
+                "POLAR_SLEEP": str(ctx.config.get("sleep", 0)), "POLAR_GAP": str(ctx.config.get("gap", 0)),
+                "POLAR_EXIT": str(ctx.config.get("exit_code", 0)),
                 "POLAR_TOOLS": json.dumps([_BASH_TOOL])}
 
     def command(self, ctx: HarnessContext) -> list[str]:

@@ -50,13 +50,14 @@ async def _serve(app: Any, port: int, lifespan: str = "off") -> tuple[QuietServe
     return server, task
 
 
-def make_task(task_id: str, num_samples: int = 1, *, sleep: float = 0, calls: int = 1,
+def make_task(task_id: str, num_samples: int = 1, *, sleep: float = 0, calls: int = 1, gap: float = 0,
               callback_url: str | None = None) -> TaskRequest:
-    """A task of the curl harness, scored by the pass evaluator; its sandboxes carry this module's marker."""
+    """A task of the curl harness, scored by the pass evaluator; its sandboxes carry this module's marker. The
+    harness makes ``calls`` model calls ``gap`` seconds apart, then sleeps ``sleep`` seconds."""
     return TaskRequest(
         task_id=task_id, instruction="say hello", num_samples=num_samples, timeout_seconds=120,
         runtime=RuntimeSpec(backend="local", network="gateway", env={"POLAR_TEST_MARKER": MARKER}),
-        agent=AgentSpec(harness=f"{DOUBLES}:CurlHarness", config={"calls": calls, "sleep": sleep}),
+        agent=AgentSpec(harness=f"{DOUBLES}:CurlHarness", config={"calls": calls, "sleep": sleep, "gap": gap}),
         builder=BuilderSpec(strategy="per_request"), evaluator=EvaluatorSpec(strategy=f"{DOUBLES}:PassEvaluator"),
         callback_url=callback_url)
 

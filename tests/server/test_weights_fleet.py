@@ -88,7 +88,9 @@ async def test_sessions_in_flight_wait_through_an_update_and_go_on_under_the_new
     await srv.register(gw, 4)
     pool = gw.service.engine.pool
     async with RolloutClient(srv.url, SERVER_TOKEN) as client:
-        await client.submit(make_task("t-during", 2, calls=3, sleep=1.0))
+        # a second between calls: the update lands after each session's first call and before its last (back to
+        # back, the three calls could all finish before the update, and no span carried the new version)
+        await client.submit(make_task("t-during", 2, calls=3, gap=1.0))
         await until(lambda: sum(s.served for s in pool.servers()) >= 2, what="each session's first model call")
         reply = await client.update_weights("/ckpt/step-1", 1)
         assert reply.updated
