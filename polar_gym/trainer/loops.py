@@ -13,38 +13,28 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
-
-import torch
 
 from polar_gym.merge.exports import trace_lines
 from polar_gym.report.training import trained_summary
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest, Trace
 from polar_gym.telemetry import MetricSinks
-from polar_gym.trainer.batch import TrainSequence, collate, sequence_of_trace, trace_weight
-from polar_gym.trainer.checkpoint import load_policy, save_checkpoint
-from polar_gym.trainer.logprobs import trained_logprobs
+from polar_gym.trainer.batch import TrainSequence, sequence_of_trace, trace_weight
 from polar_gym.trainer.losses import (
-    aggregate,
     group_advantages,
-    kl_k3,
-    logprob_diff_stats,
-    policy_loss,
-    sft_loss,
     shuffled_rewards,
 )
 from polar_gym.trainer.metrics import MetricsLog
+from polar_gym.trainer.policy import PAD_ID, Trainer
 from polar_gym.trainer.settings import TrainerSettings
 from polar_gym.trainer.sft_data import load_sft_file
 from polar_gym.trainer.step_eval import ReferenceScorer, greedy_request, is_greedy, reward_stats
 from polar_gym.trainer.verdict import step_verdict
 
-__all__ = ["RolloutSource", "StepReport", "Trainer", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"]
+__all__ = ["RolloutSource", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"]
 
-PAD_ID = 151643  # <|endoftext|>: never attended to (attention mask 0), any id works
 #: the GRPO plot's panels (those a run has)
 GRPO_PLOT_KEYS = ("reward_mean", "eval/share_right", "eval/p_right", "eval/greedy_success", "loss",
                   "audit/logprob_abs_diff_max", "seconds")
@@ -64,84 +54,6 @@ class RolloutSource(Protocol):
     async def submit(self, task: TaskRequest) -> dict[str, Any]: ...
 
     def results(self, task_ids: Iterable[str], *, timeout: float = ..., poll: float = ...) -> Any: ...
-
-
-@dataclass(frozen=True)
-class StepReport:
-    loss: float
-    tokens: int
-    grad_norm: float
-    stats: Mapping[str, float]
-    logprobs: torch.Tensor
-
-
-class Trainer:
-    """A policy, its optimizer and one step of either algorithm (synchronous; no I/O but the checkpoint)."""
-
-    def __init__(self, settings: TrainerSettings, model_dir: Path) -> None:
-        if settings.threads:
-            torch.set_num_threads(settings.threads)
-        torch.manual_seed(settings.seed)
-        self.settings = settings
-        self.model_dir = model_dir
-        self.model = load_policy(model_dir)
-        self.reference = _frozen(load_policy(model_dir)) if settings.kl_coef > 0 else None
-        self.optimizer: torch.optim.Optimizer
-        if settings.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=settings.learning_rate,
-                                             weight_decay=settings.weight_decay)
-        else:
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
-                                               weight_decay=settings.weight_decay)
-
-    def _apply(self, loss: torch.Tensor) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
-        self.optimizer.step()
-        return float(norm)
-
-    def sft_step(self, sequences: Sequence[TrainSequence]) -> StepReport:
-        batch = collate(sequences, PAD_ID)
-        logprobs = trained_logprobs(self.model, batch)
-        loss = sft_loss(logprobs)
-        norm = self._apply(loss)
-        return StepReport(loss.item(), batch.trained_tokens, norm, {}, logprobs.detach())
-
-    def grpo_step(self, sequences: Sequence[TrainSequence],
-                  judge: Callable[[Mapping[str, float]], bool] | None = None) -> StepReport:
-        """One update on ``sequences``; ``judge`` sees the step's statistics (the trainer-vs-engine mismatch
-        among them) before the update and returns False to skip it (see :mod:`polar_gym.trainer.verdict`)."""
-        batch = collate(sequences, PAD_ID)
-        if not batch.has_old_logprobs:
-            raise ValueError("GRPO needs the captured logprobs of every trained token")
-        s = self.settings
-        logprobs = trained_logprobs(self.model, batch)
-        loss, stats = policy_loss(logprobs, batch.old_logprobs, batch.advantages, clip_low=s.clip_low,
-                                  clip_high=s.clip_high, tis_cap=s.tis_cap, weights=batch.weights, rows=batch.rows,
-                                  aggregation=s.loss_aggregation, loss_norm_tokens=s.loss_norm_tokens)
-        if self.reference is not None:
-            with torch.no_grad():
-                reference = trained_logprobs(self.reference, batch)
-            kl = kl_k3(logprobs, reference)
-            loss = loss + s.kl_coef * aggregate(kl, batch.weights, batch.rows, s.loss_aggregation,
-                                                loss_norm_tokens=s.loss_norm_tokens)
-            stats = {**stats, "kl/k3_mean": kl.detach().mean().item()}
-        diff = logprob_diff_stats(logprobs, batch.old_logprobs, batch.rows)
-        update = bool((batch.advantages != 0).any()) and (judge is None or judge({**stats, **diff}))
-        norm = self._apply(loss) if update else 0.0
-        return StepReport(loss.item(), batch.trained_tokens, norm, {**stats, **diff}, logprobs.detach())
-
-    def save(self, out_dir: Path) -> Path:
-        return save_checkpoint(self.model, out_dir, self.model_dir)
-
-
-def _frozen(model: Any) -> Any:
-    """The reference policy of the KL term: evaluation mode, no gradients."""
-    model.eval()
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    return model
 
 
 def _model_dir(settings: TrainerSettings) -> Path:

@@ -75,3 +75,17 @@ class TrainerSettings(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0, description="grpo: beta of a KL penalty to the reference policy (the "
                            "starting weights), k3 per sampled token, aggregated like the loss (DeepSeekMath's GRPO; "
                            "0: off, as DAPO and Dr.GRPO run)")
+    # asynchronous GRPO (polar_gym.trainer.pipeline)
+    max_staleness: int = Field(default=0, ge=0, description="grpo: 0: synchronous (sample a step, train, push, "
+                               "repeat); k >= 1: asynchronous: sessions of the next k steps are sampled while the "
+                               "trainer trains, groups are trained as they complete, and a group whose oldest "
+                               "trained token was sampled more than k versions before the trainer's is stale")
+    stale_groups: Literal["drop", "correct"] = Field(default="drop", description="grpo: a stale group (older than "
+                                                     "max_staleness): drop (not trained; its tokens are counted as "
+                                                     "masked for staleness) or correct (trained, with the rollout "
+                                                     "correction's importance weights)")
+    mixed_version_tokens: Literal["correct", "mask"] = Field(
+        default="correct", description="grpo: in a trace sampled by several policy versions (a generation cut by a "
+        "weight update and continued under the new weights, a session that spanned updates), the tokens of its older "
+        "versions: trained with the rollout correction like every token (correct), or not trained (mask)")
+

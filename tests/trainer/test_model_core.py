@@ -16,7 +16,7 @@ from polar_gym.trainer import (
     save_checkpoint,
     trained_logprobs,
 )
-from polar_gym.trainer.loops import Trainer
+from polar_gym.trainer.policy import Trainer
 from tests.trainer._tiny import small_qwen3, small_qwen3_dir
 
 

@@ -10,8 +10,8 @@ import torch
 
 from polar_gym.trainer import TrainerSettings
 from polar_gym.trainer.batch import TrainSequence
-from polar_gym.trainer.loops import Trainer
 from polar_gym.trainer.losses import kl_k3
+from polar_gym.trainer.policy import Trainer
 from tests.trainer._tiny import small_qwen3_dir
 
 
