@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from polar_gym.merge.exports import trace_lines
 from polar_gym.report.training import trained_summary
@@ -27,10 +27,12 @@ from polar_gym.trainer.losses import (
     shuffled_rewards,
 )
 from polar_gym.trainer.metrics import MetricsLog
+from polar_gym.trainer.pipeline import Batch, GroupFeed
 from polar_gym.trainer.policy import PAD_ID, Trainer
 from polar_gym.trainer.settings import TrainerSettings
 from polar_gym.trainer.sft_data import load_sft_file
-from polar_gym.trainer.step_eval import ReferenceScorer, greedy_request, is_greedy, reward_stats
+from polar_gym.trainer.staleness import mixed_version_mask, sample_age, staleness_stats, token_versions
+from polar_gym.trainer.step_eval import ReferenceScorer, reward_stats
 from polar_gym.trainer.verdict import step_verdict
 
 __all__ = ["RolloutSource", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"]
@@ -111,14 +113,17 @@ def run_sft(settings: TrainerSettings, out_dir: Path, *, echo: Any = print, sink
 
 
 def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = True,
-                   shuffle: random.Random | None = None) -> list[TrainSequence]:
+                   shuffle: random.Random | None = None,
+                   mixed_versions: Literal["correct", "mask"] = "correct") -> list[TrainSequence]:
     """Every trace of ``results`` with its GRPO advantage (group: the session's task, one prompt) and its loss
     weight (the builder's ``metadata["weight"]``, default 1: a session split into k traces counts once).
 
     A trace's reward is its own, else the evaluation's, else 0. With ``shuffle`` (``trainer.shuffle_rewards``, the
     control) the session rewards (the evaluation's, else the first trace's) are permuted across the step's sessions
     by :func:`~polar_gym.trainer.losses.shuffled_rewards` before advantages, and every trace of a session gets that
-    session's permuted reward. ``true_reward`` keeps each trace's real reward either way."""
+    session's permuted reward. ``true_reward`` keeps each trace's real reward either way. With ``mixed_versions``
+    "mask" (``trainer.mixed_version_tokens``) the tokens of a trace's older policy versions are not trained
+    (:func:`~polar_gym.trainer.staleness.mixed_version_mask`)."""
     kept = [(r, r.trajectory.traces) for r in results if r.trajectory is not None and r.trajectory.traces
             and not (completed_only and r.status is not SessionStatus.COMPLETED)]
     true: list[list[float]] = []
@@ -134,14 +139,14 @@ def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = T
             for (r, traces), rewards, reals in zip(kept, used, true, strict=True)
             for i, (trace, reward, real) in enumerate(zip(traces, rewards, reals, strict=True))]
     advantages = group_advantages([reward for _, reward, *_ in rows], [g for g, *_ in rows])
-    return [sequence_of_trace(t.prompt_ids, t.response_ids, t.loss_mask, t.response_logprobs, reward=reward, group=g,
-                              advantage=a, weight=w, true_reward=real)
-            for (g, reward, real, t, w), a in zip(rows, advantages, strict=True)]
-
-
-def _step_request(task: TaskRequest, step: int) -> TaskRequest:
-    meta = task.metadata.model_copy(update={"group_id": task.task_id})
-    return task.model_copy(update={"task_id": f"{task.task_id}-step{step}", "metadata": meta})
+    out = []
+    for (g, reward, real, t, w), a in zip(rows, advantages, strict=True):
+        mask = t.loss_mask
+        if mixed_versions == "mask":
+            mask = mixed_version_mask(token_versions(len(t.response_ids), t.metadata), t.loss_mask)
+        out.append(sequence_of_trace(t.prompt_ids, t.response_ids, mask, t.response_logprobs, reward=reward,
+                                     group=g, advantage=a, weight=w, true_reward=real))
+    return out
 
 
 def _versions(results: Sequence[SessionResult]) -> list[str]:
@@ -211,56 +216,92 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
         echo(f"grpo step 0 (before training): P(right) {first['eval/p_right']:.3f} share "
              f"{first['eval/share_right']:.3f}")
     checkpoint = model_dir
-    for step in range(1, settings.steps + 1):
-        started = time.monotonic()
-        requests = [_step_request(t, step) for t in tasks]
-        greedy = [greedy_request(r, settings.greedy_samples) for r in requests] if settings.greedy_samples else []
-        for request in [*requests, *greedy]:
-            await client.submit(request)
-        everything = [r async for r in client.results([r.task_id for r in [*requests, *greedy]], timeout=timeout)]
-        results = [r for r in everything if not is_greedy(r)]
-        rollout_seconds = time.monotonic() - started
-        _keep_traces(out_dir / "trajectories.jsonl", results, step)
-        if results and all(r.status is SessionStatus.ERROR for r in results):
-            raise RuntimeError(f"every session of step {step} ended in ERROR (the fleet, not the policy): "
-                               f"{results[0].reason}")
-        sequences = [s for s in grpo_sequences(results, completed_only=settings.completed_only, shuffle=shuffle)
-                     if any(s.loss_mask)]
-        row: dict[str, Any] = {"step": step, "version": settings.initial_version + step - 1,
-                               "sessions": len(results), "traces": len(sequences),
-                               "errored": sum(r.status is not SessionStatus.COMPLETED for r in results),
-                               "sampled_versions": _versions(results), "rollout_seconds": rollout_seconds,
-                               "shuffled_rewards": settings.shuffle_rewards, **reward_stats(results)}
-        if greedy:
-            greedy_stats = reward_stats([r for r in everything if is_greedy(r)], "greedy")
-            row.update({"eval/greedy_success": greedy_stats["greedy_mean"], "eval/greedy_n": greedy_stats["greedy_n"]})
-        judge = _Judge(sequences, _trained_traces(results, settings.completed_only), settings.max_mismatch)
-        train_started = time.monotonic()
-        if sequences and any(s.weight > 0 for s in sequences):
-            report = await asyncio.to_thread(trainer.grpo_step, sequences, judge)
-            row.update({"loss": report.loss, "tokens": report.tokens, "grad_norm": report.grad_norm,
-                        **report.stats})
-        row.update({"trained": judge.verdict.trained, "not_trained_reasons": list(judge.verdict.reasons),
-                    "train_seconds": time.monotonic() - train_started})
-        row.update(await _evaluate(scorer, trainer.model))
-        checkpoint = await asyncio.to_thread(trainer.save, out_dir / "checkpoints" / f"step-{step}")
-        version = settings.initial_version + step
-        if weights is not None and settings.push_weights:
-            push_started = time.monotonic()
-            await weights.update_weights(str(checkpoint), version)
-            row["push_seconds"] = time.monotonic() - push_started
-        row["seconds"] = time.monotonic() - started
-        _write(log, row, sinks)
-        echo(f"grpo step {step}: {_describe(row)}; traces {len(sequences)} -> version {version} "
-             f"({row['seconds']:.1f} s)")
-        if not judge.verdict.trained:
-            echo(f"grpo step {step}: {judge.verdict.message}")
-        _finish(log, out_dir, [k for k in GRPO_PLOT_KEYS if any(k in r for r in log.rows)], "GRPO")
-        _prune(out_dir / "checkpoints", checkpoint, settings.save_every)
+    feed = GroupFeed(client, tasks, steps=settings.steps, max_staleness=settings.max_staleness,
+                     stale_groups=settings.stale_groups, greedy_samples=settings.greedy_samples,
+                     completed_only=settings.completed_only, timeout=timeout)
+    try:
+        for step in range(1, settings.steps + 1):
+            checkpoint = await _grpo_step(step, settings, trainer, feed, scorer, shuffle, log, out_dir, weights,
+                                          echo, sinks)
+    finally:
+        unused = await feed.close()
+    if unused:
+        echo(f"grpo: {unused} group(s) sampled ahead were not trained on (the run ended; they were cancelled)")
     summary = trained_summary(log.rows)
     if summary is not None:
         echo(summary)
     return checkpoint
+
+
+async def _grpo_step(step: int, settings: TrainerSettings, trainer: Trainer, feed: GroupFeed,
+                     scorer: ReferenceScorer | None, shuffle: random.Random | None, log: MetricsLog, out_dir: Path,
+                     weights: WeightSync | None, echo: Any, sinks: MetricSinks | None) -> Path:
+    """One GRPO step: the feed's groups, the update (or the verdict against it), the evaluation, the checkpoint and
+    its push; returns the checkpoint."""
+    started = time.monotonic()
+    trainer_version = settings.initial_version + step - 1
+    batch = await feed.next_batch(step, trainer_version)
+    results = batch.results
+    _keep_traces(out_dir / "trajectories.jsonl", results, step)
+    if results and all(r.status is SessionStatus.ERROR for r in results):
+        raise RuntimeError(f"every session of step {step} ended in ERROR (the fleet, not the policy): "
+                           f"{results[0].reason}")
+    sequences = [s for s in grpo_sequences(results, completed_only=settings.completed_only, shuffle=shuffle,
+                                           mixed_versions=settings.mixed_version_tokens)
+                 if any(s.loss_mask)]
+    row: dict[str, Any] = {"step": step, "version": trainer_version,
+                           "sessions": len(results), "traces": len(sequences),
+                           "errored": sum(r.status is not SessionStatus.COMPLETED for r in results),
+                           "sampled_versions": _versions(results), "rollout_seconds": batch.wait_seconds,
+                           "shuffled_rewards": settings.shuffle_rewards, **reward_stats(results),
+                           **_staleness_row(batch, results, trainer_version, settings)}
+    if settings.greedy_samples:
+        greedy_stats = reward_stats(batch.greedy, "greedy")
+        row.update({"eval/greedy_success": greedy_stats["greedy_mean"], "eval/greedy_n": greedy_stats["greedy_n"]})
+    judge = _Judge(sequences, _trained_traces(results, settings.completed_only), settings.max_mismatch)
+    train_started = time.monotonic()
+    if sequences and any(s.weight > 0 for s in sequences):
+        report = await asyncio.to_thread(trainer.grpo_step, sequences, judge)
+        row.update({"loss": report.loss, "tokens": report.tokens, "grad_norm": report.grad_norm, **report.stats})
+    row.update({"trained": judge.verdict.trained, "not_trained_reasons": list(judge.verdict.reasons),
+                "train_seconds": time.monotonic() - train_started})
+    row.update(await _evaluate(scorer, trainer.model))
+    checkpoint = await asyncio.to_thread(trainer.save, out_dir / "checkpoints" / f"step-{step}")
+    version = settings.initial_version + step
+    if weights is not None and settings.push_weights:
+        push_started = time.monotonic()
+        await weights.update_weights(str(checkpoint), version)
+        row["push_seconds"] = time.monotonic() - push_started
+    row["seconds"] = time.monotonic() - started
+    _write(log, row, sinks)
+    echo(f"grpo step {step}: {_describe(row)}; traces {len(sequences)} -> version {version} "
+         f"({row['seconds']:.1f} s)")
+    if batch.dropped:
+        echo(f"grpo step {step}: dropped {len(batch.dropped)} stale group(s) (more than trainer.max_staleness "
+             f"{settings.max_staleness} versions old: {', '.join(d.task_id for d in batch.dropped)}); "
+             "fresh groups replace them")
+    if not judge.verdict.trained:
+        echo(f"grpo step {step}: {judge.verdict.message}")
+    _finish(log, out_dir, [k for k in GRPO_PLOT_KEYS if any(k in r for r in log.rows)], "GRPO")
+    _prune(out_dir / "checkpoints", checkpoint, settings.save_every)
+    return checkpoint
+
+
+def _staleness_row(batch: Batch, results: Sequence[SessionResult], trainer_version: int,
+                   settings: TrainerSettings) -> dict[str, Any]:
+    """The step's staleness (per trained sample), the groups it dropped, the rounds its groups came from and the
+    tokens masked for age (stale groups dropped, older versions of a mixed trace masked)."""
+    ages, mixed = [], 0
+    for trace in _trained_traces(results, settings.completed_only):
+        versions = token_versions(len(trace.response_ids), trace.metadata)
+        ages.append(sample_age(versions, trace.loss_mask, trainer_version))
+        if settings.mixed_version_tokens == "mask":
+            mixed += sum(trace.loss_mask) - sum(mixed_version_mask(versions, trace.loss_mask))
+    return {**staleness_stats(ages).as_row(), "rounds": list(batch.rounds),
+            "stale_groups_dropped": len(batch.dropped),
+            "masked_tokens/stale": sum(d.tokens for d in batch.dropped), "masked_tokens/mixed_version": mixed}
+
+
 
 
 def _keep_traces(path: Path, results: Sequence[SessionResult], step: int) -> None:
