@@ -60,6 +60,10 @@ DEFAULT_FORKS: dict[str, list[tuple[str, str]]] = {
     "demo-stack-module": [('raise IndexError("pop', 'raise KeyError("pop')],
     "demo-inventory": [("unit_price * (1 - discount)", "unit_price * (1 + discount)")],
 }
+#: the acceptance's learning thresholds for a treatment arm: the share of the right answer at the last step, and how
+#: far P(right) rose from the SFT checkpoint's (bench_async times how long each arm takes to reach both)
+SHARE_RIGHT_MIN = 0.85
+P_RIGHT_GAIN_MIN = 0.2
 FIGURE_KEYS = ("eval/share_right", "eval/p_right", "reward_mean", "eval/greedy_success")
 TABLE_KEYS = ("step", "eval/p_right", "eval/p_wrong", "eval/share_right", "reward_mean", "reward_se",
               "eval/greedy_success", "trained", "grad_norm", "audit/logprob_abs_diff_max", "seconds")
@@ -97,6 +101,21 @@ async def oracle_demos(out: Path, task: str, replace: Sequence[tuple[str, str]],
     write_dataset(out / "datagen", results, requests, {"test_fraction": 0.0, "sft_include_failures": True})
     _say(f"oracle demos of {task}: reference reward 1, wrong reward 0 ({len(results)} sessions)")
     return out / "datagen" / "sft" / "train.jsonl"
+
+
+def warm_start(args: argparse.Namespace, replace: Sequence[tuple[str, str]]) -> tuple[Path, Path]:
+    """Phases 1-2 (the oracle's demos of the fork, SFT on both, then the anneal) under ``args.out``; returns the SFT
+    checkpoint and the reference answers. Reads ``args.task``, ``demos``, ``sft_steps``, ``sft_lr``,
+    ``sft_anneal_steps`` and ``threads`` (bench_async runs the same phases)."""
+    references = asyncio.run(oracle_demos(args.out / "demo", args.task, replace, args.demos))
+    sft = TrainerSettings(algorithm="sft", data=[str(references)], steps=args.sft_steps, batch_size=2 * args.demos,
+                          learning_rate=args.sft_lr, threads=args.threads)
+    checkpoint = run_sft(sft, args.out / "sft", echo=lambda m: None)
+    if args.sft_anneal_steps:  # the same data at a tenth of the rate: the demos memorised with a margin
+        anneal = sft.model_copy(update={"model": str(checkpoint), "steps": args.sft_anneal_steps,
+                                        "learning_rate": args.sft_lr / 10})
+        checkpoint = run_sft(anneal, args.out / "sft-anneal", echo=lambda m: None)
+    return checkpoint, references
 
 
 @dataclass
@@ -199,9 +218,10 @@ def acceptance(arms: Mapping[Arm, tuple[list[dict[str, Any]], dict[int, list[flo
         rows = arms[arm][0]
         share, p0, p1 = _at(rows, last, "eval/share_right"), _at(rows, 0, "eval/p_right"), _at(rows, last,
                                                                                                 "eval/p_right")
-        checks.append(Check(f"{arm.name}: share right at step {last} {share:.3f} >= 0.85", share >= 0.85))
+        checks.append(Check(f"{arm.name}: share right at step {last} {share:.3f} >= {SHARE_RIGHT_MIN}",
+                            share >= SHARE_RIGHT_MIN))
         checks.append(Check(f"{arm.name}: P(right) step 0 -> {last}: {p0:.3f} -> {p1:.3f}, up {p1 - p0:+.3f} "
-                            ">= 0.2", p1 - p0 >= 0.2))
+                            f">= {P_RIGHT_GAIN_MIN}", p1 - p0 >= P_RIGHT_GAIN_MIN))
     late = [x for a in treatment for s in range(last - 2, last + 1) for x in arms[a][1].get(s, [])]
     early = [x for a in treatment for x in arms[a][1].get(1, [])]
     diff, low, high = bootstrap_diff(late, early, seed=0)
@@ -283,14 +303,7 @@ def main() -> int:
     if not replace:
         parser.error(f"no default fork for {args.task}: give --replace OLD NEW")
     if args.sft_checkpoint is None:
-        references = asyncio.run(oracle_demos(args.out / "demo", args.task, replace, args.demos))
-        sft = TrainerSettings(algorithm="sft", data=[str(references)], steps=args.sft_steps, batch_size=2 * args.demos,
-                              learning_rate=args.sft_lr, threads=args.threads)
-        checkpoint = run_sft(sft, args.out / "sft", echo=lambda m: None)
-        if args.sft_anneal_steps:  # the same data at a tenth of the rate: the demos memorised with a margin
-            anneal = sft.model_copy(update={"model": str(checkpoint), "steps": args.sft_anneal_steps,
-                                            "learning_rate": args.sft_lr / 10})
-            checkpoint = run_sft(anneal, args.out / "sft-anneal", echo=lambda m: None)
+        checkpoint, references = warm_start(args, replace)
         _say(f"SFT done ({time.monotonic() - started:.0f} s)")
     else:
         if args.references is None:
