@@ -60,14 +60,20 @@ SETUP_ENGINE = "bash scripts/setup.sh --engine"
 
 
 class SessionRecorder:
-    """A RolloutSource that passes every call through and keeps each session it returns, with its step (one
-    ``results`` call per step), so the run's report covers every step's sessions."""
+    """A RolloutSource that passes every call through and keeps each session it returns, with the step that
+    sampled it (its request's ``metadata.rollout_step``, the GRPO round; else the count of ``results`` calls), so
+    the run's report covers every step's sessions."""
 
     def __init__(self, source: RolloutSource) -> None:
         self.source = source
         self.requests: dict[str, TaskRequest] = {}
         self.sessions: list[tuple[int, SessionOutcome]] = []
         self.step = 0
+
+    async def cancel(self, task_id: str) -> Any:
+        """The source's cancel (groups an asynchronous run sampled ahead and will not train on), when it has one."""
+        cancel = getattr(self.source, "cancel", None)
+        return None if cancel is None else await cancel(task_id)
 
     async def submit(self, task: TaskRequest) -> dict[str, Any]:
         self.requests[task.task_id] = task
@@ -77,8 +83,9 @@ class SessionRecorder:
         self.step += 1
         started = time.monotonic()
         async for result in self.source.results(task_ids, **kwargs):
-            self.sessions.append((self.step, outcome_of(self.requests[result.task_id], result,
-                                                        time.monotonic() - started)))
+            request = self.requests[result.task_id]
+            step = request.metadata.rollout_step or self.step
+            self.sessions.append((step, outcome_of(request, result, time.monotonic() - started)))
             yield result
 
 

@@ -31,9 +31,10 @@ from polar_gym.trainer.step_eval import greedy_request
 __all__ = ["Batch", "DroppedGroup", "GroupFeed", "group_staleness", "step_request"]
 
 
-def step_request(task: TaskRequest, label: str) -> TaskRequest:
-    """``task`` as one GRPO group: its id ``TASK-LABEL`` (e.g. ``demo-calc-add-step3``), the task as group id."""
-    meta = task.metadata.model_copy(update={"group_id": task.task_id})
+def step_request(task: TaskRequest, label: str, round_number: int) -> TaskRequest:
+    """``task`` as one GRPO group of round ``round_number``: its id ``TASK-LABEL`` (e.g. ``demo-calc-add-step3``),
+    the task as group id, the round as ``metadata.rollout_step``."""
+    meta = task.metadata.model_copy(update={"group_id": task.task_id, "rollout_step": round_number})
     return task.model_copy(update={"task_id": f"{task.task_id}-{label}", "metadata": meta})
 
 
@@ -116,9 +117,9 @@ class GroupFeed:
             self.submitted_rounds = number
             label = f"step{number}"
             for task in self.tasks:
-                await self._submit(_Ticket(task, step_request(task, label), number))
+                await self._submit(_Ticket(task, step_request(task, label, number), number))
             if self.greedy_samples:
-                greedy = [_Ticket(t, greedy_request(step_request(t, label), self.greedy_samples), number,
+                greedy = [_Ticket(t, greedy_request(step_request(t, label, number), self.greedy_samples), number,
                                   greedy=True) for t in self.tasks]
                 self._greedy[number] = greedy
                 for ticket in greedy:
@@ -152,7 +153,7 @@ class GroupFeed:
                 batch.dropped.append(DroppedGroup(ticket.request.task_id, staleness, tokens))
                 self._retries += 1
                 await self._submit(_Ticket(ticket.task, step_request(
-                    ticket.task, f"step{ticket.round}-retry{self._retries}"), ticket.round))
+                    ticket.task, f"step{ticket.round}-retry{self._retries}", ticket.round), ticket.round))
                 continue
             batch.groups.append(outcome)
             batch.rounds.append(ticket.round)
