@@ -7,6 +7,8 @@ audit_summary.json, exits 1 when a threshold is past (2: nothing could be audite
     python -m polar_gym.audit --model ckpt/ runs/step3/                  # one model for every version
     # each span audited with the weights of the version that sampled it:
     python -m polar_gym.audit --model 0=ckpt0/ --model 1=ckpt1/ traces.jsonl
+    # what a bf16 trainer with an fp32 output layer would measure against the same captures:
+    python -m polar_gym.audit --model ckpt/ --dtype bfloat16 --lm-head-fp32 runs/step3/
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", action="append", default=[], metavar="[VERSION=]DIR", required=True,
                    help="model directory; VERSION=DIR audits the spans that policy version sampled (repeatable)")
     p.add_argument("--dtype", choices=DTYPES, default=s.dtype, help="recompute dtype (default %(default)s)")
+    p.add_argument("--lm-head-fp32", action="store_true",
+                   help="the output layer in fp32 whatever --dtype (what trainer.lm_head_fp32 trains with)")
     p.add_argument("--device", default=s.device, help="torch device, e.g. cuda:0 (default %(default)s)")
     p.add_argument("--out", default=None, help="where audit.jsonl and audit_summary.json go (default: next to "
                                                 "the input)")
@@ -59,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if not console.is_terminal:  # piped or logged: wide enough that the numbers are never cut
         console = Console(width=max(console.width, 160))
     try:
-        settings = AuditSettings(models=parse_models(args.model), dtype=args.dtype, device=args.device,
+        settings = AuditSettings(models=parse_models(args.model), dtype=args.dtype, lm_head_fp32=args.lm_head_fp32,
+                                 device=args.device,
                                  chunk_tokens=args.chunk_tokens, head_rows=args.head_rows,
                                  outlier_abs_diff=args.outlier_abs_diff, max_outliers=args.max_outliers)
         thresholds = AuditThresholds(

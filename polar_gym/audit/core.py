@@ -65,6 +65,8 @@ class AuditSettings(_Model):
 
     models: dict[str, str] = Field(description="policy version (as a string) -> model directory; '*' for the rest")
     dtype: str = "float32"
+    lm_head_fp32: bool = Field(default=False, description="the output layer in fp32 whatever dtype (as a trainer "
+                               "with trainer.lm_head_fp32 computes it)")
     device: str = "cpu"
     chunk_tokens: int = Field(default=4096, ge=1, description="decoder body chunk (bounds attention memory)")
     head_rows: int = Field(default=256, ge=1, description="output-layer rows at once (bounds logits memory)")
@@ -103,6 +105,7 @@ class AuditSummary(_Model):
     models: dict[str, str]
     dtype: str
     device: str
+    lm_head_fp32: bool = False
     traces: int
     audited: int
     skipped: dict[str, int] = Field(default_factory=dict)
@@ -199,7 +202,8 @@ def summarize(source: str, audits: list[TraceAudit], run_training: list[list[flo
     worst = max((a.worst for a in audits if a.worst is not None), key=lambda o: o.abs_diff, default=None)
     return AuditSummary(
         input=source, models=dict(settings.models), dtype=settings.dtype, device=settings.device,
-        traces=len(audits), audited=sum(1 for a in audits if not a.skipped), skipped=dict(skipped),
+        lm_head_fp32=settings.lm_head_fp32, traces=len(audits), audited=sum(1 for a in audits if not a.skipped),
+        skipped=dict(skipped),
         unaudited_tokens=sum(a.unaudited_tokens for a in audits), metrics=values, thresholds=thresholds,
         failures=failures, outliers=outliers, worst=worst, seconds=round(seconds, 3),
         tokens_per_second=round(tokens / seconds, 1) if seconds > 0 and tokens else None)

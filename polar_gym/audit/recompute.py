@@ -40,17 +40,25 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     return model.to(device).eval()
 
 
-def head_logprobs(model: Any, hidden: Any, targets: Any, head_rows: int) -> Any:
+def head_logprobs(model: Any, hidden: Any, targets: Any, head_rows: int, *, fp32_head: bool = False) -> Any:
     """log p(target_i) from hidden rows ``hidden[i]``, the head applied ``head_rows`` rows at a time (with the
     model's final logit softcapping, if it has one). The trainer computes its logprobs through this too, so an
-    audit and a training step score a token the same way; gradients flow when the caller allows them."""
+    audit and a training step score a token the same way; gradients flow when the caller allows them.
+    ``fp32_head``: the output layer computes in fp32 (hidden states and head weights upcast) whatever the model's
+    dtype, the "fp32 LM head" of Slime and others: a bf16 model's logits then lose no precision at the very layer
+    whose rounding moves a token's logprob most (``trainer.lm_head_fp32``, the audit's ``--lm-head-fp32``)."""
     import torch
 
     head = model.get_output_embeddings()
     softcap = getattr(model.config, "final_logit_softcapping", None)
+    bias = getattr(head, "bias", None)
     out = []
     for start in range(0, hidden.shape[0], head_rows):
-        logits = head(hidden[start:start + head_rows]).float()
+        if fp32_head:
+            logits = torch.nn.functional.linear(hidden[start:start + head_rows].float(), head.weight.float(),
+                                                None if bias is None else bias.float())
+        else:
+            logits = head(hidden[start:start + head_rows]).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         logprobs = torch.log_softmax(logits, dim=-1)
@@ -59,7 +67,7 @@ def head_logprobs(model: Any, hidden: Any, targets: Any, head_rows: int) -> Any:
 
 
 def token_logprobs(model: Any, input_ids: Sequence[int], positions: Sequence[int], *, chunk_tokens: int = 4096,
-                   head_rows: int = 256) -> list[float]:
+                   head_rows: int = 256, fp32_head: bool = False) -> list[float]:
     """``log p(input_ids[t] | input_ids[:t])`` for each ``t`` in ``positions`` (in that order; 1 <= t < len)."""
     import torch
     from transformers import DynamicCache
@@ -86,7 +94,7 @@ def token_logprobs(model: Any, input_ids: Sequence[int], positions: Sequence[int
                 kept.append(out.last_hidden_state[0, local])
         hidden = torch.cat(kept)
         targets = ids[0, [r + 1 for r in rows]]
-        values = head_logprobs(model, hidden, targets, head_rows).tolist()
+        values = head_logprobs(model, hidden, targets, head_rows, fp32_head=fp32_head).tolist()
     by_row = dict(zip(rows, values, strict=True))
     return [float(by_row[t - 1]) for t in positions]
 
@@ -96,8 +104,9 @@ class ModelRecompute:
     for all of one directory's tokens before the next) and drops it when another is asked for."""
 
     def __init__(self, dtype: str = "float32", device: str = "cpu", chunk_tokens: int = 4096,
-                 head_rows: int = 256) -> None:
+                 head_rows: int = 256, fp32_head: bool = False) -> None:
         self.dtype, self.device, self.chunk_tokens, self.head_rows = dtype, device, chunk_tokens, head_rows
+        self.fp32_head = fp32_head
         self._path: str | None = None
         self._model: Any = None
         self.load_seconds: dict[str, float] = {}
@@ -115,4 +124,4 @@ class ModelRecompute:
         prompt = len(trace.prompt_ids)
         return token_logprobs(self.model(path), [*trace.prompt_ids, *trace.response_ids],
                               [prompt + i for i in positions], chunk_tokens=self.chunk_tokens,
-                              head_rows=self.head_rows)
+                              head_rows=self.head_rows, fp32_head=self.fp32_head)

@@ -73,7 +73,8 @@ def run_audit(source: str | Path, settings: AuditSettings, thresholds: AuditThre
 
     path = resolve_input(source)
     out = Path(out_dir) if out_dir is not None else path.parent
-    recompute = ModelRecompute(settings.dtype, settings.device, settings.chunk_tokens, settings.head_rows)
+    recompute = ModelRecompute(settings.dtype, settings.device, settings.chunk_tokens, settings.head_rows,
+                               settings.lm_head_fp32)
     audits, summary = audit_traces(read_traces(path), settings, recompute, thresholds, str(source),
                                    _decoder(settings.models))
     write_audit(out, audits, summary)
@@ -86,7 +87,8 @@ def _cell(value: float | int | None, fmt: str) -> str:
 
 def print_report(console: Console, audits: list[TraceAudit], summary: AuditSummary, max_rows: int = 40) -> None:
     """Per-trace table (worst k3 KL first), the run's line, the worst outliers and the failures."""
-    table = Table(title=f"mismatch audit ({summary.dtype} on {summary.device})")
+    head = ", fp32 output layer" if summary.lm_head_fp32 else ""
+    table = Table(title=f"mismatch audit ({summary.dtype}{head} on {summary.device})")
     for header in ["trace", "versions", "tokens", *[c[0] for c in _COLUMNS]]:
         table.add_column(header, justify="left" if header in ("trace", "versions") else "right")
     ranked = sorted((a for a in audits if not a.skipped),

@@ -38,6 +38,9 @@ class TrainSequence:
     #: the reward before ``shuffle_rewards`` permuted it (``reward`` is what the advantage was computed from);
     #: None when nothing set it (``reward`` is then the real one)
     true_reward: float | None = None
+    #: the policy version that sampled each response token (None: unknown); empty: every token unknown. The
+    #: trainer's mismatch guard scores each token with that version's weights (:meth:`Trainer.keep_version`)
+    versions: list[int | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.weight) and self.weight >= 0):
@@ -46,6 +49,8 @@ class TrainSequence:
             raise ValueError("loss_mask must align with response_ids")
         if self.old_logprobs and len(self.old_logprobs) != len(self.response_ids):
             raise ValueError("old_logprobs must align with response_ids")
+        if self.versions and len(self.versions) != len(self.response_ids):
+            raise ValueError("versions must align with response_ids (one policy version, or None, per token)")
         if not self.prompt_ids and any(self.loss_mask[:1]):
             raise ValueError("the first response token needs a prompt token before it to be predicted")
 
@@ -57,7 +62,8 @@ class TrainBatch:
     ``input_ids``/``attention_mask`` are ``[B, T]``; trained token ``k`` is ``input_ids[rows[k], positions[k]]``,
     predicted from the hidden state at ``positions[k] - 1``; ``targets``, ``old_logprobs``, ``advantages`` and
     ``weights`` (each token's sequence weight) are ``[N]`` over the ``N`` trained tokens, in row then position
-    order; ``rows`` doubles as the sequence index (one row per sequence, in the order given to :func:`collate`).
+    order; ``rows`` doubles as the sequence index (one row per sequence, in the order given to :func:`collate`);
+    ``versions`` ``[N]``: the policy version that sampled each trained token, -1 where unknown.
     """
 
     input_ids: torch.Tensor
@@ -69,6 +75,7 @@ class TrainBatch:
     advantages: torch.Tensor
     has_old_logprobs: bool
     weights: torch.Tensor
+    versions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
 
     @property
     def trained_tokens(self) -> int:
@@ -89,6 +96,7 @@ def collate(sequences: Sequence[TrainSequence], pad_id: int = 0) -> TrainBatch:
     old: list[float] = []
     advantages: list[float] = []
     weights: list[float] = []
+    versions: list[int] = []
     has_old = all(s.old_logprobs or not any(s.loss_mask) for s in sequences)
     for r, seq in enumerate(sequences):
         tokens = [*seq.prompt_ids, *seq.response_ids]
@@ -103,22 +111,27 @@ def collate(sequences: Sequence[TrainSequence], pad_id: int = 0) -> TrainBatch:
                 old.append(seq.old_logprobs[j] if has_old else 0.0)
                 advantages.append(seq.advantage)
                 weights.append(seq.weight)
+                version = seq.versions[j] if seq.versions else None
+                versions.append(-1 if version is None else int(version))
     return TrainBatch(input_ids=ids, attention_mask=attention, rows=torch.tensor(rows, dtype=torch.long),
                       positions=torch.tensor(positions, dtype=torch.long),
                       targets=torch.tensor(targets, dtype=torch.long),
                       old_logprobs=torch.tensor(old, dtype=torch.float32),
                       advantages=torch.tensor(advantages, dtype=torch.float32), has_old_logprobs=has_old,
-                      weights=torch.tensor(weights, dtype=torch.float32))
+                      weights=torch.tensor(weights, dtype=torch.float32),
+                      versions=torch.tensor(versions, dtype=torch.long))
 
 
 def sequence_of_trace(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int],
                       logprobs: Sequence[float] = (), *, reward: float = 0.0, group: str = "",
-                      advantage: float = 0.0, weight: float = 1.0,
-                      true_reward: float | None = None) -> TrainSequence:
-    """A TrainSequence from a trace's fields (a :class:`polar_gym.schema.Trace` or a token-id JSONL line)."""
+                      advantage: float = 0.0, weight: float = 1.0, true_reward: float | None = None,
+                      versions: Sequence[int | None] = ()) -> TrainSequence:
+    """A TrainSequence from a trace's fields (a :class:`polar_gym.schema.Trace` or a token-id JSONL line);
+    ``versions``: the policy version of each response token (None: unknown; empty: all unknown)."""
     return TrainSequence(list(prompt_ids), list(response_ids), [int(bool(m)) for m in loss_mask],
                          [float(x) for x in logprobs], advantage=advantage, reward=reward, group=group,
-                         weight=weight, true_reward=true_reward)
+                         weight=weight, true_reward=true_reward,
+                         versions=[None if v is None else int(v) for v in versions])
 
 
 def trace_weight(metadata: Mapping[str, Any], where: str) -> float:

@@ -23,15 +23,16 @@ __all__ = ["full_logprobs", "trained_logprobs"]
 HEAD_ROWS = 1024
 
 
-def trained_logprobs(model: Any, batch: TrainBatch) -> torch.Tensor:
+def trained_logprobs(model: Any, batch: TrainBatch, *, fp32_head: bool = False) -> torch.Tensor:
     """``[N]`` log p(target | prefix) for the batch's trained tokens, with gradients; the output layer runs on
     ``N`` hidden states instead of ``B x T``, through the audit's :func:`~polar_gym.audit.recompute.head_logprobs`
-    (one definition of a token's logprob for the trainer and the audit)."""
+    (one definition of a token's logprob for the trainer and the audit); ``fp32_head``: that layer in fp32
+    (``trainer.lm_head_fp32``)."""
     if not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
         raise TypeError(f"{type(model).__name__} is not a transformers causal LM (no decoder and output layer)")
     hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     picked = hidden[batch.rows, batch.positions - 1]  # [N, H]: the state that predicts each trained token
-    logprobs: torch.Tensor = head_logprobs(model, picked, batch.targets, HEAD_ROWS)
+    logprobs: torch.Tensor = head_logprobs(model, picked, batch.targets, HEAD_ROWS, fp32_head=fp32_head)
     return logprobs
 
 

@@ -23,11 +23,13 @@ Definitions followed (cited per function):
   - ``seq_mean_token_sum_norm``: ``sum_s w_s sum_t(l_t in s) / (sum_s w_s * loss_norm_tokens)`` (Dr.GRPO, Liu et
     al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783 §3.1: a sequence's token sum divided by a
     constant, the generation budget, instead of its length, which removes GRPO's length bias).
-- Truncated importance sampling (TIS): Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy
-  RL Training" (fengyao.notion.site/off-policy-rl; verl ``rollout_is`` / ``tis_imp_ratio_cap``): the surrogate is
-  taken against the trainer's own logprobs before the update (``proximal``, detached) and each token is weighted by
-  ``min(exp(proximal - rollout), C)``, which corrects for the engine sampling from a slightly different
-  distribution than the trainer computes.
+- Rollout correction (``trainer.rollout_correction``; truncated importance sampling, TIS, is its
+  ``token_truncate``: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training",
+  fengyao.notion.site/off-policy-rl): the surrogate is taken against the trainer's own logprobs before the update
+  (``proximal``, detached) and each token is weighted by the importance weight of
+  :func:`polar_gym.audit.correction.rollout_correction` (truncated or masked ``exp(proximal - rollout)``), which
+  corrects for the engine sampling from a different distribution than the trainer computes (another dtype, an
+  older policy version).
 - Mismatch statistics (:func:`logprob_diff_stats`): :func:`polar_gym.audit.metrics.mismatch_metrics` over the
   step's trained tokens, under verl's names (``rollout_corr/k3_kl``, ``audit/logprob_abs_diff_max``, ...).
 """
@@ -133,26 +135,28 @@ def aggregate(terms: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, ag
 
 
 def policy_loss(new: torch.Tensor, rollout: torch.Tensor, advantages: torch.Tensor, *, clip_low: float = 0.2,
-                clip_high: float = 0.28, tis_cap: float | None = None, weights: torch.Tensor | None = None,
+                clip_high: float = 0.28, correction: torch.Tensor | None = None, weights: torch.Tensor | None = None,
                 rows: torch.Tensor | None = None, aggregation: Aggregation = "token_mean",
                 loss_norm_tokens: int = 4096) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped objective (to minimise), aggregated by ``aggregation`` (:func:`aggregate`), and its statistics;
     all tensors ``[N]`` over trained tokens. ``weights`` (each token's sequence weight) default to 1 and ``rows``
     (each token's sequence) to one sequence per token; the statistics are plain token means.
 
-    Without ``tis_cap``: ``ratio = exp(new - rollout)``. With it: ``ratio = exp(new - new.detach())`` (1 in value,
-    the policy gradient in its derivative: one update per batch, so the proximal policy is the current one) and
-    each token's term is weighted by ``min(exp(new.detach() - rollout), tis_cap)``.
+    Without ``correction``: ``ratio = exp(new - rollout)``. With it (each token's importance weight,
+    :func:`polar_gym.audit.correction.rollout_correction`'s ``weights``; masked tokens are left out by the caller):
+    ``ratio = exp(new - new.detach())`` (1 in value, the policy gradient in its derivative: one update per batch,
+    so the proximal policy is the current one) and each token's term is multiplied by its weight.
     """
     if new.numel() == 0:
         raise ValueError("no trained tokens in the batch")
-    if tis_cap is None:
+    if correction is None:
         log_ratio = new - rollout
         is_weight = torch.ones_like(new)
     else:
-        proximal = new.detach()
-        log_ratio = new - proximal
-        is_weight = torch.clamp(torch.exp(proximal - rollout), max=tis_cap)
+        if correction.shape != new.shape:
+            raise ValueError("correction weights must align with the trained tokens")
+        log_ratio = new - new.detach()
+        is_weight = correction.detach().to(new.dtype)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
@@ -162,10 +166,7 @@ def policy_loss(new: torch.Tensor, rollout: torch.Tensor, advantages: torch.Tens
                      loss_norm_tokens=loss_norm_tokens)
     with torch.no_grad():
         clip_frac = ((unclipped > clipped) & (advantages != 0)).float().mean().item()
-        stats = {"clip_fraction": clip_frac, "ratio_mean": ratio.mean().item(),
-                 "tis_weight_mean": is_weight.mean().item(),
-                 "tis_capped_fraction": 0.0 if tis_cap is None else
-                 (torch.exp(new.detach() - rollout) > tis_cap).float().mean().item()}
+        stats = {"clip_fraction": clip_frac, "ratio_mean": ratio.mean().item()}
     return loss, stats
 
 

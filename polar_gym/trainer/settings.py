@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Aggregation", "TrainerSettings"]
+__all__ = ["RETIRED_KEYS", "Aggregation", "CorrectionMode", "Dtype", "MismatchMetric", "TrainerSettings"]
 
 #: how the GRPO loss averages its per-token terms (verl's ``loss_agg_mode`` names with underscores); defined in
 #: :mod:`polar_gym.trainer.losses`, here so settings validate without importing torch
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+#: the rollout correction's menu (:mod:`polar_gym.audit.correction`, the same Literal; here without torch)
+CorrectionMode = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+#: a weights / compute dtype of the trainer or of the engine it serves
+Dtype = Literal["float32", "bfloat16", "float16"]
+#: the mismatch metrics the guard can bound (each larger when trainer and engine disagree more; verl's names, as
+#: :meth:`polar_gym.audit.metrics.MismatchMetrics.as_dict` logs them)
+MismatchMetric = Literal["audit/logprob_abs_diff_mean", "audit/logprob_abs_diff_max", "rollout_corr/k3_kl",
+                         "rollout_corr/chi2_token", "rollout_corr/chi2_seq", "rollout_corr/log_ppl_abs_diff",
+                         "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max"]
+
+#: keys a config may still name from an older release, and what replaced them (the error says so)
+RETIRED_KEYS = {
+    "tis_cap": "trainer.tis_cap was replaced by trainer.rollout_correction and trainer.correction_threshold: "
+               "tis_cap=C is rollout_correction=token_truncate correction_threshold=C (tis_cap=null: "
+               "rollout_correction=none)",
+}
+
+
+#: trainer.max_mismatch's default on audit/logprob_abs_diff_mean (nats), see docs/trainer/correction.md
+MAX_MISMATCH_DEFAULT = 0.5
 
 
 class TrainerSettings(BaseModel):
@@ -44,8 +64,13 @@ class TrainerSettings(BaseModel):
     # grpo
     clip_low: float = Field(default=0.2, ge=0, description="grpo: the ratio's lower clip, 1 - clip_low")
     clip_high: float = Field(default=0.28, ge=0, description="grpo: the ratio's upper clip, 1 + clip_high (DAPO)")
-    tis_cap: float | None = Field(default=None, gt=0, description="grpo: truncated importance correction with "
-                                  "this cap C (null: off; ratio then taken against the captured logprobs)")
+    rollout_correction: CorrectionMode = Field(
+        default="none", description="grpo: importance weights of the trainer's logprobs against the engine's "
+        "(polar_gym.audit.correction): none (the ratio taken against the captured logprobs), token_truncate "
+        "(min(rho, threshold): TIS), token_mask (a token with rho > threshold is not trained), sequence_truncate / "
+        "sequence_mask (the same on each sequence's geometric-mean ratio)")
+    correction_threshold: float = Field(default=2.0, gt=0, description="grpo: rollout_correction's threshold C on "
+                                        "the importance ratio (2.0 as ms-swift and verl use)")
     push_weights: bool = Field(default=True, description="grpo: after each step, update every engine of the "
                                "fleet to the new checkpoint and policy version")
     initial_version: int = Field(default=0, ge=0, description="grpo: the policy version of the starting weights")
@@ -60,10 +85,19 @@ class TrainerSettings(BaseModel):
                                   "before advantages are computed, so the step trains on noise with the same reward "
                                   "distribution; a learning curve that also rises under it is not learning from the "
                                   "reward")
-    max_mismatch: float | None = Field(default=0.5, gt=0, description="grpo: a step whose mean |trainer - engine| "
-                                       "logprob (audit/logprob_abs_diff_mean, nats) is above this is not trained "
-                                       "(the engine does not run the trained weights; fp32 vLLM measures ~2e-5); "
-                                       "null: no bound")
+    mismatch_metric: MismatchMetric = Field(
+        default="audit/logprob_abs_diff_mean", description="grpo: the guard's metric, taken for each token against "
+        "the weights of the policy version that sampled it (so an asynchronous step's policy drift does not count)")
+    max_mismatch: float | None = Field(default=MAX_MISMATCH_DEFAULT, gt=0, description="grpo: a step whose "
+                                       "mismatch_metric is above this is not trained (the engine does not run the "
+                                       "weights being trained: another model, another dtype, a reload that did not "
+                                       "happen); the default passes fp32 vLLM (~2e-5 nats mean) and refuses a bf16 "
+                                       "engine against an fp32 trainer; null: no bound")
+    dtype: Dtype = Field(default="float32", description="grpo/sft: the trainer's weights and compute dtype")
+    lm_head_fp32: bool = Field(default=False, description="the output layer computes in fp32 whatever dtype (hidden "
+                               "states and head weights upcast)")
+    engine_dtype: Dtype = Field(default="float32", description="grpo: the dtype of the policy server a launch "
+                                "serves itself (inference=oracle; python -m polar_gym.trainer serve --dtype)")
     reference_answers: list[str] = Field(default_factory=list, description="grpo: the noise-free evaluation: JSONL "
                                          "files of reference answers (datagen's sft/train.jsonl of a forked task: "
                                          "right and wrong variants with their rewards); before the first step and "
@@ -89,3 +123,12 @@ class TrainerSettings(BaseModel):
         "weight update and continued under the new weights, a session that spanned updates), the tokens of its older "
         "versions: trained with the rollout correction like every token (correct), or not trained (mask)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """A retired key is named with what replaced it, not refused as an unknown key."""
+        if isinstance(data, dict):
+            for key, why in RETIRED_KEYS.items():
+                if key in data:
+                    raise ValueError(why)
+        return data

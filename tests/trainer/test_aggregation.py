@@ -14,6 +14,7 @@ import torch
 from polar_gym.schema import EvalResult, SessionResult, SessionStatus, Trace, Trajectory
 from polar_gym.trainer import Trainer, TrainerSettings, collate, group_advantages, grpo_sequences, trained_logprobs
 from polar_gym.trainer.batch import TrainSequence
+from polar_gym.trainer.correction import rollout_correction
 from polar_gym.trainer.losses import Aggregation, aggregate, policy_loss, shuffled_rewards
 from tests.trainer._tiny import small_qwen3_dir
 
@@ -50,9 +51,11 @@ def test_the_default_is_token_mean_and_equals_the_old_unweighted_formula() -> No
         ratio = torch.exp(new - new.detach()) if cap is not None else torch.exp(new - old)
         is_weight = torch.ones(12) if cap is None else torch.clamp(torch.exp(new - old), max=cap)
         old_formula = -(is_weight * torch.minimum(ratio * adv, torch.clamp(ratio, 0.8, 1.28) * adv)).mean()
-        loss, _ = policy_loss(new, old, adv, tis_cap=cap, weights=torch.ones(12), rows=rows)
+        correction = None if cap is None else rollout_correction(new, old, mode="token_truncate", threshold=cap).weights
+        loss, _ = policy_loss(new, old, adv, correction=correction, weights=torch.ones(12), rows=rows)
         assert loss.item() == pytest.approx(old_formula.item(), rel=1e-6)
-        assert policy_loss(new, old, adv, tis_cap=cap)[0].item() == pytest.approx(old_formula.item(), rel=1e-6)
+        unweighted = policy_loss(new, old, adv, correction=correction)[0]
+        assert unweighted.item() == pytest.approx(old_formula.item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -47,8 +47,8 @@ def composed(*overrides: str) -> DictConfig:
 
 
 def test_trainer_groups_validate_into_trainer_settings(tmp_path: Path) -> None:
-    job = build_job(composed("+trainer=grpo", "trainer.tis_cap=2.0", f"out_dir={tmp_path}"))
-    assert job.trainer == TrainerSettings(algorithm="grpo", tis_cap=2.0)
+    job = build_job(composed("+trainer=grpo", "trainer.rollout_correction=token_truncate", f"out_dir={tmp_path}"))
+    assert job.trainer == TrainerSettings(algorithm="grpo", rollout_correction="token_truncate")
     assert build_job(composed("+trainer=sft", f"out_dir={tmp_path}")).trainer == TrainerSettings()
     assert build_job(composed(f"out_dir={tmp_path}")).trainer is None
     with pytest.raises(ConfigError) as err:

@@ -9,6 +9,7 @@ import torch
 
 from polar_gym.trainer import collate, group_advantages, logprob_diff_stats, policy_loss, sft_loss
 from polar_gym.trainer.batch import TrainSequence
+from polar_gym.trainer.correction import rollout_correction
 
 
 def test_sft_loss_is_the_token_mean_nll() -> None:
@@ -46,9 +47,10 @@ def test_policy_loss_clips_the_ratio_per_token() -> None:
 def test_truncated_importance_weights_the_on_policy_gradient() -> None:
     rollout = torch.log(torch.tensor([0.5, 0.1]))
     new = torch.log(torch.tensor([0.6, 0.5])).requires_grad_()  # train/rollout ratios 1.2 and 5
-    loss, stats = policy_loss(new, rollout, torch.tensor([1.0, 1.0]), tis_cap=2.0)
+    weights = rollout_correction(new, rollout, mode="token_truncate", threshold=2.0)
+    loss, _ = policy_loss(new, rollout, torch.tensor([1.0, 1.0]), correction=weights.weights)
     assert loss.item() == pytest.approx(-(1.2 + 2.0) / 2)  # ratio 1 (proximal = current), weights 1.2 and cap 2
-    assert stats["tis_capped_fraction"] == pytest.approx(0.5)
+    assert weights.stats["rollout_corr/correction_truncated_fraction"] == pytest.approx(0.5)
     torch.autograd.backward(loss)
     assert new.grad is not None and new.grad.tolist() == pytest.approx([-1.2 / 2, -2.0 / 2])
 
