@@ -40,6 +40,8 @@ __all__ = ["RolloutSource", "WeightSync", "grpo_sequences", "run_grpo", "run_sft
 #: the GRPO plot's panels (those a run has)
 GRPO_PLOT_KEYS = ("reward_mean", "eval/share_right", "eval/p_right", "eval/greedy_success", "loss",
                   "audit/logprob_abs_diff_max", "seconds")
+#: an asynchronous run's panels besides: how many versions behind the trainer its samples were
+STALENESS_PLOT_KEYS = ("staleness/max", "staleness/mean", "rollout_seconds")
 
 
 @runtime_checkable
@@ -282,7 +284,8 @@ async def _grpo_step(step: int, settings: TrainerSettings, trainer: Trainer, fee
              "fresh groups replace them")
     if not judge.verdict.trained:
         echo(f"grpo step {step}: {judge.verdict.message}")
-    _finish(log, out_dir, [k for k in GRPO_PLOT_KEYS if any(k in r for r in log.rows)], "GRPO")
+    keys = [k for k in GRPO_PLOT_KEYS if any(k in r for r in log.rows)]
+    _finish(log, out_dir, keys + (list(STALENESS_PLOT_KEYS) if settings.max_staleness else []), "GRPO")
     _prune(out_dir / "checkpoints", checkpoint, settings.save_every)
     return checkpoint
 

@@ -82,6 +82,7 @@ async def test_staleness_one_samples_the_next_round_before_the_update_and_logs_e
     assert [r["rounds"] for r in rows] == [[1, 1], [2, 2], [3, 3]]
     assert [v for _, v in fleet.updates] == [1, 2, 3] and all(r["stale_groups_dropped"] == 0 for r in rows)
     assert len(fleet.submitted) == 6  # no round beyond the run's steps
+    assert ">staleness/max<" in (tmp_path / "run" / "train_metrics.svg").read_text()  # plotted
 
 
 async def test_synchronous_loop_samples_each_round_with_the_weights_it_trains(tmp_path: Path) -> None:
