@@ -23,6 +23,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from typing_extensions import TypedDict
 
 __all__ = [
     "HOST_READ_ENV",
@@ -40,6 +41,7 @@ __all__ = [
     "GatewayView",
     "OracleScript",
     "PauseReply",
+    "PauseRequest",
     "PrepareAction",
     "ResumeReply",
     "ResumeRequest",
@@ -62,6 +64,7 @@ __all__ = [
     "UpstreamChange",
     "UpstreamRemoved",
     "UpstreamsView",
+    "VersionSpan",
     "WeightUpdateReply",
     "WeightUpdateRequest",
     "host_read_env_names",
@@ -340,6 +343,14 @@ class TokenLogprob(_Model):
     logprob: float
 
 
+class VersionSpan(TypedDict):
+    """Which policy version sampled ``response_ids[start:end]`` of a completion a weight update cut."""
+
+    start: int
+    end: int
+    policy_version: int | str | None
+
+
 class CompletionRecord(_Model):
     """One model call as the proxy saw it: the contract between capture (I/O) and trajectory building (pure).
 
@@ -380,6 +391,10 @@ class CompletionRecord(_Model):
     #: HTTP client, journals older than the field). Builders keep a delivered answer that nothing went on from as
     #: its own conversation instead of reading a later call with the same prompt as its retry.
     delivered: bool | None = None
+    #: a generation that weight updates cut and that continued under new weights (token-in engines): which
+    #: ``response_ids`` each policy version sampled, in order and covering them all; None when one version sampled
+    #: them all (``policy_version``). ``policy_version`` is then the version of the last token.
+    version_spans: list[VersionSpan] | None = None
     status: Literal["ok", "error"] = "ok"
     error: str | None = None
     started_at: float = Field(default_factory=time.time)
@@ -579,9 +594,19 @@ class UpstreamsView(_Open):
     servers: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class PauseRequest(_Model):
+    """POST /admin/pause (optional body): what to do with in-flight model calls. ``cut`` (default) cuts token-in
+    generations (they continue from their tokens after the resume) and waits for the other calls; ``wait`` waits
+    for every call to finish."""
+
+    in_flight: Literal["cut", "wait"] = "cut"
+
+
 class PauseReply(_Open):
     paused: bool
     drained_seconds: float = 0.0
+    #: in-flight generations the pause cut
+    cut: int = 0
 
 
 class ResumeRequest(_Model):
@@ -610,6 +635,10 @@ class WeightUpdateRequest(_Model):
     drain_timeout: float = Field(default=600.0, gt=0, le=86400, allow_inf_nan=False)
     resume: bool = True
     servers: list[str] | None = Field(default=None, min_length=1, max_length=256)
+    #: in-flight model calls: ``cut`` (default) cuts the generations of token-in engines, which continue from their
+    #: exact tokens under the new weights (the update does not wait for them), and waits for the others; ``wait``
+    #: waits for every call to finish first
+    in_flight: Literal["cut", "wait"] = "cut"
 
     @field_validator("servers")
     @classmethod
@@ -641,6 +670,8 @@ class WeightUpdateReply(_Open):
     servers: dict[str, dict[str, float]] = Field(default_factory=dict)
     #: servers an update with ``servers`` took out of the pool, drained (the caller stops them)
     replaced: list[str] = Field(default_factory=list)
+    #: in-flight generations the update cut (they continue under the new weights)
+    cut: int = 0
 
 
 class FleetWeightUpdate(_Open):
@@ -655,6 +686,8 @@ class FleetWeightUpdate(_Open):
     message: str = ""
     seconds: float = 0.0
     gateways: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    #: in-flight generations the update cut on every gateway (they continue under the new weights)
+    cut: int = 0
 
 
 class GatewayRegistration(_Model):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -22,6 +22,7 @@ from polar_gym.httpguard import excerpt
 from polar_gym.schema import (
     GatewayHealth,
     PauseReply,
+    PauseRequest,
     ResumeReply,
     ResumeRequest,
     SessionCancelReply,
@@ -127,9 +128,11 @@ class GatewayClient:
         body = UpstreamChange(url=url).model_dump_json().encode()
         return _parse(UpstreamRemoved, await self._send("POST", "/admin/upstreams/remove", body, timeout=timeout))
 
-    async def pause(self, timeout: float | None = None) -> PauseReply:
-        """POST /admin/pause: answers once the proxy's in-flight model calls drained."""
-        return _parse(PauseReply, await self._send("POST", "/admin/pause", timeout=timeout))
+    async def pause(self, timeout: float | None = None, in_flight: Literal["cut", "wait"] | None = None) -> PauseReply:
+        """POST /admin/pause: answers once the proxy's in-flight model calls drained or, with ``in_flight`` "cut"
+        (the proxy's default), its token-in generations were cut (they continue after the resume)."""
+        body = None if in_flight is None else PauseRequest(in_flight=in_flight).model_dump_json().encode()
+        return _parse(PauseReply, await self._send("POST", "/admin/pause", body, timeout=timeout))
 
     async def resume(self, policy_version: int | str | None = None, timeout: float | None = None) -> ResumeReply:
         body = ResumeRequest(policy_version=policy_version).model_dump_json().encode()

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from polar_gym.known_json import KNOWN
+from polar_gym.schema import VersionSpan
 
 __all__ = [
     "ChatMessage",
@@ -203,6 +204,9 @@ class ChatResult(_Data):
     engine: str = ""
     server: str | None = None
     policy_version: int | str | None = None
+    #: a generation weight updates cut: which response_ids each policy version sampled (None: one version did;
+    #: see CompletionRecord.version_spans)
+    version_spans: list[VersionSpan] | None = None
     raw: dict[str, Any] = Field(default_factory=dict)
 
     @property

@@ -62,6 +62,8 @@ def fill_record(record: CompletionRecord, result: ChatResult, response_id: str) 
         "server": result.server, "policy_version": result.policy_version,
         "upstream_seconds": float(result.raw.get("upstream_seconds", 0.0)),
     }
+    if result.version_spans is not None:  # a generation cut by weight updates, sampled by several versions
+        values["version_spans"] = result.version_spans
     if result.raw.get("new_chain"):  # token_in rendered the whole prompt: say why (a new chain starts)
         values["normalizations"] = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
     record.set_fields(values)

@@ -1,5 +1,11 @@
 """Several inference servers behind one engine: least-loaded choice, sticky per session, changed at run time,
 and paused around a weight update (requests wait; none fail, none are lost).
+
+A pause drains the pool: new calls wait, in-flight ones finish, or, when the pause says ``cut`` and a call holds a
+:class:`Cut` (token-in engines: they can continue a generation from its tokens), the call is cut: its upstream read
+is cancelled (the stream closes; vLLM and SGLang abort a request whose client hung up) and it waits for the resume
+with the tokens it had, then continues under the new weights. Only the read is cancelled, never the caller: the
+engine catches it (:meth:`Cut.reading`).
 """
 
 from __future__ import annotations
@@ -8,10 +14,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from polar_gym.proxy.errors import UpstreamUnavailable
 
-__all__ = ["StagedUpdate", "Upstream", "UpstreamPool"]
+#: what a pause does with in-flight calls: cut those that can continue from their tokens, or wait for all
+InFlight = Literal["cut", "wait"]
+_CUT = "cut by a weight update"
+
+__all__ = ["Cut", "InFlight", "StagedUpdate", "Upstream", "UpstreamPool"]
 
 
 @dataclass
@@ -35,6 +46,35 @@ class StagedUpdate:
     replaced: list[str] = field(default_factory=list)  # swap: the servers it took out
 
 
+class Cut:
+    """A cuttable call's handle: the pool sets ``requested`` at a cutting pause and cancels ``task``, which the
+    engine sets only while it awaits the upstream (so the cancel lands on that read and nowhere else: between reads
+    the engine checks ``requested``); the engine sets ``done`` when it cut (a call that had just finished is not
+    counted)."""
+
+    __slots__ = ("done", "requested", "task")
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.done = False
+        self.task: asyncio.Task[Any] | None = None
+
+    def request(self) -> None:
+        if self.requested:
+            return
+        self.requested = True
+        if self.task is not None:
+            self.task.cancel(_CUT)
+
+    def cancelled_by_cut(self) -> bool:
+        """Called on a CancelledError from the upstream read: True (and the task's cancel undone) when it was the
+        cut's alone; False when someone else cancelled the task too (re-raise)."""
+        task = asyncio.current_task()
+        if not self.requested or task is None:
+            return False
+        return task.uncancel() == 0
+
+
 class UpstreamPool:
     """Chooses a server per request. Sticky: a session keeps its server while that server is in the pool, so its
     growing prompt hits the same prefix cache."""
@@ -53,6 +93,8 @@ class UpstreamPool:
         self.weights_lock = asyncio.Lock()
         #: an update loaded while paused and not resumed yet (None once resumed)
         self.staged: StagedUpdate | None = None
+        #: in-flight calls a pause may cut (token-in generations)
+        self._cuttable: set[Cut] = set()
         self.wait_for_server_seconds = wait_for_server_seconds
         for url in urls or []:
             self.add(url)
@@ -114,8 +156,9 @@ class UpstreamPool:
                                    self.wait_for_server_seconds)
 
     @contextlib.asynccontextmanager
-    async def lease(self, session_id: str | None = None) -> AsyncIterator[Upstream]:
-        """Hold a server for one request; waits while paused or while the pool is empty (bounded)."""
+    async def lease(self, session_id: str | None = None, cut: Cut | None = None) -> AsyncIterator[Upstream]:
+        """Hold a server for one request; waits while paused or while the pool is empty (bounded). With ``cut``, a
+        cutting pause may cut the request (see the module docstring)."""
         while True:
             if not self._running.is_set():  # (a coroutine call less per request when running)
                 await self._running.wait()
@@ -127,6 +170,8 @@ class UpstreamPool:
             except TimeoutError as exc:
                 raise UpstreamUnavailable("no inference server is registered with the proxy") from exc
         server.in_flight += 1
+        if cut is not None:
+            self._cuttable.add(cut)
         try:
             yield server
             server.served += 1
@@ -135,17 +180,24 @@ class UpstreamPool:
             raise
         finally:
             server.in_flight -= 1
+            if cut is not None:
+                self._cuttable.discard(cut)
             if self.paused:
                 self._notify()
 
-    async def pause(self, drain_timeout: float | None = None) -> None:
-        """Stop handing out servers, then wait for in-flight requests to finish (a safe point for new weights)."""
+    async def pause(self, drain_timeout: float | None = None, in_flight: InFlight = "wait") -> int:
+        """Stop handing out servers, then wait for in-flight requests to finish, or with ``in_flight="cut"`` cut
+        those that can continue later (a safe point for new weights either way). Answers how many were cut."""
         self._running.clear()
+        cuts = list(self._cuttable) if in_flight == "cut" else []
+        for cut in cuts:
+            cut.request()
         async with self._changed:
             await asyncio.wait_for(
                 self._changed.wait_for(lambda: all(s.in_flight == 0 for s in self._servers.values())),
                 drain_timeout,
             )
+        return sum(1 for cut in cuts if cut.done)
 
     def resume(self, policy_version: int | str | None = None) -> None:
         if policy_version is not None:

@@ -2,6 +2,12 @@
 ones finish; every server of the pool loads the checkpoint (at once: they are separate processes); resume under the
 new policy version, which every later completion record carries. Sessions in flight only wait.
 
+In-flight generations of token-in engines are not waited for (``in_flight: cut``, the default): the pause cuts them
+(:class:`~polar_gym.proxy.upstreams.Cut`), they keep the tokens sampled so far and continue from them once the pool
+resumes, under the new weights; their records say which version sampled which tokens. So an update takes about the
+reload time, not the longest generation's. Other calls (chat-mode engines, passthrough) are waited for, as with
+``in_flight: wait``.
+
 Engines that cannot reload (or a change a reload cannot make) take servers already restarted on the checkpoint
 instead (``servers``): each is checked first, then they replace the pool's servers while it is paused.
 
@@ -50,7 +56,7 @@ async def update_pool_weights(engine: Engine, request: WeightUpdateRequest) -> W
         if request.servers is not None:  # checked before anything pauses: a dead server costs sessions nothing
             await _check_servers(engine, request.servers)
         try:
-            await pool.pause(request.drain_timeout)
+            cut = await pool.pause(request.drain_timeout, request.in_flight)
         except TimeoutError as exc:
             pool.resume()
             busy = {s.url: s.in_flight for s in pool.servers() if s.in_flight}
@@ -58,7 +64,9 @@ async def update_pool_weights(engine: Engine, request: WeightUpdateRequest) -> W
                                f"({busy}); nothing was loaded, the pool goes on under version {previous!r}") from exc
         drained = time.perf_counter()
         if request.servers is not None:
-            return _swap(engine, request, previous, started, drained)
+            reply = _swap(engine, request, previous, started, drained)
+            reply.cut = cut
+            return reply
         servers = [s.url for s in pool.servers()] if mode == "reload" else []
         try:
             # what each server serves now, to load back if the update fails half way
@@ -82,8 +90,10 @@ async def update_pool_weights(engine: Engine, request: WeightUpdateRequest) -> W
                 + (f"; back on their previous weights: {', '.join(restored)}" if restored else "")
                 + (f"; taken out of the pool (they serve the new weights and could not load the old ones back): "
                    f"{', '.join(dropped)}" if dropped else ""))
-        return _commit(engine, request, StagedUpdate(pool.checkpoint, restore=restore), previous, started, drained,
-                       {url: out for url, out in zip(servers, outcomes, strict=True) if isinstance(out, dict)})
+        reply = _commit(engine, request, StagedUpdate(pool.checkpoint, restore=restore), previous, started, drained,
+                        {url: out for url, out in zip(servers, outcomes, strict=True) if isinstance(out, dict)})
+        reply.cut = cut
+        return reply
 
 
 def _commit(engine: Engine, request: WeightUpdateRequest, undo: StagedUpdate, previous: int | str | None,

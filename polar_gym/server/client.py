@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -75,14 +75,16 @@ class RolloutClient:
         return list(resp.json()["gateways"])
 
     async def update_weights(self, checkpoint: str, policy_version: int | str, *, drain_timeout: float = 600.0,
-                             servers: list[str] | None = None) -> FleetWeightUpdate:
+                             servers: list[str] | None = None,
+                             in_flight: Literal["cut", "wait"] = "cut") -> FleetWeightUpdate:
         """Load ``checkpoint`` (a directory the inference servers can read) into every engine of the fleet and stamp
-        ``policy_version`` on every later completion; in-flight model calls finish first (up to ``drain_timeout``),
-        sessions only wait. ``servers``: inference servers you restarted on ``checkpoint`` (engines that cannot
-        reload): they replace the fleet's backends instead. Raises WeightUpdateFailed when a gateway did not take
-        it."""
+        ``policy_version`` on every later completion; sessions only wait. In-flight generations of token-in engines
+        are cut and continue from their tokens under the new weights (``in_flight="wait"``: they finish first, as
+        other calls always do, up to ``drain_timeout``). ``servers``: inference servers you restarted on
+        ``checkpoint`` (engines that cannot reload): they replace the fleet's backends instead. Raises
+        WeightUpdateFailed when a gateway did not take it."""
         body = WeightUpdateRequest(checkpoint=checkpoint, policy_version=policy_version, drain_timeout=drain_timeout,
-                                   servers=servers)
+                                   servers=servers, in_flight=in_flight)
         resp = await self.http.post("/backends/weights", content=body.model_dump_json(),
                                     headers={"content-type": "application/json"}, timeout=drain_timeout + 300.0)
         resp.raise_for_status()

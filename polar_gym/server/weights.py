@@ -2,7 +2,9 @@
 its inference servers and stamps the new policy version, in three phases so that no server is reloaded while any
 gateway still has a call on it (gateways share servers):
 
-1. pause every gateway: new model calls wait, in-flight ones finish (if one cannot, all resume and nothing loads);
+1. pause every gateway: new model calls wait, in-flight ones finish (if one cannot, all resume and nothing loads),
+   or with ``in_flight: cut`` (the default) token-in generations are cut and continue from their tokens after the
+   resume, under the new weights (``cut`` in the answer counts them);
 2. every gateway loads the checkpoint into its servers and stays paused (``resume: false``);
 3. every gateway resumes under the new version, or, when one failed, under its old one (the failure names it)
    after the gateways that took the checkpoint undid it (``POST /admin/weights/undo``: their servers load their
@@ -39,6 +41,12 @@ def _why(answer: dict[str, Any]) -> str:
     if isinstance(error, dict):
         return str(error.get("message"))[:500]
     return str(answer.get("error") or answer.get("body"))[:500]
+
+
+def _cut(answer: dict[str, Any]) -> int:
+    body = answer.get("body")
+    count = body.get("cut") if isinstance(body, dict) else None
+    return count if isinstance(count, int) else 0
 
 
 def allowed_by(url: str, entries: Iterable[str]) -> bool:
@@ -99,7 +107,7 @@ async def _update(server: RolloutServer, update: WeightUpdateRequest) -> FleetWe
     started = time.perf_counter()
     wait = update.drain_timeout + FANOUT_TIMEOUT
     phases: dict[str, dict[str, Any]] = {}
-    paused = await server.broadcast(lambda c: c.pause(timeout=wait))
+    paused = await server.broadcast(lambda c: c.pause(timeout=wait, in_flight=update.in_flight))
     failed, loaded = _failed(paused), {}
     if not failed:
         staged = update.model_copy(update={"resume": False})
@@ -133,4 +141,5 @@ async def _update(server: RolloutServer, update: WeightUpdateRequest) -> FleetWe
         message += ("; " if message else "") + "these gateways did not resume: " + ", ".join(_failed(resumed))
     return FleetWeightUpdate(updated=updated, checkpoint=update.checkpoint,
                              policy_version=update.policy_version if updated else server.policy_version,
-                             message=message, seconds=time.perf_counter() - started, gateways=phases)
+                             message=message, seconds=time.perf_counter() - started, gateways=phases,
+                             cut=sum(_cut(answer) for answer in paused.values()))

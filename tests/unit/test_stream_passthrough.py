@@ -336,6 +336,7 @@ async def test_stream_passthrough_off_synthesizes_the_stream(tok: HFChatTokenize
     engine = VLLMTokenInEngine(tok, parser_for("qwen3"), UpstreamPool(["http://engine"]),
                                client=httpx.AsyncClient(transport=httpx.MockTransport(fake)))
     engine.stream_passthrough = False
+    engine.cut_non_streamed = False  # the answer read whole upstream too (by default it is read as a stream)
     service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(create_app(service, "admin")), base_url="http://proxy")
     resp = await client.post("/v1/chat/completions", json={"model": "m", "stream": True, "messages": [

@@ -44,7 +44,7 @@ from polar_gym.proxy.errors import (
 from polar_gym.proxy.http1 import LeanHttpClient, UpstreamAnswer
 from polar_gym.proxy.upstreams import UpstreamPool
 
-__all__ = ["Engine", "HttpEngine", "StreamDelta", "StreamPiece", "StreamStart", "WeightUpdateMode",
+__all__ = ["Engine", "HttpEngine", "StreamDelta", "StreamPiece", "StreamStart", "WeightUpdateMode", "WholeAnswer",
            "approx_token_count", "upstream_status_error"]
 
 #: how an engine takes new weights (see the module docstring)
@@ -81,6 +81,11 @@ class StreamDelta:
     logprobs: list[float] = field(default_factory=list)
     reasoning: str = ""
     content: str = ""
+
+
+class WholeAnswer(dict[str, Any]):
+    """An answer :meth:`HttpEngine.post_stream` read whole: the server answered without an event stream (it ignored
+    ``stream``), so it is read as a non-streamed answer is (with that answer's checks)."""
 
 
 #: what :meth:`Engine.stream` yields: a StreamStart, StreamDeltas, and last the whole ChatResult
@@ -219,7 +224,7 @@ class HttpEngine(Engine):
             return data
 
     async def post_stream(self, server_url: str, path: str, body: dict[str, Any],
-                          session_id: str | None = None) -> AsyncIterator[dict[str, Any] | None]:
+                          session_id: str | None = None) -> AsyncGenerator[dict[str, Any] | None, None]:
         """POST ``body`` and yield None once the server has accepted it (its answer's head), then each JSON object
         of the server-sent-event answer as it arrives (until ``[DONE]``); an answer that is not an event stream is
         yielded whole; an HTTP error answer raises as :meth:`post` does, before anything is yielded. Through the
@@ -255,7 +260,7 @@ class HttpEngine(Engine):
                 whole = self.prompt_ids.loads(b"".join([piece async for piece in pieces]), session_id)
                 if not isinstance(whole, dict):
                     raise ValueError("upstream answer is not a JSON object")
-                yield whole
+                yield WholeAnswer(whole)
                 return
             done, pending = False, list[bytes]()  # read to the end: a drained connection is reused
             async for part in pieces:

@@ -9,15 +9,23 @@ protocol's message (reasoning, text, tool calls) by the configured output parser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import httpx
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult, FinishReason, Usage
-from polar_gym.proxy.engines.base import HttpEngine, StreamDelta, StreamPiece, StreamStart, WeightUpdateMode
+from polar_gym.proxy.engines.base import (
+    HttpEngine,
+    StreamDelta,
+    StreamPiece,
+    StreamStart,
+    WeightUpdateMode,
+    WholeAnswer,
+)
 from polar_gym.proxy.engines.openai import token_ids_in
 from polar_gym.proxy.engines.sglang import generate_answer, sampling_params, update_sglang_weights
 from polar_gym.proxy.engines.vllm import reload_vllm_weights
@@ -25,10 +33,11 @@ from polar_gym.proxy.errors import translate_upstream_errors
 from polar_gym.proxy.parsers.base import OutputParser, ParsedReply, call_id
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
 from polar_gym.proxy.tokenizer import HFChatTokenizer
-from polar_gym.proxy.upstreams import UpstreamPool
+from polar_gym.proxy.upstreams import Cut, UpstreamPool
+from polar_gym.schema import VersionSpan
 
-__all__ = ["SGLangTokenInEngine", "StreamedAnswer", "TokenInEngine", "VLLMTokenInEngine", "completions_body",
-           "keep_token_in_result", "parse_reply", "plan_prompt", "token_in_result"]
+__all__ = ["Generation", "SGLangTokenInEngine", "StreamedAnswer", "TokenInEngine", "VLLMTokenInEngine",
+           "completions_body", "keep_token_in_result", "parse_reply", "plan_prompt", "sent_prompt", "token_in_result"]
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
 
@@ -101,6 +110,19 @@ def token_in_result(engine: str, parser: OutputParser, request: ChatRequest, pla
     return result, parsed
 
 
+def _spend(params: dict[str, Any], budgets: tuple[str, str], sampled: int) -> bool:
+    """Reduce a continuation's token budgets (maximum, minimum) by the ``sampled`` tokens; False when the maximum
+    is spent."""
+    most, least = budgets
+    if isinstance(params.get(most), int):
+        params[most] -= sampled
+        if params[most] <= 0:
+            return False
+    if isinstance(params.get(least), int):
+        params[least] = max(params[least] - sampled, 0)
+    return True
+
+
 @dataclass
 class StreamedAnswer:
     """A streamed answer read so far: what the chunks carried, added up (the engine's chunk reader fills it)."""
@@ -115,11 +137,70 @@ class StreamedAnswer:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def sent_prompt(plan: PromptPlan, answer: StreamedAnswer, sampled: int) -> list[int]:
+    """The prompt of a generation's segment that starts after ``sampled`` tokens: the plan's and those tokens."""
+    return list(plan.prompt_ids) + answer.response_ids[:sampled] if sampled else plan.prompt_ids
+
+
+@dataclass
+class Generation:
+    """A token-in generation across weight updates (:meth:`TokenInEngine.generate`): the tokens every segment (one
+    upstream call, cut by an update or run to its end) sampled, added up; which version sampled which; the cuts."""
+
+    plan: PromptPlan
+    answer: StreamedAnswer = field(default_factory=StreamedAnswer)
+    spans: list[VersionSpan] = field(default_factory=list)
+    cuts: int = 0
+    server: str | None = None
+    upstream_seconds: float = 0.0
+    #: after a cut, the text is decoded here: ``text`` of ``response_ids[:decoded]`` (a clean character boundary)
+    decoded: int = 0
+    text: str = ""
+
+    def stamp(self, start: int, end: int, version: int | str | None) -> None:
+        """``response_ids[start:end]`` were sampled under ``version`` (joined to the last span when it is the same)."""
+        if end <= start:
+            return
+        if self.spans and self.spans[-1]["policy_version"] == version:
+            self.spans[-1]["end"] = end
+        else:
+            self.spans.append(VersionSpan(start=start, end=end, policy_version=version))
+
+    def cut(self, tokenizer: HFChatTokenizer) -> None:
+        """A weight update cut the generation: from now on its text is decoded from its IDs, starting at the last
+        clean character boundary (a multi-byte character may straddle the cut)."""
+        self.cuts += 1
+        if self.cuts > 1:
+            return
+        ids = self.answer.response_ids
+        for upto in range(len(ids), max(len(ids) - 4, 0) - 1, -1):
+            text = tokenizer.decode(ids[:upto]) if upto else ""
+            if not text.endswith("\ufffd"):
+                self.decoded, self.text = upto, text
+                break
+        self.answer.text = self.text
+
+    def decode_more(self, tokenizer: HFChatTokenizer) -> str:
+        """The text of every token so far, decoding only those past the last clean boundary (one token of context
+        before them, so a tokenizer that drops a leading space decodes them as in the whole)."""
+        ids, at = self.answer.response_ids, self.decoded
+        context = tokenizer.decode(ids[at - 1:at]) if at else ""
+        whole = tokenizer.decode(ids[max(at - 1, 0):])
+        piece = whole[len(context):] if whole.startswith(context) else tokenizer.decode(ids[at:])
+        if piece.endswith("\ufffd"):  # a character still arriving: shown once whole
+            return self.text + piece.rstrip("\ufffd")
+        self.text += piece
+        self.decoded = len(ids)
+        return self.text
+
+
 class TokenInEngine(HttpEngine):
     """An engine fed exact token IDs: subclasses supply the upstream body and read the answer back."""
 
     prompt_mode: ClassVar[str] = "token_in"
     can_stream: ClassVar[bool] = True
+    #: read a non-streamed call's answer as a stream too, so a weight update can cut it instead of waiting for it
+    cut_non_streamed: bool = True
 
     def __init__(self, tokenizer: HFChatTokenizer, parser: OutputParser, pool: UpstreamPool | None = None,
                  client: httpx.AsyncClient | None = None, timeout: float = 600.0,
@@ -152,69 +233,166 @@ class TokenInEngine(HttpEngine):
         raise NotImplementedError("token-in engines parse through read_answer")
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        """One call answered whole. With ``cut_non_streamed`` (the default) the upstream answer is read as a stream
+        all the same, so a weight update can cut it (see :meth:`generate`); else as one JSON answer, which a
+        weight update waits for."""
         plan = await plan_prompt(self.renderer, request, session_id)
+        if self.cut_non_streamed:
+            gen = Generation(plan)
+            async with contextlib.aclosing(self.generate(request, session_id, gen)) as pieces:
+                async for _ in pieces:
+                    pass
+            result, parsed = self.generation_result(request, gen)
+        else:
+            result, parsed = await self._complete_whole(request, session_id, plan)
+        keep_token_in_result(self.renderer, session_id, plan, parsed, result)
+        return result
+
+    async def _complete_whole(self, request: ChatRequest, session_id: str,
+                              plan: PromptPlan) -> tuple[ChatResult, ParsedReply]:
         parsed: list[ParsedReply] = []
 
         def read(data: dict[str, Any]) -> ChatResult:
-            prompt_ids, response_ids, logprobs, text, finish, extra = self.read_answer(data, plan)
-            if prompt_ids != plan.prompt_ids:
-                raise ValueError("the engine reports other prompt token IDs than the ones sent")
-            parsed.append(parse_reply(self.parser, text, request, plan))
-            reason: FinishReason = _FINISH.get(finish, "stop")
-            if parsed[0].message.tool_calls and reason == "stop":
-                reason = "tool_calls"
-            result = ChatResult(message=parsed[0].message, finish_reason=reason, prompt_ids=prompt_ids,
-                                response_ids=response_ids, response_logprobs=logprobs,
-                                usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(response_ids)),
-                                engine=self.name)
-            result.raw.update(extra)
+            result, reply = token_in_result(self.name, self.parser, request, plan, self.read_answer(data, plan))
+            parsed.append(reply)
             return result
 
         result = await self.exchange(session_id, self.token_body(request, plan), read)
-        keep_token_in_result(self.renderer, session_id, plan, parsed[0], result)
-        return result
+        return result, parsed[0]
 
     async def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
-        """The same call as :meth:`complete`, streamed: the answer's chunks are read into a StreamedAnswer, each
-        yields the tokens it added and the text the parser can already tell is plain reasoning or content; the
-        last piece is the result :meth:`complete` builds from the same tokens."""
+        """The same call as :meth:`complete`, streamed: each chunk yields the tokens it added and the text the
+        parser can already tell is plain reasoning or content; the last piece is the result :meth:`complete` builds
+        from the same tokens. A weight update's cut only pauses the stream (see :meth:`generate`)."""
         plan = await plan_prompt(self.renderer, request, session_id)
-        body = self.token_body(request, plan)
-        body["stream"] = True
-        if self.upstream_model is not None and "model" in body:
-            body["model"] = self.upstream_model
-        answer = StreamedAnswer()
-        reasoning, content, started_stream, chunks = "", "", False, 0
-        async with self.pool.lease(session_id) as server:
-            started = time.perf_counter()
-            async for chunk in self.post_stream(server.url, self.path, body, session_id):
-                if not started_stream:  # the server took the call: the stream opens (its prompt is the plan's)
-                    started_stream = True
+        gen = Generation(plan)
+        reasoning, content = "", ""
+        async with contextlib.aclosing(self.generate(request, session_id, gen)) as pieces:
+            async for piece in pieces:
+                if piece is None:  # the server took the call: the stream opens (its prompt is the plan's)
                     yield StreamStart(list(plan.prompt_ids))
-                if chunk is None:
                     continue
-                chunks += 1
-                with translate_upstream_errors(server.url):
-                    ids, logprobs = self.read_chunk(answer, chunk)
-                r, c = self.parser.stream_prefix(answer.text, thinking=plan.thinking)
+                ids, logprobs = piece
+                r, c = self.parser.stream_prefix(gen.answer.text, thinking=plan.thinking)
                 if ids or len(r) > len(reasoning) or len(c) > len(content):
                     yield StreamDelta(ids, logprobs, r[len(reasoning):], c[len(content):])
                     reasoning, content = max(r, reasoning, key=len), max(c, content, key=len)
-            with translate_upstream_errors(server.url):
-                if not chunks:
-                    raise ValueError("the stream carried no chunk")
-                if answer.finish is None:
-                    raise ValueError("the stream ended without a finish reason")
-                result, parsed = token_in_result(
-                    self.name, self.parser, request, plan,
-                    (answer.prompt_ids if answer.prompt_ids is not None else list(plan.prompt_ids),
-                     answer.response_ids, answer.logprobs if answer.logprobs_whole else [], answer.text,
-                     answer.finish, answer.extra))
-            result.server = server.url
-            result.policy_version = self.pool.policy_version
-            result.raw["upstream_seconds"] = time.perf_counter() - started
+        result, parsed = self.generation_result(request, gen)
         keep_token_in_result(self.renderer, session_id, plan, parsed, result)
         yield result
+
+    def continuation_body(self, body: dict[str, Any], prompt_ids: list[int], sampled: int) -> dict[str, Any] | None:
+        """The body that continues ``body``'s generation after ``sampled`` tokens: ``prompt_ids`` (the plan's prompt
+        and the tokens so far) as the prompt, the token budgets reduced by ``sampled``, everything else the same;
+        None when the budget is spent."""
+        raise NotImplementedError
+
+    async def generate(self, request: ChatRequest, session_id: str,
+                       gen: Generation) -> AsyncGenerator[tuple[list[int], list[float]] | None, None]:
+        """Sample ``gen.plan``'s answer as a stream into ``gen``: None once the server took the call, then the tokens
+        and logprobs of each chunk. A cutting pause (a weight update) cancels the upstream read (the stream
+        closes: the server aborts the request); the tokens read so far are kept, and once the pool resumes the
+        generation continues from them (:meth:`continuation_body`) on a server of the new version; it may be cut
+        again. Which version sampled which tokens goes to ``gen.spans``."""
+        body = self.token_body(request, gen.plan)
+        body["stream"] = True
+        if self.upstream_model is not None and "model" in body:
+            body["model"] = self.upstream_model
+        answer, sent, accepted = gen.answer, body, False
+        while True:
+            segment, cut, start = StreamedAnswer(), Cut(), len(answer.response_ids)
+            async with self.pool.lease(session_id, cut) as server:
+                started = time.perf_counter()
+                chunks = 0
+                upstream = self.post_stream(server.url, self.path, sent, session_id)
+                task = asyncio.current_task()
+                try:
+                    while not cut.requested:
+                        cut.task = task  # a cutting pause cancels this read, and only this read (see Cut)
+                        try:
+                            chunk = await upstream.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        except asyncio.CancelledError:
+                            if not cut.cancelled_by_cut():
+                                raise
+                            break
+                        finally:
+                            cut.task = None
+                        if chunk is None:
+                            if not accepted:
+                                accepted = True
+                                yield None
+                            continue
+                        chunks += 1
+                        with translate_upstream_errors(server.url):
+                            ids, logprobs = (self.read_chunk(segment, chunk) if not isinstance(chunk, WholeAnswer)
+                                             else self._read_whole(segment, chunk, gen, start))
+                        self._take(gen, segment, ids, logprobs)
+                        yield ids, logprobs
+                finally:
+                    await upstream.aclose()
+                gen.server = server.url
+                gen.upstream_seconds += time.perf_counter() - started
+                version = self.pool.policy_version
+                cut_here = cut.requested and segment.finish is None
+                with translate_upstream_errors(server.url):
+                    if segment.prompt_ids is not None and segment.prompt_ids != sent_prompt(gen.plan, answer, start):
+                        raise ValueError("the engine reports other prompt token IDs than the ones sent")
+                    if not cut_here and not chunks:
+                        raise ValueError("the stream carried no chunk")
+                    if not cut_here and segment.finish is None:
+                        raise ValueError("the stream ended without a finish reason")
+            gen.stamp(start, len(answer.response_ids), version)
+            answer.finish = segment.finish
+            answer.extra.update(segment.extra)
+            if not cut_here:
+                return
+            cut.done = True
+            gen.cut(self.tokenizer)
+            following = self.continuation_body(body, sent_prompt(gen.plan, answer, len(answer.response_ids)),
+                                               len(answer.response_ids))
+            if following is None:  # cut after its last token, before the finish came: nothing left to sample
+                answer.finish = "length"
+                return
+            sent = following
+
+    def _read_whole(self, segment: StreamedAnswer, body: dict[str, Any], gen: Generation,
+                    start: int) -> tuple[list[int], list[float]]:
+        """A segment answered whole (a server that ignored ``stream``): read as a non-streamed answer."""
+        plan = gen.plan if not start else replace(gen.plan, prompt_ids=sent_prompt(gen.plan, gen.answer, start))
+        prompt_ids, ids, logprobs, text, finish, extra = self.read_answer(body, plan)
+        segment.prompt_ids, segment.response_ids, segment.logprobs = prompt_ids, ids, logprobs
+        segment.text, segment.finish, segment.extra = text, finish, extra
+        return ids, logprobs
+
+    def _take(self, gen: Generation, segment: StreamedAnswer, ids: list[int], logprobs: list[float]) -> None:
+        """A chunk's tokens join the generation's; its text is the upstream's until a cut, decoded from the IDs
+        after one (each segment's upstream text starts afresh, and a character may straddle the cut)."""
+        answer = gen.answer
+        answer.response_ids += ids
+        answer.logprobs += logprobs
+        answer.logprobs_whole = answer.logprobs_whole and segment.logprobs_whole
+        answer.text = segment.text if not gen.cuts else gen.decode_more(self.tokenizer)
+
+    def generation_result(self, request: ChatRequest, gen: Generation) -> tuple[ChatResult, ParsedReply]:
+        """The ChatResult of a finished generation: the plan's prompt, every sampled token and logprob, the text of
+        them all, the last segment's finish reason; the version of the last token, and per version its tokens when
+        several sampled them."""
+        answer = gen.answer
+        text = answer.text if not gen.cuts else self.tokenizer.decode(answer.response_ids)
+        result, parsed = token_in_result(
+            self.name, self.parser, request, gen.plan,
+            (list(gen.plan.prompt_ids), answer.response_ids, answer.logprobs if answer.logprobs_whole else [], text,
+             answer.finish or "stop", answer.extra))
+        result.server = gen.server
+        result.policy_version = gen.spans[-1]["policy_version"] if gen.spans else self.pool.policy_version
+        if len(gen.spans) > 1:
+            result.version_spans = gen.spans
+        result.raw["upstream_seconds"] = gen.upstream_seconds
+        if gen.cuts:
+            result.raw["cuts"] = gen.cuts
+        return result, parsed
 
     async def count_tokens(self, request: ChatRequest, session_id: str) -> int:
         plan = await asyncio.to_thread(self.renderer.plan, request, session_id)
@@ -237,6 +415,10 @@ class VLLMTokenInEngine(TokenInEngine):
 
     def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
         return completions_body(request, plan.prompt_ids, self.tokenizer.end_of_turn_ids)
+
+    def continuation_body(self, body: dict[str, Any], prompt_ids: list[int], sampled: int) -> dict[str, Any] | None:
+        following = {**body, "prompt": prompt_ids}
+        return following if _spend(following, ("max_tokens", "min_tokens"), sampled) else None
 
     def read_answer(self, body: dict[str, Any],
                     plan: PromptPlan) -> tuple[list[int], list[int], list[float], str, str, dict[str, Any]]:
@@ -294,6 +476,12 @@ class SGLangTokenInEngine(TokenInEngine):
         params["stop_token_ids"] = list(self.tokenizer.end_of_turn_ids)
         params["skip_special_tokens"] = False
         return {"input_ids": plan.prompt_ids, "sampling_params": params, "return_logprob": True, "stream": False}
+
+    def continuation_body(self, body: dict[str, Any], prompt_ids: list[int], sampled: int) -> dict[str, Any] | None:
+        params = dict(body["sampling_params"])
+        if not _spend(params, ("max_new_tokens", "min_new_tokens"), sampled):
+            return None
+        return {**body, "input_ids": prompt_ids, "sampling_params": params}
 
     def read_answer(self, body: dict[str, Any],
                     plan: PromptPlan) -> tuple[list[int], list[int], list[float], str, str, dict[str, Any]]:

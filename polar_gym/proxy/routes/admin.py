@@ -5,7 +5,9 @@ envelope): session registration, and the engine pool's upstreams, pause and resu
     DELETE /admin/sessions/{id}        revoke it
     GET    /admin/upstreams            the pool: servers, paused, policy version
     POST   /admin/upstreams            add a server; POST /admin/upstreams/remove drops one
-    POST   /admin/pause, /admin/resume hold new model calls (in-flight ones drain), then resume under a new version
+    POST   /admin/pause, /admin/resume hold new model calls (in-flight ones drain, or token-in generations are cut:
+                                       body {"in_flight": "cut" | "wait"}, cut by default), then resume under a
+                                       new version
     POST   /admin/weights              pause, load a checkpoint into every upstream, resume under its version
                                        (polar_gym.proxy.weights; 409 weights_unsupported, 502 weight_update_failed
                                        naming the server, 504 drain_timeout); with ``servers``, swap in servers
@@ -26,7 +28,7 @@ from polar_gym.proxy.errors import SessionMetadataError, WeightsUnsupported, Wei
 from polar_gym.proxy.routes.common import proxy_service
 from polar_gym.proxy.service import SessionInfo, new_session_key
 from polar_gym.proxy.weights import DrainTimeout, NothingStaged, undo_staged_update, update_pool_weights
-from polar_gym.schema import WeightUpdateReply, WeightUpdateRequest
+from polar_gym.schema import PauseRequest, WeightUpdateReply, WeightUpdateRequest
 from polar_gym.web import ADMIN_ONLY, ApiError
 
 __all__ = ["Resume", "SessionRegistration", "UpstreamAdd", "UpstreamChange", "router"]
@@ -97,10 +99,10 @@ async def remove_upstream(request: Request, body: UpstreamChange) -> dict[str, A
 
 
 @router.post("/pause")
-async def pause(request: Request) -> dict[str, Any]:
+async def pause(request: Request, body: PauseRequest | None = None) -> dict[str, Any]:
     started = time.perf_counter()
-    await proxy_service(request).engine.pool.pause()
-    return {"paused": True, "drained_seconds": time.perf_counter() - started}
+    cut = await proxy_service(request).engine.pool.pause(in_flight=(body or PauseRequest()).in_flight)
+    return {"paused": True, "drained_seconds": time.perf_counter() - started, "cut": cut}
 
 
 @router.post("/resume")
