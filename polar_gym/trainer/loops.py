@@ -267,6 +267,7 @@ async def _grpo_step(step: int, settings: TrainerSettings, trainer: Trainer, fee
         row.update({"loss": report.loss, "tokens": report.tokens, "grad_norm": report.grad_norm, **report.stats})
     row.update({"trained": judge.verdict.trained, "not_trained_reasons": list(judge.verdict.reasons),
                 "train_seconds": time.monotonic() - train_started})
+    row.update(_token_counts(results, sequences, row, settings.completed_only))
     row.update(await _evaluate(scorer, trainer.model))
     checkpoint = await asyncio.to_thread(trainer.save, out_dir / "checkpoints" / f"step-{step}")
     version = settings.initial_version + step
@@ -288,6 +289,25 @@ async def _grpo_step(step: int, settings: TrainerSettings, trainer: Trainer, fee
     _finish(log, out_dir, keys + (list(STALENESS_PLOT_KEYS) if settings.max_staleness else []), "GRPO")
     _prune(out_dir / "checkpoints", checkpoint, settings.save_every)
     return checkpoint
+
+
+def _token_counts(results: Sequence[SessionResult], sequences: Sequence[TrainSequence], row: Mapping[str, Any],
+                  completed_only: bool) -> dict[str, int]:
+    """Where every sampled token of the step went: ``tokens/sampled`` (trained tokens of every trace, a dropped
+    group's included) = ``tokens/trained`` + the ``masked_tokens/*`` counts, each a reason (stale group, older
+    version of a mixed trace, a session that did not complete, a session weight of 0, the rollout correction's mask,
+    a step the verdict refused)."""
+    traced = [(r, sum(t.loss_mask)) for r in results if r.trajectory is not None for t in r.trajectory.traces]
+    incomplete = sum(n for r, n in traced if completed_only and r.status is not SessionStatus.COMPLETED)
+    in_batch = sum(sum(s.loss_mask) for s in sequences)
+    zero_weight = sum(sum(s.loss_mask) for s in sequences if s.weight == 0)
+    trained = bool(row.get("trained")) and "loss" in row
+    correction = int(row.get("masked_tokens/rollout_correction", 0)) if trained else 0
+    return {"tokens/sampled": sum(n for _, n in traced) + int(row.get("masked_tokens/stale", 0)),
+            "tokens/trained": in_batch - zero_weight - correction if trained else 0,
+            "masked_tokens/incomplete": incomplete, "masked_tokens/zero_weight": zero_weight if trained else 0,
+            "masked_tokens/rollout_correction": correction,
+            "masked_tokens/not_trained": 0 if trained else in_batch}
 
 
 def _staleness_row(batch: Batch, results: Sequence[SessionResult], trainer_version: int,

@@ -62,7 +62,11 @@ def _tasks(samples: int = 4) -> list[TaskRequest]:
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (out / "train_metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "train_metrics.jsonl").read_text().splitlines()]
+    for row in rows:  # every sampled token is trained or masked with a reason
+        masked = sum(v for k, v in row.items() if k.startswith("masked_tokens/"))
+        assert row["tokens/sampled"] == row["tokens/trained"] + masked, row
+    return rows
 
 
 async def test_staleness_one_samples_the_next_round_before_the_update_and_logs_each_samples_age(
@@ -108,6 +112,7 @@ async def test_a_group_overtaken_by_later_rounds_is_dropped_when_stale_and_repla
     rows = _rows(tmp_path / "run")
     dropped = [r for r in rows if r["stale_groups_dropped"]]
     assert len(dropped) == 1 and dropped[0]["masked_tokens/stale"] == 16  # 4 sessions x 4 sampled tokens
+    assert dropped[0]["tokens/sampled"] == 16 * 3 and dropped[0]["tokens/trained"] == 16 * 2
     assert all(r["staleness/max"] <= 1 for r in rows)  # what was trained stayed within the bound
     retries = [t.task_id for t in fleet.submitted if "retry" in t.task_id]
     assert retries and retries[0].startswith("demo-calc-add-step1-retry")
