@@ -25,7 +25,7 @@ NOT_TRAINED: dict[str, str] = {
     NO_TRACES: "no trainable trace (no completed session sampled a token)",
     NO_SIGNAL: "every group's rewards were equal (no signal)",
     NOT_POLICY_SAMPLED: "the traces were not sampled by the policy (a scripted engine such as the oracle)",
-    MISMATCH: "the trainer's logprobs were far from the engine's (audit/logprob_abs_diff_mean above "
+    MISMATCH: "the trainer's logprobs were far from the engine's (trainer.mismatch_metric above "
               "trainer.max_mismatch)",
 }
 

@@ -30,7 +30,7 @@ RETIRED_KEYS = {
 
 
 #: trainer.max_mismatch's default on audit/logprob_abs_diff_mean (nats), see docs/trainer/correction.md
-MAX_MISMATCH_DEFAULT = 0.5
+MAX_MISMATCH_DEFAULT = 2e-4
 
 
 class TrainerSettings(BaseModel):
@@ -91,8 +91,9 @@ class TrainerSettings(BaseModel):
     max_mismatch: float | None = Field(default=MAX_MISMATCH_DEFAULT, gt=0, description="grpo: a step whose "
                                        "mismatch_metric is above this is not trained (the engine does not run the "
                                        "weights being trained: another model, another dtype, a reload that did not "
-                                       "happen); the default passes fp32 vLLM (~2e-5 nats mean) and refuses a bf16 "
-                                       "engine against an fp32 trainer; null: no bound")
+                                       "happen); the default (on audit/logprob_abs_diff_mean, nats) passes fp32 vLLM "
+                                       "(~2e-5 and less) and an fp16 one (~1.3e-4), and refuses a bf16 engine "
+                                       "against an fp32 trainer (~1e-3): docs/trainer/correction.md; null: no bound")
     dtype: Dtype = Field(default="float32", description="grpo/sft: the trainer's weights and compute dtype")
     lm_head_fp32: bool = Field(default=False, description="the output layer computes in fp32 whatever dtype (hidden "
                                "states and head weights upcast)")

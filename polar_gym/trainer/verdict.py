@@ -7,8 +7,9 @@ A step is not counted as training, and its update is skipped, when (codes from :
   move the optimizer's state (the oracle's reward 1.000 in every session);
 - ``not_policy_sampled``: a trace was not sampled by the policy (:func:`sampled_by_policy`): its tokens are a
   script's, so a policy gradient on them is not on-policy learning of anything;
-- ``mismatch``: the trainer's logprobs of the sampled tokens are far from the engine's
-  (``audit/logprob_abs_diff_mean`` above ``trainer.max_mismatch``): the engine does not run the weights being
+- ``mismatch``: the trainer's logprobs of the sampled tokens are far from the engine's (``trainer.mismatch_metric``,
+  by default ``audit/logprob_abs_diff_mean``, above ``trainer.max_mismatch``; each token scored by the weights of
+  the version that sampled it, :class:`polar_gym.trainer.policy.Trainer`): the engine does not run the weights being
   trained (another model, another dtype, a reload that did not happen), so the ratio is meaningless.
 
 The GRPO loop calls :func:`step_verdict` after the forward pass and before the optimizer step, writes
@@ -24,7 +25,11 @@ from dataclasses import dataclass
 from polar_gym.report.training import MISMATCH, NO_SIGNAL, NO_TRACES, NOT_POLICY_SAMPLED, NOT_TRAINED
 from polar_gym.schema import Trace
 
-__all__ = ["SCRIPTED_ENGINES", "StepVerdict", "sampled_by_policy", "step_verdict"]
+__all__ = ["DEFAULT_METRIC", "SCRIPTED_ENGINES", "StepVerdict", "mismatch_message", "sampled_by_policy",
+           "step_verdict"]
+
+#: ``trainer.mismatch_metric``'s default
+DEFAULT_METRIC = "audit/logprob_abs_diff_mean"
 
 #: engines whose "samples" are a script's, not a model's (their logprobs are made up)
 SCRIPTED_ENGINES = frozenset({"oracle"})
@@ -61,6 +66,17 @@ def sampled_by_policy(trace: Trace) -> bool:
     return not (_engines(trace) & SCRIPTED_ENGINES)
 
 
+def mismatch_message(metric: str, value: float, bound: float) -> str:
+    """Why a step was refused for mismatch, and what to do (the console line and the report's)."""
+    unit = " nats" if metric.startswith("audit/logprob_abs_diff") else ""
+    return (f"trainer-vs-engine mismatch {metric} = {value:.4g}{unit} > trainer.max_mismatch {bound:g} (each token "
+            "scored by the weights of the version that sampled it): the engine does not compute what these weights "
+            "do (another model, another dtype, a weight reload that did not happen); serve the policy in the "
+            "trainer's dtype (trainer.engine_dtype, `python -m polar_gym.trainer serve --dtype`), or, where a "
+            "bf16 engine is meant (GPUs), raise trainer.max_mismatch and set trainer.rollout_correction "
+            "(docs/trainer/correction.md)")
+
+
 def _no_signal(rewards: Sequence[float], groups: Sequence[str], eps: float) -> bool:
     by_group: dict[str, list[float]] = {}
     for group, reward in zip(groups, rewards, strict=True):
@@ -70,11 +86,12 @@ def _no_signal(rewards: Sequence[float], groups: Sequence[str], eps: float) -> b
 
 def step_verdict(rewards: Sequence[float], groups: Sequence[str], traces: Iterable[Trace], *,
                  mismatch: float | None = None, max_mismatch: float | None = None,
-                 eps: float = 1e-9) -> StepVerdict:
+                 mismatch_metric: str = DEFAULT_METRIC, eps: float = 1e-9) -> StepVerdict:
     """Whether a GRPO step trains. ``rewards`` and ``groups``: one per trained trace, the rewards the advantages
     are computed from (after ``shuffle_rewards``, so a control step still trains); ``traces``: the step's trained
-    traces; ``mismatch``: the step's ``audit/logprob_abs_diff_mean`` (None: not measured, e.g. no finite token);
-    ``max_mismatch``: ``trainer.max_mismatch`` (None: no bound). Every reason that holds is listed."""
+    traces; ``mismatch``: the step's value of ``mismatch_metric`` (``trainer.mismatch_metric``; None: not
+    measured, e.g. no finite token); ``max_mismatch``: ``trainer.max_mismatch`` (None: no bound). Every reason that
+    holds is listed."""
     if len(rewards) != len(groups):
         raise ValueError(f"{len(rewards)} rewards for {len(groups)} groups")
     traces = list(traces)
@@ -93,8 +110,7 @@ def step_verdict(rewards: Sequence[float], groups: Sequence[str], traces: Iterab
                        f"({', '.join(engines)}): set an engine that serves the model being trained")
     if mismatch is not None and max_mismatch is not None and mismatch > max_mismatch:
         reasons.append(MISMATCH)
-        details.append(f"mean |Δ logprob| between trainer and engine {mismatch:.4g} nats > trainer.max_mismatch "
-                       f"{max_mismatch:g} (the engine does not run the weights being trained)")
+        details.append(mismatch_message(mismatch_metric, mismatch, max_mismatch))
     if not reasons:
         return StepVerdict(True, (), "trained")
     return StepVerdict(False, tuple(reasons), "not trained: " + "; ".join(details))

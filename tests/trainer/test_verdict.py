@@ -55,7 +55,11 @@ def test_the_issue_run_on_the_oracle_lists_every_reason() -> None:
     assert not verdict.trained
     assert verdict.reasons == (NO_SIGNAL, NOT_POLICY_SAMPLED, MISMATCH)
     assert "2 of 2 traces were not sampled by the policy (oracle)" in verdict.message
-    assert "10.98 nats > trainer.max_mismatch 0.5" in verdict.message
+    assert "audit/logprob_abs_diff_mean = 10.98 nats > trainer.max_mismatch 0.5" in verdict.message
+    assert "trainer.engine_dtype" in verdict.message and "trainer.rollout_correction" in verdict.message
+    other = step_verdict([1.0, 0.0], ["t", "t"], [trace("vllm")], mismatch=3e-6, max_mismatch=1e-7,
+                         mismatch_metric="rollout_corr/k3_kl")
+    assert "rollout_corr/k3_kl = 3e-06 > trainer.max_mismatch 1e-07" in other.message
 
 
 def test_oracle_traces_with_a_reward_spread_still_do_not_train() -> None:
