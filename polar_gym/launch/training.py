@@ -153,7 +153,8 @@ def policy_server(job: LaunchJob, port: int | None = None) -> PolicyServer | Non
         raise ConfigError(f"{why}, but {model} is not a model directory (no config.json): {hint}",
                           key="trainer.model")
     port = port or free_port()
-    command = [sys.executable, "-m", "polar_gym.trainer", "serve", str(model), "--port", str(port)]
+    command = [sys.executable, "-m", "polar_gym.trainer", "serve", str(model), "--port", str(port),
+               "--dtype", job.trainer.engine_dtype]
     return PolicyServer(command, port, model, job.out_dir / "trainer" / "vllm-server.log")
 
 
@@ -205,7 +206,8 @@ async def started_policy_server(server: PolicyServer, console: Console, *, wait_
                                    stdin=subprocess.DEVNULL, cwd=str(server.log.parent), start_new_session=True)
     try:
         started = time.monotonic()
-        what = escape(f"starting the policy server (vLLM CPU, fp32) on {server.url}; log {server.log}")
+        dtype = server.command[server.command.index("--dtype") + 1] if "--dtype" in server.command else "float32"
+        what = escape(f"starting the policy server (vLLM CPU, {dtype}) on {server.url}; log {server.log}")
         with console.status(what) as status:
             async with httpx.AsyncClient(timeout=2.0) as client:
                 while True:

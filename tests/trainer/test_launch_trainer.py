@@ -99,8 +99,11 @@ def test_grpo_on_the_oracle_serves_the_model_being_trained(tmp_path: Path, monke
     job = build_job(composed("+trainer=grpo", f"trainer.model={model}", "trainer.initial_version=3",
                              f"out_dir={out}"))
     server = policy_server(job, port=43123)
-    assert server == PolicyServer([sys.executable, "-m", "polar_gym.trainer", "serve", str(model), "--port", "43123"],
-                                  43123, model, out / "trainer" / "vllm-server.log")
+    assert server == PolicyServer([sys.executable, "-m", "polar_gym.trainer", "serve", str(model), "--port", "43123",
+                                   "--dtype", "float32"], 43123, model, out / "trainer" / "vllm-server.log")
+    bf16 = policy_server(build_job(composed("+trainer=grpo", f"trainer.model={model}", "trainer.engine_dtype=bfloat16",
+                                            f"out_dir={out}")), port=43123)
+    assert bf16 is not None and bf16.command[-2:] == ["--dtype", "bfloat16"]  # trainer.engine_dtype
     printed = io.StringIO()
     Console(file=printed, width=400).print(f"[yellow]{escape(server.notice)}[/]")  # as the run prints it
     assert "training on it (inference=vllm inference.upstreams=[http://127.0.0.1:43123];" in printed.getvalue()
