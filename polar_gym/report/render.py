@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import html
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from polar_gym.report.model import (
     TIMED_STAGES,
@@ -209,6 +210,41 @@ def _not_trained_banner(run: RunData) -> str:
     return f'<p class="banner bad" id="not-trained">{_e(summary)}</p>' if summary else ""
 
 
+#: the per-step mismatch and correction columns (train_metrics.jsonl keys written by the GRPO trainer), in order
+CORRECTION_COLUMNS = (("|Δ logprob| mean", "audit/logprob_abs_diff_mean"), ("|Δ| max", "audit/logprob_abs_diff_max"),
+                      ("k3 KL", "rollout_corr/k3_kl"), ("χ² token", "rollout_corr/chi2_token"),
+                      ("IS weight mean", "rollout_corr/correction_is_mean"),
+                      ("ESS", "rollout_corr/correction_is_eff_sample_size"),
+                      ("truncated", "rollout_corr/correction_truncated_fraction"),
+                      ("masked tokens", "masked_tokens/rollout_correction"),
+                      ("tokens of unknown / dropped versions", "guard/tokens_unknown_version"))
+
+
+def _correction_section(run: RunData) -> str:
+    """Per GRPO step: the guard's mismatch metrics (each token against its sampling version's weights) and the
+    rollout correction's statistics, with whether the step trained; absent for runs whose rows lack them."""
+    rows = [r for r in run.train_rows if any(key in r for _, key in CORRECTION_COLUMNS)]
+    if not rows:
+        return ""
+
+    def cell(row: Mapping[str, Any], key: str) -> str:
+        value = row.get(key)
+        if key == "guard/tokens_unknown_version" and value is not None:
+            value = float(value) + float(row.get("guard/tokens_version_not_kept", 0.0))
+        return "-" if not isinstance(value, int | float) else f"{value:.3g}"
+
+    body = [[str(r.get("step", "")), "yes" if r.get("trained", True) else "no: " + ", ".join(
+        str(x) for x in r.get("not_trained_reasons", [])), *[cell(r, key) for _, key in CORRECTION_COLUMNS]]
+            for r in rows[:MAX_ROWS]]
+    table = _table(["step", "trained", *[name for name, _ in CORRECTION_COLUMNS]], body,
+                   numeric=range(2, 2 + len(CORRECTION_COLUMNS)))
+    return ('<section id="correction"><h2>Trainer vs engine: mismatch and correction</h2>'
+            '<p class="note">Mismatch: each token scored by the weights of the policy version that sampled it '
+            "(trainer.mismatch_metric above trainer.max_mismatch refuses the step). Correction: importance weights "
+            "of the current weights against the engine's logprobs (trainer.rollout_correction); masked tokens are "
+            f"not trained.</p>{table}{_more(len(rows))}</section>")
+
+
 def render_html(run: RunData, figures: Mapping[str, str], *, generated: datetime.datetime | None = None) -> str:
     """The whole page."""
     when = (generated or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -223,5 +259,5 @@ def render_html(run: RunData, figures: Mapping[str, str], *, generated: datetime
             f"<title>{_e(run.title)} · polar_gym run report</title><style>{_CSS}</style></head>\n<body>"
             f"<header><h1>{_e(run.title)}</h1><p>{_e(run.out_dir)} · generated {when}</p></header><main>"
             f"{_not_trained_banner(run)}{_cards(run)}{_sessions_section(run, figures)}{_rewards_section(run, figures)}"
-            f"{_timings_section(run, figures)}{_fidelity_section(run, figures)}{training}"
+            f"{_timings_section(run, figures)}{_fidelity_section(run, figures)}{training}{_correction_section(run)}"
             f"{_failures_section(run)}{_session_table(run)}{config}</main></body></html>\n")
