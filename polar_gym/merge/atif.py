@@ -121,9 +121,21 @@ class _Chain:
     unmatched: list[str | None] = field(default_factory=list)
 
 
+def _per_completion(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One span per completion: a generation a weight update cut has one per version (ATIF's step is the whole
+    call; it names the version of the last token, as the completion's record does)."""
+    out: list[dict[str, Any]] = []
+    for span in spans:
+        if out and span.get("cut") and out[-1].get("completion_id") == span.get("completion_id"):
+            out[-1] = {**out[-1], "end": span["end"], "policy_version": span.get("policy_version")}
+        else:
+            out.append(span)
+    return out
+
+
 def _sampled(trace: Trace, prompt_ids: bool) -> list[_Sampled]:
     meta = trace.metadata
-    spans = sorted(meta.get("spans") or [], key=lambda s: int(s["start"]))
+    spans = _per_completion(sorted(meta.get("spans") or [], key=lambda s: int(s["start"])))
     indices = dict(zip(meta.get("completion_ids") or [], meta.get("completion_indices") or [], strict=False))
     logprobs = trace.response_logprobs or None
     out = []

@@ -115,7 +115,11 @@ class TraceBuilder:
                 "prompt_mode": rec.prompt_mode}
         if rec.unparseable_tool_calls:  # sampled tool calls the proxy answered as text: a trainer may mask the span
             span["unparseable_tool_calls"] = rec.unparseable_tool_calls
-        self.spans.append(span)
+        if rec.version_spans:  # a generation weight updates cut: one span per version, each token its own version
+            self.spans += [{**span, "start": start + part["start"], "end": start + part["end"],
+                            "policy_version": part["policy_version"], "cut": True} for part in rec.version_spans]
+        else:
+            self.spans.append(span)
 
     def build(self, chain_index: int, extra: dict[str, Any] | None = None) -> Trace:
         first_msgs = _messages(self.first)
