@@ -126,3 +126,26 @@ def test_the_trainer_leaves_masked_tokens_out_and_counts_them(tmp_path: Path) ->
     advantages = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0])
     expected = -(torch.exp(logprobs - rollout) * advantages)[keep].mean()
     assert report.loss == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_a_bf16_trainer_with_an_fp32_head_trains_and_scores_in_fp32(tmp_path: Path) -> None:
+    settings = TrainerSettings(algorithm="grpo", dtype="bfloat16", lm_head_fp32=True, max_mismatch=None)
+    trainer = Trainer(settings, small_qwen3_dir(tmp_path))
+    assert next(trainer.model.parameters()).dtype == torch.bfloat16
+    report = trainer.grpo_step(_sequences())
+    assert report.logprobs.dtype == torch.float32 and report.grad_norm > 0
+
+
+def test_the_fp32_head_upcasts_hidden_states_and_weights() -> None:
+    from polar_gym.audit.recompute import head_logprobs
+    from tests.trainer._tiny import small_qwen3
+
+    model = small_qwen3().to(torch.bfloat16)
+    hidden = torch.randn(3, 32).to(torch.bfloat16)
+    targets = torch.tensor([1, 2, 3])
+    head = model.get_output_embeddings().weight
+    exact = torch.log_softmax(hidden.float() @ head.float().T, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    assert head_logprobs(model, hidden, targets, 2, fp32_head=True).tolist() == pytest.approx(exact.tolist(),
+                                                                                             abs=1e-6)
+    rounded = torch.log_softmax((hidden @ head.T).float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    assert head_logprobs(model, hidden, targets, 2).tolist() == pytest.approx(rounded.tolist(), abs=1e-6)
