@@ -422,7 +422,12 @@ async def run_arm(args: argparse.Namespace, spec: ArmSpec, sft: Path, references
 
 
 def _pin(cpus: str) -> None:
-    os.sched_setaffinity(0, {int(c) for part in cpus.split(",") for c in _expand(part)})
+    """Every thread of this process on ``cpus`` (sched_setaffinity sets one thread: the pools torch and the
+    tokenizers started at import keep theirs otherwise); threads started later inherit it."""
+    wanted = {c for part in cpus.split(",") for c in _expand(part)}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), wanted)
 
 
 def _expand(part: str) -> list[int]:
