@@ -1,11 +1,11 @@
-"""New weights into a running vLLM (CPU build, float32, tiny Qwen3) through the gateway's admin API, checked by
-logprobs rather than checksums: a session's call in flight when the update comes finishes first, entirely under the
-old weights (its logprobs equal transformers' on the old weights); a call made during the update waits and goes
-on; afterwards the engine's logprobs equal transformers' on the new weights (max |Δ| < 1e-4) and differ from the
-old ones, also on a turn whose prompt prefix the engine had cached before the update (the prefix cache must not
-keep old-weight values); records carry the old version before and the new one after. The checkpoint changes every
-tensor, the tied embedding / output layer included (vLLM's CPU build keeps a packed copy of it that a plain reload
-leaves stale: polar_vllm_worker)."""
+"""New weights into a running vLLM (CPU build, float32, tiny Qwen3) through the gateway's admin API, checked by logprobs
+rather than checksums: a session's call in flight when an ``in_flight: wait`` update comes finishes first, entirely
+under the old weights (its logprobs equal transformers' on the old weights); a call made during the update waits and
+goes on; afterwards the engine's logprobs equal transformers' on the new weights (max |Δ| < 1e-4) and differ from the
+old ones, also on a turn whose prompt prefix the engine had cached before the update (the prefix cache must not keep
+old-weight values); records carry the old version before and the new one after. The checkpoint changes every tensor,
+the tied embedding / output layer included (vLLM's CPU build keeps a packed copy of it that a plain reload leaves
+stale: polar_vllm_worker)."""
 
 from __future__ import annotations
 
@@ -147,8 +147,8 @@ async def run_updates(vllm_train_server: VLLMServer, training_proxy: ProxyServic
             opened = await call("cached", first, 24)  # its prefix sits in the engine's cache
             in_flight = asyncio.create_task(call("long", first, LONG))
             await until(lambda: any(s.in_flight for s in pool.servers()), what="a model call in flight")
-            update = asyncio.create_task(admin.update_weights(WeightUpdateRequest(checkpoint=str(new),
-                                                                                  policy_version=1)))
+            update = asyncio.create_task(admin.update_weights(WeightUpdateRequest(  # (a cut: test_partial_rollouts)
+                checkpoint=str(new), policy_version=1, in_flight="wait")))
             await until(lambda: pool.paused, what="the pool to pause")
             waiting = asyncio.create_task(call("waiting", first, 16))
             reply = await asyncio.wait_for(update, BOUND * 5)
