@@ -31,7 +31,13 @@ from polar_gym.trainer.pipeline import Batch, GroupFeed
 from polar_gym.trainer.policy import PAD_ID, Trainer
 from polar_gym.trainer.settings import TrainerSettings
 from polar_gym.trainer.sft_data import load_sft_file
-from polar_gym.trainer.staleness import mixed_version_mask, sample_age, staleness_stats, token_versions
+from polar_gym.trainer.staleness import (
+    mixed_version_mask,
+    numeric_version,
+    sample_age,
+    staleness_stats,
+    token_versions,
+)
 from polar_gym.trainer.step_eval import ReferenceScorer, reward_stats
 from polar_gym.trainer.verdict import step_verdict
 
@@ -143,11 +149,11 @@ def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = T
     advantages = group_advantages([reward for _, reward, *_ in rows], [g for g, *_ in rows])
     out = []
     for (g, reward, real, t, w), a in zip(rows, advantages, strict=True):
-        mask = t.loss_mask
-        if mixed_versions == "mask":
-            mask = mixed_version_mask(token_versions(len(t.response_ids), t.metadata), t.loss_mask)
+        versions = token_versions(len(t.response_ids), t.metadata)
+        mask = mixed_version_mask(versions, t.loss_mask) if mixed_versions == "mask" else t.loss_mask
         out.append(sequence_of_trace(t.prompt_ids, t.response_ids, mask, t.response_logprobs, reward=reward,
-                                     group=g, advantage=a, weight=w, true_reward=real))
+                                     group=g, advantage=a, weight=w, true_reward=real,
+                                     versions=[numeric_version(v) for v in versions]))
     return out
 
 
@@ -181,14 +187,15 @@ def _describe(row: Mapping[str, Any]) -> str:
 class _Judge:
     """The step's verdict, taken inside the update (it needs the mismatch the trainer measures before it)."""
 
-    def __init__(self, sequences: Sequence[TrainSequence], traces: Sequence[Trace], max_mismatch: float | None):
+    def __init__(self, sequences: Sequence[TrainSequence], traces: Sequence[Trace], max_mismatch: float | None,
+                 mismatch_metric: str):
         self.rewards, self.groups = [s.reward for s in sequences], [s.group for s in sequences]
-        self.traces, self.max_mismatch = traces, max_mismatch
+        self.traces, self.max_mismatch, self.metric = traces, max_mismatch, mismatch_metric
         self.verdict = step_verdict(self.rewards, self.groups, traces)
 
     def __call__(self, stats: Mapping[str, float]) -> bool:
         self.verdict = step_verdict(self.rewards, self.groups, self.traces, max_mismatch=self.max_mismatch,
-                                    mismatch=stats.get("audit/logprob_abs_diff_mean"))
+                                    mismatch=stats.get(self.metric), mismatch_metric=self.metric)
         return self.verdict.trained
 
 
@@ -260,7 +267,8 @@ async def _grpo_step(step: int, settings: TrainerSettings, trainer: Trainer, fee
     if settings.greedy_samples:
         greedy_stats = reward_stats(batch.greedy, "greedy")
         row.update({"eval/greedy_success": greedy_stats["greedy_mean"], "eval/greedy_n": greedy_stats["greedy_n"]})
-    judge = _Judge(sequences, _trained_traces(results, settings.completed_only), settings.max_mismatch)
+    judge = _Judge(sequences, _trained_traces(results, settings.completed_only), settings.max_mismatch,
+                   settings.mismatch_metric)
     train_started = time.monotonic()
     if sequences and any(s.weight > 0 for s in sequences):
         report = await asyncio.to_thread(trainer.grpo_step, sequences, judge)
@@ -275,6 +283,7 @@ async def _grpo_step(step: int, settings: TrainerSettings, trainer: Trainer, fee
         push_started = time.monotonic()
         await weights.update_weights(str(checkpoint), version)
         row["push_seconds"] = time.monotonic() - push_started
+    trainer.keep_version(version)  # the guard scores this version's samples with these weights from now on
     row["seconds"] = time.monotonic() - started
     _write(log, row, sinks)
     echo(f"grpo step {step}: {_describe(row)}; traces {len(sequences)} -> version {version} "
