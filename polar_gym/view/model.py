@@ -135,7 +135,11 @@ def call_rows(traces: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list
     where: dict[str, tuple[int, dict[str, Any]]] = {}
     for index, trace in enumerate(traces):
         for span in _spans(trace):
-            where.setdefault(str(span.get("completion_id")), (index, span))
+            cid = str(span.get("completion_id"))
+            if cid not in where:
+                where[cid] = (index, dict(span))
+            elif where[cid][0] == index and "end" in span:  # a generation cut by weight updates: one span a version
+                where[cid][1]["end"] = span["end"]
     rows, seen = [], set()
     t0 = min((c["started_at"] for c in calls if _number(c.get("started_at")) is not None), default=None)
     for call in calls:

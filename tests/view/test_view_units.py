@@ -9,7 +9,7 @@ import pytest
 
 from polar_gym.view import OutDirSource, TokenText, find_tokenizer
 from polar_gym.view.__main__ import parse_args
-from polar_gym.view.model import error_cause, valid_session_id
+from polar_gym.view.model import call_rows, error_cause, valid_session_id
 from tests.view._view_kit import make_session, write_run
 
 
@@ -84,3 +84,16 @@ def test_cli_needs_a_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[st
     run = write_run(tmp_path / "run", [make_session("s")])
     args = parse_args([str(run), "--port", "0", "--ids"])
     assert args.host == "127.0.0.1" and args.port == 0 and args.ids
+
+
+def test_a_call_cut_by_weight_updates_is_one_row_over_all_its_tokens() -> None:
+    """A generation cut by a weight update is one model call whose trace span the builders split per version
+    (``cut: true``): the viewer's call row covers every token of it, and keeps the record's final version."""
+    spans = [{"completion_id": "c1", "start": 0, "end": 4, "policy_version": 0},
+             {"completion_id": "c2", "start": 6, "end": 9, "policy_version": 0, "cut": True},
+             {"completion_id": "c2", "start": 9, "end": 15, "policy_version": 1, "cut": True}]
+    traces = [{"metadata": {"spans": spans}}]
+    calls = [{"completion_id": "c1", "policy_version": 0}, {"completion_id": "c2", "policy_version": 1}]
+    rows = call_rows(traces, calls)
+    assert [(r["completion_id"], r["span"], r["policy_version"]) for r in rows] == [
+        ("c1", [0, 4], 0), ("c2", [6, 15], 1)]
