@@ -41,7 +41,7 @@ from polar_gym.launch.local import LocalLauncher
 from polar_gym.launch.outputs import REPORT, SessionOutcome, result_row, write_report
 from polar_gym.merge.fidelity import run_fidelity
 from polar_gym.private_files import open_private, private_dir, write_secret
-from polar_gym.report.files import TRAIN_KEYS, read_jsonl
+from polar_gym.report.files import read_jsonl, train_keys_of
 from polar_gym.runtime.processes import start_process
 from polar_gym.schema import SessionResult, TaskRequest
 from polar_gym.server.client import RolloutClient
@@ -99,9 +99,10 @@ def write_training_report(out_dir: Path, algorithm: str, sessions: list[tuple[in
             for row in rows:
                 f.write(json.dumps(row) + "\n")
     outcomes = [o for _, o in sessions]
+    train_rows = read_jsonl(out_dir / "trainer" / "train_metrics.jsonl")
     return write_report(out_dir, outcomes, rows, run_fidelity(o.result.trajectory for o in outcomes),
-                        wall=wall, title=algorithm.upper() + " training run",
-                        train_rows=read_jsonl(out_dir / "trainer" / "train_metrics.jsonl"), train_keys=TRAIN_KEYS)
+                        wall=wall, title=algorithm.upper() + " training run", train_rows=train_rows,
+                        train_keys=train_keys_of(train_rows))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,23 @@ from polar_gym.report.model import TIMED_STAGES, HarnessFailureRow, RunData, Ses
 from polar_gym.schema import Trace, Trajectory
 
 __all__ = ["TRAIN_KEYS", "build_report", "failures_of_rows", "fidelity_of_diagnostics", "fidelity_of_files",
-           "load_run", "lost_jobs", "read_jsonl", "write_report"]
+           "load_run", "lost_jobs", "read_jsonl", "train_keys_of", "write_report"]
 
 #: what the training figure plots from train_metrics.jsonl, each only when some row has it (SFT: loss; GRPO: the
 #: sampled reward with its band from reward_se, the noise-free evaluation, loss; older runs simply lack the new keys)
 TRAIN_KEYS = ["reward_mean", "eval/share_right", "eval/p_right", "eval/greedy_success", "loss", "grad_norm",
               "audit/logprob_abs_diff_max", "seconds"]
+#: an asynchronous run's panels besides (trainer.max_staleness >= 1): how old its samples were, how long steps waited
+ASYNC_TRAIN_KEYS = ["staleness/max", "staleness/mean", "rollout_seconds"]
+
+
+def train_keys_of(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The training figure's keys for these train_metrics.jsonl rows: :data:`TRAIN_KEYS`, and the staleness panels
+    when some sample was sampled by an older version than the one trained (a synchronous run's are all 0)."""
+    stale = any(isinstance(r.get("staleness/max"), int | float) and r["staleness/max"] > 0 for r in rows)
+    return TRAIN_KEYS + (ASYNC_TRAIN_KEYS if stale else [])
+
+
 _TRACE_FIELDS = set(Trace.model_fields)
 
 
@@ -108,7 +119,7 @@ def load_run(out_dir: Path, title: str | None = None) -> RunData:
                    sessions=[SessionRow.from_row(r) for r in rows], fidelity=fidelity,
                    config_text=config.read_text(encoding="utf-8", errors="replace") if config.exists() else "",
                    harness_failures=failures_of_rows(rows), out_dir=str(out_dir), train_rows=train_rows,
-                   train_keys=TRAIN_KEYS, fidelity_note=note, lost_jobs=lost_jobs(out_dir))
+                   train_keys=train_keys_of(train_rows), fidelity_note=note, lost_jobs=lost_jobs(out_dir))
 
 
 def lost_jobs(out_dir: Path) -> list[dict[str, Any]]:

@@ -155,3 +155,14 @@ def test_arms_share_the_axes_with_their_bands_and_a_legend() -> None:
         assert svg.count(f">{name}<") == 2  # in the legend of both panels
     assert ">eval/greedy_success<" not in svg  # no arm has it: no empty panel
     assert "no values to plot yet" in arm_panels({"a": []}, ["x"])
+
+
+def test_an_asynchronous_runs_figure_shows_its_staleness_and_a_synchronous_one_does_not(tmp_path: Path) -> None:
+    def figure_of(staleness: list[int]) -> str:
+        _metrics(tmp_path, [{"step": s + 1, "reward_mean": 0.5, "staleness/max": v, "staleness/mean": v / 2,
+                             "rollout_seconds": 3.0} for s, v in enumerate(staleness)])
+        page = write_training_report(tmp_path, "grpo", [], 1.0).read_text()
+        return page[page.index('<figure id="fig-training">'):page.index("</figure>", page.index("fig-training"))]
+
+    assert ">staleness/max<" in figure_of([0, 1, 1]) and ">rollout_seconds<" in figure_of([0, 1, 1])
+    assert ">staleness/max<" not in figure_of([0, 0, 0])  # max_staleness 0: nothing to show
