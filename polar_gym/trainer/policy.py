@@ -9,8 +9,9 @@ A GRPO step (:meth:`Trainer.grpo_step`) measures two things against the engine's
 - the mismatch guard's metrics (``audit/*``, ``rollout_corr/*``; ``trainer.mismatch_metric`` is the one bounded):
   each token scored by the weights of the policy version that sampled it (:meth:`Trainer.keep_version` keeps CPU
   copies of the last ``max_staleness + 1`` versions), so only the engine's disagreement with those weights counts,
-  not the drift of later updates; tokens of an unknown or no-longer-kept version are scored by the current weights
-  and counted in ``guard/tokens_unknown_version`` / ``guard/tokens_version_not_kept``.
+  not the drift of later updates; tokens of an unknown version are scored by the current weights, those of a
+  version no longer kept are left out of the guard's metrics (they would measure the drift), each counted in
+  ``guard/tokens_unknown_version`` / ``guard/tokens_version_not_kept``.
 """
 
 from __future__ import annotations
@@ -133,17 +134,22 @@ class Trainer:
                 stats["kl/k3_mean"] = kl.detach().mean().item()
         else:  # the correction masked every token: nothing to train on
             loss = (logprobs * 0.0).sum()
-        scored, counts = self.sampling_logprobs(batch, logprobs.detach())
-        stats.update({**logprob_diff_stats(scored, rollout, batch.rows), **counts})
+        scored, counts, own = self.sampling_logprobs(batch, logprobs.detach())
+        # the guard's metrics leave out tokens of versions no longer kept: against the current weights they would
+        # measure the policy's drift since (a stale group trained with stale_groups: correct), not the engine
+        stats.update({**logprob_diff_stats(scored[own], rollout[own], batch.rows[own]), **counts})
         update = trainable and bool((batch.advantages[keep] != 0).any()) and (judge is None or judge(stats))
         norm = self._apply(loss) if update else 0.0
         return StepReport(loss.item(), batch.trained_tokens, norm, stats, logprobs.detach())
 
-    def sampling_logprobs(self, batch: TrainBatch, current: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def sampling_logprobs(self, batch: TrainBatch,
+                          current: torch.Tensor) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """``[N]``: each trained token's logprob under the weights of the version that sampled it (no gradient;
-        ``current``, the current weights' logprobs, where the version is unknown, not kept or still current), and
-        the counts of each case (``guard/tokens_*``)."""
+        ``current``, the current weights' logprobs, where the version is unknown, not kept or still current), the
+        counts of each case (``guard/tokens_*``), and ``[N]`` True where the token was scored by its own version's
+        weights or its version is unknown (what the guard measures)."""
         out = current.detach().clone()
+        own = torch.ones_like(batch.rows, dtype=torch.bool)
         versions = batch.versions if batch.versions.numel() == out.numel() else torch.full_like(batch.rows, -1)
         counts = {"guard/tokens_own_version": 0.0, "guard/tokens_unknown_version": 0.0,
                   "guard/tokens_version_not_kept": 0.0}
@@ -159,7 +165,8 @@ class Trainer:
                 out[chosen] = self._score(version, _sub_batch(batch, chosen)).to(out.dtype)
             else:
                 counts["guard/tokens_version_not_kept"] += n
-        return out, counts
+                own[chosen] = False
+        return out, counts, own
 
     def _score(self, version: int, batch: TrainBatch) -> torch.Tensor:
         """The logprobs of ``batch``'s trained tokens under the kept weights of ``version``."""

@@ -1,7 +1,8 @@
 """The mismatch guard scores each token with the weights of the policy version that sampled it: after an update,
 tokens the previous version sampled (with that version's exact logprobs, as a perfect engine reports them) show no
-mismatch, while the correction, taken against the current weights, sees the update's drift; tokens of an unknown or
-no-longer-kept version are scored by the current weights and counted as such."""
+mismatch, while the correction, taken against the current weights, sees the update's drift; tokens of an unknown
+version are scored by the current weights, those of a version no longer kept are left out of the guard's metrics
+(they would measure the drift), each counted as such."""
 
 from __future__ import annotations
 
@@ -61,7 +62,11 @@ def test_the_guard_scores_each_token_with_its_own_versions_weights(tmp_path: Pat
     trainer.keep_version(5)
     assert trainer.kept_versions == [4, 5]  # max_staleness + 1
     stats = _stats(trainer, old)
-    assert stats["guard/tokens_version_not_kept"] == 7 and stats["audit/logprob_abs_diff_mean"] > 1e-4
+    assert stats["guard/tokens_version_not_kept"] == 7 and "audit/logprob_abs_diff_mean" not in stats
+    assert stats["rollout_corr/correction_k3_kl"] > 1e-4  # the correction still weighs them
+    mixed = _stats(trainer, [*old, *_sampled(trainer, 5)])  # only version 5's own tokens are measured
+    assert mixed["guard/tokens_version_not_kept"] == 7 and mixed["audit/tokens"] == 7
+    assert mixed["audit/logprob_abs_diff_max"] < 1e-5
 
 
 def test_synchronous_training_keeps_no_copy(tmp_path: Path) -> None:
