@@ -506,6 +506,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs[name] = asyncio.run(run_arm(args, specs[name], checkpoint, references, f"http://127.0.0.1:{port}",
                                              proc.pid, args.out / f"arm-{name}"))
             _say(f"{name}: {len(runs[name].rows) - 1} steps in {runs[name].wall_seconds / 60:.1f} min")
+            # each arm's outputs as soon as it ends: a run stopped in its second arm keeps the first's timings
+            write_outputs(args.out, "(partial: the arms so far)", runs,
+                          acceptance(runs, args.engine_cpus, args.trainer_cpus, judge_learning=not args.quick))
     finally:
         stop(proc)
     checks = acceptance(runs, args.engine_cpus, args.trainer_cpus, judge_learning=not args.quick)
