@@ -13,6 +13,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from pydantic import ValidationError
 
 from polar_gym.settings import ConfigError, validation_problems
+from polar_gym.trainer.settings import RETIRED_KEYS
 
 __all__ = ["CONFIG_ERRORS", "Composition", "config_error"]
 
@@ -28,6 +29,9 @@ def _first_line(text: str) -> str:
 def _omegaconf(exc: OmegaConfBaseException) -> ConfigError:
     key = exc.full_key or (str(exc.key) if exc.key is not None else "")
     if isinstance(exc, (ConfigAttributeError, ConfigKeyError)) and "not in struct" in str(exc):
+        group, _, name = key.rpartition(".")
+        if group == "trainer" and name in RETIRED_KEYS:  # a key a release replaced: say by what
+            return ConfigError(RETIRED_KEYS[name], key=key)
         return ConfigError(f"not a config key of polar_gym.launch (a typo? a new key takes a +: +{key}=...)", key=key)
     return ConfigError(_first_line(exc.msg or str(exc)), key=key)
 

@@ -44,6 +44,13 @@ def test_hydra_s_composition_errors_name_the_key(override: str, line: str) -> No
     assert str(config_error(composition_error(override))).startswith(line)
 
 
+def test_a_retired_trainer_key_says_what_replaced_it() -> None:
+    """``trainer.tis_cap=2`` (no +, as it was written before issue 37) names its replacement, not a typo."""
+    error = str(config_error(composition_error("+trainer=grpo", "trainer.tis_cap=2.0")))
+    assert error.startswith("trainer.tis_cap: trainer.tis_cap was replaced by trainer.rollout_correction and "
+                            "trainer.correction_threshold: tis_cap=C is rollout_correction=token_truncate"), error
+
+
 def test_an_interpolation_that_does_not_resolve_names_its_key() -> None:
     from omegaconf.errors import OmegaConfBaseException
 
