@@ -1,11 +1,6 @@
-"""Every wire type of polar_gym, in one place (pydantic v2).
-
-The shapes follow the Polar paper's appendix (TaskRequest A.3, Trace A.4). Services, the proxy journal, builders and
-trainer bridges all speak these types. Nothing else of ours is imported at import time, so any part can depend on
-this module and a builder run loads no asyncio (every extra module is more for the cyclic GC to walk in a merge's
-allocations). The last section holds the bodies the rollout server and its gateways exchange
-(polar_gym.gateway.client on the server's side, the gateway's ServerLink on the other).
-"""
+"""Tasks, sessions and what they produce: a task request and its runtime, agent and evaluator specs, the completion
+records the proxy journals, traces, trajectories and session results. The shapes follow the Polar paper's appendix
+(TaskRequest A.3, Trace A.4)."""
 
 from __future__ import annotations
 
@@ -15,8 +10,6 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_serializer,
@@ -24,6 +17,8 @@ from pydantic import (
     model_validator,
 )
 from typing_extensions import TypedDict
+
+from polar_gym.schema._base import _Model, _Open
 
 __all__ = [
     "HOST_READ_ENV",
@@ -35,52 +30,21 @@ __all__ = [
     "CompletionSession",
     "EvalResult",
     "EvaluatorSpec",
-    "FleetWeightUpdate",
-    "GatewayHealth",
-    "GatewayRegistration",
-    "GatewayView",
     "OracleScript",
-    "PauseReply",
-    "PauseRequest",
     "PrepareAction",
-    "ResumeReply",
-    "ResumeRequest",
     "RuntimeSpec",
     "SamplingOverride",
-    "SessionCancelReply",
-    "SessionPollReply",
-    "SessionPollRequest",
     "SessionResult",
     "SessionSpec",
     "SessionStatus",
-    "SessionView",
     "TaskMetadata",
     "TaskRequest",
-    "TaskStatus",
     "TokenLogprob",
     "Trace",
     "Trajectory",
-    "UpstreamAdded",
-    "UpstreamChange",
-    "UpstreamRemoved",
-    "UpstreamsView",
     "VersionSpan",
-    "WeightUpdateReply",
-    "WeightUpdateRequest",
     "host_read_env_names",
 ]
-
-
-class _Model(BaseModel):
-    """Wire types reject unknown fields so a typo in a config fails loudly instead of being ignored."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class _Open(BaseModel):
-    """Free-form sections (metadata, evaluator config) keep whatever the caller sends."""
-
-    model_config = ConfigDict(extra="allow")
 
 
 class PrepareAction(_Model):
@@ -504,217 +468,3 @@ class SessionResult(_Model):
     evaluation: EvalResult | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
-
-
-class TaskStatus(_Model):
-    task_id: str
-    status: SessionStatus
-    sessions: dict[str, SessionStatus] = Field(default_factory=dict)
-    results: list[SessionResult] = Field(default_factory=list)
-
-
-# -- the rollout server <-> gateway API ---------------------------------------------------------------------------
-# Requests forbid unknown fields (a typo fails loudly); answers are open (a newer peer may say more).
-
-
-class SessionView(_Open):
-    """A gateway's view of one session (POST /sessions 201, GET /sessions/{id}, 202 of .../result)."""
-
-    session_id: str
-    attempt_id: str | None = None
-    task_id: str | None = None
-    status: SessionStatus
-    stage: str | None = None
-    reason: str | None = None
-    remaining_seconds: float | None = None
-    timings: dict[str, float] = Field(default_factory=dict)
-    history: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class SessionCancelReply(SessionView):
-    """POST /sessions/{id}/cancel: whether the session was live (and so is being cancelled), and its view."""
-
-    cancelled: bool
-
-
-class SessionPollRequest(_Model):
-    """POST /sessions/poll: the sessions to watch and how long to wait for one of them to finish."""
-
-    session_ids: list[Annotated[str, Field(max_length=512)]] = Field(max_length=100_000)
-    wait: float = Field(default=0.0, ge=0.0, le=600.0)
-
-
-class SessionPollReply(_Open):
-    """The answer to a poll: finished results, the statuses of the others, the ids the gateway does not know."""
-
-    results: list[SessionResult] = Field(default_factory=list)
-    statuses: dict[str, str] = Field(default_factory=dict)
-    unknown: list[str] = Field(default_factory=list)
-
-
-class GatewayHealth(_Open):
-    """GET /gateway/health, also pushed as the heartbeat body: stage counts, queue depths, latencies (the keys every
-    node reports are typed; more may come)."""
-
-    status: str = "ok"
-    accepting: bool = True
-    live_sessions: int = 0
-    statuses: dict[str, int] = Field(default_factory=dict)
-    stages: dict[str, int] = Field(default_factory=dict)
-    queue_depths: dict[str, int] = Field(default_factory=dict)
-    pools: dict[str, Any] = Field(default_factory=dict)
-    latency_seconds: dict[str, Any] = Field(default_factory=dict)
-    run_slot_utilization: dict[str, Any] = Field(default_factory=dict)
-    finished: dict[str, int] = Field(default_factory=dict)
-    runtimes_live: int = 0
-    #: the Slurm job the gateway runs in (SLURM_JOB_ID), so a launcher can tell which job a silent gateway was
-    job_id: str | None = None
-
-
-class UpstreamChange(_Model):
-    """POST /admin/upstreams and /admin/upstreams/remove: one LLM backend URL."""
-
-    url: str = Field(max_length=2048)
-
-
-class UpstreamAdded(_Open):
-    added: str
-
-
-class UpstreamRemoved(_Open):
-    removed: bool
-
-
-class UpstreamsView(_Open):
-    """GET /admin/upstreams: the proxy's LLM backends, and whether it is paused for a weight update."""
-
-    paused: bool
-    policy_version: int | str | None = None
-    checkpoint: str | None = None
-    servers: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class PauseRequest(_Model):
-    """POST /admin/pause (optional body): what to do with in-flight model calls. ``cut`` (default) cuts token-in
-    generations (they continue from their tokens after the resume) and waits for the other calls; ``wait`` waits
-    for every call to finish."""
-
-    in_flight: Literal["cut", "wait"] = "cut"
-
-
-class PauseReply(_Open):
-    paused: bool
-    drained_seconds: float = 0.0
-    #: in-flight generations the pause cut
-    cut: int = 0
-
-
-class ResumeRequest(_Model):
-    """POST /admin/resume (and the rollout server's POST /backends/resume)."""
-
-    policy_version: int | str | None = None
-
-
-class ResumeReply(_Open):
-    paused: bool
-    policy_version: int | str | None = None
-
-
-class WeightUpdateRequest(_Model):
-    """POST /admin/weights (proxy, gateway) and the rollout server's POST /backends/weights: load ``checkpoint`` (a
-    directory as the inference servers' hosts see it) into every server and stamp ``policy_version`` on every later
-    completion. ``drain_timeout``: how long in-flight model calls may take to finish first. ``resume`` false leaves
-    the pool paused after a success (the rollout server resumes every gateway once all of them took the weights).
-
-    ``servers``: inference servers already serving ``checkpoint`` (restarted on it: an engine that cannot reload, or
-    a change a reload cannot make). They replace the pool's servers instead of a reload, once each answers; the old
-    ones leave the pool drained, for the caller to stop. On the rollout server they also become its backends."""
-
-    checkpoint: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f]+$")  # a path: no NUL, no newline
-    policy_version: int | str
-    drain_timeout: float = Field(default=600.0, gt=0, le=86400, allow_inf_nan=False)
-    resume: bool = True
-    servers: list[str] | None = Field(default=None, min_length=1, max_length=256)
-    #: in-flight model calls: ``cut`` (default) cuts the generations of token-in engines, which continue from their
-    #: exact tokens under the new weights (the update does not wait for them), and waits for the others; ``wait``
-    #: waits for every call to finish first
-    in_flight: Literal["cut", "wait"] = "cut"
-
-    @field_validator("servers")
-    @classmethod
-    def _server_urls(cls, value: list[str] | None) -> list[str] | None:
-        from polar_gym.httpguard import check_upstream_url  # only where a request is parsed
-
-        return None if value is None else list(dict.fromkeys(check_upstream_url(u).rstrip("/") for u in value))
-
-    @field_validator("policy_version")
-    @classmethod
-    def _short_version(cls, value: int | str) -> int | str:
-        if (isinstance(value, str) and not 0 < len(value) <= 256) or (isinstance(value, int) and abs(value) >= 2**63):
-            raise ValueError("a policy version is an int64 or a string of 1 to 256 characters")
-        return value
-
-
-class WeightUpdateReply(_Open):
-    """What a weight update did: per server the seconds of each step (vLLM: reload, cache reset, version tag), the
-    time to drain in-flight calls, and the version later completions carry. A failure answers in the error
-    envelope instead (502 ``weight_update_failed``, the server named)."""
-
-    checkpoint: str
-    policy_version: int | str | None = None
-    previous_version: int | str | None = None
-    paused: bool = False
-    drained_seconds: float = 0.0
-    update_seconds: float = 0.0
-    total_seconds: float = 0.0
-    servers: dict[str, dict[str, float]] = Field(default_factory=dict)
-    #: servers an update with ``servers`` took out of the pool, drained (the caller stops them)
-    replaced: list[str] = Field(default_factory=list)
-    #: in-flight generations the update cut (they continue under the new weights)
-    cut: int = 0
-
-
-class FleetWeightUpdate(_Open):
-    """The rollout server's POST /backends/weights: whether every live gateway took the checkpoint (``updated``), the
-    version later completions carry (the old one when not), what went wrong (``message``) and each gateway's
-    answers to the three phases (``pause``, ``weights``, ``resume``: ``{"status", "body"}`` or ``{"status": None,
-    "error"}``)."""
-
-    updated: bool
-    checkpoint: str
-    policy_version: int | str | None = None
-    message: str = ""
-    seconds: float = 0.0
-    gateways: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    #: in-flight generations the update cut on every gateway (they continue under the new weights)
-    cut: int = 0
-
-
-class GatewayRegistration(_Model):
-    """POST /gateways/register (a gateway to its rollout server): where the gateway is, how many sessions it takes at
-    once, its admin token."""
-
-    url: str = Field(max_length=2048)
-    capacity: int = Field(ge=1, le=1_000_000)
-    admin_token: str | None = Field(default=None, max_length=4096)
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        from polar_gym.httpguard import check_upstream_url  # only where a registration is parsed
-
-        return check_upstream_url(value)
-
-
-class GatewayView(_Open):
-    """The rollout server's view of one gateway (register, heartbeat, drain, GET /gateways)."""
-
-    gateway_id: str
-    url: str
-    capacity: int
-    state: Literal["healthy", "draining", "dead"]
-    suspect: bool = False
-    in_flight: int = 0
-    load: float = 0.0
-    seconds_since_heartbeat: float = 0.0
-    health: dict[str, Any] = Field(default_factory=dict)
