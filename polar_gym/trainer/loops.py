@@ -36,7 +36,7 @@ from polar_gym.trainer.staleness import (
     numeric_version,
     sample_age,
     staleness_stats,
-    token_versions,
+    trace_versions,
 )
 from polar_gym.trainer.step_eval import ReferenceScorer, reward_stats
 from polar_gym.trainer.verdict import step_verdict
@@ -149,7 +149,7 @@ def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = T
     advantages = group_advantages([reward for _, reward, *_ in rows], [g for g, *_ in rows])
     out = []
     for (g, reward, real, t, w), a in zip(rows, advantages, strict=True):
-        versions = token_versions(len(t.response_ids), t.metadata)
+        versions = trace_versions(t)
         mask = mixed_version_mask(versions, t.loss_mask) if mixed_versions == "mask" else t.loss_mask
         out.append(sequence_of_trace(t.prompt_ids, t.response_ids, mask, t.response_logprobs, reward=reward,
                                      group=g, advantage=a, weight=w, true_reward=real,
@@ -325,7 +325,7 @@ def _staleness_row(batch: Batch, results: Sequence[SessionResult], trainer_versi
     tokens masked for age (stale groups dropped, older versions of a mixed trace masked)."""
     ages, mixed = [], 0
     for trace in _trained_traces(results, settings.completed_only):
-        versions = token_versions(len(trace.response_ids), trace.metadata)
+        versions = trace_versions(trace)
         ages.append(sample_age(versions, trace.loss_mask, trainer_version))
         if settings.mixed_version_tokens == "mask":
             mixed += sum(trace.loss_mask) - sum(mixed_version_mask(versions, trace.loss_mask))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
-from polar_gym.trainer.staleness import sample_age, token_versions
+from polar_gym.trainer.staleness import trace_age
 from polar_gym.trainer.step_eval import greedy_request
 
 __all__ = ["Batch", "DroppedGroup", "GroupFeed", "group_staleness", "step_request"]
@@ -40,8 +40,7 @@ def step_request(task: TaskRequest, label: str, round_number: int) -> TaskReques
 
 def group_staleness(results: Sequence[SessionResult], trainer_version: int, completed_only: bool = True) -> int:
     """The oldest sample's staleness in a group (0 when no trained token carries a numbered version)."""
-    ages = [sample_age(token_versions(len(t.response_ids), t.metadata), t.loss_mask, trainer_version).staleness
-            for r in results if r.trajectory is not None
+    ages = [trace_age(t, trainer_version).staleness for r in results if r.trajectory is not None
             and not (completed_only and r.status is not SessionStatus.COMPLETED)
             for t in r.trajectory.traces]
     return max(ages, default=0)

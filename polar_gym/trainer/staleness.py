@@ -13,8 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from polar_gym.schema import Trace
+
 __all__ = ["SampleAge", "StalenessStats", "mixed_version_mask", "numeric_version", "sample_age", "staleness_stats",
-           "token_versions"]
+           "token_versions", "trace_age", "trace_versions"]
 
 
 def numeric_version(version: Any) -> int | None:
@@ -35,9 +37,9 @@ def token_versions(response_length: int, metadata: Mapping[str, Any]) -> list[in
     spans = metadata.get("spans")
     if isinstance(spans, list) and spans:
         for span in spans:
-            if not isinstance(span, Mapping):
+            start, end = (span.get("start"), span.get("end")) if isinstance(span, Mapping) else (None, None)
+            if not isinstance(start, int) or not isinstance(end, int):  # a malformed span marks nothing
                 continue
-            start, end = int(span.get("start", 0)), int(span.get("end", 0))
             for i in range(max(0, start), min(end, response_length)):
                 out[i] = span.get("policy_version")
         return out
@@ -45,6 +47,11 @@ def token_versions(response_length: int, metadata: Mapping[str, Any]) -> list[in
     if len(versions) == 1:
         return [versions[0]] * response_length
     return out
+
+
+def trace_versions(trace: Trace) -> list[int | str | None]:
+    """:func:`token_versions` of a trace."""
+    return token_versions(len(trace.response_ids), trace.metadata)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,11 @@ def sample_age(versions: Sequence[int | str | None], loss_mask: Sequence[int], t
         return SampleAge(None, None, 0, known=False)
     oldest, newest = min(numbered), max(numbered)
     return SampleAge(oldest, newest, max(0, trainer_version - oldest), known=True)
+
+
+def trace_age(trace: Trace, trainer_version: int) -> SampleAge:
+    """:func:`sample_age` of a trace."""
+    return sample_age(trace_versions(trace), trace.loss_mask, trainer_version)
 
 
 def mixed_version_mask(versions: Sequence[int | str | None], loss_mask: Sequence[int]) -> list[int]:

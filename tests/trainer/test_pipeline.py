@@ -160,6 +160,9 @@ def test_token_versions_follow_the_spans_and_tool_tokens_have_none() -> None:
     assert token_versions(5, trace.metadata) == [3, 3, None, 4, 4]
     assert token_versions(3, {"policy_versions": [7]}) == [7, 7, 7]  # no spans: the trace's one version
     assert token_versions(2, {"policy_versions": [1, 2]}) == [None, None]  # several, no spans: unknown
+    hostile = {"spans": [{"start": "0", "end": 2, "policy_version": 1}, "not a span", {"start": None},
+                         {"start": -5, "end": 10**12, "policy_version": 2}]}
+    assert token_versions(3, hostile) == [2, 2, 2]  # malformed spans mark nothing; ranges clipped to the trace
 
 
 def test_a_samples_age_is_counted_from_its_oldest_trained_token() -> None:
