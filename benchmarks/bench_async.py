@@ -10,9 +10,10 @@ fp32 engine through the unmodified pi harness:
 
 The engine and the trainer are pinned to separate cores, as they are separate devices on a cluster (on one shared
 core overlap cannot help): vLLM's processes and its OpenMP threads on ``--engine-cpus`` (``taskset``-like affinity
-and ``POLAR_VLLM_THREADS_BIND``), this process (the trainer, ``trainer.threads 1``, and the in-process fleet: rollout
-server, gateway, proxy) and its children (the sandboxes, pi) on ``--trainer-cpus``. The affinity every process
-actually had is read from ``/proc/PID/task/*/status`` while the arms run and written to the summary.
+and ``POLAR_VLLM_THREADS_BIND``), the trainer's torch thread on ``--trainer-cpus`` (``trainer.cpus``, ``trainer.threads
+1``), and this process's other threads (the in-process fleet: rollout server, gateway, proxy) and its children (the
+sandboxes, pi) on ``--rollout-cpus`` (by default the trainer's). The affinity every process and thread actually had is
+read from ``/proc/PID/task/*/status`` while the arms run and written to the summary.
 
 A step is 4 groups of 4 sessions by default (``--groups``, ``--samples``: each group a TaskRequest of its own, as
 users run several prompts a step). Each arm's time to the acceptance thresholds of bench_learning (share of the
@@ -36,6 +37,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -141,10 +143,13 @@ def cpu_list(cpus: set[int]) -> str:
     return ",".join(out)
 
 
-def acceptance(runs: Mapping[str, ArmRun], engine_cpus: str, trainer_cpus: str, *, judge_learning: bool) -> list[Check]:
+def acceptance(runs: Mapping[str, ArmRun], engine_cpus: str, trainer_cpus: str, *, judge_learning: bool,
+               rollout_cpus: str | None = None) -> list[Check]:
     """The issue's done-when line as checks: each arm reaches the thresholds, the async arm in at most
     TARGET_RATIO x the sync arm's wall time, the staleness of every trained sample within the arm's bound, and
-    the pinning held (the engine's processes only on ``engine_cpus``, the trainer's only on ``trainer_cpus``).
+    the pinning held (the engine's processes only on ``engine_cpus``, the trainer's torch thread only on
+    ``trainer_cpus``, the fleet's threads and the sessions' processes only on ``rollout_cpus``, by default the
+    trainer's).
     ``judge_learning`` False (``--quick``: too few steps to learn): the learning lines are shown, not judged."""
     checks: list[Check] = []
     reached: dict[str, float] = {}
@@ -178,11 +183,17 @@ def acceptance(runs: Mapping[str, ArmRun], engine_cpus: str, trainer_cpus: str, 
         checks.append(Check(f"{name}: staleness per trained sample max {max(values)} <= max_staleness "
                             f"{run.spec.staleness} (mean {sum(values) / len(values):.2f} over {len(values)} samples; "
                             f"{dropped} stale group(s) dropped)", max(values) <= run.spec.staleness))
-    engine = sorted({c for run in runs.values() for c in run.affinity.get("engine", [])})
-    trainer = sorted({c for run in runs.values() for c in run.affinity.get("trainer", [])})
+    def seen(*kinds: str) -> list[str]:
+        return sorted({c for run in runs.values() for kind in kinds for c in run.affinity.get(kind, [])})
+
+    want_rollout = rollout_cpus or trainer_cpus
+    engine, trainer, rollout, threads = seen("engine"), seen("trainer"), seen("loop", "harness"), seen("threads")
     checks.append(Check(f"pinning: engine processes allowed CPUs {engine or 'not read'} (want {engine_cpus}), "
-                        f"trainer process {trainer or 'not read'} (want {trainer_cpus})",
-                        engine == [engine_cpus] and trainer == [trainer_cpus]))
+                        f"trainer thread {trainer or 'not read'} (want {trainer_cpus}), event loop and sessions "
+                        f"{rollout or 'not read'} (want {want_rollout}), other threads {threads or 'none'} (want "
+                        f"{want_rollout} or, started by the trainer's, {trainer_cpus})",
+                        engine == [engine_cpus] and trainer == [trainer_cpus] and rollout == [want_rollout]
+                        and set(threads) <= {want_rollout, trainer_cpus}))
     return checks
 
 
@@ -292,16 +303,21 @@ def write_outputs(out: Path, header: str, runs: Mapping[str, ArmRun], checks: Se
 
 # ---- the run: pinning, the arms ----
 
-def allowed_cpus(pid: int) -> set[str]:
-    """The Cpus_allowed_list of every thread of ``pid`` (empty when it is gone)."""
-    found: set[str] = set()
+def thread_cpus(pid: int) -> dict[int, str]:
+    """The Cpus_allowed_list of each thread of ``pid`` by thread id (empty when it is gone)."""
+    found: dict[int, str] = {}
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
             with contextlib.suppress(OSError):
                 for line in (task / "status").read_text().splitlines():
                     if line.startswith("Cpus_allowed_list:"):
-                        found.add(line.split(":", 1)[1].strip())
+                        found[int(task.name)] = line.split(":", 1)[1].strip()
     return found
+
+
+def allowed_cpus(pid: int) -> set[str]:
+    """The Cpus_allowed_list of every thread of ``pid`` (empty when it is gone)."""
+    return set(thread_cpus(pid).values())
 
 
 def _proc_table() -> list[tuple[int, int, int]]:
@@ -354,9 +370,17 @@ def _stamp(metrics: Path, started: float, stamps: list[float]) -> None:
 
 
 def _read_pins(affinity: dict[str, set[str]], engine_pgid: int) -> None:
-    for kind, pids in process_groups(engine_pgid, os.getpid()).items():
-        for pid in pids:
+    """The engine's and the sessions' processes, and this process's threads: the trainer's (named by
+    :class:`~polar_gym.trainer.worker.TrainerWorker`), the main one (the event loop: the fleet) and the others (the
+    fleet's helpers, or threads the trainer's started: a checkpoint writer's, which inherit the trainer's CPUs)."""
+    groups = process_groups(engine_pgid, os.getpid())
+    for kind in ("engine", "harness"):
+        for pid in groups[kind]:
             affinity.setdefault(kind, set()).update(allowed_cpus(pid))
+    trainer_threads = {t.native_id for t in threading.enumerate() if t.name.startswith("polar-trainer")}
+    for tid, cpus in thread_cpus(os.getpid()).items():
+        kind = "trainer" if tid in trainer_threads else "loop" if tid == os.getpid() else "threads"
+        affinity.setdefault(kind, set()).add(cpus)
 
 
 async def _watch(metrics: Path, started: float, stamps: list[float], affinity: dict[str, set[str]],
@@ -386,7 +410,8 @@ async def run_arm(args: argparse.Namespace, spec: ArmSpec, sft: Path, references
     settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=args.steps, learning_rate=args.lr,
                                optimizer=args.optimizer, seed=args.seed, threads=args.threads, kl_coef=args.kl_coef,
                                reference_answers=[str(references)], greedy_samples=args.greedy,
-                               max_staleness=spec.staleness, stale_groups=args.stale_groups)
+                               max_staleness=spec.staleness, stale_groups=args.stale_groups,
+                               cpus=args.trainer_cpus)
     metrics = out / "trainer" / "train_metrics.jsonl"
     stamps: list[float] = []
     affinity: dict[str, set[str]] = {}
@@ -470,8 +495,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--session-timeout", type=float, default=240.0)
     parser.add_argument("--threads", type=int, default=1, help="trainer.threads (and SFT's)")
     parser.add_argument("--engine-cpus", default="0", help="the CPU(s) of vLLM's processes and OpenMP threads")
-    parser.add_argument("--trainer-cpus", default="1", help="the CPU(s) of this process (trainer, fleet) and the "
-                        "sandboxes")
+    parser.add_argument("--trainer-cpus", default="1", help="the CPU(s) of the trainer's torch thread "
+                        "(trainer.cpus)")
+    parser.add_argument("--rollout-cpus", default=None, help="the CPU(s) of this process's other threads (the "
+                        "in-process fleet: rollout server, gateway, proxy) and of the sessions (sandboxes, pi); "
+                        "default: --trainer-cpus")
     args = parser.parse_args(argv)
     defaults = {"steps": 12, "groups": 4, "samples": 4, "sft_steps": 120, "sft_anneal_steps": 60}
     for key, value in defaults.items():
@@ -498,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         proc = start_vllm(checkpoint, port, args.out / "vllm-server.log", args.top_p)
     finally:
-        _pin(args.trainer_cpus)
+        _pin(args.rollout_cpus or args.trainer_cpus)
     runs: dict[str, ArmRun] = {}
     specs = {"sync": ArmSpec("sync", 0), "async": ArmSpec("async", args.staleness)}
     try:
@@ -508,18 +536,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(f"{name}: {len(runs[name].rows) - 1} steps in {runs[name].wall_seconds / 60:.1f} min")
             # each arm's outputs as soon as it ends: a run stopped in its second arm keeps the first's timings
             write_outputs(args.out, "(partial: the arms so far)", runs,
-                          acceptance(runs, args.engine_cpus, args.trainer_cpus, judge_learning=not args.quick))
+                          acceptance(runs, args.engine_cpus, args.trainer_cpus, judge_learning=not args.quick,
+                                     rollout_cpus=args.rollout_cpus))
     finally:
         stop(proc)
-    checks = acceptance(runs, args.engine_cpus, args.trainer_cpus, judge_learning=not args.quick)
+    rollout = args.rollout_cpus or args.trainer_cpus
+    checks = acceptance(runs, args.engine_cpus, args.trainer_cpus, judge_learning=not args.quick,
+                        rollout_cpus=args.rollout_cpus)
     header = (f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: task {args.task}; GRPO {args.steps} steps x "
               f"{args.groups} groups x {args.samples} sessions on {args.slots} slots, {args.optimizer} lr {args.lr}, "
               f"seed {args.seed}, sampled at temperature 1 top_p {args.top_p}; async max_staleness {args.staleness} "
               f"(stale groups: {args.stale_groups}); engine on CPU {args.engine_cpus}, trainer on CPU "
-              f"{args.trainer_cpus} (threads {args.threads}); wall {(time.monotonic() - started) / 60:.1f} min")
-    notes = [f"The sandboxes, pi and the in-process fleet (rollout server, gateway, proxy) share CPU "
-             f"{args.trainer_cpus} with the trainer; the machine had {os.cpu_count()} CPUs, load average "
-             f"{os.getloadavg()[0]:.2f} at the end."]
+              f"{args.trainer_cpus} (threads {args.threads}), fleet and sessions on CPU {rollout}; wall "
+              f"{(time.monotonic() - started) / 60:.1f} min")
+    shares = ("the trainer" if rollout == args.trainer_cpus
+              else "the engine" if rollout == args.engine_cpus else "nothing else")
+    notes = [f"The sandboxes, pi and the in-process fleet (rollout server, gateway, proxy) share CPU {rollout} with "
+             f"{shares}; the machine had {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end."]
     lines = write_outputs(args.out, header, runs, checks, notes)
     print("\n".join(lines), flush=True)
     return 0 if all(c.passed for c in checks if c.judged) else 1

@@ -3,13 +3,13 @@
 ``run_sft`` trains on datagen's exports; ``run_grpo`` asks the fleet for rollouts of a set of tasks each step
 (``num_samples`` sessions per task form one GRPO group), trains on their traces, writes an HF checkpoint and pushes
 it to every engine through a :class:`WeightSync` (the rollout server's weight-update call, ``RolloutClient``), so
-the next step's sessions are sampled by the new policy version. Torch work runs in a worker thread: a fleet served
-by the same event loop keeps answering while a step computes.
+the next step's sessions are sampled by the new policy version. Torch work runs on one worker thread
+(:mod:`polar_gym.trainer.worker`, on ``trainer.cpus`` when given): a fleet served by the same event loop keeps
+answering while a step computes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import time
@@ -40,6 +40,7 @@ from polar_gym.trainer.staleness import (
 )
 from polar_gym.trainer.step_eval import ReferenceScorer, reward_stats
 from polar_gym.trainer.verdict import step_verdict
+from polar_gym.trainer.worker import TrainerWorker, pinned
 
 __all__ = ["RolloutSource", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"]
 
@@ -87,7 +88,13 @@ def _finish(log: MetricsLog, out: Path, keys: Sequence[str], title: str) -> None
 
 def run_sft(settings: TrainerSettings, out_dir: Path, *, echo: Any = print, sinks: MetricSinks | None = None) -> Path:
     """SFT for ``settings.steps`` steps on ``settings.data``; returns the final checkpoint directory
-    (``out_dir/checkpoints/final``). Every metrics row also goes to ``sinks``."""
+    (``out_dir/checkpoints/final``). Every metrics row also goes to ``sinks``. Runs on the calling thread, pinned to
+    ``trainer.cpus`` for the while when given."""
+    with pinned(settings.cpus):
+        return _run_sft(settings, out_dir, echo, sinks)
+
+
+def _run_sft(settings: TrainerSettings, out_dir: Path, echo: Any, sinks: MetricSinks | None) -> Path:
     from transformers import AutoTokenizer
 
     model_dir = _model_dir(settings)
@@ -170,8 +177,8 @@ def _trained_traces(results: Sequence[SessionResult], completed_only: bool) -> l
             for t in r.trajectory.traces if any(t.loss_mask)]
 
 
-async def _evaluate(scorer: ReferenceScorer | None, model: Any) -> dict[str, float]:
-    return {} if scorer is None else await asyncio.to_thread(scorer, model)
+async def _evaluate(worker: TrainerWorker, scorer: ReferenceScorer | None, model: Any) -> dict[str, float]:
+    return {} if scorer is None else await worker.run(scorer, model)
 
 
 def _describe(row: Mapping[str, Any]) -> str:
@@ -214,13 +221,24 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
     if settings.push_weights and weights is None:
         raise ValueError("push_weights needs a WeightSync (the fleet's weight-update call)")
     model_dir = _model_dir(settings)
-    trainer = await asyncio.to_thread(Trainer, settings, model_dir)
-    scorer = (await asyncio.to_thread(ReferenceScorer, settings.reference_answers, model_dir, PAD_ID)
+    worker = TrainerWorker(settings.cpus)
+    try:
+        return await _run_grpo(settings, tasks, client, out_dir, worker, model_dir, weights=weights, echo=echo,
+                               timeout=timeout, sinks=sinks)
+    finally:
+        worker.close()
+
+
+async def _run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], client: RolloutSource, out_dir: Path,
+                    worker: TrainerWorker, model_dir: Path, *, weights: WeightSync | None, echo: Any,
+                    timeout: float, sinks: MetricSinks | None) -> Path:
+    trainer = await worker.run(Trainer, settings, model_dir)
+    scorer = (await worker.run(ReferenceScorer, settings.reference_answers, model_dir, PAD_ID)
               if settings.reference_answers else None)
     shuffle = random.Random(settings.seed) if settings.shuffle_rewards else None
     log = MetricsLog(out_dir / "train_metrics.jsonl")
     if scorer is not None:
-        first = {"step": 0, "version": settings.initial_version, **await _evaluate(scorer, trainer.model)}
+        first = {"step": 0, "version": settings.initial_version, **await _evaluate(worker, scorer, trainer.model)}
         _write(log, first, sinks)
         echo(f"grpo step 0 (before training): P(right) {first['eval/p_right']:.3f} share "
              f"{first['eval/share_right']:.3f}")
@@ -230,8 +248,8 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
                      completed_only=settings.completed_only, timeout=timeout)
     try:
         for step in range(1, settings.steps + 1):
-            checkpoint = await _grpo_step(step, settings, trainer, feed, scorer, shuffle, log, out_dir, weights,
-                                          echo, sinks)
+            checkpoint = await _grpo_step(step, settings, worker, trainer, feed, scorer, shuffle, log, out_dir,
+                                          weights, echo, sinks)
     finally:
         unused = await feed.close()
     if unused:
@@ -242,7 +260,7 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
     return checkpoint
 
 
-async def _grpo_step(step: int, settings: TrainerSettings, trainer: Trainer, feed: GroupFeed,
+async def _grpo_step(step: int, settings: TrainerSettings, worker: TrainerWorker, trainer: Trainer, feed: GroupFeed,
                      scorer: ReferenceScorer | None, shuffle: random.Random | None, log: MetricsLog, out_dir: Path,
                      weights: WeightSync | None, echo: Any, sinks: MetricSinks | None) -> Path:
     """One GRPO step: the feed's groups, the update (or the verdict against it), the evaluation, the checkpoint and
@@ -271,19 +289,20 @@ async def _grpo_step(step: int, settings: TrainerSettings, trainer: Trainer, fee
                    settings.mismatch_metric)
     train_started = time.monotonic()
     if sequences and any(s.weight > 0 for s in sequences):
-        report = await asyncio.to_thread(trainer.grpo_step, sequences, judge)
+        report = await worker.run(trainer.grpo_step, sequences, judge)
         row.update({"loss": report.loss, "tokens": report.tokens, "grad_norm": report.grad_norm, **report.stats})
     row.update({"trained": judge.verdict.trained, "not_trained_reasons": list(judge.verdict.reasons),
                 "train_seconds": time.monotonic() - train_started})
     row.update(_token_counts(results, sequences, row, settings.completed_only))
-    row.update(await _evaluate(scorer, trainer.model))
-    checkpoint = await asyncio.to_thread(trainer.save, out_dir / "checkpoints" / f"step-{step}")
+    row.update(await _evaluate(worker, scorer, trainer.model))
+    checkpoint = await worker.run(trainer.save, out_dir / "checkpoints" / f"step-{step}")
     version = settings.initial_version + step
     if weights is not None and settings.push_weights:
         push_started = time.monotonic()
         await weights.update_weights(str(checkpoint), version)
         row["push_seconds"] = time.monotonic() - push_started
-    trainer.keep_version(version)  # the guard scores this version's samples with these weights from now on
+    # the guard scores this version's samples with these weights from now on
+    await worker.run(trainer.keep_version, version)
     row["seconds"] = time.monotonic() - started
     _write(log, row, sinks)
     echo(f"grpo step {step}: {_describe(row)}; traces {len(sequences)} -> version {version} "

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from polar_gym.trainer.worker import CPU_LIST_PATTERN, parse_cpu_list
 
 __all__ = ["RETIRED_KEYS", "Aggregation", "CorrectionMode", "Dtype", "MismatchMetric", "TrainerSettings"]
 
@@ -54,6 +56,11 @@ class TrainerSettings(BaseModel):
     max_grad_norm: float = Field(default=1.0, gt=0, description="gradient clipping by global norm")
     seed: int = Field(default=0, description="seed of the data order and of torch")
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads (null: torch's default)")
+    cpus: str | None = Field(default=None, pattern=CPU_LIST_PATTERN, description="the CPUs the trainer's torch work "
+                             "runs on, as taskset takes them (1, 0-3, 0,2-3): on a CPU-only machine, keeps the "
+                             "sessions and the fleet of an asynchronous run off the trainer's cores (only the "
+                             "trainer's thread is pinned; give threads <= the CPUs named); null: wherever the OS "
+                             "runs it")
     save_every: int = Field(default=0, ge=0, description="also keep a checkpoint every N steps (0: only the last "
                             "and, for grpo, the one each update pushes)")
     # sft
@@ -123,6 +130,14 @@ class TrainerSettings(BaseModel):
         default="correct", description="grpo: in a trace sampled by several policy versions (a generation cut by a "
         "weight update and continued under the new weights, a session that spanned updates), the tokens of its older "
         "versions: trained with the rollout correction like every token (correct), or not trained (mask)")
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, cpus: str | None) -> str | None:
+        """A range that runs backwards (``3-1``) passes the pattern; the parser names it."""
+        if cpus is not None:
+            parse_cpu_list(cpus)
+        return cpus
 
     @model_validator(mode="before")
     @classmethod

@@ -32,7 +32,8 @@ def _rows(shares: list[float], p_rights: list[float], seconds: list[float],
 def _run(bench: ModuleType, name: str, staleness: int, rows: list[dict[str, Any]],
          affinity: dict[str, list[str]] | None = None) -> Any:
     return bench.ArmRun(bench.ArmSpec(name, staleness), rows, float(rows[-1]["wall_seconds"]),
-                        affinity if affinity is not None else {"engine": ["0"], "trainer": ["1"], "harness": ["1"]},
+                        affinity if affinity is not None else {"engine": ["0"], "trainer": ["1"], "loop": ["1"],
+                                                               "harness": ["1"]},
                         0.8)
 
 
@@ -65,6 +66,22 @@ def test_acceptance_fails_staleness_past_the_bound_and_pinning_that_did_not_hold
     failed = {c.text.split(":")[0] for c in bench.acceptance({"sync": sync, "async": stale}, "0", "1",
                                                              judge_learning=True) if not c.passed}
     assert failed == {"async", "pinning"}
+
+
+@pytest.mark.parametrize(("threads", "held"), [(["0"], True), (["0", "1"], True), (["0-1"], False)])
+def test_with_the_sessions_on_the_engines_cpu_only_the_trainers_threads_may_use_its_own(
+        bench: ModuleType, threads: list[str], held: bool) -> None:
+    """--rollout-cpus 0: the event loop and the sessions on CPU 0; other threads of the process on CPU 0, or on
+    CPU 1 when the trainer's thread started them (they inherit its CPUs); none may float over both."""
+    affinity = {"engine": ["0"], "trainer": ["1"], "loop": ["0"], "harness": ["0"], "threads": threads}
+    run = _run(bench, "sync", 0, _rows([0.9], [0.8], [100.0], [[0]]), affinity=affinity)
+    pinning = next(c for c in bench.acceptance({"sync": run}, "0", "1", judge_learning=True, rollout_cpus="0")
+                   if c.text.startswith("pinning"))
+    assert pinning.passed is held, pinning.text
+    moved = {**affinity, "loop": ["1"]}  # the event loop on the trainer's CPU: not the layout asked for
+    run = _run(bench, "sync", 0, _rows([0.9], [0.8], [100.0], [[0]]), affinity=moved)
+    assert not next(c for c in bench.acceptance({"sync": run}, "0", "1", judge_learning=True, rollout_cpus="0")
+                    if c.text.startswith("pinning")).passed
 
 
 def test_quick_mode_shows_the_learning_lines_without_judging_them(bench: ModuleType) -> None:
