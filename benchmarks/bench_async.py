@@ -97,6 +97,9 @@ class ArmRun:
     affinity: dict[str, list[str]] = field(default_factory=dict)
     engine_busy: float | None = None
     unused_groups: int | None = None
+    #: the share of every CPU's time the machine spent working during the arm (/proc/stat): near 1, no idle CPU was
+    #: left for the overlap to fill
+    machine_busy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -264,11 +267,12 @@ def summary_lines(header: str, runs: Mapping[str, ArmRun], checks: Sequence[Chec
     for name, run in runs.items():
         last = run.rows[-1] if run.rows else {}
         busy = f"{run.engine_busy:.0%}" if run.engine_busy is not None else "not read"
+        machine = f"{run.machine_busy:.0%}" if run.machine_busy is not None else "not read"
         pins = "; ".join(f"{kind} {','.join(cpus)}" for kind, cpus in sorted(run.affinity.items())) or "not read"
         lines.append(f"- {name} (max_staleness {run.spec.staleness}): {len(run.rows) - 1} steps in "
                      f"{run.wall_seconds / 60:.1f} min; last step share {_cell(last.get('eval/share_right'))}, "
                      f"P(right) {_cell(last.get('eval/p_right'))}, reward_mean {_cell(last.get('reward_mean'))}; "
-                     f"engine busy {busy} of the wall time; allowed CPUs: {pins}"
+                     f"engine busy {busy} of the wall time, the machine's CPUs {machine}; allowed CPUs: {pins}"
                      + (f"; {run.unused_groups} group(s) sampled ahead and not trained" if run.unused_groups else ""))
     if "sync" in runs and "async" in runs and runs["sync"].wall_seconds > 0:
         lines.append(f"- whole runs, async / sync: {runs['async'].wall_seconds / runs['sync'].wall_seconds:.2f}")
@@ -290,7 +294,8 @@ def write_outputs(out: Path, header: str, runs: Mapping[str, ArmRun], checks: Se
         {"checks": [asdict(c) for c in checks],
          "arms": {n: {"max_staleness": r.spec.staleness, "wall_seconds": r.wall_seconds,
                       "threshold_seconds": (hit or {}).get("wall_seconds"), "threshold_step": (hit or {}).get("step"),
-                      "affinity": r.affinity, "engine_busy": r.engine_busy}
+                      "affinity": r.affinity, "engine_busy": r.engine_busy,
+                      "machine_busy": r.machine_busy}
                   for n, r in runs.items() for hit in [threshold_row(r.rows)]}}, indent=2) + "\n")
     with (out / "steps.jsonl").open("w") as f:
         for row in step_rows(runs):
@@ -361,6 +366,19 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     return total / tick
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of every CPU so far, from /proc/stat's ``cpu`` line (idle and iowait are not
+    busy)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
+def machine_busy(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """The busy share of the CPUs' time between two :func:`machine_ticks` readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else None
+
+
 def _stamp(metrics: Path, started: float, stamps: list[float]) -> None:
     """Stamp each line of train_metrics.jsonl not stamped yet with the seconds since ``started``."""
     with contextlib.suppress(OSError):
@@ -427,7 +445,7 @@ async def run_arm(args: argparse.Namespace, spec: ArmSpec, sft: Path, references
                 RolloutClient(url, token) as client):
         await client.update_weights(str(sft), 0)
         engine_pids = process_groups(engine_pgid, os.getpid())["engine"]
-        engine_cpu = cpu_seconds(engine_pids)
+        engine_cpu, machine_before = cpu_seconds(engine_pids), machine_ticks()
         started = time.monotonic()
         watcher = asyncio.create_task(_watch(metrics, started, stamps, affinity, engine_pgid))
         try:
@@ -440,10 +458,12 @@ async def run_arm(args: argparse.Namespace, spec: ArmSpec, sft: Path, references
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             busy = (cpu_seconds(process_groups(engine_pgid, os.getpid())["engine"]) - engine_cpu) / wall
+            machine = machine_busy(machine_before, machine_ticks())
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     for i, row in enumerate(rows):
         row["wall_seconds"] = stamps[i] if i < len(stamps) else wall
-    return ArmRun(spec, rows, wall, {k: sorted(v) for k, v in affinity.items()}, busy, unused[0] if unused else None)
+    return ArmRun(spec, rows, wall, {k: sorted(v) for k, v in affinity.items()}, busy, unused[0] if unused else None,
+                  machine)
 
 
 def _pin(cpus: str) -> None:

@@ -116,3 +116,13 @@ def test_the_outputs_carry_each_arm_its_steps_and_the_figure(bench: ModuleType, 
     figure = (tmp_path / "async.svg").read_text()
     assert figure.startswith("<svg") and "staleness per trained sample" in figure
     assert (tmp_path / "learning.svg").read_text().startswith("<svg")
+
+
+def test_the_machines_busy_share_is_read_from_proc_stat(bench: ModuleType) -> None:
+    before = bench.machine_ticks()
+    sum(i * i for i in range(300_000))  # some work of this process between the readings
+    after = bench.machine_ticks()
+    busy = bench.machine_busy(before, after)
+    assert after[1] >= before[1] and after[0] >= before[0]
+    assert busy is None or 0.0 <= busy <= 1.0
+    assert bench.machine_busy((10, 100), (60, 200)) == 0.5 and bench.machine_busy((1, 5), (1, 5)) is None
