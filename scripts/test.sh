@@ -3,18 +3,18 @@
 # clients, harness replays, real vLLM engine, real Slurm, e2e) with a coverage report.
 #   bash scripts/test.sh           every tier (what CI runs)
 #   bash scripts/test.sh --fast    skip the real-engine tier and its set-up (for the inner loop)
-# Extra arguments go to pytest (`bash scripts/test.sh tests/unit -x`). A bare `pytest` runs the quick tiers only
-# (pyproject's addopts deselect slurm, engine and slow); the -m here replaces that selection.
+# Extra arguments go to both pytest runs (`bash scripts/test.sh tests/unit -x`). A bare `pytest` runs the quick tiers
+# only, in one process (pyproject's addopts deselect slurm, engine and slow); the -m here replaces that selection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
 [ "${1:-}" = "--fast" ] && { FAST=1; shift; }
 if [ "$FAST" = 1 ]; then
   bash scripts/setup.sh
-  MARK="not engine"
+  HEAVY="not engine and (slurm or slow)"
 else
   bash scripts/setup.sh --engine
-  MARK="engine or slurm or slow or not (engine or slurm or slow)"  # every tier, named
+  HEAVY="engine or slurm or slow"
 fi
 # The checks run first (about 40 s); a failed one does not stop the tests, so one CI run reports everything.
 failed=()
@@ -22,11 +22,26 @@ export POLAR_HYPOTHESIS=ci  # property tests draw the same examples every run (t
 .venv/bin/ruff check polar_gym tests benchmarks scripts || failed+=(ruff)
 .venv/bin/lint-imports || failed+=(lint-imports)
 .venv/bin/mypy || failed+=(mypy)
-# Coverage of polar_gym in this process (the sandboxes' and subprocesses' own runs are not measured); the table
-# lists the files not fully covered, coverage/coverage.xml holds the rest. The 40 slowest tests are listed: CI time is
+# Two runs, each on two pytest-xdist workers (measured: ~5 min and ~19 min, against ~36 min in one process).
+# - The quick tiers (no real engine, Slurm or slow marker: ~3,200 tests, most CPU-bound in the test process): a test
+#   file per worker at a time, so a file's fixtures are built once.
+# - The heavy tiers (~180 tests): the groups of tests/conftest.py's xdist_group_of: every test of the real engine on
+#   one worker (one vLLM per dtype per session), every test of the local Slurm or the unprivileged user on one worker
+#   (one cluster, one user clone), the rest by file. Their waits (daemons, deadlines, CLIs) overlap the other
+#   worker's work.
+# Exit status 5 (no test selected: a path given to one tier only) is not a failure. Coverage of polar_gym in the test
+# processes (the sandboxes' and subprocesses' own runs are not measured) is combined over both runs; the table lists
+# the files not fully covered, coverage/coverage.xml holds the rest. Each run lists its slowest tests: CI time is
 # everyone's clock.
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 -m "$MARK" --cov --cov-report=term:skip-covered --cov-report=xml \
-  "$@" || failed+=(pytest)
+run_pytest() {
+  local rc=0
+  .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 "$@" || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 5 ]
+}
+run_pytest --dist loadfile --durations=20 -m "not (engine or slurm or slow)" --cov --cov-report= "$@" \
+  || failed+=(pytest-quick)
+run_pytest --dist loadgroup --durations=40 -m "$HEAVY" --cov --cov-append --cov-report=term:skip-covered \
+  --cov-report=xml "$@" || failed+=(pytest-heavy)
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

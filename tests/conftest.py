@@ -22,6 +22,30 @@ if os.environ.get("POLAR_HYPOTHESIS") in ("ci", "mutate"):
     settings.load_profile(os.environ["POLAR_HYPOTHESIS"])
 
 
+#: tests that share one expensive session resource, by the fixtures they use
+_ENGINE_FIXTURES = {"vllm_server", "vllm_train_server"}
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh's heavy run), the worker group of a test: every
+    test of the real engine on one worker (one vLLM per dtype per session), every test of the local Slurm or of the
+    unprivileged user on another (one cluster, one user clone; the user's Slurm test needs both), and the rest by
+    file (a file's module fixtures built once)."""
+    path = str(item.path)
+    if item.get_closest_marker("slurm") is not None or f"{os.sep}unprivileged{os.sep}" in path:
+        return "slurm-and-user"
+    if item.get_closest_marker("engine") is not None or _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "engine"
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+
+
 @pytest.fixture
 def proxy_server(tmp_path: Path) -> Iterator[RunningProxy]:
     """The proxy with the oracle engine (byte tokenizer), ad-hoc sessions and a file journal in tmp_path."""
