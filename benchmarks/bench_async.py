@@ -64,6 +64,7 @@ from polar_gym.schema import TaskRequest  # noqa: E402
 from polar_gym.server.client import RolloutClient  # noqa: E402
 from polar_gym.serving import free_port  # noqa: E402
 from polar_gym.trainer import TrainerSettings, run_grpo  # noqa: E402
+from polar_gym.trainer.worker import parse_cpu_list  # noqa: E402
 
 #: the issue's target: the asynchronous run reaches the thresholds in at most this share of the synchronous time
 TARGET_RATIO = 0.7
@@ -469,15 +470,10 @@ async def run_arm(args: argparse.Namespace, spec: ArmSpec, sft: Path, references
 def _pin(cpus: str) -> None:
     """Every thread of this process on ``cpus`` (sched_setaffinity sets one thread: the pools torch and the
     tokenizers started at import keep theirs otherwise); threads started later inherit it."""
-    wanted = {c for part in cpus.split(",") for c in _expand(part)}
+    wanted = parse_cpu_list(cpus)
     for task in Path("/proc/self/task").iterdir():
         with contextlib.suppress(ProcessLookupError):
             os.sched_setaffinity(int(task.name), wanted)
-
-
-def _expand(part: str) -> list[int]:
-    low, _, high = part.partition("-")
-    return list(range(int(low), int(high or low) + 1))
 
 
 QUICK = {"steps": 3, "groups": 2, "samples": 4, "sft_steps": 40, "sft_anneal_steps": 0}
@@ -527,6 +523,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             setattr(args, key, QUICK[key] if args.quick else value)
     if args.sft_checkpoint is not None and args.references is None:
         parser.error("--sft-checkpoint needs --references")
+    args.rollout_cpus = args.rollout_cpus or args.trainer_cpus
     return args
 
 
@@ -546,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         proc = start_vllm(checkpoint, port, args.out / "vllm-server.log", args.top_p)
     finally:
-        _pin(args.rollout_cpus or args.trainer_cpus)
+        _pin(args.rollout_cpus)
     runs: dict[str, ArmRun] = {}
     specs = {"sync": ArmSpec("sync", 0), "async": ArmSpec("async", args.staleness)}
     try:
@@ -560,19 +557,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      rollout_cpus=args.rollout_cpus))
     finally:
         stop(proc)
-    rollout = args.rollout_cpus or args.trainer_cpus
     checks = acceptance(runs, args.engine_cpus, args.trainer_cpus, judge_learning=not args.quick,
                         rollout_cpus=args.rollout_cpus)
     header = (f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: task {args.task}; GRPO {args.steps} steps x "
               f"{args.groups} groups x {args.samples} sessions on {args.slots} slots, {args.optimizer} lr {args.lr}, "
               f"seed {args.seed}, sampled at temperature 1 top_p {args.top_p}; async max_staleness {args.staleness} "
               f"(stale groups: {args.stale_groups}); engine on CPU {args.engine_cpus}, trainer on CPU "
-              f"{args.trainer_cpus} (threads {args.threads}), fleet and sessions on CPU {rollout}; wall "
+              f"{args.trainer_cpus} (threads {args.threads}), fleet and sessions on CPU {args.rollout_cpus}; wall "
               f"{(time.monotonic() - started) / 60:.1f} min")
-    shares = ("the trainer" if rollout == args.trainer_cpus
-              else "the engine" if rollout == args.engine_cpus else "nothing else")
-    notes = [f"The sandboxes, pi and the in-process fleet (rollout server, gateway, proxy) share CPU {rollout} with "
-             f"{shares}; the machine had {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end."]
+    rollout = parse_cpu_list(args.rollout_cpus)
+    shares = [name for name, cpus in (("the engine", args.engine_cpus), ("the trainer", args.trainer_cpus))
+              if rollout & parse_cpu_list(cpus)]
+    notes = [f"The sandboxes, pi and the in-process fleet (rollout server, gateway, proxy) share CPU "
+             f"{args.rollout_cpus} with {' and '.join(shares) or 'neither the engine nor the trainer'}; the machine "
+             f"had {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end."]
     lines = write_outputs(args.out, header, runs, checks, notes)
     print("\n".join(lines), flush=True)
     return 0 if all(c.passed for c in checks if c.judged) else 1
