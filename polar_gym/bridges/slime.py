@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar_gym.merge.exports import SlimeSample, slime_samples
+from polar_gym.merge.exports import main_chain, slime_samples
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.server.client import RolloutClient
 
@@ -67,11 +67,6 @@ def group_task(group: Sequence[Any], rollout_id: int, group_index: int, task_key
     return TaskRequest.model_validate({**spec, "task_id": task_id, "num_samples": len(group), "metadata": metadata})
 
 
-def _main_chain(samples: list[SlimeSample]) -> SlimeSample:
-    return max(samples, key=lambda s: (sum(s.loss_mask) if not s.metadata["masked"] else s.response_length,
-                                       -s.metadata["trace_index"]))
-
-
 def _status(sample: Any, value: str) -> Any:
     """Slime's ``Sample.Status`` member when the sample class has one (its values are these strings)."""
     enum = getattr(type(sample), "Status", None)
@@ -91,7 +86,7 @@ def fill_group(group: Sequence[Any], results: Sequence[SessionResult], group_ind
             raise ValueError(f"session {result.session_id} has {len(chains)} chains (extra_chains='fail')")
         meta = dict(getattr(sample, "metadata", None) or {})
         if chains:
-            main = _main_chain(chains)
+            main = main_chain(chains)
             sample.tokens, sample.response_length = list(main.tokens), main.response_length
             sample.loss_mask, sample.rollout_log_probs = list(main.loss_mask), list(main.rollout_log_probs)
             sample.reward, sample.status = main.reward, _status(sample, main.status)

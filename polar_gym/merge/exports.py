@@ -39,6 +39,7 @@ __all__ = [
     "SlimeSample",
     "TraceLine",
     "check_contiguity",
+    "main_chain",
     "nemo_item_chains",
     "nemo_items",
     "openai_message",
@@ -47,6 +48,7 @@ __all__ = [
     "slime_samples",
     "template_tool",
     "trace_lines",
+    "trajectory_records",
 ]
 
 SampleStatus = Literal["completed", "truncated", "aborted"]
@@ -155,6 +157,15 @@ def slime_samples(source: Source, task: TaskMetadata | Mapping[str, Any] | None 
                            "completion_id": s.completion_id} for s in spans],
             }))
     return samples
+
+
+def main_chain(samples: Sequence[SlimeSample]) -> SlimeSample:
+    """The sample a one-row-per-session trainer takes from a session's chains (sub-agents, compaction): the one with
+    the most trained tokens (the longest response when the session is masked), the first on a tie."""
+    if not samples:
+        raise ValueError("a session with no chain has no main chain")
+    return max(samples, key=lambda s: (sum(s.loss_mask) if not s.metadata["masked"] else s.response_length,
+                                       -s.metadata["trace_index"]))
 
 
 # -- NeMo Gym / NeMo RL -----------------------------------------------------------------------------------------------
@@ -272,6 +283,20 @@ def trace_lines(source: Source) -> list[TraceLine]:
     _, traj = _unpack(source)
     return [TraceLine.model_construct(**dict(t), session_id=traj.session_id, trace_index=i, builder=traj.builder)
             for i, t in enumerate(traj.traces)]
+
+
+def trajectory_records(results: Sequence[SessionResult], step: int) -> list[dict[str, Any]]:
+    """The lines a training run appends to its trajectories.jsonl for one step: each trace with its session, task,
+    the session's reward and the step, as a launch's trajectories.jsonl names them, so ``python -m polar_gym.audit
+    OUT_DIR --model VERSION=CHECKPOINT ...`` re-checks any step. Sessions without a trajectory give none."""
+    rows: list[dict[str, Any]] = []
+    for result in results:
+        if result.trajectory is None:
+            continue
+        reward = result.evaluation.reward if result.evaluation else None
+        rows.extend({**line.model_dump(mode="json"), "task_id": result.task_id, "session_reward": reward,
+                     "step": step} for line in trace_lines(result))
+    return rows
 
 
 # -- SFT --------------------------------------------------------------------------------------------------------------

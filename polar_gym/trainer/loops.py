@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from polar_gym.merge.exports import trace_lines
+from polar_gym.merge.exports import trajectory_records
 from polar_gym.report.training import trained_summary
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest, Trace
 from polar_gym.telemetry import MetricSinks
@@ -356,17 +356,9 @@ def _staleness_row(batch: Batch, results: Sequence[SessionResult], trainer_versi
 
 
 def _keep_traces(path: Path, results: Sequence[SessionResult], step: int) -> None:
-    """Append the step's traces to the run's trajectories.jsonl (one trace per line with its session, task, the
-    session's reward and the step, as a launch's trajectories.jsonl names them), so ``python -m polar_gym.audit
-    OUT_DIR --model VERSION=CHECKPOINT ...`` re-checks any step."""
+    """Append the step's traces to the run's trajectories.jsonl (merge.exports.trajectory_records)."""
     with path.open("a", encoding="utf-8") as f:
-        for result in results:
-            if result.trajectory is None:
-                continue
-            reward = result.evaluation.reward if result.evaluation else None
-            for line in trace_lines(result):
-                row = line.model_dump(mode="json")
-                f.write(json.dumps({**row, "task_id": result.task_id, "session_reward": reward, "step": step}) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in trajectory_records(results, step))
 
 
 def _prune(folder: Path, keep: Path, every: int) -> None:
