@@ -15,6 +15,12 @@ success on held-out sessions (temperature 0 forced by the proxy), and the sample
 
     nice -n 10 .venv/bin/python benchmarks/bench_learning.py --out /tmp/bench-learning
     nice -n 10 .venv/bin/python benchmarks/bench_learning.py --task demo-inventory   # another task's fork
+    nice -n 10 .venv/bin/python benchmarks/bench_learning.py --trainer trl           # TRL's GRPOTrainer (issue 38)
+
+``--trainer trl`` runs the same arms with TRL's own ``GRPOTrainer`` fed by :mod:`polar_gym.bridges.trl` instead of
+the reference trainer: the same sessions, SFT checkpoint, sampling, optimizer (SGD), learning rate, group size and
+noise-free evaluation (a TRL callback scores the reference answers before the first step and after each one); the
+control shuffles the evaluator's rewards within each step in the reward function TRL calls. No greedy sessions.
 
 Writes under ``--out``: demo/ (oracle sessions, datagen export: the reference answers), sft/ (its checkpoint),
 arm-NAME/trainer/train_metrics.jsonl (one row per step, step 0 = the SFT checkpoint), learning.svg (the arms on
@@ -50,7 +56,7 @@ from polar_gym.schema import SessionResult, TaskRequest
 from polar_gym.server.client import RolloutClient
 from polar_gym.tasks import DEMO_TASKS
 from polar_gym.tasks.forks import Replacement, TaskFork, fork_requests
-from polar_gym.trainer import TrainerSettings, bootstrap_diff, run_grpo, run_sft
+from polar_gym.trainer import TrainerSettings, bootstrap_diff, mean_se, run_grpo, run_sft
 from polar_gym.trainer.step_eval import is_greedy, session_reward
 
 #: a one-token (or nearly) wrong variant of each demo task's reference solution, whose tests then fail
@@ -199,6 +205,83 @@ async def run_arm(args: argparse.Namespace, arm: Arm, sft: Path, references: Pat
     return rows, recorder.rewards
 
 
+def run_arm_trl(args: argparse.Namespace, arm: Arm, sft: Path, references: Path, engine_url: str,
+                out: Path) -> tuple[list[dict[str, Any]], dict[int, list[float]]]:
+    """One GRPO arm with TRL's GRPOTrainer from the SFT checkpoint, on a fleet of its own (the bridge pushes the
+    SFT weights to the engine as version 0 before the first batch)."""
+    return asyncio.run(_run_arm_trl(args, arm, sft, references, engine_url, out))
+
+
+async def _run_arm_trl(args: argparse.Namespace, arm: Arm, sft: Path, references: Path, engine_url: str,
+                       out: Path) -> tuple[list[dict[str, Any]], dict[int, list[float]]]:
+    import random
+
+    import torch
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from polar_gym.bridges.trl import PolarRollout, TRLBridgeSettings
+    from polar_gym.trainer.policy import PAD_ID
+    from polar_gym.trainer.step_eval import ReferenceScorer
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    rewards: dict[int, list[float]] = {}
+    rows: dict[int, dict[str, Any]] = {}
+    shuffle = random.Random(arm.seed)
+    scorer = ReferenceScorer([str(references)], sft, PAD_ID)
+
+    def reward(completions: list[Any], polar_reward: list[float | None], trainer_state: Any,
+               **_: Any) -> list[float | None]:
+        real = [r for r in polar_reward if r is not None]
+        rewards.setdefault(int(trainer_state.global_step) + 1, []).extend(real)
+        if not arm.shuffle:
+            return list(polar_reward)
+        permuted = iter(shuffle.sample(real, len(real)))  # the control: the step's rewards, permuted
+        return [None if r is None else next(permuted) for r in polar_reward]
+
+    class Evaluate(TrainerCallback):  # type: ignore[misc]
+        """The noise-free evaluation before the first step and after each one, with TRL's logged loss."""
+
+        def on_train_begin(self, args_: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+            rows[0] = {"step": 0, **scorer(model)}
+
+        def on_step_begin(self, args_: Any, state: Any, control: Any, **_: Any) -> None:
+            self.started = time.monotonic()
+
+        def on_step_end(self, args_: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+            step = int(state.global_step)
+            got = rewards.get(step, [])
+            mean, se = mean_se(got) if got else (0.0, 0.0)
+            rows[step] = {"step": step, **scorer(model), "reward_mean": mean, "reward_se": se, "trained": len(got),
+                          "seconds": time.monotonic() - self.started}
+            _say(f"{arm.name}: step {step} share_right {rows[step]['eval/share_right']:.3f} reward {mean:.2f}")
+
+        def on_log(self, args_: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+            if logs and "grad_norm" in logs and int(state.global_step) in rows:
+                rows[int(state.global_step)]["grad_norm"] = float(logs["grad_norm"])
+
+    inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
+                                  max_tokens_cap=args.max_tokens)
+    config = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=args.samples,
+                        num_generations=args.samples, max_steps=args.steps, learning_rate=args.lr,
+                        optim="sgd", lr_scheduler_type="constant", max_grad_norm=1.0, beta=args.kl_coef,
+                        temperature=1.0, top_p=args.top_p, use_cpu=True, bf16=False, seed=arm.seed,
+                        logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
+                        model_init_kwargs={"dtype": torch.float32})
+    task = task_request(args.task, 1, args.session_timeout)
+    async with local_fleet(out, inference, pools=GatewayPools(run_slots=args.slots)) as (url, token):
+        rollout = PolarRollout([task], TRLBridgeSettings(server_url=url, admin_token=token, keep_checkpoints=1))
+        trainer = GRPOTrainer(model=str(sft), reward_funcs=reward, args=config, train_dataset=rollout.dataset(),
+                              rollout_func=rollout, callbacks=[Evaluate()])
+        await asyncio.to_thread(trainer.train)
+    metrics = out / "trainer" / "train_metrics.jsonl"
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    ordered = [rows[k] for k in sorted(rows)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in ordered))
+    return ordered, rewards
+
+
 @dataclass(frozen=True)
 class Check:
     text: str
@@ -296,6 +379,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="the proxy's max_tokens cap per call")
     parser.add_argument("--session-timeout", type=float, default=240.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trainer", choices=["polar", "trl"], default="polar", help="the GRPO trainer: polar_gym's "
+                        "reference trainer, or TRL's GRPOTrainer through polar_gym.bridges.trl (pip install "
+                        "polar_gym[trl])")
     args = parser.parse_args()
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -316,8 +402,12 @@ def main() -> int:
     done: dict[Arm, tuple[list[dict[str, Any]], dict[int, list[float]]]] = {}
     try:
         for arm in arms:
-            done[arm] = asyncio.run(run_arm(args, arm, checkpoint, references, f"http://127.0.0.1:{port}",
-                                            args.out / f"arm-{arm.name}"))
+            if args.trainer == "trl":
+                done[arm] = run_arm_trl(args, arm, checkpoint, references, f"http://127.0.0.1:{port}",
+                                        args.out / f"arm-{arm.name}")
+            else:
+                done[arm] = asyncio.run(run_arm(args, arm, checkpoint, references, f"http://127.0.0.1:{port}",
+                                                args.out / f"arm-{arm.name}"))
     finally:
         stop(proc)
     last = min(10, args.steps)
@@ -325,7 +415,8 @@ def main() -> int:
     header = (f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: task {args.task}, fork "
               f"{'; '.join(f'{o!r} -> {n!r}' for o, n in replace)}; SFT {args.sft_steps} steps lr {args.sft_lr} + "
               f"{args.sft_anneal_steps} at {args.sft_lr / 10:g}; "
-              f"GRPO {args.steps} steps x {args.samples} sessions {args.optimizer} lr {args.lr} kl {args.kl_coef}, "
+              f"{'TRL GRPOTrainer' if args.trainer == 'trl' else 'GRPO'} "
+              f"{args.steps} steps x {args.samples} sessions {args.optimizer} lr {args.lr} kl {args.kl_coef}, "
               f"sampled at temperature 1 top_p {args.top_p}; wall "
               f"{(time.monotonic() - started) / 60:.1f} min")
     summarize(args.out, header, done, checks)

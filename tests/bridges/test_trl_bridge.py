@@ -1,0 +1,155 @@
+"""The TRL bridge (polar_gym.bridges.trl): sessions as rows of TRL's rollout output, token for token; and TRL's own
+GRPOTrainer trained on multi-turn sessions of a forked task through a real local fleet (pi in bubblewrap, the oracle
+engine playing the right and the wrong solution), receiving exactly the traces of trajectories.jsonl."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from polar_gym.bridges.trl import (
+    PolarRollout,
+    TRLBridgeSettings,
+    polar_reward,
+    prompt_runs,
+    rollout_output,
+    session_row,
+)
+from polar_gym.fleet import InferenceSettings, local_fleet
+from polar_gym.gateway.config import GatewayPools
+from polar_gym.schema import EvalResult, SamplingOverride, SessionResult, SessionStatus, Trace, Trajectory
+from polar_gym.tasks import DEMO_TASKS
+from polar_gym.tasks.forks import Replacement, TaskFork, fork_requests
+from tests.bridges._trl import TRL_WARNINGS, Received, trl_config
+
+END = 151645
+SETTINGS = TRLBridgeSettings(server_url="http://127.0.0.1:9", admin_token="t")
+
+
+def _result(traces: list[Trace], status: SessionStatus = SessionStatus.COMPLETED,
+            reward: float | None = 1.0) -> SessionResult:
+    return SessionResult(session_id="s0", task_id="t", status=status,
+                         trajectory=Trajectory(session_id="s0", traces=traces),
+                         evaluation=None if reward is None else EvalResult(reward=reward))
+
+
+def _trace(prompt: list[int], response: list[int], mask: list[int], versions: list[int] | None = None) -> Trace:
+    meta = {} if versions is None else {"policy_versions": versions}
+    return Trace(prompt_ids=prompt, response_ids=response, loss_mask=mask,
+                 response_logprobs=[-(i + 1) / 10 for i in range(len(response))], metadata=meta)
+
+
+def test_prompt_runs_group_trls_repeated_prompts_in_order() -> None:
+    assert prompt_runs(["a", "a", "b", "b", "a"]) == [("a", 2), ("b", 2), ("a", 1)]
+    assert prompt_runs([]) == []
+
+
+def test_a_multi_turn_session_is_one_row_split_where_sampling_starts() -> None:
+    trace = _trace([5, 6, 7], [10, 11, 12, 13, 14, END], [1, 1, 0, 0, 1, 1])
+    row = session_row(_result([trace], reward=0.75), END)
+    assert row.prompt_ids == [5, 6, 7] and row.completion_ids == [10, 11, 12, 13, 14, END]
+    assert row.env_mask == [1, 1, 0, 0, 1, 1]  # the tool output between the turns: context, not trained
+    assert row.logprobs == [-0.1, -0.2, -0.3, -0.4, -0.5, -0.6]  # aligned with completion_ids, untouched
+    assert row.reward == 0.75 and row.status == "COMPLETED" and row.extra_chains == 0
+
+
+def test_an_unfinished_session_gives_a_row_with_no_reward_and_nothing_trained() -> None:
+    trace = _trace([5], [10, 11], [1, 1])
+    timed_out = session_row(_result([trace], SessionStatus.TIMEOUT, reward=1.0), END)
+    assert timed_out.completion_ids == [10, 11] and timed_out.env_mask == [0, 0] and timed_out.reward is None
+    no_call = session_row(SessionResult(session_id="s1", task_id="t", status=SessionStatus.ERROR), END)
+    assert (no_call.prompt_ids, no_call.completion_ids, no_call.env_mask) == ([END], [END], [0])
+    assert no_call.reward is None and no_call.status == "ERROR"
+    unscored = session_row(_result([trace], reward=None), END)
+    assert unscored.reward is None and unscored.env_mask == [1, 1]  # completed, no evaluator: TRL skips its reward
+
+
+def test_a_session_with_a_sub_agent_gives_its_main_chain() -> None:
+    main = _trace([1, 2], [3, 4, 5, 6], [1, 1, 0, 1], versions=[3, 4])
+    sub = _trace([1, 9], [7], [1])
+    row = session_row(_result([sub, main]), END)
+    assert row.prompt_ids == [1, 2] and row.completion_ids == [3, 4, 5, 6] and row.extra_chains == 1
+    with pytest.raises(ValueError, match="2 chains"):
+        session_row(_result([sub, main]), END, extra_chains="fail")
+
+
+def test_rollout_output_has_trls_keys_and_the_reward_fields() -> None:
+    rows = [session_row(_result([_trace([1], [2, END], [1, 1])], reward=r), END) for r in (1.0, 0.0)]
+    out = rollout_output(rows)
+    assert out["prompt_ids"] == [[1], [1]] and out["completion_ids"] == [[2, END], [2, END]]
+    assert out["env_mask"] == [[1, 1], [1, 1]] and out["polar_reward"] == [1.0, 0.0]
+    assert polar_reward(["x", "y"], polar_reward=out["polar_reward"]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="rollout_func"):
+        polar_reward(["x"])
+    with pytest.raises(ValueError, match="1 rewards for 2"):
+        polar_reward(["x", "y"], polar_reward=[1.0])
+
+
+def test_tasks_are_named_by_their_instruction() -> None:
+    task = DEMO_TASKS["demo-calc-add"].to_request(harness="pi", model_name="policy")
+    with pytest.raises(ValueError, match="same instruction"):
+        PolarRollout([task, task.model_copy(update={"task_id": "other"})], SETTINGS)
+    rollout = PolarRollout([task], SETTINGS)
+    args = SimpleNamespace(temperature=0.7, top_p=0.9, top_k=0)
+    request = rollout._request(task.instruction, 3, 5, args)
+    assert request.num_samples == 3 and request.metadata.group_id == request.task_id != task.task_id
+    assert request.metadata.rollout_step == 5
+    assert request.metadata.sampling == SamplingOverride(temperature=0.7, top_p=0.9, top_k=-1)  # TRL's values
+    greedy = task.model_copy(update={"metadata": task.metadata.model_copy(
+        update={"sampling": SamplingOverride(temperature=0.0)})})
+    assert PolarRollout([greedy], SETTINGS)._request(task.instruction, 1, 0, args).metadata.sampling == \
+        SamplingOverride(temperature=0.0)  # the task's own sampling wins
+    harness = PolarRollout([task], SETTINGS.model_copy(update={"sampling": "harness"}))
+    assert harness._request(task.instruction, 1, 0, args).metadata.sampling is None
+    with pytest.raises(ValueError, match="no task has the instruction"):
+        rollout._request("write me a poem", 1, 0, args)
+
+
+def test_the_bridge_needs_the_server_address() -> None:
+    with pytest.raises(RuntimeError, match="POLAR_SERVER_URL and POLAR_ADMIN_TOKEN"):
+        TRLBridgeSettings.from_env({})
+    assert TRLBridgeSettings.from_env({"POLAR_SERVER_URL": "http://h:1", "POLAR_ADMIN_TOKEN": "x"},
+                                      weight_sync="none").weight_sync == "none"
+
+
+@pytest.mark.slow
+@TRL_WARNINGS[0]
+@TRL_WARNINGS[1]
+async def test_trl_trains_on_multi_turn_sessions_of_a_forked_task(tmp_path: Path) -> None:
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap is needed: run `bash scripts/setup.sh`")
+    try:
+        import torch
+        from trl import GRPOTrainer
+    except ImportError as exc:  # a pinned extra: set-up installs it
+        pytest.fail(f"TRL is needed ({exc}): run `bash scripts/setup.sh`")
+    from tests.trainer._tiny import small_qwen3_dir
+
+    fork = TaskFork(name="wrong", replace=[Replacement(old="return a + b", new="return a * b")])
+    (task,) = fork_requests([DEMO_TASKS["demo-calc-add"].to_request(harness="pi", model_name="policy",
+                                                                     num_samples=2)], [fork])
+    out = tmp_path / "trl"
+    received = Received()
+    async with local_fleet(tmp_path / "fleet", InferenceSettings(), pools=GatewayPools(run_slots=2)) as (url, token):
+        # the oracle engine plays scripts, whatever the weights: nothing to push to it
+        rollout = PolarRollout([task], TRLBridgeSettings(server_url=url, admin_token=token, weight_sync="none"))
+        trainer = GRPOTrainer(model=str(small_qwen3_dir(tmp_path)), reward_funcs=received.reward,
+                              args=trl_config(out, per_device_train_batch_size=2), train_dataset=rollout.dataset(),
+                              rollout_func=rollout)
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        received.attach(trainer)
+        await asyncio.to_thread(trainer.train)
+    lines = received.check_against(out / "trajectories.jsonl", 2)
+    for step in (1, 2):
+        traces = [t for t in lines if t["step"] == step]
+        assert all(0 in t["loss_mask"] and 1 in t["loss_mask"] for t in traces)  # tool output between the turns
+        assert sorted(t["session_reward"] for t in traces) == [0.0, 1.0]  # the fork: the right and the wrong one
+        assert {t["metadata"].get("oracle_variant") for t in traces} <= {None, "reference", "wrong"}
+    advantages = [batch["advantages"] for batch in received.batches]
+    assert all(float(a.abs().min()) > 0 for a in advantages), advantages  # the rewards reached TRL's advantages
+    moved = max(float((p.detach() - b).abs().max()) for p, b in zip(trainer.model.parameters(), before, strict=True))
+    assert moved > 0 and torch.isfinite(torch.tensor(moved))
