@@ -29,7 +29,7 @@ from polar_gym.merge.exports import main_chain, slime_samples
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["SlimeBridgeSettings", "fill_group", "generate_rollout", "group_task", "run_groups"]
+__all__ = ["SlimeBridgeSettings", "collect_results", "fill_group", "generate_rollout", "group_task", "run_groups"]
 
 
 class SlimeBridgeSettings(BaseModel):
@@ -48,20 +48,21 @@ class SlimeBridgeSettings(BaseModel):
         env = os.environ if environ is None else environ
         missing = [k for k in ("POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN") if not env.get(k)]
         if missing:
-            raise RuntimeError(f"the Slime bridge needs {' and '.join(missing)} (the Polar rollout server)")
+            raise RuntimeError(f"the Slime and Miles bridges need {' and '.join(missing)} (the Polar rollout server)")
         return cls(server_url=env["POLAR_SERVER_URL"], admin_token=env["POLAR_ADMIN_TOKEN"],
                    timeout_seconds=float(env.get("POLAR_TIMEOUT_SECONDS", 7200.0)),
                    extra_chains=env.get("POLAR_EXTRA_CHAINS", "main"))
 
 
-def group_task(group: Sequence[Any], rollout_id: int, group_index: int, task_key: str = "polar_task") -> TaskRequest:
+def group_task(group: Sequence[Any], rollout_id: int, group_index: int, task_key: str = "polar_task",
+               prefix: str = "slime") -> TaskRequest:
     """The TaskRequest of one prompt group: the first sample's ``metadata[task_key]``, one session per sample."""
     if not group:
         raise ValueError("an empty prompt group")
     spec = dict((getattr(group[0], "metadata", None) or {}).get(task_key) or {})
     if not spec:
         raise ValueError(f"sample metadata has no {task_key!r}: put the Polar task (TaskRequest fields) there")
-    task_id = f"slime-r{rollout_id}-g{group_index}-{uuid.uuid4().hex[:8]}"
+    task_id = f"{prefix}-r{rollout_id}-g{group_index}-{uuid.uuid4().hex[:8]}"
     metadata = dict(spec.get("metadata") or {})
     metadata["group_id"] = metadata.get("group_id") or task_id  # the GRPO group: this prompt's samples
     return TaskRequest.model_validate({**spec, "task_id": task_id, "num_samples": len(group), "metadata": metadata})
@@ -104,17 +105,23 @@ def fill_group(group: Sequence[Any], results: Sequence[SessionResult], group_ind
     return list(group)
 
 
-async def run_groups(groups: Sequence[Sequence[Any]], rollout_id: int,
-                     settings: SlimeBridgeSettings) -> list[list[Any]]:
-    """Submit one task per group, wait for every session, fill the samples in place."""
-    tasks = [group_task(g, rollout_id, i, settings.task_key) for i, g in enumerate(groups)]
+async def collect_results(groups: Sequence[Sequence[Any]], rollout_id: int, settings: SlimeBridgeSettings,
+                          prefix: str = "slime") -> list[list[SessionResult]]:
+    """Submit one task per group and wait for every session: each group's SessionResults, in group order."""
+    tasks = [group_task(g, rollout_id, i, settings.task_key, prefix) for i, g in enumerate(groups)]
     async with RolloutClient(settings.server_url, settings.admin_token) as client:
         await client.submit_all(tasks)
         results: dict[str, list[SessionResult]] = {t.task_id: [] for t in tasks}
         async for result in client.results(list(results), timeout=settings.timeout_seconds):
             results[result.task_id].append(result)
-    return [fill_group(g, results[t.task_id], i, settings.extra_chains)
-            for i, (g, t) in enumerate(zip(groups, tasks, strict=True))]
+    return [results[t.task_id] for t in tasks]
+
+
+async def run_groups(groups: Sequence[Sequence[Any]], rollout_id: int,
+                     settings: SlimeBridgeSettings) -> list[list[Any]]:
+    """Submit one task per group, wait for every session, fill the samples in place."""
+    results = await collect_results(groups, rollout_id, settings)
+    return [fill_group(g, r, i, settings.extra_chains) for i, (g, r) in enumerate(zip(groups, results, strict=True))]
 
 
 def _take_groups(data_source: Any, args: Any) -> list[list[Any]]:
