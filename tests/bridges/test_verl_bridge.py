@@ -9,6 +9,7 @@ import asyncio
 import functools
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,10 @@ from polar_gym.schema import EvalResult, SessionResult, SessionStatus, Trace, Tr
 from polar_gym.tasks import DEMO_TASKS
 from tests.merge._sessions import EOT, merged, rec
 
-VERL_MISSING = "verl is not installed: install polar_gym's verl extra (verl==0.9.1 with ray and tensordict)"
+VERL_MISSING = ("verl is not installed: `bash scripts/setup.sh` puts verl 0.9.1's agent loop (pyproject's "
+                "[tool.polar_gym] verl-overlay) in .venv/verl-overlay")
+#: verl beside the venv (its pins would downgrade transformers): scripts/setup.sh links it here
+VERL_OVERLAY = Path(__file__).resolve().parents[2] / ".venv" / "verl-overlay"
 FILLER = 151643
 
 # a two-turn session: system+user prompt, a sampled tool call, the tool's output (environment tokens), a sampled answer
@@ -55,6 +59,14 @@ def _result(traj: Trajectory | None = None, status: SessionStatus = SessionStatu
 def _row(result: SessionResult | None = None, **kw: Any) -> bridge.VerlRow:
     return verl_row(_result() if result is None else result, **{"prompt_length": 64, "response_length": 64,
                                                                 "filler_id": FILLER, **kw})
+
+
+def _verl_agent_loop() -> Any:
+    """verl's agent loop module, from the overlay when set-up made one (after the venv's own packages on the path);
+    the test skips, saying how to get it, when there is none."""
+    if VERL_OVERLAY.is_dir() and str(VERL_OVERLAY) not in sys.path:
+        sys.path.append(str(VERL_OVERLAY))
+    return pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason=VERL_MISSING)
 
 
 # -- the conversion, token for token --------------------------------------------------------------------------------
@@ -254,7 +266,7 @@ def _verl_config(prompt_length: int, response_length: int) -> Any:
 
 
 def _agent_loop(tokenizer: Any, prompt_length: int, response_length: int) -> Any:
-    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason=VERL_MISSING)
+    agent_loop = _verl_agent_loop()
     from omegaconf import OmegaConf
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -266,7 +278,7 @@ def _agent_loop(tokenizer: Any, prompt_length: int, response_length: int) -> Any
 
 def _verl_worker(tokenizer: Any, prompt_length: int, response_length: int) -> Any:
     """verl's AgentLoopWorker without its Ray actor setup: the fields its post-processing reads."""
-    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason=VERL_MISSING)
+    agent_loop = _verl_agent_loop()
     worker = object.__new__(agent_loop.AgentLoopWorker)
     worker.rollout_config = _verl_config(prompt_length, response_length).actor_rollout_ref.rollout
     worker.tokenizer, worker.processor, worker.mm_processor_kwargs = tokenizer, None, {}
@@ -283,7 +295,7 @@ async def _verl_batch(outputs: list[Any], tokenizer: Any, prompt_length: int, re
 
 @pytest.mark.slow  # importing verl (Ray, tensordict) and the tokenizer take seconds
 async def test_the_agent_loop_output_lands_in_verls_padded_batch_at_the_right_positions() -> None:
-    pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason=VERL_MISSING)
+    _verl_agent_loop()
     tokenizer = _tokenizer()
     P, R = 8, 16  # verl's prompt_length and response_length
     server = FakeServer(_result())
@@ -328,7 +340,7 @@ async def test_the_agent_loop_output_lands_in_verls_padded_batch_at_the_right_po
 
 @pytest.mark.slow
 async def test_a_truncated_row_fills_verls_response_exactly() -> None:
-    agent_loop = pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason=VERL_MISSING)
+    agent_loop = _verl_agent_loop()
     tokenizer = _tokenizer()
     R = len(TURN0) + 2
     row = _row(response_length=R, prompt_length=len(PROMPT))
@@ -346,7 +358,7 @@ async def test_a_truncated_row_fills_verls_response_exactly() -> None:
 @pytest.mark.slow
 async def test_the_agent_loop_trains_exactly_what_the_engine_sampled(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason=VERL_MISSING)
+    _verl_agent_loop()
     from polar_gym.assets import tokenizer_dir
     from polar_gym.fleet import InferenceSettings, local_fleet
     from polar_gym.gateway.config import GatewayPools
