@@ -26,7 +26,8 @@ from polar_gym.tasks import DEMO_TASKS
 
 @dataclass
 class Sample:
-    """The fields of slime.utils.types.Sample the bridge reads and writes (slime itself needs GPUs to install)."""
+    """The fields of slime.utils.types.Sample the bridge reads and writes. Slime itself does not install here: PyPI's
+    `slime` is an unrelated package and THUDM/slime is only on GitHub (docs/trainers/slime.md)."""
 
     class Status(enum.Enum):
         PENDING = "pending"
