@@ -18,13 +18,11 @@ has several chains (sub-agents, compaction), the sample takes the main one (the 
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from polar_gym.bridges.common import BridgeSettings
 from polar_gym.merge.exports import main_chain, slime_samples
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.server.client import RolloutClient
@@ -32,26 +30,16 @@ from polar_gym.server.client import RolloutClient
 __all__ = ["SlimeBridgeSettings", "collect_results", "fill_group", "generate_rollout", "group_task", "run_groups"]
 
 
-class SlimeBridgeSettings(BaseModel):
+class SlimeBridgeSettings(BridgeSettings):
     """Where the rollout server is and how groups become tasks (``POLAR_*`` environment variables by default)."""
 
-    model_config = ConfigDict(extra="forbid")
+    bridge_name: ClassVar[str] = "the Slime and Miles bridges"
 
-    server_url: str
-    admin_token: str
     task_key: str = "polar_task"
-    timeout_seconds: float = Field(default=7200.0, gt=0)
-    extra_chains: Literal["main", "fail"] = "main"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> SlimeBridgeSettings:
-        env = os.environ if environ is None else environ
-        missing = [k for k in ("POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN") if not env.get(k)]
-        if missing:
-            raise RuntimeError(f"the Slime and Miles bridges need {' and '.join(missing)} (the Polar rollout server)")
-        return cls(server_url=env["POLAR_SERVER_URL"], admin_token=env["POLAR_ADMIN_TOKEN"],
-                   timeout_seconds=float(env.get("POLAR_TIMEOUT_SECONDS", 7200.0)),
-                   extra_chains=env.get("POLAR_EXTRA_CHAINS", "main"))
+        return cls(**cls.server_env(environ))
 
 
 def group_task(group: Sequence[Any], rollout_id: int, group_index: int, task_key: str = "polar_task",

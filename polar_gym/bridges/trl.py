@@ -36,17 +36,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from polar_gym.bridges.common import BridgeSettings, trainer_sampling
 from polar_gym.merge.exports import main_chain, slime_samples, trajectory_records
-from polar_gym.schema import SamplingOverride, SessionResult, SessionStatus, TaskRequest
+from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.server.client import RolloutClient
 
 __all__ = ["PolarRollout", "TRLBridgeSettings", "TRLRow", "polar_reward", "prompt_runs", "rollout_output",
@@ -55,15 +55,11 @@ __all__ = ["PolarRollout", "TRLBridgeSettings", "TRLRow", "polar_reward", "promp
 log = logging.getLogger(__name__)
 
 
-class TRLBridgeSettings(BaseModel):
+class TRLBridgeSettings(BridgeSettings):
     """Where the rollout server is, and how TRL's batches become tasks and its weights reach the engines."""
 
-    model_config = ConfigDict(extra="forbid")
+    bridge_name: ClassVar[str] = "the TRL bridge"
 
-    server_url: str
-    admin_token: str
-    timeout_seconds: float = Field(default=7200.0, gt=0)
-    extra_chains: Literal["main", "fail"] = "main"
     #: "checkpoint": the trainer's weights go to the fleet before each batch that follows an optimizer step (and
     #: before the first); "none": the engines keep whatever weights they serve
     weight_sync: Literal["checkpoint", "none"] = "checkpoint"
@@ -77,11 +73,7 @@ class TRLBridgeSettings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> TRLBridgeSettings:
-        env = os.environ if environ is None else environ
-        missing = [k for k in ("POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN") if not env.get(k)]
-        if missing:
-            raise RuntimeError(f"the TRL bridge needs {' and '.join(missing)} (the Polar rollout server)")
-        return cls(server_url=env["POLAR_SERVER_URL"], admin_token=env["POLAR_ADMIN_TOKEN"], **overrides)
+        return cls(**{**cls.server_env(environ), **overrides})
 
 
 class TRLRow(BaseModel):
@@ -157,12 +149,6 @@ def polar_reward(completions: Sequence[Any], polar_reward: Sequence[float | None
     return list(polar_reward)
 
 
-def _trainer_sampling(args: Any) -> SamplingOverride:
-    top_k = int(getattr(args, "top_k", 0) or 0)
-    return SamplingOverride(temperature=float(args.temperature), top_p=float(args.top_p),
-                            top_k=top_k if top_k > 0 else -1)
-
-
 class PolarRollout:
     """TRL's ``rollout_func``: each batch of prompts runs as tasks on the Polar rollout server (module docstring).
     ``tasks``: the tasks the dataset's prompts name, each by its instruction (:meth:`dataset`)."""
@@ -213,7 +199,8 @@ class PolarRollout:
         task_id = f"trl-s{step}-{uuid.uuid4().hex[:10]}"
         metadata = task.metadata.model_copy(update={"group_id": task_id, "rollout_step": step})
         if self.settings.sampling == "trainer" and metadata.sampling is None:
-            metadata = metadata.model_copy(update={"sampling": _trainer_sampling(args)})
+            sampling = trainer_sampling(args.temperature, args.top_p, getattr(args, "top_k", 0))
+            metadata = metadata.model_copy(update={"sampling": sampling})
         return task.model_copy(update={"task_id": task_id, "num_samples": count, "metadata": metadata})
 
     async def _run(self, requests: Sequence[TaskRequest]) -> dict[str, list[SessionResult]]:

@@ -40,13 +40,14 @@ import logging
 import os
 import uuid
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from polar_gym.bridges.common import BridgeSettings, trainer_sampling
 from polar_gym.merge.exports import main_chain, slime_samples
-from polar_gym.schema import SamplingOverride, SessionResult, SessionStatus, TaskRequest
+from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.server.client import RolloutClient
 
 __all__ = ["AGENT_NAME", "EXTRA_FIELDS", "VerlBridgeSettings", "VerlRow", "run_session", "session_task", "task_spec",
@@ -65,17 +66,13 @@ EXTRA_FIELDS = ("polar_session_id", "polar_task_id", "polar_status", "polar_mask
 _AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
 
 
-class VerlBridgeSettings(BaseModel):
+class VerlBridgeSettings(BridgeSettings):
     """Where the rollout server is and how samples become tasks (``POLAR_*`` environment variables by default: verl
     builds the agent loop itself, in its Ray workers, so the settings cannot be handed in)."""
 
-    model_config = ConfigDict(extra="forbid")
+    bridge_name: ClassVar[str] = "the verl bridge"
 
-    server_url: str
-    admin_token: str
     task_key: str = "polar_task"
-    timeout_seconds: float = Field(default=7200.0, gt=0)
-    extra_chains: Literal["main", "fail"] = "main"
     #: a response longer than verl's response_length: "truncate" keeps its first response_length tokens, "mask"
     #: keeps the row untrained
     overflow: Literal["truncate", "mask"] = "truncate"
@@ -86,15 +83,10 @@ class VerlBridgeSettings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> VerlBridgeSettings:
         env = os.environ if environ is None else environ
-        missing = [k for k in ("POLAR_SERVER_URL", "POLAR_ADMIN_TOKEN") if not env.get(k)]
-        if missing:
-            raise RuntimeError(f"the verl bridge needs {' and '.join(missing)} (the Polar rollout server) in the "
-                               "environment of verl's workers (e.g. ray runtime_env env_vars)")
-        optional = {"timeout_seconds": env.get("POLAR_TIMEOUT_SECONDS"), "extra_chains": env.get("POLAR_EXTRA_CHAINS"),
-                    "overflow": env.get("POLAR_VERL_OVERFLOW"), "sampling": env.get("POLAR_VERL_SAMPLING"),
+        base = cls.server_env(env, " in the environment of verl's workers (e.g. ray runtime_env env_vars)")
+        optional = {"overflow": env.get("POLAR_VERL_OVERFLOW"), "sampling": env.get("POLAR_VERL_SAMPLING"),
                     "task_key": env.get("POLAR_TASK_KEY")}
-        return cls.model_validate({"server_url": env["POLAR_SERVER_URL"], "admin_token": env["POLAR_ADMIN_TOKEN"],
-                                   **{k: v for k, v in optional.items() if v}})
+        return cls.model_validate({**base, **{k: v for k, v in optional.items() if v}})
 
 
 class VerlRow(BaseModel):
@@ -206,13 +198,6 @@ def task_spec(sample: Mapping[str, Any], task_key: str = "polar_task") -> dict[s
     return dict(raw)
 
 
-def _sampling(params: Mapping[str, Any]) -> SamplingOverride:
-    top_k = int(params.get("top_k") or -1)
-    top_p = params.get("top_p")
-    return SamplingOverride(temperature=float(params.get("temperature", 1.0)),
-                            top_p=float(top_p) if top_p is not None else None, top_k=top_k if top_k > 0 else -1)
-
-
 def session_task(spec: Mapping[str, Any], sampling_params: Mapping[str, Any], *, uid: str | None = None,
                  sampling: Literal["trainer", "harness"] = "trainer") -> TaskRequest:
     """One sample's TaskRequest: one session; ``metadata.group_id`` is verl's ``uid`` (the GRPO group)."""
@@ -220,7 +205,8 @@ def session_task(spec: Mapping[str, Any], sampling_params: Mapping[str, Any], *,
     request = TaskRequest.model_validate({**spec, "task_id": task_id, "num_samples": 1})
     update: dict[str, Any] = {"group_id": f"verl-{uid}" if uid else task_id}
     if sampling == "trainer" and request.metadata.sampling is None:
-        update["sampling"] = _sampling(sampling_params)
+        update["sampling"] = trainer_sampling(sampling_params.get("temperature"), sampling_params.get("top_p"),
+                                              sampling_params.get("top_k"))
     return request.model_copy(update={"metadata": request.metadata.model_copy(update=update)})
 
 
