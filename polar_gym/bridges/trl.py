@@ -26,7 +26,8 @@ A session with several chains (sub-agents, compaction) gives its main chain (the
 to the fleet (``trainer.save_model`` to ``OUTPUT_DIR/polar_weights/step-N``, then the rollout server's weight-update
 call with policy version N), so the engine samples with the weights TRL trains; ``weight_sync="none"`` leaves that
 to the user (TRL's own vLLM sync, or a frozen policy). Every batch's traces are appended to
-``OUTPUT_DIR/trajectories.jsonl`` (``python -m polar_gym.audit`` reads it). TRL's temperature, top_p and top_k are
+``OUTPUT_DIR/trajectories.jsonl`` (``python -m polar_gym.audit`` reads it; with several training processes each
+writes ``trajectories.rankN.jsonl``), before anything can refuse the batch. TRL's temperature, top_p and top_k are
 forced on every model call of the sessions (``sampling="trainer"``), unless the task sets its own
 ``metadata.sampling``.
 """
@@ -177,14 +178,20 @@ class PolarRollout:
         step = int(trainer.state.global_step)
         requests = [self._request(prompt, count, step, trainer.args) for prompt, count in prompt_runs(prompts)]
         results = asyncio.run(self._run(requests))
+        flat = [result for request in requests for result in results[request.task_id]]
+        # kept before anything can refuse the batch: what was captured is never lost
+        accelerator = trainer.accelerator
+        name = "trajectories.jsonl" if accelerator.num_processes == 1 else \
+            f"trajectories.rank{accelerator.process_index}.jsonl"
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / name).open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in trajectory_records(flat, step + 1))
+        for request in requests:
+            if len(results[request.task_id]) != request.num_samples:
+                raise RuntimeError(f"task {request.task_id}: {len(results[request.task_id])} session results for "
+                                   f"{request.num_samples} samples")
         end_id = _end_id(trainer)
-        rows = [session_row(result, end_id, self.settings.extra_chains)
-                for request in requests for result in results[request.task_id]]
-        if trainer.accelerator.is_main_process:
-            out.mkdir(parents=True, exist_ok=True)
-            flat = [result for request in requests for result in results[request.task_id]]
-            with (out / "trajectories.jsonl").open("a", encoding="utf-8") as f:
-                f.writelines(json.dumps(row) + "\n" for row in trajectory_records(flat, step + 1))
+        rows = [session_row(result, end_id, self.settings.extra_chains) for result in flat]
         failed = [r for r in rows if r.reward is None]
         if failed:
             log.warning("%d of %d sessions gave no reward (not trained): %s", len(failed), len(rows),
@@ -209,12 +216,8 @@ class PolarRollout:
             await client.submit_all(requests)
             async for result in client.results(list(results), timeout=self.settings.timeout_seconds):
                 results[result.task_id].append(result)
-        for request in requests:
-            got = results[request.task_id]
+        for got in results.values():
             got.sort(key=lambda r: int(r.metadata.get("sample_index", 0)))
-            if len(got) != request.num_samples:
-                raise RuntimeError(f"task {request.task_id}: {len(got)} session results for {request.num_samples} "
-                                   "samples")
         return results
 
     def _out(self, trainer: Any) -> Path:

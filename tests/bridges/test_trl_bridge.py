@@ -5,9 +5,11 @@ engine playing the right and the wrong solution), receiving exactly the traces o
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -107,6 +109,34 @@ def test_tasks_are_named_by_their_instruction() -> None:
     assert harness._request(task.instruction, 1, 0, args).metadata.sampling is None
     with pytest.raises(ValueError, match="no task has the instruction"):
         rollout._request("write me a poem", 1, 0, args)
+
+
+def _trainer(out: Path, processes: int = 1, index: int = 0) -> SimpleNamespace:
+    """The attributes of a TRL GRPOTrainer the bridge reads."""
+    return SimpleNamespace(args=SimpleNamespace(output_dir=str(out), temperature=1.0, top_p=1.0, top_k=0),
+                           state=SimpleNamespace(global_step=3), eos_token_ids=[END],
+                           accelerator=SimpleNamespace(num_processes=processes, process_index=index,
+                                                       is_main_process=index == 0))
+
+
+def test_a_refused_batch_keeps_its_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = DEMO_TASKS["demo-calc-add"].to_request(harness="pi", model_name="policy")
+    settings = SETTINGS.model_copy(update={"weight_sync": "none", "extra_chains": "fail"})
+    rollout = PolarRollout([task], settings)
+    two_chains = _result([_trace([1], [2, END], [1, 1]), _trace([1, 9], [3, END], [1, 1])])
+
+    async def run(requests: list[Any]) -> dict[str, list[SessionResult]]:
+        return {r.task_id: [two_chains.model_copy(update={"task_id": r.task_id})] for r in requests}
+
+    monkeypatch.setattr(rollout, "_run", run)
+    with pytest.raises(ValueError, match="2 chains"):
+        rollout([task.instruction], _trainer(tmp_path))
+    lines = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert [(t["trace_index"], t["step"], t["response_ids"]) for t in lines] == [(0, 4, [2, END]), (1, 4, [3, END])]
+    # another training process writes a file of its own; rows come back in TRL's order
+    rollout.settings = settings.model_copy(update={"extra_chains": "main"})
+    output = rollout([task.instruction], _trainer(tmp_path, processes=2, index=1))
+    assert output["completion_ids"] == [[2, END]] and (tmp_path / "trajectories.rank1.jsonl").exists()
 
 
 def test_the_bridge_needs_the_server_address() -> None:
