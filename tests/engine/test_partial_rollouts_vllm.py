@@ -31,7 +31,10 @@ from tests.engine.test_weights_vllm import CHANGED, SAME_WEIGHTS, hf_logprobs, p
 
 pytestmark = pytest.mark.engine
 
-LONG = 300  # tokens sampled in all (ignore_eos): the update comes after about CUT_AFTER of them
+# tokens sampled in all (ignore_eos): the update comes after about CUT_AFTER of them. Long enough that vLLM is still
+# generating when the update lands on a busy machine: at 300 the tiny model had finished upstream (cut 0) while the
+# test's client was still reading the stream
+LONG = 1500
 CUT_AFTER = 24
 
 
@@ -83,7 +86,9 @@ async def test_a_weight_update_cuts_a_long_generation_which_goes_on_under_the_ne
                         finishes.append(choice.finish_reason)
 
         reading = asyncio.create_task(read())
-        await until(lambda: len(pieces) >= CUT_AFTER, timeout=BOUND * 5, what="the generation under way")
+        # pieces with text: the first chunk carries only the role (counting it cut one token short, 23 < 24)
+        await until(lambda: sum(1 for p in pieces if p) >= CUT_AFTER, timeout=BOUND * 5,
+                    what="the generation under way")
         reply = (await admin.post("/admin/weights", json={"checkpoint": str(new), "policy_version": 1})).json()
         still_running = not reading.done()  # read at once: nothing ran between the reply and this
         assert reply.get("cut") == 1, reply
