@@ -20,7 +20,7 @@ TRL_WARNINGS = [pytest.mark.filterwarnings("ignore:.*is deprecated and will be r
 
 
 def trl_config(out: Path, **overrides: Any) -> Any:
-    """GRPOConfig for a few CPU steps: 2 prompts x 2 generations per step, fp32, nothing saved or reported."""
+    """GRPOConfig for a few CPU steps: 4 rows per step (2 generations per prompt), fp32, nothing saved or reported."""
     import torch
     from trl import GRPOConfig
 
@@ -60,7 +60,7 @@ class Received:
         """Every step's batch is exactly that step's traces of trajectories.jsonl, in order: prompt and completion
         ids, the mask (TRL's tool mask), the sampling logprobs and the rewards. The trajectory lines."""
         lines = [json.loads(x) for x in trajectories.read_text().splitlines()]
-        assert len(self.batches) == steps and len(self.rewards) == steps
+        assert len(self.batches) == steps and len(self.rewards) == steps and all(self.rewards)
         for step, got in enumerate(self.batches, start=1):
             traces = [t for t in lines if t["step"] == step]
             # one trace per session here (pi, prefix merging), in the order of TRL's batch
