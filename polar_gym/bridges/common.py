@@ -3,15 +3,19 @@ trainers build the bridge themselves, in their own workers) and a trainer's samp
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
-from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.schema import SamplingOverride
 
-__all__ = ["BridgeSettings", "trainer_sampling"]
+__all__ = ["BridgeSettings", "run_sync", "trainer_sampling"]
+
+_T = TypeVar("_T")
 
 
 class BridgeSettings(BaseModel):
@@ -47,3 +51,14 @@ def trainer_sampling(temperature: Any, top_p: Any, top_k: Any) -> SamplingOverri
     k = int(top_k or -1)
     return SamplingOverride(temperature=float(1.0 if temperature is None else temperature),
                             top_p=None if top_p is None else float(top_p), top_k=k if k > 0 else -1)
+
+
+def run_sync(make: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """``asyncio.run`` of a trainer's synchronous hook, in a thread of its own when the trainer calls from inside an
+    event loop (a notebook, an async trainer)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()

@@ -28,16 +28,15 @@ GRPO normalization applies unchanged; :func:`leave_one_out_rewards` is for ``kee
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import math
 import os
 import statistics
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_gym.bridges.common import run_sync
 from polar_gym.bridges.slime import SlimeBridgeSettings, collect_results, fill_group
 from polar_gym.schema import SessionResult, SessionStatus
 from polar_gym.server.client import RolloutClient
@@ -47,7 +46,6 @@ __all__ = ["GroupVerdict", "MilesBridgeSettings", "assemble_batch", "fill_miles_
 
 PartialGroups = Literal["recycle", "drop", "keep"]
 Runner = Callable[[list[list[Any]], int], Awaitable[list[list[SessionResult]]]]
-_T = TypeVar("_T")
 _OUR_KEYS = ("polar", "polar_extra_traces")
 _COMPLETED = SessionStatus.COMPLETED.value
 
@@ -239,16 +237,6 @@ async def _stamp(settings: MilesBridgeSettings, version: int) -> None:
         resp.raise_for_status()
 
 
-def _run(make: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
-    """``asyncio.run``, in a thread of its own when Miles calls from inside an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
-
-
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
     """Miles's ``--rollout-function-path`` entry: ``rollout_batch_size`` whole groups in Miles's
     RolloutFnTrainOutput (with polar metrics) when Miles is importable, else the ``list[list[Sample]]``."""
@@ -265,7 +253,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         target = int(getattr(args, "rollout_batch_size", 1))
         return await assemble_batch(data_source, target, rollout_id, settings, run, rollout_id)
 
-    groups, metrics = _run(batch)
+    groups, metrics = run_sync(batch)
     try:
         from miles.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]  # not on PyPI
     except ImportError:

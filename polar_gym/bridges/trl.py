@@ -34,7 +34,6 @@ forced on every model call of the sessions (``sampling="trainer"``), unless the 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import shutil
@@ -45,7 +44,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from polar_gym.bridges.common import BridgeSettings, trainer_sampling
+from polar_gym.bridges.common import BridgeSettings, run_sync, trainer_sampling
 from polar_gym.merge.exports import main_chain, slime_samples, trajectory_records
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.server.client import RolloutClient
@@ -177,7 +176,7 @@ class PolarRollout:
             self.sync_weights(trainer)
         step = int(trainer.state.global_step)
         requests = [self._request(prompt, count, step, trainer.args) for prompt, count in prompt_runs(prompts)]
-        results = asyncio.run(self._run(requests))
+        results = run_sync(lambda: self._run(requests))
         flat = [result for request in requests for result in results[request.task_id]]
         # kept before anything can refuse the batch: what was captured is never lost
         accelerator = trainer.accelerator
@@ -237,7 +236,7 @@ class PolarRollout:
             (staging / ".complete").touch()
             shutil.rmtree(folder, ignore_errors=True)
             staging.rename(folder)
-            asyncio.run(self._push(str(folder.resolve()), step))
+            run_sync(lambda: self._push(str(folder.resolve()), step))
             self._pushed.append(folder)
             keep = self.settings.keep_checkpoints
             while keep is not None and len(self._pushed) > keep:

@@ -183,3 +183,9 @@ async def test_trl_trains_on_multi_turn_sessions_of_a_forked_task(tmp_path: Path
     assert all(float(a.abs().min()) > 0 for a in advantages), advantages  # the rewards reached TRL's advantages
     moved = max(float((p.detach() - b).abs().max()) for p, b in zip(trainer.model.parameters(), before, strict=True))
     assert moved > 0 and torch.isfinite(torch.tensor(moved))
+
+
+async def test_a_bridge_hook_called_inside_an_event_loop_still_runs() -> None:
+    from polar_gym.bridges.common import run_sync
+
+    assert run_sync(lambda: asyncio.sleep(0, result=3)) == 3  # a notebook or an async trainer calling rollout_func
