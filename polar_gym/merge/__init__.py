@@ -18,12 +18,15 @@ from polar_gym.merge.exports import (
     trace_lines,
 )
 from polar_gym.merge.rewards import RewardError, apply_rewards, session_weights, with_session_weights
+from polar_gym.merge.tool_calls import MALFORMED_POLICIES, MalformedToolCallPolicy, apply_tool_call_policy
 from polar_gym.registry import BUILDERS
 from polar_gym.schema import BuilderSpec, CompletionSession, Trajectory
 
 __all__ = [
+    "MALFORMED_POLICIES",
     "QWEN_END_OF_TURN_IDS",
     "ContiguityError",
+    "MalformedToolCallPolicy",
     "MergeConfig",
     "NemoOutputItem",
     "RewardError",
@@ -31,6 +34,7 @@ __all__ = [
     "SlimeSample",
     "TraceLine",
     "apply_rewards",
+    "apply_tool_call_policy",
     "atif_json",
     "atif_trajectory",
     "build_trajectory",
@@ -49,4 +53,5 @@ def build_trajectory(session: CompletionSession, spec: BuilderSpec | str = "pref
     """Build ``session`` with the builder ``spec`` names (``spec.config`` holds MergeConfig fields)."""
     spec = BuilderSpec(strategy=spec) if isinstance(spec, str) else spec
     builder: Builder = BUILDERS.get(spec.strategy)
-    return builder(session, MergeConfig.from_dict(spec.config))
+    config = MergeConfig.from_dict(spec.config)
+    return apply_tool_call_policy(builder(session, config), config.malformed_tool_calls)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from polar_gym.merge.tool_calls import MALFORMED_POLICIES, MalformedToolCallPolicy
 from polar_gym.schema import CompletionRecord, CompletionSession, Trace, Trajectory
 
 __all__ = [
@@ -39,6 +40,8 @@ class MergeConfig:
     on_rerender: Literal["break", "merge"] = "break"
     keep_superseded: bool = False
     include_side_requests: bool = True
+    #: what trainers get from a trace with a malformed tool call (polar_gym.merge.tool_calls)
+    malformed_tool_calls: MalformedToolCallPolicy = "reward_zero_keep"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> MergeConfig:
@@ -48,6 +51,9 @@ class MergeConfig:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown builder config keys: {sorted(unknown)}")
+        if data.get("malformed_tool_calls", MALFORMED_POLICIES[0]) not in MALFORMED_POLICIES:
+            raise ValueError(f"builder config malformed_tool_calls {data['malformed_tool_calls']!r} is not one of "
+                             f"{', '.join(MALFORMED_POLICIES)}")
         return cls(**data)
 
 
@@ -88,6 +94,8 @@ class TraceBuilder:
     records: list[CompletionRecord] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
     without_logprobs: list[str] = field(default_factory=list)
+    #: each malformed tool-call block sampled in this chain, at its tokens in ``response_ids``
+    malformed: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.add(self.first, [])
@@ -115,6 +123,7 @@ class TraceBuilder:
                 "prompt_mode": rec.prompt_mode}
         if rec.unparseable_tool_calls:  # sampled tool calls the proxy answered as text: a trainer may mask the span
             span["unparseable_tool_calls"] = rec.unparseable_tool_calls
+            self.malformed += malformed_calls(rec, start)
         if rec.version_spans:  # a generation weight updates cut: one span per version, each token its own version
             self.spans += [{**span, "start": start + part["start"], "end": start + part["end"],
                             "policy_version": part["policy_version"], "cut": True} for part in rec.version_spans]
@@ -140,6 +149,8 @@ class TraceBuilder:
             "has_logprobs": not self.without_logprobs,
             **({"without_logprobs": list(self.without_logprobs)} if self.without_logprobs else {}),
             **({"unparseable_tool_calls": unparseable} if unparseable else {}),
+            "tool_call_parse": "malformed" if unparseable else "ok",
+            **({"malformed_tool_calls": list(self.malformed)} if unparseable else {}),
             **(extra or {}),
         }
         return Trace.model_construct(
@@ -156,6 +167,14 @@ class TraceBuilder:
         )
 
 
+def malformed_calls(rec: CompletionRecord, start: int) -> list[dict[str, Any]]:
+    """``rec``'s malformed tool-call blocks at their tokens in a trace whose reply from ``rec`` starts at ``start``;
+    a record that counts blocks but has no spans (chat mode, an older journal) gives its whole reply once."""
+    spans = rec.malformed_tool_call_spans or [{"start": 0, "end": len(rec.response_ids)}]
+    return [{"completion_id": rec.completion_id, "start": start + s["start"], "end": start + s["end"],
+             "located": bool(rec.malformed_tool_call_spans)} for s in spans]
+
+
 def trajectory(session: CompletionSession, builder: str, traces: list[Trace],
                diagnostics: dict[str, Any]) -> Trajectory:
     """Wrap ``traces`` with the diagnostics every builder reports: token counts and which traces have no logprobs
@@ -167,6 +186,7 @@ def trajectory(session: CompletionSession, builder: str, traces: list[Trace],
                    "traces_without_logprobs": sum(1 for t in traces if t.metadata.get("has_logprobs") is False),
                    "completions_without_logprobs": [c for t in traces for c in t.metadata.get("without_logprobs", [])],
                    "completions_with_unparseable_tool_calls": [
-                       c for t in traces for c in t.metadata.get("unparseable_tool_calls", [])]}
+                       c for t in traces for c in t.metadata.get("unparseable_tool_calls", [])],
+                   "malformed_tool_calls": sum(len(t.metadata.get("malformed_tool_calls", [])) for t in traces)}
     return Trajectory.model_construct(session_id=session.session_id, traces=traces, builder=builder,
                                       diagnostics=diagnostics)

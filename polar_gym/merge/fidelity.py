@@ -7,7 +7,9 @@ summary.md and console, and anything else that reports a run). Pure: it reads bu
   ``fork``...): more chains than conversations means context the builder could not prove;
 - superseded retries, side-request traces, traces without logprobs, replies merged over a re-rendering;
 - contiguity: traces that break NeMo RL's rule (each turn's prompt extends the last), which must be none;
-- prompt modes: how the prompts reached the engine (``token_in``: the proxy's exact ids; ``chat``: re-rendered).
+- prompt modes: how the prompts reached the engine (``token_in``: the proxy's exact ids; ``chat``: re-rendered);
+- malformed tool calls: blocks the parser could not read, the traces holding them, and what the run's policy did
+  with those traces (:mod:`polar_gym.merge.tool_calls`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ class Fidelity(BaseModel):
     rerender_merged: int = 0
     not_contiguous: int = 0
     prompt_modes: dict[str, int] = Field(default_factory=dict)
+    malformed_tool_calls: int = 0
+    malformed_traces: int = 0
+    #: traces with a malformed call, by the policy applied to them
+    malformed_policies: dict[str, int] = Field(default_factory=dict)
+
+    def malformed_text(self) -> str:
+        """``N in M traces (policy K, ...)``, or ``none``."""
+        if not self.malformed_tool_calls:
+            return "none"
+        policies = ", ".join(f"{p} {n}" for p, n in self.malformed_policies.items())
+        return f"{self.malformed_tool_calls} in {self.malformed_traces} traces" + (f" ({policies})" if policies else "")
 
     def line(self) -> str:
         """One line of text with every number, for summary.md and the console."""
@@ -49,7 +62,7 @@ class Fidelity(BaseModel):
                 f"retries; {self.side_request_traces} side-request traces; {self.without_logprobs} without "
                 f"logprobs; {self.rerender_merged} merged over a re-rendering; contiguity "
                 f"{'ok' if not self.not_contiguous else f'BROKEN in {self.not_contiguous} traces'}; prompt mode "
-                f"{modes} (calls)")
+                f"{modes} (calls); malformed tool calls {self.malformed_text()}")
 
 
 def run_fidelity(trajectories: Iterable[Trajectory | None]) -> Fidelity:
@@ -57,6 +70,7 @@ def run_fidelity(trajectories: Iterable[Trajectory | None]) -> Fidelity:
     out = Fidelity()
     breaks: Counter[str] = Counter()
     modes: Counter[str] = Counter()
+    policies: Counter[str] = Counter()
     for traj in trajectories:
         out.sessions += 1
         if traj is None:
@@ -76,10 +90,15 @@ def run_fidelity(trajectories: Iterable[Trajectory | None]) -> Fidelity:
             out.side_request_traces += bool(trace.metadata.get("side_request"))
             out.without_logprobs += trace.metadata.get("has_logprobs") is False
             modes.update(str(span.get("prompt_mode") or "unknown") for span in trace.metadata.get("spans") or [])
+            if trace.metadata.get("tool_call_parse") == "malformed":
+                out.malformed_traces += 1
+                out.malformed_tool_calls += len(trace.metadata.get("malformed_tool_calls") or ())
+                policies[str(trace.metadata.get("malformed_tool_call_policy") or "none")] += 1
             try:
                 check_contiguity(nemo_items(trace))
             except ContiguityError:
                 out.not_contiguous += 1
     out.breaks = dict(breaks.most_common())
     out.prompt_modes = dict(modes.most_common())
+    out.malformed_policies = dict(policies.most_common())
     return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from polar_gym.merge.tool_calls import REWARD_REASON, zeroed_by_policy
 from polar_gym.schema import EvalResult, Trace, Trajectory
 
 __all__ = ["RewardError", "Weighting", "apply_rewards", "session_weights", "with_session_weights"]
@@ -66,7 +67,8 @@ def apply_rewards(traj: Trajectory, evaluation: EvalResult, weighting: Weighting
 
     ``evaluation.per_trace_rewards`` (one per trace, in trace order) wins over the outcome ``reward``, which is
     otherwise broadcast; the outcome is kept in ``metadata["outcome_reward"]`` either way so per-trace shaping can
-    be audited against it.
+    be audited against it. A trace the ``reward_zero_keep`` policy marked (a malformed tool call,
+    :mod:`polar_gym.merge.tool_calls`) gets 0 whatever the evaluator gave, ``metadata["reward_reason"]`` saying why.
     """
     if evaluation.per_trace_rewards is not None:
         rewards: list[float | None] = list(evaluation.per_trace_rewards)
@@ -78,4 +80,9 @@ def apply_rewards(traj: Trajectory, evaluation: EvalResult, weighting: Weighting
     else:
         rewards = [evaluation.reward] * len(traj.traces)
     weights = session_weights(traj.traces, weighting)
-    return _with(traj, rewards, weights, weighting, {"outcome_reward": evaluation.reward})
+    out = _with(traj, rewards, weights, weighting, {"outcome_reward": evaluation.reward})
+    if not any(zeroed_by_policy(t) for t in out.traces):
+        return out
+    return out.model_copy(update={"traces": [
+        t.model_copy(update={"reward": 0.0, "metadata": {**t.metadata, "reward_reason": REWARD_REASON}})
+        if zeroed_by_policy(t) else t for t in out.traces]})

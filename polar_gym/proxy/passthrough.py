@@ -59,6 +59,7 @@ def fill_record(record: CompletionRecord, result: ChatResult, response_id: str) 
         "response_logprobs": result.response_logprobs, "finish_reason": result.finish_reason,
         "token_faithful": result.token_faithful, "prompt_mode": result.raw.get("prompt_mode"),
         "unparseable_tool_calls": int(result.raw.get("unparseable_tool_calls", 0)),
+        "malformed_tool_call_spans": list(result.raw.get("malformed_tool_call_spans") or ()),
         "server": result.server, "policy_version": result.policy_version,
         "upstream_seconds": float(result.raw.get("upstream_seconds", 0.0)),
     }

@@ -97,6 +97,7 @@ def fidelity_of_diagnostics(rows: Iterable[Mapping[str, Any]]) -> Fidelity:
         out.superseded += len(d.get("superseded") or [])
         out.rerender_merged += int(d.get("rerender_merged") or 0)
         out.without_logprobs += int(d.get("traces_without_logprobs") or 0)
+        out.malformed_tool_calls += int(d.get("malformed_tool_calls") or 0)
         breaks.update({str(k): int(v) for k, v in (d.get("breaks") or {}).items()})
     out.breaks = dict(breaks.most_common())
     return out

@@ -165,7 +165,8 @@ def _fidelity_section(run: RunData, figures: Mapping[str, str]) -> str:
             ("side-request traces", f.side_request_traces), ("traces without logprobs", f.without_logprobs),
             ("merged over a re-rendering", f.rerender_merged),
             ("contiguity", "ok" if not f.not_contiguous else f"BROKEN in {f.not_contiguous} traces"),
-            ("prompt mode (calls)", ", ".join(f"{m} {n}" for m, n in f.prompt_modes.items()) or "unknown")]
+            ("prompt mode (calls)", ", ".join(f"{m} {n}" for m, n in f.prompt_modes.items()) or "unknown"),
+            ("malformed tool calls (by the run's policy)", f.malformed_text())]
     note = f'<p class="note">{_e(run.fidelity_note)}</p>' if run.fidelity_note else ""
     return (f'<section id="fidelity"><h2>Token fidelity</h2><p><code id="fidelity-line">{_e(f.line())}</code></p>'
             f'{note}<div class="row">{_figure(figures, "fidelity")}{_table(["", "value"], rows, numeric=[1])}</div>'

@@ -315,6 +315,13 @@ class VersionSpan(TypedDict):
     policy_version: int | str | None
 
 
+class TokenSpan(TypedDict):
+    """``response_ids[start:end]`` of a completion: where something the record names was sampled."""
+
+    start: int
+    end: int
+
+
 class CompletionRecord(_Model):
     """One model call as the proxy saw it: the contract between capture (I/O) and trajectory building (pure).
 
@@ -350,6 +357,9 @@ class CompletionRecord(_Model):
     #: tool-call blocks the output parser could not read (answered to the harness as text): a trainer may mask or
     #: zero such a completion (token_in mode; 0 elsewhere)
     unparseable_tool_calls: int = Field(default=0, ge=0)
+    #: where each of those blocks was sampled (``response_ids`` offsets, tags included), in order; empty in chat mode
+    #: and in journals older than the field
+    malformed_tool_call_spans: list[TokenSpan] = Field(default_factory=list)
     #: whether the harness was still connected when its answer was ready to send: False means it had hung up (a
     #: client timeout, a retry usually follows) and never read the answer; None: not known (a caller that is not an
     #: HTTP client, journals older than the field). Builders keep a delivered answer that nothing went on from as

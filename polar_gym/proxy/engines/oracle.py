@@ -273,7 +273,7 @@ class OracleEngine(Engine):
                 finish = "tool_calls"
             result = self.result(session_id, parsed.message, finish, plan.prompt_ids, response_ids, drift)
             result.server = server.url
-        keep_token_in_result(renderer, session_id, plan, parsed, result)
+        keep_token_in_result(renderer, session_id, plan, parsed, result, self.tokenizer.decode)
         return result
 
     async def count_tokens(self, request: ChatRequest, session_id: str) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -30,7 +30,7 @@ from polar_gym.proxy.engines.openai import token_ids_in
 from polar_gym.proxy.engines.sglang import generate_answer, sampling_params, update_sglang_weights
 from polar_gym.proxy.engines.vllm import reload_vllm_weights
 from polar_gym.proxy.errors import translate_upstream_errors
-from polar_gym.proxy.parsers.base import OutputParser, ParsedReply, call_id
+from polar_gym.proxy.parsers.base import OutputParser, ParsedReply, call_id, malformed_call_spans
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import Cut, UpstreamPool
@@ -77,10 +77,10 @@ def parse_reply(parser: OutputParser, text: str, request: ChatRequest, plan: Pro
 
 
 def keep_token_in_result(renderer: PrefixRenderer, session_id: str, plan: PromptPlan, parsed: ParsedReply,
-                         result: ChatResult) -> None:
+                         result: ChatResult, decode: Callable[[list[int]], str]) -> None:
     """After a token-in call: keep what it sent and sampled as a chain node later calls extend, and tell the record
     (``result.raw``) the prompt mode, how many prompt tokens were reused, why a new chain started (if it did) and
-    how many tool-call blocks did not parse."""
+    which tool-call blocks did not parse, with the tokens each was sampled as (``decode``: the tokenizer's)."""
     renderer.remember(session_id, plan, parsed.message, result.response_ids)
     result.raw["prompt_mode"] = "token_in"
     result.raw["reused_prompt_tokens"] = plan.reused
@@ -88,6 +88,7 @@ def keep_token_in_result(renderer: PrefixRenderer, session_id: str, plan: Prompt
         result.raw["new_chain"] = plan.new_chain
     if parsed.unparseable_tool_calls:
         result.raw["unparseable_tool_calls"] = parsed.unparseable_tool_calls
+        result.raw["malformed_tool_call_spans"] = malformed_call_spans(parsed.segments, result.response_ids, decode)
 
 
 def token_in_result(engine: str, parser: OutputParser, request: ChatRequest, plan: PromptPlan,
@@ -245,7 +246,7 @@ class TokenInEngine(HttpEngine):
             result, parsed = self.generation_result(request, gen)
         else:
             result, parsed = await self._complete_whole(request, session_id, plan)
-        keep_token_in_result(self.renderer, session_id, plan, parsed, result)
+        keep_token_in_result(self.renderer, session_id, plan, parsed, result, self.tokenizer.decode)
         return result
 
     async def _complete_whole(self, request: ChatRequest, session_id: str,
@@ -278,7 +279,7 @@ class TokenInEngine(HttpEngine):
                     yield StreamDelta(ids, logprobs, r[len(reasoning):], c[len(content):])
                     reasoning, content = max(r, reasoning, key=len), max(c, content, key=len)
         result, parsed = self.generation_result(request, gen)
-        keep_token_in_result(self.renderer, session_id, plan, parsed, result)
+        keep_token_in_result(self.renderer, session_id, plan, parsed, result, self.tokenizer.decode)
         yield result
 
     def continuation_body(self, body: dict[str, Any], prompt_ids: list[int], sampled: int) -> dict[str, Any] | None:

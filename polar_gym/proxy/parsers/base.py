@@ -12,12 +12,15 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.proxy.chat import ChatMessage, FunctionCall, Tool, ToolCall
 from polar_gym.registry import PARSERS, RegistryError
+from polar_gym.schema import TokenSpan
 
 __all__ = [
     "OutputParser",
@@ -26,6 +29,7 @@ __all__ = [
     "SegmentKind",
     "call_id",
     "held_back",
+    "malformed_call_spans",
     "parser_for",
     "project",
     "tool_call_from_json",
@@ -127,6 +131,33 @@ def tool_call_from_json(body: str, arguments_keys: tuple[str, ...] = ("arguments
     if not isinstance(args, dict):
         return None
     return FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
+
+
+def malformed_call_spans(segments: list[Segment], response_ids: list[int],
+                         decode: Callable[[list[int]], str]) -> list[TokenSpan]:
+    """The sampled tokens of each ``bad_call`` segment: the fewest tokens whose decoded text covers the block (a
+    token straddling its edge belongs to it), found by bisecting decoded prefixes. The segments must cut
+    ``decode(response_ids)``; where the decoded tokens do not show the block there (an engine's text that is not
+    its tokens' decoding), the span is the whole reply: a trainer masks too much rather than too little."""
+    lengths: dict[int, int] = {}
+
+    def chars(k: int) -> int:
+        if k not in lengths:
+            lengths[k] = len(decode(response_ids[:k]))
+        return lengths[k]
+
+    n = len(response_ids)
+    spans: list[TokenSpan] = []
+    pos = 0
+    for seg in segments:
+        start, pos = pos, pos + len(seg.text)
+        if seg.kind != "bad_call":
+            continue
+        first = max(bisect_right(range(n + 1), start, key=chars) - 1, 0)
+        last = min(bisect_left(range(n + 1), pos, key=chars), n)
+        shown = seg.text.strip() in decode(response_ids[first:last]) if last > first else False
+        spans.append(TokenSpan(start=first, end=last) if shown else TokenSpan(start=0, end=n))
+    return spans
 
 
 def trailing_end_tokens(text: str, end_tokens: tuple[str, ...]) -> int:
