@@ -31,9 +31,10 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 NODE_DIR=""
 if [ "$(id -u)" = 0 ]; then
   # bubblewrap for the local sandbox, gcc + libc6-dev to build its static relay helper, chromium for the browser
-  # tests of report.html and the trace viewer (Playwright drives it; it cannot download its own)
+  # tests of report.html and the trace viewer (Playwright drives it; it cannot download its own), python3-venv for
+  # the Python harnesses' venvs (made with Debian's python3, which the sandbox sees under /usr)
   need_apt=()
-  for pkg in git util-linux bubblewrap gcc libc6-dev chromium; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+  for pkg in git util-linux bubblewrap gcc libc6-dev chromium python3-venv; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
   command -v npm >/dev/null || need_apt+=(nodejs npm)
   if [ ${#need_apt[@]} -gt 0 ]; then
     log "apt-get install ${need_apt[*]}"
@@ -180,6 +181,10 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 fi
 "$VENV/bin/python" -m polar_gym.harness.install ${NODE_DIR:+--node-dir "$NODE_DIR"} >/dev/null
 log "harness CLIs ready"
+# The Python harnesses (mini-swe-agent, aider, ...), one venv each, cached by pins (~0.7 GB and ~1.5 min each, once);
+# one whose Python version this machine lacks is skipped and named.
+"$VENV/bin/python" -m polar_gym.harness.pyinstall >/dev/null
+log "Python harnesses ready"
 
 # 4. Optionally the real engine: vLLM's CPU build and a tiny random Qwen3; and NeMo Gym (the `gym` CLI) in its own venv.
 if [ "$WITH_ENGINE" = 1 ]; then

@@ -37,6 +37,7 @@ from polar_gym.gateway.errors import PrepareFailed, StageError
 from polar_gym.gateway.session import Session
 from polar_gym.gateway.stages import Stages
 from polar_gym.harness.base import Harness, HarnessContext
+from polar_gym.harness.pyinstall import InstalledCli, installed_cli
 from polar_gym.journal import call_log_entry
 from polar_gym.merge import apply_rewards, build_trajectory
 from polar_gym.private_files import private_dir, write_secret
@@ -118,8 +119,8 @@ class SandboxStages(Stages):
         if self.config.expose_roots and "expose" in backend.request_options:
             options.setdefault("expose_roots", [str(root) for root in self.config.expose_roots])
         install = _harness_install(harness, spec) if harness is not None else None
-        if install is not None:  # the local sandbox sees no host directory it is not given: bind the pinned CLIs
-            options["ro_binds"] = {**dict(options.get("ro_binds") or {}), str(install): str(install)}
+        if install is not None:  # the local sandbox sees no host directory it is not given: bind the pinned CLI
+            options["ro_binds"] = {**dict(options.get("ro_binds") or {}), **{str(p): str(p) for p in install.binds}}
         try:
             runtime: Runtime = backend(spec.runtime, directory, gateway=self.config.endpoint, options=options or None)
         except RuntimeOptionError as exc:
@@ -369,24 +370,17 @@ def _cli_path(harness: Harness, spec: SessionSpec) -> str | None:
     if given:
         return str(given)
     install = _harness_install(harness, spec)
-    if install is None:
-        return None
-    from polar_gym.harness.install import cli_paths
-
-    assert harness.pin is not None
-    path = cli_paths(install)[harness.pin]
-    return str(path) if path.exists() else None
+    return str(install.binary) if install is not None else None
 
 
-def _harness_install(harness: Harness, spec: SessionSpec) -> Path | None:
-    """The pinned harness install directory the ``local`` sandbox needs bound (None: not local, no pin, not
+def _harness_install(harness: Harness, spec: SessionSpec) -> InstalledCli | None:
+    """The pinned harness install (npm or Python) the ``local`` sandbox needs bound (None: not local, no pin, not
     installed, or the request names its own CLI)."""
     if spec.runtime.backend != "local" or harness.pin is None or spec.agent.config.get("cli_path"):
         return None
-    from polar_gym.harness.install import install_dir
+    return installed_cli(harness.pin, cache_root=os.environ.get("POLAR_CACHE"))
 
-    path = install_dir(cache_root=os.environ.get("POLAR_CACHE"))
-    return path if path.is_dir() else None
+
 def _process_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (Linux), so a reused pid is not taken for its owner."""
     try:
