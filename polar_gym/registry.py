@@ -124,6 +124,8 @@ HARNESSES: Registry[Any] = Registry("harness", {
     "gemini_cli": "polar_gym.harness.gemini_cli:GeminiCli",
     "opencode": "polar_gym.harness.opencode:OpenCode",
     "pi": "polar_gym.harness.pi:Pi",
+    "mini_swe_agent": "polar_gym.harness.mini_swe_agent:MiniSweAgent",
+    "aider": "polar_gym.harness.aider:Aider",
     "shell": "polar_gym.harness.shell:ShellHarness",
 })
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from polar_gym.harness.base import HarnessContext
 from polar_gym.harness.install import PINS
+from polar_gym.harness.pyinstall import PY_PINS
 
 __all__ = [
     "NO_PHONE_HOME",
@@ -38,7 +39,7 @@ def dump_json(doc: Any) -> str:
 
 def binary(ctx: HarnessContext, pin: str) -> str:
     """The CLI to run: the pinned install's path when the gateway knows it, else the binary's name on PATH."""
-    return ctx.cli_path or PINS[pin].binary
+    return ctx.cli_path or (PINS[pin].binary if pin in PINS else PY_PINS[pin].binary)
 
 
 def side_model(ctx: HarnessContext) -> str:

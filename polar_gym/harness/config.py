@@ -12,11 +12,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "AiderConfig",
     "ClaudeCodeConfig",
     "CodexConfig",
     "GeminiCliConfig",
     "HarnessConfig",
     "McpServerConfig",
+    "MiniSweAgentConfig",
     "OpenCodeConfig",
     "PiConfig",
     "QwenCodeConfig",
@@ -90,3 +92,18 @@ class ShellConfig(HarnessConfig):
                                                      "the command")
     log_paths: list[str] = Field(default_factory=list, description="files kept as the session's artifacts")
     side_models: list[str] = Field(default_factory=list, description="model names the command uses for side calls")
+
+
+class MiniSweAgentConfig(HarnessConfig):
+    api: Literal["openai-chat", "openai-responses", "anthropic"] = Field(
+        default="openai-chat", description="the protocol litellm speaks to the proxy")
+    step_limit: int = Field(default=100, ge=1, description="model calls before mini stops (its own default: none)")
+    command_timeout: int = Field(default=600, ge=1, description="seconds one command may run (its own default: 30)")
+
+
+class AiderConfig(_SideModel):
+    edit_format: Literal["diff", "diff-fenced", "whole", "udiff"] = Field(
+        default="diff", description="how aider reads edits from the reply (diff: SEARCH/REPLACE blocks; only the "
+        "diff family runs suggested shell blocks)")
+    files: list[str] = Field(default_factory=list, description="files to add to aider's chat (paths in the "
+                             "working directory); aider shows the model only these")

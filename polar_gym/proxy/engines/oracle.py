@@ -22,7 +22,17 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import pydantic
 
-from polar_gym.proxy.chat import ChatMessage, ChatRequest, ChatResult, FinishReason, FunctionCall, Tool, ToolCall, Usage
+from polar_gym.proxy.chat import (
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    FinishReason,
+    FunctionCall,
+    Tool,
+    ToolCall,
+    Usage,
+    message_text,
+)
 from polar_gym.proxy.engines.base import Engine, WeightUpdateMode
 from polar_gym.proxy.engines.tokenin import keep_token_in_result, parse_reply, plan_prompt
 from polar_gym.proxy.errors import SessionMetadataError, validation_message
@@ -55,6 +65,21 @@ def oracle_script(metadata: Mapping[str, Any]) -> OracleScript | None:
         return OracleScript.model_validate(raw)
     except pydantic.ValidationError as exc:
         raise SessionMetadataError(f"invalid oracle script: {validation_message(exc)}") from exc
+
+
+#: what a harness's instructions say that changes how a model must act (the oracle follows them as a model would):
+#: the output line that ends mini-swe-agent's run, and aider's edit-block format, whose replies run ```bash blocks
+SUBMIT_LINE = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+FENCED_SHELL_MARKERS = ("SEARCH/REPLACE",)
+SHELL_FENCE = "```bash"
+
+
+def harness_conventions(request: ChatRequest) -> tuple[list[str], bool]:
+    """(commands to run after the script: the submit command the instructions ask for; whether shell commands go
+    in a fenced block of the reply, for a harness that offers no shell tool), read from the system messages."""
+    text = "\n".join(message_text(m) for m in request.messages if m.role in ("system", "developer"))
+    submit = [f"echo {SUBMIT_LINE}"] if SUBMIT_LINE in text else []
+    return submit, any(marker in text for marker in FENCED_SHELL_MARKERS)
 
 
 def _command_key(tool: Tool) -> str | None:
@@ -173,14 +198,23 @@ class OracleEngine(Engine):
 
     def next_message(self, request: ChatRequest, session_id: str, *, think: bool = True) -> ChatMessage:
         """The scripted reply: the next unplayed command through the shell tool, else the final answer (with its
-        reasoning unless the oracle or, ``think`` False, the prompt turned thinking off)."""
+        reasoning unless the oracle or, ``think`` False, the prompt turned thinking off). It follows the harness's
+        instructions as a model would (:func:`harness_conventions`): a submit command that ends the run, or, with
+        no shell tool, the commands in one fenced shell block."""
         script = self.scripts.get(session_id, self.default_script)
+        submit, fenced = harness_conventions(request)
+        commands = [*script.commands, *submit]
         done = sum(1 for m in request.messages if m.role == "tool")
         tool = find_shell_tool(request.tools)
         step = done + 1
         think = think and self.think
-        if tool is not None and done < len(script.commands) and request.tool_choice != "none":
-            command = script.commands[done]
+        if not request.tools and fenced and script.commands and not any(
+                m.role == "assistant" and SHELL_FENCE in message_text(m) for m in request.messages):
+            block = f"{SHELL_FENCE}\n" + "\n".join(script.commands) + "\n```"
+            return ChatMessage(role="assistant", content=f"I will run these commands.\n\n{block}",
+                               reasoning_content="The reference solution, in one shell block." if think else None)
+        if tool is not None and done < len(commands) and request.tool_choice != "none":
+            command = commands[done]
             call = ToolCall(id=f"call_oracle_{step}_{hashlib.sha1(command.encode()).hexdigest()[:8]}",
                             function=FunctionCall(name=tool.name,
                                                   arguments=json.dumps(shell_arguments(tool, command))))
