@@ -126,6 +126,8 @@ HARNESSES: Registry[Any] = Registry("harness", {
     "pi": "polar_gym.harness.pi:Pi",
     "mini_swe_agent": "polar_gym.harness.mini_swe_agent:MiniSweAgent",
     "aider": "polar_gym.harness.aider:Aider",
+    "hermes": "polar_gym.harness.hermes:Hermes",
+    "openhands": "polar_gym.harness.openhands:OpenHands",
     "shell": "polar_gym.harness.shell:ShellHarness",
 })
 

@@ -53,6 +53,10 @@ class PyPin:
 PY_PINS: dict[str, PyPin] = {
     "mini_swe_agent": PyPin("mini-swe-agent", "2.4.6", "mini", requires=("litellm==1.81.10",)),
     "aider": PyPin("aider-chat", "0.86.2", "aider"),
+    "hermes": PyPin("hermes-agent", "0.19.0", "hermes"),
+    # an SDK, no CLI: the adapter's runner script runs with the venv's python; the tools are pinned in lockstep
+    # (openhands-tools alone would move the SDK back to 1.49.1, whose tools then fail to import)
+    "openhands": PyPin("openhands-sdk", "1.58.2", "python", python="3.12", requires=("openhands-tools==1.58.2",)),
 }
 
 _MARKER = ".polar_gym-installed"
