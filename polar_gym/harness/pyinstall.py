@@ -4,9 +4,10 @@ Python agents pin conflicting dependencies (aider pins every package exactly; th
 and a newer litellm than aider's), so each gets its own venv, in ``<cache>/harness-py-<name>-<hash of its pin>/``,
 made with a base interpreter of the minor version it needs: Debian's ``/usr/bin/python3.11`` where that suffices
 (the sandbox already sees ``/usr``), else the first ``python3.X`` on PATH (pyenv's shims resolve to the real
-interpreter). A marker written after a successful install makes the call idempotent. The ``local`` sandbox binds
-the venv and, when it is not under ``/usr``, the base interpreter's prefix, read-only at the same paths
-(:func:`installed_cli`): venvs are not relocatable, their scripts name the venv's python by absolute path.
+interpreter), else one pyenv installed but did not select. A marker written after a successful install makes the
+call idempotent. The ``local`` sandbox binds the venv and, when it is not under ``/usr``, the base interpreter's
+prefix, read-only at the same paths (:func:`installed_cli`): venvs are not relocatable, their scripts name the
+venv's python by absolute path.
 
 ``python -m polar_gym.harness.pyinstall [NAME...]`` installs the named Python harnesses (default: all) and prints
 their binaries; one that cannot be installed here (no interpreter of its version) is reported and skipped.
@@ -91,14 +92,17 @@ def find_python(minor: str) -> Path | None:
     if debian.is_file():
         return debian
     found = shutil.which(f"python{minor}")
-    if found is None:
-        return None
-    try:
-        out = subprocess.run([found, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
-                             timeout=60, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return Path(out) if out else None
+    if found is not None:
+        try:
+            out = subprocess.run([found, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
+                                 timeout=60, check=True).stdout.strip()
+            if out:
+                return Path(out)
+        except (OSError, subprocess.SubprocessError):
+            pass  # a pyenv shim of a version that is installed but not selected: look for it below
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    installed = sorted(pyenv.glob(f"{minor}.*/bin/python{minor}"), key=lambda p: p.parent.parent.name)
+    return installed[-1] if installed else None
 
 
 def base_prefix(venv: Path) -> Path | None:
