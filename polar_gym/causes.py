@@ -24,7 +24,8 @@ from typing import Any
 
 from polar_gym.schema import SessionResult, SessionStatus
 
-__all__ = ["HARNESS_NOT_RUN", "INFRA_CAUSES", "INVALID_REWARD", "INVALID_TASK", "NAMED_CAUSES", "STDERR_TAIL",
+__all__ = ["HARNESS_NOT_RUN", "INFRA_CAUSES", "INVALID_REWARD", "INVALID_TASK", "JUDGE_GARBAGE", "JUDGE_UNREACHABLE",
+           "NAMED_CAUSES", "STDERR_TAIL",
            "UNSTORABLE_RESULT", "cause_of", "error_cause", "harness_failed", "stderr_tail"]
 
 #: the harness command could not start (exit 126 or 127 before any model call): its CLI is missing or not executable
@@ -36,12 +37,17 @@ INVALID_TASK = "invalid_task"
 #: the rollout server could not read or store a session's result: set aside once, with this cause
 UNSTORABLE_RESULT = "unstorable_result"
 
+#: the rubric evaluator's judge could not be reached or answered an HTTP error; it answered no usable scores
+#: (polar_gym.evaluate.judge)
+JUDGE_UNREACHABLE = "judge_unreachable"
+JUDGE_GARBAGE = "judge_garbage"
+
 #: causes that say the infrastructure failed, not the policy: the launch exits 3 when a session has one
 INFRA_CAUSES = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_error", "engine_error",
                           "job_lost",  # a Slurm job the run needed was lost (polar_gym.launch.lost_jobs)
-                          HARNESS_NOT_RUN})
+                          HARNESS_NOT_RUN, JUDGE_UNREACHABLE})
 #: causes named first in an ERROR's reason (``cause: ...``), infrastructure or not
-NAMED_CAUSES = INFRA_CAUSES | {INVALID_REWARD, INVALID_TASK, UNSTORABLE_RESULT}
+NAMED_CAUSES = INFRA_CAUSES | {INVALID_REWARD, INVALID_TASK, UNSTORABLE_RESULT, JUDGE_GARBAGE}
 #: the artifacts key of a failed harness's stderr tail in its result
 STDERR_TAIL = "harness_stderr_tail"
 _STAGES = {"queued", "init", "ready", "run", "postrun", "build", "evaluate", "prewarm"}

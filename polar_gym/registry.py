@@ -134,6 +134,7 @@ HARNESSES: Registry[Any] = Registry("harness", {
 EVALUATORS: Registry[Any] = Registry("evaluator", {
     "session_completed": "polar_gym.evaluate.session_completed:SessionCompleted",
     "test_on_output": "polar_gym.evaluate.test_on_output:TestOnOutput",
+    "rubric": "polar_gym.evaluate.rubric:Rubric",
     "swebench_harness": "polar_gym.evaluate.swebench_harness:SwebenchHarness",
     "harbor": "polar_gym.evaluate.harbor:HarborVerifier",
 })

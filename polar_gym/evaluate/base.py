@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from polar_gym.evaluate.errors import EvaluationError, InvalidReward
+from polar_gym.evaluate.judge import JudgeBatcher
 from polar_gym.runtime.base import ExecResult, Runtime
 from polar_gym.schema import MAX_REWARD, EvalResult, EvaluatorSpec, SessionSpec, Trajectory
 
@@ -39,6 +41,8 @@ class EvalContext:
     runtime: Runtime | None  # the session's live runtime, after the harness
     fresh_runtime: Runtime | None = None  # a freshly prepared runtime, when asked for
     artifacts: dict[str, Any] = field(default_factory=dict)
+    #: the LLM judges the operator configured on this gateway, by name (polar_gym.evaluate.judge)
+    judges: Mapping[str, JudgeBatcher] = field(default_factory=dict)
 
 
 class Evaluator(abc.ABC):
@@ -86,6 +90,8 @@ def check_reward(result: Any, who: str = "evaluator") -> EvalResult:
     finite_reward(result.reward, f"evaluator {who!r} gave reward")
     for i, value in enumerate(result.per_trace_rewards or ()):
         finite_reward(value, f"evaluator {who!r} gave per_trace_rewards[{i}]")
+    for key, value in (result.per_turn_rewards or {}).items():
+        finite_reward(value, f"evaluator {who!r} gave per_turn_rewards[{key!r}]")
     return result
 
 
@@ -105,7 +111,7 @@ def finite_reward(value: Any, what: str) -> float:
 
 #: how pydantic refuses a reward of EvalResult (see schema.Reward), and the fields that hold rewards
 _OUT_OF_RANGE = frozenset({"finite_number", "greater_than_equal", "less_than_equal"})
-_REWARDS = frozenset({"reward", "per_trace_rewards"})
+_REWARDS = frozenset({"reward", "per_trace_rewards", "per_turn_rewards"})
 
 
 def _shown(value: Any, limit: int = 80) -> str:

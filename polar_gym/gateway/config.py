@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_gym.evaluate.judge import JudgeEndpoint
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.schema import SessionResult
 from polar_gym.telemetry import TelemetrySettings
@@ -48,6 +49,10 @@ class GatewayPools(BaseModel):
     expose_roots: list[Path] = Field(default_factory=list, description="host directories under which a request's "
                                      "runtime.options.expose may name paths (bound read-only in the local "
                                      "sandbox); empty: a request cannot expose anything")
+
+    judges: dict[str, JudgeEndpoint] = Field(default_factory=dict, description="LLM judges the rubric evaluator "
+                                             "may ask, by name (an OpenAI-compatible url, model, optional key "
+                                             "file): the operator's, never a task's")
 
     def dispatch_capacity(self) -> int:
         """How many sessions a rollout server may hand this node at once: room in every stage (INIT workers, the

@@ -32,6 +32,7 @@ from polar_gym.causes import HARNESS_NOT_RUN, INVALID_REWARD, STDERR_TAIL
 from polar_gym.dirnames import dirname_for
 from polar_gym.evaluate.base import EvalContext, Evaluator, checked_evaluation
 from polar_gym.evaluate.errors import InvalidReward
+from polar_gym.evaluate.judge import JudgeBatcher, JudgeError
 from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import PrepareFailed, StageError
 from polar_gym.gateway.session import Session
@@ -77,6 +78,7 @@ class SandboxStages(Stages):
         self._live: set[Runtime] = set()
         self._startup_clean: asyncio.Task[list[str]] | None = None
         self._startup_cleaned: list[str] | None = None
+        self.judges = {name: JudgeBatcher(endpoint) for name, endpoint in config.judges.items()}
 
     # -- plug-ins ---------------------------------------------------------------------------------------------
 
@@ -289,12 +291,13 @@ class SandboxStages(Stages):
         cls = s.scratch.get("evaluator_cls") or self._evaluator_cls(s.spec)
         evaluator = cls(s.spec.evaluator.config.model_dump())
         ctx = EvalContext(spec=s.spec, trajectory=s.trajectory, harness_result=s.harness_result, runtime=s.runtime,
-                          fresh_runtime=s.eval_runtime, artifacts=s.artifacts)
+                          fresh_runtime=s.eval_runtime, artifacts=s.artifacts, judges=self.judges)
         try:
             s.evaluation = evaluation = await checked_evaluation(evaluator, ctx)
-        except InvalidReward as exc:  # not a 0: the verifier is broken or was tampered with; never stored or trained
-            s.artifacts["error_cause"] = INVALID_REWARD
-            s.problem = f"{INVALID_REWARD}: {exc}" if s.problem is None else f"{INVALID_REWARD}: {exc}; {s.problem}"
+        except (InvalidReward, JudgeError) as exc:  # not a 0: a broken verifier or judge says nothing of the policy
+            cause = exc.cause if isinstance(exc, JudgeError) else INVALID_REWARD
+            s.artifacts["error_cause"] = cause
+            s.problem = f"{cause}: {exc}" if s.problem is None else f"{cause}: {exc}; {s.problem}"
             return
         trajectory: Trajectory = s.trajectory
         s.trajectory = await asyncio.to_thread(apply_rewards, trajectory, evaluation)

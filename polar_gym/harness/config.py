@@ -7,7 +7,7 @@ dotted path declares its own model (a subclass of :class:`HarnessConfig`) the sa
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,9 +17,11 @@ __all__ = [
     "CodexConfig",
     "GeminiCliConfig",
     "HarnessConfig",
+    "HermesConfig",
     "McpServerConfig",
     "MiniSweAgentConfig",
     "OpenCodeConfig",
+    "OpenHandsConfig",
     "PiConfig",
     "QwenCodeConfig",
     "ShellConfig",
@@ -107,3 +109,17 @@ class AiderConfig(_SideModel):
         "diff family runs suggested shell blocks)")
     files: list[str] = Field(default_factory=list, description="files to add to aider's chat (paths in the "
                              "working directory); aider shows the model only these")
+
+
+class HermesConfig(_SideModel):
+    toolsets: list[Annotated[str, Field(pattern=r"^[\w-]+$")]] = Field(
+        default_factory=lambda: ["terminal", "file"], min_length=1, description="hermes toolsets to offer (-t); "
+        "the default keeps out its web, browser, vision and speech tools, which reach the internet")
+    max_turns: int = Field(default=90, ge=1, description="model calls before hermes stops (agent.max_turns)")
+
+
+class OpenHandsConfig(_SideModel):
+    api: Literal["openai-chat", "openai-responses", "anthropic"] = Field(
+        default="openai-chat", description="the protocol litellm speaks to the proxy")
+    max_iterations: int = Field(default=100, ge=1, description="agent steps before the run stops (the SDK's "
+                                "max_iteration_per_run; its own default: 500)")

@@ -17,7 +17,7 @@ from polar_gym.merge.exports import (
     slime_samples,
     trace_lines,
 )
-from polar_gym.merge.rewards import RewardError, apply_rewards, session_weights, with_session_weights
+from polar_gym.merge.rewards import RewardError, apply_rewards, session_weights, token_rewards, with_session_weights
 from polar_gym.merge.tool_calls import MALFORMED_POLICIES, MalformedToolCallPolicy, apply_tool_call_policy
 from polar_gym.registry import BUILDERS
 from polar_gym.schema import BuilderSpec, CompletionSession, Trajectory
@@ -44,6 +44,7 @@ __all__ = [
     "session_weights",
     "sft_records",
     "slime_samples",
+    "token_rewards",
     "trace_lines",
     "with_session_weights",
 ]

@@ -22,7 +22,7 @@ from typing import Literal
 from polar_gym.merge.tool_calls import REWARD_REASON, zeroed_by_policy
 from polar_gym.schema import EvalResult, Trace, Trajectory
 
-__all__ = ["RewardError", "Weighting", "apply_rewards", "session_weights", "with_session_weights"]
+__all__ = ["RewardError", "Weighting", "apply_rewards", "session_weights", "token_rewards", "with_session_weights"]
 
 Weighting = Literal["traces", "tokens", "none"]
 
@@ -81,8 +81,45 @@ def apply_rewards(traj: Trajectory, evaluation: EvalResult, weighting: Weighting
         rewards = [evaluation.reward] * len(traj.traces)
     weights = session_weights(traj.traces, weighting)
     out = _with(traj, rewards, weights, weighting, {"outcome_reward": evaluation.reward})
+    if evaluation.per_trace_scores is not None or evaluation.per_turn_rewards:
+        out = _with_scores(out, evaluation)
     if not any(zeroed_by_policy(t) for t in out.traces):
         return out
     return out.model_copy(update={"traces": [
         t.model_copy(update={"reward": 0.0, "metadata": {**t.metadata, "reward_reason": REWARD_REASON}})
         if zeroed_by_policy(t) else t for t in out.traces]})
+
+
+def _with_scores(traj: Trajectory, evaluation: EvalResult) -> Trajectory:
+    """Each trace's judge score (``metadata["trace_score"]``) and the rewards of its turns
+    (``metadata["turn_rewards"]``: ``{completion_id, end, reward}``, ``end`` the turn's end in ``response_ids``)."""
+    scores = evaluation.per_trace_scores
+    if scores is not None and len(scores) != len(traj.traces):
+        raise RewardError(f"per_trace_scores has {len(scores)} values but session {traj.session_id!r} has "
+                          f"{len(traj.traces)} traces")
+    turns = evaluation.per_turn_rewards or {}
+    traces = []
+    for i, trace in enumerate(traj.traces):
+        metadata = dict(trace.metadata)
+        if scores is not None:
+            metadata["trace_score"] = scores[i]
+        held = [{"completion_id": span["completion_id"], "end": span["end"], "reward": turns[span["completion_id"]]}
+                for span in trace.metadata.get("spans") or () if span["completion_id"] in turns]
+        if held:
+            metadata["turn_rewards"] = held
+        traces.append(trace.model_copy(update={"metadata": metadata}))
+    return traj.model_copy(update={"traces": traces})
+
+
+def token_rewards(trace: Trace) -> list[float]:
+    """A reward per response token, for trainers that take them (dense process rewards): each turn's reward on the
+    turn's last token, the trace's reward on its last token, 0 elsewhere. Its sum is the trace's reward plus its
+    turns' rewards; a trainer that takes one number per trace uses ``trace.reward`` and leaves turn rewards out
+    (the documented reduction: ``sum(token_rewards(trace))`` folds them in)."""
+    out = [0.0] * len(trace.response_ids)
+    if not out:
+        return out
+    for turn in trace.metadata.get("turn_rewards") or ():
+        out[max(int(turn["end"]) - 1, 0)] += float(turn["reward"])
+    out[-1] += trace.reward or 0.0
+    return out

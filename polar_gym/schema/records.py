@@ -463,9 +463,15 @@ class Trajectory(_Model):
 
 
 class EvalResult(_Model):
+    """A session's score: the outcome ``reward``; optionally one reward per trace (in trace order; it replaces the
+    outcome on that trace), the per-trace scores they came from (a judge's, for the record), and rewards per turn
+    (``{completion_id: reward}``: a process reward given for one model call, carried to the trace holding it)."""
+
     reward: Reward
     passed: bool | None = None
     per_trace_rewards: list[Reward] | None = None
+    per_trace_scores: list[float] | None = None
+    per_turn_rewards: dict[str, Reward] | None = None
     details: dict[str, Any] = Field(default_factory=dict)
 
 
