@@ -11,16 +11,15 @@ import openai
 import pytest
 
 from polar_gym.assets import tokenizer_dir
-from polar_gym.merge import MALFORMED_POLICIES, apply_rewards, build_trajectory
-from polar_gym.merge.fidelity import run_fidelity
+from polar_gym.merge import MALFORMED_POLICIES, build_trajectory
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.parsers.base import malformed_call_spans, parser_for
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.tokenizer import HFChatTokenizer
-from polar_gym.schema import BuilderSpec, CompletionRecord, CompletionSession, EvalResult, OracleScript
+from polar_gym.schema import BuilderSpec, CompletionRecord, CompletionSession, OracleScript
 from tests._serving import RunningProxy, serve
-from tests.merge._sessions import check_invariants
+from tests.merge._malformed import check_policy
 
 pytestmark = pytest.mark.sdk
 
@@ -76,35 +75,7 @@ def test_the_record_holds_the_tokens_of_the_block_it_answered_as_text(proxy: Run
 def test_each_policy_gives_the_reward_mask_and_flag_it_promises(proxy: RunningProxy, builder: str,
                                                                policy: str) -> None:
     session = agent_session(proxy, f"malformed-{builder}-{policy}")
-    bad = max(session.completions, key=lambda r: r.index)
-    built = build_trajectory(session, BuilderSpec(strategy=builder, config={"malformed_tool_calls": policy}))
-    check_invariants(session, build_trajectory(session, BuilderSpec(strategy=builder)))
-    scored = apply_rewards(built, EvalResult(reward=1.0, passed=True))  # the task itself was solved
-    (marked,) = [t for t in scored.traces if bad.completion_id in t.metadata["completion_ids"]]
-    clean = [t for t in scored.traces if t is not marked]
-    assert marked.metadata["tool_call_parse"] == "malformed"
-    assert marked.metadata["malformed_tool_call_policy"] == policy
-    (where,) = marked.metadata["malformed_tool_calls"]
-    (span,) = [s for s in marked.metadata["spans"] if s["completion_id"] == bad.completion_id]
-    assert where["completion_id"] == bad.completion_id and where["located"] is True
-    assert span["start"] <= where["start"] < where["end"] <= span["end"]
-    assert all(t.metadata["tool_call_parse"] == "ok" and t.reward == 1.0 for t in clean)
-    reply_mask = marked.loss_mask[span["start"]:span["end"]]
-    if policy == "reward_zero_keep":  # zero reward, still trainable: the model must learn not to do it
-        assert marked.reward == 0.0 and marked.metadata["reward_reason"] == "malformed_tool_call"
-        assert marked.metadata["outcome_reward"] == 1.0 and set(reply_mask) == {1}
-    elif policy == "mask":  # the reply is not trained; the reward stays
-        assert marked.reward == 1.0 and set(reply_mask) == {0}
-        assert marked.metadata["masked_tokens_malformed"] == len(reply_mask)
-        assert sum(marked.loss_mask) == sum(len(r.response_ids) for r in session.completions
-                                            if r.completion_id in marked.metadata["completion_ids"]) - len(reply_mask)
-    else:
-        assert marked.reward == 1.0 and set(reply_mask) == {1} and "reward_reason" not in marked.metadata
-    assert len(marked.response_logprobs) == len(marked.response_ids) == len(marked.loss_mask)
-    fidelity = run_fidelity([scored])
-    assert (fidelity.malformed_tool_calls, fidelity.malformed_traces) == (1, 1)
-    assert fidelity.malformed_policies == {policy: 1}
-    assert f"malformed tool calls 1 in 1 traces ({policy} 1)" in fidelity.line()
+    check_policy(session, max(session.completions, key=lambda r: r.index).completion_id, builder, policy)
 
 
 def test_an_unknown_policy_is_refused_naming_the_choices(proxy: RunningProxy) -> None:
