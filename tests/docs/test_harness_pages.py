@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from polar_gym.harness.install import PINS, cli_paths, install_dir
+from polar_gym.harness.pyinstall import PY_PINS
 from polar_gym.registry import HARNESSES
 from tests.docs._blocks import DOCS, Block, BlockFailed, run_block, runnable_blocks
 
 PAGES = DOCS / "harnesses"
 BLOCKS = [block for block in runnable_blocks(PAGES) if "harness" in block.options]
 #: the page of each harness (custom.md is the generic ``shell`` harness: a user's own command)
-PAGE_OF = {**{name: f"{name}.md" for name in PINS}, "shell": "custom.md"}
+PAGE_OF = {**{name: f"{name}.md" for name in [*PINS, *PY_PINS]}, "shell": "custom.md"}
 
 
 def cli_search_path() -> list[Path]:
@@ -40,7 +41,7 @@ def run_harness_block(block: Block) -> str:
 
 
 def test_every_harness_page_has_a_snippet_against_the_oracle_proxy():
-    """The six pinned CLIs and the shell harness each have a page whose runnable snippets are marked with that
+    """The pinned CLIs (npm and Python) and the shell harness each have a page whose runnable snippets are marked with that
     registered harness, one of them starting ``python -m polar_gym.proxy --engine oracle``."""
     by_page: dict[str, set[str]] = {}
     against_oracle: set[str] = set()

@@ -76,8 +76,9 @@ SHELL_FENCE = "```bash"
 
 def harness_conventions(request: ChatRequest) -> tuple[list[str], bool]:
     """(commands to run after the script: the submit command the instructions ask for; whether shell commands go
-    in a fenced block of the reply, for a harness that offers no shell tool), read from the system messages."""
-    text = "\n".join(message_text(m) for m in request.messages if m.role in ("system", "developer"))
+    in a fenced block of the reply, for a harness that offers no shell tool), read from the instructions: the system
+    messages and the user's (mini-swe-agent puts its rules in the first user message)."""
+    text = "\n".join(message_text(m) for m in request.messages if m.role in ("system", "developer", "user"))
     submit = [f"echo {SUBMIT_LINE}"] if SUBMIT_LINE in text else []
     return submit, any(marker in text for marker in FENCED_SHELL_MARKERS)
 
