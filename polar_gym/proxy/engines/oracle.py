@@ -50,7 +50,7 @@ _Sample = tuple[ChatMessage, list[int], FinishReason, bool]
 
 #: tool names harnesses give their shell tool, most specific first
 SHELL_TOOL_NAMES = ("bash", "Bash", "shell", "run_shell_command", "exec_command", "shell_command", "local_shell",
-                    "execute_command", "run_command", "terminal", "execute_bash", "cmd")
+                    "execute_command", "run_command", "run_commands", "terminal", "execute_bash", "exec", "cmd")
 ORACLE_SERVER = "oracle://local"
 _COMMAND_KEYS = ("command", "cmd", "script", "commands")
 
@@ -125,14 +125,16 @@ def _default_for(name: str, schema: dict[str, Any]) -> Any:
 
 
 def shell_arguments(tool: Tool, command: str) -> dict[str, Any]:
-    """Arguments for ``tool`` that run ``command``, matching its schema (string or argv array, other required
-    parameters filled with their defaults)."""
+    """Arguments for ``tool`` that run ``command``, matching its schema (a string, an argv array, or a list of
+    command lines; other required parameters filled with their defaults)."""
     params = tool.parameters
     props: dict[str, Any] = params.get("properties") or {}
     key = _command_key(tool) or "command"
     schema = props.get(key) or {}
     kind = schema.get("type")
-    args: dict[str, Any] = {key: ["bash", "-lc", command] if kind == "array" else command}
+    # an array is an argv (codex's ``command``), except a list of command lines (cline's ``commands``)
+    value: Any = command if kind != "array" else [command] if key == "commands" else ["bash", "-lc", command]
+    args: dict[str, Any] = {key: value}
     for name in params.get("required") or []:
         if name not in args:
             args[name] = _default_for(name, props.get(name) or {})
