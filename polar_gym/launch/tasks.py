@@ -36,7 +36,7 @@ def demo_requests(template: TaskTemplate, ids: list[str] | None = None) -> list[
     for task in chosen:
         default_eval = task.evaluator(refresh_runtime=template.evaluator.refresh_runtime,
                                       workdir=template.runtime.workdir)
-        evaluator = template.evaluator
+        evaluator = with_task_outcome(template.evaluator, default_eval)
         if evaluator.strategy == default_eval.strategy:  # keep the task's test command, apply overrides over it
             config = {**default_eval.config.model_dump(), **evaluator.config.model_dump()}
             evaluator = evaluator.model_copy(update={"config": type(evaluator.config)(**config)})
@@ -49,10 +49,21 @@ def demo_requests(template: TaskTemplate, ids: list[str] | None = None) -> list[
     return requests
 
 
+def with_task_outcome(chosen: EvaluatorSpec, task_evaluator: EvaluatorSpec) -> EvaluatorSpec:
+    """``evaluator=rubric`` without an ``outcome`` scores the task's own way (its tests) plus the judge: the task's
+    evaluator becomes the rubric's outcome."""
+    keys = chosen.config.model_dump()
+    if chosen.strategy != "rubric" or "outcome" in keys:
+        return chosen
+    outcome = {"strategy": task_evaluator.strategy, "config": task_evaluator.config.model_dump()}
+    return chosen.model_copy(update={"config": type(chosen.config)(**keys, outcome=outcome),
+                                     "refresh_runtime": chosen.refresh_runtime or task_evaluator.refresh_runtime})
+
+
 def _harbor_evaluator(task: HarborTask, template: TaskTemplate) -> EvaluatorSpec:
     """The task's ``harbor`` evaluator, with the evaluator group's keys over it; another evaluator named in the
     group (with keys, or not the default) is kept as it is."""
-    chosen = template.evaluator
+    chosen = with_task_outcome(template.evaluator, task.evaluator(refresh_runtime=template.evaluator.refresh_runtime))
     keys = chosen.config.model_dump()
     if chosen.strategy == "harbor":
         return task.evaluator(refresh_runtime=chosen.refresh_runtime, overrides=keys)
