@@ -41,8 +41,8 @@ def run_harness_block(block: Block) -> str:
 
 
 def test_every_harness_page_has_a_snippet_against_the_oracle_proxy():
-    """The pinned CLIs (npm and Python) and the shell harness each have a page whose runnable snippets are marked with that
-    registered harness, one of them starting ``python -m polar_gym.proxy --engine oracle``."""
+    """The pinned CLIs (npm and Python) and the shell harness each have a page whose runnable snippets are marked
+    with that registered harness, one of them starting ``python -m polar_gym.proxy --engine oracle``."""
     by_page: dict[str, set[str]] = {}
     against_oracle: set[str] = set()
     for block in BLOCKS:

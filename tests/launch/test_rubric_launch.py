@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from polar_gym.datagen.template import TaskTemplate
+from polar_gym.launch.tasks import demo_requests
+from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,17 +50,18 @@ def test_an_unknown_malformed_tool_call_policy_is_refused_before_anything_runs(t
     assert not (tmp_path / "run" / "results.jsonl").exists()
 
 
-def test_the_rubric_scores_the_task_its_own_way_unless_told_otherwise() -> None:
-    from polar_gym.datagen.template import TaskTemplate
-    from polar_gym.launch.tasks import demo_requests
-    from polar_gym.schema import EvaluatorSpec
+def template(evaluator: EvaluatorSpec) -> TaskTemplate:
+    return TaskTemplate(agent=AgentSpec(harness="pi"), runtime=RuntimeSpec(), builder=BuilderSpec(),
+                        evaluator=evaluator)
 
-    own = demo_requests(TaskTemplate(), ["demo-calc-add"])[0].evaluator
-    (request,) = demo_requests(TaskTemplate(evaluator=EvaluatorSpec(strategy="rubric")), ["demo-calc-add"])
+
+def test_the_rubric_scores_the_task_its_own_way_unless_told_otherwise() -> None:
+    own = demo_requests(template(EvaluatorSpec(strategy="test_on_output")), ["demo-calc-add"])[0].evaluator
+    (request,) = demo_requests(template(EvaluatorSpec(strategy="rubric")), ["demo-calc-add"])
     assert request.evaluator.strategy == "rubric"
     outcome = request.evaluator.config.model_dump()["outcome"]
     assert outcome == {"strategy": own.strategy, "config": own.config.model_dump()} and own.config.model_dump()
     chosen = {"strategy": "session_completed", "config": {}}
-    (request,) = demo_requests(TaskTemplate(evaluator=EvaluatorSpec(strategy="rubric", config={"outcome": chosen})),
+    (request,) = demo_requests(template(EvaluatorSpec(strategy="rubric", config={"outcome": chosen})),
                                ["demo-calc-add"])
     assert request.evaluator.config.model_dump()["outcome"] == chosen
