@@ -92,3 +92,34 @@ def test_a_block_whose_text_the_tokens_do_not_show_gets_the_whole_reply(tok: HFC
     assert tok.decode(ids[exact["start"]:exact["end"]]).strip() == BAD_BLOCK
     other = tok.encode("Something else entirely, as long as the reply was.")
     assert malformed_call_spans(segments, other, tok.decode) == [{"start": 0, "end": len(other)}]
+
+
+@pytest.mark.parametrize("policy", ["reward_zero_keep", "mask"])
+def test_the_reference_trainer_trains_on_them_as_the_policy_says(proxy: RunningProxy, policy: str) -> None:
+    """GRPO's batch (polar_gym.trainer.grpo_sequences, what bench_learning.py trains) over a group of two solved
+    sessions, one with a malformed call: under reward_zero_keep its trace is a negative example with every sampled
+    token trained; under mask it keeps the group's reward and trains none of the malformed reply."""
+    from polar_gym.merge import apply_rewards
+    from polar_gym.schema import EvalResult, SessionResult, SessionStatus
+    from polar_gym.trainer import collate, grpo_sequences
+
+    spec = BuilderSpec(strategy="per_request", config={"malformed_tool_calls": policy})
+    results = []
+    for name, final in ((f"clean-{policy}", False), (f"bad-{policy}", True)):
+        session = agent_session(proxy, name)
+        if not final:  # the same session without the bad reply: its first call alone
+            session = session.model_copy(update={"completions": session.completions[:1]})
+        scored = apply_rewards(build_trajectory(session, spec), EvalResult(reward=1.0, passed=True))
+        results.append(SessionResult(session_id=name, task_id="t", status=SessionStatus.COMPLETED,
+                                     trajectory=scored, evaluation=EvalResult(reward=1.0, passed=True)))
+    sequences = grpo_sequences(results)
+    bad_trace = next(t for t in results[1].trajectory.traces if t.metadata["tool_call_parse"] == "malformed")
+    (bad,) = [s for s in sequences if s.response_ids == bad_trace.response_ids]
+    others = [s for s in sequences if s is not bad]
+    if policy == "reward_zero_keep":
+        assert bad.reward == 0.0 and bad.advantage < 0 < min(s.advantage for s in others)
+        assert sum(bad.loss_mask) == len(bad.response_ids)  # every sampled token is trained
+    else:
+        assert bad.reward == 1.0 and sum(bad.loss_mask) == 0
+    batch = collate(sequences)
+    assert batch.has_old_logprobs  # the engine's logprobs travel with them
