@@ -29,12 +29,14 @@ from typing import Any
 from polar_gym.apptainer.rootless import fetch_mmdebstrap, find_mmdebstrap, mmdebstrap_argv
 from polar_gym.assets import cache_root, node_bin_dir
 from polar_gym.harness.install import PINS, install_dir, pins_hash
+from polar_gym.harness.pyinstall import PY_PINS, py_install_dir
 from polar_gym.runtime.testimage import import_argv
 
 __all__ = [
     "ALL_HARNESSES",
     "BASE_PACKAGES",
     "HARNESS_PREFIX",
+    "IMAGE_PY_HARNESSES",
     "OfflineRecipe",
     "apt_source",
     "build_oci",
@@ -43,6 +45,7 @@ __all__ = [
     "default_image",
     "ensure_base",
     "host_apt_source",
+    "image_pins_hash",
     "npm_closure",
     "render_offline_definition",
     "render_offline_dockerfile",
@@ -55,8 +58,14 @@ BASE_PACKAGES = ("bash", "ca-certificates", "coreutils", "git", "libstdc++6", "p
 #: bump when the way the base is made changes (its key, hence its tag, changes with it)
 BASE_RECIPE_VERSION = "1"
 HARNESS_PREFIX = "/opt/polar-harness"
-ALL_HARNESSES = tuple(sorted(PINS))
-IMAGE_PATH = f"{HARNESS_PREFIX}/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: the Python the base's python3 package is (Debian 12): the Python harnesses whose venvs it runs go in the images;
+#: the OpenHands SDK needs 3.12, which Debian 12 does not package (docs/harnesses/openhands.md)
+BASE_PYTHON = "3.11"
+IMAGE_PY_HARNESSES = tuple(sorted(name for name, pin in PY_PINS.items() if pin.python == BASE_PYTHON))
+ALL_HARNESSES = tuple(sorted([*PINS, *IMAGE_PY_HARNESSES]))
+#: ``bin``: the Python harnesses' binaries and the wrappers of CLIs run with a Node.js of their own
+IMAGE_PATH = (f"{HARNESS_PREFIX}/bin:{HARNESS_PREFIX}/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+              "/usr/bin:/sbin:/bin")
 
 Runner = Callable[[Sequence[str]], int]
 
@@ -91,9 +100,13 @@ class OfflineRecipe:
     packages: tuple[str, ...] = BASE_PACKAGES
 
     def __post_init__(self) -> None:
-        unknown = [h for h in self.harnesses if h not in PINS]
+        unknown = [h for h in self.harnesses if h not in PINS and h not in IMAGE_PY_HARNESSES]
         if unknown or not self.harnesses:
-            raise ValueError(f"unknown harness {', '.join(unknown) or '(none)'}; pinned: {', '.join(PINS)}")
+            too_new = [h for h in unknown if h in PY_PINS]
+            why = (f" ({', '.join(too_new)} needs Python {PY_PINS[too_new[0]].python}; the offline base has "
+                   f"{BASE_PYTHON})" if too_new else "")
+            raise ValueError(f"unknown harness {', '.join(unknown) or '(none)'}{why}; an offline image can carry: "
+                             f"{', '.join(ALL_HARNESSES)}")
         object.__setattr__(self, "harnesses", tuple(sorted(set(self.harnesses))))
 
     @property
@@ -113,19 +126,31 @@ class OfflineRecipe:
     @property
     def key(self) -> str:
         """Covers the base, the CLI pins and the templates: a harness image with the same key is reused."""
-        pins = {h: f"{PINS[h].package}@{PINS[h].version}" for h in self.harnesses}
-        doc = {"base": self.base_key, "pins": pins, "path": IMAGE_PATH, "template": _DOCKERFILE}
+        doc = {"base": self.base_key, "pins": {h: _spec(h) for h in self.harnesses}, "path": IMAGE_PATH,
+               "template": _DOCKERFILE}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
     @property
     def tag(self) -> str:
         """Named by the pins (the all-CLI image's tag is what ``conf/runtime/docker.yaml`` names)."""
-        return f"localhost/polar-gym/{self.name}:{pins_hash()}"
+        return f"localhost/polar-gym/{self.name}:{image_pins_hash()}"
 
     def labels(self) -> dict[str, str]:
         return {"org.polar_gym.key": self.key[:16], "org.polar_gym.base": self.base_tag,
-                "org.polar_gym.harnesses": ",".join(f"{h}={PINS[h].package}@{PINS[h].version}"
-                                                     for h in self.harnesses)}
+                "org.polar_gym.harnesses": ",".join(f"{h}={_spec(h)}" for h in self.harnesses)}
+
+
+def _spec(harness: str) -> str:
+    """``package@version`` of an npm CLI, ``package==version`` (and its other pins) of a Python harness."""
+    if harness in PINS:
+        return f"{PINS[harness].package}@{PINS[harness].version}"
+    return "+".join(PY_PINS[harness].requirements())
+
+
+def image_pins_hash() -> str:
+    """The images' tag: a digest of every pin an image may carry (the npm CLIs' and the Python harnesses')."""
+    doc = {"npm": pins_hash(), "python": {h: _spec(h) for h in IMAGE_PY_HARNESSES}}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def default_image() -> str:
@@ -175,6 +200,9 @@ FROM {base}
 {labels}
 COPY node /usr/local/bin/node
 COPY node_modules {prefix}/node_modules
+COPY bin {prefix}/bin
+COPY nodes {prefix}/nodes
+COPY py {prefix}/py
 ENV PATH={path}
 WORKDIR /workspace
 """
@@ -191,6 +219,9 @@ Include: {packages}
 %files
     {context}/node /usr/local/bin/node
     {context}/node_modules {prefix}/node_modules
+    {context}/bin {prefix}/bin
+    {context}/nodes {prefix}/nodes
+    {context}/py {prefix}/py
 
 %environment
     export PATH={path}
@@ -202,7 +233,7 @@ Include: {packages}
 
 
 def _title(recipe: OfflineRecipe) -> str:
-    return ", ".join(f"{h} {PINS[h].package}@{PINS[h].version}" for h in recipe.harnesses)
+    return ", ".join(f"{h} {_spec(h)}" for h in recipe.harnesses)
 
 
 def render_offline_dockerfile(recipe: OfflineRecipe) -> str:
@@ -241,19 +272,69 @@ def stage_context(recipe: OfflineRecipe, context: Path, *, npm_dir: Path | None 
         raise RuntimeError("no node binary to copy into the image: neither on PATH nor the Node.js wheel's "
                            "(python -m polar_gym.assets node)")
     shutil.rmtree(context, ignore_errors=True)
-    (context / "node_modules" / ".bin").mkdir(parents=True)
+    for folder in ("node_modules/.bin", "bin", "nodes", "py"):
+        (context / folder).mkdir(parents=True)
     _link_or_copy(os.path.realpath(node), str(context / "node"))
+    npm = [h for h in recipe.harnesses if h in PINS]
     packages = json.loads(lock.read_text()).get("packages", {})
-    for rel in npm_closure(packages, [PINS[h].package for h in recipe.harnesses]):
+    for rel in npm_closure(packages, [PINS[h].package for h in npm]):
         src = npm_dir / rel
         if not src.is_dir():
             continue
         shutil.copytree(src, context / rel, symlinks=True, copy_function=_link_or_copy,
                         ignore=lambda d, names, top=str(src): ["node_modules"] if d == top else [])
-    for h in recipe.harnesses:
+    for h in npm:
         link = npm_dir / "node_modules" / ".bin" / PINS[h].binary
         os.symlink(os.readlink(link), context / "node_modules" / ".bin" / PINS[h].binary)
+        major = PINS[h].node_major
+        if major is not None:
+            _stage_node(context, npm_dir / PINS[h].node, major, PINS[h].binary)
+    for h in recipe.harnesses:
+        if h in PY_PINS:
+            _stage_venv(context, h)
     return context
+
+
+def _stage_node(context: Path, node: Path, major: int, binary: str) -> None:
+    """A CLI that needs Node.js ``major``: that node at ``nodes/node-MAJOR/bin/node`` and a wrapper ``bin/BINARY``
+    that puts it first on PATH (the CLI starts with ``#!/usr/bin/env node``)."""
+    if not node.is_file():
+        raise RuntimeError(f"no Node.js {major} at {node} for {binary}: run `python -m polar_gym.harness.install`")
+    target = context / "nodes" / f"node-{major}" / "bin" / "node"
+    if not target.exists():
+        target.parent.mkdir(parents=True)
+        _link_or_copy(str(node), str(target))
+    wrapper = context / "bin" / binary
+    wrapper.write_text(f"#!/bin/sh\n# polar_gym: {binary} runs with Node.js {major}\n"
+                       f"PATH={HARNESS_PREFIX}/nodes/node-{major}/bin:\"$PATH\"\nexport PATH\n"
+                       f"exec {HARNESS_PREFIX}/node_modules/.bin/{binary} \"$@\"\n")
+    wrapper.chmod(0o755)
+
+
+def _stage_venv(context: Path, harness: str) -> None:
+    """A Python harness's venv at ``py/HARNESS`` and its binary at ``bin/``. A venv names its own path in its
+    scripts' ``#!`` lines and nowhere its interpreter needs (pyvenv.cfg names the base python, /usr/bin in both
+    places), so those lines are rewritten to the image's path (into new files: the staged ones are hard links to
+    the cache's)."""
+    source = py_install_dir(harness) / "venv"
+    if not (source / "bin" / PY_PINS[harness].binary).exists():
+        raise RuntimeError(f"{harness} is not installed at {source}: run `python -m polar_gym.harness.pyinstall "
+                           f"{harness}` (bash scripts/setup.sh does)")
+    staged = context / "py" / harness
+    shutil.copytree(source, staged, symlinks=True, copy_function=_link_or_copy)
+    old, new = f"#!{source}/bin/".encode(), f"#!{HARNESS_PREFIX}/py/{harness}/bin/".encode()
+    for script in (staged / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        with open(script, "rb") as f:
+            head = f.read(len(old))
+        if head == old:
+            body = new + script.read_bytes()[len(old):]
+            mode = script.stat().st_mode
+            script.unlink()
+            script.write_bytes(body)
+            script.chmod(mode)
+    os.symlink(f"../py/{harness}/bin/{PY_PINS[harness].binary}", context / "bin" / PY_PINS[harness].binary)
 
 
 def _image_label(cli: Sequence[str], tag: str) -> str | None:

@@ -21,12 +21,14 @@ from polar_gym.apptainer.offline import (
     build_sif,
     debootstrap_argv,
     default_image,
+    image_pins_hash,
     npm_closure,
     render_offline_definition,
     render_offline_dockerfile,
     stage_context,
 )
-from polar_gym.harness.install import PINS, pins_hash
+from polar_gym.harness.install import PINS
+from polar_gym.harness.pyinstall import py_install_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,8 +68,9 @@ def test_npm_closure_resolves_nearest_node_modules_and_skips_absent_optionals() 
 
 def test_keys_and_tags_follow_the_base_packages_and_pins() -> None:
     everything, pi = OfflineRecipe(), OfflineRecipe(harnesses=("pi",))
-    assert everything.harnesses == ALL_HARNESSES and everything.tag == f"localhost/polar-gym/harnesses:{pins_hash()}"
-    assert pi.tag == f"localhost/polar-gym/pi:{pins_hash()}" and pi.base_tag == everything.base_tag
+    assert everything.harnesses == ALL_HARNESSES
+    assert everything.tag == f"localhost/polar-gym/harnesses:{image_pins_hash()}"
+    assert pi.tag == f"localhost/polar-gym/pi:{image_pins_hash()}" and pi.base_tag == everything.base_tag
     assert OfflineRecipe(harnesses=("pi", "codex")).name == "codex-pi"
     reordered = OfflineRecipe(packages=tuple(reversed(everything.packages)))
     assert reordered.base_tag == everything.base_tag and reordered.key == everything.key
@@ -89,7 +92,8 @@ def test_one_recipe_renders_the_dockerfile_and_the_apptainer_definition(tmp_path
     dockerfile = render_offline_dockerfile(recipe)
     assert dockerfile.splitlines()[1] == f"FROM {recipe.base_tag}"
     assert "COPY node /usr/local/bin/node" in dockerfile
-    assert "ENV PATH=/opt/polar-harness/node_modules/.bin:" in dockerfile
+    assert "ENV PATH=/opt/polar-harness/bin:/opt/polar-harness/node_modules/.bin:" in dockerfile
+    assert "COPY py /opt/polar-harness/py" in dockerfile
     assert f'org.polar_gym.key="{recipe.key[:16]}"' in dockerfile
     definition = render_offline_definition(recipe, tmp_path)
     assert definition.startswith("Bootstrap: debootstrap\nOSVersion: bookworm\nMirrorURL: http://m.example/debian\n")
@@ -122,6 +126,31 @@ def test_stage_context_copies_only_the_closure_and_the_bin_link(tmp_path: Path) 
     assert (ctx / "node_modules/dep/index.js").exists() and not (ctx / "node_modules/unrelated").exists()
     with pytest.raises(RuntimeError, match="no cached harness CLIs"):
         stage_context(OfflineRecipe(harnesses=("pi",)), tmp_path / "ctx2", npm_dir=tmp_path / "none", node=str(node))
+
+
+def test_a_python_harness_is_staged_as_a_venv_at_the_images_path(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its scripts' ``#!`` lines name the image's venv path, written as new files (the cache's stay as they were);
+    its binary is on the image's PATH; a Python harness the base's python3 cannot run is refused, saying why."""
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "cache"))
+    venv = py_install_dir("mini_swe_agent") / "venv"
+    (venv / "bin").mkdir(parents=True)
+    script = venv / "bin" / "mini"
+    script.write_text(f"#!{venv}/bin/python\nimport sys\n")
+    script.chmod(0o755)
+    os.symlink("/usr/bin/python3.11", venv / "bin" / "python")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    npm, node = _fake_install(tmp_path / "npm"), tmp_path / "node"
+    node.write_text("binary")
+    ctx = stage_context(OfflineRecipe(harnesses=("pi", "mini_swe_agent")), tmp_path / "ctx", npm_dir=npm,
+                        node=str(node))
+    staged = ctx / "py" / "mini_swe_agent" / "bin" / "mini"
+    assert staged.read_text() == "#!/opt/polar-harness/py/mini_swe_agent/bin/python\nimport sys\n"
+    assert os.access(staged, os.X_OK) and script.read_text().startswith(f"#!{venv}/bin/python")
+    assert os.readlink(ctx / "bin" / "mini") == "../py/mini_swe_agent/bin/mini"
+    assert os.readlink(ctx / "py" / "mini_swe_agent" / "bin" / "python") == "/usr/bin/python3.11"
+    with pytest.raises(ValueError, match=r"openhands needs Python 3\.12"):
+        OfflineRecipe(harnesses=("openhands",))
 
 
 def test_dry_run_prints_both_renderings_and_the_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,7 +2,8 @@
 image (Debian base from debootstrap, the host's node, the cached pinned CLIs) with podman and no registry, and the
 launch main job runs the demo tasks in it to reward 1.0, with no CLI nor run options configured: the backend picks
 podman and probes the ``--ulimit`` options this host needs by itself. First the pi image (the fastest to build),
-then the default all-CLI image ``conf/runtime/docker.yaml`` names, with each of the six CLIs."""
+then the default image ``conf/runtime/docker.yaml`` names, with each harness it carries (npm CLIs and Python
+harnesses)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from polar_gym.apptainer.offline import OfflineRecipe, default_image
+from polar_gym.apptainer.offline import ALL_HARNESSES, OfflineRecipe, default_image
 from polar_gym.assets import tokenizer_dir
-from polar_gym.harness.install import PINS, install_dir
+from polar_gym.harness.install import install_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -80,7 +81,7 @@ def default_built(tmp_path_factory: pytest.TempPathFactory) -> str:
     return tag
 
 
-@pytest.mark.parametrize("harness", sorted(PINS))
+@pytest.mark.parametrize("harness", ALL_HARNESSES)
 def test_every_cli_solves_a_demo_task_in_the_default_image(default_built: str, harness: str, tmp_path: Path) -> None:
     """No runtime.image override: conf/runtime/docker.yaml's default is the all-CLI image just built."""
     results = launch(f"+harness={harness}", "tasks.ids=[demo-calc-add]", out=tmp_path / "run")
