@@ -128,6 +128,9 @@ HARNESSES: Registry[Any] = Registry("harness", {
     "aider": "polar_gym.harness.aider:Aider",
     "hermes": "polar_gym.harness.hermes:Hermes",
     "openhands": "polar_gym.harness.openhands:OpenHands",
+    "cline": "polar_gym.harness.cline:Cline",
+    "openclaw": "polar_gym.harness.openclaw:OpenClaw",
+    "crush": "polar_gym.harness.crush:Crush",
     "shell": "polar_gym.harness.shell:ShellHarness",
 })
 

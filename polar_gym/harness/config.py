@@ -14,12 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "AiderConfig",
     "ClaudeCodeConfig",
+    "ClineConfig",
     "CodexConfig",
+    "CrushConfig",
     "GeminiCliConfig",
     "HarnessConfig",
     "HermesConfig",
     "McpServerConfig",
     "MiniSweAgentConfig",
+    "OpenClawConfig",
     "OpenCodeConfig",
     "OpenHandsConfig",
     "PiConfig",
@@ -123,3 +126,20 @@ class OpenHandsConfig(_SideModel):
         default="openai-chat", description="the protocol litellm speaks to the proxy")
     max_iterations: int = Field(default=100, ge=1, description="agent steps before the run stops (the SDK's "
                                 "max_iteration_per_run; its own default: 500)")
+
+
+class ClineConfig(HarnessConfig):
+    api: Literal["openai-compatible", "openai-native", "anthropic"] = Field(
+        default="openai-compatible", description="the cline provider id, hence the protocol: openai-compatible "
+        "(Chat Completions), openai-native (Responses), anthropic (Messages)")
+
+
+class OpenClawConfig(HarnessConfig):
+    api: Literal["openai-completions", "openai-responses", "anthropic-messages"] = Field(
+        default="openai-completions", description="the protocol OpenClaw speaks (its provider's api, as pi's)")
+
+
+class CrushConfig(_SideModel):
+    api: Literal["openai-compat", "anthropic"] = Field(
+        default="openai-compat", description="the type of crush's provider: openai-compat (Chat Completions) or "
+        "anthropic (Messages)")
