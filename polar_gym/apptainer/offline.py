@@ -29,7 +29,7 @@ from typing import Any
 from polar_gym.apptainer.rootless import fetch_mmdebstrap, find_mmdebstrap, mmdebstrap_argv
 from polar_gym.assets import cache_root, node_bin_dir
 from polar_gym.harness.install import PINS, install_dir, pins_hash
-from polar_gym.harness.pyinstall import PY_PINS, py_install_dir
+from polar_gym.harness.pyinstall import PY_PINS, base_prefix, py_install_dir
 from polar_gym.runtime.testimage import import_argv
 
 __all__ = [
@@ -58,10 +58,7 @@ BASE_PACKAGES = ("bash", "ca-certificates", "coreutils", "git", "libstdc++6", "p
 #: bump when the way the base is made changes (its key, hence its tag, changes with it)
 BASE_RECIPE_VERSION = "1"
 HARNESS_PREFIX = "/opt/polar-harness"
-#: the Python the base's python3 package is (Debian 12): the Python harnesses whose venvs it runs go in the images;
-#: the OpenHands SDK needs 3.12, which Debian 12 does not package (docs/harnesses/openhands.md)
-BASE_PYTHON = "3.11"
-IMAGE_PY_HARNESSES = tuple(sorted(name for name, pin in PY_PINS.items() if pin.python == BASE_PYTHON))
+IMAGE_PY_HARNESSES = tuple(sorted(PY_PINS))
 ALL_HARNESSES = tuple(sorted([*PINS, *IMAGE_PY_HARNESSES]))
 #: ``bin``: the Python harnesses' binaries and the wrappers of CLIs run with a Node.js of their own
 IMAGE_PATH = (f"{HARNESS_PREFIX}/bin:{HARNESS_PREFIX}/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
@@ -100,12 +97,9 @@ class OfflineRecipe:
     packages: tuple[str, ...] = BASE_PACKAGES
 
     def __post_init__(self) -> None:
-        unknown = [h for h in self.harnesses if h not in PINS and h not in IMAGE_PY_HARNESSES]
+        unknown = [h for h in self.harnesses if h not in ALL_HARNESSES]
         if unknown or not self.harnesses:
-            too_new = [h for h in unknown if h in PY_PINS]
-            why = (f" ({', '.join(too_new)} needs Python {PY_PINS[too_new[0]].python}; the offline base has "
-                   f"{BASE_PYTHON})" if too_new else "")
-            raise ValueError(f"unknown harness {', '.join(unknown) or '(none)'}{why}; an offline image can carry: "
+            raise ValueError(f"unknown harness {', '.join(unknown) or '(none)'}; an offline image can carry: "
                              f"{', '.join(ALL_HARNESSES)}")
         object.__setattr__(self, "harnesses", tuple(sorted(set(self.harnesses))))
 
@@ -203,6 +197,9 @@ COPY node_modules {prefix}/node_modules
 COPY bin {prefix}/bin
 COPY nodes {prefix}/nodes
 COPY py {prefix}/py
+COPY pythons {prefix}/pythons
+COPY ld.so.conf /etc/ld.so.conf.d/polar-harness.conf
+RUN ldconfig
 ENV PATH={path}
 WORKDIR /workspace
 """
@@ -222,11 +219,14 @@ Include: {packages}
     {context}/bin {prefix}/bin
     {context}/nodes {prefix}/nodes
     {context}/py {prefix}/py
+    {context}/pythons {prefix}/pythons
+    {context}/ld.so.conf /etc/ld.so.conf.d/polar-harness.conf
 
 %environment
     export PATH={path}
 
 %post
+    ldconfig
     mkdir -p /polar /workspace
     rm -rf /var/cache/apt/archives/*.deb /var/lib/apt/lists/*
 """
@@ -272,8 +272,9 @@ def stage_context(recipe: OfflineRecipe, context: Path, *, npm_dir: Path | None 
         raise RuntimeError("no node binary to copy into the image: neither on PATH nor the Node.js wheel's "
                            "(python -m polar_gym.assets node)")
     shutil.rmtree(context, ignore_errors=True)
-    for folder in ("node_modules/.bin", "bin", "nodes", "py"):
+    for folder in ("node_modules/.bin", "bin", "nodes", "py", "pythons"):
         (context / folder).mkdir(parents=True)
+    (context / "ld.so.conf").write_text("")
     _link_or_copy(os.path.realpath(node), str(context / "node"))
     npm = [h for h in recipe.harnesses if h in PINS]
     packages = json.loads(lock.read_text()).get("packages", {})
@@ -313,9 +314,9 @@ def _stage_node(context: Path, node: Path, major: int, binary: str) -> None:
 
 def _stage_venv(context: Path, harness: str) -> None:
     """A Python harness's venv at ``py/HARNESS`` and its binary at ``bin/``. A venv names its own path in its
-    scripts' ``#!`` lines and nowhere its interpreter needs (pyvenv.cfg names the base python, /usr/bin in both
-    places), so those lines are rewritten to the image's path (into new files: the staged ones are hard links to
-    the cache's)."""
+    scripts' ``#!`` lines, so those lines are rewritten to the image's path (into new files: the staged ones are
+    hard links to the cache's). Its base interpreter is the image's when it is Debian's (``/usr``, the base's
+    python3); else (pyenv's 3.12 for the OpenHands SDK) it goes in too (:func:`_stage_python`)."""
     source = py_install_dir(harness) / "venv"
     if not (source / "bin" / PY_PINS[harness].binary).exists():
         raise RuntimeError(f"{harness} is not installed at {source}: run `python -m polar_gym.harness.pyinstall "
@@ -335,6 +336,32 @@ def _stage_venv(context: Path, harness: str) -> None:
             script.write_bytes(body)
             script.chmod(mode)
     os.symlink(f"../py/{harness}/bin/{PY_PINS[harness].binary}", context / "bin" / PY_PINS[harness].binary)
+    prefix = base_prefix(source)
+    if prefix is not None and not prefix.is_relative_to("/usr"):
+        _stage_python(context, staged, prefix, PY_PINS[harness].python)
+
+
+def _stage_python(context: Path, venv: Path, prefix: Path, minor: str) -> None:
+    """An interpreter from outside ``/usr`` at ``pythons/MINOR`` (its test suite left out), the staged ``venv``
+    pointed at it (pyvenv.cfg and its ``python`` links), and its ``lib`` in the image's loader path: a pyenv build
+    links libpython by an absolute RUNPATH that does not exist in the image."""
+    image = f"{HARNESS_PREFIX}/pythons/{minor}"
+    target = context / "pythons" / minor
+    if not target.exists():
+        shutil.copytree(prefix, target, symlinks=True, copy_function=_link_or_copy,
+                        ignore=lambda d, names: ["test"] if Path(d).name.startswith("python") and
+                        Path(d).parent.name == "lib" else [])
+        with open(context / "ld.so.conf", "a") as conf:
+            conf.write(f"{image}/lib\n")
+    config = venv / "pyvenv.cfg"
+    text = config.read_text().replace(str(prefix), image)
+    config.unlink()
+    config.write_text(text)
+    for link in (venv / "bin").iterdir():
+        if link.is_symlink() and os.readlink(link).startswith(f"{prefix}/"):
+            pointed = image + os.readlink(link)[len(str(prefix)):]
+            link.unlink()
+            os.symlink(pointed, link)
 
 
 def _image_label(cli: Sequence[str], tag: str) -> str | None:

@@ -131,7 +131,7 @@ def test_stage_context_copies_only_the_closure_and_the_bin_link(tmp_path: Path) 
 def test_a_python_harness_is_staged_as_a_venv_at_the_images_path(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Its scripts' ``#!`` lines name the image's venv path, written as new files (the cache's stay as they were);
-    its binary is on the image's PATH; a Python harness the base's python3 cannot run is refused, saying why."""
+    its binary is on the image's PATH."""
     monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "cache"))
     venv = py_install_dir("mini_swe_agent") / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -149,8 +149,35 @@ def test_a_python_harness_is_staged_as_a_venv_at_the_images_path(tmp_path: Path,
     assert os.access(staged, os.X_OK) and script.read_text().startswith(f"#!{venv}/bin/python")
     assert os.readlink(ctx / "bin" / "mini") == "../py/mini_swe_agent/bin/mini"
     assert os.readlink(ctx / "py" / "mini_swe_agent" / "bin" / "python") == "/usr/bin/python3.11"
-    with pytest.raises(ValueError, match=r"openhands needs Python 3\.12"):
-        OfflineRecipe(harnesses=("openhands",))
+    assert (ctx / "ld.so.conf").read_text() == ""  # Debian's python3 is the image's own
+
+
+def test_a_venv_of_an_interpreter_outside_usr_brings_it_along(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyenv's 3.12 (the OpenHands SDK's): the interpreter goes to the image without its test suite, the venv's
+    pyvenv.cfg and python link name it there, and its lib is in the loader's path (its RUNPATH is the host's)."""
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "cache"))
+    prefix = tmp_path / "pyenv" / "versions" / "3.12.1"
+    for rel in ("bin/python3.12", "lib/libpython3.12.so.1.0", "lib/python3.12/os.py", "lib/python3.12/test/t.py"):
+        (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
+        (prefix / rel).write_text(rel)
+    venv = py_install_dir("openhands") / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(f"{prefix}/bin/python3.12", venv / "bin" / "python")
+    os.symlink("python", venv / "bin" / "python3")
+    (venv / "pyvenv.cfg").write_text(f"home = {prefix}/bin\nexecutable = {prefix}/bin/python3.12\n")
+    npm, node = _fake_install(tmp_path / "npm"), tmp_path / "node"
+    node.write_text("binary")
+    ctx = stage_context(OfflineRecipe(harnesses=("pi", "openhands")), tmp_path / "ctx", npm_dir=npm, node=str(node))
+    image = "/opt/polar-harness/pythons/3.12"
+    assert (ctx / "pythons/3.12/bin/python3.12").read_text() == "bin/python3.12"
+    assert (ctx / "pythons/3.12/lib/python3.12/os.py").exists()
+    assert not (ctx / "pythons/3.12/lib/python3.12/test").exists()
+    staged = ctx / "py" / "openhands"
+    assert (staged / "pyvenv.cfg").read_text() == f"home = {image}/bin\nexecutable = {image}/bin/python3.12\n"
+    assert os.readlink(staged / "bin" / "python") == f"{image}/bin/python3.12"
+    assert os.readlink(staged / "bin" / "python3") == "python"
+    assert (venv / "pyvenv.cfg").read_text().startswith(f"home = {prefix}/bin")  # the cache's venv is untouched
+    assert (ctx / "ld.so.conf").read_text() == f"{image}/lib\n"
 
 
 def test_dry_run_prints_both_renderings_and_the_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
