@@ -98,6 +98,8 @@ def _offline(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    for harness, why in recipe.left_out().items():
+        print(f"left out of the image: {harness} ({why})", file=sys.stderr)
     print(image)
     return 0
 

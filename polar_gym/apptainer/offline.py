@@ -29,7 +29,7 @@ from typing import Any
 from polar_gym.apptainer.rootless import fetch_mmdebstrap, find_mmdebstrap, mmdebstrap_argv
 from polar_gym.assets import cache_root, node_bin_dir
 from polar_gym.harness.install import PINS, install_dir, pins_hash
-from polar_gym.harness.pyinstall import PY_PINS, base_prefix, py_install_dir
+from polar_gym.harness.pyinstall import PY_PINS, base_prefix, find_python, py_install_dir
 from polar_gym.runtime.testimage import import_argv
 
 __all__ = [
@@ -120,8 +120,10 @@ class OfflineRecipe:
     @property
     def key(self) -> str:
         """Covers the base, the CLI pins and the templates: a harness image with the same key is reused."""
-        doc = {"base": self.base_key, "pins": {h: _spec(h) for h in self.harnesses}, "path": IMAGE_PATH,
-               "template": _DOCKERFILE}
+        doc: dict[str, Any] = {"base": self.base_key, "pins": {h: _spec(h) for h in self.harnesses},
+                               "path": IMAGE_PATH, "template": _DOCKERFILE}
+        if self.left_out():
+            doc["left_out"] = self.left_out()
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -129,9 +131,20 @@ class OfflineRecipe:
         """Named by the pins (the all-CLI image's tag is what ``conf/runtime/docker.yaml`` names)."""
         return f"localhost/polar-gym/{self.name}:{image_pins_hash()}"
 
+    def left_out(self) -> dict[str, str]:
+        """The Python harnesses of the recipe this machine cannot carry, with why: no interpreter of the version
+        they need (a user's machine without pyenv's 3.12: the OpenHands SDK). The image keeps its tag and goes
+        without them; a session of one fails with harness_not_run, its reason in the image's labels."""
+        return {h: f"needs Python {PY_PINS[h].python}, which this machine does not have" for h in self.harnesses
+                if h in PY_PINS and find_python(PY_PINS[h].python) is None}
+
     def labels(self) -> dict[str, str]:
-        return {"org.polar_gym.key": self.key[:16], "org.polar_gym.base": self.base_tag,
-                "org.polar_gym.harnesses": ",".join(f"{h}={_spec(h)}" for h in self.harnesses)}
+        labels = {"org.polar_gym.key": self.key[:16], "org.polar_gym.base": self.base_tag,
+                  "org.polar_gym.harnesses": ",".join(f"{h}={_spec(h)}" for h in self.harnesses
+                                                      if h not in self.left_out())}
+        if self.left_out():
+            labels["org.polar_gym.left_out"] = "; ".join(f"{h}: {why}" for h, why in self.left_out().items())
+        return labels
 
 
 def _spec(harness: str) -> str:
@@ -291,7 +304,7 @@ def stage_context(recipe: OfflineRecipe, context: Path, *, npm_dir: Path | None 
         if major is not None:
             _stage_node(context, npm_dir / PINS[h].node, major, PINS[h].binary)
     for h in recipe.harnesses:
-        if h in PY_PINS:
+        if h in PY_PINS and h not in recipe.left_out():
             _stage_venv(context, h)
     return context
 

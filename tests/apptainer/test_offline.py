@@ -254,3 +254,19 @@ def test_build_makes_the_base_once_then_the_image_and_checks_node_runs(tmp_path:
     with pytest.raises(RuntimeError, match="node does not run"):
         build_oci(recipe, tmp_path / "out", ("false",), runner=runner, npm_dir=npm)
     assert calls[-1] == ["false", "rmi", "-f", recipe.tag]
+
+
+def test_a_python_harness_this_machine_cannot_carry_is_left_out_saying_why(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's machine without pyenv's 3.12: the default image keeps its tag and goes without the OpenHands SDK."""
+    from polar_gym.apptainer import offline
+
+    monkeypatch.setattr(offline, "find_python", lambda minor: None if minor == "3.12" else Path("/usr/bin/python3"))
+    recipe = OfflineRecipe(harnesses=("pi", "openhands"))
+    assert recipe.left_out() == {"openhands": "needs Python 3.12, which this machine does not have"}
+    assert recipe.tag == OfflineRecipe(harnesses=("pi", "openhands")).tag and "openhands" in recipe.labels()[
+        "org.polar_gym.left_out"] and "openhands" not in recipe.labels()["org.polar_gym.harnesses"]
+    npm, node = _fake_install(tmp_path / "npm"), tmp_path / "node"
+    node.write_text("binary")
+    ctx = stage_context(recipe, tmp_path / "ctx", npm_dir=npm, node=str(node))
+    assert not (ctx / "py" / "openhands").exists() and list((ctx / "pythons").iterdir()) == []
