@@ -56,7 +56,8 @@ class Aider(Harness):
                 "--model-metadata-file", f"{ctx.home}/.aider.model.metadata.json", *_NO_OPT_INS,
                 "--chat-history-file", f"{ctx.home}/aider.chat.md",
                 "--input-history-file", f"{ctx.home}/aider.input.history",
-                "--llm-history-file", f"{ctx.home}/aider.llm.log", "--message", ctx.instruction, *config.files]
+                "--llm-history-file", f"{ctx.home}/aider.llm.log", f"--message={ctx.instruction}",
+                *(["--", *config.files] if config.files else [])]  # a file named like an option stays a file
 
     def log_paths(self, ctx: HarnessContext) -> list[str]:
         return [f"{ctx.home}/aider.chat.md", f"{ctx.home}/aider.llm.log"]

@@ -56,8 +56,8 @@ class MiniSweAgent(Harness):
         _, prefix, extra = _APIS[config.api]
         return [binary(ctx, "mini_swe_agent"), "-y", "--exit-immediately", "-m", f"{prefix}/{ctx.model_name}", *extra,
                 "-c", "mini.yaml", "-c", f"agent.step_limit={config.step_limit}",
-                "-c", f"environment.timeout={config.command_timeout}", "-t", ctx.instruction,
-                "-o", f"{ctx.home}/mini.traj.json"]
+                "-c", f"environment.timeout={config.command_timeout}", f"--task={ctx.instruction}",
+                "-o", f"{ctx.home}/mini.traj.json"]  # --task=: an instruction starting with "-" stays the task
 
     def log_paths(self, ctx: HarnessContext) -> list[str]:
         return [f"{ctx.home}/mini.traj.json"]  # every message, each raw response, the exit status
