@@ -121,7 +121,8 @@ class OfflineRecipe:
     def key(self) -> str:
         """Covers the base, the CLI pins and the templates: a harness image with the same key is reused."""
         doc: dict[str, Any] = {"base": self.base_key, "pins": {h: _spec(h) for h in self.harnesses},
-                               "path": IMAGE_PATH, "template": _DOCKERFILE}
+                               "path": IMAGE_PATH, "template": _DOCKERFILE,
+                               "on_path": {h: PY_PINS[h].on_path for h in self.harnesses if h in PY_PINS}}
         if self.left_out():
             doc["left_out"] = self.left_out()
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -348,7 +349,7 @@ def _stage_venv(context: Path, harness: str) -> None:
             script.unlink()
             script.write_bytes(body)
             script.chmod(mode)
-    os.symlink(f"../py/{harness}/bin/{PY_PINS[harness].binary}", context / "bin" / PY_PINS[harness].binary)
+    os.symlink(f"../py/{harness}/bin/{PY_PINS[harness].binary}", context / "bin" / PY_PINS[harness].on_path)
     prefix = base_prefix(source)
     if prefix is not None and not prefix.is_relative_to("/usr"):
         _stage_python(context, staged, prefix, PY_PINS[harness].python)

@@ -39,7 +39,7 @@ def dump_json(doc: Any) -> str:
 
 def binary(ctx: HarnessContext, pin: str) -> str:
     """The CLI to run: the pinned install's path when the gateway knows it, else the binary's name on PATH."""
-    return ctx.cli_path or (PINS[pin].binary if pin in PINS else PY_PINS[pin].binary)
+    return ctx.cli_path or (PINS[pin].binary if pin in PINS else PY_PINS[pin].on_path)
 
 
 def side_model(ctx: HarnessContext) -> str:

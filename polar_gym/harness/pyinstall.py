@@ -45,6 +45,13 @@ class PyPin:
     binary: str
     python: str = "3.11"
     requires: tuple[str, ...] = field(default_factory=tuple)
+    #: the name the harness is run by where it is on PATH (an image): ``binary``, unless that name is taken (the
+    #: OpenHands SDK runs with its venv's ``python``, which must not shadow the image's)
+    command: str = ""
+
+    @property
+    def on_path(self) -> str:
+        return self.command or self.binary
 
     def requirements(self) -> list[str]:
         return [f"{self.package}=={self.version}", *self.requires]
@@ -57,7 +64,8 @@ PY_PINS: dict[str, PyPin] = {
     "hermes": PyPin("hermes-agent", "0.19.0", "hermes"),
     # an SDK, no CLI: the adapter's runner script runs with the venv's python; the tools are pinned in lockstep
     # (openhands-tools alone would move the SDK back to 1.49.1, whose tools then fail to import)
-    "openhands": PyPin("openhands-sdk", "1.58.2", "python", python="3.12", requires=("openhands-tools==1.58.2",)),
+    "openhands": PyPin("openhands-sdk", "1.58.2", "python", python="3.12", requires=("openhands-tools==1.58.2",),
+                       command="openhands-python"),
 }
 
 _MARKER = ".polar_gym-installed"

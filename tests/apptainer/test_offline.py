@@ -178,6 +178,9 @@ def test_a_venv_of_an_interpreter_outside_usr_brings_it_along(tmp_path: Path, mo
     assert os.readlink(staged / "bin" / "python3") == "python"
     assert (venv / "pyvenv.cfg").read_text().startswith(f"home = {prefix}/bin")  # the cache's venv is untouched
     assert (ctx / "ld.so.conf").read_text() == f"{image}/lib\n"
+    # on the image's PATH under its own name: the venv's python must not shadow the image's
+    assert os.readlink(ctx / "bin" / "openhands-python") == "../py/openhands/bin/python"
+    assert not (ctx / "bin" / "python").exists()
 
 
 def test_dry_run_prints_both_renderings_and_the_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -147,7 +147,7 @@ def test_hermes_exit_code_follows_its_usage_report(tmp_path: Path, exit_code: in
 ])
 def test_openhands_per_api(api: str, provider: str, model: str, base_url: str, api_mode: str) -> None:
     h, ctx = adapter("openhands"), with_config(api=api)
-    assert h.command(ctx) == ["python", "/polar/home/openhands_runner.py", "Fix the failing test."]
+    assert h.command(ctx) == ["openhands-python", "/polar/home/openhands_runner.py", "Fix the failing test."]
     assert h.env(ctx) == {
         "POLAR_OH_MODEL": model, "POLAR_OH_SIDE_MODEL": f"{model}-side", "POLAR_OH_BASE_URL": base_url,
         "POLAR_OH_API_KEY": "sess-1", "POLAR_OH_API_MODE": api_mode, "POLAR_OH_MAX_ITERATIONS": "100",
