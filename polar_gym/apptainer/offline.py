@@ -327,9 +327,9 @@ def _stage_node(context: Path, node: Path, major: int, binary: str) -> None:
 
 
 def _stage_venv(context: Path, harness: str) -> None:
-    """A Python harness's venv at ``py/HARNESS`` and its binary at ``bin/``. A venv names its own path in its
-    scripts' ``#!`` lines, so those lines are rewritten to the image's path (into new files: the staged ones are
-    hard links to the cache's). Its base interpreter is the image's when it is Debian's (``/usr``, the base's
+    """A Python harness's venv at ``py/HARNESS`` and a wrapper running its binary at ``bin/``. A venv names its
+    own path in its scripts' ``#!`` lines, so those lines are rewritten to the image's path (into new files: the
+    staged ones are hard links to the cache's). Its base interpreter is the image's when it is Debian's (``/usr``, the base's
     python3); else (pyenv's 3.12 for the OpenHands SDK) it goes in too (:func:`_stage_python`)."""
     source = py_install_dir(harness) / "venv"
     if not (source / "bin" / PY_PINS[harness].binary).exists():
@@ -349,7 +349,10 @@ def _stage_venv(context: Path, harness: str) -> None:
             script.unlink()
             script.write_bytes(body)
             script.chmod(mode)
-    os.symlink(f"../py/{harness}/bin/{PY_PINS[harness].binary}", context / "bin" / PY_PINS[harness].on_path)
+    # a wrapper, not a link: a venv's python finds its pyvenv.cfg beside the path it was started by
+    wrapper = context / "bin" / PY_PINS[harness].on_path
+    wrapper.write_text(f'#!/bin/sh\nexec {HARNESS_PREFIX}/py/{harness}/bin/{PY_PINS[harness].binary} "$@"\n')
+    wrapper.chmod(0o755)
     prefix = base_prefix(source)
     if prefix is not None and not prefix.is_relative_to("/usr"):
         _stage_python(context, staged, prefix, PY_PINS[harness].python)
