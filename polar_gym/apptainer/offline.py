@@ -329,8 +329,8 @@ def _stage_node(context: Path, node: Path, major: int, binary: str) -> None:
 def _stage_venv(context: Path, harness: str) -> None:
     """A Python harness's venv at ``py/HARNESS`` and a wrapper running its binary at ``bin/``. A venv names its
     own path in its scripts' ``#!`` lines, so those lines are rewritten to the image's path (into new files: the
-    staged ones are hard links to the cache's). Its base interpreter is the image's when it is Debian's (``/usr``, the base's
-    python3); else (pyenv's 3.12 for the OpenHands SDK) it goes in too (:func:`_stage_python`)."""
+    staged ones are hard links to the cache's). Its base interpreter is the image's when it is Debian's (``/usr``,
+    the base's python3); else (pyenv's 3.12 for the OpenHands SDK) it goes in too (:func:`_stage_python`)."""
     source = py_install_dir(harness) / "venv"
     if not (source / "bin" / PY_PINS[harness].binary).exists():
         raise RuntimeError(f"{harness} is not installed at {source}: run `python -m polar_gym.harness.pyinstall "
