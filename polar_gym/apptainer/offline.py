@@ -57,6 +57,8 @@ __all__ = [
 BASE_PACKAGES = ("bash", "ca-certificates", "coreutils", "git", "libstdc++6", "procps", "python3")
 #: bump when the way the base is made changes (its key, hence its tag, changes with it)
 BASE_RECIPE_VERSION = "1"
+#: bump when what stage_context puts in an image changes (its key changes: a built image is not reused)
+LAYOUT_VERSION = "2"
 HARNESS_PREFIX = "/opt/polar-harness"
 IMAGE_PY_HARNESSES = tuple(sorted(PY_PINS))
 ALL_HARNESSES = tuple(sorted([*PINS, *IMAGE_PY_HARNESSES]))
@@ -121,7 +123,7 @@ class OfflineRecipe:
     def key(self) -> str:
         """Covers the base, the CLI pins and the templates: a harness image with the same key is reused."""
         doc: dict[str, Any] = {"base": self.base_key, "pins": {h: _spec(h) for h in self.harnesses},
-                               "path": IMAGE_PATH, "template": _DOCKERFILE,
+                               "path": IMAGE_PATH, "template": _DOCKERFILE, "layout": LAYOUT_VERSION,
                                "on_path": {h: PY_PINS[h].on_path for h in self.harnesses if h in PY_PINS}}
         if self.left_out():
             doc["left_out"] = self.left_out()
