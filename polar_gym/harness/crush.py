@@ -35,10 +35,13 @@ class Crush(Harness):
     pin: ClassVar[str | None] = None  # see the module docstring: not installable from a package registry
     config_model: ClassVar[type[HarnessConfig]] = CrushConfig
 
-    def _api(self, ctx: HarnessContext) -> str:
+    def _settings(self, ctx: HarnessContext) -> CrushConfig:
         config = self.validate_config(ctx.config)
         assert isinstance(config, CrushConfig)
-        return config.api
+        return config
+
+    def _api(self, ctx: HarnessContext) -> str:
+        return self._settings(ctx).api
 
     def _config_dir(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.config/crush"
@@ -70,7 +73,7 @@ class Crush(Harness):
                 "CRUSH_DISABLE_DEFAULT_PROVIDERS": "1", **NO_PHONE_HOME}
 
     def command(self, ctx: HarnessContext) -> list[str]:
-        return [ctx.cli_path or "crush", "run", "--data-dir", self._data_dir(ctx), "-q",
+        return [ctx.cli_path or self._settings(ctx).cli_path or "crush", "run", "--data-dir", self._data_dir(ctx), "-q",
                 "-m", f"{_PROVIDER}/{ctx.model_name}", "--small-model", f"{_PROVIDER}/{side_model(ctx)}",
                 "--", ctx.instruction]
 

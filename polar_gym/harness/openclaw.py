@@ -14,7 +14,13 @@ transcript is the SQLite database under ``agents/``. ``--timeout 0`` leaves the 
 own default is 600 s). ``--`` keeps an instruction that starts with ``-`` the prompt.
 Outside HOME it writes a rolling log (``/tmp/openclaw/``) and lock files (``/tmp/openclaw-state-locks-<uid>/``),
 in the sandbox's private ``/tmp``; the log is kept as an artifact with the state. Exit codes: 0 ok, 1 a model or
-result error, 2 its own timeout. Side requests: none seen (compaction runs on the main model).
+result error, 2 its own timeout. Side requests: none seen (compaction runs on the main model). With Chat
+Completions and Anthropic it moves an internal context message to the end of every request, so each call starts a
+new chain (``history_edited``) and trace; with ``openai-responses`` a session's calls merge.
+Memory: a two-call run peaks at about 1.3 GB of anonymous memory (the main isolate and up to six worker-thread
+isolates for its SQLite stores, each loading much of its code), over the local sandbox's default of 1024 MB, which
+then kills it (exit 137): give its sessions ``runtime.memory_mb`` of 2048. A process-wide
+``--max-old-space-size=256`` only brings the peak to about 1 GB and would cap a long session's heap, so it is not set.
 """
 
 from __future__ import annotations
