@@ -37,7 +37,7 @@ pytestmark = pytest.mark.engine
 
 HARNESSES = ["claude_code", "codex", "qwen_code", "gemini_cli", "opencode", "pi"]
 #: the harnesses added since (issue 39): in the token-in run too
-MORE_HARNESSES = ["mini_swe_agent", "aider", "hermes", "openhands"]
+MORE_HARNESSES = ["mini_swe_agent", "aider", "hermes", "openhands", "cline", "openclaw"]
 
 
 #: side requests (titles, summaries) are trained, each as a conversation of its own, and counted so
