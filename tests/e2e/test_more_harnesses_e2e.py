@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the harnesses issue 39 added, by registry name
-MORE_HARNESSES = ["mini_swe_agent", "aider", "hermes", "openhands"]
+MORE_HARNESSES = ["mini_swe_agent", "aider", "hermes", "openhands", "cline", "openclaw"]
 RUNTIME = RuntimeSpec(backend="local", network="gateway", workdir="/workspace")
 
 
