@@ -172,8 +172,9 @@ else
   log "sandbox relay helper not built: sandboxes use the Python fallback relay and start bwrap directly"
 fi
 
-# 3. The pinned harness CLIs from npm (Claude Code, Codex, Qwen Code, Gemini CLI, opencode, pi), cached by pins;
-# with Node.js from its PyPI wheel when the system has no node and npm (the CLIs then run with that node).
+# 3. The pinned harness CLIs from npm (Claude Code, Codex, Qwen Code, Gemini CLI, opencode, pi, cline, OpenClaw),
+# cached by pins; with Node.js from its PyPI wheel when the system has no node and npm (the CLIs then run with that
+# node; OpenClaw always runs with its own pinned Node.js 24 wheel).
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   NODE_DIR=$("$VENV/bin/python" -c 'from polar_gym.assets import node_bin_dir; print(node_bin_dir())')
   "$VENV/bin/python" -m polar_gym.assets node >/dev/null
@@ -196,7 +197,7 @@ if [ "$WITH_ENGINE" = 1 ]; then
   fi
 fi
 
-# 5. runtime=docker's default image (the six CLIs, git, python3 on a minbase Debian; built offline, ~2.5 min once,
+# 5. runtime=docker's default image (every pinned harness, git, python3 on a minbase Debian; built offline, ~4 min once,
 #    reused while pins and packages stay). As root the base comes from debootstrap; as a user from mmdebstrap
 #    --mode=unshare in a user namespace on the user's subordinate ids (fetched into the cache with apt-get download
 #    when the system has none): no root step.

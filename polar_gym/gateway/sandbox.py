@@ -123,8 +123,12 @@ class SandboxStages(Stages):
         install = _harness_install(harness, spec) if harness is not None else None
         if install is not None:  # the local sandbox sees no host directory it is not given: bind the pinned CLI
             options["ro_binds"] = {**dict(options.get("ro_binds") or {}), **{str(p): str(p) for p in install.binds}}
+        runtime_spec = spec.runtime
+        if (harness is not None and harness.min_memory_mb and runtime_spec.memory_mb is None
+                and "memory_mb" not in options):  # the default limit, raised for a harness that needs more
+            runtime_spec = runtime_spec.model_copy(update={"memory_mb": harness.min_memory_mb})
         try:
-            runtime: Runtime = backend(spec.runtime, directory, gateway=self.config.endpoint, options=options or None)
+            runtime: Runtime = backend(runtime_spec, directory, gateway=self.config.endpoint, options=options or None)
         except RuntimeOptionError as exc:
             raise StageError("init", str(exc)) from exc
         return runtime

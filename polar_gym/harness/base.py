@@ -56,6 +56,9 @@ class Harness(abc.ABC):
     pin: ClassVar[str | None] = None
     #: the keys it accepts in ``AgentSpec.config`` (unknown keys are refused when ``launch`` starts)
     config_model: ClassVar[type[HarnessConfig]] = HarnessConfig
+    #: the sandbox memory (MB) it needs, when more than a runtime's default: the gateway gives it that much unless
+    #: the request (``runtime.memory_mb``) or the operator (``runtime_options.memory_mb``) sets a limit
+    min_memory_mb: ClassVar[int | None] = None
 
     @classmethod
     def validate_config(cls, config: dict[str, Any]) -> HarnessConfig:

@@ -19,7 +19,8 @@ Completions and Anthropic it moves an internal context message to the end of eve
 new chain (``history_edited``) and trace; with ``openai-responses`` a session's calls merge.
 Memory: a two-call run peaks at about 1.3 GB of anonymous memory (the main isolate and up to six worker-thread
 isolates for its SQLite stores, each loading much of its code), over the local sandbox's default of 1024 MB, which
-then kills it (exit 137): give its sessions ``runtime.memory_mb`` of 2048. A process-wide
+then kills it (exit 137): :attr:`min_memory_mb` has the gateway give its sandbox 2048 MB unless the request or the
+operator sets a limit. A process-wide
 ``--max-old-space-size=256`` only brings the peak to about 1 GB and would cap a long session's heap, so it is not set.
 """
 
@@ -47,6 +48,7 @@ class OpenClaw(Harness):
     provider: ClassVar[str] = "openai_chat"  # the default api's; see provider_for
     pin: ClassVar[str | None] = "openclaw"
     config_model: ClassVar[type[HarnessConfig]] = OpenClawConfig
+    min_memory_mb: ClassVar[int | None] = 2048
 
     def _api(self, ctx: HarnessContext) -> str:
         config = self.validate_config(ctx.config)
