@@ -320,6 +320,31 @@ def no_io() -> Iterator[None]:
             setattr(obj, attr, value)
 
 
+#: a config per harness added since the first six, using its own keys
+LATER_CONFIGS: dict[str, dict[str, Any]] = {
+    "mini_swe_agent": {"api": "anthropic", "step_limit": 3}, "aider": {"files": ["calc.py"], "side_model": "s"},
+    "hermes": {"toolsets": ["terminal"], "max_turns": 3, "side_model": "s"},
+    "openhands": {"api": "anthropic", "max_iterations": 3, "side_model": "s"},
+    "cline": {"api": "anthropic"}, "openclaw": {"api": "openai-responses"},
+    "crush": {"api": "anthropic", "side_model": "s", "cli_path": "/x/crush"},
+}
+
+
+def test_the_later_adapters_render_without_io_deterministically_and_keep_out_of_the_workdir() -> None:
+    assert set(LATER_CONFIGS) == set(HARNESSES.names()) - set(FIRST)
+    contexts = [(adapter(name), with_config(**config)) for name, config in LATER_CONFIGS.items()]
+
+    def render() -> list[Any]:
+        return [(h.command(ctx), h.env(ctx), h.files(ctx), h.log_paths(ctx), h.side_models(ctx), h.provider_for(ctx))
+                for h, ctx in contexts]
+
+    with no_io():
+        rendered = render()
+    assert rendered == render()
+    for h, ctx in contexts:
+        assert not any(path.startswith(ctx.workdir) for path in [*h.files(ctx), *h.log_paths(ctx)]), h.name
+
+
 def test_adapters_do_no_io() -> None:
     instances = [adapter(name) for name in FIRST]  # imports happen here, outside the guard
     contexts = [with_config(mcp_servers=MCP, skills={"s": "x"}, command="true", api=api, fast_model=True)

@@ -23,7 +23,6 @@ from polar_gym.harness.hermes import AUX_TASKS
 from polar_gym.harness.openhands import RUNNER
 from polar_gym.harness.pyinstall import PY_PINS
 from polar_gym.registry import HARNESSES
-from tests.harness.test_adapters import no_io
 
 CTX = HarnessContext(session_id="sess-1", instruction="Fix the failing test.", model_name="policy",
                      gateway_url="http://127.0.0.1:18080", workdir="/polar/work", home="/polar/home")
@@ -253,18 +252,3 @@ class Conversation:
     "openhands/tools/task_tracker/__init__.py": "class TaskTrackerTool:\n    name = 'task_tracker'\n",
     "openhands/tools/terminal/__init__.py": "class TerminalTool:\n    name = 'terminal'\n",
 }
-
-
-# -- both -------------------------------------------------------------------------------------------------------------
-
-def test_rendering_does_no_io_and_is_deterministic() -> None:
-    contexts = [(adapter("hermes"), with_config(toolsets=["terminal"], max_turns=3, side_model="s")),
-                (adapter("openhands"), with_config(api="anthropic", max_iterations=3, side_model="s"))]
-
-    def render() -> list[Any]:
-        return [(h.command(ctx), h.env(ctx), h.files(ctx), h.log_paths(ctx), h.side_models(ctx), h.provider_for(ctx))
-                for h, ctx in contexts]
-
-    with no_io():
-        rendered = render()
-    assert rendered == render()

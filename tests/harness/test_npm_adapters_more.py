@@ -17,7 +17,6 @@ from polar_gym.harness.base import Harness, HarnessContext
 from polar_gym.harness.config import ClineConfig, CrushConfig, OpenClawConfig
 from polar_gym.harness.install import PINS
 from polar_gym.registry import HARNESSES
-from tests.harness.test_adapters import no_io
 
 CTX = HarnessContext(session_id="sess-1", instruction="Fix the failing test.", model_name="policy",
                      gateway_url="http://127.0.0.1:18080", workdir="/polar/work", home="/polar/home")
@@ -196,17 +195,3 @@ def test_the_key_is_only_in_files_under_home(name: str) -> None:
     assert holders and all(path.startswith(ctx.home + "/") for path in holders)
     assert secret not in json.dumps([h.command(ctx), h.env(ctx), h.log_paths(ctx)])
     assert not any(path.startswith(ctx.workdir) for path in [*h.files(ctx), *h.log_paths(ctx)])
-
-
-def test_rendering_does_no_io_and_is_deterministic() -> None:
-    contexts = [(adapter("cline"), with_config(api="anthropic")),
-                (adapter("openclaw"), with_config(api="openai-responses")),
-                (adapter("crush"), with_config(api="anthropic", side_model="s", cli_path="/x/crush"))]
-
-    def render() -> list[Any]:
-        return [(h.command(ctx), h.env(ctx), h.files(ctx), h.log_paths(ctx), h.side_models(ctx), h.provider_for(ctx))
-                for h, ctx in contexts]
-
-    with no_io():
-        rendered = render()
-    assert rendered == render()
