@@ -49,8 +49,7 @@ class Aider(Harness):
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", **NO_PHONE_HOME}
 
     def command(self, ctx: HarnessContext) -> list[str]:
-        config = self.validate_config(ctx.config)
-        assert isinstance(config, AiderConfig)
+        config = self.settings(ctx, AiderConfig)
         return [binary(ctx, "aider"), "--model", f"openai/{ctx.model_name}",
                 "--weak-model", f"openai/{side_model(ctx)}", "--edit-format", config.edit_format,
                 "--model-metadata-file", f"{ctx.home}/.aider.model.metadata.json", *_NO_OPT_INS,

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from polar_gym.harness.config import HarnessConfig
 
 __all__ = ["Harness", "HarnessContext"]
+
+C = TypeVar("C", bound=HarnessConfig)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,13 @@ class Harness(abc.ABC):
     def validate_config(cls, config: dict[str, Any]) -> HarnessConfig:
         """``config`` as this harness's config model (raises pydantic's ValidationError naming each bad key)."""
         return cls.config_model.model_validate(config)
+
+    def settings(self, ctx: HarnessContext, model: type[C]) -> C:
+        """The session's ``AgentSpec.config`` as ``model`` (this harness's :attr:`config_model`), validated."""
+        config = self.validate_config(ctx.config)
+        if not isinstance(config, model):
+            raise TypeError(f"{type(self).__name__}.config_model is {self.config_model.__name__}, not {model.__name__}")
+        return config
 
     def provider_for(self, ctx: HarnessContext) -> str:
         """The provider this session speaks (differs from ``provider`` only for harnesses configured per session)."""

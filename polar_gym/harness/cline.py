@@ -41,9 +41,7 @@ class Cline(Harness):
     config_model: ClassVar[type[HarnessConfig]] = ClineConfig
 
     def _api(self, ctx: HarnessContext) -> str:
-        config = self.validate_config(ctx.config)
-        assert isinstance(config, ClineConfig)
-        return config.api
+        return self.settings(ctx, ClineConfig).api
 
     def _data_dir(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.cline/data"

@@ -36,9 +36,7 @@ class Crush(Harness):
     config_model: ClassVar[type[HarnessConfig]] = CrushConfig
 
     def _settings(self, ctx: HarnessContext) -> CrushConfig:
-        config = self.validate_config(ctx.config)
-        assert isinstance(config, CrushConfig)
-        return config
+        return self.settings(ctx, CrushConfig)
 
     def _api(self, ctx: HarnessContext) -> str:
         return self._settings(ctx).api

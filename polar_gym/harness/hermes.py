@@ -43,9 +43,7 @@ class Hermes(Harness):
     config_model: ClassVar[type[HarnessConfig]] = HermesConfig
 
     def _settings(self, ctx: HarnessContext) -> HermesConfig:
-        config = self.validate_config(ctx.config)
-        assert isinstance(config, HermesConfig)
-        return config
+        return self.settings(ctx, HermesConfig)
 
     def _hermes_home(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.hermes"

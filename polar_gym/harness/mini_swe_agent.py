@@ -35,9 +35,7 @@ class MiniSweAgent(Harness):
     config_model: ClassVar[type[HarnessConfig]] = MiniSweAgentConfig
 
     def _settings(self, ctx: HarnessContext) -> MiniSweAgentConfig:
-        config = self.validate_config(ctx.config)
-        assert isinstance(config, MiniSweAgentConfig)
-        return config
+        return self.settings(ctx, MiniSweAgentConfig)
 
     def provider_for(self, ctx: HarnessContext) -> str:
         return _APIS[self._settings(ctx).api][0]

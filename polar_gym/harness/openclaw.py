@@ -51,9 +51,7 @@ class OpenClaw(Harness):
     min_memory_mb: ClassVar[int | None] = 2048
 
     def _api(self, ctx: HarnessContext) -> str:
-        config = self.validate_config(ctx.config)
-        assert isinstance(config, OpenClawConfig)
-        return config.api
+        return self.settings(ctx, OpenClawConfig).api
 
     def _state_dir(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.openclaw"

@@ -39,9 +39,7 @@ class OpenHands(Harness):
     config_model: ClassVar[type[HarnessConfig]] = OpenHandsConfig
 
     def _settings(self, ctx: HarnessContext) -> OpenHandsConfig:
-        config = self.validate_config(ctx.config)
-        assert isinstance(config, OpenHandsConfig)
-        return config
+        return self.settings(ctx, OpenHandsConfig)
 
     def _runner(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/openhands_runner.py"
