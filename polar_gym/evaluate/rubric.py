@@ -31,15 +31,16 @@ DEFAULT_RUBRIC = ("Score how well the agent worked toward the user's goal: it re
 class OutcomeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    strategy: str = "session_completed"
-    config: dict[str, Any] = Field(default_factory=dict)
+    strategy: str = Field(default="session_completed", description="the outcome's evaluator (launch: the task's "
+                          "own, unless given)")
+    config: dict[str, Any] = Field(default_factory=dict, description="that evaluator's config")
 
 
 class RubricConfig(EvaluatorConfig):
     judge: str = Field(default="default", description="the gateway's judge to ask (GatewayPools.judges)")
     rubric: str = Field(default=DEFAULT_RUBRIC, max_length=20_000, description="what the judge scores")
     weight: float = Field(default=0.2, ge=0, le=10, description="a full score adds this to the outcome")
-    max_score: int = Field(default=5, ge=1, le=100)
+    max_score: int = Field(default=5, ge=1, le=100, description="the judge scores from 0 to this")
     outcome: OutcomeSpec = Field(default_factory=OutcomeSpec, description="the evaluator giving the outcome reward")
 
 

@@ -56,7 +56,8 @@ def test_every_harness_config_key_is_on_the_configuration_page(name: str) -> Non
 def test_every_evaluator_config_key_is_on_the_configuration_page(name: str) -> None:
     section = _section(CONFIG.read_text(), f"`evaluator.config` of `{name}`:")
     model = evaluator_class(name).config_model
-    missing = [key for key in _keys(model, "evaluator.config") if key not in section]
+    # a key holding a model is listed by its own keys (`evaluator.config.outcome.strategy`)
+    missing = [key for key in _keys(model, "evaluator.config") if key not in section and key[:-1] + "." not in section]
     assert not missing and (model.model_fields or "(no keys)" in section), f"{name}: {missing}"
 
 

@@ -124,6 +124,7 @@ CONF_MODELS: list[tuple[str, type[BaseModel], Any, set[str]]] = [
     ("evaluator/test_on_output.yaml", EvaluatorSpec, None, {"strategy"}),
     ("evaluator/swebench_harness.yaml", EvaluatorSpec, None, {"strategy", "refresh_runtime"}),
     ("evaluator/harbor.yaml", EvaluatorSpec, None, {"strategy"}),
+    ("evaluator/rubric.yaml", EvaluatorSpec, None, {"strategy"}),
     ("builder/prefix_merging.yaml", BuilderSpec, None, set()),
     ("builder/per_request.yaml", BuilderSpec, None, {"strategy"}),
     *[(f"harness/{p.name}", AgentSpec, _agent, {"harness"}) for p in sorted((CONF_DIR / "harness").glob("*.yaml"))],

@@ -81,7 +81,7 @@ def test_every_group_option_validates_and_any_field_overrides():
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["harness.name=codx"], "harness.name: unknown harness 'codx'; known: claude_code"),
+    (["harness.name=codx"], "harness.name: unknown harness 'codx'; known: aider, claude_code"),
     (["builder.strategy=nope"], "builder.strategy: unknown builder 'nope'"),
     (["runtime.network=wifi"], "runtime.network"),
     (["num_samples=0"], "num_samples: input should be greater than or equal to 1"),
