@@ -158,6 +158,9 @@ class JudgeBatcher:
         while self._queue:
             if len(self._queue) < self.endpoint.batch_size:
                 await asyncio.sleep(self.endpoint.batch_window_seconds)  # let concurrent evaluations join the call
+            self._queue = [p for p in self._queue if not p.future.done()]  # an evaluation cancelled meanwhile
+            if not self._queue:
+                break
             rubric = (self._queue[0].item.rubric, self._queue[0].item.max_score)
             batch = [p for p in self._queue if (p.item.rubric, p.item.max_score) == rubric][:self.endpoint.batch_size]
             self._queue = [p for p in self._queue if p not in batch]
@@ -165,10 +168,12 @@ class JudgeBatcher:
                 scores = await self._call([p.item for p in batch])
             except JudgeError as exc:
                 for p in batch:
-                    p.future.set_exception(JudgeError(exc.cause, str(exc)))
+                    if not p.future.done():
+                        p.future.set_exception(JudgeError(exc.cause, str(exc)))
                 continue
             for p, s in zip(batch, scores, strict=True):
-                p.future.set_result(s)
+                if not p.future.done():
+                    p.future.set_result(s)
 
     async def _call(self, items: list[JudgeItem]) -> list[float]:
         headers = {}

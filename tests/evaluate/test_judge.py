@@ -73,3 +73,17 @@ async def test_a_judge_that_fails_fails_every_session_of_its_call_with_the_cause
         outcomes = await asyncio.gather(judge.score([JudgeItem("r", "a", 5)]), judge.score([JudgeItem("r", "b", 5)]),
                                         return_exceptions=True)
         assert all(isinstance(o, JudgeError) and o.cause == cause for o in outcomes), outcomes
+
+
+async def test_an_evaluation_cancelled_while_it_waits_does_not_stop_the_others() -> None:
+    """A session cancelled while its traces wait for the judge: the next call still answers every other one."""
+    calls: list[dict] = []
+    endpoint = JudgeEndpoint(url="http://judge/v1", model="j", batch_size=2, batch_window_seconds=0.05)
+    judge = JudgeBatcher(endpoint, httpx.AsyncClient(transport=judge_transport(calls)))
+    cancelled = asyncio.create_task(judge.score([JudgeItem("r", "gone", 5), JudgeItem("r", "gone too", 5)]))
+    kept = asyncio.create_task(judge.score([JudgeItem("r", "kept", 5)]))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    assert await asyncio.wait_for(kept, 10) == [0.0]
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
