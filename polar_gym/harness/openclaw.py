@@ -43,6 +43,12 @@ _PROVIDER = "polar"
 TMP_LOG_DIR = "/tmp/openclaw"
 
 
+#: how long its exec tool waits for a command before moving it to the background, where the agent must poll it with
+#: its process tool: its own default is 10 s, so on a loaded machine a slow command went on behind the agent, and a
+#: policy that answered instead of polling ended the session with the command unfinished; 120 s is its maximum
+_YIELD_MS = 120_000
+
+
 class OpenClaw(Harness):
     name: ClassVar[str] = "openclaw"
     provider: ClassVar[str] = "openai_chat"  # the default api's; see provider_for
@@ -73,7 +79,8 @@ class OpenClaw(Harness):
         return {f"{self._state_dir(ctx)}/openclaw.json": dump_json(config)}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {"OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_OFFLINE": "1", **NO_PHONE_HOME}
+        return {"OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_OFFLINE": "1", "OPENCLAW_BASH_YIELD_MS": str(_YIELD_MS),
+                **NO_PHONE_HOME}
 
     def command(self, ctx: HarnessContext) -> list[str]:
         return [binary(ctx, "openclaw"), "agent", "exec", "--json", "--model", f"{_PROVIDER}/{ctx.model_name}",

@@ -97,7 +97,8 @@ def test_openclaw_per_api(api: str, provider: str, base_url: str) -> None:
             "models": [{"id": "policy", "name": "policy", "reasoning": True, "input": ["text"],
                         "contextWindow": 131072, "maxTokens": 32768}]}}},
         "agents": {"defaults": {"model": {"primary": "polar/policy"}}}}}
-    assert h.env(ctx) == {"OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_OFFLINE": "1", **NO_PHONE_HOME}
+    assert h.env(ctx) == {"OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_OFFLINE": "1", "OPENCLAW_BASH_YIELD_MS": "120000",
+                          **NO_PHONE_HOME}
     assert h.log_paths(ctx) == ["/polar/home/.openclaw/agents", "/tmp/openclaw"]
     assert h.provider_for(ctx) == provider and h.side_models(ctx) == []
 
