@@ -58,8 +58,11 @@ REPLIES = [GOOD, BAD]
 
 @pytest.fixture(scope="module")
 def proxy(vllm_server: VLLMServer, qwen_tokenizer: HFChatTokenizer) -> Iterator[RunningProxy]:
+    """The proxy on the shared vLLM; its engine keeps no connection open (a pooled socket left for the garbage
+    collector fails whichever test is running when it is collected)."""
     engine = ScriptedReplies(qwen_tokenizer, parser_for("qwen3"), UpstreamPool([vllm_server.url]),
-                               client=httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0)),
+                               client=httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0),
+                                                        limits=httpx.Limits(max_keepalive_connections=0)),
                                upstream_model=vllm_server.model)
     yield from serve(ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True),
                                   model_names=[vllm_server.model]))
