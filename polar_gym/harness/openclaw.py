@@ -44,8 +44,9 @@ TMP_LOG_DIR = "/tmp/openclaw"
 
 
 #: how long its exec tool waits for a command before moving it to the background, where the agent must poll it with
-#: its process tool: its own default is 10 s, so on a loaded machine a slow command went on behind the agent, and a
-#: policy that answered instead of polling ended the session with the command unfinished; 120 s is its maximum
+#: its process tool: its own default is 10 s, after which a slow command (a test run on a loaded machine) goes on
+#: behind the agent, and a policy that answers instead of polling ends the session with it unfinished; 120 s is the
+#: most it takes
 _YIELD_MS = 120_000
 
 
