@@ -124,9 +124,12 @@ class SandboxStages(Stages):
         if install is not None:  # the local sandbox sees no host directory it is not given: bind the pinned CLI
             options["ro_binds"] = {**dict(options.get("ro_binds") or {}), **{str(p): str(p) for p in install.binds}}
         runtime_spec = spec.runtime
-        if (harness is not None and harness.min_memory_mb and runtime_spec.memory_mb is None
-                and "memory_mb" not in options):  # the default limit, raised for a harness that needs more
-            runtime_spec = runtime_spec.model_copy(update={"memory_mb": harness.min_memory_mb})
+        floor = harness.min_memory_mb if harness is not None else None
+        asked = runtime_spec.memory_mb
+        if floor and ((asked is None and "memory_mb" not in options) or (asked is not None and 0 < asked < floor)):
+            # a task's memory_mb sizes its environment, the default sizes a small CLI: a harness that cannot run
+            # below its floor gets the floor (the operator's own default stands; it is theirs to size)
+            runtime_spec = runtime_spec.model_copy(update={"memory_mb": floor})
         try:
             runtime: Runtime = backend(runtime_spec, directory, gateway=self.config.endpoint, options=options or None)
         except RuntimeOptionError as exc:
@@ -249,6 +252,10 @@ class SandboxStages(Stages):
             s.harness_result = result = await s.runtime.exec(harness.command(ctx), env=env, timeout=s.remaining())
         finally:
             self._revoke(s.session_id)  # the key lives exactly as long as the RUNNING stage
+        if result.oom_kills:  # a harness may lose a worker to the limit and still exit 0, its work undone
+            s.artifacts["oom_kills"] = result.oom_kills
+            log.warning("session %s: the kernel's OOM killer ended %d process(es) of its sandbox at its memory limit "
+                        "while the harness ran (runtime memory_mb)", s.session_id, result.oom_kills)
         artifacts = s.session_dir / "artifacts"
         await asyncio.to_thread(_write_outputs, artifacts, result.stdout, result.stderr)
         if not result.ok and result.stderr:  # travels with the result: the session dir may be node-local scratch

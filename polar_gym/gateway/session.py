@@ -112,7 +112,8 @@ class Session:
         }
         if harness is not None:
             metadata["harness"] = {"status": harness.status.value, "exit_code": harness.exit_code,
-                                   "seconds": harness.seconds, "reason": harness.reason}
+                                   "seconds": harness.seconds, "reason": harness.reason,
+                                   "oom_kills": harness.oom_kills}
         if self.session_dir is not None:
             metadata["session_dir"] = str(self.session_dir)
         return SessionResult(session_id=self.session_id, task_id=self.spec.task_id, status=self.status,

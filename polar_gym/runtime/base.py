@@ -76,6 +76,8 @@ class ExecResult(BaseModel):
     stderr: bytes = b""
     seconds: float = 0.0
     reason: str | None = None
+    #: processes of the sandbox the kernel's OOM killer ended while this exec ran (0 where the backend cannot tell)
+    oom_kills: int = 0
 
     @property
     def ok(self) -> bool:

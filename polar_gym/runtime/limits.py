@@ -56,6 +56,20 @@ class SandboxCgroup:
     def procs_files(self) -> tuple[str, ...]:
         return tuple(str(p / "cgroup.procs") for p in self.paths)
 
+    def oom_kills(self) -> int:
+        """Processes the kernel's OOM killer has ended in this sandbox so far (v2 ``memory.events``, v1
+        ``memory.oom_control``): an exec whose count rose lost a process to the memory limit, which a harness that
+        forks workers may survive and exit 0 from with its work undone."""
+        total = 0
+        for path in self.paths:
+            for name in ("memory.events", "memory.oom_control"):
+                with contextlib.suppress(OSError, ValueError):
+                    for line in (path / name).read_text().splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill":
+                            total += int(value)
+        return total
+
     def kill_all(self) -> None:
         for path in self.paths:
             with contextlib.suppress(OSError):

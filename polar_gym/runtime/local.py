@@ -395,6 +395,7 @@ class LocalRuntime(Runtime):
         check_sandbox_env(env, "the exec's env")
         started = time.monotonic()
         epoch = self._kill_epoch
+        oom_before = self._oom_kills()
         env_fd = env_args_fd(self.command_env(env))
         status_r, status_w = os.pipe()
         try:
@@ -466,7 +467,14 @@ class LocalRuntime(Runtime):
             run.done.set()
         # every sandbox process is gone: take off the setuid / setgid bits it may have left on its files
         await asyncio.to_thread(disk_usage, self.session_dir.resolve(), clear_setid=True)
-        return _result(run, proc.returncode, status, bytes(out), bytes(err), time.monotonic() - started)
+        result = _result(run, proc.returncode, status, bytes(out), bytes(err), time.monotonic() - started)
+        result.oom_kills = self._oom_kills() - oom_before
+        return result
+
+    def _oom_kills(self) -> int:
+        """The sandbox's OOM kills so far; 0 without a memory cgroup of ours (as a user the limit is an rlimit, whose
+        overrun is an allocation failure the process itself reports)."""
+        return self._cgroup.oom_kills() if self._cgroup is not None and "memory" in self._cgroup_limits else 0
 
     async def _watch_disk(self, run: _Running, limit: int) -> None:
         """Kill ``run`` once the session directory holds more than ``limit`` bytes (see the module docstring)."""

@@ -1,5 +1,6 @@
 """A harness that needs more memory than the sandbox's default gets it (OpenClaw: 2048 MB over the local runtime's
-1024), unless the request or the operator set a limit themselves: theirs stands."""
+1024), also when a task asks for less (its limit sizes its environment; OpenClaw's agent process was OOM-killed at a
+Harbor task's 1024 MB and it exited 0 with its work undone), unless the operator set a default: theirs stands."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def memory(tmp_path: Path, harness: str, *, request: int | None = None, operator
 @pytest.mark.parametrize(("harness", "request_mb", "operator_mb", "expected"), [
     ("openclaw", None, None, 2048),  # raised from the default for the harness that needs it
     ("pi", None, None, 1024),        # the default for every other harness
-    ("openclaw", 4096, None, 4096),  # the request's own limit
+    ("openclaw", 4096, None, 4096),  # the request's own limit, over the floor
+    ("openclaw", 1024, None, 2048),  # a task's limit under the floor: the floor
+    ("pi", 512, None, 512),          # a task's limit, for a harness without a floor
     ("openclaw", None, 1536, 1536),  # the operator's: their machine, their call
 ])
 def test_the_sandbox_memory_a_harness_gets(tmp_path: Path, harness: str, request_mb: int | None,

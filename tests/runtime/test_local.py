@@ -324,6 +324,19 @@ async def test_limits_reach_the_sandbox(tmp_path: Path) -> None:
         assert result.stdout.decode().split() == ["1", "64", data]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the memory limit is a cgroup only as root (as a user an rlimit, whose "
+                    "overrun is an allocation failure, not an OOM kill)")
+async def test_an_oom_kill_the_command_survives_is_reported(tmp_path: Path) -> None:
+    """A child killed at the memory limit while its parent exits 0 (OpenClaw's agent process did so) is counted."""
+    hog = "python3 -c 'b = bytearray(512 * 2**20); print(len(b))'"
+    async with LocalRuntime(RuntimeSpec(network="none", memory_mb=128), tmp_path) as rt:
+        quiet = await rt.exec("echo fine")
+        killed = await rt.exec(f"{hog}; echo parent lives on")
+    assert (quiet.ok, quiet.oom_kills) == (True, 0)
+    assert killed.ok and killed.stdout == b"parent lives on\n", killed
+    assert killed.oom_kills >= 1
+
+
 # -- the command line ---------------------------------------------------------------------------------------------
 
 
