@@ -381,29 +381,42 @@ async def store_phase(n: int, work: Path) -> dict[str, Any]:
 
 
 def result_cost(db: Path) -> dict[str, float]:
-    """The stored results' size, and the CPU one process spends to parse and to write the largest (what the server
-    does per result on its event loop: the gateway's poll answer parsed, the result written to the store, a task view
-    or callback read back and written again)."""
-    from polar_gym.schema import SessionPollReply, SessionResult
+    """The stored results' size against their unique token bytes, and the CPU one process spends per result on
+    the server's event loop, side by side: packed (today: the poll frame split and the head read; the store writes
+    the bytes in a worker thread) and as JSON (before: the poll answer parsed into a SessionResult and written back
+    as JSON), measured on the largest stored result."""
+    from polar_gym.result_codec import PackedResult, frame_poll, head, read_poll, unique_token_bytes, unpack
+    from polar_gym.schema import SessionPollReply
 
     with contextlib.closing(sqlite3.connect(db)) as con:
-        sizes = [n for (n,) in con.execute("SELECT length(result) FROM sessions WHERE task_id LIKE 'scale-%' "
-                                           "AND result IS NOT NULL")]
-        (largest,) = con.execute("SELECT result FROM sessions WHERE task_id LIKE 'scale-%' "
-                                 "ORDER BY length(result) DESC LIMIT 1").fetchone()
-    poll = ('{"results":[' + largest + '],"statuses":{},"unknown":[]}').encode()
-    result = SessionResult.model_validate_json(largest)
+        rows = con.execute("SELECT packed FROM sessions WHERE task_id LIKE 'scale-%' AND packed IS NOT NULL "
+                           "ORDER BY length(packed)").fetchall()
+    if not rows:
+        return {}
+    sizes = [len(r[0]) for r in rows]
+    unique = [unique_token_bytes(head(r[0])) for r in rows]
+    largest = rows[-1][0]
+    as_json = unpack(largest).model_dump_json()
+    json_poll = ('{"results":[' + as_json + '],"statuses":{},"unknown":[]}').encode()
+    packed_poll = frame_poll([largest], {"statuses": {}, "unknown": []})
+
+    def packed_loop() -> None:
+        for blob in read_poll(packed_poll)[1]:
+            PackedResult.of(blob)
+
+    def json_loop() -> None:
+        SessionPollReply.model_validate_json(json_poll).results[0].model_dump_json()
+
     times = {}
-    for name, fn in (("parse_ms", lambda: SessionPollReply.model_validate_json(poll)),
-                     ("write_ms", result.model_dump_json)):
+    for name, fn in (("loop_ms_packed", packed_loop), ("loop_ms_json", json_loop)):
         t0 = time.process_time()
         for _ in range(5):
             fn()
         times[name] = (time.process_time() - t0) / 5 * 1e3
-    tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in (result.trajectory.traces if result.trajectory
-                                                                   else []))
+    h = head(largest)
     return {"result_kb_mean": sum(sizes) / len(sizes) / 1024, "largest_kb": len(largest) / 1024,
-            "largest_tokens": tokens, **times}
+            "largest_json_kb": len(as_json) / 1024, "largest_token_ids": h.token_ids,
+            "bytes_per_unique_token_byte": sum(sizes) / max(1, sum(unique)), **times}
 
 
 async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_gym.result_codec import without_tokens
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, PrepareAction, RuntimeSpec, TaskRequest
 
 __all__ = ["AGENT", "OUTPUT_LINE", "SYSTEM", "Plan", "analyse", "dist", "draw_plan", "make_task", "percentile",
@@ -132,12 +133,13 @@ def session_rows(db: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
     with contextlib.closing(sqlite3.connect(db)) as con:
         con.row_factory = sqlite3.Row
         rows = con.execute("SELECT s.session_id, s.task_id, s.status, s.gateway_id, s.attempts, s.created, "
-                           "s.dispatched, s.finished, s.result, t.request FROM sessions s JOIN tasks t "
+                           "s.dispatched, s.finished, s.result, s.packed, t.request FROM sessions s JOIN tasks t "
                            "USING (task_id)").fetchall()
         slots = {r["gateway_id"]: r["capacity"] for r in con.execute("SELECT gateway_id, capacity FROM gateways")}
     out = []
     for r in rows:
-        result = json.loads(r["result"]) if r["result"] else {}
+        result = (without_tokens(r["packed"]) if r["packed"] is not None
+                  else json.loads(r["result"]) if r["result"] else {})
         st = stamps(result)
         meta = json.loads(r["request"])["metadata"]
         out.append({"session_id": r["session_id"], "task_id": r["task_id"], "status": r["status"],

@@ -52,8 +52,13 @@ def table(summary: dict[str, Any]) -> Table:
                   f"{st['writes_per_session']:.1f}, {st['commits_per_session']:.1f}",
                   f"{st['sessions_per_second']:.0f} sessions/s")
     r = s["results"]
-    t.add_row("result KB mean; largest: KB, tokens", f"{r['result_kb_mean']:.1f}; {r['largest_kb']:.0f}, "
-              f"{r['largest_tokens']}", f"parse {r['parse_ms']:.1f} ms, write {r['write_ms']:.1f} ms")
+    if r:
+        t.add_row("result KB mean; largest: KB packed (JSON), token ids",
+                  f"{r['result_kb_mean']:.1f}; {r['largest_kb']:.0f} ({r['largest_json_kb']:.0f}), "
+                  f"{r['largest_token_ids']}", f"{r['bytes_per_unique_token_byte']:.2f}x unique token bytes")
+        t.add_row("server event-loop CPU ms / largest result: packed vs JSON",
+                  f"{r['loop_ms_packed']:.2f} vs {r['loop_ms_json']:.1f}",
+                  f"{r['loop_ms_json'] / max(r['loop_ms_packed'], 1e-3):.0f}x less")
     m = s["memory"]
     t.add_row("RSS MB start / max / end: server", f"{fmt(m['server_rss_mb_start'], '.0f')} / "
               f"{fmt(m['server_rss_mb_max'], '.0f')} / {fmt(m['server_rss_mb_end'], '.0f')}",

@@ -9,6 +9,7 @@ change when it registers again); long polls may go to a pool of their own so the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 
 from polar_gym.gateway.errors import GatewayBadReply, GatewayRefused, GatewayUnreachable
 from polar_gym.httpguard import excerpt
+from polar_gym.result_codec import MEDIA_TYPE, PackedResult, pack, read_poll
 from polar_gym.schema import (
     GatewayHealth,
     PauseReply,
@@ -47,11 +49,15 @@ _JSON = {"content-type": "application/json"}
 
 @dataclass
 class PolledSessions:
-    """A poll's answer; ``unreadable`` holds why each result that did not validate was dropped (one bad result
-    must not hide the others), and ``unreadable_ids`` the same by session id (and attempt id, when the result names
-    them), so the caller can end that session instead of asking for its result again and again."""
+    """A poll's answer: finished results packed (polar_gym.result_codec: filed by their heads, never decoded on
+    the server's event loop), the other sessions' statuses, the ids the gateway does not know. ``unreadable`` holds
+    why each result that could not be read was dropped (one bad result must not hide the others), and
+    ``unreadable_ids`` the same by session id (and attempt id, when the result names them), so the caller can end
+    that session instead of asking for its result again and again."""
 
-    reply: SessionPollReply
+    results: list[PackedResult] = field(default_factory=list)
+    statuses: dict[str, str] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     unreadable_ids: dict[str, tuple[str | None, str]] = field(default_factory=dict)
 
@@ -82,9 +88,23 @@ class GatewayClient:
         return _parse(SessionView, resp)
 
     async def poll(self, session_ids: list[str], wait: float) -> PolledSessions:
-        """POST /sessions/poll: returns once one of ``session_ids`` finished, or after ``wait`` seconds."""
+        """POST /sessions/poll: returns once one of ``session_ids`` finished, or after ``wait`` seconds. Results
+        come packed; a gateway that answers JSON (an older one) has them packed here, in a worker thread."""
         body = SessionPollRequest(session_ids=session_ids, wait=wait).model_dump_json().encode()
-        resp = await self._send("POST", "/sessions/poll", body, client=self.polls, timeout=wait + 30.0)
+        resp = await self._send("POST", "/sessions/poll", body, client=self.polls, timeout=wait + 30.0,
+                                accept=MEDIA_TYPE)
+        if resp.headers.get("content-type", "").startswith(MEDIA_TYPE):
+            try:
+                meta, blobs = read_poll(resp.content)
+                polled = _polled(SessionPollReply.model_validate(meta | {"results": []}))
+            except ValueError as exc:
+                raise GatewayBadReply(f"POST /sessions/poll: {excerpt(exc, 300)}") from exc
+            for blob in blobs:
+                try:
+                    polled.results.append(PackedResult.of(blob))
+                except ValueError as exc:  # no head to name it by: counted as unreadable
+                    polled.unreadable.append(excerpt(exc, 300))
+            return polled
         try:
             data = resp.json()
             if not isinstance(data, dict):
@@ -92,18 +112,10 @@ class GatewayClient:
             raw = data.pop("results", None) or []
             if not isinstance(raw, list):
                 raise ValueError("the answer is not an object with a list of results")
-            polled = PolledSessions(SessionPollReply.model_validate(data))
+            polled = _polled(SessionPollReply.model_validate(data))
         except ValueError as exc:
             raise GatewayBadReply(f"POST /sessions/poll: {excerpt(exc, 300)}") from exc
-        for item in raw:
-            try:
-                polled.reply.results.append(SessionResult.model_validate(item))
-            except ValueError as exc:
-                why = excerpt(exc, 300)
-                polled.unreadable.append(why)
-                named = _named(item)
-                if named is not None:
-                    polled.unreadable_ids[named[0]] = (named[1], why)
+        polled.results = await asyncio.to_thread(_pack_json_results, raw, polled)
         return polled
 
     async def cancel_session(self, session_id: str) -> SessionCancelReply:
@@ -153,8 +165,11 @@ class GatewayClient:
     # -- the one place httpx is spoken -----------------------------------------------------------------------
 
     async def _send(self, method: str, path: str, body: bytes | None = None, *, expect: int = 200,
-                    client: httpx.AsyncClient | None = None, timeout: float | None = None) -> httpx.Response:
-        headers = {**self.headers, **_JSON} if body is not None else self.headers
+                    client: httpx.AsyncClient | None = None, timeout: float | None = None,
+                    accept: str | None = None) -> httpx.Response:
+        headers = {**self.headers, **_JSON} if body is not None else dict(self.headers)
+        if accept is not None:
+            headers["accept"] = accept
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         try:
             resp = await (client or self.http).request(method, f"{self.url}{path}", content=body, headers=headers,
@@ -164,6 +179,26 @@ class GatewayClient:
         if resp.status_code != expect:
             raise _refused(resp)
         return resp
+
+
+def _polled(reply: SessionPollReply) -> PolledSessions:
+    return PolledSessions(statuses=dict(reply.statuses), unknown=list(reply.unknown))
+
+
+def _pack_json_results(raw: list[Any], polled: PolledSessions) -> list[PackedResult]:
+    """JSON results validated and packed (off the event loop); the ones that do not validate go to ``polled``'s
+    unreadable lists."""
+    out = []
+    for item in raw:
+        try:
+            out.append(PackedResult.of(pack(SessionResult.model_validate(item))))
+        except ValueError as exc:
+            why = excerpt(exc, 300)
+            polled.unreadable.append(why)
+            named = _named(item)
+            if named is not None:
+                polled.unreadable_ids[named[0]] = (named[1], why)
+    return out
 
 
 def _named(item: Any) -> tuple[str, str | None] | None:

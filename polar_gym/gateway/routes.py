@@ -6,7 +6,9 @@ on the proxy's app in front of its catch-all; refusals in the polar_gym.web enve
     GET  /sessions/{id}/result     the SessionResult (202 while not finished; ``?wait=S`` long-polls; ``?format=atif``:
                                    the session as one ATIF trajectory, polar_gym.merge.atif)
     POST /sessions/{id}/cancel     (admin)
-    POST /sessions/poll            many sessions in one long poll: finished results, statuses, unknown ids (admin)
+    POST /sessions/poll            many sessions in one long poll: finished results, statuses, unknown ids (admin;
+                                   with ``accept: application/vnd.polar-gym.result`` the results come packed,
+                                   polar_gym.result_codec)
     POST /gateway/drain            stop accepting, finish in-flight sessions (admin; ``?wait=true`` blocks)
     GET  /gateway/health           stage metrics: counts per stage, queue depths, slots busy, latencies
     GET  /metrics                  the same, with tokens captured and errors, in Prometheus text format
@@ -32,6 +34,7 @@ from polar_gym.merge.atif import atif_json
 from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
 from polar_gym.proxy.routes.common import proxy_service
 from polar_gym.proxy.routes.sessions import TrajectoryFormat, require_session_or_admin
+from polar_gym.result_codec import MEDIA_TYPE, frame_poll, pack
 from polar_gym.schema import SessionPollRequest, SessionSpec
 from polar_gym.web import ADMIN_ONLY, ApiError
 
@@ -79,6 +82,9 @@ async def poll(request: Request, body: SessionPollRequest) -> Response:
     """Many sessions in one long poll (the rollout server's watch): finished results, other statuses, unknown ids;
     answers as soon as one of them finished, else after ``wait`` seconds."""
     results, statuses, unknown = await gateway_node(request).wait_any(body.session_ids, body.wait)
+    if MEDIA_TYPE in request.headers.get("accept", ""):  # the server's watch: packed, so it files them unparsed
+        packed = await asyncio.to_thread(lambda: [pack(r) for r in results])
+        return Response(frame_poll(packed, {"statuses": statuses, "unknown": unknown}), media_type=MEDIA_TYPE)
     payload = b'{"results":[' + b",".join(r.model_dump_json().encode() for r in results) + b"],"
     payload += f'"statuses":{json.dumps(statuses)},"unknown":{json.dumps(unknown)}}}'.encode()
     return Response(payload, media_type="application/json")

@@ -2,7 +2,7 @@
 
     python -m polar_gym.server --port N --db PATH [--admin-token-file F | --admin-token T] [--host H]
                                [--heartbeat S] [--dead-after S] [--max-samples N] [--max-body-mb M]
-                               [--weight-server URL ...]
+                               [--weight-server URL ...] [--result-retention keep|compact|drop]
 
 The admin token is best given by ``POLAR_ADMIN_TOKEN`` or ``--admin-token-file`` (a command line is readable by
 every user of the host); it is never logged. The SQLite db (mode 0600: it holds the gateways' admin tokens) keeps
@@ -35,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-server", action="append", default=[], metavar="URL",
                    help="an inference server a weight update's `servers` may name besides the fleet's own "
                         "(repeatable; a URL without a port allows every port of its host)")
+    p.add_argument("--result-retention", choices=("keep", "compact", "drop"), default="keep",
+                   help="what the store keeps of a task's results once its callback was delivered: everything, all "
+                        "but the trajectories, or only status, reason and reward")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     if args.admin_token_file is not None:
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     store = Store(args.db)
     server = RolloutServer(store, heartbeat_interval=args.heartbeat, dead_after=args.dead_after,
                            max_attempts=args.max_attempts, max_samples=args.max_samples,
-                           weight_servers=args.weight_server)
+                           weight_servers=args.weight_server, result_retention=args.result_retention)
     try:
         uvicorn.run(create_server_app(server, args.admin_token, max_body_bytes=int(args.max_body_mb * 2**20)),
                     host=args.host, port=args.port, log_level=args.log_level)

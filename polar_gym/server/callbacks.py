@@ -1,12 +1,15 @@
 """Callback delivery: once every session of a task ended, POST the task view to its ``callback_url`` until a 2xx,
 with exponential backoff, then give up and record why. The store records the claim and the outcome, so a restarted
 server delivers what was pending (at least once; the idempotency key lets the receiver drop repeats). A task with a
-``callback_secret`` gets each attempt signed afresh (polar_gym.server.signing); the secret is never logged."""
+``callback_secret`` gets each attempt signed afresh (polar_gym.server.signing); the secret is never logged. Once
+delivered, the server's result retention applies (``ResultRetention``): a long run's store then grows by heads,
+not by trajectories."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Literal
 
 import httpx
 import orjson
@@ -17,14 +20,20 @@ from polar_gym.server.signing import sign
 from polar_gym.server.store import Store
 from polar_gym.server.tasks import task_view
 
-__all__ = ["Callbacks"]
+__all__ = ["Callbacks", "ResultRetention"]
+
+#: what the server keeps of a task's results once its callback was delivered: everything (``keep``), all but the
+#: trajectories (``compact``: status, reward, timings, metadata), or only status, reason and reward (``drop``)
+ResultRetention = Literal["keep", "compact", "drop"]
 
 
 class Callbacks:
     def __init__(self, store: Store, counters: ServerCounters, background: Background,
-                 http: Callable[[], httpx.AsyncClient], *, attempts: int = 8, backoff: float = 0.5) -> None:
+                 http: Callable[[], httpx.AsyncClient], *, attempts: int = 8, backoff: float = 0.5,
+                 retention: ResultRetention = "keep") -> None:
         self.store, self.counters, self.background, self.http = store, counters, background, http
         self.attempts, self.backoff = attempts, backoff
+        self.retention = retention
 
     async def task_done(self, task_id: str) -> None:
         """Every session of the task ended: deliver its callback, if it has one and nobody claimed it yet."""
@@ -55,6 +64,8 @@ class Callbacks:
                 if 200 <= resp.status_code < 300:
                     self.counters.callbacks["delivered"] += 1
                     await self.store.set_callback(task_id, "delivered")
+                    if self.retention != "keep":  # the trainer has the results: keep what the config says
+                        await self.store.retain(task_id, self.retention)
                     return
                 error = f"HTTP {resp.status_code}: {resp.text[:200]}"
             except httpx.HTTPError as exc:

@@ -21,7 +21,7 @@ from polar_gym.gateway.errors import GatewayBadReply, GatewayCallError, GatewayR
 from polar_gym.httpguard import check_upstream_url
 from polar_gym.schema import GatewayRegistration, ResumeRequest, SessionStatus, TaskRequest
 from polar_gym.server.background import Background
-from polar_gym.server.callbacks import Callbacks
+from polar_gym.server.callbacks import Callbacks, ResultRetention
 from polar_gym.server.counters import ServerCounters
 from polar_gym.server.dispatch import Dispatcher
 from polar_gym.server.errors import ServerError
@@ -46,7 +46,8 @@ class RolloutServer:
     def __init__(self, store: Store, *, heartbeat_interval: float = 2.0, dead_after: float = 10.0,
                  max_attempts: int = 3, result_wait: float = 2.0, callback_attempts: int = 8,
                  callback_backoff: float = 0.5, max_samples: int = 4096, max_task_bytes: int = 256 * 1024 * 1024,
-                 weight_servers: Collection[str] = (), transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 weight_servers: Collection[str] = (), transport: httpx.AsyncBaseTransport | None = None,
+                 result_retention: ResultRetention = "keep") -> None:
         self.store = store
         #: inference servers a weight update's ``servers`` may name besides the fleet's own (polar_gym.server.weights)
         self.weight_servers = [check_upstream_url(url).rstrip("/") for url in weight_servers]
@@ -62,7 +63,7 @@ class RolloutServer:
         self.links = Links(transport)
         self.background = Background()
         self.callbacks = Callbacks(store, self.counters, self.background, lambda: self.links.client,
-                                   attempts=callback_attempts, backoff=callback_backoff)
+                                   attempts=callback_attempts, backoff=callback_backoff, retention=result_retention)
         self.ledger = Ledger(store, self.counters, self.callbacks, max_attempts=max_attempts)
         self.watching = Watching(store, self.fleet, self.counters, self.ledger, self.links, self.background,
                                  heartbeat_interval=heartbeat_interval, dead_after=dead_after,

@@ -14,6 +14,7 @@ from typing import Any
 
 from polar_gym.causes import UNSTORABLE_RESULT
 from polar_gym.httpguard import excerpt
+from polar_gym.result_codec import PackedResult
 from polar_gym.schema import SessionResult, SessionStatus
 from polar_gym.server.callbacks import Callbacks
 from polar_gym.server.counters import ServerCounters
@@ -69,7 +70,7 @@ class Ledger:
         if row is not None:
             await self.notify(row.task_id, {"event": "status", "session_id": session_id, "status": status.value})
 
-    async def finish(self, result: SessionResult, gw: GatewayState | None) -> None:
+    async def finish(self, result: SessionResult | PackedResult, gw: GatewayState | None) -> None:
         """A final result; the first one stored stays. A result the store cannot take (it does not serialize, the
         write fails) is set aside once: the session ends ERROR with cause unstorable_result, never retried."""
         if gw is not None:

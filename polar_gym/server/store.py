@@ -1,6 +1,9 @@
 """The rollout server's durable state in SQLite: tasks, their sessions (status, gateway, attempts, result) and the
 registered gateways. Why SQLite: one file survives a restart and needs no service; the stdlib driver is run in a
-worker thread (``asyncio.to_thread``) behind one lock, so the event loop never blocks on disk."""
+worker thread (``asyncio.to_thread``) behind one lock, so the event loop never blocks on disk.
+
+A result is stored packed (polar_gym.result_codec: about its unique token bytes, where JSON took ~30x), with its
+head beside it as JSON for the viewer's queries; rows written before (a JSON ``result``) read unchanged."""
 
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from polar_gym.httpguard import excerpt
-from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus, TaskRequest
+from polar_gym.result_codec import PackedResult, head, pack, unpack, without_tokens
+from polar_gym.schema import AgentSpec, EvalResult, SessionResult, SessionSpec, SessionStatus, TaskRequest
 
 __all__ = ["QUARANTINED", "GatewayRow", "SessionRow", "Store", "TaskRow"]
 
@@ -34,7 +38,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, sample_index INTEGER NOT NULL, spec TEXT NOT NULL,
     status TEXT NOT NULL, gateway_id TEXT, attempts INTEGER NOT NULL DEFAULT 0, reason TEXT, result TEXT,
-    created REAL NOT NULL, dispatched REAL, finished REAL);
+    created REAL NOT NULL, dispatched REAL, finished REAL, packed BLOB, result_head TEXT);
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions(task_id);
 CREATE INDEX IF NOT EXISTS sessions_status ON sessions(status);
 CREATE TABLE IF NOT EXISTS gateways (
@@ -87,7 +91,8 @@ def _session(row: sqlite3.Row) -> SessionRow:
     return SessionRow(
         spec=SessionSpec.model_validate_json(row["spec"]), status=SessionStatus(row["status"]),
         gateway_id=row["gateway_id"], attempts=row["attempts"], reason=row["reason"],
-        result=SessionResult.model_validate_json(row["result"]) if row["result"] else None,
+        result=unpack(row["packed"]) if row["packed"] is not None
+        else SessionResult.model_validate_json(row["result"]) if row["result"] else None,
         created=row["created"], dispatched=row["dispatched"])
 
 
@@ -121,6 +126,10 @@ class Store:
         # can lose the last commits. FULL fsynced every submit and result.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
+        for column, kind in (("packed", "BLOB"), ("result_head", "TEXT")):  # a store of an older version
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE sessions ADD COLUMN {column} {kind}")
 
     def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
@@ -293,15 +302,54 @@ class Store:
     async def set_status(self, session_id: str, status: SessionStatus) -> None:
         await self._q("UPDATE sessions SET status = ? WHERE session_id = ?", status.value, session_id)
 
-    async def finish(self, result: SessionResult) -> bool:
-        """Store a session's final result; False when it had already ended (the first final result stays: a
-        gateway's late answer cannot overwrite the server's giving up, nor the reverse)."""
+    async def finish(self, result: SessionResult | PackedResult) -> bool:
+        """Store a session's final result (packed in the worker thread if it is not); False when it had already
+        ended (the first final result stays: a gateway's late answer cannot overwrite the server's giving up, nor
+        the reverse)."""
         terminal = [s.value for s in SessionStatus if s.terminal]
-        rows = await self._q(f"UPDATE sessions SET status = ?, reason = ?, result = ?, finished = ? "
-                             f"WHERE session_id = ? AND status NOT IN ({','.join('?' * len(terminal))}) "
-                             f"RETURNING session_id", result.status.value, result.reason, result.model_dump_json(),
-                             time.time(), result.session_id, *terminal)
-        return bool(rows)
+
+        def run() -> list[Any]:
+            packed = result if isinstance(result, PackedResult) else PackedResult.of(pack(result))
+            return self._run(f"UPDATE sessions SET status = ?, reason = ?, result = NULL, packed = ?, result_head = ?, "
+                             f"finished = ? WHERE session_id = ? AND status NOT IN ({','.join('?' * len(terminal))}) "
+                             f"RETURNING session_id", (packed.status.value, packed.reason, packed.data,
+                                                       packed.head.model_dump_json(), time.time(),
+                                                       packed.session_id, *terminal))
+
+        return bool(await asyncio.to_thread(run))
+
+    async def retain(self, task_id: str, mode: str) -> int:
+        """Apply a retention mode to a finished task's results once the trainer has them: ``compact`` drops the
+        trajectories (tokens, messages) and keeps status, reward, timings and metadata; ``drop`` keeps only the
+        head (status, reason, reward). Each result's stored head records it (``retained``). Returns how many
+        results changed."""
+        if mode not in ("compact", "drop"):
+            raise ValueError(f"unknown result retention {mode!r} (keep, compact, drop)")
+
+        def run() -> int:
+            rows = self._run("SELECT session_id, packed FROM sessions WHERE task_id = ? AND packed IS NOT NULL",
+                             (task_id,))
+            changed = []
+            for row in rows:
+                h = head(row["packed"])
+                if h.retained is not None:
+                    continue
+                if mode == "compact":
+                    body = without_tokens(row["packed"])
+                    body["trajectory"] = None
+                    kept = SessionResult.model_validate(body)
+                else:
+                    evaluation = EvalResult(reward=h.reward) if h.reward is not None else None
+                    kept = SessionResult(session_id=h.session_id, task_id=h.task_id, status=h.status, reason=h.reason,
+                                         evaluation=evaluation)
+                packed = PackedResult.of(pack(kept, retained=mode))
+                changed.append((packed.data, packed.head.model_dump_json(), row["session_id"]))
+            with self._lock, self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany("UPDATE sessions SET packed = ?, result_head = ? WHERE session_id = ?", changed)
+            return len(changed)
+
+        return await asyncio.to_thread(run)
 
     async def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """Sessions by status, and tasks by whether every session has finished (for /metrics)."""
@@ -328,11 +376,14 @@ class Store:
         fields a table shows (SQLite reads them out of the stored JSON; a finished row never changes, so callers
         keep them)."""
         rows = await self._q(
-            f"SELECT {self._VIEW_COLUMNS}, json_extract(result, '$.evaluation.reward') AS reward, "
-            "json_extract(result, '$.metadata.artifacts.error_cause') AS artifacts_cause, "
-            "json_array_length(result, '$.trajectory.traces') AS traces, "
-            "json_extract(result, '$.trajectory.diagnostics.completions') AS completions, "
-            "json_extract(result, '$.timings.total') AS seconds "
+            f"SELECT {self._VIEW_COLUMNS}, "
+            "COALESCE(json_extract(result_head, '$.reward'), json_extract(result, '$.evaluation.reward')) AS reward, "
+            "COALESCE(json_extract(result_head, '$.error_cause'), "
+            "json_extract(result, '$.metadata.artifacts.error_cause')) AS artifacts_cause, "
+            "COALESCE(json_extract(result_head, '$.traces'), json_array_length(result, '$.trajectory.traces')) "
+            "AS traces, COALESCE(json_extract(result_head, '$.completions'), "
+            "json_extract(result, '$.trajectory.diagnostics.completions')) AS completions, "
+            "COALESCE(json_extract(result_head, '$.seconds'), json_extract(result, '$.timings.total')) AS seconds "
             "FROM sessions WHERE finished IS NOT NULL AND (finished > ? OR (finished = ? AND session_id > ?)) "
             "ORDER BY finished, session_id LIMIT ?", after[0], after[0], after[1], limit)
         return [dict(r) for r in rows]

@@ -12,7 +12,8 @@ import time
 from polar_gym.causes import UNSTORABLE_RESULT
 from polar_gym.gateway.client import PolledSessions
 from polar_gym.gateway.errors import GatewayCallError, GatewayRefused
-from polar_gym.schema import SessionResult, SessionStatus
+from polar_gym.result_codec import PackedResult
+from polar_gym.schema import SessionStatus
 from polar_gym.server.background import Background
 from polar_gym.server.counters import ServerCounters
 from polar_gym.server.fleet import DEAD, Fleet, GatewayState
@@ -105,15 +106,14 @@ class Watching:
                 await asyncio.sleep(min(1.0, self.heartbeat_interval))
                 continue
             await self.unreadable(gw, polled)
-            reply = polled.reply
-            for result in reply.results:
+            for result in polled.results:
                 last.pop(result.session_id, None)
-            mine = [r for r in reply.results if r.session_id in gw.sessions]
+            mine = [r for r in polled.results if r.session_id in gw.sessions]
             stale = [r for r in mine if not _current_attempt(gw, r)]
             for result in stale:  # an attempt this server did not hand out: never stored, never trained
                 self.counters.errors["result_stale_attempt"] += 1
                 log.warning("refused a result of %s from %s: attempt %s is not the one dispatched there (%s)",
-                            result.session_id, gw.gateway_id, result.metadata.get("attempt_id"),
+                            result.session_id, gw.gateway_id, result.head.attempt_id,
                             gw.attempts.get(result.session_id))
                 gw.sessions.discard(result.session_id)
                 gw.stale.add(result.session_id)
@@ -125,12 +125,12 @@ class Watching:
                 gw.attempts.pop(result.session_id, None)
             for start in range(0, len(mine), 64):  # concurrently: each finish waits on the store and callbacks
                 await asyncio.gather(*(self.ledger.finish(r, gw) for r in mine[start:start + 64]))
-            for session_id, status in reply.statuses.items():
+            for session_id, status in polled.statuses.items():
                 if session_id in gw.sessions and status != last.get(session_id) and status in S.__members__ \
                         and not S(status).terminal:
                     last[session_id] = status
                     await self.ledger.status(session_id, S(status))
-            for session_id in reply.unknown:
+            for session_id in polled.unknown:
                 if session_id in gw.sessions:
                     self.counters.errors["result_http_404"] += 1
                     gw.sessions.discard(session_id)
@@ -169,9 +169,9 @@ class Watching:
             await self.ledger.finish(ended_as(row, S.ERROR, reason), gw)
 
 
-def _current_attempt(gw: GatewayState, result: SessionResult) -> bool:
+def _current_attempt(gw: GatewayState, result: PackedResult) -> bool:
     """Whether a result comes from the attempt the gateway accepted (unknown after a server restart: accepted)."""
     expected = gw.attempts.get(result.session_id)
     if expected is None:
         return result.session_id not in gw.stale
-    return result.metadata.get("attempt_id") == expected
+    return result.head.attempt_id == expected

@@ -17,6 +17,7 @@ from polar_gym.gateway.errors import GatewayBadReply, GatewayRefused, GatewayUnr
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.result_codec import unpack
 from polar_gym.schema import AgentSpec, SessionSpec, SessionStatus, WeightUpdateRequest
 from tests._fakes import ByteTokenizer
 from tests.gateway._gw_doubles import ScriptedStages
@@ -52,11 +53,12 @@ async def test_sessions_start_poll_cancel(gateway: tuple[GatewayClient, GatewayN
     seen: set[str] = set()
     while "quick" not in seen:  # a poll answers as soon as one of them finished
         polled = await client.poll(["quick", "held", "nope"], wait=10.0)
-        assert polled.unreadable == [] and polled.reply.unknown == ["nope"]
-        seen |= {r.session_id for r in polled.reply.results}
-        assert "held" in polled.reply.statuses
-    done = (await client.poll(["quick"], wait=0.0)).reply.results[0]
+        assert polled.unreadable == [] and polled.unknown == ["nope"]
+        seen |= {r.session_id for r in polled.results}
+        assert "held" in polled.statuses
+    done = (await client.poll(["quick"], wait=0.0)).results[0]  # packed: filed by its head, decoded on demand
     assert done.status == SessionStatus.COMPLETED and done.task_id == "t-client"
+    assert unpack(done.data) == await node.wait("quick", 10.0)
     # a finished session posted again (the rollout server gave that attempt up) runs as a new attempt
     again = await client.start_session(_spec("quick"))
     assert again.attempt_id and again.attempt_id != view.attempt_id
@@ -137,8 +139,8 @@ async def test_transport_failures_and_bad_answers_are_typed() -> None:
 
     async with GatewayClient.connect("http://gw", transport=httpx.MockTransport(odd)) as client:
         polled = await client.poll(["a", "b"], wait=0.0)
-        assert [r.session_id for r in polled.reply.results] == ["a"] and len(polled.unreadable) == 1
-        assert polled.reply.statuses == {"b": "RUNNING"} and polled.reply.unknown == []
+        assert [r.session_id for r in polled.results] == ["a"] and len(polled.unreadable) == 1
+        assert polled.statuses == {"b": "RUNNING"} and polled.unknown == []
         with pytest.raises(GatewayBadReply):
             await client.health()
         with pytest.raises(GatewayRefused) as refused:
