@@ -16,8 +16,8 @@ from typing import Any
 from polar_gym.result_codec import without_tokens
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, PrepareAction, RuntimeSpec, TaskRequest
 
-__all__ = ["AGENT", "OUTPUT_LINE", "SYSTEM", "Plan", "analyse", "dist", "draw_plan", "make_task", "percentile",
-           "refill_latencies", "session_rows", "slot_series", "split", "stamps", "use_stats"]
+__all__ = ["AGENT", "OUTPUT_SOURCE", "OUTPUT_SPAN", "SYSTEM", "Plan", "analyse", "dist", "draw_plan", "make_task",
+           "percentile", "refill_latencies", "session_rows", "slot_series", "split", "stamps", "use_stats"]
 
 #: the scripted harness: a minimal agent loop (chat completions with one bash tool; stdlib only)
 AGENT = r'''
@@ -48,7 +48,11 @@ SYSTEM = ("You are a coding agent working in a git repository. Use the bash tool
 
 
 #: what a tool command prints, repeated (about 4 characters per token)
-OUTPUT_LINE = "    assert parse_config(path).sections[0].timeout == 30, diff  # tests/test_parser.py::test_timeout"
+#: what a tool call prints: real code (the host Python's standard library, which the local sandbox sees), a different
+#: stretch per call from ``OUTPUT_SPAN`` bytes of it, so results compress as real tool output does (one repeated
+#: line, used before, compressed 100x and flattered every stored size)
+OUTPUT_SOURCE = "/usr/lib/python3*/[a-z]*.py"
+OUTPUT_SPAN = 4_000_000
 
 
 # -- the workload (pure) -------------------------------------------------------------------------------------------
@@ -83,11 +87,16 @@ def split(total: float, parts: int, rng: random.Random) -> list[float]:
 def make_task(i: int, plan: Plan, scale: float, calls: int, rng: random.Random, callback_url: str | None,
               prefix: str = "scale", commands: list[str] | None = None, tool_output_bytes: int = 0) -> TaskRequest:
     """The session of ``plan`` as a TaskRequest: prepare sleeps INIT, the oracle plays ``calls - 1`` sleep commands
-    worth RUN (or ``commands``), each printing ``tool_output_bytes`` of code-like text (what makes the trajectory as
+    worth RUN (or ``commands``), each printing ``tool_output_bytes`` of real code (what makes the trajectory as
     long as a real one's), then answers; the evaluator's test command sleeps EVALUATE."""
     if commands is None:
-        out = f" && yes '{OUTPUT_LINE}' | head -c {tool_output_bytes}" if tool_output_bytes else ""
-        commands = [f"sleep {s:.3f}{out}" for s in split(plan.run * scale, calls - 1, rng)] if calls > 1 else []
+        def out() -> str:
+            if not tool_output_bytes:
+                return ""
+            start = rng.randrange(1, max(2, OUTPUT_SPAN - tool_output_bytes))
+            return f" && cat {OUTPUT_SOURCE} | tail -c +{start} | head -c {tool_output_bytes}"
+
+        commands = [f"sleep {s:.3f}{out()}" for s in split(plan.run * scale, calls - 1, rng)] if calls > 1 else []
     return TaskRequest(
         task_id=f"{prefix}-{i:05d}", instruction="Fix the failing test in tests/test_parser.py; run the suite.",
         timeout_seconds=3600,

@@ -1,16 +1,22 @@
 """A session result's compact binary form: what gateways send the rollout server and what its store keeps.
 
 As JSON a 30k-token result is about 1.6 MB (a logprob is ``{"token", "token_id", "logprob"}``, ~50 bytes a token)
-and turning it into Python objects and back cost the server ~205 ms of CPU (docs/scaling.md). Packed, token ids
-are uint32, logprobs float64 (exact: a trainer's ratio needs the engine's own values), loss masks one bit a token,
-and a trace's prompt that starts with an earlier trace's prompt+response (every call of a growing session, under
-``per_request``) is stored as "the first ``keep`` tokens of trace ``base``, then this tail", as the capture journal
-stores prompts. Everything else (messages, tools, metadata, the evaluation) is JSON, zlib-compressed.
+and turning it into Python objects and back cost the server ~205 ms of CPU (docs/scaling.md). Packed:
 
-Layout (little-endian): ``MAGIC``, then five uint32 lengths (head bytes, body bytes, token ids, logprobs, mask
-bytes), then the sections in that order. The head is a small JSON object (:class:`ResultHead`): what the server
-needs to file a result (ids, status, attempt, reward, sizes) without decoding the rest, so its event loop never
-parses a large result. Pure: no I/O.
+- token ids are uint32, zlib-compressed (to about a third on code: their high bytes are zero and code repeats); a
+  trace's prompt that starts with an earlier trace's prompt+response (every call of a growing session, under
+  ``per_request``) is stored as "the first ``keep`` tokens of trace ``base``, then this tail", as the capture
+  journal stores prompts;
+- logprobs are float64 (exact: a trainer's ratio needs the engine's own values), stored only where they are not
+  +0.0 (``prefix_merging`` gives every tool-output token a 0.0 placeholder: most of a long trace), with one bit a
+  position saying which; loss masks are one bit a token;
+- everything else (messages, tools, metadata, the evaluation) is JSON, zlib-compressed.
+
+Layout (little-endian): ``MAGIC``, then five uint32 lengths (head bytes, body bytes, token-id bytes, stored
+logprobs, bit bytes), then the sections in that order; the bits are every loss mask, then every logprob position's
+"stored" bit. The head is a small JSON object (:class:`ResultHead`): what the server needs to file a result (ids,
+status, attempt, reward, sizes) without decoding the rest, so its event loop never parses a large result. Pure: no
+I/O.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ class ResultHead(BaseModel):
     traces: int = 0
     completions: int | None = None
     seconds: float | None = None
-    #: unique token ids and logprobs stored (what :func:`unique_token_bytes` counts)
+    #: unique token ids and logprobs (not +0.0) stored: what :func:`unique_token_bytes` counts
     token_ids: int = 0
     logprobs: int = 0
     #: set when the server's retention cut the result down after the trainer had it (``compact`` or ``drop``)
@@ -95,7 +101,7 @@ def _lengths(data: bytes | memoryview) -> tuple[int, int, int, int, int]:
         raise ValueError("not a packed session result (bad magic or too short)")
     lengths: tuple[int, int, int, int, int] = _LENGTHS.unpack_from(data, len(MAGIC))
     head_len, body_len, ids, logprobs, mask = lengths
-    if _PREFIX + head_len + body_len + 4 * ids + 8 * logprobs + mask != len(data):
+    if _PREFIX + head_len + body_len + ids + 8 * logprobs + mask != len(data):
         raise ValueError("a packed session result whose sections do not add up to its length (truncated?)")
     return lengths
 
@@ -144,8 +150,10 @@ def pack(result: SessionResult, *, retained: str | None = None) -> bytes:
         masks.append(np.asarray(trace.loss_mask, dtype=np.uint8))
         sequences.append(np.concatenate([prompt, response]))
     token_ids = np.concatenate(ids).astype("<u4") if ids else np.zeros(0, "<u4")
-    all_logprobs = np.concatenate(logprobs) if logprobs else np.zeros(0, "<f8")
-    mask_bits = np.packbits(np.concatenate(masks)) if masks else np.zeros(0, np.uint8)
+    every_logprob = np.concatenate(logprobs) if logprobs else np.zeros(0, "<f8")
+    stored = every_logprob.view("<u8") != 0  # +0.0 is all zero bits; -0.0 and every other value are kept
+    all_logprobs = every_logprob[stored]
+    mask_bits = np.packbits(np.concatenate([*masks, stored.astype(np.uint8)])) if masks else np.zeros(0, np.uint8)
     evaluation = result.evaluation
     artifacts = result.metadata.get("artifacts") if isinstance(result.metadata.get("artifacts"), dict) else {}
     diagnostics = result.trajectory.diagnostics if result.trajectory is not None else {}
@@ -158,9 +166,10 @@ def pack(result: SessionResult, *, retained: str | None = None) -> bytes:
         seconds=seconds if isinstance(seconds, int | float) else None, token_ids=len(token_ids),
         logprobs=len(all_logprobs), retained=retained).model_dump_json(exclude_defaults=True).encode()
     body = zlib.compress(orjson.dumps(data), 6)
-    return b"".join((MAGIC, _LENGTHS.pack(len(head_bytes), len(body), len(token_ids), len(all_logprobs),
+    packed_ids = zlib.compress(token_ids.tobytes(), 6)
+    return b"".join((MAGIC, _LENGTHS.pack(len(head_bytes), len(body), len(packed_ids), len(all_logprobs),
                                           len(mask_bits)),
-                     head_bytes, body, token_ids.tobytes(), all_logprobs.tobytes(), mask_bits.tobytes()))
+                     head_bytes, body, packed_ids, all_logprobs.tobytes(), mask_bits.tobytes()))
 
 
 def _str(value: Any) -> str | None:
@@ -187,17 +196,30 @@ def without_tokens(data: bytes | memoryview) -> dict[str, Any]:
 
 def unpack(data: bytes | memoryview) -> SessionResult:
     """The result ``pack`` packed; ValueError when ``data`` is not a whole, consistent packed result."""
-    head_len, body_len, n_ids, n_logprobs, n_mask = _lengths(data)
+    head_len, body_len, ids_len, n_logprobs, n_mask = _lengths(data)
     body = _body(data, head_len, body_len)
     at = _PREFIX + head_len + body_len
-    token_ids = np.frombuffer(data, dtype="<u4", count=n_ids, offset=at)
-    at += 4 * n_ids
+    try:
+        raw_ids = zlib.decompress(data[at:at + ids_len])
+    except zlib.error as exc:
+        raise ValueError(f"a packed session result with unreadable token ids: {exc}") from exc
+    if len(raw_ids) % 4:
+        raise ValueError("a packed session result whose token ids are not whole uint32s")
+    token_ids = np.frombuffer(raw_ids, dtype="<u4")
+    n_ids = len(token_ids)
+    at += ids_len
     all_logprobs = np.frombuffer(data, dtype="<f8", count=n_logprobs, offset=at)
     at += 8 * n_logprobs
-    mask_bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=n_mask, offset=at))
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=n_mask, offset=at))
     trajectory = body.get("trajectory") if isinstance(body, dict) else None
     shapes = trajectory.get("traces", []) if isinstance(trajectory, dict) else []
     sequences: list[np.ndarray] = []
+    mask_total = sum(int(s["$tokens"]["response"]) for s in shapes if isinstance(s, dict)
+                     and isinstance(s.get("$tokens"), dict) and isinstance(s["$tokens"].get("response"), int))
+    mask_bits, stored_bits = bits[:mask_total], bits[mask_total:]
+    if np.count_nonzero(stored_bits) != n_logprobs:
+        raise ValueError("a packed session result whose logprob bits do not match its logprobs")
+    value_at = np.cumsum(stored_bits) - 1  # the index of each stored position's value
     ids_at = logprobs_at = mask_at = 0
     for shape in shapes:
         layout = shape.pop("$tokens", None) if isinstance(shape, dict) else None
@@ -206,7 +228,7 @@ def unpack(data: bytes | memoryview) -> SessionResult:
         base, keep, tail, response, logprobs = (int(layout[k]) for k in ("base", "keep", "tail", "response",
                                                                           "logprobs"))
         if not -1 <= base < len(sequences) or (base >= 0 and keep > len(sequences[base])) or (base < 0 and keep) \
-                or ids_at + tail + response > n_ids or logprobs_at + logprobs > n_logprobs \
+                or ids_at + tail + response > n_ids or logprobs_at + logprobs > len(stored_bits) \
                 or mask_at + response > len(mask_bits):
             raise ValueError("a packed trace whose token layout points outside the result")
         prefix = sequences[base][:keep] if base >= 0 else token_ids[:0]
@@ -216,7 +238,10 @@ def unpack(data: bytes | memoryview) -> SessionResult:
         ids_at += response
         sequences.append(np.concatenate([prompt, answer]))
         shape["prompt_ids"], shape["response_ids"] = prompt.tolist(), answer.tolist()
-        shape["response_logprobs"] = all_logprobs[logprobs_at:logprobs_at + logprobs].tolist()
+        present = stored_bits[logprobs_at:logprobs_at + logprobs].astype(bool)
+        values = np.zeros(logprobs, "<f8")
+        values[present] = all_logprobs[value_at[logprobs_at:logprobs_at + logprobs][present]]
+        shape["response_logprobs"] = values.tolist()
         logprobs_at += logprobs
         shape["loss_mask"] = mask_bits[mask_at:mask_at + response].tolist()
         mask_at += response

@@ -71,22 +71,46 @@ def test_the_head_names_what_the_server_files_by() -> None:
     assert unpack(packed.data) == bare
 
 
+#: logprobs a trainer may meet: +0.0 (a placeholder, or a token of probability 1), -0.0, tiny, ordinary, long
+_LOGPROBS = st.sampled_from([0.0, -0.0, -5e-324, -1e-300, -3.5, -0.12345678901234567, -700.25])
+
+
+def _bits(values: list[float]) -> list[bytes]:
+    return [struct.pack("<d", v) for v in values]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(0, 2**32 - 1), max_size=30),
-                          st.lists(st.integers(0, 2**32 - 1), max_size=30),
+                          st.lists(st.tuples(st.integers(0, 2**32 - 1), _LOGPROBS), max_size=30),
                           st.booleans(), st.integers(0, 40)), max_size=6))
-def test_any_traces_round_trip(shapes: list[tuple[list[int], list[int], bool, int]]) -> None:
+def test_any_traces_round_trip(shapes: list[tuple[list[int], list[tuple[int, float]], bool, int]]) -> None:
     """Prompts that share prefixes with earlier traces, or not; empty prompts and answers; with and without
-    logprobs; masks of both values."""
+    logprobs, each back bit for bit (-0.0 too); masks of both values."""
     traces: list[Trace] = []
     for tail, answer, with_logprobs, reuse in shapes:
         earlier = traces[reuse % len(traces)] if traces and reuse else None
         prefix = (earlier.prompt_ids + earlier.response_ids)[:reuse] if earlier else []
-        traces.append(Trace(prompt_ids=prefix + tail, response_ids=answer, loss_mask=[i % 2 for i in answer],
-                            response_logprobs=[-(i % 97) / 7 for i in answer] if with_logprobs else []))
+        traces.append(Trace(prompt_ids=prefix + tail, response_ids=[t for t, _ in answer],
+                            loss_mask=[t % 2 for t, _ in answer],
+                            response_logprobs=[lp for _, lp in answer] if with_logprobs else []))
     result = SessionResult(session_id="s", task_id="t", status=SessionStatus.COMPLETED,
                            trajectory=Trajectory(session_id="s", traces=traces))
-    assert unpack(pack(result)) == result
+    back = unpack(pack(result))
+    assert back == result
+    for mine, theirs in zip(back.trajectory.traces, traces, strict=True):  # type: ignore[union-attr]
+        assert _bits(mine.response_logprobs) == _bits(theirs.response_logprobs)
+
+
+def test_placeholder_logprobs_cost_a_bit_each() -> None:
+    """prefix_merging's tool-output tokens carry 0.0 logprobs: stored as bits, not as 8-byte values."""
+    sampled, tool = [-0.5] * 100, [0.0] * 10_000
+    trace = Trace(prompt_ids=[1, 2, 3], response_ids=list(range(10_100)), loss_mask=[1] * 100 + [0] * 10_000,
+                  response_logprobs=sampled + tool)
+    result = SessionResult(session_id="s", task_id="t", status=SessionStatus.COMPLETED,
+                           trajectory=Trajectory(session_id="s", traces=[trace]))
+    data = pack(result)
+    assert head(data).logprobs == 100 and unpack(data) == result
+    assert len(data) < 4 * 10_103 + 8 * 100 + 2 * 10_100 / 8 + 1024
 
 
 def test_what_is_not_a_whole_packed_result_is_refused() -> None:
