@@ -385,7 +385,7 @@ def result_cost(db: Path) -> dict[str, float]:
     the server's event loop, side by side: packed (today: the poll frame split and the head read; the store writes
     the bytes in a worker thread) and as JSON (before: the poll answer parsed into a SessionResult and written back
     as JSON), measured on the largest stored result."""
-    from polar_gym.result_codec import PackedResult, frame_poll, head, read_poll, unique_token_bytes, unpack
+    from polar_gym.result_codec import PackedResult, frame_results, head, read_frame, unique_token_bytes, unpack
     from polar_gym.schema import SessionPollReply
 
     with contextlib.closing(sqlite3.connect(db)) as con:
@@ -398,10 +398,10 @@ def result_cost(db: Path) -> dict[str, float]:
     largest = rows[-1][0]
     as_json = unpack(largest).model_dump_json()
     json_poll = ('{"results":[' + as_json + '],"statuses":{},"unknown":[]}').encode()
-    packed_poll = frame_poll([largest], {"statuses": {}, "unknown": []})
+    packed_poll = frame_results([largest], {"statuses": {}, "unknown": []})
 
     def packed_loop() -> None:
-        for blob in read_poll(packed_poll)[1]:
+        for blob in read_frame(packed_poll)[1]:
             PackedResult.of(blob)
 
     def json_loop() -> None:

@@ -32,11 +32,11 @@ from pydantic import BaseModel
 
 from polar_gym.schema import SessionResult, SessionStatus
 
-__all__ = ["MAGIC", "MEDIA_TYPE", "PackedResult", "ResultHead", "frame_poll", "head", "is_packed", "pack",
-           "read_poll", "unique_token_bytes", "unpack", "without_tokens"]
+__all__ = ["MAGIC", "MEDIA_TYPE", "PackedResult", "ResultHead", "frame_results", "head", "is_packed", "pack",
+           "read_frame", "unique_token_bytes", "unpack", "without_tokens"]
 
 MAGIC = b"PGR\x01"
-#: the media type of a packed result, and of a poll answer that carries them (polar_gym.gateway.routes)
+#: the media type of a frame of packed results (:func:`frame_results`): a poll answer, a task's results, a callback
 MEDIA_TYPE = "application/vnd.polar-gym.result"
 _LENGTHS = struct.Struct("<5I")
 _PREFIX = len(MAGIC) + _LENGTHS.size
@@ -251,29 +251,29 @@ def unpack(data: bytes | memoryview) -> SessionResult:
 _U32 = struct.Struct("<I")
 
 
-def frame_poll(results: list[bytes], rest: dict[str, Any]) -> bytes:
-    """A poll answer carrying packed results: uint32 length + JSON (``rest`` and the results' byte lengths), then
-    the results back to back."""
+def frame_results(results: list[bytes], rest: dict[str, Any]) -> bytes:
+    """Packed results with JSON beside them (a poll answer, a task view, a callback): uint32 length + JSON (``rest``
+    and the results' byte lengths), then the results back to back."""
     meta = orjson.dumps({**rest, "results": [len(r) for r in results]})
     return b"".join((_U32.pack(len(meta)), meta, *results))
 
 
-def read_poll(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
-    """``frame_poll``'s JSON and results (each still to be checked with :meth:`PackedResult.of`); ValueError when
+def read_frame(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    """``frame_results``'s JSON and results (each still to be checked with :meth:`PackedResult.of`); ValueError when
     the frame does not add up."""
     if len(data) < _U32.size:
-        raise ValueError("a packed poll answer shorter than its length field")
+        raise ValueError("a frame of packed results shorter than its length field")
     (meta_len,) = _U32.unpack_from(data)
     try:
         meta = orjson.loads(data[_U32.size:_U32.size + meta_len])
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"a packed poll answer whose JSON part is unreadable: {exc}") from exc
+        raise ValueError(f"a frame of packed results whose JSON part is unreadable: {exc}") from exc
     sizes = meta.get("results") if isinstance(meta, dict) else None
     if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes):
-        raise ValueError("a packed poll answer without its list of result lengths")
+        raise ValueError("a frame of packed results without its list of result lengths")
     at = _U32.size + meta_len
     if at + sum(sizes) != len(data):
-        raise ValueError("a packed poll answer whose results do not add up to its length")
+        raise ValueError("a frame of packed results whose results do not add up to its length")
     results = []
     for n in sizes:
         results.append(data[at:at + n])

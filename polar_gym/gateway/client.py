@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from polar_gym.gateway.errors import GatewayBadReply, GatewayRefused, GatewayUnreachable
 from polar_gym.httpguard import excerpt
-from polar_gym.result_codec import MEDIA_TYPE, PackedResult, pack, read_poll
+from polar_gym.result_codec import MEDIA_TYPE, PackedResult, pack, read_frame
 from polar_gym.schema import (
     GatewayHealth,
     PauseReply,
@@ -95,7 +95,7 @@ class GatewayClient:
                                 accept=MEDIA_TYPE)
         if resp.headers.get("content-type", "").startswith(MEDIA_TYPE):
             try:
-                meta, blobs = read_poll(resp.content)
+                meta, blobs = read_frame(resp.content)
                 polled = _polled(SessionPollReply.model_validate(meta | {"results": []}))
             except ValueError as exc:
                 raise GatewayBadReply(f"POST /sessions/poll: {excerpt(exc, 300)}") from exc

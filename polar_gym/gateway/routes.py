@@ -34,7 +34,7 @@ from polar_gym.merge.atif import atif_json
 from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
 from polar_gym.proxy.routes.common import proxy_service
 from polar_gym.proxy.routes.sessions import TrajectoryFormat, require_session_or_admin
-from polar_gym.result_codec import MEDIA_TYPE, frame_poll, pack
+from polar_gym.result_codec import MEDIA_TYPE, frame_results, pack
 from polar_gym.schema import SessionPollRequest, SessionSpec
 from polar_gym.web import ADMIN_ONLY, ApiError
 
@@ -84,7 +84,7 @@ async def poll(request: Request, body: SessionPollRequest) -> Response:
     results, statuses, unknown = await gateway_node(request).wait_any(body.session_ids, body.wait)
     if MEDIA_TYPE in request.headers.get("accept", ""):  # the server's watch: packed, so it files them unparsed
         packed = await asyncio.to_thread(lambda: [pack(r) for r in results])
-        return Response(frame_poll(packed, {"statuses": statuses, "unknown": unknown}), media_type=MEDIA_TYPE)
+        return Response(frame_results(packed, {"statuses": statuses, "unknown": unknown}), media_type=MEDIA_TYPE)
     payload = b'{"results":[' + b",".join(r.model_dump_json().encode() for r in results) + b"],"
     payload += f'"statuses":{json.dumps(statuses)},"unknown":{json.dumps(unknown)}}}'.encode()
     return Response(payload, media_type="application/json")

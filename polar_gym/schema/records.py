@@ -241,6 +241,10 @@ class TaskRequest(_Model):
     builder: BuilderSpec = Field(default_factory=BuilderSpec)
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
     callback_url: str | None = None
+    #: the callback body: the task view as JSON (``json``), or with its results packed (``packed``,
+    #: polar_gym.result_codec.frame_results: about 20x smaller, and the server decodes nothing; CallbackReceiver
+    #: asks for it and hands on_task the same view as JSON)
+    callback_format: Literal["json", "packed"] = "json"
     #: the receiver's shared secret: the server signs each callback body with it (HMAC-SHA256, see
     #: polar_gym.server.signing). Kept out of repr; stored with the request (the store is 0600) and in no answer.
     callback_secret: str | None = Field(default=None, min_length=16, max_length=512, pattern=r"^[\x21-\x7e]+$",

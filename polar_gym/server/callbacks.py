@@ -14,11 +14,12 @@ from typing import Literal
 import httpx
 import orjson
 
+from polar_gym.result_codec import MEDIA_TYPE
 from polar_gym.server.background import Background
 from polar_gym.server.counters import ServerCounters
 from polar_gym.server.signing import sign
 from polar_gym.server.store import Store
-from polar_gym.server.tasks import task_view
+from polar_gym.server.tasks import packed_task_view, task_view
 
 __all__ = ["Callbacks", "ResultRetention"]
 
@@ -52,11 +53,15 @@ class Callbacks:
         task = await self.store.task(task_id)
         if task is None or not task.request.callback_url:
             return
-        body = await asyncio.to_thread(orjson.dumps, await task_view(self.store, task_id))
+        if task.request.callback_format == "packed":
+            body, content_type = await packed_task_view(self.store, task_id), MEDIA_TYPE
+        else:
+            body = await asyncio.to_thread(orjson.dumps, await task_view(self.store, task_id))
+            content_type = "application/json"
         key, secret = f"polar-task-{task_id}", task.request.callback_secret
         error = "no attempt made"
         for attempt in range(self.attempts):
-            headers = {"idempotency-key": key, "content-type": "application/json"}
+            headers = {"idempotency-key": key, "content-type": content_type}
             if secret is not None:  # signed at each attempt: a retry after a long backoff is not stale
                 headers |= await asyncio.to_thread(sign, secret, key, body)
             try:

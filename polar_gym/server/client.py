@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 import httpx
 
+from polar_gym.result_codec import read_frame, unpack
 from polar_gym.schema import FleetWeightUpdate, SessionResult, SessionStatus, TaskRequest, Trace, WeightUpdateRequest
 from polar_gym.server.receiver import CallbackEvicted, CallbackReceiver
 
-__all__ = ["CallbackEvicted", "CallbackReceiver", "RolloutClient", "WeightUpdateFailed", "traces_of"]
+__all__ = ["CallbackEvicted", "CallbackReceiver", "RolloutClient", "WeightUpdateFailed", "traces_of", "unpack_all"]
 
 _DONE = {"COMPLETED", "ERROR", "CANCELLED", "TIMEOUT"}
 
@@ -98,22 +99,33 @@ class RolloutClient:
 
     async def results(self, task_ids: Iterable[str], *, timeout: float = 3600.0,
                       poll: float = 0.5) -> AsyncIterator[SessionResult]:
-        """Every session's SessionResult as it finishes (each once), across ``task_ids``, until all ended."""
-        pending, seen = list(dict.fromkeys(task_ids)), set()
+        """Every session's SessionResult as it finishes (each once), across ``task_ids``, until all ended. Results
+        come packed from GET /tasks/{id}/results, each once (a cursor), and are decoded here in a worker thread."""
+        pending = list(dict.fromkeys(task_ids))
+        cursors: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
         while pending:
             for task_id in list(pending):
-                view = await self.status(task_id)
-                for data in view["results"]:
-                    if data["session_id"] not in seen:
-                        seen.add(data["session_id"])
-                        yield SessionResult.model_validate(data)
-                if view["status"] in _DONE:
+                meta, results = await self.packed_results(task_id, cursors.get(task_id))
+                for result in await asyncio.to_thread(unpack_all, results):
+                    yield result
+                if meta.get("cursor"):
+                    finished, session_id = meta["cursor"]
+                    cursors[task_id] = {"after": finished, "after_session": session_id}
+                if meta["status"] in _DONE:
                     pending.remove(task_id)
             if pending:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"tasks {pending} not finished after {timeout} s")
                 await asyncio.sleep(poll)
+
+    async def packed_results(self, task_id: str, cursor: dict[str, Any] | None = None
+                             ) -> tuple[dict[str, Any], list[bytes]]:
+        """GET /tasks/{id}/results: the task view (with ``cursor``) and its finished results past ``cursor``,
+        packed (polar_gym.result_codec.unpack decodes one)."""
+        resp = await self.http.get(f"/tasks/{task_id}/results", params=cursor or {})
+        resp.raise_for_status()
+        return read_frame(resp.content)
 
     async def wait(self, task_id: str, timeout: float = 3600.0, poll: float = 0.5) -> dict[str, Any]:
         """Poll until every session of the task ended; TimeoutError after ``timeout`` seconds."""
@@ -125,6 +137,11 @@ class RolloutClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"task {task_id} not finished after {timeout} s: {view['aggregate']}")
             await asyncio.sleep(poll)
+
+
+def unpack_all(blobs: list[bytes]) -> list[SessionResult]:
+    """Packed results decoded (a trainer runs this in a worker thread: a 30k-token result takes tens of ms)."""
+    return [unpack(blob) for blob in blobs]
 
 
 def traces_of(result: SessionResult, *, completed_only: bool = True) -> list[Trace]:

@@ -6,7 +6,7 @@ Its port is open to whoever can reach it, so it trusts nothing but its secret (p
   only when signed with its secret: a forged body never reaches ``on_task`` or ``wait_for``, so it can never make the
   genuine one a "duplicate";
 - what can be refused from the headers is refused before a byte of the body is read (401 unsigned or stale, 404 an
-  unexpected task, 415 not JSON); a declared Content-Length over ``max_body_bytes`` is refused at once and a streamed
+  unexpected task, 415 neither JSON nor packed results); a declared Content-Length over ``max_body_bytes`` is refused at once and a streamed
   body is cut off at the cap (413, polar_gym.httpguard.BodyGuard); a body whose first byte cannot start a JSON object
   is refused at that byte (400);
 - bodies delivered and not yet taken are bounded by count and bytes (``max_pending``, ``max_pending_bytes``). The
@@ -15,6 +15,10 @@ Its port is open to whoever can reach it, so it trusts nothing but its secret (p
   is answered 503 (counted in ``refused["full"]``, logged): the server retries it with backoff.
 
 Every refusal answers in the polar_gym.web error envelope ``{"error": {"type", "message"}}``.
+
+``attach`` asks the server for packed callbacks (``callback_format="packed"``, polar_gym.result_codec): about 20x
+fewer bytes on the wire and in the pending bounds, decoded here in a worker thread into the same JSON task view a
+``json`` callback carries, so ``on_task`` and ``wait_for`` see one shape.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from polar_gym.httpguard import TokenCheck
+from polar_gym.httpguard import TokenCheck, excerpt
+from polar_gym.result_codec import MEDIA_TYPE, read_frame, unpack
 from polar_gym.schema import TaskRequest
 from polar_gym.server.signing import MAX_SKEW, BodyVerifier, SignatureError, new_secret
 from polar_gym.serving import free_port, serving
@@ -51,6 +56,13 @@ _THREAD_PARSE_BYTES = 1024 * 1024
 _DRAIN_BYTES, _DRAIN_SECONDS = 1024 * 1024, 1.0
 #: delivered keys remembered to acknowledge the server's repeats (ids only; the oldest are forgotten first)
 _MAX_DELIVERED_KEYS = 1_000_000
+
+
+def _packed_view(raw: bytes) -> dict[str, Any]:
+    """A packed callback (polar_gym.result_codec.frame_results) as the JSON task view it stands for."""
+    view, results = read_frame(raw)
+    view["results"] = [unpack(blob).model_dump(mode="json") for blob in results]
+    return view
 
 
 async def _drain(request: Request) -> None:
@@ -135,7 +147,8 @@ class CallbackReceiver:
         if url is None:
             raise RuntimeError("no callback_url: call attach inside `async with receiver.serve()` or pass one")
         self.expect(task.task_id)
-        return task.model_copy(update={"callback_url": url, "callback_secret": self.secret})
+        return task.model_copy(update={"callback_url": url, "callback_secret": self.secret,
+                                       "callback_format": "packed"})
 
     async def wait_for(self, task_id: str, timeout: float = 3600.0) -> dict[str, Any]:
         """The callback body of ``task_id`` (a task view with every SessionResult) once it arrived; the receiver
@@ -181,7 +194,7 @@ class CallbackReceiver:
                 answer.headers["retry-after"] = "1"
             return answer
 
-    def _task_key(self, request: Request) -> tuple[str, str]:
+    def _task_key(self, request: Request) -> tuple[str, str, bool]:
         key = request.headers.get("idempotency-key")
         if not key:
             raise _Refused(400, "missing_idempotency_key", "missing idempotency-key header")
@@ -191,15 +204,16 @@ class CallbackReceiver:
         if task_id not in self.expected and key not in self._delivered and key not in self.received:
             raise _Refused(404, "unexpected_task", "this receiver does not expect a callback for that task")
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type != "application/json":
-            raise _Refused(415, "not_json", "a callback body is JSON (content-type: application/json)")
-        return key, task_id
+        if content_type not in ("application/json", MEDIA_TYPE):
+            raise _Refused(415, "not_json", f"a callback body is JSON (content-type: application/json) or packed "
+                                            f"results ({MEDIA_TYPE})")
+        return key, task_id, content_type == MEDIA_TYPE
 
-    async def _read(self, request: Request, verifier: BodyVerifier) -> bytes:
+    async def _read(self, request: Request, verifier: BodyVerifier, packed: bool) -> bytes:
         """The body, read chunk by chunk into the MAC: refused at its first byte when that cannot start a JSON
         object (BodyGuard cuts it at the size cap)."""
         chunks: list[bytes] = []
-        started = False
+        started = packed
         async for chunk in request.stream():
             if not started and chunk.lstrip(_WHITESPACE):
                 if not chunk.lstrip(_WHITESPACE).startswith(_JSON_START):
@@ -208,17 +222,17 @@ class CallbackReceiver:
             verifier.update(chunk)
             chunks.append(chunk)
         request.state.body_read = True
-        if not started:
+        if not started or not chunks:
             raise _Refused(400, "not_json", "the callback body is empty")
         return b"".join(chunks)
 
     async def _take(self, request: Request) -> JSONResponse:
-        key, task_id = self._task_key(request)
+        key, task_id, packed = self._task_key(request)
         try:
             verifier = BodyVerifier(self.secret, request.headers, key, max_skew=self.max_skew)
         except SignatureError as exc:
             raise _Refused(401, exc.kind, str(exc)) from exc
-        raw = await self._read(request, verifier)
+        raw = await self._read(request, verifier, packed)
         try:
             verifier.verify()
         except SignatureError as exc:
@@ -228,7 +242,11 @@ class CallbackReceiver:
             return JSONResponse({"duplicate": True, "key": key})
         if key in self._busy:
             raise _Refused(409, "in_progress", "this task's callback is being handled; retry later")
-        body = await asyncio.to_thread(orjson.loads, raw) if len(raw) > _THREAD_PARSE_BYTES else orjson.loads(raw)
+        try:
+            body = await asyncio.to_thread(_packed_view, raw) if packed else \
+                await asyncio.to_thread(orjson.loads, raw) if len(raw) > _THREAD_PARSE_BYTES else orjson.loads(raw)
+        except ValueError as exc:
+            raise _Refused(400, "invalid_callback", f"the callback body cannot be read: {excerpt(exc, 200)}") from exc
         if not isinstance(body, dict) or body.get("task_id") != task_id:
             raise _Refused(400, "invalid_callback", "the body is not the view of the task its idempotency-key names")
         self._make_room(len(raw), task_id)

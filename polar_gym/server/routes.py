@@ -3,6 +3,7 @@ from ``app.state``). Routes are thin: parse, call the RolloutServer, answer; its
 answer in the polar_gym.web envelope. Everything but ``health_router`` needs the admin token.
 
     tasks_router     POST /tasks (201 created, 200 when the task_id exists), GET /tasks, GET /tasks/{id},
+                     GET /tasks/{id}/results (packed, ``?after=F&after_session=ID``: those past a cursor),
                      POST /tasks/{id}/cancel, GET /tasks/{id}/events (server-sent events of status changes)
     sessions_router  GET /sessions/{id}/result (202 while running; ``?wait=S`` long-polls; ``?format=atif``: as one
                      ATIF trajectory, polar_gym.merge.atif),
@@ -30,10 +31,12 @@ from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, excerpt, jso
 from polar_gym.merge.atif import atif_json
 from polar_gym.merge.nemo_payload import session_nemo_payload
 from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
+from polar_gym.result_codec import MEDIA_TYPE
 from polar_gym.schema import FleetWeightUpdate, TaskRequest, WeightUpdateRequest
 from polar_gym.server.core import RolloutServer
 from polar_gym.server.fleet import GatewayRegistration
 from polar_gym.server.metrics import server_metrics
+from polar_gym.server.tasks import packed_task_view
 from polar_gym.server.weights import update_fleet_weights
 from polar_gym.web import ADMIN_ONLY, ApiError
 
@@ -96,6 +99,17 @@ async def list_tasks(request: Request, limit: int = Query(1000, ge=1, le=10_000)
 @tasks_router.get("/tasks/{task_id}")
 async def task(request: Request, task_id: str) -> Response:
     return await _json(await rollout_server(request).task_view(task_id))
+
+
+@tasks_router.get("/tasks/{task_id}/results")
+async def task_results(request: Request, task_id: str, after: Annotated[float | None, Query()] = None,
+                       after_session: Annotated[str, Query(max_length=512)] = "") -> Response:
+    """The task view with its finished results packed as stored (polar_gym.result_codec.frame_results), those
+    after the cursor ``(after, after_session)`` a previous answer's ``cursor`` gave: a trainer polling a big task
+    gets each result once, and the server decodes none."""
+    cursor = (after, after_session) if after is not None else None
+    body = await packed_task_view(rollout_server(request).store, task_id, cursor)
+    return Response(body, media_type=MEDIA_TYPE)
 
 
 @tasks_router.post("/tasks/{task_id}/cancel")

@@ -22,7 +22,7 @@ from polar_gym.httpguard import excerpt
 from polar_gym.result_codec import PackedResult, head, pack, unpack, without_tokens
 from polar_gym.schema import AgentSpec, EvalResult, SessionResult, SessionSpec, SessionStatus, TaskRequest
 
-__all__ = ["QUARANTINED", "GatewayRow", "SessionRow", "Store", "TaskRow"]
+__all__ = ["QUARANTINED", "GatewayRow", "PackedRow", "SessionRow", "Store", "TaskRow"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,17 @@ class SessionRow:
     @property
     def task_id(self) -> str:
         return self.spec.task_id
+
+
+@dataclass
+class PackedRow:
+    """A session as a task's packed view needs it: no spec, the result as stored (never decoded)."""
+
+    session_id: str
+    status: SessionStatus
+    gateway_id: str | None
+    finished: float | None
+    result: PackedResult | None
 
 
 @dataclass
@@ -238,6 +249,29 @@ class Store:
 
     async def sessions_of(self, task_id: str) -> list[SessionRow]:
         return await self._sessions("SELECT * FROM sessions WHERE task_id = ? ORDER BY sample_index", task_id)
+
+    async def packed_sessions(self, task_id: str) -> list[PackedRow]:
+        """A task's sessions with their results packed as stored (a JSON result of an older version is packed here,
+        in the worker thread; one that cannot be read is left out, its status says ERROR once quarantined)."""
+
+        def run() -> list[PackedRow]:
+            out = []
+            for row in self._run("SELECT session_id, status, gateway_id, finished, packed, result FROM sessions "
+                                 "WHERE task_id = ? ORDER BY sample_index", (task_id,)):
+                result = None
+                try:
+                    if row["packed"] is not None:
+                        result = PackedResult.of(row["packed"])
+                    elif row["result"]:
+                        result = PackedResult.of(pack(SessionResult.model_validate_json(row["result"])))
+                    status = SessionStatus(row["status"])
+                except ValueError as exc:
+                    log.error("session %s: its stored result cannot be read (%s)", row["session_id"], excerpt(exc, 200))
+                    result, status = None, SessionStatus.ERROR
+                out.append(PackedRow(row["session_id"], status, row["gateway_id"], row["finished"], result))
+            return out
+
+        return await asyncio.to_thread(run)
 
     async def unfinished(self, task_id: str) -> int:
         """How many sessions of a task have not ended: a count, so a finish does not parse every sibling's result."""

@@ -9,16 +9,17 @@ import collections
 from typing import Any
 
 from polar_gym.httpguard import MAX_JSON_DEPTH, check_upstream_url, excerpt, json_depth
+from polar_gym.result_codec import frame_results
 from polar_gym.schema import SessionSpec, SessionStatus, TaskRequest
 from polar_gym.server.errors import ServerError
-from polar_gym.server.store import SessionRow, Store, TaskRow
+from polar_gym.server.store import PackedRow, SessionRow, Store, TaskRow
 
-__all__ = ["expand", "task_state", "task_view"]
+__all__ = ["expand", "packed_task_view", "task_state", "task_view"]
 
 S = SessionStatus
 
 
-def task_state(rows: list[SessionRow], cancelled: bool) -> SessionStatus:
+def task_state(rows: list[SessionRow] | list[PackedRow], cancelled: bool) -> SessionStatus:
     """One status for a task: running until every session ended, then completed unless none completed."""
     statuses = [r.status for r in rows]
     if not all(s.terminal for s in statuses):
@@ -84,3 +85,35 @@ def _view(task_id: str, task: TaskRow, rows: list[SessionRow]) -> dict[str, Any]
     if task.quarantined:
         view["quarantined"] = task.quarantined
     return view
+
+
+async def packed_task_view(store: Store, task_id: str, after: tuple[float, str] | None = None) -> bytes:
+    """The task view with its results packed, as stored (polar_gym.result_codec.frame_results): the JSON part is
+    the view without ``results`` plus ``cursor``; the results are the finished ones after ``after`` (a
+    ``(finished, session_id)`` cursor a previous answer gave), in that order. Nothing is decoded: the server's
+    cost is the bytes it reads."""
+    task = await store.task(task_id)
+    if task is None:
+        raise ServerError(404, "unknown_task", f"no task {task_id!r}")
+    rows = await store.packed_sessions(task_id)
+    return await asyncio.to_thread(_packed_view, task_id, task, rows, after)
+
+
+def _packed_view(task_id: str, task: TaskRow, rows: list[PackedRow], after: tuple[float, str] | None) -> bytes:
+    rewards = [r.result.head.reward for r in rows if r.result is not None and r.result.head.reward is not None]
+    counts = collections.Counter(r.status.value for r in rows)
+    done = sorted((r for r in rows if r.result is not None and r.finished is not None),
+                  key=lambda r: (r.finished or 0.0, r.session_id))
+    new = [r for r in done if after is None or (r.finished or 0.0, r.session_id) > after]
+    cursor = [done[-1].finished, done[-1].session_id] if done else None
+    view: dict[str, Any] = {
+        "task_id": task_id, "status": task_state(rows, task.cancelled).value,
+        "sessions": {r.session_id: r.status.value for r in rows},
+        "aggregate": {"counts": dict(counts), "num_sessions": len(rows),
+                      "finished": sum(r.status.terminal for r in rows),
+                      "mean_reward": sum(rewards) / len(rewards) if rewards else None},
+        "gateways": {r.session_id: r.gateway_id for r in rows},
+        "callback": {"state": task.callback_state, "error": task.callback_error}, "cursor": cursor}
+    if task.quarantined:
+        view["quarantined"] = task.quarantined
+    return frame_results([r.result.data for r in new if r.result is not None], view)

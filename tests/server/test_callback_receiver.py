@@ -236,3 +236,28 @@ def test_settings_are_checked() -> None:
         receiver.attach(TaskRequest(task_id="t", instruction="x", agent=AgentSpec(harness="pi")))
     headers = sign(receiver.secret, "polar-task-t", b"{}", now=0)
     assert headers[TIMESTAMP_HEADER] == "0" and headers[SIGNATURE_HEADER].startswith("v1=")
+
+
+async def test_a_packed_callback_reaches_on_task_as_the_json_view() -> None:
+    """attach asks for packed callbacks; the receiver hands on_task and wait_for the JSON view they stand for, and
+    a signed packed body that does not decode is refused (400), never handed on."""
+    from polar_gym.result_codec import MEDIA_TYPE, frame_results, pack
+    from tests.server.test_result_codec import growing_session
+
+    seen: list[dict[str, Any]] = []
+    receiver = CallbackReceiver(seen.append)
+    result = growing_session(turns=4).model_copy(update={"task_id": "t1"})
+    body = frame_results([pack(result)], {"task_id": "t1", "status": "COMPLETED"})
+    async with receiver.serve() as url:
+        task = receiver.attach(TaskRequest(task_id="t1", instruction="x", agent=AgentSpec(harness="pi")))
+        assert task.callback_format == "packed"
+        receiver.expect("t2")
+        garbled = body[:-10] + b"\0" * 10
+        bad = await post(url, garbled, signed(receiver.secret, "t2", garbled) | {"content-type": MEDIA_TYPE})
+        assert bad.status_code == 400 and error_type(bad) == "invalid_callback"
+        ok = await post(url, body, signed(receiver.secret, "t1", body) | {"content-type": MEDIA_TYPE})
+        assert ok.status_code == 200, ok.text
+        got = await receiver.wait_for("t1", BOUND)
+    expected = {"task_id": "t1", "status": "COMPLETED", "results": [result.model_dump(mode="json")]}
+    assert seen == [expected] and got == expected
+    assert receiver.refused == {"invalid_callback": 1}

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from polar_gym.result_codec import (
     MAGIC,
     PackedResult,
-    frame_poll,
+    frame_results,
     head,
     pack,
-    read_poll,
+    read_frame,
     unique_token_bytes,
     unpack,
 )
@@ -148,9 +148,9 @@ def test_a_token_layout_pointing_outside_the_result_is_refused() -> None:
 
 def test_a_poll_frame_carries_results_back_to_back() -> None:
     blobs = [pack(growing_session(turns=2, seed=s)) for s in range(3)]
-    meta, out = read_poll(frame_poll(blobs, {"statuses": {"x": "RUNNING"}, "unknown": ["y"]}))
+    meta, out = read_frame(frame_results(blobs, {"statuses": {"x": "RUNNING"}, "unknown": ["y"]}))
     assert out == blobs and meta == {"statuses": {"x": "RUNNING"}, "unknown": ["y"], "results": [len(b) for b in blobs]}
-    frame = frame_poll(blobs, {})
+    frame = frame_results(blobs, {})
     for bad in (frame[:-1], frame[:2], struct.pack("<I", 3) + b"{x}", struct.pack("<I", 2) + b"{}"):
         with pytest.raises(ValueError):
-            read_poll(bad)
+            read_frame(bad)

@@ -11,9 +11,10 @@ import pytest
 from polar_gym.result_codec import head, unpack
 from polar_gym.schema import AgentSpec, SessionSpec, SessionStatus, TaskRequest
 from polar_gym.server.callbacks import ResultRetention
+from polar_gym.server.client import RolloutClient
 from polar_gym.server.receiver import CallbackReceiver
 from polar_gym.server.store import Store
-from tests.server._server_kit import Harness, make_task, wait_for
+from tests.server._server_kit import SERVER_TOKEN, Harness, make_task, wait_for
 from tests.server.test_result_codec import growing_session
 
 S = SessionStatus
@@ -121,3 +122,26 @@ async def test_a_server_compacts_results_once_their_callback_was_delivered(harne
         view = (await srv.http.get("/tasks/t-retained")).json()
         assert view["status"] == "COMPLETED" and [r["evaluation"]["reward"] for r in view["results"]] == [1.0, 1.0]
         assert all(r["trajectory"] is None for r in view["results"])
+
+
+async def test_a_trainer_takes_each_packed_result_once_through_the_cursor(harness: Harness) -> None:
+    """GET /tasks/{id}/results answers the finished results packed, and only those past the cursor it gave;
+    RolloutClient.results yields each session once, equal to the JSON view's result."""
+    gw = await harness.gateway()
+    srv = await harness.server()
+    await srv.register(gw, 2)
+    task = make_task("t-packed", 3)
+    await srv.http.post("/tasks", content=task.model_dump_json(), headers={"content-type": "application/json"})
+    async with RolloutClient(srv.url, SERVER_TOKEN) as client:
+        yielded = [r async for r in client.results(["t-packed"], timeout=60, poll=0.1)]
+        meta, blobs = await client.packed_results("t-packed")
+        assert meta["status"] == "COMPLETED" and len(blobs) == 3 and meta["aggregate"]["mean_reward"] == 1.0
+        finished, last = meta["cursor"]
+        again, none = await client.packed_results("t-packed", {"after": finished, "after_session": last})
+        assert none == [] and again["cursor"] == meta["cursor"]
+    view = (await srv.http.get("/tasks/t-packed")).json()
+    assert sorted(r.session_id for r in yielded) == sorted(view["sessions"])
+    by_id = {r["session_id"]: r for r in view["results"]}
+    assert all(r.model_dump(mode="json") == by_id[r.session_id] for r in yielded)
+    missing = await srv.http.get("/tasks/nope/results")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "unknown_task"
