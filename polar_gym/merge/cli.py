@@ -5,6 +5,7 @@ it finds journals, reads them, writes JSONL and prints a summary table.
     python -m polar_gym.merge [--builder prefix_merging] captures/ --out traces.jsonl --format slime
 
 ``--format atif`` writes one ATIF trajectory (Harbor's Agent Trajectory Interchange Format) per session and line.
+An ``--out`` ending in ``.parquet`` writes Parquet instead of JSONL (polar_gym.merge.parquet).
 
 CAPTURES are session journal directories (holding ``records.jsonl``) or capture roots containing them at any depth.
 """
@@ -29,12 +30,21 @@ from rich.table import Table
 from polar_gym.journal import RECORDS_FILE, is_superseded_attempt, read_session
 from polar_gym.merge import MergeConfig, build_trajectory
 from polar_gym.merge.atif import atif_json
-from polar_gym.merge.exports import nemo_item_chains, sft_records, slime_samples, trace_lines
+from polar_gym.merge.exports import (
+    SFTRecord,
+    SlimeSample,
+    TraceLine,
+    nemo_item_chains,
+    sft_records,
+    slime_samples,
+    trace_lines,
+)
+from polar_gym.merge.parquet import ParquetRows
 from polar_gym.merge.rewards import with_session_weights
 from polar_gym.registry import BUILDERS, RegistryError
 from polar_gym.schema import BuilderSpec, CompletionSession, Trajectory
 
-__all__ = ["FORMATS", "NoJournalError", "Summary", "find_journals", "main"]
+__all__ = ["FORMATS", "ROW_MODELS", "NoJournalError", "Summary", "find_journals", "main", "parquet_rows"]
 
 JOURNAL_FILE = RECORDS_FILE
 
@@ -61,6 +71,19 @@ FORMATS: dict[str, Callable[[Trajectory], list[dict[str, Any]]]] = {
     "sft": _models(sft_records),
     "atif": lambda traj: [atif_json(traj)],  # one document per session, every chain in it
 }
+
+
+#: formats whose rows are a pydantic model: their Parquet columns are typed from it (polar_gym.merge.parquet)
+ROW_MODELS: dict[str, tuple[type[BaseModel], Callable[[Trajectory], Sequence[BaseModel]]]] = {
+    "traces": (TraceLine, trace_lines), "slime": (SlimeSample, slime_samples), "sft": (SFTRecord, sft_records)}
+
+
+def parquet_rows(fmt: str, traj: Trajectory) -> list[dict[str, Any]]:
+    """The rows of ``fmt`` for a Parquet file: a model's fields as they are (logprobs a list of floats, not the
+    JSONL's ``{token, token_id, logprob}`` objects), or the JSONL rows of a format without a model."""
+    if fmt in ROW_MODELS:
+        return [dict(m) for m in ROW_MODELS[fmt][1](traj)]
+    return FORMATS[fmt](traj)
 
 
 def find_journals(paths: Iterable[str | Path]) -> list[Path]:
@@ -134,7 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--builder", default="prefix_merging",
                         help=f"builder name ({', '.join(BUILDERS.names())}) or a dotted path pkg.module:function "
                              "(default: prefix_merging, as a launch)")
-    parser.add_argument("--out", required=True, type=Path, help="output JSONL file")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="output file: JSONL, or Parquet when it ends in .parquet (Hugging Face datasets, pandas "
+                             "and the trainers' loaders read it directly)")
     parser.add_argument("--config", default="{}", help="builder config as JSON (MergeConfig fields), e.g. "
                         "'{\"end_of_turn_ids\": [151645, 151643]}' (Qwen's, the default)")
     parser.add_argument("--format", dest="fmt", choices=sorted(FORMATS), default="traces")
@@ -167,13 +192,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     progress = Progress(TextColumn("[bold]merging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
-    with progress, open(args.out, "wb") as out:
+    as_parquet = args.out.suffix == ".parquet"
+    model = ROW_MODELS[args.fmt][0] if args.fmt in ROW_MODELS else None
+    with progress, (ParquetRows(args.out, model=model) if as_parquet else open(args.out, "wb")) as out:
         task = progress.add_task("", total=len(journals))
         for directory in journals:
             progress.update(task, description=directory.name)
             traj = with_session_weights(build_trajectory(_load(directory), spec), args.weighting)
-            rows = to_rows(traj)
-            out.writelines(orjson.dumps(row) + b"\n" for row in rows)
+            if isinstance(out, ParquetRows):
+                rows = parquet_rows(args.fmt, traj)
+                out.add(rows)
+            else:
+                rows = to_rows(traj)
+                out.writelines(orjson.dumps(row) + b"\n" for row in rows)
             summary.add(traj, len(rows))
             progress.advance(task)
     Console(width=100).print(summary.table(spec.strategy, args.fmt, args.out))

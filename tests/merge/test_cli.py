@@ -139,3 +139,34 @@ def test_unknown_builder_and_bad_config_are_clear_errors(captures, tmp_path):
     proc = run("--builder", "per_request", captures, "--out", tmp_path / "x.jsonl", "--config", '{"eot": [1]}')
     assert proc.returncode == 2 and "unknown builder config keys: ['eot']" in proc.stderr
     assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.parametrize("fmt", ["traces", "slime", "sft", "nemo", "atif"])
+def test_a_parquet_export_holds_what_the_jsonl_holds(captures, tmp_path, fmt):
+    """``--out X.parquet``: the same rows as the JSONL (a trace's logprobs as plain floats, not the JSONL's
+    ``{token, token_id, logprob}`` objects), typed token columns, and Hugging Face datasets reads it."""
+    from polar_gym.merge.parquet import read_parquet_rows
+
+    jsonl, parquet = tmp_path / f"{fmt}.jsonl", tmp_path / f"{fmt}.parquet"
+    for out in (jsonl, parquet):
+        proc = run("--builder", "prefix_merging", captures, "--out", out, "--format", fmt)
+        assert proc.returncode == 0, proc.stderr
+        assert summary_value(proc.stdout, "rows written") == len(rows(jsonl))
+    expected = rows(jsonl)
+    columns = list(dict.fromkeys(k for row in expected for k in row))  # a key some rows lack is a null there
+    expected = [{k: row.get(k) for k in columns} for row in expected]
+    if fmt == "traces":
+        for row in expected:
+            row["response_logprobs"] = [item["logprob"] for item in row["response_logprobs"]]
+    assert list(read_parquet_rows(parquet)) == expected
+
+
+def test_hugging_face_datasets_reads_a_parquet_export_with_typed_token_columns(captures, tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets comes with the swebench and trl extras")
+    out = tmp_path / "traces.parquet"
+    assert run("--builder", "prefix_merging", captures, "--out", out).returncode == 0
+    dataset = datasets.Dataset.from_parquet(str(out), cache_dir=str(tmp_path / "hf"))
+    assert len(dataset) == 3 and dataset[0]["response_ids"] == [10, 11, EOT, 50, 51, 20, 21, EOT]
+    assert dataset.features["prompt_ids"].feature.dtype == "int64"
+    assert dataset.features["response_logprobs"].feature.dtype == "float64"
+    assert orjson.loads(dataset[0]["metadata"])["weight"] == 0.5  # objects as JSON text
