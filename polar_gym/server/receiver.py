@@ -6,9 +6,9 @@ Its port is open to whoever can reach it, so it trusts nothing but its secret (p
   only when signed with its secret: a forged body never reaches ``on_task`` or ``wait_for``, so it can never make the
   genuine one a "duplicate";
 - what can be refused from the headers is refused before a byte of the body is read (401 unsigned or stale, 404 an
-  unexpected task, 415 neither JSON nor packed results); a declared Content-Length over ``max_body_bytes`` is refused at once and a streamed
-  body is cut off at the cap (413, polar_gym.httpguard.BodyGuard); a body whose first byte cannot start a JSON object
-  is refused at that byte (400);
+  unexpected task, 415 neither JSON nor packed results); a declared Content-Length over ``max_body_bytes`` is
+  refused at once and a streamed body is cut off at the cap (413, polar_gym.httpguard.BodyGuard); a JSON body whose
+  first byte cannot start an object is refused at that byte, a signed body that does not decode once read (400);
 - bodies delivered and not yet taken are bounded by count and bytes (``max_pending``, ``max_pending_bytes``). The
   policy: a body ``wait_for`` has not taken yet is never dropped; when the bounds are reached, bodies already handed to
   ``on_task`` are evicted oldest first (counted in ``evicted`` and logged), and when that is not enough the delivery
