@@ -18,6 +18,7 @@ import pytest
 
 from polar_gym.bridges import verl as bridge
 from polar_gym.bridges.verl import EXTRA_FIELDS, VerlBridgeSettings, run_session, session_task, task_spec, verl_row
+from polar_gym.result_codec import frame_results, pack
 from polar_gym.schema import EvalResult, SessionResult, SessionStatus, Trace, Trajectory
 from polar_gym.tasks import DEMO_TASKS
 from tests.merge._sessions import EOT, merged, rec
@@ -199,7 +200,8 @@ def test_the_module_imports_without_verl() -> None:
 
 # -- a fake rollout server (unit tests only) ------------------------------------------------------------------------
 class FakeServer:
-    """The three task routes the bridge calls; each submitted task ends with ``result`` (or never, ``hang``)."""
+    """The three task routes the bridge calls (its results packed); each submitted task ends with ``result`` (or
+    never, ``hang``)."""
 
     def __init__(self, result: SessionResult, hang: bool = False) -> None:
         self.result, self.hang = result, hang
@@ -216,10 +218,11 @@ class FakeServer:
             self.cancelled.append(parts[1])
             return httpx.Response(200, json={})
         task_id = parts[1]
+        assert parts[-1] == "results", request.url  # RolloutClient.results reads the packed route
         if self.hang:
-            return httpx.Response(200, json={"status": "RUNNING", "results": []})
-        data = self.result.model_copy(update={"task_id": task_id}).model_dump(mode="json")
-        return httpx.Response(200, json={"status": "COMPLETED", "results": [data]})
+            return httpx.Response(200, content=frame_results([], {"status": "RUNNING", "cursor": None}))
+        blob = pack(self.result.model_copy(update={"task_id": task_id}))
+        return httpx.Response(200, content=frame_results([blob], {"status": "COMPLETED", "cursor": [1.0, "s"]}))
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self)
