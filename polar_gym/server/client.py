@@ -64,6 +64,12 @@ class RolloutClient:
         resp.raise_for_status()
         return dict(resp.json())
 
+    async def release(self, task_id: str) -> dict[str, Any]:
+        """POST /tasks/{id}/release: this trainer has the finished task's results; the server may let them go."""
+        resp = await self.http.post(f"/tasks/{task_id}/release")
+        resp.raise_for_status()
+        return dict(resp.json())
+
     async def cancel(self, task_id: str) -> dict[str, Any]:
         resp = await self.http.post(f"/tasks/{task_id}/cancel")
         resp.raise_for_status()
@@ -98,9 +104,11 @@ class RolloutClient:
         return [await self.submit(task) for task in tasks]
 
     async def results(self, task_ids: Iterable[str], *, timeout: float = 3600.0,
-                      poll: float = 0.5) -> AsyncIterator[SessionResult]:
+                      poll: float = 0.5, release: bool = True) -> AsyncIterator[SessionResult]:
         """Every session's SessionResult as it finishes (each once), across ``task_ids``, until all ended. Results
-        come packed from GET /tasks/{id}/results, each once (a cursor), and are decoded here in a worker thread."""
+        come packed from GET /tasks/{id}/results, each once (a cursor), and are decoded here in a worker thread.
+        With ``release``, a task whose results were all yielded is released (POST /tasks/{id}/release: the
+        server applies its result retention; nothing under the default ``keep``)."""
         pending = list(dict.fromkeys(task_ids))
         cursors: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
@@ -114,6 +122,8 @@ class RolloutClient:
                     cursors[task_id] = {"after": finished, "after_session": session_id}
                 if meta["status"] in _DONE:
                     pending.remove(task_id)
+                    if release:
+                        await self.release(task_id)
             if pending:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"tasks {pending} not finished after {timeout} s")

@@ -115,6 +115,18 @@ class RolloutServer:
         """TaskStatus plus an aggregate: counts by status and the mean reward of the evaluated sessions."""
         return await task_view(self.store, task_id)
 
+    async def release_task(self, task_id: str) -> dict[str, Any]:
+        """The trainer has the task's results: apply the result retention (nothing under ``keep``). Only a finished
+        task is released; a running one answers 409, its results not all taken yet."""
+        task = await self.store.task(task_id)
+        if task is None:
+            raise ServerError(404, "unknown_task", f"no task {task_id!r}")
+        if await self.store.unfinished(task_id):
+            raise ServerError(409, "task_running", f"task {task_id!r} still has sessions running")
+        retention = self.callbacks.retention
+        changed = await self.store.retain(task_id, retention) if retention != "keep" else 0
+        return {"task_id": task_id, "retention": retention, "results_changed": changed}
+
     async def cancel_task(self, task_id: str) -> dict[str, Any]:
         if await self.store.task(task_id) is None:
             raise ServerError(404, "unknown_task", f"no task {task_id!r}")

@@ -4,7 +4,8 @@ answer in the polar_gym.web envelope. Everything but ``health_router`` needs the
 
     tasks_router     POST /tasks (201 created, 200 when the task_id exists), GET /tasks, GET /tasks/{id},
                      GET /tasks/{id}/results (packed, ``?after=F&after_session=ID``: those past a cursor),
-                     POST /tasks/{id}/cancel, GET /tasks/{id}/events (server-sent events of status changes)
+                     POST /tasks/{id}/release (apply the result retention), POST /tasks/{id}/cancel,
+                     GET /tasks/{id}/events (server-sent events of status changes)
     sessions_router  GET /sessions/{id}/result (202 while running; ``?wait=S`` long-polls; ``?format=atif``: as one
                      ATIF trajectory, polar_gym.merge.atif),
                      GET /sessions/{id}/nemo (NeMo Gym token items per chain), POST /sessions/{id}/cancel
@@ -110,6 +111,13 @@ async def task_results(request: Request, task_id: str, after: Annotated[float | 
     cursor = (after, after_session) if after is not None else None
     body = await packed_task_view(rollout_server(request).store, task_id, cursor)
     return Response(body, media_type=MEDIA_TYPE)
+
+
+@tasks_router.post("/tasks/{task_id}/release")
+async def release_task(request: Request, task_id: str) -> Response:
+    """The trainer has every result of a finished task: the server applies its result retention to them
+    (``--result-retention``; a delivered callback does the same)."""
+    return await _json(await rollout_server(request).release_task(task_id))
 
 
 @tasks_router.post("/tasks/{task_id}/cancel")

@@ -200,13 +200,14 @@ def test_the_module_imports_without_verl() -> None:
 
 # -- a fake rollout server (unit tests only) ------------------------------------------------------------------------
 class FakeServer:
-    """The three task routes the bridge calls (its results packed); each submitted task ends with ``result`` (or
+    """The task routes the bridge calls (its results packed); each submitted task ends with ``result`` (or
     never, ``hang``)."""
 
     def __init__(self, result: SessionResult, hang: bool = False) -> None:
         self.result, self.hang = result, hang
         self.tasks: dict[str, dict[str, Any]] = {}
         self.cancelled: list[str] = []
+        self.released: list[str] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         parts = request.url.path.strip("/").split("/")
@@ -217,6 +218,9 @@ class FakeServer:
         if request.method == "POST" and parts[-1] == "cancel":
             self.cancelled.append(parts[1])
             return httpx.Response(200, json={})
+        if request.method == "POST" and parts[-1] == "release":
+            self.released.append(parts[1])
+            return httpx.Response(200, json={"task_id": parts[1], "retention": "keep", "results_changed": 0})
         task_id = parts[1]
         assert parts[-1] == "results", request.url  # RolloutClient.results reads the packed route
         if self.hang:

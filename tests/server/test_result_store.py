@@ -126,7 +126,8 @@ async def test_a_server_compacts_results_once_their_callback_was_delivered(harne
 
 async def test_a_trainer_takes_each_packed_result_once_through_the_cursor(harness: Harness) -> None:
     """GET /tasks/{id}/results answers the finished results packed, and only those past the cursor it gave;
-    RolloutClient.results yields each session once, equal to the JSON view's result."""
+    RolloutClient.results yields each session once, equal to the JSON view's result, then releases the task (the
+    server's retention, ``keep`` here, changes nothing)."""
     gw = await harness.gateway()
     srv = await harness.server()
     await srv.register(gw, 2)
@@ -145,3 +146,26 @@ async def test_a_trainer_takes_each_packed_result_once_through_the_cursor(harnes
     assert all(r.model_dump(mode="json") == by_id[r.session_id] for r in yielded)
     missing = await srv.http.get("/tasks/nope/results")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "unknown_task"
+
+
+async def test_a_released_task_is_compacted_and_a_running_one_is_refused(harness: Harness) -> None:
+    """A trainer without a callback releases what it took: the server then applies its retention; a task still
+    running answers 409, an unknown one 404."""
+    gw = await harness.gateway()
+    srv = await harness.server(result_retention="compact")
+    await srv.register(gw, 2)
+    slow = make_task("t-slow", 1, sleep=30)
+    for task in (make_task("t-taken", 2), slow):
+        await srv.http.post("/tasks", content=task.model_dump_json(), headers={"content-type": "application/json"})
+    async with RolloutClient(srv.url, SERVER_TOKEN) as client:
+        taken = [r async for r in client.results(["t-taken"], timeout=60, poll=0.1)]
+        assert [len(r.trajectory.traces) for r in taken] == [1, 1]  # type: ignore[union-attr]
+        running = await client.http.post("/tasks/t-slow/release")
+        assert running.status_code == 409 and running.json()["error"]["type"] == "task_running"
+        unknown = await client.http.post("/tasks/nope/release")
+        assert unknown.status_code == 404
+        again = await client.release("t-taken")
+        assert again == {"task_id": "t-taken", "retention": "compact", "results_changed": 0}  # already done
+    view = (await srv.http.get("/tasks/t-taken")).json()
+    assert [r["trajectory"] for r in view["results"]] == [None, None]
+    await srv.http.post("/tasks/t-slow/cancel")
