@@ -57,6 +57,7 @@ from benchmarks.bench_server import (  # noqa: E402
     Ticker,
     free_port,
     latency_stats,
+    read_body,
     serve,
     stop,
     wait_http,
@@ -174,11 +175,7 @@ def gateway_app(result: SessionResult, hold: float) -> Callable[..., Awaitable[N
                   send: Callable[..., Awaitable[None]]) -> None:
         if scope["type"] != "http":
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await read_body(receive)
         method, path = scope["method"], scope["path"]
         code, out, kind = 404, b'{"error": {"type": "not_found", "message": "no route"}}', b"application/json"
         if method == "POST" and path == "/sessions":
@@ -223,9 +220,7 @@ def callback_sink(seen: dict[str, int]) -> Callable[..., Awaitable[None]]:
                   send: Callable[..., Awaitable[None]]) -> None:
         if scope["type"] != "http":
             return
-        more = True
-        while more:
-            more = (await receive()).get("more_body", False)
+        await read_body(receive)
         key = dict(scope["headers"]).get(b"idempotency-key", b"").decode()
         seen[key] = seen.get(key, 0) + 1
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})

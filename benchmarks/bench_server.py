@@ -65,6 +65,16 @@ console = Console(width=140)
 
 # -- the fake gateway ----------------------------------------------------------------------------------------------
 
+async def read_body(receive: Callable[..., Awaitable[Any]]) -> bytes:
+    """A bare ASGI app's request body, read to its end."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    return body
+
+
 def gateway_app(delay: float) -> Callable[..., Awaitable[None]]:
     """A bare ASGI gateway: sessions finish COMPLETED ``delay`` s after POST /sessions. A result asked for an id it
     never got is answered COMPLETED too: it stands for a session the gateway ran while the server was down."""
@@ -103,11 +113,7 @@ def gateway_app(delay: float) -> Callable[..., Awaitable[None]]:
                   send: Callable[..., Awaitable[None]]) -> None:
         if scope["type"] != "http":
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await read_body(receive)
         method, path = scope["method"], scope["path"]
         code, out = 404, b'{"error": {"type": "not_found"}}'
         parts = path.strip("/").split("/")

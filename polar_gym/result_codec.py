@@ -14,9 +14,9 @@ and turning it into Python objects and back cost the server ~205 ms of CPU (docs
 
 Layout (little-endian): ``MAGIC``, then five uint32 lengths (head bytes, body bytes, token-id bytes, stored
 logprobs, bit bytes), then the sections in that order; the bits are every loss mask, then every logprob position's
-"stored" bit. The head is a small JSON object (:class:`ResultHead`): what the server needs to file a result (ids,
-status, attempt, reward, sizes) without decoding the rest, so its event loop never parses a large result. Pure: no
-I/O.
+"stored" bit. The head is a small JSON object (:class:`~polar_gym.schema.ResultHead`): what the server needs to
+file a result (ids, status, attempt, reward, sizes) without decoding the rest, so its event loop never parses a
+large result. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import BaseModel
 
-from polar_gym.schema import SessionResult, SessionStatus
+from polar_gym.schema import ResultHead, SessionResult, SessionStatus
 
-__all__ = ["MAGIC", "MEDIA_TYPE", "PackedResult", "ResultHead", "frame_results", "head", "is_packed", "pack",
+__all__ = ["MAGIC", "MEDIA_TYPE", "PackedResult", "frame_results", "head", "is_packed", "pack",
            "read_frame", "unique_token_bytes", "unpack", "without_tokens"]
 
 MAGIC = b"PGR\x01"
@@ -41,26 +40,6 @@ MEDIA_TYPE = "application/vnd.polar-gym.result"
 _LENGTHS = struct.Struct("<5I")
 _PREFIX = len(MAGIC) + _LENGTHS.size
 _TOKEN_FIELDS = ("prompt_ids", "response_ids", "loss_mask", "response_logprobs")
-
-
-class ResultHead(BaseModel):
-    """The few fields the server files a result by, readable without decoding the result."""
-
-    session_id: str
-    task_id: str
-    status: SessionStatus
-    reason: str | None = None
-    attempt_id: str | None = None
-    reward: float | None = None
-    error_cause: str | None = None
-    traces: int = 0
-    completions: int | None = None
-    seconds: float | None = None
-    #: unique token ids and logprobs (not +0.0) stored: what :func:`unique_token_bytes` counts
-    token_ids: int = 0
-    logprobs: int = 0
-    #: set when the server's retention cut the result down after the trainer had it (``compact`` or ``drop``)
-    retained: str | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ __all__ = [
     "EvaluatorSpec",
     "OracleScript",
     "PrepareAction",
+    "ResultHead",
     "RuntimeSpec",
     "SamplingOverride",
     "SessionResult",
@@ -488,3 +489,24 @@ class SessionResult(_Model):
     evaluation: EvalResult | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ResultHead(_Open):
+    """The head of a packed result (polar_gym.result_codec): the few fields the rollout server files a result by,
+    readable without decoding the result; open, so a newer gateway may add fields."""
+
+    session_id: str
+    task_id: str
+    status: SessionStatus
+    reason: str | None = None
+    attempt_id: str | None = None
+    reward: float | None = None
+    error_cause: str | None = None
+    traces: int = 0
+    completions: int | None = None
+    seconds: float | None = None
+    #: unique token ids and logprobs (not +0.0) stored: what :func:`polar_gym.result_codec.unique_token_bytes` counts
+    token_ids: int = 0
+    logprobs: int = 0
+    #: set when the server's retention cut the result down after the trainer had it (``compact`` or ``drop``)
+    retained: str | None = None
