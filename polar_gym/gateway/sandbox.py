@@ -252,8 +252,7 @@ class SandboxStages(Stages):
             s.harness_result = result = await s.runtime.exec(harness.command(ctx), env=env, timeout=s.remaining())
         finally:
             self._revoke(s.session_id)  # the key lives exactly as long as the RUNNING stage
-        if result.oom_kills:  # a harness may lose a worker to the limit and still exit 0, its work undone
-            s.artifacts["oom_kills"] = result.oom_kills
+        if result.oom_kills:  # a harness may lose a worker to the limit and still exit 0 (metadata.harness has it)
             log.warning("session %s: the kernel's OOM killer ended %d process(es) of its sandbox at its memory limit "
                         "while the harness ran (runtime memory_mb)", s.session_id, result.oom_kills)
         artifacts = s.session_dir / "artifacts"

@@ -171,9 +171,10 @@ class Store:
         log.error("session %s of task %s %s", session_id, task_id, reason)
         result = SessionResult(session_id=session_id, task_id=task_id, status=SessionStatus.ERROR, reason=reason)
         with self._lock:
-            self._db.execute("UPDATE sessions SET status = ?, reason = ?, result = ?, finished = ? "
-                             "WHERE session_id = ?", (SessionStatus.ERROR.value, reason, result.model_dump_json(),
-                                                      time.time(), session_id))
+            # the stand-in replaces a packed result too: left there, it would be read (and fail) first every time
+            self._db.execute("UPDATE sessions SET status = ?, reason = ?, result = ?, packed = NULL, "
+                             "result_head = NULL, finished = ? WHERE session_id = ?",
+                             (SessionStatus.ERROR.value, reason, result.model_dump_json(), time.time(), session_id))
         spec = SessionSpec.model_construct(session_id=session_id, task_id=task_id,  # never dispatched: ERROR already
                                            sample_index=_int(row["sample_index"]), instruction="",
                                            agent=_UNREADABLE_AGENT)

@@ -46,6 +46,22 @@ async def test_a_result_is_stored_packed_and_reads_back_exactly(tmp_path: Path) 
     store.close()
 
 
+async def test_a_corrupt_packed_result_is_quarantined_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Bytes that do not unpack: the session reads back ERROR with the reason, and the stand-in replaces the packed
+    bytes, so later reads neither fail nor log again."""
+    store, ids = await _store_with_results(tmp_path)
+    with sqlite3.connect(tmp_path / "db.sqlite") as con:
+        con.execute("UPDATE sessions SET packed = ? WHERE session_id = ?", (b"PGR\x01 truncated", ids[0]))
+    first = await store.session(ids[0])
+    assert first is not None and first.status is S.ERROR and (first.reason or "").startswith("quarantined:")
+    caplog.clear()
+    again = await store.session(ids[0])
+    assert again is not None and again.reason == first.reason and caplog.records == []
+    other = await store.session(ids[1])
+    assert other is not None and other.status is S.COMPLETED and other.result is not None
+    store.close()
+
+
 async def test_a_store_of_an_older_version_is_migrated_and_its_results_read(tmp_path: Path) -> None:
     """A db whose sessions table has no packed column and holds a JSON result: opened, the column is added, the old
     row reads back, and a new result is stored packed beside it."""
