@@ -110,7 +110,7 @@ def pool_sizes(specs: list[SessionSpec], slots: int) -> dict[str, int]:
 
 
 async def run_staged(specs: list[SessionSpec], sizes: dict[str, int]) -> dict[str, Any]:
-    node = GatewayNode(SleepStages(), GatewayConfig(**sizes))
+    node = GatewayNode(SleepStages(), GatewayConfig(**sizes, pool_sizing="fixed"))
     t0 = time.perf_counter()
     results = await node.run(specs)
     seconds = time.perf_counter() - t0

@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--" + field.replace("_", "-"), type=int, default=s, help=_pool_help(field))
     p.add_argument("--postrun-grace", dest="postrun_grace_seconds", type=float, default=s,
                    help=_pool_help("postrun_grace_seconds"))
+    p.add_argument("--pool-sizing", choices=("fixed", "auto"), default=s, help=_pool_help("pool_sizing"))
+    p.add_argument("--max-runtimes", type=int, default=s, help=_pool_help("max_runtimes"))
     p.add_argument("--server-url", default=os.environ.get("POLAR_SERVER_URL"),
                    help="rollout server to register with and heartbeat to (default: $POLAR_SERVER_URL, else none)")
     p.add_argument("--server-token", default=os.environ.get("POLAR_SERVER_TOKEN"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,6 +38,12 @@ class GatewayPools(BaseModel):
     postrun_workers: int = Field(default=4, ge=1, description="sessions built and evaluated at once (POSTRUN)")
     prewarm_workers: int = Field(default=2, ge=1, description="concurrent preparations of fresh evaluation runtimes "
                                  "(evaluator prewarm), separate from INIT")
+    pool_sizing: Literal["fixed", "auto"] = Field(default="auto", description="auto: INIT, READY and POSTRUN are "
+                                                  "sized from the stage times the node observes, so the run slots "
+                                                  "stay busy (the sizes above are the start); fixed: as set")
+    max_runtimes: int | None = Field(default=None, ge=1, description="auto sizing: at most this many sandboxes on "
+                                     "the node at once (each INIT, READY, RUN and POSTRUN slot holds one); growth "
+                                     "also stops when memory or disk runs low")
     postrun_grace_seconds: float = Field(default=300.0, ge=0, description="POSTRUN (build, evaluate) must end by "
                                          "the deadline plus this, so a timed-out session still gets its traces "
                                          "scored")
@@ -60,7 +66,6 @@ class GatewayPools(BaseModel):
         until its result, so a slot would sit empty while its last session is scored and the next one is only then
         dispatched and prepared (benchmarks/bench_scale.py, docs/scaling.md)."""
         return self.init_workers + self.ready_buffer + self.run_slots + self.postrun_workers
-
 
 class GatewayConfig(GatewayPools):
     """Everything a :class:`~polar_gym.gateway.node.GatewayNode` is built from."""

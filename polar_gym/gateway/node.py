@@ -28,6 +28,7 @@ from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import DeadlineExceeded, DuplicateSession, GatewayClosed, StageError, UnknownSession
 from polar_gym.gateway.pools import LatencyStats, Pool, UtilizationTracker
 from polar_gym.gateway.session import Session, stage_of
+from polar_gym.gateway.sizing import SIZED_STAGES, NodePressure, PoolPlanner, Sizes, StageWindow
 from polar_gym.gateway.stages import Stages
 from polar_gym.gateway.telemetry import GatewayTelemetry
 from polar_gym.runtime.base import ExecStatus
@@ -56,6 +57,10 @@ class GatewayNode:
         self.postrun_pool = Pool("postrun", c.postrun_workers)
         self.prewarm_pool = Pool("prewarm", c.prewarm_workers)
         self.utilization = UtilizationTracker(c.run_slots)
+        #: auto sizing (``pool_sizing: auto``): plans INIT, READY and POSTRUN from the stage times seen here
+        self.planner = (PoolPlanner(c.run_slots, StageWindow(max(8, 2 * c.run_slots)), max_runtimes=c.max_runtimes)
+                        if c.pool_sizing == "auto" else None)
+        self._pressure: tuple[float, NodePressure] | None = None
         self.latency = LatencyStats()
         self.listeners: list[StatusListener] = []
         self.finished_counts: collections.Counter[str] = collections.Counter()
@@ -65,6 +70,8 @@ class GatewayNode:
         #: set (and replaced) whenever a session finishes: what a batch poll waits on
         self._any_finished = asyncio.Event()
         self._finished_order: collections.deque[str] = collections.deque()
+        if self.planner is not None:
+            self.resize_pools(NodePressure())  # a budget (max_runtimes) holds from the start; no reading yet
 
     # -- public API ------------------------------------------------------------------------------------------
 
@@ -183,7 +190,58 @@ class GatewayNode:
             finished=dict(self.finished_counts),
             runtimes_live=self.stages.live_runtimes(),
             job_id=os.environ.get("SLURM_JOB_ID"),
+            dispatch_capacity=self.dispatch_capacity(),
+            sizing=self.planner.last if self.planner is not None else None,
         )
+
+    def dispatch_capacity(self) -> int:
+        """Room in every stage now (see :meth:`GatewayPools.dispatch_capacity`); a self-sizing node's changes."""
+        return sum(p.capacity for p in (self.init_pool, self.ready_pool, self.run_pool, self.postrun_pool))
+
+    def resize_pools(self, pressure: NodePressure | None = None) -> None:
+        """Apply the planner's sizes for the stage times seen so far (auto sizing only). Resource readings (memory,
+        disk, model calls) are taken at most once a second."""
+        if self.planner is None:
+            return
+        now = time.monotonic()
+        if pressure is None:
+            if self._pressure is None or now - self._pressure[0] >= 1.0:
+                self._pressure = (now, self.stages.pressure())
+                self.planner.observe(self._pressure[1])
+            pressure = self._pressure[1]
+        current = Sizes(self.init_pool.capacity, self.ready_pool.capacity, self.postrun_pool.capacity)
+        before = self.planner.last
+        plan = self.planner.plan(current, pressure)
+        for why in ("limited_by", "engine"):  # the reasons are news, the sizes are not (they change often)
+            if getattr(plan, why) is not None and (before is None or getattr(before, why) != getattr(plan, why)):
+                log.info("pools: %s", plan.engine if why == "engine" else plan.reason)
+        if (plan.init_workers, plan.ready_buffer, plan.postrun_workers) != (current.init_workers,
+                                                                             current.ready_buffer,
+                                                                             current.postrun_workers):
+            log.debug("pools resized: init %d -> %d, ready %d -> %d, postrun %d -> %d (stage means %s)",
+                      current.init_workers, plan.init_workers, current.ready_buffer, plan.ready_buffer,
+                      current.postrun_workers, plan.postrun_workers, plan.stage_means)
+            self._apply(plan.init_workers, plan.ready_buffer, plan.postrun_workers)
+
+    def _apply(self, *targets: int) -> None:
+        """Resize INIT, READY and POSTRUN: shrinks at once, growth only into room the budget has now. Why: a shrunk
+        pool's holders keep their slots until they leave, so growing another pool at once would put more sandboxes
+        on the node than ``max_runtimes`` for a while."""
+        pools = (self.init_pool, self.ready_pool, self.postrun_pool)
+        for pool, target in zip(pools, targets, strict=True):
+            if target < pool.capacity:
+                pool.resize(target)
+        room = None
+        if self.config.max_runtimes is not None:
+            budget = max(3, self.config.max_runtimes - self.run_pool.capacity)
+            room = budget - sum(max(p.capacity, p.busy) for p in pools)
+        for pool, target in zip(pools, targets, strict=True):
+            if target > pool.capacity:
+                if room is not None:
+                    occupied = max(pool.capacity, pool.busy)
+                    target = min(target, occupied + max(0, room)) if target > occupied else target
+                    room -= max(target, pool.busy) - occupied
+                pool.resize(max(pool.capacity, target))
 
     # -- the driver ------------------------------------------------------------------------------------------
 
@@ -407,6 +465,10 @@ class GatewayNode:
             if scope.expired():
                 raise DeadlineExceeded(stage, f"the deadline passed during {stage}") from exc
             raise
+        else:
+            if self.planner is not None and stage in SIZED_STAGES:  # a stage cut short says nothing of its length
+                self.planner.window.add(stage, time.monotonic() - t0)
+                self.resize_pools()
         finally:
             s.timings[stage] = time.monotonic() - t0
             self.latency.add(stage, s.timings[stage])

@@ -54,12 +54,27 @@ class Pool:
         self.peak_busy = max(self.peak_busy, self.busy)
 
     def release(self) -> None:
+        if self.busy > self.capacity:  # shrunk while held: the slot goes away instead of passing on
+            self.busy -= 1
+            return
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot passes on; busy stays the same
                 return
         self.busy -= 1
+
+    def resize(self, capacity: int) -> None:
+        """A new capacity. Growing hands the new slots to waiters at once; shrinking takes no slot from a holder,
+        the surplus disappears as holders release."""
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        self.capacity = capacity
+        while self.busy < self.capacity and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._take()
+                waiter.set_result(None)
 
     def snapshot(self) -> dict[str, int]:
         return {"capacity": self.capacity, "busy": self.busy, "waiting": self.waiting, "peak_busy": self.peak_busy}

@@ -53,7 +53,10 @@ class ServerLink:
         if self.gateway_id is None:
             await self.register()
             return
-        health = GatewayHealth.model_validate(self.health()).model_dump_json(exclude_unset=True)  # as the node said
+        view = GatewayHealth.model_validate(self.health())
+        if view.dispatch_capacity is not None:  # a self-sizing node's: what a registration after a restart says
+            self.capacity = view.dispatch_capacity
+        health = view.model_dump_json(exclude_unset=True)  # as the node said
         resp = await self.http.post(f"/gateways/{self.gateway_id}/heartbeat", content=health, headers=_JSON)
         if resp.status_code in (404, 410):
             log.warning("the rollout server answered %d to a heartbeat: registering again", resp.status_code)

@@ -36,6 +36,7 @@ from polar_gym.evaluate.judge import JudgeBatcher, JudgeError
 from polar_gym.gateway.config import GatewayConfig
 from polar_gym.gateway.errors import PrepareFailed, StageError
 from polar_gym.gateway.session import Session
+from polar_gym.gateway.sizing import NodePressure
 from polar_gym.gateway.stages import Stages
 from polar_gym.harness.base import Harness, HarnessContext
 from polar_gym.harness.pyinstall import InstalledCli, installed_cli
@@ -67,6 +68,37 @@ def safe_name(session_id: str) -> str:
     return dirname_for(session_id)
 
 
+def _memory_available_mb() -> float | None:
+    """The host's MemAvailable, or less when this process's cgroup (a Slurm job's, a container's) has a limit."""
+    available: float | None = None
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    available = int(line.split()[1]) / 1024
+                    break
+        with open("/proc/self/cgroup", "rb") as f:
+            group = next((ln.split(b":", 2)[2].strip() for ln in f if ln.startswith(b"0::")), None)
+        if group is not None:
+            base = Path("/sys/fs/cgroup") / group.decode().lstrip("/")
+            limit = (base / "memory.max").read_text().strip()
+            if limit != "max":
+                left = (int(limit) - int((base / "memory.current").read_text())) / 2**20
+                available = left if available is None else min(available, left)
+    except (OSError, ValueError, IndexError):
+        pass
+    return available
+
+
+def _disk_free_mb(directory: Path) -> float | None:
+    for candidate in (directory, *directory.absolute().parents):
+        try:
+            return shutil.disk_usage(candidate).free / 2**20
+        except OSError:
+            continue
+    return None
+
+
 def _tail(data: bytes) -> str:
     return data[-_TAIL:].decode(errors="replace").strip()
 
@@ -79,6 +111,7 @@ class SandboxStages(Stages):
         self._startup_clean: asyncio.Task[list[str]] | None = None
         self._startup_cleaned: list[str] | None = None
         self.judges = {name: JudgeBatcher(endpoint) for name, endpoint in config.judges.items()}
+        self._calls_seen = (0, 0)  # (model_calls_timed, model_call_ms) at the last pressure reading
 
     # -- plug-ins ---------------------------------------------------------------------------------------------
 
@@ -142,6 +175,17 @@ class SandboxStages(Stages):
 
     def live_runtimes(self) -> int:
         return len(self._live)
+
+    def pressure(self) -> NodePressure:
+        """Available memory (/proc/meminfo), free disk under the work directory, and the model calls answered since
+        the last reading with their mean time."""
+        stats = self.service.stats
+        calls, ms = stats.get("model_calls_timed", 0), stats.get("model_call_ms", 0)
+        new_calls, new_ms = calls - self._calls_seen[0], ms - self._calls_seen[1]
+        self._calls_seen = (calls, ms)
+        return NodePressure(memory_available_mb=_memory_available_mb(), disk_free_mb=_disk_free_mb(self.config.workdir),
+                            model_call_seconds=new_ms / 1000 / new_calls if new_calls > 0 else None,
+                            model_calls=max(0, new_calls))
 
     def registered(self, s: Session) -> None:
         # A restarted gateway's journal still names the dead attempt on disk until INIT writes the new pointer,

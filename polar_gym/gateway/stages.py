@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 
 from polar_gym.gateway.session import Session
+from polar_gym.gateway.sizing import NodePressure
 from polar_gym.schema import SessionResult
 
 __all__ = ["Stages"]
@@ -56,6 +57,10 @@ class Stages(abc.ABC):
     async def finished(self, session: Session, result: SessionResult) -> None:
         """After the result is final (e.g. write it next to the artifacts). Exceptions are logged."""
         return None
+
+    def pressure(self) -> NodePressure:
+        """The node's resources as self-sizing pools see them (memory, disk, model-call times); unknown: no limit."""
+        return NodePressure()
 
     def live_runtimes(self) -> int:
         """Runtimes started and not yet stopped (for health and leak checks)."""

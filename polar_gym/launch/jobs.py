@@ -87,7 +87,10 @@ def gateway_argv(inference: InferenceSettings, pools: GatewayJobSettings, upstre
             "--run-slots", str(pools.run_slots), "--init-workers", str(pools.init_workers),
             "--ready-buffer", str(pools.ready_buffer), "--postrun-workers", str(pools.postrun_workers),
             "--prewarm-workers", str(pools.prewarm_workers), "--postrun-grace", str(pools.postrun_grace_seconds),
+            "--pool-sizing", pools.pool_sizing,
             "--upstream-timeout", str(inference.upstream_timeout), "--drift-every", str(inference.drift_every)]
+    if pools.max_runtimes is not None:
+        argv += ["--max-runtimes", str(pools.max_runtimes)]
     for key, value in pools.runtime_options.items():
         argv += ["--runtime-option", f"{key}={json.dumps(value)}"]
     for root in pools.expose_roots:

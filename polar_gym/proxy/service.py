@@ -298,7 +298,10 @@ class ProxyService:
         self._streams: set[asyncio.Future[None]] = set()  # streamed calls being passed through
         self._inflight: dict[str, int] = {}  # model calls per session not yet journaled (see wait_idle)
         self._idle: dict[str, asyncio.Event] = {}
-        self.stats = {"requests": 0, "errors": 0, "prompt_tokens": 0, "response_tokens": 0}
+        #: model_calls_timed / model_call_ms: answered calls and their total time, the engine's load as self-sizing
+        #: gateway pools see it (a saturated engine answers the same calls slower)
+        self.stats = {"requests": 0, "errors": 0, "prompt_tokens": 0, "response_tokens": 0, "model_calls_timed": 0,
+                      "model_call_ms": 0}
         #: per session, model calls that failed for infrastructure reasons; a gateway takes them when it builds the
         #: session's result (bounded: the oldest entries go first in a standalone proxy nobody takes them from)
         self.call_failures: collections.OrderedDict[str, CallFailures] = collections.OrderedDict()
@@ -386,6 +389,10 @@ class ProxyService:
             return self.error_reply(ProxyError(f"internal proxy error: {exc.__class__.__name__}: {exc}"),
                                     provider_name)
 
+    def _timed_call(self, seconds: float | None) -> None:
+        self.stats["model_calls_timed"] += 1
+        self.stats["model_call_ms"] += round((seconds or 0.0) * 1000)
+
     async def _counted(self, session_id: str, work: Awaitable[T]) -> T:
         """Count the call as in flight until it is journaled, even when it finishes after the harness hung up."""
         self._inflight[session_id] = self._inflight.get(session_id, 0) + 1
@@ -471,6 +478,8 @@ class ProxyService:
         session_id = info.session_id
 
         async def journal(record: CompletionRecord) -> None:
+            if record.status != "error":
+                self._timed_call(record.total_seconds)
             await self.journal.append(record, info.attempt, received=received, received_is_orjson=received_is_orjson)
 
         def finished(exc: ProxyError | None, result: Any, cause: str | None) -> None:
@@ -541,6 +550,7 @@ class ProxyService:
             reply = Reply(200, orjson.dumps(KNOWN.as_fragments(provider.render(result, inbound, ctx))))
         fill_record(record, result, ctx.response_id)
         record.total_seconds = time.perf_counter() - t0
+        self._timed_call(record.total_seconds)
         if disconnected is not None:  # a harness that hung up (timed out) never reads this answer
             record.delivered = not await disconnected()
         await self.journal.append(record, info.attempt, received=received, received_is_orjson=received_is_orjson)

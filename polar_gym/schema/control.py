@@ -19,6 +19,7 @@ __all__ = [
     "GatewayView",
     "PauseReply",
     "PauseRequest",
+    "PoolSizing",
     "ResumeReply",
     "ResumeRequest",
     "SessionCancelReply",
@@ -81,6 +82,24 @@ class SessionPollReply(_Open):
     unknown: list[str] = Field(default_factory=list)
 
 
+class PoolSizing(_Open):
+    """A self-sizing gateway's current pool sizes and why (``pool_sizing: auto``): what the observed stage means
+    want, which limit held them (max_runtimes, memory, disk), and whether the engine is the bottleneck."""
+
+    init_workers: int
+    ready_buffer: int
+    postrun_workers: int
+    #: the sizes the stage means call for before the node's limits
+    wanted: dict[str, int] = Field(default_factory=dict)
+    #: mean seconds of INIT, RUN, BUILD, EVALUATE over the recent window
+    stage_means: dict[str, float] = Field(default_factory=dict)
+    limited_by: str | None = None
+    reason: str | None = None
+    engine: str | None = None
+    #: how many plans changed a size so far
+    changes: int = 0
+
+
 class GatewayHealth(_Open):
     """GET /gateway/health, also pushed as the heartbeat body: stage counts, queue depths, latencies (the keys every
     node reports are typed; more may come)."""
@@ -98,6 +117,9 @@ class GatewayHealth(_Open):
     runtimes_live: int = 0
     #: the Slurm job the gateway runs in (SLURM_JOB_ID), so a launcher can tell which job a silent gateway was
     job_id: str | None = None
+    #: how many sessions the server may hand this node now (a self-sizing node's pools change it)
+    dispatch_capacity: int | None = None
+    sizing: PoolSizing | None = None
 
 
 class UpstreamChange(_Model):

@@ -207,6 +207,12 @@ class RolloutServer:
         if gw.row.state == DEAD:
             raise ServerError(410, "gateway_dead", f"{gateway_id} was declared dead; register it again")
         gw.last_seen, gw.health = time.monotonic(), health
+        capacity = health.get("dispatch_capacity")
+        if (isinstance(capacity, int) and not isinstance(capacity, bool) and 1 <= capacity <= 1_000_000
+                and capacity != gw.row.capacity):  # a self-sizing gateway's pools grew or shrank
+            gw.row.capacity = capacity
+            await self.store.save_gateway(gw.row)
+            self.ledger.wake.set()
         return gw
 
     async def drain(self, gateway_id: str) -> GatewayState:

@@ -25,7 +25,8 @@ def spec(session_id: str, timeout: float = 30, **metadata: Any) -> SessionSpec:
 
 
 def node(stages: ScriptedStages | None = None, **config: Any) -> GatewayNode:
-    return GatewayNode(stages or ScriptedStages(), GatewayConfig(**config))
+    """A node with the pools as given (these tests are about scheduling with known sizes, not about sizing)."""
+    return GatewayNode(stages or ScriptedStages(), GatewayConfig(**{"pool_sizing": "fixed", **config}))
 
 
 async def wait_status(n: GatewayNode, session_id: str, status: SessionStatus, timeout: float = BOUND) -> None:

@@ -185,3 +185,16 @@ async def test_a_session_given_up_on_a_gateway_is_not_adopted_there(make_server:
     assert plan(server.fleet, [row]) == [(row, fresh)]  # the other gateway, though both are idle
     assert await server.dispatcher.batch([row]) == 1
     assert fresh.attempts == {sid: "a-new"} and sid not in fresh.stale
+
+
+async def test_the_server_takes_a_gateways_new_capacity_from_its_heartbeat(
+        make_server: Callable[..., RolloutServer]) -> None:
+    server = make_server(lambda request: httpx.Response(200, json={}))
+    gw = await server.register(GatewayRegistration(url="http://gw", capacity=4))
+    await server.heartbeat(gw.gateway_id, {"dispatch_capacity": 30})
+    assert gw.row.capacity == 30 and [row.capacity for row in await server.store.gateways()] == [30]
+    for hostile in (0, -1, True, "31", 2_000_000, None, 3.5):
+        await server.heartbeat(gw.gateway_id, {"dispatch_capacity": hostile})
+        assert gw.row.capacity == 30
+    await server.heartbeat(gw.gateway_id, {})  # an older gateway says nothing: its capacity stands
+    assert gw.row.capacity == 30
