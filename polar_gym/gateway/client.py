@@ -33,6 +33,8 @@ from polar_gym.schema import (
     SessionResult,
     SessionSpec,
     SessionView,
+    SessionWithdrawReply,
+    SessionWithdrawRequest,
     UpstreamAdded,
     UpstreamChange,
     UpstreamRemoved,
@@ -117,6 +119,11 @@ class GatewayClient:
             raise GatewayBadReply(f"POST /sessions/poll: {excerpt(exc, 300)}") from exc
         polled.results = await asyncio.to_thread(_pack_json_results, raw, polled)
         return polled
+
+    async def withdraw(self, session_ids: list[str]) -> SessionWithdrawReply:
+        """POST /sessions/withdraw: the sessions cancelled before their harness ran."""
+        body = SessionWithdrawRequest(session_ids=session_ids).model_dump_json().encode()
+        return _parse(SessionWithdrawReply, await self._send("POST", "/sessions/withdraw", body))
 
     async def cancel_session(self, session_id: str) -> SessionCancelReply:
         """POST /sessions/{id}/cancel; 404 (GatewayRefused) when the gateway does not know the session."""

@@ -147,6 +147,20 @@ class GatewayNode:
             session.task.cancel()
         return True
 
+    def withdraw(self, session_ids: list[str]) -> list[str]:
+        """Cancel the sessions among ``session_ids`` whose harness has not started (queued, INIT, READY); the ids
+        cancelled. Why: the rollout server takes them back to run elsewhere (a hand-over to the next Slurm job),
+        and an attempt whose harness never ran has not run. Nothing awaits between the check and the cancel, so a
+        session cannot start running in between."""
+        withdrawn = []
+        for session_id in session_ids:
+            session = self._sessions.get(session_id)
+            if session is None or session.status not in (S.REGISTERED, S.INITIALIZING, S.READY):
+                continue
+            if self.cancel(session_id, "withdrawn by the rollout server before its harness ran"):
+                withdrawn.append(session_id)
+        return withdrawn
+
     async def drain(self, timeout: float | None = None) -> None:
         """Take no new sessions and let every dispatched one finish."""
         self.accepting, self.draining = False, True

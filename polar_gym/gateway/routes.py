@@ -35,7 +35,7 @@ from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
 from polar_gym.proxy.routes.common import proxy_service
 from polar_gym.proxy.routes.sessions import TrajectoryFormat, require_session_or_admin
 from polar_gym.result_codec import MEDIA_TYPE, frame_results, pack
-from polar_gym.schema import SessionPollRequest, SessionSpec
+from polar_gym.schema import SessionPollRequest, SessionSpec, SessionWithdrawReply, SessionWithdrawRequest
 from polar_gym.web import ADMIN_ONLY, ApiError
 
 __all__ = ["admin_router", "metrics_router", "sessions_router"]
@@ -88,6 +88,12 @@ async def poll(request: Request, body: SessionPollRequest) -> Response:
     payload = b'{"results":[' + b",".join(r.model_dump_json().encode() for r in results) + b"],"
     payload += f'"statuses":{json.dumps(statuses)},"unknown":{json.dumps(unknown)}}}'.encode()
     return Response(payload, media_type="application/json")
+
+
+@admin_router.post("/sessions/withdraw")
+async def withdraw(request: Request, body: SessionWithdrawRequest) -> SessionWithdrawReply:
+    """Cancel the named sessions that have not started running; the rollout server queues them again."""
+    return SessionWithdrawReply(withdrawn=gateway_node(request).withdraw(body.session_ids))
 
 
 @admin_router.post("/sessions/{session_id}/cancel")

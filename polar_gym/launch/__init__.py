@@ -40,6 +40,7 @@ from polar_gym.launch.config import (
 )
 from polar_gym.launch.config_errors import CONFIG_ERRORS, Composition, config_error
 from polar_gym.launch.earlier_run import check_earlier_run
+from polar_gym.launch.relaunch import relay_for
 from polar_gym.launch.sweep import Sweep
 
 __all__ = ["CONF_DIR", "ConfigError", "InferenceSettings", "LaunchJob", "TaskTemplate", "UpstreamCheckFailed",
@@ -60,6 +61,17 @@ def run(cfg: DictConfig) -> int:
         return 2
     if resumed is not None:
         print(f"polar_gym.launch: {resumed}", file=sys.stderr)
+    if _SWEEP is None:  # a sweep's jobs share one Slurm job: none of them hands over
+        try:
+            job.relay, line = relay_for(job.relaunch, job.out_dir, sys.argv[1:])
+        except ValueError as exc:
+            print(f"polar_gym.launch: configuration error: relaunch.enabled: {exc}", file=sys.stderr)
+            return 2
+        if job.relay is not None and job.trainer is not None:
+            job.relay, line = None, "relaunch off: a training run does not hand over yet (its trainer state is not " \
+                                    "checkpointed across jobs)"
+        if line is not None:
+            print(f"polar_gym.launch: {line}", file=sys.stderr)
     for task in job.refused:  # each is an ERROR session (invalid_task) of the run; the others run
         print(f"polar_gym.launch: task {task.task_id} refused ({INVALID_TASK}), the run goes on without it: "
               f"{task.problem}", file=sys.stderr)
@@ -69,7 +81,12 @@ def run(cfg: DictConfig) -> int:
             from polar_gym.launch.training import train
 
             return train(job)
-        return int(job.launcher.launch(job))
+        code = int(job.launcher.launch(job))
+        if job.handover is not None:
+            print(f"polar_gym.launch: {job.handover}: it resumes this run in {job.out_dir} when this job ends "
+                  f"({job.out_dir / 'relaunches.jsonl'})", file=sys.stderr)
+            return 0
+        return code
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM
         print(f"polar_gym.launch: interrupted; the unfinished tasks were cancelled (files so far in {job.out_dir})",
               file=sys.stderr)

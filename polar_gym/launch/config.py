@@ -29,6 +29,7 @@ from polar_gym.launch.checks import (
     runtime_problems,
     target_problems,
 )
+from polar_gym.launch.relaunch import HandOver, RelaunchSettings, Relay
 from polar_gym.proxy.settings import check_upstreams_given
 from polar_gym.registry import BUILDERS, ENGINES, EVALUATORS, HARNESSES, RUNTIMES, Registry, RegistryError, load_dotted
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
@@ -55,7 +56,7 @@ __all__ = [
 #: the keys of a composed config (``hydra`` is Hydra's own)
 TOP_LEVEL_KEYS = frozenset({"harness", "builder", "runtime", "evaluator", "inference", "tasks", "launcher",
                             "num_samples", "timeout_seconds", "out_dir", "datagen", "trainer", "logging",
-                            "telemetry", "resume", "state_dir", "forks", "hydra"})
+                            "telemetry", "resume", "state_dir", "forks", "relaunch", "hydra"})
 
 
 class RunSettings(RunShape):
@@ -106,6 +107,12 @@ class LaunchJob:
     state_dir: Path | None = None
     #: the tasks the task source refused (never dispatched): each is reported as an ERROR session, ``invalid_task``
     refused: list[RefusedTask] = field(default_factory=list)
+    #: ``relaunch``: handing over to a successor Slurm job before this one's time limit
+    relaunch: RelaunchSettings = field(default_factory=RelaunchSettings)
+    #: the run's relay, once the launch found a Slurm job with a time limit (None: no hand-over)
+    relay: Relay | None = None
+    #: set when the run handed over: the successor job finishes it
+    handover: HandOver | None = None
 
     @property
     def store(self) -> Path:
@@ -271,6 +278,9 @@ def build_job(cfg: DictConfig) -> LaunchJob:
     if cfg.get("trainer") is not None:
         trainer = _validated(TrainerSettings, section(cfg, "trainer"), "trainer", problems)
     logging_settings, telemetry = _metrics(cfg, problems)
+    relaunch = None
+    if cfg.get("relaunch") is not None:
+        relaunch = _validated(RelaunchSettings, section(cfg, "relaunch"), "relaunch", problems)
     out_dir = cfg.get("out_dir")
     if not out_dir and not any(k == "out_dir" for k, _ in problems):
         problems.append(("out_dir", "must be set (a directory for the run's files)"))
@@ -296,4 +306,5 @@ def build_job(cfg: DictConfig) -> LaunchJob:
                      trainer=trainer, logging=logging_settings or LoggingSettings(),
                      telemetry=_launch_telemetry(telemetry or TelemetrySettings(), Path(str(out_dir)), launch_id),
                      launch_id=launch_id, resume=run.resume,
-                     state_dir=Path(run.state_dir) if run.state_dir else None)
+                     state_dir=Path(run.state_dir) if run.state_dir else None,
+                     relaunch=relaunch or RelaunchSettings())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import signal
 import time
 from collections.abc import Iterator
@@ -62,6 +63,9 @@ class RunDriver:
         self.poll_seconds = poll_seconds
         self.stages: dict[str, int] = {}
         self.gateways = 0
+        #: set by a hand-over to a successor job (polar_gym.launch.relaunch): ``run`` returns the tasks finished so
+        #: far and cancels nothing (the successor runs the rest from the store)
+        self.handed_over = False
 
     async def run(self, requests: list[TaskRequest]) -> tuple[list[SessionOutcome], float]:
         """Every session of ``requests`` finished (in request then sample order) and the wall time. On
@@ -87,12 +91,15 @@ class RunDriver:
                     bar.update(bar_task, completed=sum(len(o) for o in outcomes.values()))
                     live.update(self._view(bar, outcomes, started))
                     pending = len(requests) - len(outcomes)
+                    if self.handed_over:
+                        break
                     if pending:  # one status call per pending task per round: slow down for big runs
                         await asyncio.sleep(max(self.poll_seconds, pending * 0.002))
         except (asyncio.CancelledError, KeyboardInterrupt):
             await asyncio.shield(self._cancel([t for t in by_id if t not in outcomes]))
             raise
-        ordered = [o for r in requests for o in sorted(outcomes[r.task_id], key=lambda o: o.spec.sample_index)]
+        ordered = [o for r in requests if r.task_id in outcomes
+                   for o in sorted(outcomes[r.task_id], key=lambda o: o.spec.sample_index)]
         return ordered, time.monotonic() - started
 
     @staticmethod
@@ -130,9 +137,49 @@ class RunDriver:
         return Group(bar, stage_line, result_line)
 
 
+    async def unfinished(self, requests: list[TaskRequest]) -> int:
+        """Sessions of ``requests`` without a result yet, as the rollout server counts them."""
+        left = 0
+        for request in requests:
+            view = await self.client.status(request.task_id)
+            left += request.num_samples - len(view.get("results") or [])
+        return left
+
+    async def in_flight(self) -> int:
+        """Sessions the gateways run now, as the rollout server counts them."""
+        return sum(int(gw.get("in_flight") or 0) for gw in await self.client.gateways() if gw.get("state") != "dead")
+
+
 async def run_job(driver: RunDriver, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
-    """Every task of the job; for a datagen run, the empty generations once more (paper §4.2: one retry)."""
-    outcomes, wall = await driver.run(job.requests)
+    """Every task of the job; for a datagen run, the empty generations once more (paper §4.2: one retry). With a
+    relay (a run inside a Slurm job with a time limit), the tasks finished when it hands over, ``job.handover`` set."""
+    if job.relay is None:
+        outcomes, wall = await driver.run(job.requests)
+    else:
+        work = asyncio.ensure_future(driver.run(job.requests))
+        unfinished = functools.partial(driver.unfinished, job.requests)
+        watch = asyncio.ensure_future(job.relay.watch(driver.client, driver.in_flight, unfinished))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            for future in (work, watch):
+                future.cancel()
+            await asyncio.gather(work, watch, return_exceptions=True)
+            raise
+        if not work.done():
+            try:
+                job.handover = watch.result()
+            except BaseException:  # a hand-over that failed stops the run (its unfinished tasks are cancelled)
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                raise
+            driver.handed_over = job.handover is not None
+        else:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        outcomes, wall = await work
+        if job.handover is not None:
+            return outcomes, wall
     if job.datagen is not None and job.datagen.retry_empty:
         from polar_gym.datagen import retry_plan, retry_requests
 

@@ -9,6 +9,7 @@ gateways exchange in :mod:`.control`. Import them from here.
 
 from polar_gym.schema.control import (
     FleetWeightUpdate,
+    GatewayDrainRequest,
     GatewayHealth,
     GatewayRegistration,
     GatewayView,
@@ -21,6 +22,8 @@ from polar_gym.schema.control import (
     SessionPollReply,
     SessionPollRequest,
     SessionView,
+    SessionWithdrawReply,
+    SessionWithdrawRequest,
     TaskStatus,
     UpstreamAdded,
     UpstreamChange,
@@ -68,6 +71,7 @@ __all__ = [
     "EvalResult",
     "EvaluatorSpec",
     "FleetWeightUpdate",
+    "GatewayDrainRequest",
     "GatewayHealth",
     "GatewayRegistration",
     "GatewayView",
@@ -88,6 +92,8 @@ __all__ = [
     "SessionSpec",
     "SessionStatus",
     "SessionView",
+    "SessionWithdrawReply",
+    "SessionWithdrawRequest",
     "TaskMetadata",
     "TaskRequest",
     "TaskStatus",

@@ -14,6 +14,7 @@ from polar_gym.schema.records import SessionResult, SessionStatus
 
 __all__ = [
     "FleetWeightUpdate",
+    "GatewayDrainRequest",
     "GatewayHealth",
     "GatewayRegistration",
     "GatewayView",
@@ -26,6 +27,8 @@ __all__ = [
     "SessionPollReply",
     "SessionPollRequest",
     "SessionView",
+    "SessionWithdrawReply",
+    "SessionWithdrawRequest",
     "TaskStatus",
     "UpstreamAdded",
     "UpstreamChange",
@@ -72,6 +75,25 @@ class SessionPollRequest(_Model):
 
     session_ids: list[Annotated[str, Field(max_length=512)]] = Field(max_length=100_000)
     wait: float = Field(default=0.0, ge=0.0, le=600.0)
+
+
+class SessionWithdrawRequest(_Model):
+    """POST /sessions/withdraw: sessions the rollout server takes back if they have not started running."""
+
+    session_ids: list[Annotated[str, Field(max_length=512)]] = Field(max_length=100_000)
+
+
+class SessionWithdrawReply(_Open):
+    """The sessions withdrawn: cancelled before their harness ran (their attempt never ran, so it is not counted)."""
+
+    withdrawn: list[str] = Field(default_factory=list)
+
+
+class GatewayDrainRequest(_Model):
+    """POST /gateways/{id}/drain (rollout server): with ``withdraw``, the sessions the gateway has not started
+    running are taken back and queued again (a hand-over to the next Slurm job, polar_gym.launch.relaunch)."""
+
+    withdraw: bool = False
 
 
 class SessionPollReply(_Open):

@@ -81,6 +81,13 @@ class RolloutClient:
         resp.raise_for_status()
         return list(resp.json()["gateways"])
 
+    async def drain_gateway(self, gateway_id: str, *, withdraw: bool = False) -> dict[str, Any]:
+        """No new session goes to this gateway; the ones it runs finish there. With ``withdraw``, the ones it has
+        not started running come back to the queue (their attempt refunded)."""
+        resp = await self.http.post(f"/gateways/{gateway_id}/drain", json={"withdraw": withdraw})
+        resp.raise_for_status()
+        return dict(resp.json())
+
     async def update_weights(self, checkpoint: str, policy_version: int | str, *, drain_timeout: float = 600.0,
                              servers: list[str] | None = None,
                              in_flight: Literal["cut", "wait"] = "cut") -> FleetWeightUpdate:

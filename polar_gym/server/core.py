@@ -215,12 +215,30 @@ class RolloutServer:
             self.ledger.wake.set()
         return gw
 
-    async def drain(self, gateway_id: str) -> GatewayState:
-        """No new sessions go to a draining gateway; the ones it runs finish there."""
+    async def drain(self, gateway_id: str, withdraw: bool = False) -> GatewayState:
+        """No new sessions go to a draining gateway; the ones it runs finish there. With ``withdraw``, the ones it
+        has not started running are cancelled there and queued again, their attempt refunded."""
         gw = self.gateway(gateway_id)
         if gw.row.state == HEALTHY:
             gw.row.state = DRAINING
             await self.store.save_gateway(gw.row)
+        if withdraw and gw.sessions:
+            gw.withdrawing = set(gw.sessions)  # the watcher may hear of the cancelled attempts first
+            try:
+                reply = await self.links.gateway(gw).withdraw(sorted(gw.sessions))
+            except GatewayCallError as exc:
+                log.warning("gateway %s did not withdraw its queued sessions: %s", gateway_id, exc)
+                return gw
+            finally:
+                withdrawing, gw.withdrawing = gw.withdrawing, set()
+            taken = [i for i in reply.withdrawn if i in gw.sessions and i in withdrawing]
+            gw.sessions.difference_update(taken)  # before any await: the watcher must not file them
+            for session_id in taken:
+                row = await self.store.session(session_id)
+                if row is not None and await self.store.withdraw(session_id):
+                    await self.ledger.notify(row.task_id, {"event": "requeued", "session_id": session_id,
+                                                           "reason": f"withdrawn from {gateway_id} before it ran"})
+            self.ledger.wake.set()
         return gw
 
     # -- LLM backends across the fleet -----------------------------------------------------------------------

@@ -31,6 +31,8 @@ class GatewayState:
     #: sessions this server gave up here (declared lost) whose attempt the gateway may still hold: their late
     #: results are refused, and they go to another gateway when one has a free slot
     stale: set[str] = field(default_factory=set)
+    #: sessions being withdrawn (a draining hand-over): a CANCELLED result of one is its withdrawn attempt's
+    withdrawing: set[str] = field(default_factory=set)
     #: the batch watcher of this gateway's sessions (polar_gym.server.watching) and its wake-up
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     added: asyncio.Event = field(default_factory=asyncio.Event, repr=False)

@@ -33,7 +33,7 @@ from polar_gym.merge.atif import atif_json
 from polar_gym.merge.nemo_payload import session_nemo_payload
 from polar_gym.prometheus import PROMETHEUS_CONTENT_TYPE
 from polar_gym.result_codec import MEDIA_TYPE
-from polar_gym.schema import FleetWeightUpdate, TaskRequest, WeightUpdateRequest
+from polar_gym.schema import FleetWeightUpdate, GatewayDrainRequest, TaskRequest, WeightUpdateRequest
 from polar_gym.server.core import RolloutServer
 from polar_gym.server.fleet import GatewayRegistration
 from polar_gym.server.metrics import server_metrics
@@ -192,8 +192,11 @@ async def heartbeat(request: Request, gateway_id: str) -> dict[str, Any]:
 
 
 @gateways_router.post("/gateways/{gateway_id}/drain")
-async def drain(request: Request, gateway_id: str) -> dict[str, Any]:
-    return (await rollout_server(request).drain(gateway_id)).describe()
+async def drain(request: Request, gateway_id: str, body: GatewayDrainRequest | None = None) -> dict[str, Any]:
+    """No new session goes to the gateway; with ``withdraw``, those it has not started running come back to the
+    queue (their attempt never ran)."""
+    withdraw = body is not None and body.withdraw
+    return (await rollout_server(request).drain(gateway_id, withdraw=withdraw)).describe()
 
 
 @backends_router.get("/backends")

@@ -334,6 +334,15 @@ class Store:
         await self._q("UPDATE sessions SET gateway_id = NULL, status = ?, reason = ? WHERE session_id = ?",
                       SessionStatus.REGISTERED.value, reason, session_id)
 
+    async def withdraw(self, session_id: str) -> bool:
+        """Queue a session again whose attempt never ran (withdrawn before its harness started): the attempt is
+        refunded. False when it had ended meanwhile."""
+        changed = await self._q("UPDATE sessions SET gateway_id = NULL, status = ?, dispatched = NULL, "
+                                "attempts = MAX(attempts - 1, 0), reason = 'withdrawn before it ran' "
+                                "WHERE session_id = ? AND result IS NULL AND packed IS NULL RETURNING session_id",
+                                SessionStatus.REGISTERED.value, session_id)
+        return bool(changed)
+
     async def set_status(self, session_id: str, status: SessionStatus) -> None:
         await self._q("UPDATE sessions SET status = ? WHERE session_id = ?", status.value, session_id)
 

@@ -108,7 +108,8 @@ class Watching:
             await self.unreadable(gw, polled)
             for result in polled.results:
                 last.pop(result.session_id, None)
-            mine = [r for r in polled.results if r.session_id in gw.sessions]
+            mine = [r for r in polled.results if r.session_id in gw.sessions
+                    and not (r.session_id in gw.withdrawing and r.head.status is S.CANCELLED)]  # queued again
             stale = [r for r in mine if not _current_attempt(gw, r)]
             for result in stale:  # an attempt this server did not hand out: never stored, never trained
                 self.counters.errors["result_stale_attempt"] += 1

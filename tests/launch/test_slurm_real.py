@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import sqlite3
@@ -314,3 +315,56 @@ def test_inference_job_serves_the_gateways(slurm_env: dict[str, str], tmp_path: 
     _wait_for(lambda: set(_sacct_states(slurm_env, list(jobs.values())).values()) == {"CANCELLED"}, 60,
               "sacct to record every job cancelled")
     _assert_no_job_left(slurm_env, list(jobs.values()))
+
+
+def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(slurm_env: dict[str, str],
+                                                                                tmp_path: Path) -> None:
+    """A launch in a 1-minute Slurm job with relaunch.margin_seconds=40 hands over after ~20 s, twice or more: each
+    successor takes the unfinished sessions from the store; every session ends once, COMPLETED, in one attempt."""
+    if not (tokenizer_dir() / ".complete").exists():
+        pytest.skip(f"the oracle engine's tokenizer {tokenizer_dir()} is not built (bash scripts/setup.sh)")
+    out = tmp_path / "run"
+    out.mkdir()
+    # every other session waits 6 s before its tests (a fork of the reference solution): the work is sleep, so a
+    # faster machine does not finish it in fewer jobs
+    slow = ('forks=[{name: slow, tasks: [demo-calc-add], replace: [{old: "python3 -B -m unittest -q", '
+            'new: "sleep 6; python3 -B -m unittest -q"}]}]')
+    sessions = 30  # about 55 s of work at two run slots: three jobs or more, with about 16 s of work in each
+    command = [sys.executable, "-m", "polar_gym.launch", "tasks.ids=[demo-calc-add]", f"num_samples={sessions}",
+               slow, "launcher.run_slots=2", "launcher.progress=false", "timeout_seconds=30",
+               "relaunch.enabled=true", "relaunch.margin_seconds=40", f"out_dir={out}"]
+    first = subprocess.run(["sbatch", "--parsable", "--time=1", "--cpus-per-task=2", "--mem=4G",
+                            "--job-name=polar-relay", f"--output={out}/first-%j.log", f"--chdir={ROOT}", "--wrap",
+                            shlex.join(command)], env=slurm_env, capture_output=True, text=True, check=True,
+                           timeout=60).stdout.strip().split(";")[0]
+
+    def chain_done() -> bool:
+        queued = subprocess.run(["squeue", "-h", "-n", "polar-relay", "-o", "%i"], env=slurm_env,
+                                capture_output=True, text=True, timeout=30).stdout.split()
+        if queued:
+            return False
+        time.sleep(1)  # a successor is queued by sbatch before its predecessor leaves the queue: look twice
+        queued = subprocess.run(["squeue", "-h", "-n", "polar-relay", "-o", "%i"], env=slurm_env,
+                                capture_output=True, text=True, timeout=30).stdout.split()
+        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
+        assert queued or (out / "summary.md").exists(), f"the chain ended before the run did:\n{logs}"
+        return not queued
+
+    try:
+        _wait_for(chain_done, 600, "the chain of jobs to finish the run")
+    finally:
+        subprocess.run(["scancel", "-n", "polar-relay"], env=slurm_env, timeout=30)
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
+    rows = [json.loads(line) for line in (out / "relaunches.jsonl").read_text().splitlines()]
+    assert len(rows) >= 2, logs
+    assert rows[0]["job_id"] == first and [r["job_id"] for r in rows[1:]] == [r["successor"] for r in rows[:-1]]
+    assert [r["relaunch"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(r["cut_sessions"] == 0 for r in rows), rows  # the margin let every running session finish
+    states = _sacct_states(slurm_env, [first, *(r["successor"] for r in rows)])
+    assert set(states.values()) == {"COMPLETED"}, states  # no job ran into its limit
+    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
+        stored = db.execute("SELECT session_id, status, attempts FROM sessions").fetchall()
+    assert len(stored) == sessions and {s for _, s, _ in stored} == {"COMPLETED"}, stored
+    assert {a for _, _, a in stored} == {1}, stored  # nothing ran twice
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["session_id"] for r in results) == sorted(s for s, _, _ in stored)  # each once, in the last job

@@ -355,3 +355,34 @@ async def test_drain_heartbeat_and_giving_up(harness: Harness) -> None:
     errors = parse_prometheus((await srv.http.get("/metrics")).text)
     assert errors['polar_server_errors_total{cause="gateway_dead"}'] == 1
     assert (await srv.http.post(f"/gateways/{open_id}/heartbeat", json={})).status_code == 410
+
+
+async def test_a_withdrawing_drain_takes_back_what_has_not_run_and_refunds_its_attempt(harness: Harness) -> None:
+    """The hand-over to the next Slurm job: a drain with ``withdraw`` cancels the sessions the gateway has queued
+    (INIT, READY) and queues them again with their attempt refunded; the running one finishes there. Another gateway
+    then runs the rest: every session ends once, in one attempt."""
+    old = await harness.gateway(run_slots=1)
+    srv = await harness.server(max_attempts=1)  # a withdrawn attempt that counted would fail its session
+    old_id = await srv.register(old, 4)
+    await srv.http.post("/tasks", content=make_task("t-withdraw", 4, sleep=3, calls=0).model_dump_json(),
+                        headers={"content-type": "application/json"})
+
+    async def one_runs_three_wait() -> bool:
+        health = old.node.health()
+        return bool(health["stages"]["run"] == 1 and health["live_sessions"] == 4)
+
+    await wait_for(one_runs_three_wait, 60, "one session to run and three to wait on the old gateway")
+    running = next(s.session_id for s in old.node.sessions() if s.status.value == "RUNNING")
+    view = (await srv.http.post(f"/gateways/{old_id}/drain", json={"withdraw": True})).json()
+    assert view["state"] == "draining" and view["in_flight"] == 1
+    queued = {s.session_id: s.status.value for s in old.node.sessions() if s.session_id != running}
+    new = await harness.gateway(run_slots=2)
+    await srv.register(new, 4)
+    done = await srv.wait_task("t-withdraw", 90)
+    assert done["status"] == "COMPLETED" and done["gateways"][running] == old_id
+    assert {done["gateways"][s] for s in queued} != {old_id}  # the withdrawn ones ran on the new gateway
+    assert set(queued.values()) == {"CANCELLED"}  # on the old gateway, never run
+    rows = {r.session_id: r for r in [await srv.store.session(s) for s in [running, *queued]] if r is not None}
+    assert {r.attempts for r in rows.values()} == {1} and {r.status.value for r in rows.values()} == {"COMPLETED"}
+    refused = await srv.http.post(f"/gateways/{old_id}/drain", json={"withdraw": "yes", "more": 1})
+    assert refused.status_code in (400, 422)

@@ -1,0 +1,148 @@
+"""polar_gym.launch.relaunch without Slurm: squeue's time left, the successor's command and sbatch line, when a run
+hands over, and the hand-over itself against a fake fleet (drain, wait for running sessions, submit, record)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar_gym.launch.relaunch import (
+    COUNT_ENV,
+    RelaunchSettings,
+    Relay,
+    SlurmJob,
+    current_job,
+    parse_time_left,
+    relay_for,
+    sbatch_argv,
+    successor_argv,
+)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("0:45", 45.0), ("12:05", 725.0), ("1:00:00", 3600.0), ("2-03:04:05", 2 * 86400 + 3 * 3600 + 4 * 60 + 5.0),
+    ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("", None), ("1:2:3:4", None), ("-1:00", None),
+])
+def test_squeue_time_left_is_parsed(text: str, seconds: float | None) -> None:
+    assert parse_time_left(text) == seconds
+
+
+def _job(left: float = 3600.0) -> SlurmJob:
+    return SlurmJob("42", left, "1:00:00", "debug", "polar run", None, None)
+
+
+def test_the_current_job_is_read_from_squeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert current_job(lambda argv: "unused") is None  # outside Slurm
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    asked: list[list[str]] = []
+
+    def squeue(argv: list[str]) -> str:
+        asked.append(argv)
+        return "58:20|1:00:00|debug|polar run|(null)|normal\n"
+
+    job = current_job(squeue)
+    assert asked[0][:4] == ["squeue", "-h", "-j", "42"]
+    assert job == SlurmJob("42", 3500.0, "1:00:00", "debug", "polar run", None, "normal")
+    assert current_job(lambda argv: "UNLIMITED|UNLIMITED|debug|x||\n") is None  # no limit: nothing to outlive
+    assert current_job(lambda argv: "") is None  # the job is not listed (any more)
+
+
+def test_the_successor_runs_the_same_overrides_in_the_same_folder(tmp_path: Path) -> None:
+    argv = ["launcher=local", "out_dir=elsewhere", "resume=false", "+tasks.ids=[a,b]", "harness=shell"]
+    command = successor_argv(argv, tmp_path / "run")
+    assert command == [sys.executable, "-m", "polar_gym.launch", "launcher=local", "+tasks.ids=[a,b]",
+                       "harness=shell", f"out_dir={(tmp_path / 'run').resolve()}", "resume=true"]
+
+
+def test_the_successor_is_submitted_after_this_job_with_its_resources(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "8192")
+    command = [sys.executable, "-m", "polar_gym.launch", "out_dir=/x y", "resume=true"]
+    argv = sbatch_argv(_job(), command, tmp_path, 3, tmp_path)
+    assert argv[:3] == ["sbatch", "--parsable", "--dependency=afterany:42"]
+    for flag in ("--time=1:00:00", "--partition=debug", "--job-name=polar run", "--cpus-per-task=4", "--mem=8192M",
+                 f"--export=ALL,{COUNT_ENV}=3", f"--chdir={tmp_path}"):
+        assert flag in argv
+    assert not any(a.startswith(("--account", "--qos")) for a in argv)  # not set on this job
+    assert argv[-2] == "--wrap" and shlex.split(argv[-1]) == command  # quoted: the space survives
+
+
+def test_when_a_run_hands_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(COUNT_ENV, raising=False)
+    auto = RelaunchSettings(margin_seconds=600)
+    relay, line = relay_for(auto, tmp_path, [], job=_job(3600))
+    assert relay is not None and line is not None and "hands over 600 s before" in line
+    assert relay_for(RelaunchSettings(enabled="false"), tmp_path, [], job=_job())[0] is None
+    short, why = relay_for(auto, tmp_path, [], job=_job(605))  # the limit is inside the margin: it would loop
+    assert short is None and why is not None and "too close to relaunch.margin_seconds=600" in why
+    with pytest.raises(ValueError, match="too close to"):
+        relay_for(RelaunchSettings(enabled=True, margin_seconds=600), tmp_path, [], job=_job(605))
+    monkeypatch.setenv(COUNT_ENV, "5")
+    capped, why = relay_for(RelaunchSettings(max_relaunches=5), tmp_path, [], job=_job())
+    assert capped is None and why is not None and "5 hand-overs already" in why
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert relay_for(auto, tmp_path, []) == (None, None)  # outside Slurm, auto: silently off
+    with pytest.raises(ValueError, match="needs a Slurm batch job"):
+        relay_for(RelaunchSettings(enabled="true"), tmp_path, [])
+
+
+class FakeFleet:
+    """The rollout client's calls a hand-over makes."""
+
+    def __init__(self, running: list[int]) -> None:
+        self.drained: list[str] = []
+        self.running = running
+
+    async def gateways(self) -> list[dict[str, Any]]:
+        return [{"gateway_id": "gw-a", "state": "healthy"}, {"gateway_id": "gw-b", "state": "dead"}]
+
+    async def drain_gateway(self, gateway_id: str, *, withdraw: bool = False) -> dict[str, Any]:
+        assert withdraw  # what is not running yet goes back to the queue, for the successor
+        self.drained.append(gateway_id)
+        return {}
+
+    async def in_flight(self) -> int:
+        return self.running.pop(0) if len(self.running) > 1 else self.running[0]
+
+
+async def test_a_hand_over_drains_waits_for_the_running_sessions_and_records_itself(tmp_path: Path) -> None:
+    fleet = FakeFleet([2, 1, 0])
+    submitted: list[list[str]] = []
+
+    def submit(argv: list[str]) -> str:
+        submitted.append(argv)
+        return "43"
+
+    relay = Relay(RelaunchSettings(margin_seconds=30), _job(left=30.2), tmp_path, ["launcher=local"], count=1,
+                  submit=submit)
+    t0 = time.monotonic()
+    handover = await relay.watch(fleet, fleet.in_flight, unfinished=_answer(5))
+    assert handover is not None and handover.successor == "43" and fleet.drained == ["gw-a"]
+    assert time.monotonic() - t0 < 20  # it waited for the sessions, not for the limit
+    assert len(submitted) == 1 and "--dependency=afterany:42" in submitted[0]
+    assert f"--export=ALL,{COUNT_ENV}=2" in submitted[0]
+    rows = [json.loads(line) for line in (tmp_path / "relaunches.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["successor"] == "43" and rows[0]["cut_sessions"] == 0
+    assert rows[0]["relaunch"] == 2 and rows[0]["command"][-1] == "resume=true"
+
+
+def _answer(n: int) -> Any:
+    async def count() -> int:
+        return n
+
+    return count
+
+
+async def test_a_run_that_finished_while_draining_needs_no_successor(tmp_path: Path) -> None:
+    fleet = FakeFleet([0])
+    relay = Relay(RelaunchSettings(margin_seconds=30), _job(left=30.0), tmp_path, [], submit=lambda argv: "never")
+    assert await relay.watch(fleet, fleet.in_flight, unfinished=_answer(0)) is None
+    assert fleet.drained == ["gw-a"] and not (tmp_path / "relaunches.jsonl").exists()
