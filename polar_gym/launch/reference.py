@@ -28,6 +28,7 @@ from polar_gym.harness.base import Harness
 from polar_gym.launch.checks import signature_model
 from polar_gym.launch.config import RunSettings
 from polar_gym.launch.local import LocalLauncherSettings
+from polar_gym.launch.relaunch import RelaunchSettings
 from polar_gym.launch.submitit_launcher import SlurmLauncherSettings
 from polar_gym.merge import MergeConfig
 from polar_gym.proxy.settings import ProxySettings
@@ -140,7 +141,8 @@ def reference() -> str:
             "### datagen (`+datagen=sft`)", "", _table(DatagenConfig, "datagen"),
             "### trainer (`+trainer=sft`, `+trainer=grpo`)", "", _table(TrainerSettings, "trainer"),
             "### logging (W&B, TensorBoard)", "", _table(LoggingSettings, "logging"),
-            "### telemetry (OpenTelemetry spans)", "", _table(TelemetrySettings, "telemetry")]
+            "### telemetry (OpenTelemetry spans)", "", _table(TelemetrySettings, "telemetry"),
+            "### relaunch (hand-over before a Slurm job's time limit)", "", _table(RelaunchSettings, "relaunch")]
     return "\n".join(out).rstrip() + "\n"
 
 

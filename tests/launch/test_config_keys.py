@@ -23,6 +23,7 @@ from polar_gym.launch import CONF_DIR, ConfigError, build_job, run
 from polar_gym.launch.config import RunSettings
 from polar_gym.launch.local import LocalLauncherSettings
 from polar_gym.launch.reference import README, check
+from polar_gym.launch.relaunch import RelaunchSettings
 from polar_gym.launch.submitit_launcher import SlurmLauncherSettings
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
 from polar_gym.trainer.settings import TrainerSettings
@@ -168,6 +169,7 @@ def test_the_embedded_defaults_and_run_keys_are_the_models() -> None:
     assert cfg["num_samples"] == run_defaults["num_samples"].default
     assert cfg["timeout_seconds"] == run_defaults["timeout_seconds"].default
     assert cfg["builder"] == BuilderSpec().model_dump()
+    assert cfg["relaunch"] == RelaunchSettings().model_dump()
     assert cfg["harness"]["model_name"] == AgentSpec.model_fields["model_name"].default
     tasks = yaml.safe_load((CONF_DIR / "tasks" / "demo.yaml").read_text())
     assert tasks == {"_target_": "polar_gym.launch.tasks:demo_requests", "ids": None}
