@@ -163,7 +163,8 @@ async def start_fleet(args: argparse.Namespace, work: Path) -> Fleet:
         await wait_http(f"http://127.0.0.1:{port}/health", 60.0, proc=server)
         pools = GatewayJobSettings(run_slots=args.run_slots, init_workers=args.init_workers,
                                    ready_buffer=args.ready_buffer, postrun_workers=args.postrun_workers,
-                                   cpus_per_task=args.gateway_cpus, mem_gb=args.gateway_mem_gb, timeout_min=120)
+                                   pool_sizing=args.pool_sizing, cpus_per_task=args.gateway_cpus,
+                                   mem_gb=args.gateway_mem_gb, timeout_min=120)
         inference = InferenceSettings(engine="oracle", tokenizer=str(tokenizer_dir()))
         argvs = [gateway_argv(inference, pools, [], server_url=fleet.url, workdir=work / "gateways" / f"gateway-{i}",
                               heartbeat=args.heartbeat) + ["--log-level", "warning"] for i in range(args.gateways)]
@@ -461,6 +462,7 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     slots = {g: args.run_slots for g in capacity}  # what a gateway registers is its dispatch capacity, not its slots
     summary, series = analyse(rows, slots, args.time_scale, args.slot_step)
     summary["registered_capacity"] = capacity
+    summary["pool_sizing"] = args.pool_sizing
     heartbeats = args.gateways * idle_s / args.heartbeat  # each gateway beats, and the server probes it, per interval
     per_beat = (delta(idle1["server"], idle0["server"]) or 0.0) / heartbeats
     server_run = delta(after["server"], before["server"]) or 0.0
@@ -495,6 +497,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init-workers", type=int, default=4)
     p.add_argument("--ready-buffer", type=int, default=2)
     p.add_argument("--postrun-workers", type=int, default=4)
+    p.add_argument("--pool-sizing", choices=("fixed", "auto"), default="auto",
+                   help="the gateways' pool sizing (auto: the sizes above are the start)")
     p.add_argument("--time-scale", type=float, default=0.01, help="real seconds -> benchmark seconds")
     p.add_argument("--calls", type=int, default=4, help="model calls per session (the RUN time is split across)")
     p.add_argument("--tool-output-kb", type=float, default=0.0,

@@ -236,6 +236,9 @@ class GatewayNode:
                       current.init_workers, plan.init_workers, current.ready_buffer, plan.ready_buffer,
                       current.postrun_workers, plan.postrun_workers, plan.stage_means)
             self._apply(plan.init_workers, plan.ready_buffer, plan.postrun_workers)
+            if (self.init_pool.capacity, self.ready_pool.capacity, self.postrun_pool.capacity) != (
+                    current.init_workers, current.ready_buffer, current.postrun_workers):
+                self.planner.applied()
 
     def _apply(self, *targets: int) -> None:
         """Resize INIT, READY and POSTRUN: shrinks at once, growth only into room the budget has now. Why: a shrunk

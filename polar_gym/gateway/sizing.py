@@ -168,11 +168,15 @@ class PoolPlanner:
                              memory_reserve_mb=self.memory_reserve_mb, disk_reserve_mb=self.disk_reserve_mb)
         if self.engine is not None:
             planned = planned.model_copy(update={"engine": self.engine})
-        if (planned.init_workers, planned.ready_buffer, planned.postrun_workers) != _tuple(current):
-            self.changes += 1
         planned = planned.model_copy(update={"changes": self.changes})
         self.last = planned
         return planned
+
+    def applied(self) -> None:
+        """The node changed a pool's size after the last plan (a growth deferred for room is not a change)."""
+        self.changes += 1
+        if self.last is not None:
+            self.last = self.last.model_copy(update={"changes": self.changes})
 
     def observe(self, pressure: NodePressure) -> None:
         """Take one resource reading (once each; it carries the model calls since the previous one). The engine is

@@ -118,7 +118,7 @@ class PoolSizing(_Open):
     limited_by: str | None = None
     reason: str | None = None
     engine: str | None = None
-    #: how many plans changed a size so far
+    #: how many times the node changed a pool's size so far
     changes: int = 0
 
 
