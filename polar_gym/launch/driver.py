@@ -136,7 +136,6 @@ class RunDriver:
         result_line = f"finished: {finished} · mean reward [bold]{mean}[/] · {rate:.1f} sessions/min"
         return Group(bar, stage_line, result_line)
 
-
     async def unfinished(self, requests: list[TaskRequest]) -> int:
         """Sessions of ``requests`` without a result yet, as the rollout server counts them."""
         left = 0

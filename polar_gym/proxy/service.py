@@ -298,8 +298,7 @@ class ProxyService:
         self._streams: set[asyncio.Future[None]] = set()  # streamed calls being passed through
         self._inflight: dict[str, int] = {}  # model calls per session not yet journaled (see wait_idle)
         self._idle: dict[str, asyncio.Event] = {}
-        #: model_calls_timed / model_call_ms: answered calls and their total time, the engine's load as self-sizing
-        #: gateway pools see it (a saturated engine answers the same calls slower)
+        #: model_calls_timed / model_call_ms: answered calls, their time (self-sizing pools read the engine's load)
         self.stats = {"requests": 0, "errors": 0, "prompt_tokens": 0, "response_tokens": 0, "model_calls_timed": 0,
                       "model_call_ms": 0}
         #: per session, model calls that failed for infrastructure reasons; a gateway takes them when it builds the
