@@ -10,12 +10,14 @@ answering while a step computes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from polar_gym.merge.exports import trajectory_records
 from polar_gym.report.training import trained_summary
@@ -29,6 +31,14 @@ from polar_gym.trainer.losses import (
 from polar_gym.trainer.metrics import MetricsLog
 from polar_gym.trainer.pipeline import Batch, GroupFeed
 from polar_gym.trainer.policy import PAD_ID, Trainer
+from polar_gym.trainer.resume import (
+    kept_rows,
+    random_state,
+    resume_point,
+    save_state,
+    set_random_state,
+    update_loop_state,
+)
 from polar_gym.trainer.settings import TrainerSettings
 from polar_gym.trainer.sft_data import load_sft_file
 from polar_gym.trainer.staleness import (
@@ -42,7 +52,9 @@ from polar_gym.trainer.step_eval import ReferenceScorer, reward_stats
 from polar_gym.trainer.verdict import step_verdict
 from polar_gym.trainer.worker import TrainerWorker, pinned
 
-__all__ = ["RolloutSource", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"]
+__all__ = ["RolloutSource", "RunControl", "WeightSync", "grpo_sequences", "run_grpo", "run_sft"]
+
+T = TypeVar("T")
 
 #: the GRPO plot's panels (those a run has)
 GRPO_PLOT_KEYS = ("reward_mean", "eval/share_right", "eval/p_right", "eval/greedy_success", "loss",
@@ -57,6 +69,36 @@ class WeightSync(Protocol):
     the rollout server's ``POST /backends/weights``); raises when the fleet did not take it."""
 
     async def update_weights(self, checkpoint: str, policy_version: int | str, /) -> Any: ...
+
+
+@dataclass
+class RunControl:
+    """Between a GRPO run and the launch around it: ``stop`` asks the run to end at the next step boundary (a
+    hand-over to the next Slurm job: a step waiting for its groups is left for that job, a step training finishes);
+    ``last_step`` is the last step done, ``handed_over`` says the run stopped early on ``stop``."""
+
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    last_step: int = 0
+    handed_over: bool = False
+
+
+class _Stopped(Exception):
+    """``RunControl.stop`` was set while a step waited for its groups."""
+
+
+async def _unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T:
+    """``work``'s value, or _Stopped (``work`` cancelled) when ``stop`` is set first."""
+    job, halt = asyncio.ensure_future(work), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({job, halt}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        halt.cancel()
+        if not job.done():
+            job.cancel()
+            await asyncio.gather(job, return_exceptions=True)
+    if job.cancelled():
+        raise _Stopped
+    return job.result()
 
 
 class RolloutSource(Protocol):
@@ -208,7 +250,8 @@ class _Judge:
 
 async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], client: RolloutSource,
                    out_dir: Path, *, weights: WeightSync | None = None, echo: Any = print,
-                   timeout: float = 3600.0, sinks: MetricSinks | None = None) -> Path:
+                   timeout: float = 3600.0, sinks: MetricSinks | None = None, resume: bool = False,
+                   control: RunControl | None = None) -> Path:
     """GRPO for ``settings.steps`` steps on ``tasks`` (each ``num_samples`` sessions: one group); after each step
     the checkpoint ``out_dir/checkpoints/step-N`` is pushed to the fleet as policy version ``initial_version + N``.
     Every step's traces go to ``out_dir/trajectories.jsonl``, every metrics row also to ``sinks``. Returns the last
@@ -217,41 +260,74 @@ async def run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], clie
     Besides the loss, each row says whether the step trained (:func:`~polar_gym.trainer.verdict.step_verdict`: a
     step with no signal, scripted traces or a trainer-engine mismatch is not an update, and says so) and carries
     the step's evaluation (:mod:`polar_gym.trainer.step_eval`); with ``reference_answers`` a row ``step 0`` holds
-    the evaluation of the starting weights, and row N that of the weights after update N."""
+    the evaluation of the starting weights, and row N that of the weights after update N.
+
+    With ``resume`` the run goes on after the newest step whose state it saved (:mod:`polar_gym.trainer.resume`);
+    ``control`` lets the caller stop it at a step boundary and see how far it got."""
     if settings.push_weights and weights is None:
         raise ValueError("push_weights needs a WeightSync (the fleet's weight-update call)")
     model_dir = _model_dir(settings)
     worker = TrainerWorker(settings.cpus)
     try:
         return await _run_grpo(settings, tasks, client, out_dir, worker, model_dir, weights=weights, echo=echo,
-                               timeout=timeout, sinks=sinks)
+                               timeout=timeout, sinks=sinks, resume=resume, control=control or RunControl())
     finally:
         worker.close()
 
 
 async def _run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], client: RolloutSource, out_dir: Path,
                     worker: TrainerWorker, model_dir: Path, *, weights: WeightSync | None, echo: Any,
-                    timeout: float, sinks: MetricSinks | None) -> Path:
-    trainer = await worker.run(Trainer, settings, model_dir)
+                    timeout: float, sinks: MetricSinks | None, resume: bool, control: RunControl) -> Path:
+    point = resume_point(out_dir / "checkpoints") if resume else None
+    control.last_step = point.step if point else 0
+    trainer = await worker.run(Trainer, settings, model_dir, point.checkpoint if point else None)
+    if point is not None:
+        await worker.run(trainer.restore, point.trainer, point.loop["version"])
     scorer = (await worker.run(ReferenceScorer, settings.reference_answers, model_dir, PAD_ID)
               if settings.reference_answers else None)
     shuffle = random.Random(settings.seed) if settings.shuffle_rewards else None
-    log = MetricsLog(out_dir / "train_metrics.jsonl")
-    if scorer is not None:
+    if shuffle is not None and point is not None:
+        set_random_state(shuffle, point.loop["shuffle_rng"])
+    kept = point.step if point else -1  # a resume without a finished step starts afresh
+    log = MetricsLog(out_dir / "train_metrics.jsonl", kept_rows(out_dir / "train_metrics.jsonl", kept)
+                     if resume else None)
+    if resume:
+        kept_rows(out_dir / "trajectories.jsonl", kept)
+    if scorer is not None and point is None:
         first = {"step": 0, "version": settings.initial_version, **await _evaluate(worker, scorer, trainer.model)}
         _write(log, first, sinks)
         echo(f"grpo step 0 (before training): P(right) {first['eval/p_right']:.3f} share "
              f"{first['eval/share_right']:.3f}")
-    checkpoint = model_dir
+    checkpoint = point.checkpoint if point else model_dir
     feed = GroupFeed(client, tasks, steps=settings.steps, max_staleness=settings.max_staleness,
                      stale_groups=settings.stale_groups, greedy_samples=settings.greedy_samples,
                      completed_only=settings.completed_only, timeout=timeout)
     try:
-        for step in range(1, settings.steps + 1):
+        if point is not None:
+            if weights is not None and settings.push_weights:  # before any group samples again
+                await weights.update_weights(str(point.checkpoint), point.loop["version"])
+            groups = await feed.restore(point.loop["feed"])
+            echo(f"grpo: resuming after step {point.step} ({point.checkpoint}, policy version "
+                 f"{point.loop['version']}); {groups} group(s) of the earlier job re-attached")
+        for step in range(control.last_step + 1, settings.steps + 1):
+            if control.stop.is_set():
+                break
             checkpoint = await _grpo_step(step, settings, worker, trainer, feed, scorer, shuffle, log, out_dir,
-                                          weights, echo, sinks)
+                                          weights, echo, sinks, control.stop)
+            control.last_step = step
+    except _Stopped:
+        pass
     finally:
-        unused = await feed.close()
+        if control.stop.is_set() and control.last_step < settings.steps:
+            control.handed_over = True
+            left = await feed.detach()
+            if control.last_step:
+                update_loop_state(checkpoint, {"feed": feed.state()})
+            echo(f"grpo: stopped after step {control.last_step} of {settings.steps} for the next job, which "
+                 f"resumes it; {left} group(s) left to it")
+            unused = 0
+        else:
+            unused = await feed.close()
     if unused:
         echo(f"grpo: {unused} group(s) sampled ahead were not trained on (the run ended; they were cancelled)")
     summary = trained_summary(log.rows)
@@ -262,12 +338,13 @@ async def _run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], cli
 
 async def _grpo_step(step: int, settings: TrainerSettings, worker: TrainerWorker, trainer: Trainer, feed: GroupFeed,
                      scorer: ReferenceScorer | None, shuffle: random.Random | None, log: MetricsLog, out_dir: Path,
-                     weights: WeightSync | None, echo: Any, sinks: MetricSinks | None) -> Path:
-    """One GRPO step: the feed's groups, the update (or the verdict against it), the evaluation, the checkpoint and
-    its push; returns the checkpoint."""
+                     weights: WeightSync | None, echo: Any, sinks: MetricSinks | None, stop: asyncio.Event) -> Path:
+    """One GRPO step: the feed's groups (_Stopped when ``stop`` is set while waiting for them), the update (or the
+    verdict against it), the evaluation, the checkpoint and its push, the state a resumed run starts from; returns
+    the checkpoint."""
     started = time.monotonic()
     trainer_version = settings.initial_version + step - 1
-    batch = await feed.next_batch(step, trainer_version)
+    batch = await _unless_stopped(stop, feed.next_batch(step, trainer_version))
     results = batch.results
     _keep_traces(out_dir / "trajectories.jsonl", results, step)
     if results and all(r.status is SessionStatus.ERROR for r in results):
@@ -305,6 +382,9 @@ async def _grpo_step(step: int, settings: TrainerSettings, worker: TrainerWorker
     await worker.run(trainer.keep_version, version)
     row["seconds"] = time.monotonic() - started
     _write(log, row, sinks)
+    loop_state = {"step": step, "version": version, "feed": feed.state(),
+                  "shuffle_rng": random_state(shuffle) if shuffle is not None else None}
+    await worker.run(save_state, checkpoint, trainer.state(), loop_state)
     echo(f"grpo step {step}: {_describe(row)}; traces {len(sequences)} -> version {version} "
          f"({row['seconds']:.1f} s)")
     if batch.dropped:
@@ -351,8 +431,6 @@ def _staleness_row(batch: Batch, results: Sequence[SessionResult], trainer_versi
     return {**staleness_stats(ages).as_row(), "rounds": list(batch.rounds),
             "stale_groups_dropped": len(batch.dropped),
             "masked_tokens/stale": sum(d.tokens for d in batch.dropped), "masked_tokens/mixed_version": mixed}
-
-
 
 
 def _keep_traces(path: Path, results: Sequence[SessionResult], step: int) -> None:

@@ -14,13 +14,15 @@ __all__ = ["MetricsLog", "svg_plot"]
 
 
 class MetricsLog:
-    """Appends one JSON line per step to ``path`` (flushed, so a crash keeps the steps so far)."""
+    """Appends one JSON line per step to ``path`` (flushed, so a crash keeps the steps so far). A resumed run passes
+    the ``rows`` it keeps (the file already holds them)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, rows: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.rows: list[dict[str, Any]] = []
-        self.path.write_text("", encoding="utf-8")
+        self.rows: list[dict[str, Any]] = [dict(r) for r in rows or ()]
+        if rows is None:
+            self.path.write_text("", encoding="utf-8")
 
     def write(self, row: Mapping[str, Any]) -> None:
         self.rows.append(dict(row))

@@ -96,8 +96,11 @@ class GroupFeed:
         self._collectors: dict[str, asyncio.Task[None]] = {}
         self._early: list[tuple[_Ticket, list[SessionResult]]] = []  # groups done while a step waited for greedy
         self._retries = 0
+        #: every group submitted and not yet taken by a step (what a resumed run re-attaches to)
+        self._outstanding: dict[str, _Ticket] = {}
 
     async def _submit(self, ticket: _Ticket) -> None:
+        self._outstanding[ticket.request.task_id] = ticket
         await self.client.submit(ticket.request)
         self._collectors[ticket.request.task_id] = asyncio.create_task(self._collect(ticket))
 
@@ -141,7 +144,8 @@ class GroupFeed:
         started = time.monotonic()
         await self._submit_rounds(step)
         batch = Batch(groups=[], rounds=[])
-        while len(batch.groups) < len(self.tasks):
+        taken: list[_Ticket] = []  # leave the outstanding groups only with the whole batch (a step cut short
+        while len(batch.groups) < len(self.tasks):  # by a hand-over leaves them to the next job)
             ticket, outcome = await self._next_done()
             if ticket.greedy:
                 self._greedy_done[ticket.request.task_id] = outcome
@@ -150,13 +154,15 @@ class GroupFeed:
             if staleness > self.max_staleness and self.stale_groups == "drop":
                 tokens = sum(sum(t.loss_mask) for r in outcome if r.trajectory for t in r.trajectory.traces)
                 batch.dropped.append(DroppedGroup(ticket.request.task_id, staleness, tokens))
+                self._outstanding.pop(ticket.request.task_id, None)
                 self._retries += 1
                 await self._submit(_Ticket(ticket.task, step_request(
                     ticket.task, f"step{ticket.round}-retry{self._retries}", ticket.round), ticket.round))
                 continue
             batch.groups.append(outcome)
             batch.rounds.append(ticket.round)
-        for ticket in self._greedy.pop(step, []):
+            taken.append(ticket)
+        for ticket in self._greedy.get(step, []):
             while ticket.request.task_id not in self._greedy_done:
                 ticket_done, outcome = await self._from_queue()
                 if ticket_done.greedy:
@@ -164,19 +170,56 @@ class GroupFeed:
                 else:  # a training group done early: first in line for the next step
                     self._early.append((ticket_done, outcome))
             batch.greedy += self._greedy_done.pop(ticket.request.task_id)
+            taken.append(ticket)
+        self._greedy.pop(step, None)
+        for ticket in taken:
+            self._outstanding.pop(ticket.request.task_id, None)
         batch.wait_seconds = time.monotonic() - started
         return batch
 
-    async def close(self) -> int:
-        """Stop collecting and cancel every group still in flight (the rollout server's ``cancel`` when the client
-        has one); the number of groups submitted but never trained on."""
-        left = [task_id for task_id in self._collectors]
+    def state(self) -> dict[str, Any]:
+        """The feed as JSON, for a resumed run (:mod:`polar_gym.trainer.resume`): rounds submitted, retries, and
+        every group submitted and not yet taken by a step."""
+        groups = [{"task_id": t.task.task_id, "request": t.request.model_dump(mode="json"), "round": t.round,
+                   "greedy": t.greedy} for t in self._outstanding.values()]
+        return {"submitted_rounds": self.submitted_rounds, "retries": self._retries, "groups": groups}
+
+    async def restore(self, state: dict[str, Any]) -> int:
+        """Continue from :meth:`state`: re-submit every group it holds (the rollout server answers a known task id
+        with its stored sessions; the unfinished ones run) and collect it; the number of groups."""
+        by_id = {t.task_id: t for t in self.tasks}
+        self.submitted_rounds, self._retries = int(state["submitted_rounds"]), int(state["retries"])
+        for group in state["groups"]:
+            task = by_id.get(group["task_id"])
+            if task is None:
+                raise ValueError(f"the resumed feed holds a group of task {group['task_id']!r}, not one of the run")
+            ticket = _Ticket(task, TaskRequest.model_validate(group["request"]), int(group["round"]),
+                             bool(group["greedy"]))
+            if ticket.greedy:
+                self._greedy.setdefault(ticket.round, []).append(ticket)
+            await self._submit(ticket)
+        return len(state["groups"])
+
+    async def detach(self) -> int:
+        """Stop collecting without cancelling anything on the rollout server (a hand-over: the next job takes the
+        groups over); the number of groups left outstanding."""
+        await self._stop_collectors()
+        return len(self._outstanding)
+
+    async def _stop_collectors(self) -> list[str]:
+        left = list(self._collectors)
         for collector in self._collectors.values():
             collector.cancel()
         for collector in self._collectors.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await collector
         self._collectors.clear()
+        return left
+
+    async def close(self) -> int:
+        """Stop collecting and cancel every group still in flight (the rollout server's ``cancel`` when the client
+        has one); the number of groups submitted but never trained on."""
+        left = await self._stop_collectors()
         cancel = getattr(self.client, "cancel", None)
         if cancel is not None:
             for task_id in left:

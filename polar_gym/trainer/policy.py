@@ -47,14 +47,16 @@ class StepReport:
 class Trainer:
     """A policy, its optimizer and one step of either algorithm (synchronous; no I/O but the checkpoint)."""
 
-    def __init__(self, settings: TrainerSettings, model_dir: Path) -> None:
+    def __init__(self, settings: TrainerSettings, model_dir: Path, weights: Path | None = None) -> None:
+        """``model_dir``: the starting model (the KL reference, the tokenizer files); ``weights``: a checkpoint of
+        the run to start from instead (a resumed run; :meth:`restore` brings back its optimizer)."""
         if settings.threads:
             torch.set_num_threads(settings.threads)
         torch.manual_seed(settings.seed)
         self.settings = settings
         self.model_dir = model_dir
         dtype = getattr(torch, settings.dtype)
-        self.model = load_policy(model_dir, dtype)
+        self.model = load_policy(weights or model_dir, dtype)
         self.reference = _frozen(load_policy(model_dir, dtype)) if settings.kl_coef > 0 else None
         self.optimizer: torch.optim.Optimizer
         if settings.optimizer == "sgd":
@@ -82,6 +84,18 @@ class Trainer:
         self._kept[self.version] = {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
         for old in sorted(self._kept)[:-keep]:
             del self._kept[old]
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs besides the weights: the optimizer's moments and step counts, torch's RNG."""
+        return {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+
+    def restore(self, state: Mapping[str, Any], version: int) -> None:
+        """Continue from :meth:`state` with the weights of policy ``version`` (loaded by the constructor). The
+        copies kept for the guard start again from this version: older versions' tokens are counted as not kept."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self._kept.clear()
+        self.keep_version(version)
 
     @property
     def kept_versions(self) -> list[int]:
