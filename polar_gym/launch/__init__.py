@@ -67,9 +67,8 @@ def run(cfg: DictConfig) -> int:
         except ValueError as exc:
             print(f"polar_gym.launch: configuration error: relaunch.enabled: {exc}", file=sys.stderr)
             return 2
-        if job.relay is not None and job.trainer is not None:
-            job.relay, line = None, "relaunch off: a training run does not hand over yet (its trainer state is not " \
-                                    "checkpointed across jobs)"
+        if job.relay is not None and job.trainer is not None and job.trainer.algorithm != "grpo":
+            job.relay, line = None, "relaunch off: an SFT run does not hand over (it cannot be resumed)"
         if line is not None:
             print(f"polar_gym.launch: {line}", file=sys.stderr)
     for task in job.refused:  # each is an ERROR session (invalid_task) of the run; the others run
@@ -80,8 +79,9 @@ def run(cfg: DictConfig) -> int:
         if job.trainer is not None:
             from polar_gym.launch.training import train
 
-            return train(job)
-        code = int(job.launcher.launch(job))
+            code = train(job)
+        else:
+            code = int(job.launcher.launch(job))
         if job.handover is not None:
             print(f"polar_gym.launch: {job.handover}: it resumes this run in {job.out_dir} when this job ends "
                   f"({job.out_dir / 'relaunches.jsonl'})", file=sys.stderr)

@@ -293,9 +293,8 @@ def build_job(cfg: DictConfig) -> LaunchJob:
         raise ConfigError("", problems=problems)
     assert shaped is not None and inference is not None
     run, template = shaped
-    if run.resume and trainer is not None:
-        raise ConfigError("a training run (+trainer) cannot be resumed from its store; pick a new out_dir",
-                          key="resume")
+    if run.resume and trainer is not None and trainer.algorithm != "grpo":
+        raise ConfigError("an SFT run (+trainer=sft) cannot be resumed; pick a new out_dir", key="resume")
     launch_id = uuid.uuid4().hex[:12]
     tasks = _requests(cfg, template)
     if run.forks:  # whatever the source (demo, harbor, dataset): a fork that does not apply is the config's error

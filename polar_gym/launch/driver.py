@@ -23,7 +23,7 @@ from polar_gym.launch.outputs import SessionOutcome
 from polar_gym.schema import SessionResult, SessionSpec, TaskRequest
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["RunDriver", "outcome_of", "run_job", "sigterm_cancels_run"]
+__all__ = ["RunDriver", "fleet_in_flight", "outcome_of", "run_job", "sigterm_cancels_run"]
 
 _STAGES = ["queued", "init", "ready", "run", "postrun"]
 _FINISHED = {"COMPLETED", "ERROR", "CANCELLED", "TIMEOUT"}
@@ -145,8 +145,12 @@ class RunDriver:
         return left
 
     async def in_flight(self) -> int:
-        """Sessions the gateways run now, as the rollout server counts them."""
-        return sum(int(gw.get("in_flight") or 0) for gw in await self.client.gateways() if gw.get("state") != "dead")
+        return await fleet_in_flight(self.client)
+
+
+async def fleet_in_flight(client: RolloutClient) -> int:
+    """Sessions the gateways run now, as the rollout server counts them."""
+    return sum(int(gw.get("in_flight") or 0) for gw in await client.gateways() if gw.get("state") != "dead")
 
 
 async def run_job(driver: RunDriver, job: LaunchJob) -> tuple[list[SessionOutcome], float]:

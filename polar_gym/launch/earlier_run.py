@@ -126,6 +126,9 @@ def check_earlier_run(job: LaunchJob) -> str | None:
             raise ConfigError(f"the config differs from the earlier run's ({config}) at {', '.join(changed)}; a "
                               "resumed run keeps its config: drop those overrides, or pick another out_dir",
                               key="resume")
+    if job.trainer is not None:  # its groups are the tasks of each step, re-attached by the trainer
+        return (f"resume=true: the GRPO run goes on after the last step it saved in "
+                f"{job.out_dir / 'trainer' / 'checkpoints'}, its sessions so far from {job.store}")
     stored = stored or StoredTasks(0, {}, {})
     for request in job.requests:
         old = stored.requests.get(request.task_id)

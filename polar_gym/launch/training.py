@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from rich.markup import escape
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python
 from polar_gym.fleet import InferenceSettings, UpstreamCheckFailed, ensure_upstreams, local_fleet
 from polar_gym.launch.config import LaunchJob
-from polar_gym.launch.driver import outcome_of, sigterm_cancels_run
+from polar_gym.launch.driver import fleet_in_flight, outcome_of, sigterm_cancels_run
 from polar_gym.launch.local import LocalLauncher
 from polar_gym.launch.outputs import REPORT, SessionOutcome, result_row, write_report
 from polar_gym.merge.fidelity import run_fidelity
@@ -48,7 +49,7 @@ from polar_gym.server.client import RolloutClient
 from polar_gym.serving import free_port
 from polar_gym.settings import ConfigError
 from polar_gym.telemetry import MetricSinks
-from polar_gym.trainer.loops import RolloutSource, WeightSync, run_grpo, run_sft
+from polar_gym.trainer.loops import RolloutSource, RunControl, WeightSync, run_grpo, run_sft
 
 __all__ = ["SCRIPTED_ENGINE", "SETUP_ENGINE", "PolicyServer", "SessionRecorder", "policy_server", "served_inference",
            "started_policy_server", "train", "write_training_report"]
@@ -90,11 +91,15 @@ class SessionRecorder:
 
 
 def write_training_report(out_dir: Path, algorithm: str, sessions: list[tuple[int, SessionOutcome]],
-                          wall: float) -> Path:
+                          wall: float, *, resumed: bool = False) -> Path:
     """report.html for a training run: train_metrics.jsonl's curves and the sessions of every step (written to
-    results.jsonl too, so ``python -m polar_gym.report`` rebuilds the page)."""
+    results.jsonl too, so ``python -m polar_gym.report`` rebuilds the page). A resumed run keeps the rows of the
+    earlier jobs' sessions (a session both saw, re-attached from the store, once: this job's row)."""
     rows = [{**result_row(o), "step": step} for step, o in sessions]
-    if sessions:
+    if resumed:
+        mine = {row["session_id"] for row in rows}
+        rows = [r for r in read_jsonl(out_dir / "results.jsonl") if r.get("session_id") not in mine] + rows
+    if rows:
         with open_private(out_dir / "results.jsonl") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
@@ -284,14 +289,46 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console, serve
                                 telemetry=job.telemetry, state_dir=job.state_dir) as (url, token),
                     RolloutClient(url, token) as client):
             weights = client if isinstance(client, WeightSync) else None
-            recorder, started = SessionRecorder(client), time.monotonic()
+            recorder, started, control = SessionRecorder(client), time.monotonic(), RunControl()
             try:
                 with _sinks(job) as sinks:
-                    final = await run_grpo(settings, job.requests, recorder, job.out_dir / "trainer",
-                                           weights=weights, echo=console.print,
-                                           timeout=max(r.timeout_seconds for r in job.requests) * 2, sinks=sinks)
+                    final = await _handing_over(job, client, control, run_grpo(
+                        settings, job.requests, recorder, job.out_dir / "trainer", weights=weights,
+                        echo=console.print, timeout=max(r.timeout_seconds for r in job.requests) * 2, sinks=sinks,
+                        resume=job.resume, control=control))
             finally:
-                write_training_report(job.out_dir, "grpo", recorder.sessions, time.monotonic() - started)
-    console.print(f"grpo: last checkpoint {final}; metrics {job.out_dir / 'trainer' / 'train_metrics.jsonl'}; "
-                  f"report {job.out_dir / REPORT}")
+                write_training_report(job.out_dir, "grpo", recorder.sessions, time.monotonic() - started,
+                                      resumed=job.resume)
+    if not control.handed_over:
+        console.print(f"grpo: last checkpoint {final}; metrics {job.out_dir / 'trainer' / 'train_metrics.jsonl'}; "
+                      f"report {job.out_dir / REPORT}")
     return 0
+
+
+async def _handing_over(job: LaunchJob, client: RolloutClient, control: RunControl,
+                        training: Coroutine[Any, Any, Path]) -> Path:
+    """Run ``training``; with a relay (a run in a Slurm job with a time limit) watch the time left: once the relay
+    has drained the fleet and submitted the successor job (``job.handover``), the run stops at its next step
+    boundary, its state saved for the successor (:mod:`polar_gym.trainer.resume`). A hand-over that fails stops the
+    run."""
+    assert job.trainer is not None
+    if job.relay is None:
+        return await training
+    steps = job.trainer.steps
+
+    async def unfinished() -> int:
+        return steps - control.last_step
+
+    work = asyncio.ensure_future(training)
+    watch = asyncio.ensure_future(job.relay.watch(client, functools.partial(fleet_in_flight, client), unfinished))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            job.handover = await watch
+            if job.handover is not None:
+                control.stop.set()
+        return await work
+    finally:
+        for future in (work, watch):
+            future.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)

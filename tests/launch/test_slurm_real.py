@@ -5,6 +5,7 @@ Skips only when the daemons cannot start (no root / no apt); with CI set it fail
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -22,7 +23,10 @@ from pathlib import Path
 import pytest
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_python
+from polar_gym.proxy.engines.vllm import VLLMEngine
+from polar_gym.proxy.upstreams import UpstreamPool
 from tests._procs import take_ctrl_c
+from tests._vllm import VLLMServer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -338,20 +342,9 @@ def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(
                             shlex.join(command)], env=slurm_env, capture_output=True, text=True, check=True,
                            timeout=60).stdout.strip().split(";")[0]
 
-    def chain_done() -> bool:
-        queued = subprocess.run(["squeue", "-h", "-n", "polar-relay", "-o", "%i"], env=slurm_env,
-                                capture_output=True, text=True, timeout=30).stdout.split()
-        if queued:
-            return False
-        time.sleep(1)  # a successor is queued by sbatch before its predecessor leaves the queue: look twice
-        queued = subprocess.run(["squeue", "-h", "-n", "polar-relay", "-o", "%i"], env=slurm_env,
-                                capture_output=True, text=True, timeout=30).stdout.split()
-        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
-        assert queued or (out / "summary.md").exists(), f"the chain ended before the run did:\n{logs}"
-        return not queued
-
     try:
-        _wait_for(chain_done, 600, "the chain of jobs to finish the run")
+        _wait_for(lambda: _chain_done(slurm_env, "polar-relay", out / "summary.md", out), 600,
+                  "the chain of jobs to finish the run")
     finally:
         subprocess.run(["scancel", "-n", "polar-relay"], env=slurm_env, timeout=30)
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
@@ -368,3 +361,79 @@ def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(
     assert {a for _, _, a in stored} == {1}, stored  # nothing ran twice
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["session_id"] for r in results) == sorted(s for s, _, _ in stored)  # each once, in the last job
+
+
+def test_a_grpo_run_hands_over_twice_and_trains_every_step_once(slurm_env: dict[str, str], tmp_path: Path,
+                                                                 vllm_train_server: VLLMServer) -> None:
+    """A GRPO run on the real vLLM (fp32, weight reloads) in 1-minute Slurm jobs with relaunch.margin_seconds=40:
+    each job stops at a step boundary and hands over, the successor resumes after the last saved step (weights,
+    optimizer, the feed's groups) and pushes it to the engine first. Steps 1..5 each once, each sampled by the
+    version of the step before; every session once, in one attempt."""
+    out = tmp_path / "grpo"
+    out.mkdir()
+    # a fork whose verifier sleeps 8 s first: a step takes at least that long, so a job (hand-over ~20 s after its
+    # start) begins at most two steps, and five steps take three jobs or more on any machine
+    slow = ('forks=[{name: slow, tasks: [demo-calc-add], replace: [{old: "python3 -B -m unittest -q", '
+            'new: "sleep 8; python3 -B -m unittest -q"}]}]')
+    steps, tasks, samples = 5, 2, 2
+    command = [sys.executable, "-m", "polar_gym.launch", "+trainer=grpo", f"trainer.steps={steps}",
+               "trainer.learning_rate=1e-3", "inference=vllm", f"inference.upstreams=[{vllm_train_server.url}]",
+               f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=48",
+               "tasks.ids=[demo-calc-add]", slow, f"num_samples={samples}", "launcher.run_slots=4",
+               "launcher.progress=false", "timeout_seconds=60", "relaunch.enabled=true",
+               "relaunch.margin_seconds=40", f"out_dir={out}"]
+    first = subprocess.run(["sbatch", "--parsable", "--time=1", "--cpus-per-task=2", "--mem=6G",
+                            "--job-name=polar-grpo-relay", f"--output={out}/first-%j.log", f"--chdir={ROOT}",
+                            "--wrap", shlex.join(command)], env=slurm_env, capture_output=True, text=True,
+                           check=True, timeout=60).stdout.strip().split(";")[0]
+    try:
+        last = out / "trainer" / "checkpoints" / f"step-{steps}" / "state"
+        _wait_for(lambda: _chain_done(slurm_env, "polar-grpo-relay", last, out), 900,
+                  "the chain of jobs to finish the GRPO run")
+    finally:
+        subprocess.run(["scancel", "-n", "polar-grpo-relay"], env=slurm_env, timeout=30)
+        _stock_weights(vllm_train_server)
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
+    rows = [json.loads(line) for line in (out / "relaunches.jsonl").read_text().splitlines()]
+    assert len(rows) >= 2, logs
+    assert rows[0]["job_id"] == first and [r["job_id"] for r in rows[1:]] == [r["successor"] for r in rows[:-1]]
+    states = _sacct_states(slurm_env, [first, *(r["successor"] for r in rows)])
+    assert set(states.values()) == {"COMPLETED"}, (states, logs)
+    train = [json.loads(line) for line in (out / "trainer" / "train_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in train] == list(range(1, steps + 1)), logs  # continuous, each step once
+    assert [r["sampled_versions"] for r in train] == [[str(n)] for n in range(steps)], logs
+    assert all(r["sessions"] == tasks * samples and r["errored"] == 0 for r in train), train
+    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
+        stored = db.execute("SELECT session_id, status, attempts FROM sessions").fetchall()
+    assert len(stored) == steps * tasks * samples and {s for _, s, _ in stored} == {"COMPLETED"}, stored
+    assert {a for _, _, a in stored} == {1}, stored  # nothing ran twice
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["session_id"] for r in results) == sorted(s for s, _, _ in stored)  # each once
+
+
+def _chain_done(env: dict[str, str], name: str, last_file: Path, out: Path) -> bool:
+    """No job of the chain ``name`` is queued or running, and the run's ``last_file`` is there (else the chain broke:
+    AssertionError with the jobs' logs)."""
+    def queued() -> list[str]:
+        return subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], env=env, capture_output=True, text=True,
+                              timeout=30).stdout.split()
+
+    if queued():
+        return False
+    time.sleep(1)  # a successor is queued by sbatch before its predecessor leaves the queue: look twice
+    left = queued()
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
+    assert left or last_file.exists(), f"the chain ended before the run did:\n{logs}"
+    return not left
+
+
+def _stock_weights(server: VLLMServer) -> None:
+    """The session's training server back on the tiny model's own weights, for the tests after this one."""
+    async def load() -> None:
+        engine = VLLMEngine(UpstreamPool([server.url]))
+        try:
+            await engine.update_weights(server.url, str(server.model_dir), "stock")
+        finally:
+            await engine.aclose()
+
+    asyncio.run(load())

@@ -56,6 +56,13 @@ def test_trainer_groups_validate_into_trainer_settings(tmp_path: Path) -> None:
     assert sorted(err.value.keys) == ["trainer.algorithm", "trainer.steps"]
 
 
+def test_a_grpo_run_may_be_resumed_and_an_sft_run_may_not(tmp_path: Path) -> None:
+    assert build_job(composed("+trainer=grpo", "resume=true", f"out_dir={tmp_path}")).resume
+    with pytest.raises(ConfigError, match="an SFT run") as err:
+        build_job(composed("+trainer=sft", "resume=true", f"out_dir={tmp_path}"))
+    assert err.value.keys == ["resume"]
+
+
 def test_launch_trainer_sft_trains_on_a_datagen_export(tmp_path: Path) -> None:
     data = tmp_path / "sft" / "train.jsonl"
     data.parent.mkdir()
