@@ -17,7 +17,7 @@ import pytest
 
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.chat import ChatRequest
-from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
+from polar_gym.proxy.engines.tokenin import Generation, StreamedAnswer, VLLMTokenInEngine
 from polar_gym.proxy.parsers.base import parser_for
 from polar_gym.proxy.prefix import PromptPlan
 from polar_gym.proxy.service import ProxyService, SessionRegistry
@@ -31,16 +31,23 @@ from tests.engine.test_weights_vllm import CHANGED, SAME_WEIGHTS, hf_logprobs, p
 
 pytestmark = pytest.mark.engine
 
-# tokens sampled in all (ignore_eos): the update comes after about CUT_AFTER of them. Long enough that vLLM is still
-# generating when the update lands on a busy machine: at 300 the tiny model had finished upstream (cut 0) while the
-# test's client was still reading the stream
+# tokens sampled in all (ignore_eos): the update comes once the proxy has taken CUT_AFTER of them from vLLM. The
+# moment is the proxy's, not the client's: a client that reads behind (a busy machine, text a parser holds back)
+# once saw 24 pieces only after vLLM had sent all 1500 tokens, and the update found nothing to cut. vLLM samples
+# about 100 tokens a second here with both cores busy, so the generation is still under way when the update lands
 LONG = 1500
 CUT_AFTER = 24
 
 
 class ForcedLength(VLLMTokenInEngine):
     """The token-in vLLM engine asking vLLM to ignore the end of turn (its own ``ignore_eos``; a continuation's body
-    keeps it), so the answer is exactly ``max_tokens`` long."""
+    keeps it), so the answer is exactly ``max_tokens`` long; ``taken`` counts the tokens it has read from vLLM."""
+
+    taken = 0
+
+    def _take(self, gen: Generation, segment: StreamedAnswer, ids: list[int], logprobs: list[float]) -> None:
+        self.taken += len(ids)
+        super()._take(gen, segment, ids, logprobs)
 
     def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
         return {**super().token_body(request, plan), "ignore_eos": True}
@@ -86,9 +93,7 @@ async def test_a_weight_update_cuts_a_long_generation_which_goes_on_under_the_ne
                         finishes.append(choice.finish_reason)
 
         reading = asyncio.create_task(read())
-        # pieces with text: the first chunk carries only the role (counting it cut one token short, 23 < 24)
-        await until(lambda: sum(1 for p in pieces if p) >= CUT_AFTER, timeout=BOUND * 5,
-                    what="the generation under way")
+        await until(lambda: engine.taken >= CUT_AFTER, timeout=BOUND * 5, what="the generation under way")
         reply = (await admin.post("/admin/weights", json={"checkpoint": str(new), "policy_version": 1})).json()
         still_running = not reading.done()  # read at once: nothing ran between the reply and this
         assert reply.get("cut") == 1, reply
