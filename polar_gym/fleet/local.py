@@ -50,11 +50,14 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
                       server_port: int = 0, heartbeat: float = 1.0,
                       pools: GatewayPools | None = None,
                       telemetry: TelemetrySettings | None = None,
-                      state_dir: Path | None = None) -> AsyncIterator[tuple[str, str]]:
+                      state_dir: Path | None = None,
+                      hold_model_calls: bool = False) -> AsyncIterator[tuple[str, str]]:
     """A rollout server and one registered gateway node (proxy + sandboxes) in this event loop, on ``host``;
     yields the server's URL and admin token (also written to ``out_dir/server.json``). Everything is stopped and
     torn down when the block ends; ``telemetry``: the gateway's OpenTelemetry spans; ``state_dir``: where the
-    server's store goes (default: out_dir). The run's folders are owner-only (they hold prompts and completions).
+    server's store goes (default: out_dir); ``hold_model_calls``: model calls wait for the first weight update (a
+    resumed GRPO run: the sessions the store queues again start at once, and must not sample before the trainer
+    pushes its weights). The run's folders are owner-only (they hold prompts and completions).
     Raises ConfigError (keys below ``inference.``) for an engine that cannot be built."""
     for folder in (out_dir, out_dir / "capture", out_dir / "gateway"):
         await asyncio.to_thread(private_dir, folder)
@@ -62,6 +65,8 @@ async def local_fleet(out_dir: Path, inference: InferenceSettings, *, host: str 
         engine = build_engine(inference)
     except ConfigError as exc:
         raise exc.under("inference") from None
+    if hold_model_calls:
+        engine.pool.hold()
     service = ProxyService(engine, CaptureJournal(out_dir / "capture"), SessionRegistry(allow_adhoc=False),
                            max_tokens_cap=inference.max_tokens_cap)
     port = gateway_port or free_port(host)

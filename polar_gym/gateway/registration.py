@@ -89,11 +89,12 @@ class ServerLink:
             self._task = asyncio.create_task(self.run())
 
     async def drain_and_close(self) -> None:
-        """Stop heartbeating, tell the server to stop sending sessions here (best effort), close the client."""
+        """Stop heartbeating, tell the server this gateway leaves (best effort: it is gone at once, not after missed
+        heartbeats), close the client."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if self.gateway_id is not None:
             with contextlib.suppress(httpx.HTTPError):
-                await self.http.post(f"/gateways/{self.gateway_id}/drain", timeout=5.0)
+                await self.http.post(f"/gateways/{self.gateway_id}/drain", json={"leaving": True}, timeout=5.0)
         await self.http.aclose()

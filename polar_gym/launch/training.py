@@ -50,6 +50,7 @@ from polar_gym.serving import free_port
 from polar_gym.settings import ConfigError
 from polar_gym.telemetry import MetricSinks
 from polar_gym.trainer.loops import RolloutSource, RunControl, WeightSync, run_grpo, run_sft
+from polar_gym.trainer.resume import newest_state
 
 __all__ = ["SCRIPTED_ENGINE", "SETUP_ENGINE", "PolicyServer", "SessionRecorder", "policy_server", "served_inference",
            "started_policy_server", "train", "write_training_report"]
@@ -283,10 +284,15 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console, serve
             inference = served_inference(inference, server, settings.initial_version)
         if not inference.await_upstreams:
             await ensure_upstreams(inference, inference.upstreams, console)
+        # a resumed run: the store's queued sessions start at once, and sample only after the trainer's first push
+        resuming = job.resume and newest_state(job.out_dir / "trainer" / "checkpoints") is not None
+        if inference.policy_version is None and not resuming:  # the engines serve the starting weights
+            inference = inference.model_copy(update={"policy_version": settings.initial_version})
         async with (local_fleet(job.out_dir, inference, host=launcher.settings.host,
                                 gateway_port=launcher.settings.port, server_port=launcher.settings.server_port,
                                 heartbeat=launcher.settings.heartbeat_seconds, pools=launcher.pools,
-                                telemetry=job.telemetry, state_dir=job.state_dir) as (url, token),
+                                telemetry=job.telemetry, state_dir=job.state_dir,
+                                hold_model_calls=resuming and settings.push_weights) as (url, token),
                     RolloutClient(url, token) as client):
             weights = client if isinstance(client, WeightSync) else None
             recorder, started, control = SessionRecorder(client), time.monotonic(), RunControl()
@@ -308,9 +314,10 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console, serve
 async def _handing_over(job: LaunchJob, client: RolloutClient, control: RunControl,
                         training: Coroutine[Any, Any, Path]) -> Path:
     """Run ``training``; with a relay (a run in a Slurm job with a time limit) watch the time left: once the relay
-    has drained the fleet and submitted the successor job (``job.handover``), the run stops at its next step
-    boundary, its state saved for the successor (:mod:`polar_gym.trainer.resume`). A hand-over that fails stops the
-    run."""
+    has drained the fleet and submitted the successor job (``job.handover``), the run starts no further step; a
+    step whose groups have not all come in within a grace (results on their way from the drained fleet; at most
+    10 s, and 10 s before the limit) is left to the successor. Its state is saved for the successor
+    (:mod:`polar_gym.trainer.resume`). A hand-over that fails stops the run."""
     assert job.trainer is not None
     if job.relay is None:
         return await training
@@ -327,6 +334,8 @@ async def _handing_over(job: LaunchJob, client: RolloutClient, control: RunContr
             job.handover = await watch
             if job.handover is not None:
                 control.stop.set()
+                await asyncio.wait({work}, timeout=max(0.0, min(10.0, job.relay.left() - 10.0)))
+                control.abandon.set()
         return await work
     finally:
         for future in (work, watch):

@@ -199,6 +199,11 @@ class UpstreamPool:
             )
         return sum(1 for cut in cuts if cut.done)
 
+    def hold(self) -> None:
+        """Model calls wait from now until the next :meth:`resume` (a weight update's): a resumed training run's
+        fleet samples nothing before the trainer has pushed the weights it resumes from."""
+        self._running.clear()
+
     def resume(self, policy_version: int | str | None = None) -> None:
         if policy_version is not None:
             self.policy_version = policy_version

@@ -91,9 +91,12 @@ class SessionWithdrawReply(_Open):
 
 class GatewayDrainRequest(_Model):
     """POST /gateways/{id}/drain (rollout server): with ``withdraw``, the sessions the gateway has not started
-    running are taken back and queued again (a hand-over to the next Slurm job, polar_gym.launch.relaunch)."""
+    running are taken back and queued again (a hand-over to the next Slurm job, polar_gym.launch.relaunch); with
+    ``leaving``, the gateway is shutting down: it is gone at once (what missed heartbeats would find later), so no
+    weight update or dispatch waits for it, and the sessions it still holds go back to the queue."""
 
     withdraw: bool = False
+    leaving: bool = False
 
 
 class SessionPollReply(_Open):

@@ -215,10 +215,16 @@ class RolloutServer:
             self.ledger.wake.set()
         return gw
 
-    async def drain(self, gateway_id: str, withdraw: bool = False) -> GatewayState:
+    async def drain(self, gateway_id: str, withdraw: bool = False, leaving: bool = False) -> GatewayState:
         """No new sessions go to a draining gateway; the ones it runs finish there. With ``withdraw``, the ones it
-        has not started running are cancelled there and queued again, their attempt refunded."""
+        has not started running are cancelled there and queued again, their attempt refunded. With ``leaving`` (a
+        gateway shutting down) it is declared dead now rather than after missed heartbeats: a server restarted on
+        the store (a resumed run) then neither dispatches to it nor waits for it in a weight update."""
         gw = self.gateway(gateway_id)
+        if leaving:
+            if gw.row.state != DEAD:
+                await self.watching.declare_dead(gw, "left the fleet")
+            return gw
         if gw.row.state == HEALTHY:
             gw.row.state = DRAINING
             await self.store.save_gateway(gw.row)

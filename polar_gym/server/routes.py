@@ -194,9 +194,10 @@ async def heartbeat(request: Request, gateway_id: str) -> dict[str, Any]:
 @gateways_router.post("/gateways/{gateway_id}/drain")
 async def drain(request: Request, gateway_id: str, body: GatewayDrainRequest | None = None) -> dict[str, Any]:
     """No new session goes to the gateway; with ``withdraw``, those it has not started running come back to the
-    queue (their attempt never ran)."""
-    withdraw = body is not None and body.withdraw
-    return (await rollout_server(request).drain(gateway_id, withdraw=withdraw)).describe()
+    queue (their attempt never ran); with ``leaving``, the gateway is gone at once."""
+    body = body or GatewayDrainRequest()
+    return (await rollout_server(request).drain(gateway_id, withdraw=body.withdraw,
+                                                leaving=body.leaving)).describe()
 
 
 @backends_router.get("/backends")

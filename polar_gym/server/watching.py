@@ -60,10 +60,10 @@ class Watching:
             return
         gw.last_seen, gw.health, gw.suspect = time.monotonic(), health.model_dump(mode="json"), False
 
-    async def declare_dead(self, gw: GatewayState) -> None:
-        log.warning("gateway %s (%s) missed heartbeats: re-dispatching %d sessions", gw.gateway_id, gw.url,
-                    len(gw.sessions))
-        self.counters.errors["gateway_dead"] += 1
+    async def declare_dead(self, gw: GatewayState, why: str = "missed heartbeats") -> None:
+        log.warning("gateway %s (%s) %s: re-dispatching %d sessions", gw.gateway_id, gw.url, why, len(gw.sessions))
+        if why == "missed heartbeats":
+            self.counters.errors["gateway_dead"] += 1
         gw.row.state = DEAD
         await self.store.save_gateway(gw.row)
         lost, gw.sessions = list(gw.sessions), set()
@@ -73,7 +73,8 @@ class Watching:
         for session_id in lost:
             row = await self.store.session(session_id)
             if row is not None and not row.status.terminal:
-                await self.ledger.lost(row, f"gateway {gw.gateway_id} ({gw.url}) stopped answering")
+                await self.ledger.lost(row, f"gateway {gw.gateway_id} ({gw.url}) "
+                                            + ("stopped answering" if why == "missed heartbeats" else why))
         self.ledger.wake.set()
 
     # -- results ---------------------------------------------------------------------------------------------

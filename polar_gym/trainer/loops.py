@@ -73,17 +73,23 @@ class WeightSync(Protocol):
 
 @dataclass
 class RunControl:
-    """Between a GRPO run and the launch around it: ``stop`` asks the run to end at the next step boundary (a
-    hand-over to the next Slurm job: a step waiting for its groups is left for that job, a step training finishes);
-    ``last_step`` is the last step done, ``handed_over`` says the run stopped early on ``stop``."""
+    """Between a GRPO run and the launch around it (a hand-over to the next Slurm job): ``stop`` asks the run to
+    start no further step (the step under way finishes, its groups may still come in); ``abandon`` also leaves a
+    step still waiting for its groups to the next job (a step training finishes). ``last_step`` is the last step
+    done, ``handed_over`` says the run stopped early."""
 
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    abandon: asyncio.Event = field(default_factory=asyncio.Event)
     last_step: int = 0
     handed_over: bool = False
 
+    def stop_now(self) -> None:
+        self.stop.set()
+        self.abandon.set()
+
 
 class _Stopped(Exception):
-    """``RunControl.stop`` was set while a step waited for its groups."""
+    """``RunControl.abandon`` was set while a step waited for its groups."""
 
 
 async def _unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T:
@@ -313,7 +319,7 @@ async def _run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], cli
             if control.stop.is_set():
                 break
             checkpoint = await _grpo_step(step, settings, worker, trainer, feed, scorer, shuffle, log, out_dir,
-                                          weights, echo, sinks, control.stop)
+                                          weights, echo, sinks, control.abandon)
             control.last_step = step
     except _Stopped:
         pass
@@ -338,13 +344,13 @@ async def _run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], cli
 
 async def _grpo_step(step: int, settings: TrainerSettings, worker: TrainerWorker, trainer: Trainer, feed: GroupFeed,
                      scorer: ReferenceScorer | None, shuffle: random.Random | None, log: MetricsLog, out_dir: Path,
-                     weights: WeightSync | None, echo: Any, sinks: MetricSinks | None, stop: asyncio.Event) -> Path:
-    """One GRPO step: the feed's groups (_Stopped when ``stop`` is set while waiting for them), the update (or the
+                     weights: WeightSync | None, echo: Any, sinks: MetricSinks | None, abandon: asyncio.Event) -> Path:
+    """One GRPO step: the feed's groups (_Stopped when ``abandon`` is set while waiting for them), the update (or the
     verdict against it), the evaluation, the checkpoint and its push, the state a resumed run starts from; returns
     the checkpoint."""
     started = time.monotonic()
     trainer_version = settings.initial_version + step - 1
-    batch = await _unless_stopped(stop, feed.next_batch(step, trainer_version))
+    batch = await _unless_stopped(abandon, feed.next_batch(step, trainer_version))
     results = batch.results
     _keep_traces(out_dir / "trajectories.jsonl", results, step)
     if results and all(r.status is SessionStatus.ERROR for r in results):

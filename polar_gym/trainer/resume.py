@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STATE", "ResumePoint", "kept_rows", "random_state", "resume_point", "save_state", "set_random_state",
-           "update_loop_state"]
+__all__ = ["STATE", "ResumePoint", "kept_rows", "newest_state", "random_state", "resume_point", "save_state",
+           "set_random_state", "update_loop_state"]
 
 #: the state folder inside a step's checkpoint
 STATE = "state"
@@ -66,18 +66,24 @@ def update_loop_state(checkpoint: Path, changes: Mapping[str, Any]) -> None:
     os.replace(staging, path)
 
 
-def resume_point(checkpoints: Path) -> ResumePoint | None:
-    """The newest step of ``checkpoints`` with complete weights and state; None when the run has none."""
-    import torch
-
+def newest_state(checkpoints: Path) -> tuple[int, Path] | None:
+    """The newest step of ``checkpoints`` with complete weights and state, and its folder (nothing loaded)."""
     found = []
     for path in checkpoints.glob("step-*"):
         number = path.name.removeprefix("step-")
         if number.isdigit() and (path / ".complete").exists() and (path / STATE / "loop.json").exists():
             found.append((int(number), path))
-    if not found:
+    return max(found) if found else None
+
+
+def resume_point(checkpoints: Path) -> ResumePoint | None:
+    """The newest step of ``checkpoints`` with complete weights and state; None when the run has none."""
+    import torch
+
+    newest = newest_state(checkpoints)
+    if newest is None:
         return None
-    step, path = max(found)
+    step, path = newest
     trainer = torch.load(path / STATE / "trainer.pt", weights_only=True)
     loop = json.loads((path / STATE / "loop.json").read_text(encoding="utf-8"))
     return ResumePoint(step, path, trainer, loop)

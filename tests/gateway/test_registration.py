@@ -42,8 +42,9 @@ async def test_registers_heartbeats_and_reregisters_when_forgotten(tmp_path: Pat
         assert link.registrations == 2 and server.fleet.gateways[link.gateway_id or ""].row.state == "healthy"
         assert link.gateway_id == first  # the same URL keeps its id
 
-        await link.drain_and_close()
-        assert server.fleet.gateways[first or ""].row.state == "draining"
+        await link.drain_and_close()  # a gateway that stops leaves the fleet at once, not after missed heartbeats
+        assert server.fleet.gateways[first or ""].row.state == "dead"
+        assert [g.state for g in await store.gateways()] == ["dead"]  # a server restarted on the store knows it
     finally:
         store.close()
 

@@ -368,18 +368,15 @@ def test_a_grpo_run_hands_over_twice_and_trains_every_step_once(slurm_env: dict[
     """A GRPO run on the real vLLM (fp32, weight reloads) in 1-minute Slurm jobs with relaunch.margin_seconds=40:
     each job stops at a step boundary and hands over, the successor resumes after the last saved step (weights,
     optimizer, the feed's groups) and pushes it to the engine first. Steps 1..5 each once, each sampled by the
-    version of the step before; every session once, in one attempt."""
+    version of the step before; every session once, in one attempt. The task is a stranger's Harbor task whose
+    verifier takes 8 s (:func:`_slow_task`)."""
     out = tmp_path / "grpo"
     out.mkdir()
-    # a fork whose verifier sleeps 8 s first: a step takes at least that long, so a job (hand-over ~20 s after its
-    # start) begins at most two steps, and five steps take three jobs or more on any machine
-    slow = ('forks=[{name: slow, tasks: [demo-calc-add], replace: [{old: "python3 -B -m unittest -q", '
-            'new: "sleep 8; python3 -B -m unittest -q"}]}]')
-    steps, tasks, samples = 5, 2, 2
+    steps, samples = 5, 2
     command = [sys.executable, "-m", "polar_gym.launch", "+trainer=grpo", f"trainer.steps={steps}",
                "trainer.learning_rate=1e-3", "inference=vllm", f"inference.upstreams=[{vllm_train_server.url}]",
-               f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=48",
-               "tasks.ids=[demo-calc-add]", slow, f"num_samples={samples}", "launcher.run_slots=4",
+               f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=48", "tasks=harbor",
+               f"tasks.path={_slow_task(tmp_path)}", f"num_samples={samples}", "launcher.run_slots=2",
                "launcher.progress=false", "timeout_seconds=60", "relaunch.enabled=true",
                "relaunch.margin_seconds=40", f"out_dir={out}"]
     first = subprocess.run(["sbatch", "--parsable", "--time=1", "--cpus-per-task=2", "--mem=6G",
@@ -402,13 +399,30 @@ def test_a_grpo_run_hands_over_twice_and_trains_every_step_once(slurm_env: dict[
     train = [json.loads(line) for line in (out / "trainer" / "train_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in train] == list(range(1, steps + 1)), logs  # continuous, each step once
     assert [r["sampled_versions"] for r in train] == [[str(n)] for n in range(steps)], logs
-    assert all(r["sessions"] == tasks * samples and r["errored"] == 0 for r in train), train
+    assert all(r["sessions"] == samples and r["errored"] == 0 for r in train), train
     with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
         stored = db.execute("SELECT session_id, status, attempts FROM sessions").fetchall()
-    assert len(stored) == steps * tasks * samples and {s for _, s, _ in stored} == {"COMPLETED"}, stored
+    assert len(stored) == steps * samples and {s for _, s, _ in stored} == {"COMPLETED"}, stored
     assert {a for _, _, a in stored} == {1}, stored  # nothing ran twice
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["session_id"] for r in results) == sorted(s for s, _, _ in stored)  # each once
+
+
+def _slow_task(root: Path) -> Path:
+    """A Harbor task whose verifier sleeps 8 s: a GRPO step on it takes at least that long, so a job (hand-over
+    about 20 s after its start) begins at most two steps, and five steps take three jobs or more on any machine."""
+    task = root / "tasks" / "slow-check"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho lighthouse > /app/answer.txt\n")
+    (task / "task.toml").write_text('version = "1.0"\n\n[verifier]\ntimeout_sec = 60.0\n\n[agent]\n'
+                                    'timeout_sec = 60.0\n')
+    (task / "instruction.md").write_text("Write the word lighthouse to /app/answer.txt.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 8\ngrep -qx lighthouse /app/answer.txt && echo 1 "
+                                           "> /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+    return task.parent
 
 
 def _chain_done(env: dict[str, str], name: str, last_file: Path, out: Path) -> bool:

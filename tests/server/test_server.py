@@ -355,6 +355,12 @@ async def test_drain_heartbeat_and_giving_up(harness: Harness) -> None:
     errors = parse_prometheus((await srv.http.get("/metrics")).text)
     assert errors['polar_server_errors_total{cause="gateway_dead"}'] == 1
     assert (await srv.http.post(f"/gateways/{open_id}/heartbeat", json={})).status_code == 410
+    # a gateway shutting down leaves at once (a server restarted on the store does not wait for it); not an error
+    left = await srv.http.post(f"/gateways/{drained_id}/drain", json={"leaving": True})
+    assert left.json()["state"] == "dead"
+    assert {g.gateway_id: g.state for g in await srv.store.gateways()}[drained_id] == "dead"
+    errors = parse_prometheus((await srv.http.get("/metrics")).text)
+    assert errors['polar_server_errors_total{cause="gateway_dead"}'] == 1
 
 
 async def test_a_withdrawing_drain_takes_back_what_has_not_run_and_refunds_its_attempt(harness: Harness) -> None:

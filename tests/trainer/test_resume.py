@@ -67,7 +67,7 @@ async def test_a_run_stopped_after_a_step_and_resumed_ends_with_the_weights_of_a
     first = asyncio.create_task(run_grpo(settings, _tasks(), fleet, out, weights=fleet, echo=said.append,
                                          control=control))
     await until(lambda: (out / "checkpoints" / "step-2" / STATE).exists(), what="step 2's state")
-    control.stop.set()
+    control.stop_now()
     await first
     assert control.handed_over and control.last_step in (2, 3)  # the step under way when asked may finish
     stopped_at = control.last_step
@@ -118,7 +118,7 @@ async def test_an_asynchronous_run_hands_its_outstanding_groups_to_the_next_job(
     first = asyncio.create_task(run_grpo(settings, _tasks(), fleet, out, weights=fleet, echo=lambda _: None,
                                          control=control))
     await until(lambda: (out / "checkpoints" / "step-1" / STATE).exists(), what="step 1's state")
-    control.stop.set()  # a step waits for groups (the held one, or round 3 not yet submitted), or has not begun
+    control.stop_now()  # a step waits for groups (the held one, or round 3 not yet submitted), or has not begun
     await first
     assert control.handed_over and control.last_step in (1, 2) and not fleet.cancelled  # none cancelled on the server
     point = resume_point(out / "checkpoints")
