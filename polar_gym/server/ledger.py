@@ -99,7 +99,12 @@ class Ledger:
             await self.callbacks.task_done(task_id)
 
     async def lost(self, row: SessionRow, why: str) -> None:
-        """Re-queue a session whose gateway lost it, or fail it with the reason after max_attempts."""
+        """Re-queue a session whose gateway lost it, or fail it with the reason after max_attempts; a session of a
+        cancelled task (its gateway left before it confirmed the cancel) ends CANCELLED."""
+        task = await self.store.task(row.task_id)
+        if task is not None and task.cancelled:
+            await self.finish(ended_as(row, S.CANCELLED, f"cancelled through the rollout server ({why})"), None)
+            return
         if row.attempts >= self.max_attempts:
             await self.finish(ended_as(row, S.ERROR, f"{why}; gave up after {row.attempts} attempts"), None)
             return
