@@ -51,6 +51,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.baseline import BASELINE_REV, baseline_tree  # noqa: E402
 from benchmarks.bench_server import (  # noqa: E402
     GW_TOKEN,
     TOKEN,
@@ -66,8 +67,6 @@ from polar_gym.result_codec import MEDIA_TYPE, frame_results, head, pack, unique
 from polar_gym.schema import EvalResult, SessionResult, SessionStatus, Trace, Trajectory  # noqa: E402
 
 console = Console(width=140)
-#: the main commit before results were packed (issue 40)
-BASELINE_REV = "22cdc21"
 #: the server's liveness settings: the light gateways share this host's two cores with the server and each other,
 #: and under 10,000 finishing sessions a health probe waited past the default 10 s (every gateway was declared
 #: dead); ``--heartbeat 5`` is also what docs/scaling.md advises at scale
@@ -409,7 +408,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         serve_gateway(args.serve_gateway, args.template, args.hold)
         return {}
     work = Path(tempfile.mkdtemp(prefix="bench-results-", dir=os.environ.get("POLAR_BENCH_TMP")))
-    baseline = work / "baseline" if args.baseline_sessions else None
     try:
         result = template(args.tokens)
         packed = pack(result)
@@ -419,16 +417,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         json_bytes = template_file.stat().st_size
         console.print(f"result: {head(packed).token_ids} unique token ids, {len(packed) / 1024:.0f} KB packed, "
                       f"{json_bytes / 1024:.0f} KB as JSON, {unique / 1024:.0f} KB unique token bytes")
-        if baseline is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(baseline),
-                            args.baseline_rev], check=True)
-        res = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-               "result": {"token_ids": head(packed).token_ids, "packed_bytes": len(packed), "json_bytes": json_bytes,
-                          "unique_token_bytes": unique},
-               **asyncio.run(main_async(args, work, template_file, baseline, unique))}
+        with (baseline_tree(args.baseline_rev, work / "baseline") if args.baseline_sessions
+              else contextlib.nullcontext()) as baseline:
+            res = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                   "result": {"token_ids": head(packed).token_ids, "packed_bytes": len(packed),
+                              "json_bytes": json_bytes, "unique_token_bytes": unique},
+                   **asyncio.run(main_async(args, work, template_file, baseline, unique))}
     finally:
-        if baseline is not None and baseline.exists():
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)], check=False)
         shutil.rmtree(work, ignore_errors=True)
     rendered = report(res)
     console.print(rendered)

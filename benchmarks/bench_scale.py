@@ -55,14 +55,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console
+from rich.console import Console, Group
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.baseline import BASELINE_REV, baseline_tree  # noqa: E402
 from benchmarks.bench_server import stop, wait_http  # noqa: E402
-from benchmarks.scale_model import Plan, analyse, draw_plan, make_task, session_rows  # noqa: E402
-from benchmarks.scale_report import table, write_outputs  # noqa: E402
+from benchmarks.scale_model import Plan, analyse, draw_plan, make_task, session_rows, stored_result_bytes  # noqa: E402
+from benchmarks.scale_report import compare_table, table, write_outputs  # noqa: E402
 from polar_gym.assets import tokenizer_dir  # noqa: E402
 from polar_gym.fleet.settings import InferenceSettings  # noqa: E402
 from polar_gym.launch.jobs import GatewayJobSettings, gateway_argv  # noqa: E402
@@ -104,10 +105,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(module_argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """``python -m MODULE ...`` with its output in ``log``."""
+def spawn(module_argv: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+    """``python -m MODULE ...`` from ``cwd`` (the project checkout it runs) with its output in ``log``."""
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", *module_argv], cwd=ROOT, env=env, stdout=out, stderr=out)
+        return subprocess.Popen([sys.executable, "-m", *module_argv], cwd=cwd, env=env, stdout=out, stderr=out)
 
 
 def pid_of_job(job_id: str) -> int | None:
@@ -148,15 +149,17 @@ class Fleet:
             stop(self.server)
 
 
-async def start_fleet(args: argparse.Namespace, work: Path) -> Fleet:
-    """The server as its own process, then ``args.gateways`` gateways registered with it."""
+async def start_fleet(args: argparse.Namespace, work: Path, server_root: Path = ROOT) -> Fleet:
+    """The server (of the checkout ``server_root``: a baseline's worktree) as its own process, then
+    ``args.gateways`` gateways of this tree registered with it."""
     token = secrets.token_urlsafe(24)
     slurm = args.slurm_conf is not None
     host = "0.0.0.0" if slurm else "127.0.0.1"
     port = free_port(host)
     env = {**os.environ, "POLAR_ADMIN_TOKEN": token, "PYTHONPATH": str(ROOT)}
     server = spawn(["polar_gym.server", "--host", host, "--port", str(port), "--db", str(work / "server.sqlite"),
-                    "--heartbeat", str(args.heartbeat), "--log-level", "warning"], env, work / "server.log")
+                    "--heartbeat", str(args.heartbeat), "--log-level", "warning"],
+                   {**env, "PYTHONPATH": str(server_root)}, work / "server.log", cwd=server_root)
     advertised = args.server_host or (socket.getfqdn() if slurm else "127.0.0.1")
     fleet = Fleet(f"http://{advertised}:{port}", token, server, work / "server.sqlite")
     try:
@@ -272,15 +275,22 @@ def memory_use(rows: list[dict[str, Any]], sessions: int) -> dict[str, float | N
 
 
 async def submit_and_wait(client: RolloutClient, tasks: list[TaskRequest], receiver: CallbackReceiver,
-                          sampler: Sampler, what: str, timeout: float) -> float:
-    """Submit every task (8 at once, as a trainer's workers would), wait for every callback; shows progress."""
+                          sampler: Sampler, what: str, timeout: float, baseline: bool = False) -> float:
+    """Submit every task (8 at once, as a trainer's workers would), wait for every callback; shows progress. A
+    ``baseline`` server predates ``callback_format`` (its models refuse unknown fields): its tasks go without it
+    and it calls back with JSON."""
     tasks = [receiver.attach(t, t.callback_url) for t in tasks]  # signed with the receiver's secret, expected
     queue = list(reversed(tasks))
     t0 = time.monotonic()
 
     async def worker() -> None:
         while queue:
-            await client.submit(queue.pop())
+            task = queue.pop()
+            if baseline:
+                (await client.http.post("/tasks", content=task.model_dump_json(exclude={"callback_format"}),
+                                        headers={"content-type": "application/json"})).raise_for_status()
+            else:
+                await client.submit(task)
 
     workers = asyncio.gather(*(worker() for _ in range(8)))
     wanted = {f"polar-task-{t.task_id}" for t in tasks}
@@ -420,10 +430,10 @@ def result_cost(db: Path) -> dict[str, float]:
             "bytes_per_unique_token_byte": sum(sizes) / max(1, sum(unique)), **times}
 
 
-async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, work: Path, server_root: Path = ROOT) -> dict[str, Any]:
     rng = random.Random(args.seed)
     plans = [draw_plan(rng) for _ in range(args.sessions)]
-    fleet = await start_fleet(args, work)
+    fleet = await start_fleet(args, work, server_root)
     receiver = CallbackReceiver(max_pending=1_000_000)  # the benchmark reads every body from `received`
     local_url = f"http://127.0.0.1:{fleet.url.rsplit(':', 1)[1]}"
     try:
@@ -440,7 +450,8 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 console.print(f"[bold]run[/]: {len(tasks)} sessions, {args.gateways} gateways x {args.run_slots} run "
                               f"slots, time scale {args.time_scale}")
                 before = sampler.usage()
-                wall = await submit_and_wait(client, tasks, receiver, sampler, "run", args.timeout)
+                wall = await submit_and_wait(client, tasks, receiver, sampler, "run", args.timeout,
+                                             baseline=server_root != ROOT)
                 after = sampler.usage()
                 run_samples = list(sampler.rows)
                 calls = None
@@ -456,7 +467,7 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if args.store_sessions:
         console.print(f"[bold]store[/]: the server's own cost, {args.store_sessions} zero-time sessions in process")
         store = await store_phase(args.store_sessions, work)
-    results = result_cost(fleet.db)
+    results = result_cost(fleet.db) if server_root == ROOT else {}
     rows, capacity = session_rows(fleet.db)
     rows = [r for r in rows if r["task_id"].startswith("scale-")]
     slots = {g: args.run_slots for g in capacity}  # what a gateway registers is its dispatch capacity, not its slots
@@ -483,7 +494,8 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 for g in before["gateways"]) / len(rows) * 1e3) if seen else None,
         },
         "memory": memory_use(run_samples, len(rows)), "calibration": calls, "store": store,
-        "results": results,
+        "results": results, "storage": stored_result_bytes(fleet.db),
+        "completed_once": sum(r["status"] == "COMPLETED" and r["attempts"] == 1 for r in rows),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     })
     return {"summary": summary, "series": series, "sessions": rows, "samples": run_samples}
@@ -510,6 +522,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store-sessions", type=int, default=500, help="sessions of the store phase (0: skip)")
     p.add_argument("--slot-step", type=float, default=0.1, help="slot-use sampling step, s")
     p.add_argument("--seed", type=int, default=16)
+    p.add_argument("--baseline-rev", default=BASELINE_REV, help="the revision whose server runs the same sessions")
+    p.add_argument("--baseline-sessions", type=int, default=None,
+                   help="sessions of the baseline's run (default: --sessions; 0: no baseline)")
     p.add_argument("--timeout", type=float, default=3600.0, help="give up on a phase after this many seconds")
     p.add_argument("--slurm-conf", type=Path, default=None,
                    help="run the gateways as Slurm jobs on this cluster (launcher=slurm's gateway job)")
@@ -527,6 +542,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.idle_seconds, args.calib_sessions = 200, 4.0, 10
+    if args.baseline_sessions is None:
+        args.baseline_sessions = args.sessions
     if (args.launcher == "slurm") != (args.slurm_conf is not None) and args.launcher is not None:
         p.error("--launcher slurm goes with --slurm-conf PATH")
     if args.calls < 1 or args.sessions < 1 or args.gateways < 1:
@@ -541,6 +558,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=os.environ.get("POLAR_BENCH_TMP")))
     try:
         res = asyncio.run(main_async(args, work))
+        if args.baseline_sessions:  # the same sessions (same seed) through the baseline's server, gateways as here
+            console.print(f"[bold]baseline[/]: {args.baseline_sessions} sessions through the server of "
+                          f"{args.baseline_rev}")
+            same = argparse.Namespace(**{**vars(args), "sessions": args.baseline_sessions, "calib_sessions": 0,
+                                         "store_sessions": 0})
+            (work / "baseline").mkdir()
+            with baseline_tree(args.baseline_rev, work / "baseline-tree") as tree:
+                res["baseline"] = asyncio.run(main_async(same, work / "baseline", tree))["summary"]
     finally:
         if args.keep:
             console.print(f"work directory kept: {work}")
@@ -548,6 +573,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
     rendered = table(res["summary"])
     console.print(rendered)
+    if "baseline" in res:
+        compared = compare_table(res["summary"], res["baseline"], args.baseline_rev)
+        console.print(compared)
+        rendered = Group(rendered, compared)
     write_outputs(res, args.out, rendered)
     console.print(f"written: {args.out}/bench_scale.json, bench_scale_sessions.jsonl, bench_scale_slots.jsonl, "
                   f"bench_scale.md, bench_scale_slots.svg")

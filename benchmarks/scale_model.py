@@ -137,12 +137,41 @@ def stamps(result: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+
+
+def stored_result_bytes(db: Path, prefix: str = "scale-") -> dict[str, float]:
+    """What the store keeps per result of the sessions whose task id starts with ``prefix``, packed (this tree) or
+    as JSON (a baseline's store), against the results' unique token bytes (uint32 ids, float64 logprobs)."""
+    from polar_gym.result_codec import head, pack, unique_token_bytes
+    from polar_gym.schema import SessionResult
+
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        packed = "packed" in columns(con, "sessions")
+        rows = con.execute(f"SELECT {'packed, ' if packed else ''}result FROM sessions WHERE task_id LIKE ? AND "
+                           "status = 'COMPLETED'", (prefix + "%",)).fetchall()
+    sizes, unique = [], []
+    for row in rows:
+        blob = row[0] if packed and row[0] is not None else None
+        text = row[-1]
+        stored = blob if blob is not None else (text or "").encode()
+        sizes.append(len(stored))
+        unique.append(unique_token_bytes(head(blob if blob is not None
+                                              else pack(SessionResult.model_validate_json(text)))))
+    n = max(1, len(sizes))
+    return {"results": len(sizes), "stored_bytes_per_result": sum(sizes) / n,
+            "unique_token_bytes_per_result": sum(unique) / n,
+            "stored_per_unique_token_byte": sum(sizes) / max(1, sum(unique))}
+
+
 def session_rows(db: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """One row per session from the server's store, and each gateway's registered capacity."""
     with contextlib.closing(sqlite3.connect(db)) as con:
         con.row_factory = sqlite3.Row
+        packed = "s.packed" if "packed" in columns(con, "sessions") else "NULL AS packed"  # a baseline's store
         rows = con.execute("SELECT s.session_id, s.task_id, s.status, s.gateway_id, s.attempts, s.created, "
-                           "s.dispatched, s.finished, s.result, s.packed, t.request FROM sessions s JOIN tasks t "
+                           f"s.dispatched, s.finished, s.result, {packed}, t.request FROM sessions s JOIN tasks t "
                            "USING (task_id)").fetchall()
         slots = {r["gateway_id"]: r["capacity"] for r in con.execute("SELECT gateway_id, capacity FROM gateways")}
     out = []

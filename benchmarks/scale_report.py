@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 
-__all__ = ["fmt", "plot", "table", "write_outputs"]
+__all__ = ["compare_table", "fmt", "plot", "table", "write_outputs"]
 
 
 def fmt(value: float | None, spec: str = ".1f") -> str:
@@ -93,9 +93,38 @@ def plot(series: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
         return svg_of(fig)
 
 
-def write_outputs(res: dict[str, Any], out: Path, rendered: Table) -> None:
+def compare_table(mine: dict[str, Any], theirs: dict[str, Any], rev: str) -> Table:
+    """This tree's run against the baseline's run of the same sessions, side by side, with the ratios."""
+    t = Table(title=f"this tree vs the server of {rev}: {mine['sessions']} vs {theirs['sessions']} sessions "
+                    f"({mine['launcher']})")
+    t.add_column("measure")
+    for name in ("this tree", rev, "ratio"):
+        t.add_column(name, justify="right")
+
+    def row(name: str, a: float | None, b: float | None, spec: str) -> None:
+        ratio = f"{a / b:.2f}x" if a is not None and b else "-"
+        t.add_row(name, fmt(a, spec), fmt(b, spec), ratio)
+
+    row("sessions COMPLETED once (one attempt)", mine["completed_once"], theirs["completed_once"], ".0f")
+    row("makespan / ideal", mine["makespan_ratio"], theirs["makespan_ratio"], ".2f")
+    row("slot use while queued", mine["slot_use"]["while_queued"]["mean"], theirs["slot_use"]["while_queued"]["mean"],
+        ".1%")
+    row("server CPU ms / session", mine["cpu"]["server_ms_per_session"], theirs["cpu"]["server_ms_per_session"],
+        ".2f")
+    for name in ("submitted_to_dispatched", "slot_freed_to_next_running"):
+        row(f"{name.replace('_', ' ')} p99 ms", mine["latency"][name]["p99_ms"], theirs["latency"][name]["p99_ms"],
+            ".1f")
+    row("stored KB / result", mine["storage"]["stored_bytes_per_result"] / 1024,
+        theirs["storage"]["stored_bytes_per_result"] / 1024, ".1f")
+    row("stored / unique token bytes", mine["storage"]["stored_per_unique_token_byte"],
+        theirs["storage"]["stored_per_unique_token_byte"], ".2f")
+    return t
+
+
+def write_outputs(res: dict[str, Any], out: Path, rendered: RenderableType) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_scale.json").write_text(json.dumps(res["summary"], indent=2) + "\n")
+    summary = {**res["summary"], **({"baseline": res["baseline"]} if "baseline" in res else {})}
+    (out / "bench_scale.json").write_text(json.dumps(summary, indent=2) + "\n")
     with (out / "bench_scale_sessions.jsonl").open("w") as f:
         for row in res["sessions"]:
             f.write(json.dumps(row) + "\n")

@@ -26,8 +26,16 @@ def test_bench_scale_runs_end_to_end_and_writes_what_the_docs_cite(tmp_path: Pat
         pytest.fail("the Qwen tokenizer asset is missing: run `bash scripts/setup.sh`")
     _bench().main(["--sessions", "20", "--gateways", "2", "--run-slots", "2", "--time-scale", "0.002",
                    "--calls", "3", "--idle-seconds", "1", "--calib-sessions", "2", "--calib-calls", "2",
-                   "--store-sessions", "20", "--out", str(tmp_path)])
+                   "--store-sessions", "20", "--baseline-sessions", "8", "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "bench_scale.json").read_text())
+    # the baseline revision's server ran the same kind of sessions in the same run, side by side
+    baseline = summary["baseline"]
+    assert baseline["statuses"] == {"COMPLETED": 8} and baseline["completed_once"] == 8
+    assert summary["completed_once"] == 20
+    for run in (summary, baseline):
+        assert run["storage"]["results"] == run["sessions"] and run["storage"]["stored_per_unique_token_byte"] > 0
+        assert run["cpu"]["server_ms_per_session"] > 0 and run["latency"]["submitted_to_dispatched"]["p99_ms"] >= 0
+    assert "this tree vs the server of" in (tmp_path / "bench_scale.md").read_text()
     assert summary["statuses"] == {"COMPLETED": 20} and summary["gateways"] == 2 and summary["total_slots"] == 4
     assert summary["model_calls"] == 20 * 3
     for key in ("makespan_s", "ideal_makespan_s", "makespan_ratio", "sessions_per_minute", "real_turns_per_session"):
@@ -65,5 +73,5 @@ def test_bench_scale_runs_end_to_end_and_writes_what_the_docs_cite(tmp_path: Pat
 
     assert max(held(s["gateway"], s["dispatched"]) for s in sessions) > 2
     assert all(c > 2 for c in summary["registered_capacity"].values())
-    assert (tmp_path / "bench_scale.md").read_text().count("slot use") == 2
+    assert (tmp_path / "bench_scale.md").read_text().count("slot use, ") == 2  # both windows in the main table
     assert (tmp_path / "bench_scale_slots.svg").read_text().startswith("<svg")
