@@ -3,7 +3,7 @@ server and 3 real gateway processes, against the ideal schedule of the same work
 
     .venv/bin/python benchmarks/bench_scale.py [--quick] [--sessions 1000] [--gateways 3] [--run-slots 4]
         [--time-scale 0.01] [--calls 4] [--slurm-conf PATH [--server-host HOST] [--exclusive]]
-        [--out benchmarks/results]
+        [--baseline-rev 22cdc21] [--baseline-sessions N] [--out benchmarks/results]
 
 Everything a session touches is real except the model: ``python -m polar_gym.server`` (SQLite store), gateways as
 ``python -m polar_gym.gateway --engine oracle --server-url ...`` processes (``--launcher local``, on this host) or as
@@ -31,7 +31,11 @@ Measured, from the server's store (status histories the gateways stamped) and /p
   in an idle window before the run; memory (RSS) per live session; gateway CPU per proxied model call (a
   calibration of sessions with 1 call against sessions with ``1 + --calib-calls`` calls, no sleeps).
 
-Writes ``bench_scale.json`` (summary), ``bench_scale_sessions.jsonl`` (one line per session),
+Side by side in the same run (``--baseline-sessions``, default ``--sessions``; 0: skip): the same sessions through the
+server of ``--baseline-rev`` (a git worktree; the gateways are this tree's), compared on sessions completed once,
+server CPU per session, scheduling p99 and stored bytes per result against its unique token bytes.
+
+Writes ``bench_scale.json`` (summary, the baseline's under ``baseline``), ``bench_scale_sessions.jsonl`` (one line per session),
 ``bench_scale_slots.jsonl`` (slot use over time), ``bench_scale.md`` (the table) and ``bench_scale_slots.svg``.
 """
 
