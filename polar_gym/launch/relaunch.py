@@ -9,8 +9,9 @@ left from ``squeue``. ``relaunch.margin_seconds`` before the limit it hands over
    successor, and the hand-over row says so);
 2. the rollout server's store is the checkpoint (it is durable by design: tasks, sessions, results);
 3. the successor is submitted with ``sbatch --dependency=afterany:THIS_JOB``, the same command with
-   ``out_dir=THE_SAME resume=true``, the same partition, time limit, CPUs and memory; it starts when this job ends,
-   takes the unfinished sessions from the store and runs them. Nothing finished runs again.
+   ``out_dir=THE_SAME resume=true``, the same partition, time limit, nodes, CPUs, memory and GPUs (``--gres``); it
+   starts when this job ends, takes the unfinished sessions from the store and runs them. Nothing finished runs
+   again.
 
 Every hand-over appends a row to ``out_dir/relaunches.jsonl``. Why not ``scontrol requeue``: a requeued job runs
 the same command, and the default ``out_dir`` is a timestamp, so the run would start afresh in a new folder.
@@ -97,6 +98,8 @@ class SlurmJob:
     name: str | None
     account: str | None
     qos: str | None
+    gres: str | None = None  # the generic resources per node it asked for (GPUs), as sbatch --gres takes them
+    nodes: str | None = None
 
 
 def current_job(run: Callable[[list[str]], str] | None = None) -> SlurmJob | None:
@@ -106,13 +109,13 @@ def current_job(run: Callable[[list[str]], str] | None = None) -> SlurmJob | Non
         return None
     run = run or _squeue
     try:
-        line = run(["squeue", "-h", "-j", job_id, "-o", "%L|%l|%P|%j|%a|%q"]).strip().splitlines()
+        line = run(["squeue", "-h", "-j", job_id, "-o", "%L|%l|%P|%j|%a|%q|%b|%D"]).strip().splitlines()
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("relaunch: squeue could not say job %s's time left: %s", job_id, exc)
         return None
     if not line:
         return None
-    left, limit, partition, name, account, qos = (line[0].split("|") + [""] * 6)[:6]
+    left, limit, partition, name, account, qos, gres, nodes = (line[0].split("|") + [""] * 8)[:8]
     seconds = parse_time_left(left)
     if seconds is None:
         return None
@@ -120,7 +123,16 @@ def current_job(run: Callable[[list[str]], str] | None = None) -> SlurmJob | Non
     def given(value: str) -> str | None:
         return value if value and value not in ("(null)", "N/A") else None
 
-    return SlurmJob(job_id, seconds, limit.strip(), given(partition), given(name), given(account), given(qos))
+    return SlurmJob(job_id, seconds, limit.strip(), given(partition), given(name), given(account), given(qos),
+                    _gres(given(gres)), given(nodes.strip()))
+
+
+def _gres(text: str | None) -> str | None:
+    """squeue's ``%b`` (``gres/gpu:4``, ``gres:gpu:4`` or ``gpu:4``, comma-separated) as ``--gres`` takes it."""
+    if text is None:
+        return None
+    parts = [re.sub(r"^gres[/:]", "", p.strip()) for p in text.split(",") if p.strip()]
+    return ",".join(parts) or None
 
 
 def _squeue(argv: list[str]) -> str:
@@ -134,14 +146,15 @@ def successor_argv(argv: Sequence[str], out_dir: Path) -> list[str]:
 
 
 def sbatch_argv(job: SlurmJob, command: list[str], out_dir: Path, count: int, workdir: Path) -> list[str]:
-    """``sbatch`` for the successor: after this job ends, with its resources (the environment is exported, as
-    sbatch does by default, with the hand-over count)."""
+    """``sbatch`` for the successor: after this job ends, with its resources (partition, time limit, nodes, CPUs,
+    memory, generic resources such as GPUs; the environment is exported, as sbatch does by default, with the
+    hand-over count)."""
     argv = ["sbatch", "--parsable", f"--dependency=afterany:{job.job_id}", f"--time={job.time_limit}",
             f"--chdir={workdir}", f"--output={out_dir.resolve() / 'relaunch-%j.log'}",
             f"--export=ALL,{COUNT_ENV}={count}"]
     for flag, value in (("--partition", job.partition), ("--job-name", job.name), ("--account", job.account),
-                        ("--qos", job.qos), ("--cpus-per-task", os.environ.get("SLURM_CPUS_PER_TASK")),
-                        ("--mem", _mem())):
+                        ("--qos", job.qos), ("--nodes", job.nodes), ("--gres", job.gres),
+                        ("--cpus-per-task", os.environ.get("SLURM_CPUS_PER_TASK")), ("--mem", _mem())):
         if value:
             argv.append(f"{flag}={value}")
     return [*argv, "--wrap", shlex.join(command)]

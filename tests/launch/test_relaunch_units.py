@@ -45,11 +45,14 @@ def test_the_current_job_is_read_from_squeue(monkeypatch: pytest.MonkeyPatch) ->
 
     def squeue(argv: list[str]) -> str:
         asked.append(argv)
-        return "58:20|1:00:00|debug|polar run|(null)|normal\n"
+        return "58:20|1:00:00|debug|polar run|(null)|normal|N/A|1\n"
 
     job = current_job(squeue)
     assert asked[0][:4] == ["squeue", "-h", "-j", "42"]
-    assert job == SlurmJob("42", 3500.0, "1:00:00", "debug", "polar run", None, "normal")
+    assert job == SlurmJob("42", 3500.0, "1:00:00", "debug", "polar run", None, "normal", None, "1")
+    for shown in ("gres/gpu:4", "gres:gpu:4", "gpu:4"):  # as Slurm versions print a GPU job's %b
+        gpu = current_job(lambda argv, s=shown: f"58:20|1:00:00|gpu|x|acct|normal|{s}|2\n")
+        assert gpu is not None and (gpu.gres, gpu.nodes, gpu.account) == ("gpu:4", "2", "acct")
     assert current_job(lambda argv: "UNLIMITED|UNLIMITED|debug|x||\n") is None  # no limit: nothing to outlive
     assert current_job(lambda argv: "") is None  # the job is not listed (any more)
 
@@ -71,7 +74,10 @@ def test_the_successor_is_submitted_after_this_job_with_its_resources(tmp_path: 
     for flag in ("--time=1:00:00", "--partition=debug", "--job-name=polar run", "--cpus-per-task=4", "--mem=8192M",
                  f"--export=ALL,{COUNT_ENV}=3", f"--chdir={tmp_path}"):
         assert flag in argv
-    assert not any(a.startswith(("--account", "--qos")) for a in argv)  # not set on this job
+    assert not any(a.startswith(("--account", "--qos", "--gres", "--nodes")) for a in argv)  # not set on this job
+    gpus = sbatch_argv(SlurmJob("42", 3600.0, "4:00:00", "gpu", "run", None, None, "gpu:8", "2"), command, tmp_path,
+                       1, tmp_path)
+    assert "--gres=gpu:8" in gpus and "--nodes=2" in gpus  # the successor gets the GPUs and nodes this job had
     assert argv[-2] == "--wrap" and shlex.split(argv[-1]) == command  # quoted: the space survives
 
 
