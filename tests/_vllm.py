@@ -143,3 +143,21 @@ def vllm_train_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: py
     per session (~40-60 s here, alongside the bf16 one). A test that loads other weights into it loads the tiny
     model's own back before it ends."""
     yield from _serve_vllm(tmp_path_factory, pytestconfig, name="vllm-train", dtype="float32", weight_updates=True)
+
+
+def load_stock_weights(server: VLLMServer) -> None:
+    """The session's training server back on the tiny model's own weights, for the tests after one that loaded
+    others into it."""
+    import asyncio
+
+    from polar_gym.proxy.engines.vllm import VLLMEngine
+    from polar_gym.proxy.upstreams import UpstreamPool
+
+    async def load() -> None:
+        engine = VLLMEngine(UpstreamPool([server.url]))
+        try:
+            await engine.update_weights(server.url, str(server.model_dir), "stock")
+        finally:
+            await engine.aclose()
+
+    asyncio.run(load())

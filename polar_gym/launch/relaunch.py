@@ -13,7 +13,9 @@ left from ``squeue``. ``relaunch.margin_seconds`` before the limit it hands over
    starts when this job ends, takes the unfinished sessions from the store and runs them. Nothing finished runs
    again.
 
-Every hand-over appends a row to ``out_dir/relaunches.jsonl``. Why not ``scontrol requeue``: a requeued job runs
+A GRPO run (``+trainer=grpo``) hands over at a step boundary, its trainer state saved after each step
+(:mod:`polar_gym.trainer.resume`; :func:`polar_gym.launch.training._handing_over`). Every hand-over appends a row to
+``out_dir/relaunches.jsonl``. Why not ``scontrol requeue``: a requeued job runs
 the same command, and the default ``out_dir`` is a timestamp, so the run would start afresh in a new folder.
 """
 

@@ -5,7 +5,6 @@ Skips only when the daemons cannot start (no root / no apt); with CI set it fail
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -23,10 +22,8 @@ from pathlib import Path
 import pytest
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_python
-from polar_gym.proxy.engines.vllm import VLLMEngine
-from polar_gym.proxy.upstreams import UpstreamPool
 from tests._procs import take_ctrl_c
-from tests._vllm import VLLMServer
+from tests._vllm import VLLMServer, load_stock_weights
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -389,7 +386,7 @@ def test_a_grpo_run_hands_over_twice_and_trains_every_step_once(slurm_env: dict[
                   "the chain of jobs to finish the GRPO run")
     finally:
         subprocess.run(["scancel", "-n", "polar-grpo-relay"], env=slurm_env, timeout=30)
-        _stock_weights(vllm_train_server)
+        load_stock_weights(vllm_train_server)
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
     rows = [json.loads(line) for line in (out / "relaunches.jsonl").read_text().splitlines()]
     assert len(rows) >= 2, logs
@@ -439,15 +436,3 @@ def _chain_done(env: dict[str, str], name: str, last_file: Path, out: Path) -> b
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
     assert left or last_file.exists(), f"the chain ended before the run did:\n{logs}"
     return not left
-
-
-def _stock_weights(server: VLLMServer) -> None:
-    """The session's training server back on the tiny model's own weights, for the tests after this one."""
-    async def load() -> None:
-        engine = VLLMEngine(UpstreamPool([server.url]))
-        try:
-            await engine.update_weights(server.url, str(server.model_dir), "stock")
-        finally:
-            await engine.aclose()
-
-    asyncio.run(load())

@@ -22,7 +22,7 @@ from polar_gym.launch.training import PolicyServer, policy_server, served_infere
 from polar_gym.report import load_run
 from polar_gym.serving import free_port
 from polar_gym.trainer import TrainerSettings
-from tests._vllm import VLLMServer
+from tests._vllm import VLLMServer, load_stock_weights
 from tests._waiting import until_sync
 from tests.trainer._tiny import small_qwen3_dir
 from tests.trainer.test_sft import MESSAGES
@@ -167,8 +167,6 @@ def test_an_asynchronous_run_survives_twenty_updates_with_every_token_accounted_
     token-in proxy), trainer.max_staleness 1, a weight push after each of 20 steps while the next round's sessions
     run (the push cuts their generations and they continue under the new weights). No session errs, every sample is
     at most one version old, and every sampled token is trained or masked with a reason."""
-    from polar_gym.proxy.engines.vllm import VLLMEngine
-    from polar_gym.proxy.upstreams import UpstreamPool
 
     if shutil.which("bwrap") is None:
         pytest.fail("bubblewrap is needed: run `bash scripts/setup.sh`")
@@ -181,16 +179,7 @@ def test_an_asynchronous_run_survives_twenty_updates_with_every_token_accounted_
                             f"inference.upstream_model={vllm_train_server.model}", "inference.max_tokens_cap=48",
                             "launcher.progress=false", f"out_dir={out}"))
     finally:  # the session's training server goes back to its own weights for the tests after this one
-        async def restore() -> None:
-            engine = VLLMEngine(UpstreamPool([vllm_train_server.url]))
-            try:
-                await engine.update_weights(vllm_train_server.url, str(vllm_train_server.model_dir), "stock")
-            finally:
-                await engine.aclose()
-
-        import asyncio
-
-        asyncio.run(restore())
+        load_stock_weights(vllm_train_server)
     assert code == 0
     rows = [json.loads(x) for x in (out / "trainer" / "train_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1)) and all("push_seconds" in r for r in rows)
