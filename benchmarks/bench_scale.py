@@ -35,8 +35,9 @@ Side by side in the same run (``--baseline-sessions``, default ``--sessions``; 0
 server of ``--baseline-rev`` (a git worktree; the gateways are this tree's), compared on sessions completed once,
 server CPU per session, scheduling p99 and stored bytes per result against its unique token bytes.
 
-Writes ``bench_scale.json`` (summary, the baseline's under ``baseline``), ``bench_scale_sessions.jsonl`` (one line per session),
-``bench_scale_slots.jsonl`` (slot use over time), ``bench_scale.md`` (the table) and ``bench_scale_slots.svg``.
+Writes ``bench_scale.json`` (summary, the baseline's under ``baseline``), ``bench_scale_sessions.jsonl`` (one line
+per session), ``bench_scale_slots.jsonl`` (slot use over time), ``bench_scale.md`` (the tables) and
+``bench_scale_slots.svg``.
 """
 
 from __future__ import annotations
