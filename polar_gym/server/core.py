@@ -223,7 +223,7 @@ class RolloutServer:
         gw = self.gateway(gateway_id)
         if leaving:
             if gw.row.state != DEAD:
-                await self.watching.declare_dead(gw, "left the fleet")
+                await self.watching.declare_dead(gw, left=True)
             return gw
         if gw.row.state == HEALTHY:
             gw.row.state = DRAINING

@@ -60,9 +60,11 @@ class Watching:
             return
         gw.last_seen, gw.health, gw.suspect = time.monotonic(), health.model_dump(mode="json"), False
 
-    async def declare_dead(self, gw: GatewayState, why: str = "missed heartbeats") -> None:
+    async def declare_dead(self, gw: GatewayState, left: bool = False) -> None:
+        """``gw`` is gone: it missed its heartbeats (an error), or it ``left`` (shut down, and said so)."""
+        why = "left the fleet" if left else "missed heartbeats"
         log.warning("gateway %s (%s) %s: re-dispatching %d sessions", gw.gateway_id, gw.url, why, len(gw.sessions))
-        if why == "missed heartbeats":
+        if not left:
             self.counters.errors["gateway_dead"] += 1
         gw.row.state = DEAD
         await self.store.save_gateway(gw.row)
@@ -74,7 +76,7 @@ class Watching:
             row = await self.store.session(session_id)
             if row is not None and not row.status.terminal:
                 await self.ledger.lost(row, f"gateway {gw.gateway_id} ({gw.url}) "
-                                            + ("stopped answering" if why == "missed heartbeats" else why))
+                                            + ("left the fleet" if left else "stopped answering"))
         self.ledger.wake.set()
 
     # -- results ---------------------------------------------------------------------------------------------
