@@ -75,6 +75,12 @@ if command -v chromium >/dev/null; then
 else
   row "chromium" missing "the browser tests of report.html and the trace viewer (they skip)"; apt+=(chromium)
 fi
+if compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+  row "postgresql" ok "several rollout server workers on one store (and their tests)"
+else
+  row "postgresql" missing "several rollout server workers (one worker on SQLite still runs; their tests skip)"
+  apt+=(postgresql-15)
+fi
 
 if [ "$(id -u)" -eq 0 ]; then
   printf '\033[1m[setup]\033[0m running as root: setup.sh installs what is missing with apt-get; the system parts polar_gym uses:\n'

@@ -32,9 +32,10 @@ NODE_DIR=""
 if [ "$(id -u)" = 0 ]; then
   # bubblewrap for the local sandbox, gcc + libc6-dev to build its static relay helper, chromium for the browser
   # tests of report.html and the trace viewer (Playwright drives it; it cannot download its own), python3-venv for
-  # the Python harnesses' venvs (made with Debian's python3, which the sandbox sees under /usr)
+  # the Python harnesses' venvs (made with Debian's python3, which the sandbox sees under /usr), postgresql-15 for the
+  # rollout server's shared store (several server workers; polar_gym.server.postgres_local starts private servers)
   need_apt=()
-  for pkg in git util-linux bubblewrap gcc libc6-dev chromium python3-venv; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
+  for pkg in git util-linux bubblewrap gcc libc6-dev chromium python3-venv postgresql-15; do dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg"); done
   command -v npm >/dev/null || need_apt+=(nodejs npm)
   if [ ${#need_apt[@]} -gt 0 ]; then
     log "apt-get install ${need_apt[*]}"

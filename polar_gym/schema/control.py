@@ -292,5 +292,8 @@ class GatewayView(_Open):
     suspect: bool = False
     in_flight: int = 0
     load: float = 0.0
-    seconds_since_heartbeat: float = 0.0
+    #: None for a gateway another server worker watches (this worker does not hear its heartbeats)
+    seconds_since_heartbeat: float | None = 0.0
     health: dict[str, Any] = Field(default_factory=dict)
+    #: the server worker that watches it and dispatches to it
+    worker: str | None = None

@@ -1,12 +1,17 @@
 """The rollout server as a process.
 
-    python -m polar_gym.server --port N --db PATH [--admin-token-file F | --admin-token T] [--host H]
+    python -m polar_gym.server --port N --db PATH|URL [--worker NAME] [--admin-token-file F | --admin-token T]
+                               [--host H]
                                [--heartbeat S] [--dead-after S] [--max-samples N] [--max-body-mb M]
                                [--weight-server URL ...] [--result-retention keep|compact|drop]
 
 The admin token is best given by ``POLAR_ADMIN_TOKEN`` or ``--admin-token-file`` (a command line is readable by
 every user of the host); it is never logged. The SQLite db (mode 0600: it holds the gateways' admin tokens) keeps
 every task, so restarting with the same ``--db`` resumes dispatching the unfinished sessions.
+
+Several server workers: give each the same PostgreSQL database (``--db postgresql://...``; the URL is best given by
+``POLAR_DB``, as it may hold a password), a ``--worker`` name of its own and a port of its own. Each watches and
+dispatches to the gateways that register with it; any of them takes tasks and fleet-wide calls.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m polar_gym.server", description="polar_gym's rollout server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
-    p.add_argument("--db", type=Path, default=Path("polar_gym-server.sqlite"))
+    p.add_argument("--db", default=os.environ.get("POLAR_DB", "polar_gym-server.sqlite"),
+                   help="a SQLite file, or a postgresql:// URL several server workers share (default: POLAR_DB)")
+    p.add_argument("--worker", default="main", help="this server worker's name, unique among the workers of a store")
     p.add_argument("--admin-token", default=os.environ.get("POLAR_ADMIN_TOKEN"),
                    help="prefer POLAR_ADMIN_TOKEN or --admin-token-file: other users can read a command line")
     p.add_argument("--admin-token-file", type=Path, help="a file holding the admin token")
@@ -71,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     store = Store(args.db)
     server = RolloutServer(store, heartbeat_interval=args.heartbeat, dead_after=args.dead_after,
                            max_attempts=args.max_attempts, max_samples=args.max_samples,
-                           weight_servers=args.weight_server, result_retention=args.result_retention)
+                           weight_servers=args.weight_server, result_retention=args.result_retention,
+                           worker=args.worker)
     try:
         uvicorn.run(create_server_app(server, args.admin_token, max_body_bytes=int(args.max_body_mb * 2**20)),
                     host=args.host, port=args.port, log_level=args.log_level)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 import httpx
+import orjson
 from pydantic import BaseModel
 
 from polar_gym.gateway.client import GatewayClient
@@ -47,8 +48,12 @@ class RolloutServer:
                  max_attempts: int = 3, result_wait: float = 2.0, callback_attempts: int = 8,
                  callback_backoff: float = 0.5, max_samples: int = 4096, max_task_bytes: int = 256 * 1024 * 1024,
                  weight_servers: Collection[str] = (), transport: httpx.AsyncBaseTransport | None = None,
-                 result_retention: ResultRetention = "keep") -> None:
+                 result_retention: ResultRetention = "keep", worker: str = "main") -> None:
         self.store = store
+        #: this server worker's name. Workers share a PostgreSQL store; each watches and dispatches to the gateways
+        #: that registered with it, and any of them takes tasks and fleet-wide calls.
+        self.worker = worker
+        self._stop_listening: Callable[[], None] = lambda: None
         #: inference servers a weight update's ``servers`` may name besides the fleet's own (polar_gym.server.weights)
         self.weight_servers = [check_upstream_url(url).rstrip("/") for url in weight_servers]
         #: bounds of one task: sessions, and bytes stored for it (its request times its sessions)
@@ -64,7 +69,7 @@ class RolloutServer:
         self.background = Background()
         self.callbacks = Callbacks(store, self.counters, self.background, lambda: self.links.client,
                                    attempts=callback_attempts, backoff=callback_backoff, retention=result_retention)
-        self.ledger = Ledger(store, self.counters, self.callbacks, max_attempts=max_attempts)
+        self.ledger = Ledger(store, self.counters, self.callbacks, max_attempts=max_attempts, worker=worker)
         self.watching = Watching(store, self.fleet, self.counters, self.ledger, self.links, self.background,
                                  heartbeat_interval=heartbeat_interval, dead_after=dead_after,
                                  result_wait=result_wait)
@@ -75,10 +80,17 @@ class RolloutServer:
     async def start(self) -> None:
         """Reload gateways and in-flight sessions from the store, then run the loops."""
         self.links.open()
+        others: set[str] = set()  # live gateways of other workers: theirs to watch
         for gateway in await self.store.gateways():
-            self.fleet.restore(gateway)  # heartbeat clock restarts now: each gets dead_after to answer
+            if gateway.owner in (None, self.worker):
+                self.fleet.restore(gateway)  # heartbeat clock restarts now: each gets dead_after to answer
+            elif gateway.state != DEAD:
+                others.add(gateway.gateway_id)
+        await self.recall_fleet()
         for row in await self.store.in_flight():
             gw = self.fleet.gateways.get(row.gateway_id or "")
+            if row.gateway_id in others:
+                continue
             if row.status.terminal:  # unreadable, now quarantined
                 await self.ledger.ended(row.task_id, row.session_id, row.status, row.reason)
             elif gw is None or gw.row.state == DEAD:
@@ -91,10 +103,51 @@ class RolloutServer:
                 self.watching.ensure_watcher(gw)
         self.background.spawn(self.dispatcher.loop())
         self.background.spawn(self.watching.monitor_loop())
+        if self.store.shared:
+            loop = asyncio.get_running_loop()
+            def heard(note: str) -> None:  # in the listening thread
+                with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped
+                    loop.call_soon_threadsafe(self.ledger.heard, note)
+
+            self._stop_listening = self.store.listen(heard)
+            self.background.spawn(self._follow_store())
 
     async def stop(self) -> None:
+        self._stop_listening()
         await self.background.stop()
         await self.links.close()
+
+    async def _follow_store(self) -> None:
+        """With other workers on the store: let go of a gateway that registered with another worker since (it
+        failed over there), and drain one a fleet-wide call drained through another worker."""
+        while True:
+            try:
+                rows = {row.gateway_id: row for row in await self.store.gateways()}
+                for gw in list(self.fleet.gateways.values()):
+                    row = rows.get(gw.gateway_id)
+                    if row is not None and row.owner not in (None, self.worker):
+                        log.info("gateway %s moved to server worker %s", gw.gateway_id, row.owner)
+                        self.fleet.release(gw)
+                    elif row is not None and row.state == DRAINING and gw.row.state == HEALTHY:
+                        gw.row.state = DRAINING
+            except Exception:
+                self.counters.errors["follow_store_failed"] += 1
+                log.exception("reading the other workers' changes failed; trying again")
+            await asyncio.sleep(self.watching.heartbeat_interval)
+
+    async def recall_fleet(self) -> None:
+        """The LLM backends and policy version the fleet was last given, through whichever worker (the store's copy
+        is the one that counts: each fleet-wide change writes it)."""
+        backends, version = await self.store.fleet_value("backends"), await self.store.fleet_value("policy_version")
+        if backends is not None:
+            self.backends[:] = orjson.loads(backends)
+        if version is not None:
+            self.policy_version = orjson.loads(version)
+
+    async def remember_fleet(self) -> None:
+        """Store the fleet's backends and policy version: a gateway registering with any worker later gets them."""
+        await self.store.set_fleet_value("backends", orjson.dumps(self.backends).decode())
+        await self.store.set_fleet_value("policy_version", orjson.dumps(self.policy_version).decode())
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -142,6 +195,8 @@ class RolloutServer:
         if row.status.terminal:
             return row
         gw = self.fleet.owner(session_id)
+        if gw is None and row.gateway_id and self.store.shared:  # maybe running on another worker's gateway
+            gw = next((GatewayState(r) for r in await self.store.gateways() if r.gateway_id == row.gateway_id), None)
         if gw is not None and gw.row.state != DEAD:
             try:
                 await self.links.gateway(gw).cancel_session(session_id)
@@ -173,8 +228,11 @@ class RolloutServer:
             view = await self.task_view(task_id)
             yield {"event": "snapshot", "status": view["status"], "sessions": view["sessions"]}
             if view["status"] not in ("COMPLETED", "ERROR", "CANCELLED"):
+                # with other workers, the end is also checked each second (their notifications can be missed)
+                patience = 1.0 if self.store.shared else None
                 while True:  # a count per event, not a whole view: a big task's view is thousands of rows
-                    yield await queue.get()
+                    with contextlib.suppress(TimeoutError):
+                        yield await asyncio.wait_for(queue.get(), patience)
                     if await self.store.unfinished(task_id) == 0:
                         break
                 view = await self.task_view(task_id)
@@ -185,8 +243,22 @@ class RolloutServer:
     # -- gateways --------------------------------------------------------------------------------------------
 
     async def register(self, reg: GatewayRegistration) -> GatewayState:
+        """A gateway joins (or comes back). One this worker does not know, registered before (with another
+        worker, which it left), is taken over with the sessions it runs."""
+        adopted = None
+        if self.fleet.by_url(reg.url) is None:
+            known = await self.store.gateway_by_url(reg.url.rstrip("/"))
+            if known is not None:
+                adopted = self.fleet.restore(known)
+                if known.state != DEAD:
+                    adopted.sessions.update(row.session_id for row in await self.store.in_flight(known.gateway_id))
         gw = self.fleet.register(reg)
+        gw.row.owner = self.worker
         await self.store.save_gateway(gw.row)
+        if adopted is not None and adopted.sessions:
+            self.watching.ensure_watcher(adopted)
+        if self.store.shared:
+            await self.recall_fleet()
         for url in self.backends:  # a new gateway gets the fleet's current LLM backends
             with contextlib.suppress(GatewayCallError):
                 await self.links.gateway(gw).add_upstream(url)
@@ -247,6 +319,38 @@ class RolloutServer:
             self.ledger.wake.set()
         return gw
 
+    async def drain_anywhere(self, gateway_id: str) -> None:
+        """Drain a gateway, this worker's or (through the store) another's."""
+        if gateway_id in self.fleet.gateways:
+            await self.drain(gateway_id)
+            return
+        row = next((r for r in await self.store.gateways() if r.gateway_id == gateway_id), None)
+        if row is not None and row.state == HEALTHY:
+            row.state = DRAINING
+            await self.store.save_gateway(row)
+
+    async def reachable(self) -> list[GatewayState]:
+        """Every live gateway of the fleet: this worker's, and the other workers' as the store knows them."""
+        mine = self.fleet.live()
+        if not self.store.shared:
+            return mine
+        return mine + [GatewayState(row) for row in await self.store.gateways()
+                       if row.state != DEAD and row.gateway_id not in self.fleet.gateways]
+
+    async def fleet_view(self) -> list[dict[str, Any]]:
+        """The fleet's gateways as GET /gateways shows them (other workers' with their store's counts)."""
+        views = [gw.describe() for gw in self.fleet.gateways.values()]
+        if self.store.shared:
+            counts = await self.store.in_flight_counts()
+            for row in await self.store.gateways():
+                if row.gateway_id not in self.fleet.gateways:
+                    other = GatewayState(row)
+                    view = other.describe() | {"in_flight": counts.get(row.gateway_id, 0),
+                                               "load": counts.get(row.gateway_id, 0) / max(row.capacity, 1),
+                                               "seconds_since_heartbeat": None}
+                    views.append(view)
+        return views
+
     # -- LLM backends across the fleet -----------------------------------------------------------------------
 
     async def fanout(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -271,7 +375,7 @@ class RolloutServer:
             self.counters.errors["backend_fanout_failed"] += 1
             return gw.gateway_id, {"status": None, "error": repr(error)}
 
-        return dict(await asyncio.gather(*(one(gw) for gw in self.fleet.live()
+        return dict(await asyncio.gather(*(one(gw) for gw in await self.reachable()
                                            if only is None or gw.gateway_id in only)))
 
 

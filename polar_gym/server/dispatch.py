@@ -86,8 +86,10 @@ class Dispatcher:
             return 0
         attempts = await self.store.assign_many([(r.session_id, g.gateway_id) for r, g in chosen])
         claimed = [(r, g, attempts[r.session_id]) for r, g in chosen if r.session_id in attempts]
-        for row, gw, _ in claimed:  # the others were cancelled while waiting
+        for row, gw, _ in claimed:  # the others were cancelled while waiting, or another worker claimed them
             gw.sessions.add(row.session_id)
+        if len(claimed) < len(chosen):  # their slots are free again: another round at once
+            self.ledger.wake.set()
         sem = asyncio.Semaphore(CONCURRENT_POSTS)
         await asyncio.gather(*(self._post_claimed(sem, *c) for c in claimed))
         return len(chosen)

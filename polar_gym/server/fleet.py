@@ -33,6 +33,8 @@ class GatewayState:
     stale: set[str] = field(default_factory=set)
     #: sessions being withdrawn (a draining hand-over): a CANCELLED result of one is its withdrawn attempt's
     withdrawing: set[str] = field(default_factory=set)
+    #: another server worker took the gateway over (it registered there): this one's watcher stops
+    released: bool = False
     #: the batch watcher of this gateway's sessions (polar_gym.server.watching) and its wake-up
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     added: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -57,7 +59,8 @@ class GatewayState:
         """What the server's gateway routes answer (the wire type the gateway's ServerLink reads)."""
         return GatewayView(gateway_id=self.gateway_id, url=self.url, capacity=self.row.capacity,
                            state=self.row.state, suspect=self.suspect, in_flight=len(self.sessions), load=self.load,
-                           seconds_since_heartbeat=time.monotonic() - self.last_seen, health=self.health)
+                           seconds_since_heartbeat=time.monotonic() - self.last_seen, health=self.health,
+                           worker=self.row.owner)
 
     def describe(self) -> dict[str, Any]:
         return self.view().model_dump(mode="json")
@@ -80,6 +83,15 @@ class Fleet:
         gw = GatewayState(GatewayRow(f"gw-{uuid.uuid4().hex[:10]}", url, reg.capacity, reg.admin_token, HEALTHY))
         self.gateways[gw.gateway_id] = gw
         return gw
+
+    def by_url(self, url: str) -> GatewayState | None:
+        return next((gw for gw in self.gateways.values() if gw.url == url.rstrip("/")), None)
+
+    def release(self, gw: GatewayState) -> None:
+        """Forget a gateway another server worker took over; its watcher ends after the poll it is in."""
+        self.gateways.pop(gw.gateway_id, None)
+        gw.released = True
+        gw.added.set()
 
     def restore(self, row: GatewayRow) -> GatewayState:
         gw = GatewayState(row)

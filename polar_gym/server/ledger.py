@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
+
 from polar_gym.causes import UNSTORABLE_RESULT
 from polar_gym.httpguard import excerpt
 from polar_gym.result_codec import PackedResult
@@ -28,20 +30,46 @@ S = SessionStatus
 
 
 class Ledger:
-    def __init__(self, store: Store, counters: ServerCounters, callbacks: Callbacks, *, max_attempts: int) -> None:
+    def __init__(self, store: Store, counters: ServerCounters, callbacks: Callbacks, *, max_attempts: int,
+                 worker: str = "main") -> None:
         self.store, self.counters, self.callbacks, self.max_attempts = store, counters, callbacks, max_attempts
+        self.worker = worker
         #: set when a session may be dispatched (submitted, re-queued, a slot freed, a gateway came)
         self.wake = asyncio.Event()
-        self._changed = asyncio.Condition()
+        #: set (and replaced) at each change: what result waits wake on
+        self._changed = asyncio.Event()
         self._subscribers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = collections.defaultdict(set)
 
     # -- who hears about changes -----------------------------------------------------------------------------
 
     async def notify(self, task_id: str, event: dict[str, Any]) -> None:
-        for queue in self._subscribers.get(task_id, ()):
-            queue.put_nowait({"task_id": task_id, "time": time.time(), **event})
-        async with self._changed:
-            self._changed.notify_all()
+        """Tell this worker's subscribers and result waits, and the other workers sharing the store."""
+        stamped = {"task_id": task_id, "time": time.time(), **event}
+        self._deliver(stamped)
+        if self.store.shared:
+            await self.store.publish(_payload(self.worker, stamped))
+
+    def heard(self, payload: str) -> None:
+        """A change another worker made (polar_gym.server.sql's channel): its events reach this worker's
+        subscribers, and a session it queued or a slot it freed may be this worker's to dispatch."""
+        try:
+            note = orjson.loads(payload)
+            if note["worker"] == self.worker:
+                return
+            event = note["event"]
+            if not isinstance(event, dict) or not isinstance(event.get("task_id"), str):
+                raise ValueError("no event")
+        except (ValueError, KeyError, TypeError):
+            self.counters.errors["change_unreadable"] += 1
+            return
+        self._deliver(event)
+        self.wake.set()
+
+    def _deliver(self, event: dict[str, Any]) -> None:
+        for queue in self._subscribers.get(event["task_id"], ()):
+            queue.put_nowait(event)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     @contextlib.contextmanager
     def subscribe(self, task_id: str) -> Iterator[asyncio.Queue[dict[str, Any]]]:
@@ -56,10 +84,12 @@ class Ledger:
                 del self._subscribers[task_id]
 
     async def changed(self, timeout: float) -> None:
-        """Return after the next change, or after ``timeout`` seconds."""
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout)
+        """Return after the next change, or after ``timeout`` seconds (at most a second with other workers: a
+        change they made reaches this one by a notification, which a lost connection to the store can miss)."""
+        if self.store.shared:
+            timeout = min(timeout, 1.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
 
     # -- the changes -----------------------------------------------------------------------------------------
 
@@ -112,6 +142,21 @@ class Ledger:
         await self.store.requeue(row.session_id, why)
         await self.notify(row.task_id, {"event": "requeued", "session_id": row.session_id, "reason": why})
         self.wake.set()
+
+
+#: PostgreSQL's NOTIFY takes at most 8,000 bytes: a larger event goes without its session list, its reason cut
+_MAX_PAYLOAD = 7000
+
+
+def _payload(worker: str, event: dict[str, Any]) -> str:
+    """An event as the other workers hear it."""
+    data = orjson.dumps({"worker": worker, "event": event})
+    if len(data) > _MAX_PAYLOAD:
+        slim = {k: v for k, v in event.items() if k != "sessions"}
+        if isinstance(slim.get("reason"), str):
+            slim["reason"] = excerpt(slim["reason"], 1000)
+        data = orjson.dumps({"worker": worker, "event": slim})
+    return data.decode()
 
 
 def ended_as(row: SessionRow, status: SessionStatus, reason: str) -> SessionResult:

@@ -176,7 +176,7 @@ async def register(request: Request, reg: GatewayRegistration) -> JSONResponse:
 
 @gateways_router.get("/gateways")
 async def gateways(request: Request) -> dict[str, Any]:
-    return {"gateways": [g.describe() for g in rollout_server(request).fleet.gateways.values()]}
+    return {"gateways": await rollout_server(request).fleet_view()}
 
 
 @gateways_router.post("/gateways/{gateway_id}/heartbeat")
@@ -203,14 +203,17 @@ async def drain(request: Request, gateway_id: str, body: GatewayDrainRequest | N
 @backends_router.get("/backends")
 async def backends(request: Request) -> dict[str, Any]:
     server = rollout_server(request)
+    await server.recall_fleet()
     return {"backends": server.backends, "gateways": await server.fanout("GET", "/admin/upstreams")}
 
 
 @backends_router.post("/backends")
 async def add_backend(request: Request, body: Backend) -> dict[str, Any]:
     server = rollout_server(request)
+    await server.recall_fleet()
     if body.url not in server.backends:
         server.backends.append(body.url)
+        await server.remember_fleet()
     return {"backends": server.backends,
             "gateways": await server.fanout("POST", "/admin/upstreams", {"url": body.url})}
 
@@ -219,12 +222,14 @@ async def add_backend(request: Request, body: Backend) -> dict[str, Any]:
 async def remove_backend(request: Request, url: str | None = Query(None, max_length=2048)) -> dict[str, Any]:
     """Remove one backend, or all of them (no ``url``) on a checkpoint swap."""
     server = rollout_server(request)
+    await server.recall_fleet()
     urls = [url] if url else list(server.backends)
     results = {}
     for each in urls:
         if each in server.backends:
             server.backends.remove(each)
         results[each] = await server.fanout("POST", "/admin/upstreams/remove", {"url": each})
+    await server.remember_fleet()
     return {"backends": server.backends, "removed": results}
 
 
@@ -246,7 +251,8 @@ async def weights(request: Request, body: WeightUpdateRequest) -> FleetWeightUpd
 
 @health_router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
-    return {"status": "ok", "gateways": len(rollout_server(request).fleet.live())}
+    server = rollout_server(request)
+    return {"status": "ok", "gateways": len(server.fleet.live()), "worker": server.worker}
 
 
 async def _metrics_text(server: RolloutServer) -> str:

@@ -1,6 +1,7 @@
-"""The rollout server's durable state in SQLite: tasks, their sessions (status, gateway, attempts, result) and the
-registered gateways. Why SQLite: one file survives a restart and needs no service; the stdlib driver is run in a
-worker thread (``asyncio.to_thread``) behind one lock, so the event loop never blocks on disk.
+"""The rollout server's durable state: tasks, their sessions (status, gateway, attempts, result) and the registered
+gateways. In SQLite by default (one file survives a restart and needs no service), or in PostgreSQL, which several
+server workers share (polar_gym.server.sql). The driver runs in a worker thread (``asyncio.to_thread``) behind one
+lock, so the event loop never blocks on the database.
 
 A result is stored packed (polar_gym.result_codec: about its unique token bytes, where JSON took ~30x), with its
 head beside it as JSON for the viewer's queries; rows written before (a JSON ``result``) read unchanged."""
@@ -8,12 +9,9 @@ head beside it as JSON for the viewer's queries; rows written before (a JSON ``r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import sqlite3
-import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 from polar_gym.httpguard import excerpt
 from polar_gym.result_codec import PackedResult, head, pack, unpack, without_tokens
 from polar_gym.schema import AgentSpec, EvalResult, SessionResult, SessionSpec, SessionStatus, TaskRequest
+from polar_gym.server.sql import open_database
 
 __all__ = ["QUARANTINED", "GatewayRow", "PackedRow", "SessionRow", "Store", "TaskRow"]
 
@@ -30,22 +29,6 @@ log = logging.getLogger(__name__)
 QUARANTINED = "quarantined:"
 #: the agent of a spec or request that could not be read back (a placeholder: such a session never runs)
 _UNREADABLE_AGENT = AgentSpec(harness="unreadable")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    task_id TEXT PRIMARY KEY, request TEXT NOT NULL, created REAL NOT NULL,
-    cancelled INTEGER NOT NULL DEFAULT 0, callback_state TEXT, callback_error TEXT);
-CREATE TABLE IF NOT EXISTS sessions (
-    session_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, sample_index INTEGER NOT NULL, spec TEXT NOT NULL,
-    status TEXT NOT NULL, gateway_id TEXT, attempts INTEGER NOT NULL DEFAULT 0, reason TEXT, result TEXT,
-    created REAL NOT NULL, dispatched REAL, finished REAL, packed BLOB, result_head TEXT);
-CREATE INDEX IF NOT EXISTS sessions_task ON sessions(task_id);
-CREATE INDEX IF NOT EXISTS sessions_status ON sessions(status);
-CREATE TABLE IF NOT EXISTS gateways (
-    gateway_id TEXT PRIMARY KEY, url TEXT NOT NULL UNIQUE, capacity INTEGER NOT NULL, admin_token TEXT,
-    state TEXT NOT NULL);
-"""
-
 
 @dataclass
 class TaskRow:
@@ -96,9 +79,15 @@ class GatewayRow:
     capacity: int
     admin_token: str | None
     state: str
+    #: the server worker that watches and dispatches to it (None: a store of one worker, before workers existed)
+    owner: str | None = None
 
 
-def _session(row: sqlite3.Row) -> SessionRow:
+#: one attempt fewer, never below zero (an attempt refunded)
+_ONE_FEWER = "CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
+
+
+def _session(row: Mapping[str, Any]) -> SessionRow:
     return SessionRow(
         spec=SessionSpec.model_validate_json(row["spec"]), status=SessionStatus(row["status"]),
         gateway_id=row["gateway_id"], attempts=row["attempts"], reason=row["reason"],
@@ -107,44 +96,16 @@ def _session(row: sqlite3.Row) -> SessionRow:
         created=row["created"], dispatched=row["dispatched"])
 
 
-def _private_file(path: str) -> None:
-    """Create (or narrow) a file to mode 0600: the db holds gateway admin tokens, which the server must keep in clear
-    to call its gateways. SQLite gives the -wal and -shm files the mode of the db file."""
-    if path == ":memory:" or path.startswith("file:"):
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if os.fstat(fd).st_mode & 0o077:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for suffix in ("-wal", "-shm", "-journal"):  # left by an older version with the old mode
-        with contextlib.suppress(FileNotFoundError, PermissionError):
-            os.chmod(path + suffix, 0o600)
-
-
 class Store:
     """Every method is a coroutine that runs its SQL in a thread; the lock serializes the one connection."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        _private_file(self.path)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # WAL + NORMAL: a commit survives a crash of the server process (what a restart needs); only a power loss
-        # can lose the last commits. FULL fsynced every submit and result.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
-        for column, kind in (("packed", "BLOB"), ("result_head", "TEXT")):  # a store of an older version
-            if column not in columns:
-                self._db.execute(f"ALTER TABLE sessions ADD COLUMN {column} {kind}")
+    def __init__(self, target: str | Path) -> None:
+        #: a SQLite file's path, or a ``postgresql://`` URL (several server workers share that database)
+        self.path = str(target)
+        self.db = open_database(self.path)
 
     def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        return self.db.run(sql, args)
 
     async def _q(self, sql: str, *args: Any) -> list[Any]:
         return await asyncio.to_thread(self._run, sql, args)
@@ -164,15 +125,14 @@ class Store:
 
         return await asyncio.to_thread(run)
 
-    def _quarantine(self, row: sqlite3.Row, exc: Exception) -> SessionRow:
+    def _quarantine(self, row: Mapping[str, Any], exc: Exception) -> SessionRow:
         """Mark an unreadable session ERROR with the reason, for good (dispatch and restarts skip it)."""
         session_id, task_id = str(row["session_id"]), str(row["task_id"])
         reason = f"{QUARANTINED} the stored session could not be read back ({type(exc).__name__}: {excerpt(exc, 200)})"
         log.error("session %s of task %s %s", session_id, task_id, reason)
         result = SessionResult(session_id=session_id, task_id=task_id, status=SessionStatus.ERROR, reason=reason)
-        with self._lock:
-            # the stand-in replaces a packed result too: left there, it would be read (and fail) first every time
-            self._db.execute("UPDATE sessions SET status = ?, reason = ?, result = ?, packed = NULL, "
+        # the stand-in replaces a packed result too: left there, it would be read (and fail) first every time
+        self.db.run("UPDATE sessions SET status = ?, reason = ?, result = ?, packed = NULL, "
                              "result_head = NULL, finished = ? WHERE session_id = ?",
                              (SessionStatus.ERROR.value, reason, result.model_dump_json(), time.time(), session_id))
         spec = SessionSpec.model_construct(session_id=session_id, task_id=task_id,  # never dispatched: ERROR already
@@ -183,8 +143,7 @@ class Store:
                           created=_float(row["created"]), dispatched=None)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self.db.close()
 
     # -- tasks -----------------------------------------------------------------------------------------------
 
@@ -193,19 +152,16 @@ class Store:
 
         def run() -> bool:
             now = time.time()
-            with self._lock:
-                try:
-                    with self._db:
-                        self._db.execute("BEGIN")
-                        self._db.execute("INSERT INTO tasks(task_id, request, created) VALUES (?, ?, ?)",
-                                         (task.task_id, task.model_dump_json(), now))
-                        self._db.executemany(
-                            "INSERT INTO sessions(session_id, task_id, sample_index, spec, status, created) "
-                            "VALUES (?, ?, ?, ?, ?, ?)",
-                            [(s.session_id, s.task_id, s.sample_index, s.model_dump_json(),
-                              SessionStatus.REGISTERED.value, now) for s in specs])
-                except sqlite3.IntegrityError:
-                    return False
+            try:
+                with self.db.transaction():
+                    self.db.run("INSERT INTO tasks(task_id, request, created) VALUES (?, ?, ?)",
+                                (task.task_id, task.model_dump_json(), now))
+                    self.db.many("INSERT INTO sessions(session_id, task_id, sample_index, spec, status, created) "
+                                 "VALUES (?, ?, ?, ?, ?, ?)",
+                                 [(s.session_id, s.task_id, s.sample_index, s.model_dump_json(),
+                                   SessionStatus.REGISTERED.value, now) for s in specs])
+            except self.db.IntegrityError:
+                return False
             return True
 
         return await asyncio.to_thread(run)
@@ -277,9 +233,9 @@ class Store:
     async def unfinished(self, task_id: str) -> int:
         """How many sessions of a task have not ended: a count, so a finish does not parse every sibling's result."""
         terminal = [s.value for s in SessionStatus if s.terminal]
-        rows = await self._q(f"SELECT COUNT(*) FROM sessions WHERE task_id = ? AND status NOT IN "
+        rows = await self._q(f"SELECT COUNT(*) AS n FROM sessions WHERE task_id = ? AND status NOT IN "
                              f"({','.join('?' * len(terminal))})", task_id, *terminal)
-        return int(rows[0][0])
+        return int(rows[0]["n"])
 
     async def session(self, session_id: str) -> SessionRow | None:
         rows = await self._sessions("SELECT * FROM sessions WHERE session_id = ?", session_id)
@@ -290,11 +246,13 @@ class Store:
         return await self._sessions("SELECT * FROM sessions WHERE gateway_id IS NULL AND status = ? "
                                     "ORDER BY created LIMIT ?", SessionStatus.REGISTERED.value, limit)
 
-    async def in_flight(self) -> list[SessionRow]:
-        """Sessions handed to a gateway and not finished: watched again after a restart."""
+    async def in_flight(self, gateway_id: str | None = None) -> list[SessionRow]:
+        """Sessions handed to a gateway (to ``gateway_id``, when given) and not finished: watched again after a
+        restart, or by a worker that takes the gateway over."""
         terminal = [s.value for s in SessionStatus if s.terminal]
-        return await self._sessions(f"SELECT * FROM sessions WHERE gateway_id IS NOT NULL AND status NOT IN "
-                                    f"({','.join('?' * len(terminal))})", *terminal)
+        which, args = ("gateway_id = ?", (gateway_id,)) if gateway_id else ("gateway_id IS NOT NULL", ())
+        return await self._sessions(f"SELECT * FROM sessions WHERE {which} AND status NOT IN "
+                                    f"({','.join('?' * len(terminal))})", *args, *terminal)
 
     async def assign(self, session_id: str, gateway_id: str) -> int | None:
         """Claim a waiting session for a gateway; None when it is no longer waiting (cancelled meanwhile).
@@ -307,28 +265,27 @@ class Store:
 
         def run() -> dict[str, int]:
             now, out = time.time(), {}
-            with self._lock, self._db:
-                self._db.execute("BEGIN")
+            with self.db.transaction():
                 for session_id, gateway_id in claims:
-                    row = self._db.execute(
+                    rows = self.db.run(
                         "UPDATE sessions SET gateway_id = ?, attempts = attempts + 1, dispatched = ?, status = ? "
                         "WHERE session_id = ? AND gateway_id IS NULL AND status = ? RETURNING attempts",
                         (gateway_id, now, SessionStatus.INITIALIZING.value, session_id,
-                         SessionStatus.REGISTERED.value)).fetchone()
-                    if row is not None:
-                        out[session_id] = int(row[0])
+                         SessionStatus.REGISTERED.value))
+                    if rows:
+                        out[session_id] = int(rows[0]["attempts"])
             return out
 
         return await asyncio.to_thread(run) if claims else {}
 
     async def release(self, session_id: str, gateway_id: str) -> None:
         """Undo a claim that was never posted: waiting again, the attempt not counted."""
-        await self._q("UPDATE sessions SET gateway_id = NULL, status = ?, attempts = MAX(attempts - 1, 0) "
+        await self._q(f"UPDATE sessions SET gateway_id = NULL, status = ?, attempts = {_ONE_FEWER} "
                       "WHERE session_id = ? AND gateway_id = ? AND status = ?", SessionStatus.REGISTERED.value,
                       session_id, gateway_id, SessionStatus.INITIALIZING.value)
 
     async def refund_attempt(self, session_id: str) -> None:
-        await self._q("UPDATE sessions SET attempts = MAX(attempts - 1, 0) WHERE session_id = ?", session_id)
+        await self._q(f"UPDATE sessions SET attempts = {_ONE_FEWER} WHERE session_id = ?", session_id)
 
     async def requeue(self, session_id: str, reason: str) -> None:
         await self._q("UPDATE sessions SET gateway_id = NULL, status = ?, reason = ? WHERE session_id = ?",
@@ -338,7 +295,7 @@ class Store:
         """Queue a session again whose attempt never ran (withdrawn before its harness started): the attempt is
         refunded. False when it had ended meanwhile."""
         changed = await self._q("UPDATE sessions SET gateway_id = NULL, status = ?, dispatched = NULL, "
-                                "attempts = MAX(attempts - 1, 0), reason = 'withdrawn before it ran' "
+                                f"attempts = {_ONE_FEWER}, reason = 'withdrawn before it ran' "
                                 "WHERE session_id = ? AND result IS NULL AND packed IS NULL RETURNING session_id",
                                 SessionStatus.REGISTERED.value, session_id)
         return bool(changed)
@@ -388,61 +345,106 @@ class Store:
                                          evaluation=evaluation)
                 packed = PackedResult.of(pack(kept, retained=mode))
                 changed.append((packed.data, packed.head.model_dump_json(), row["session_id"]))
-            with self._lock, self._db:
-                self._db.execute("BEGIN")
-                self._db.executemany("UPDATE sessions SET packed = ?, result_head = ? WHERE session_id = ?", changed)
+            with self.db.transaction():
+                self.db.many("UPDATE sessions SET packed = ?, result_head = ? WHERE session_id = ?", changed)
             return len(changed)
 
         return await asyncio.to_thread(run)
 
     async def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """Sessions by status, and tasks by whether every session has finished (for /metrics)."""
-        sessions = {r[0]: r[1] for r in await self._q("SELECT status, COUNT(*) FROM sessions GROUP BY status")}
+        sessions = {r["status"]: r["n"]
+                    for r in await self._q("SELECT status, COUNT(*) AS n FROM sessions GROUP BY status")}
         terminal = [s.value for s in SessionStatus if s.terminal]
-        open_ = await self._q(f"SELECT COUNT(DISTINCT task_id) FROM sessions WHERE status NOT IN "
-                              f"({','.join('?' * len(terminal))})", *terminal)
-        total = await self._q("SELECT COUNT(*) FROM tasks")
-        return sessions, {"open": open_[0][0], "finished": total[0][0] - open_[0][0]}
+        open_ = (await self._q(f"SELECT COUNT(DISTINCT task_id) AS n FROM sessions WHERE status NOT IN "
+                               f"({','.join('?' * len(terminal))})", *terminal))[0]["n"]
+        total = (await self._q("SELECT COUNT(*) AS n FROM tasks"))[0]["n"]
+        return sessions, {"open": open_, "finished": total - open_}
 
     # -- the trace viewer's reads (polar_gym.server.viewer): light columns, bounded pages ---------------------
 
-    _VIEW_COLUMNS = ("session_id, task_id, sample_index, status, reason, created, finished, "
-                     "json_extract(spec, '$.agent.harness') AS harness")
+    def _view_columns(self) -> str:
+        return ("session_id, task_id, sample_index, status, reason, created, finished, "
+                f"{self.db.json('spec', 'agent', 'harness')} AS harness")
 
     async def open_session_rows(self, limit: int) -> list[dict[str, Any]]:
         """Sessions not finished yet, oldest first, without their specs' or results' bodies."""
-        rows = await self._q(f"SELECT {self._VIEW_COLUMNS} FROM sessions WHERE finished IS NULL "
+        rows = await self._q(f"SELECT {self._view_columns()} FROM sessions WHERE finished IS NULL "
                              f"ORDER BY created LIMIT ?", limit)
         return [dict(r) for r in rows]
 
     async def finished_session_rows(self, after: tuple[float, str], limit: int) -> list[dict[str, Any]]:
         """Finished sessions after ``(finished, session_id)`` in that order (a keyset page), with the few result
-        fields a table shows (SQLite reads them out of the stored JSON; a finished row never changes, so callers
-        keep them)."""
+        fields a table shows (read out of the stored head, or the JSON result of an older version; a finished row
+        never changes, so callers keep them)."""
+        j = self.db.json
+        fields = {"reward": j("result", "evaluation", "reward"),
+                  "error_cause": j("result", "metadata", "artifacts", "error_cause"),
+                  "traces": self.db.json_length("result", "trajectory", "traces"),
+                  "completions": j("result", "trajectory", "diagnostics", "completions"),
+                  "seconds": j("result", "timings", "total")}
+        columns = ", ".join(f"COALESCE({j('result_head', name)}, {older}) AS "
+                            f"{'artifacts_cause' if name == 'error_cause' else name}" for name, older in fields.items())
         rows = await self._q(
-            f"SELECT {self._VIEW_COLUMNS}, "
-            "COALESCE(json_extract(result_head, '$.reward'), json_extract(result, '$.evaluation.reward')) AS reward, "
-            "COALESCE(json_extract(result_head, '$.error_cause'), "
-            "json_extract(result, '$.metadata.artifacts.error_cause')) AS artifacts_cause, "
-            "COALESCE(json_extract(result_head, '$.traces'), json_array_length(result, '$.trajectory.traces')) "
-            "AS traces, COALESCE(json_extract(result_head, '$.completions'), "
-            "json_extract(result, '$.trajectory.diagnostics.completions')) AS completions, "
-            "COALESCE(json_extract(result_head, '$.seconds'), json_extract(result, '$.timings.total')) AS seconds "
-            "FROM sessions WHERE finished IS NOT NULL AND (finished > ? OR (finished = ? AND session_id > ?)) "
-            "ORDER BY finished, session_id LIMIT ?", after[0], after[0], after[1], limit)
+            f"SELECT {self._view_columns()}, {columns} FROM sessions WHERE finished IS NOT NULL "
+            "AND (finished > ? OR (finished = ? AND session_id > ?)) ORDER BY finished, session_id LIMIT ?",
+            after[0], after[0], after[1], limit)
         return [dict(r) for r in rows]
 
     # -- gateways --------------------------------------------------------------------------------------------
 
     async def save_gateway(self, gw: GatewayRow) -> None:
-        await self._q("INSERT INTO gateways(gateway_id, url, capacity, admin_token, state) VALUES (?, ?, ?, ?, ?) "
-                      "ON CONFLICT(gateway_id) DO UPDATE SET url = excluded.url, capacity = excluded.capacity, "
-                      "admin_token = excluded.admin_token, state = excluded.state",
-                      gw.gateway_id, gw.url, gw.capacity, gw.admin_token, gw.state)
+        await self._q("INSERT INTO gateways(gateway_id, url, capacity, admin_token, state, owner) "
+                      "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(gateway_id) DO UPDATE SET url = excluded.url, "
+                      "capacity = excluded.capacity, admin_token = excluded.admin_token, state = excluded.state, "
+                      "owner = excluded.owner", gw.gateway_id, gw.url, gw.capacity, gw.admin_token, gw.state, gw.owner)
 
     async def gateways(self) -> list[GatewayRow]:
-        rows = await self._q("SELECT * FROM gateways")
-        return [GatewayRow(r["gateway_id"], r["url"], r["capacity"], r["admin_token"], r["state"]) for r in rows]
+        return [_gateway(r) for r in await self._q("SELECT * FROM gateways ORDER BY gateway_id")]
+
+    async def gateway_by_url(self, url: str) -> GatewayRow | None:
+        rows = await self._q("SELECT * FROM gateways WHERE url = ?", url)
+        return _gateway(rows[0]) if rows else None
+
+    async def in_flight_counts(self) -> dict[str, int]:
+        """Sessions handed to each gateway and not finished (another worker's gateways, for the fleet's view)."""
+        terminal = [s.value for s in SessionStatus if s.terminal]
+        rows = await self._q(f"SELECT gateway_id, COUNT(*) AS n FROM sessions WHERE gateway_id IS NOT NULL AND "
+                             f"status NOT IN ({','.join('?' * len(terminal))}) GROUP BY gateway_id", *terminal)
+        return {r["gateway_id"]: int(r["n"]) for r in rows}
+
+    # -- what the whole fleet shares (its LLM backends, its policy version), and the workers' channel ----------
+
+    async def fleet_value(self, key: str) -> str | None:
+        rows = await self._q("SELECT value FROM fleet WHERE key = ?", key)
+        return str(rows[0]["value"]) if rows else None
+
+    async def set_fleet_value(self, key: str, value: str) -> None:
+        await self._q("INSERT INTO fleet(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = "
+                      "excluded.value", key, value)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other server workers may use this store (PostgreSQL)."""
+        return self.db.shared
+
+    async def publish(self, payload: str) -> None:
+        if self.db.shared:
+            await asyncio.to_thread(self.db.publish, payload)
+
+    def listen(self, heard: Callable[[str], None]) -> Callable[[], None]:
+        return self.db.listen(heard)
+
+    async def try_lock(self, key: int) -> bool:
+        return await asyncio.to_thread(self.db.try_lock, key) if self.db.shared else True
+
+    async def unlock(self, key: int) -> None:
+        if self.db.shared:
+            await asyncio.to_thread(self.db.unlock, key)
+
+
+def _gateway(r: Mapping[str, Any]) -> GatewayRow:
+    return GatewayRow(r["gateway_id"], r["url"], r["capacity"], r["admin_token"], r["state"], r["owner"])
 
 
 def _int(value: Any) -> int:

@@ -93,7 +93,7 @@ class Watching:
         gateway is declared dead; sessions dispatched meanwhile join the next poll (a poll waits at most
         ``result_wait`` seconds)."""
         last: dict[str, str] = {}
-        while gw.row.state != DEAD:
+        while gw.row.state != DEAD and not gw.released:
             gw.added.clear()
             # a session re-posted where a stale attempt of it may sit is polled once the gateway named its new one
             ids = [i for i in gw.sessions if i not in gw.stale or i in gw.attempts]

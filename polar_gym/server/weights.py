@@ -20,8 +20,10 @@ admin call make the fleet request any URL (403 ``weight_server_not_allowed`` nam
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
@@ -95,14 +97,31 @@ async def check_servers(server: RolloutServer, servers: list[str]) -> None:
 
 async def update_fleet_weights(server: RolloutServer, update: WeightUpdateRequest) -> FleetWeightUpdate:
     """Load ``update.checkpoint`` into every live gateway's servers (see the module docstring)."""
-    async with server.weights_lock:
+    async with server.weights_lock, _fleet_lock(server):
+        await server.recall_fleet()
         if update.servers is not None:
             await check_servers(server, update.servers)
         return await _update(server, update)
 
 
+#: the store-wide lock of a fleet weight update (server workers sharing a store take turns)
+WEIGHTS_LOCK = 7040002
+
+
+@contextlib.asynccontextmanager
+async def _fleet_lock(server: RolloutServer) -> AsyncIterator[None]:
+    while True:  # another worker's update holds it: the fleet pauses for one update at a time
+        if await server.store.try_lock(WEIGHTS_LOCK):
+            break
+        await asyncio.sleep(0.2)
+    try:
+        yield
+    finally:
+        await server.store.unlock(WEIGHTS_LOCK)
+
+
 async def _update(server: RolloutServer, update: WeightUpdateRequest) -> FleetWeightUpdate:
-    if not server.fleet.live():
+    if not await server.reachable():
         raise ServerError(409, "no_gateways", "no live gateway to update")
     started = time.perf_counter()
     wait = update.drain_timeout + FANOUT_TIMEOUT
@@ -127,6 +146,7 @@ async def _update(server: RolloutServer, update: WeightUpdateRequest) -> FleetWe
         server.policy_version = update.policy_version
         if update.servers is not None:  # restarted servers replaced the old ones: they are the backends now
             server.backends[:] = update.servers
+        await server.remember_fleet()
         message = ""
     else:
         stage = "load the checkpoint" if loaded else "drain"
@@ -134,7 +154,7 @@ async def _update(server: RolloutServer, update: WeightUpdateRequest) -> FleetWe
                    + "; ".join(f"{gid}: {_why(answer)}" for gid, answer in failed.items()))
         if _failed(undone):  # their servers may serve the new weights under the old version: no new sessions there
             for gid in _failed(undone):
-                await server.drain(gid)
+                await server.drain_anywhere(gid)
             message += ("; these gateways took the new weights and could not load the old ones back, so they are "
                         "drained: " + ", ".join(_failed(undone)))
     if _failed(resumed):

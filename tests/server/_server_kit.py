@@ -29,10 +29,11 @@ from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, OracleScript, RuntimeSpec, TaskRequest
 from polar_gym.server import RolloutServer, Store, create_server_app
 from tests._fakes import ByteTokenizer
+from tests._postgres import fresh_database
 from tests._serving import ADMIN, QuietServer, free_port
 from tests.gateway._gateway_kit import DOUBLES, no_processes_with
 
-__all__ = ["SERVER_TOKEN", "Handler", "Harness", "RunningGateway", "RunningServer", "harness", "make_server",
+__all__ = ["BOTH_STORES", "SERVER_TOKEN", "Handler", "Harness", "RunningGateway", "RunningServer", "harness", "make_server",
            "make_task", "wait_for"]
 
 SERVER_TOKEN = "server-admin-token"
@@ -137,6 +138,8 @@ class Harness:
     """Makes gateways and servers for one test and stops them all afterwards."""
 
     tmp: Path
+    #: where servers keep their store unless a test names one: a SQLite file, or this PostgreSQL database
+    database: str | None = None
     gateways: list[RunningGateway] = field(default_factory=list)
     servers: list[RunningServer] = field(default_factory=list)
 
@@ -155,9 +158,9 @@ class Harness:
         self.gateways.append(gw)
         return gw
 
-    async def server(self, db: Path | None = None, app_knobs: dict[str, Any] | None = None,
+    async def server(self, db: Path | str | None = None, app_knobs: dict[str, Any] | None = None,
                      **knobs: Any) -> RunningServer:
-        store = Store(db or self.tmp / "server.sqlite")
+        store = Store(db or self.database or self.tmp / "server.sqlite")
         # dead_after leaves room for a loaded machine: a live gateway whose health answers are slowed by two
         # CPU-bound processes must not be declared dead (1.5 s was too tight; see test_drain_heartbeat_and_giving_up)
         knobs = {"heartbeat_interval": 0.25, "dead_after": 5.0, "result_wait": 2.0, "callback_backoff": 0.05,
@@ -183,11 +186,19 @@ class Harness:
         assert left == []
 
 
-@pytest_asyncio.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+#: a server test that runs on SQLite and on PostgreSQL (node loss, restarts, partitions: what the store must keep)
+BOTH_STORES = pytest.mark.parametrize("harness", ["sqlite", "postgres"], indirect=True)
+
+
+@pytest_asyncio.fixture(params=["sqlite"])
+async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    """Servers on SQLite; a test parametrized ``@pytest.mark.parametrize("harness", ["sqlite", "postgres"],
+    indirect=True)`` runs on both stores (POLAR_TEST_STORE=postgres puts every server test on PostgreSQL)."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
-    made = Harness(tmp_path)
+    backend = os.environ.get("POLAR_TEST_STORE", request.param)
+    database = fresh_database(request.getfixturevalue("postgres_url")) if backend == "postgres" else None
+    made = Harness(tmp_path, database)
     try:
         yield made
     finally:

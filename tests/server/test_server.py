@@ -24,7 +24,7 @@ from polar_gym.schema import TaskMetadata
 from polar_gym.server import CallbackReceiver, RolloutClient
 from polar_gym.server.core import RolloutServer
 from polar_gym.serving import free_port, serving
-from tests.server._server_kit import SERVER_TOKEN, Harness, make_task, wait_for
+from tests.server._server_kit import BOTH_STORES, SERVER_TOKEN, Harness, make_task, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +108,7 @@ async def test_least_loaded_dispatch_across_two_gateways(harness: Harness) -> No
     assert placed.count(small_id) == 1 and placed.count(big_id) == 3
 
 
+@BOTH_STORES
 async def test_dead_gateway_sessions_are_redispatched(harness: Harness) -> None:
     doomed, spare = await harness.gateway(), await harness.gateway()
     srv = await harness.server()
@@ -134,6 +135,7 @@ async def test_dead_gateway_sessions_are_redispatched(harness: Harness) -> None:
     assert srv.core.counters.redispatched == 2
 
 
+@BOTH_STORES
 async def test_restart_keeps_tasks_and_resumes(harness: Harness) -> None:
     gw = await harness.gateway()
     srv = await harness.server()

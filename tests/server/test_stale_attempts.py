@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from polar_gym.schema import SessionStatus
-from tests.server._server_kit import Harness, make_task, wait_for
+from tests.server._server_kit import BOTH_STORES, Harness, make_task, wait_for
 
 pytestmark = pytest.mark.slow
 JSON = {"content-type": "application/json"}
 
 
+@BOTH_STORES
 async def test_late_results_of_a_gateway_declared_dead_are_refused(harness: Harness) -> None:
     partitioned = await harness.gateway()
     srv = await harness.server()
@@ -44,6 +45,7 @@ async def test_late_results_of_a_gateway_declared_dead_are_refused(harness: Harn
     assert srv.core.counters.redispatched == 2
 
 
+@BOTH_STORES
 async def test_a_lone_gateway_that_comes_back_runs_a_fresh_attempt(harness: Harness) -> None:
     """No other gateway: the session goes back to the one that held it, as a new attempt (its stale one is
     cancelled there first), and only that attempt's result is stored."""
