@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool-sizing", choices=("fixed", "auto"), default=s, help=_pool_help("pool_sizing"))
     p.add_argument("--max-runtimes", type=int, default=s, help=_pool_help("max_runtimes"))
     p.add_argument("--server-url", default=os.environ.get("POLAR_SERVER_URL"),
-                   help="rollout server to register with and heartbeat to (default: $POLAR_SERVER_URL, else none)")
+                   help="rollout server to register with and heartbeat to (default: $POLAR_SERVER_URL, else none); "
+                        "several server workers: their URLs, comma-separated, this gateway's own first (it moves to "
+                        "the next when its own stops answering)")
     p.add_argument("--server-token", default=os.environ.get("POLAR_SERVER_TOKEN"),
                    help="the rollout server's admin token (default: $POLAR_SERVER_TOKEN, else this node's token)")
     p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats to the server")

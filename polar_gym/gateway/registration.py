@@ -1,14 +1,18 @@
 """A gateway's link to its rollout server: register once it serves, push its stage metrics as heartbeats, register
 again when the server forgot it (a restarted server with a fresh db, or one that declared it dead), and ask to be
 drained on a graceful shutdown. Why push and not only be probed: a gateway behind NAT or a busy health route still
-shows up, and the server learns the stage metrics without polling every node."""
+shows up, and the server learns the stage metrics without polling every node.
+
+Several server workers (one PostgreSQL store): the link is given their URLs, its own worker first. When that one
+stops answering for ``failover_after`` heartbeats in a row, the link registers with the next; that worker takes the
+gateway over with the sessions it runs (polar_gym.server.core: ``register``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -22,12 +26,18 @@ _JSON = {"content-type": "application/json"}
 
 
 class ServerLink:
-    """Keeps one gateway registered with one rollout server while :meth:`run` runs."""
+    """Keeps one gateway registered with one rollout server (worker) while :meth:`run` runs."""
 
-    def __init__(self, server_url: str, gateway_url: str, capacity: int, *, server_token: str,
+    def __init__(self, server_url: str | Sequence[str], gateway_url: str, capacity: int, *, server_token: str,
                  gateway_token: str | None, health: Callable[[], Mapping[str, Any]], interval: float = 2.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.server_url = server_url.rstrip("/")
+                 transport: httpx.AsyncBaseTransport | None = None, failover_after: int = 3) -> None:
+        #: the server workers this gateway may register with, its own first (a comma-separated string too)
+        self.servers = [u.strip().rstrip("/") for u in
+                        (server_url.split(",") if isinstance(server_url, str) else server_url) if u.strip()]
+        if not self.servers:
+            raise ValueError("no rollout server URL")
+        self.server_url = self.servers[0]
+        self.failover_after = failover_after
         self.gateway_url, self.capacity = gateway_url.rstrip("/"), capacity
         self.gateway_token, self.health, self.interval = gateway_token, health, interval
         self.http = httpx.AsyncClient(base_url=self.server_url, headers={"x-admin-token": server_token},
@@ -66,15 +76,29 @@ class ServerLink:
         resp.raise_for_status()
         self.heartbeats += 1
 
+    def fail_over(self) -> None:
+        """Register with the next server worker from now on (its own worker stopped answering)."""
+        at = self.servers.index(self.server_url)
+        self.server_url = self.servers[(at + 1) % len(self.servers)]
+        self.http.base_url = httpx.URL(self.server_url)
+        self.gateway_id = None  # the next beat registers there
+        log.warning("rollout server worker did not answer: registering with %s", self.server_url)
+
     async def run(self) -> None:
-        """Heartbeat until cancelled; errors are logged and retried (the server may start after the gateway)."""
-        failures = 0
+        """Heartbeat until cancelled; errors are logged and retried (the server may start after the gateway). With
+        several server workers, a worker unreachable ``failover_after`` times in a row is left for the next."""
+        failures, unreachable = 0, 0
         while True:
             try:
                 await self.beat()
-                failures = 0
+                failures, unreachable = 0, 0
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 failures += 1
+                unreachable = unreachable + 1 if isinstance(exc, httpx.TransportError) else 0
+                if len(self.servers) > 1 and unreachable >= self.failover_after:
+                    self.fail_over()
+                    failures, unreachable = 0, 0
+                    continue
                 if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401, 403):
                     why = "refused this gateway's server token (--server-token / POLAR_SERVER_TOKEN)"
                 else:

@@ -85,3 +85,40 @@ async def test_run_keeps_retrying_an_unreachable_server(tmp_path: Path) -> None:
     await asyncio.gather(task, return_exceptions=True)
     assert link.gateway_id is None and not link.registered.is_set()
     await link.drain_and_close()
+
+
+async def test_a_gateway_moves_to_the_next_server_worker_when_its_own_stops_answering(tmp_path: Path) -> None:
+    """Two server workers (both real apps; a worker that is gone refuses connections): the link leaves its own after
+    ``failover_after`` unreachable beats, and the next worker registers it."""
+    workers = {name: RolloutServer(Store(tmp_path / f"{name}.sqlite"), worker=name) for name in ("w1", "w2")}
+    apps = {name: httpx.ASGITransport(app=create_server_app(server, TOKEN, manage_lifecycle=False))
+            for name, server in workers.items()}
+    gone: set[str] = set()
+    tried: list[str] = []
+
+    async def route(request: httpx.Request) -> httpx.Response:
+        tried.append(request.url.host)
+        if request.url.host in gone:
+            raise httpx.ConnectError("refused", request=request)
+        return await apps[request.url.host].handle_async_request(request)
+
+    link = ServerLink("http://w1, http://w2", "http://gw:1", 2, server_token=TOKEN, gateway_token=None,
+                      health=dict, interval=0.001, transport=httpx.MockTransport(route), failover_after=2)
+    task = asyncio.create_task(link.run())
+    try:
+        await until(lambda: link.heartbeats >= 1, what="registered with w1")
+        first = link.gateway_id
+        assert link.server_url == "http://w1" and first in workers["w1"].fleet.gateways
+        gone.add("w1")
+        await until(lambda: link.server_url == "http://w2" and link.heartbeats >= 2, what="moved to w2")
+        moved = tried.index("w2")
+        assert tried[moved - 2:moved] == ["w1", "w1"]  # two unanswered beats, then the next worker
+        assert link.gateway_id in workers["w2"].fleet.gateways
+        assert workers["w2"].fleet.gateways[link.gateway_id or ""].row.owner == "w2"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await link.drain_and_close()
+        for server in workers.values():
+            await server.stop()
+            server.store.close()
