@@ -65,6 +65,7 @@ from benchmarks.bench_server import (  # noqa: E402
 )
 from polar_gym.result_codec import MEDIA_TYPE, frame_results, head, pack, unique_token_bytes  # noqa: E402
 from polar_gym.schema import EvalResult, SessionResult, SessionStatus, Trace, Trajectory  # noqa: E402
+from polar_gym.server.postgres_local import PrivatePostgres  # noqa: E402
 
 console = Console(width=140)
 #: the server's liveness settings: the light gateways share this host's two cores with the server and each other,
@@ -228,10 +229,14 @@ def callback_sink(seen: dict[str, int]) -> Callable[..., Awaitable[None]]:
     return app
 
 
-def spawn_server(checkout: Path, port: int, db: Path) -> subprocess.Popen[bytes]:
-    """The rollout server of ``checkout`` as its own process (PYTHONPATH puts that tree first)."""
+def spawn_server(checkout: Path, port: int, db: str, worker: str | None = None) -> subprocess.Popen[bytes]:
+    """The rollout server of ``checkout`` as its own process (PYTHONPATH puts that tree first); a ``worker`` of
+    several takes the shared PostgreSQL store's URL from POLAR_DB."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    return subprocess.Popen([sys.executable, "-m", "polar_gym.server", "--port", str(port), "--db", str(db),
+    where = ["--db", db] if worker is None else ["--worker", worker]
+    if worker is not None:
+        env["POLAR_DB"] = db
+    return subprocess.Popen([sys.executable, "-m", "polar_gym.server", "--port", str(port), *where,
                              "--admin-token", TOKEN, "--log-level", "warning", *HEARTBEATS], cwd=checkout, env=env)
 
 
@@ -247,9 +252,22 @@ def db_bytes(db: Path) -> int:
     return sum(p.stat().st_size for p in db.parent.glob(f"{db.name}*"))
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """A process's CPU time; with ``children``, also that of its children it has waited for."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    used = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return used / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu(server: PrivatePostgres) -> float:
+    """The PostgreSQL server's CPU time: its postmaster, its live processes and the backends that have exited."""
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    total = cpu_seconds(postmaster, children=True)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                total += cpu_seconds(int(stat.parent.name))
+    return total
 
 
 def peak_in_flight(rows: list[tuple[float | None, float | None]]) -> int:
@@ -262,22 +280,30 @@ def peak_in_flight(rows: list[tuple[float | None, float | None]]) -> int:
 
 
 async def run_server(name: str, n: int, args: argparse.Namespace, gateways: list[str], work: Path,
-                     checkout: Path, unique_bytes: int, task_fields: dict[str, Any]) -> dict[str, Any]:
-    """``n`` one-session tasks (with ``task_fields``) through the server of ``checkout``; what the module docstring
-    lists."""
-    db, port, sink_port = work / f"{name}.sqlite", free_port(), free_port()
-    proc = spawn_server(checkout, port, db)
-    url = f"http://127.0.0.1:{port}"
+                     checkout: Path, unique_bytes: int, task_fields: dict[str, Any],
+                     workers: int = 1) -> dict[str, Any]:
+    """``n`` one-session tasks (with ``task_fields``) through the server of ``checkout``: one process on SQLite, or
+    ``workers`` processes sharing a private PostgreSQL (gateway i registers with worker i mod workers, task i goes to
+    worker i mod workers); what the module docstring lists. The CPU counted is every server process's, and with
+    workers PostgreSQL's too."""
+    db, sink_port = work / f"{name}.sqlite", free_port()
+    postgres = PrivatePostgres(work / f"{name}-postgres") if workers > 1 else None
+    target = await asyncio.to_thread(postgres.start) if postgres is not None else str(db)
+    ports = [free_port() for _ in range(workers)]
+    procs = [spawn_server(checkout, port, target, f"w{k + 1}" if postgres else None) for k, port in enumerate(ports)]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
     seen: dict[str, int] = {}
     capacity = math.ceil(n / len(gateways)) + 8
+    clients = [httpx.AsyncClient(base_url=url, headers={"x-admin-token": TOKEN}, timeout=120) for url in urls]
     try:
-        await wait_http(f"{url}/health", proc=proc)
-        async with serve(callback_sink(seen), sink_port), httpx.AsyncClient(
-                base_url=url, headers={"x-admin-token": TOKEN}, timeout=120) as http:
-            for gw in gateways:
-                (await http.post("/gateways/register", json={"url": gw, "capacity": capacity,
-                                                             "admin_token": GW_TOKEN})).raise_for_status()
-            cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+        for url, proc in zip(urls, procs, strict=True):
+            await wait_http(f"{url}/health", proc=proc)
+        async with serve(callback_sink(seen), sink_port):
+            for i, gw in enumerate(gateways):
+                (await clients[i % workers].post("/gateways/register", json={
+                    "url": gw, "capacity": capacity, "admin_token": GW_TOKEN})).raise_for_status()
+            store_cpu0 = postgres_cpu(postgres) if postgres is not None else 0.0
+            cpu0, t0 = sum(cpu_seconds(p.pid) for p in procs), time.perf_counter()
             pending = [{"task_id": f"{name}-{i:06d}", "instruction": "Fix the failing test.", "num_samples": 1,
                         "timeout_seconds": 3600, "agent": {"harness": "codex"},
                         "callback_url": f"http://127.0.0.1:{sink_port}/callback", **task_fields} for i in range(n)]
@@ -286,49 +312,74 @@ async def run_server(name: str, n: int, args: argparse.Namespace, gateways: list
             async def worker() -> None:
                 nonlocal submitted
                 while pending:
-                    (await http.post("/tasks", json=pending.pop())).raise_for_status()
+                    task = pending.pop()
+                    (await clients[len(pending) % workers].post("/tasks", json=task)).raise_for_status()
                     submitted += 1
 
-            workers = asyncio.gather(*(worker() for _ in range(args.concurrency)))
+            submitting = asyncio.gather(*(worker() for _ in range(args.concurrency)))
             tick = Ticker(name)
             last, moved = 0, time.perf_counter()
             while len(seen) < n:
-                if workers.done():
-                    workers.result()
+                if submitting.done():
+                    submitting.result()
                 if len(seen) != last:
                     last, moved = len(seen), time.perf_counter()
                 if time.perf_counter() - moved > 2 * args.hold + 120:  # a fleet that stopped taking sessions
-                    fleet = (await http.get("/gateways")).text
+                    fleet = (await clients[0].get("/gateways")).text
                     raise RuntimeError(f"{name}: no callback for {2 * args.hold + 120:.0f} s at {len(seen)}/{n}; "
                                        f"gateways: {fleet[:2000]}")
                 if time.perf_counter() - t0 > args.timeout:
                     raise TimeoutError(f"{name}: {len(seen)}/{n} callbacks after {args.timeout} s")
                 tick(f"submitted {submitted}/{n}, called back {len(seen)}/{n}")
                 await asyncio.sleep(0.5)
-            seconds, cpu = time.perf_counter() - t0, cpu_seconds(proc.pid) - cpu0
-            await workers
+            seconds, cpu = time.perf_counter() - t0, sum(cpu_seconds(p.pid) for p in procs) - cpu0
+            await submitting
             tick(f"all {n} tasks called back", force=True)
     finally:
-        stop(proc)
-    with contextlib.closing(sqlite3.connect(db)) as con:
-        columns = {r[1] for r in con.execute("PRAGMA table_info(sessions)")}
-        size = "length(packed)" if "packed" in columns else "length(result)"
-        rows = con.execute(f"SELECT status, attempts, created, dispatched, finished, {size} FROM sessions").fetchall()
+        for client in clients:
+            await client.aclose()
+        for proc in procs:
+            stop(proc)
+    store_cpu = 0.0
+    if postgres is not None:
+        try:  # after the workers: their backends have exited and are counted
+            store_cpu = postgres_cpu(postgres) - store_cpu0
+            rows, stored_bytes = await asyncio.to_thread(_postgres_rows, target)
+        finally:
+            await asyncio.to_thread(postgres.stop)
+    else:
+        with contextlib.closing(sqlite3.connect(db)) as con:
+            columns = {r[1] for r in con.execute("PRAGMA table_info(sessions)")}
+            size = "length(packed)" if "packed" in columns else "length(result)"
+            rows = con.execute(f"SELECT status, attempts, created, dispatched, finished, {size} "
+                               "FROM sessions").fetchall()
+        stored_bytes = db_bytes(db)
     statuses: dict[str, int] = {}
     for status, *_ in rows:
         statuses[status] = statuses.get(status, 0) + 1
     stored = [r[5] or 0 for r in rows]
     return {
-        "sessions": n, "statuses": statuses, "attempts_over_one": sum(1 for r in rows if r[1] != 1),
+        "sessions": n, "workers": workers, "statuses": statuses, "attempts_over_one": sum(1 for r in rows if r[1] != 1),
         "callbacks": len(seen), "callback_repeats": sum(v - 1 for v in seen.values()),
         "exactly_once": statuses == {"COMPLETED": n} and all(r[1] == 1 for r in rows) and len(seen) == n,
         "peak_in_flight": peak_in_flight([(r[3], r[4]) for r in rows]), "seconds": seconds,
-        "server_cpu_s": cpu, "server_cpu_ms_per_session": cpu / n * 1e3,
+        "sessions_per_s": n / seconds, "server_cpu_s": cpu + store_cpu, "store_cpu_s": store_cpu,
+        "server_cpu_ms_per_session": (cpu + store_cpu) / n * 1e3,
         "scheduling": latency_stats([r[3] - r[2] for r in rows if r[3] is not None]),
         "stored_bytes_per_result": sum(stored) / max(1, len(stored)),
         "stored_per_unique_token_byte": sum(stored) / max(1, len(stored)) / unique_bytes,
-        "db_bytes_per_session": db_bytes(db) / n,
+        "db_bytes_per_session": stored_bytes / n,
     }
+
+
+def _postgres_rows(url: str) -> tuple[list[tuple[Any, ...]], int]:
+    import psycopg
+
+    with psycopg.connect(url) as con:
+        rows = con.execute("SELECT status, attempts, created, dispatched, finished, length(packed) "
+                           "FROM sessions").fetchall()
+        size = con.execute("SELECT pg_database_size(current_database())").fetchone()
+    return [tuple(r) for r in rows], int(size[0]) if size else 0
 
 
 # -- the run -----------------------------------------------------------------------------------------------------------
@@ -343,6 +394,9 @@ async def main_async(args: argparse.Namespace, work: Path, template_file: Path, 
         # each asks for the callback its own CallbackReceiver asks for: packed here, JSON before
         out["current"] = await run_server("current", args.sessions, args, gateways, work, ROOT, unique,
                                           {"callback_format": "packed"})
+        if args.workers > 1:  # the same sessions through several server workers on PostgreSQL
+            out["workers"] = await run_server("workers", args.sessions, args, gateways, work, ROOT, unique,
+                                              {"callback_format": "packed"}, workers=args.workers)
         if baseline is not None:
             if args.baseline_sessions != args.sessions:  # latency depends on load: compare at the same size too
                 out["current_small"] = await run_server("current_small", args.baseline_sessions, args, gateways,
@@ -359,14 +413,19 @@ def report(res: dict[str, Any]) -> Table:
     table = Table(title=f"results at scale: this tree vs {res['config']['baseline_rev']} "
                         f"({res['result']['token_ids']}-token results)")
     table.add_column("metric")
-    runs = [k for k in ("current", "current_small", "baseline") if k in res]
+    runs = [k for k in ("current", "workers", "current_small", "baseline") if k in res]
     for k in runs:
         table.add_column(f"{k} ({res[k]['sessions']})", justify="right")
     peer = "current_small" if "current_small" in res else "current"
     compare = "baseline" in res
     if compare:
         table.add_column(f"baseline / {peer}", justify="right")
+    scaled = "workers" in res
+    if scaled:
+        table.add_column("workers / current", justify="right")
     rows = [("exactly once", "exactly_once", "{}"),
+            ("server workers", "workers", "{}"),
+            ("sessions / s", "sessions_per_s", "{:.1f}"),
             ("peak sessions in flight", "peak_in_flight", "{:.0f}"),
             ("server CPU ms / session", "server_cpu_ms_per_session", "{:.1f}"),
             ("scheduling p50 ms", ("scheduling", "p50_ms"), "{:.1f}"),
@@ -382,6 +441,9 @@ def report(res: dict[str, Any]) -> Table:
         if compare:
             mine, theirs = values[runs.index(peer)], values[runs.index("baseline")]
             cells.append(f"{theirs / mine:.1f}x" if isinstance(mine, float) and mine else "")
+        if scaled:
+            one, many = values[runs.index("current")], values[runs.index("workers")]
+            cells.append(f"{many / one:.2f}x" if isinstance(one, float) and one else "")
         table.add_row(label, *cells)
     return table
 
@@ -395,6 +457,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hold", type=float, default=120.0, help="seconds each session stays in flight")
     p.add_argument("--tokens", type=int, default=30_000, help="tokens of each session's result")
     p.add_argument("--concurrency", type=int, default=32, help="trainer workers submitting tasks")
+    p.add_argument("--workers", type=int, default=1,
+                   help="also run the sessions through this many server workers on a private PostgreSQL (1: skip)")
     p.add_argument("--timeout", type=float, default=7200.0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--serve-gateway", type=int, help=argparse.SUPPRESS)

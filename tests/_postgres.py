@@ -3,10 +3,8 @@ polar_gym.server.postgres_local), and a fresh database per test on it."""
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -15,12 +13,11 @@ from polar_gym.server.postgres_local import PrivatePostgres, postgres_bin
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of this process's private server (skips where PostgreSQL is not installed)."""
     if postgres_bin() is None:
         pytest.skip("PostgreSQL is not installed (bash scripts/setup.sh installs postgresql-15 as root)")
-    # in /tmp, not pytest's tmp_path: as root the server runs as `postgres`, which cannot enter root's 0700 folders
-    server = PrivatePostgres(Path(tempfile.mkdtemp(prefix="polar-pg-")))
+    server = PrivatePostgres(tmp_path_factory.mktemp("postgres"))
     url = server.start()
     try:
         yield url

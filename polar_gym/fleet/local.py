@@ -29,13 +29,15 @@ __all__ = ["local_fleet", "rollout_server", "write_server_info"]
 
 
 @contextlib.asynccontextmanager
-async def rollout_server(db: Path, host: str, port: int, admin_token: str,
-                         heartbeat: float = 1.0) -> AsyncIterator[str]:
-    """A rollout server (SQLite store at ``db``, mode 600: it holds the gateways' admin tokens) served on
-    ``host:port`` while the block runs; yields its URL."""
-    await asyncio.to_thread(private_dir, db.parent)  # the Store makes the db 0600
+async def rollout_server(db: Path | str, host: str, port: int, admin_token: str,
+                         heartbeat: float = 1.0, worker: str = "main") -> AsyncIterator[str]:
+    """A rollout server (SQLite store at ``db``, mode 600: it holds the gateways' admin tokens; or the PostgreSQL
+    URL several workers share, polar_gym.fleet.server_workers) served on ``host:port`` while the block runs; yields
+    its URL."""
+    if isinstance(db, Path):
+        await asyncio.to_thread(private_dir, db.parent)  # the Store makes the db 0600
     store = Store(db)
-    server = RolloutServer(store, heartbeat_interval=heartbeat, dead_after=max(10.0, heartbeat * 5))
+    server = RolloutServer(store, heartbeat_interval=heartbeat, dead_after=max(10.0, heartbeat * 5), worker=worker)
     await server.start()
     try:
         async with serving(create_server_app(server, admin_token, manage_lifecycle=False), host, port) as url:

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
+from polar_gym.fleet.server_workers import postgres_folder
 from polar_gym.schema import TaskRequest
 from polar_gym.server import Store
+from polar_gym.server.postgres_local import PrivatePostgres
 from polar_gym.settings import ConfigError, flat_items
 
 if TYPE_CHECKING:
@@ -45,9 +47,9 @@ class StoredTasks:
     unfinished: dict[str, int]
 
 
-def stored_tasks(db: Path, task_ids: list[str]) -> StoredTasks:
-    """The store at ``db``: its task count, and the requests and open sessions of ``task_ids`` (counted, not read:
-    a result is megabytes). An unreadable store is a ConfigError naming it."""
+def stored_tasks(db: Path | str, task_ids: list[str]) -> StoredTasks:
+    """The store at ``db`` (a SQLite file, or a PostgreSQL URL): its task count, and the requests and open sessions
+    of ``task_ids`` (counted, not read: a result is megabytes). An unreadable store is a ConfigError naming it."""
 
     async def read() -> StoredTasks:
         store = Store(db)
@@ -98,10 +100,19 @@ def _earlier(job: LaunchJob) -> tuple[list[str], StoredTasks | None]:
     """What in out_dir (and state_dir) shows an earlier run, and its store's tasks."""
     found = [name for name in RUN_FILES if (job.out_dir / name).exists()]
     stored = None
+    postgres = postgres_folder(job.store)
     if job.store.exists():
         stored = stored_tasks(job.store, [r.task_id for r in job.requests])
         if stored.count:
             found.insert(0, f"{job.store.name} with {stored.count} task(s)")
+    elif (postgres / "data" / "PG_VERSION").exists():  # several server workers' store
+        server = PrivatePostgres(postgres)
+        try:
+            stored = stored_tasks(server.start(), [r.task_id for r in job.requests])
+        finally:
+            server.stop()
+        if stored.count:
+            found.insert(0, f"the server workers' PostgreSQL store ({postgres}) with {stored.count} task(s)")
     return found, stored
 
 

@@ -245,19 +245,20 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def run_server_job(db: str, admin_token: str, info_path: str, advertise_host: str | None = None,
-                   heartbeat: float = 2.0) -> None:
-    """The rollout server until SIGTERM; writes ``{"url": ...}`` to ``info_path`` once it answers."""
-    from polar_gym.fleet import rollout_server
+                   heartbeat: float = 2.0, workers: int = 1) -> None:
+    """The rollout server (``workers`` of them on a private PostgreSQL, see polar_gym.fleet.server_workers) until
+    SIGTERM; writes ``{"url": ..., "urls": [...]}`` to ``info_path`` once they answer."""
+    from polar_gym.fleet import rollout_servers
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        port = node_port()
-        async with rollout_server(Path(db), "0.0.0.0", port, admin_token, heartbeat):
-            _write_info(Path(info_path), {"url": f"http://{advertised_host(advertise_host)}:{port}",
-                                          "job_id": os.environ.get("SLURM_JOB_ID")})
+        ports = [node_port() for _ in range(workers)]
+        async with rollout_servers(Path(db), "0.0.0.0", ports, admin_token, heartbeat):
+            urls = [f"http://{advertised_host(advertise_host)}:{port}" for port in ports]
+            _write_info(Path(info_path), {"url": urls[0], "urls": urls, "job_id": os.environ.get("SLURM_JOB_ID")})
             await stop.wait()
 
     asyncio.run(serve())

@@ -113,11 +113,13 @@ def lost_result(session_id: str, task_id: str, sample_index: int, lost: LostJob)
                                    "lost_job": lost.as_dict()})
 
 
-async def lost_outcomes(db: Path, requests: list[TaskRequest], lost: LostJob, waited: float) -> list[SessionOutcome]:
-    """Every session of the run after a fatal loss: its result where the server's store (``db``, which the
-    launcher's host sees: the server writes it in OUT_DIR) has a final one, else ERROR ``job_lost``."""
+async def lost_outcomes(db: Path | str | None, requests: list[TaskRequest], lost: LostJob,
+                        waited: float) -> list[SessionOutcome]:
+    """Every session of the run after a fatal loss: its result where the server's store (``db``: a SQLite file the
+    launcher's host sees, the server writes it in OUT_DIR; or the server workers' PostgreSQL URL; None: a store in
+    a lost server job's node, out of reach) has a final one, else ERROR ``job_lost``."""
     rows: dict[tuple[str, int], SessionRow] = {}
-    if await asyncio.to_thread(db.exists):
+    if db is not None and (isinstance(db, str) or await asyncio.to_thread(db.exists)):
         store = Store(db)
         try:
             for request in requests:

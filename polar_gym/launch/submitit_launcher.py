@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.markup import escape
 
-from polar_gym.fleet import ensure_upstreams, rollout_backends, rollout_server, write_server_info
+from polar_gym.fleet import ensure_upstreams, rollout_backends, rollout_servers, server_order, write_server_info
 from polar_gym.launch.config import LaunchJob
 from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.jobs import (
@@ -80,6 +80,10 @@ class SlurmLauncherSettings(BaseModel):
                                     "the FQDN is loopback here; with server=job, the job's node name); "
                                     "{host} stands for that name, e.g. {host}-ib")
     server_port: int = Field(default=0, ge=0, description="the rollout server's port (0: a free port)")
+    server_workers: int = Field(default=1, ge=1, le=64, description="rollout server workers on the server's node: "
+                                "1 keeps the store in SQLite; more share a private PostgreSQL in state_dir/postgres "
+                                "(Debian's postgresql-15), each watching the gateways that register with it "
+                                "(for fleets where one server event loop is the limit; see docs/scaling.md)")
     advertise_host: str | None = Field(default=None, description="how the server reaches gateways / gateways "
                                        "reach inference jobs (default: each node's host name; {host} stands for "
                                        "it, e.g. {host}-ib; a fixed name is only right on one node)")
@@ -130,6 +134,9 @@ class SlurmLauncher:
         #: submits one more gateway job under a name; set once the gateways are started
         self._submit_gateway: Callable[[str], str] | None = None
         self.nodes: dict[str, str] = {}  # job id -> the node it runs on, once squeue lists it running
+        #: every server worker's URL (the first is the one the driver talks to) and the store they use
+        self.server_urls: list[str] = []
+        self.store_target: Path | str | None = None
 
     def launch(self, job: LaunchJob) -> int:
         private_dir(job.out_dir)
@@ -213,27 +220,33 @@ class SlurmLauncher:
 
     @contextlib.asynccontextmanager
     async def _server(self, job: LaunchJob, token: str) -> AsyncIterator[str]:
+        workers = self.settings.server_workers
         if self.server_mode == "local":
             default = await asyncio.to_thread(launcher_host) if self.cluster == "slurm" else socket.getfqdn()
             host = advertised_host(self.server_host, default)
-            port = self.server_port or node_port()
-            async with rollout_server(job.store, "0.0.0.0", port, token, self.heartbeat):
-                url = f"http://{host}:{port}"
-                write_server_info(job.out_dir, url, token)
-                self.console.print(f"rollout server {url} (token in {job.out_dir / 'server.json'})")
-                yield url
+            ports = [self.server_port or node_port()] + [node_port() for _ in range(workers - 1)]
+            async with rollout_servers(job.store, "0.0.0.0", ports, token, self.heartbeat) as store:
+                self.server_urls, self.store_target = [f"http://{host}:{port}" for port in ports], store
+                write_server_info(job.out_dir, self.server_urls[0], token)
+                more = f", {workers - 1} more worker(s) on PostgreSQL" if workers > 1 else ""
+                self.console.print(f"rollout server {self.server_urls[0]}{more} (token in "
+                                   f"{job.out_dir / 'server.json'})")
+                yield self.server_urls[0]
             return
         info = job.out_dir / "server-job.json"
         info.unlink(missing_ok=True)
-        executor = self._executor(job, "polar-server", cpus_per_task=4, mem_gb=8,
+        executor = self._executor(job, "polar-server", cpus_per_task=max(4, 2 * workers), mem_gb=8,
                                   timeout_min=self.gateway.timeout_min)
         submitted = self._submit(executor, "polar-server", run_server_job, str(job.store),
-                                 token, str(info), self.server_host, self.heartbeat, out_dir=job.out_dir)
-        url = (await self._wait_for_file(info, submitted, self.register_timeout))["url"]
+                                 token, str(info), self.server_host, self.heartbeat, workers, out_dir=job.out_dir)
+        answer = await self._wait_for_file(info, submitted, self.register_timeout)
+        self.server_urls = list(answer.get("urls") or [answer["url"]])
+        # the store's own: SQLite where the launcher's host sees it; PostgreSQL lives in the server job
+        self.store_target = job.store if workers == 1 else None
         await asyncio.to_thread(self._note_nodes, job.out_dir)
-        write_server_info(job.out_dir, url, token)
-        self.console.print(f"rollout server job {submitted.job_id} at {url}")
-        yield url
+        write_server_info(job.out_dir, self.server_urls[0], token)
+        self.console.print(f"rollout server job {submitted.job_id} at {self.server_urls[0]}")
+        yield self.server_urls[0]
 
     async def _start_inference(self, job: LaunchJob) -> list[str]:
         settings = self.inference_jobs
@@ -265,7 +278,8 @@ class SlurmLauncher:
 
         def submit(index: str) -> str:
             workdir, scratch = gateway_workdir(pools, job.out_dir, index)
-            argv = gateway_argv(job.inference, pools, upstreams, server_url=server_url, workdir=workdir,
+            urls = server_order(self.server_urls or [server_url], int(index.split(".")[0]))
+            argv = gateway_argv(job.inference, pools, upstreams, server_url=urls, workdir=workdir,
                                 heartbeat=self.heartbeat, telemetry=job.telemetry)
             return str(self._submit(executor, f"polar-gateway-{index}", run_gateway_job, argv, self.advertise_host,
                                     token, scratch, out_dir=job.out_dir).job_id)
@@ -314,7 +328,7 @@ class SlurmLauncher:
             await asyncio.gather(run, return_exceptions=True)
             raise exc if exc is not None else RuntimeError("the job watch ended")
         self.console.print(f"[bold red]the run cannot go on: {escape(str(exc))}[/]", highlight=False)
-        outcomes = await lost_outcomes(job.store, job.requests, exc.lost,
+        outcomes = await lost_outcomes(self.store_target, job.requests, exc.lost,
                                        time.monotonic() - started)
         run.cancel()  # the driver cancels the tasks still open on the server (when it still answers)
         await asyncio.gather(run, return_exceptions=True)

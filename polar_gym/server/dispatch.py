@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 #: sessions claimed per round, and posts in flight at once (a 1000-session burst would only queue in the HTTP pool)
 BATCH, CONCURRENT_POSTS = 1000, 64
+#: with other workers: seconds a session waits for the worker a fleet-wide plan gave it before any worker takes it
+SHARE_PATIENCE = 5.0
 
 
 def free_slots(fleet: Fleet) -> int:
@@ -71,16 +73,39 @@ class Dispatcher:
 
     async def round(self) -> bool:
         """One round; True when a full batch was handled (more may be waiting)."""
-        limit = min(free_slots(self.fleet), BATCH)
+        fleet = await self.fleet_wide() if self.store.shared else self.fleet
+        limit = min(free_slots(fleet), BATCH) if free_slots(self.fleet) else 0
         waiting = await self.store.undispatched(limit) if limit else []  # a full fleet reloads nothing
         quarantined = [r for r in waiting if r.status.terminal]
         for row in quarantined:
             await self.ledger.ended(row.task_id, row.session_id, row.status, row.reason)
         dispatchable = [r for r in waiting if not r.status.terminal]
+        if fleet is not self.fleet:
+            dispatchable = self.my_share(plan(fleet, dispatchable))
         return bool(await self.batch(dispatchable) or quarantined) and len(waiting) == limit
 
+    async def fleet_wide(self) -> Fleet:
+        """This worker's gateways and the other workers' healthy ones, loaded as the store counts their sessions."""
+        view = Fleet()
+        view.gateways = dict(self.fleet.gateways)
+        counts = await self.store.in_flight_counts()
+        for row in await self.store.gateways():
+            if row.gateway_id not in view.gateways and row.state == HEALTHY:
+                other = view.gateways[row.gateway_id] = GatewayState(row)
+                other.sessions = {f"{row.gateway_id}#{i}" for i in range(counts.get(row.gateway_id, 0))}
+        return view
+
+    def my_share(self, chosen: list[tuple[SessionRow, GatewayState]]) -> list[SessionRow]:
+        """Of a fleet-wide plan, the sessions it gives this worker's gateways, and those it gives another's that
+        have waited past ``SHARE_PATIENCE`` (that worker may be gone): other workers take the rest. Without it, a
+        worker took every session its own gateways had room for, and a small batch ran on one worker's gateways."""
+        now = time.time()
+        return [row for row, gw in chosen
+                if gw.gateway_id in self.fleet.gateways or now - row.created > SHARE_PATIENCE]
+
     async def batch(self, waiting: list[SessionRow]) -> int:
-        """Pick a gateway for each waiting session (as many as have a free slot), claim them, post them."""
+        """Pick a gateway of this worker for each waiting session (as many as have a free slot), claim them, post
+        them."""
         chosen = plan(self.fleet, waiting)
         if not chosen:
             return 0

@@ -5,7 +5,9 @@ only the owner, and root, can connect). Several server workers on one node share
     python -m polar_gym.server.postgres_local start DIR    prints the URL to pass as --db
     python -m polar_gym.server.postgres_local stop DIR
 
-As root, the server runs as the ``postgres`` system user (PostgreSQL refuses to run as root), which owns DIR."""
+As root, the server runs as the ``postgres`` system user (PostgreSQL refuses to run as root), which owns DIR, with
+one capability, CAP_DAC_READ_SEARCH: DIR may then sit in a run's owner-only folders (its state_dir), which that user
+could not otherwise enter, and nothing else of those folders changes."""
 
 from __future__ import annotations
 
@@ -54,7 +56,10 @@ class PrivatePostgres:
         return f"postgresql://{user}@/postgres?host={self.socket_dir}"
 
     def _command(self, *argv: str) -> list[str]:
-        return ["runuser", "-u", self.as_user, "--", *argv] if self.as_user else list(argv)
+        if self.as_user is None:
+            return list(argv)
+        return ["setpriv", f"--reuid={self.as_user}", f"--regid={self.as_user}", "--init-groups",
+                "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", "--", *argv]
 
     def _run(self, *argv: str, timeout: float = 120) -> None:
         done = subprocess.run(self._command(*argv), capture_output=True, text=True, timeout=timeout, check=False,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -186,11 +187,11 @@ class PostgresDatabase(Database):
             yield
 
     def json(self, column: str, *path: str) -> str:
-        return f"(({column})::jsonb #> '{{{','.join(path)}}}')"
+        return f"(({column})::json #> '{{{','.join(path)}}}')"
 
     def json_length(self, column: str, *path: str) -> str:
-        # jsonb, like ``json``: the Store COALESCEs the two
-        return f"to_jsonb(jsonb_array_length(({column})::jsonb #> '{{{','.join(path)}}}'))"
+        # json, like ``json`` (the Store COALESCEs the two)
+        return f"to_json(json_array_length(({column})::json #> '{{{','.join(path)}}}'))"
 
     def publish(self, payload: str) -> None:
         self.run("SELECT pg_notify(?, ?)", (CHANNEL, payload))
@@ -240,9 +241,18 @@ def open_database(target: str) -> Database:
     return PostgresDatabase(target) if is_database_url(target) else SqliteDatabase(target)
 
 
+#: a JSON escape of NUL (not one whose backslash is itself escaped)
+_JSON_NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
 def _text_safe(args: Sequence[Any]) -> tuple[Any, ...]:
-    """PostgreSQL text cannot hold NUL, which a hostile gateway's reason may: it is stored as U+FFFD."""
-    return tuple(a.replace("\x00", "\ufffd") if isinstance(a, str) and "\x00" in a else a for a in args)
+    """PostgreSQL text cannot hold NUL, nor can its JSON reads take a ``\\u0000`` escape, which a hostile gateway's
+    reason may bring (as the character, or escaped in a result's JSON head): both are stored as U+FFFD."""
+    return tuple(_without_nul(a) if isinstance(a, str) and ("\x00" in a or "\\u0000" in a) else a for a in args)
+
+
+def _without_nul(text: str) -> str:
+    return _JSON_NUL.sub(r"\1\\ufffd", text.replace("\x00", "\ufffd"))
 
 
 def _private_file(path: str) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_python
+from polar_gym.server.postgres_local import PrivatePostgres
 from tests._procs import take_ctrl_c
 from tests._waiting import until_sync
 
@@ -301,23 +302,39 @@ def test_a_killed_node_takes_its_jobs_down_and_comes_back_on_start(cluster: dict
     test_sinfo_lists_the_nodes_idle_under_their_own_names(cluster)
 
 
-def _in_flight(out: Path) -> set[str]:
-    """The gateways (ids) the server has a RUNNING session on."""
+def _store_rows(out: Path, sql: str) -> list[tuple[object, ...]]:
+    """Rows of the run's rollout store: SQLite (one server worker) or the workers' private PostgreSQL; none while
+    it is not made yet, or busy for a moment."""
+    if (out / "postgres" / "run").exists():
+        import psycopg
+
+        try:
+            with psycopg.connect(PrivatePostgres(out / "postgres").url, connect_timeout=10) as db:
+                return [tuple(row) for row in db.execute(sql).fetchall()]
+        except psycopg.Error:  # not started, or its tables not made yet
+            return []
     if not (out / "server.sqlite").exists():
-        return set()
+        return []
     try:
         with contextlib.closing(sqlite3.connect(f"file:{out / 'server.sqlite'}?mode=ro", uri=True, timeout=10)) as db:
-            return {g for (g,) in db.execute("SELECT gateway_id FROM sessions WHERE status = 'RUNNING'")}
-    except sqlite3.OperationalError:  # not made yet, or busy for a moment
-        return set()
+            return db.execute(sql).fetchall()
+    except sqlite3.OperationalError:
+        return []
 
 
-def test_a_node_dying_mid_run_loses_no_session(cluster: dict[str, str], tmp_path: Path) -> None:
+def _in_flight(out: Path) -> set[str]:
+    """The gateways (ids) the server has a RUNNING session on."""
+    return {str(g) for (g,) in _store_rows(out, "SELECT gateway_id FROM sessions WHERE status = 'RUNNING'")}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_node_dying_mid_run_loses_no_session(cluster: dict[str, str], tmp_path: Path, workers: int) -> None:
     """The node failure the issue asks for, on the 3-node cluster: two gateway jobs on two nodes (exclusive), a
     session in flight on each; one node is killed (its slurmd and every process in its namespaces:
     ``slurm_local.sh kill-node``). The rollout server re-dispatches that node's sessions; the launcher reports the
     job (lost, then requeued by Slurm onto the free third node); the run completes with every session exactly once,
-    none from an attempt of the dead node. The gateways work on node-local scratch."""
+    none from an attempt of the dead node. The gateways work on node-local scratch. With two server workers (on the
+    run's private PostgreSQL) each gateway has its own worker, so the dead node's sessions move across workers."""
     if not (tokenizer_dir() / ".complete").exists():
         pytest.fail(f"the oracle engine's tokenizer {tokenizer_dir()} is not built (bash scripts/setup.sh)")
     samples, out = 6, tmp_path / "run"
@@ -327,6 +344,7 @@ def test_a_node_dying_mid_run_loses_no_session(cluster: dict[str, str], tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "polar_gym.launch", *LAUNCH, "launcher.gateways=2",
                              "launcher.gateway.run_slots=1", "+launcher.placement.gateway.exclusive=true",
                              "launcher.job_check_seconds=1", f"num_samples={samples}", "tasks.ids=[demo-calc-add]",
+                             f"launcher.server_workers={workers}",
                              f"inference.oracle_script={script}",
                              f"launcher.gateway.workdir='{scratch}/gw-{{index}}-{{job_id}}'", f"out_dir={out}"],
                             cwd=ROOT, env={**cluster, "COLUMNS": "160"}, stdout=subprocess.PIPE,
@@ -343,9 +361,7 @@ def test_a_node_dying_mid_run_loses_no_session(cluster: dict[str, str], tmp_path
                                 text=True, timeout=60)
         assert killed.returncode == 0, killed.stderr
         # the attempts the node held of sessions not finished when it died (a finished one's dir may stay there)
-        with contextlib.closing(sqlite3.connect(f"file:{out / 'server.sqlite'}?mode=ro", uri=True,
-                                                timeout=10)) as db:
-            unfinished = {sid for (sid,) in db.execute("SELECT session_id FROM sessions WHERE finished IS NULL")}
+        unfinished = {str(sid) for (sid,) in _store_rows(out, "SELECT session_id FROM sessions WHERE finished IS NULL")}
         node_scratch = Path(cluster["SLURM_LOCAL_DIR"]) / "nodes" / dead_node / "scratch"
         dead_attempts = {a.name for a in node_scratch.glob("gw-*/demo-*/*")
                          if a.is_dir() and a.parent.name in unfinished}
@@ -376,8 +392,17 @@ def test_a_node_dying_mid_run_loses_no_session(cluster: dict[str, str], tmp_path
     # requeue a batch job whose node failed, back in the queue
     dead_job = _jobs(out)["polar-gateway-0"]["job_id"]
     assert f"gateway job {dead_job} (polar-gateway-0) lost: " in stderr, stderr[-4000:]
-    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
-        dead = db.execute("SELECT COUNT(*) FROM gateways WHERE state = 'dead'").fetchone()[0]
+    store = PrivatePostgres(out / "postgres") if workers > 1 else None
+    if store is not None:
+        store.start()  # the launch stopped it; its data stays in the run's folder
+    try:
+        dead = _store_rows(out, "SELECT COUNT(*) FROM gateways WHERE state = 'dead'")[0][0]
+        owners = sorted(str(o) for (o,) in _store_rows(out, "SELECT DISTINCT owner FROM gateways"))
+        attempts = {int(str(a)) for (a,) in _store_rows(out, "SELECT attempts FROM sessions")}
+    finally:
+        if store is not None:
+            store.stop()
     assert dead >= 1, "the server never declared the dead node's gateway dead"
+    assert owners == (["w1", "w2"] if workers > 1 else ["main"]) and max(attempts) <= 2
     assert not list((Path(cluster["SLURM_LOCAL_DIR"]) / "nodes").glob("*/scratch/gw-1-*")), \
         "the live gateway's node-local scratch was not removed at its job's end"

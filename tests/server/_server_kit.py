@@ -33,8 +33,8 @@ from tests._postgres import fresh_database
 from tests._serving import ADMIN, QuietServer, free_port
 from tests.gateway._gateway_kit import DOUBLES, no_processes_with
 
-__all__ = ["BOTH_STORES", "SERVER_TOKEN", "Handler", "Harness", "RunningGateway", "RunningServer", "harness", "make_server",
-           "make_task", "wait_for"]
+__all__ = ["BOTH_STORES", "SERVER_TOKEN", "Handler", "Harness", "RunningGateway", "RunningServer", "harness",
+           "make_server", "make_task", "wait_for"]
 
 SERVER_TOKEN = "server-admin-token"
 MARKER = f"polarsrv{uuid.uuid4().hex[:12]}"
