@@ -113,6 +113,7 @@ class Dispatcher:
         claimed = [(r, g, attempts[r.session_id]) for r, g in chosen if r.session_id in attempts]
         for row, gw, _ in claimed:  # the others were cancelled while waiting, or another worker claimed them
             gw.sessions.add(row.session_id)
+            gw.posting.add(row.session_id)  # until its post is answered (Dispatcher.post)
         if len(claimed) < len(chosen):  # their slots are free again: another round at once
             self.ledger.wake.set()
         sem = asyncio.Semaphore(CONCURRENT_POSTS)
@@ -126,11 +127,13 @@ class Dispatcher:
                 return
         # the gateway stopped accepting after the plan (drained, or a dispatch to it failed): as if never picked
         gw.sessions.discard(row.session_id)
+        gw.posting.discard(row.session_id)
         await self.store.release(row.session_id, gw.gateway_id)
         self.ledger.wake.set()
 
     async def post(self, row: SessionRow, gw: GatewayState, attempt: int) -> None:
-        """Hand a claimed session (already counted in ``gw.sessions``) to its gateway; re-queue it on failure."""
+        """Hand a claimed session (already counted in ``gw.sessions`` and ``gw.posting``) to its gateway; re-queue it
+        on failure."""
         try:
             view = await self.links.gateway(gw).start_session(row.spec)
             if view.attempt_id:
@@ -150,6 +153,8 @@ class Dispatcher:
         except GatewayCallError as exc:
             await self._unreachable(row, gw, attempt, exc)
             return
+        finally:
+            gw.posting.discard(row.session_id)
         self.counters.dispatch(time.time() - row.created)
         await self.ledger.notify(row.task_id, {"event": "dispatched", "session_id": row.session_id,
                                                "gateway_id": gw.gateway_id, "attempt": attempt})

@@ -31,6 +31,9 @@ class GatewayState:
     #: sessions this server gave up here (declared lost) whose attempt the gateway may still hold: their late
     #: results are refused, and they go to another gateway when one has a free slot
     stale: set[str] = field(default_factory=set)
+    #: sessions whose POST to the gateway has not answered yet: not polled (the gateway would call them unknown, and
+    #: the session would be lost and dispatched a second time)
+    posting: set[str] = field(default_factory=set)
     #: sessions being withdrawn (a draining hand-over): a CANCELLED result of one is its withdrawn attempt's
     withdrawing: set[str] = field(default_factory=set)
     #: another server worker took the gateway over (it registered there): this one's watcher stops

@@ -96,7 +96,8 @@ class Watching:
         while gw.row.state != DEAD and not gw.released:
             gw.added.clear()
             # a session re-posted where a stale attempt of it may sit is polled once the gateway named its new one
-            ids = [i for i in gw.sessions if i not in gw.stale or i in gw.attempts]
+            # and one being posted once the gateway has answered the post
+            ids = [i for i in gw.sessions if (i not in gw.stale or i in gw.attempts) and i not in gw.posting]
             if not ids:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(gw.added.wait(), 60.0)
