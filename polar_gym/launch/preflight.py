@@ -25,6 +25,7 @@ from pathlib import Path
 
 from polar_gym.private_files import write_secret
 from polar_gym.proxy.settings import ProxySettings, check_engine
+from polar_gym.server.sql import is_database_url
 from polar_gym.settings import ConfigError, validate
 
 __all__ = ["SERVICES", "main", "prepare", "problems", "python_has_module"]
@@ -127,7 +128,7 @@ def _gateway(env: Mapping[str, str]) -> list[str]:
 def _server(env: Mapping[str, str]) -> list[str]:
     found = _token_problems(env, needed_from=None)
     db = env.get("POLAR_DB", "")
-    if db and not _writable_dir(Path(db).parent):
+    if db and not is_database_url(db) and not _writable_dir(Path(db).parent):
         found.append(f"POLAR_DB={db}: cannot write to its directory")
     return found
 

@@ -262,7 +262,8 @@ def render_server(resources: SbatchResources | None = None) -> str:
         ("POLAR_ADMIN_TOKEN_FILE", "file holding it, mode 600; a fresh one is written if it does not exist "
                                    "(default: $POLAR_STATE_DIR/admin-token)"),
         ("PORT", "listening port (default: 8700)"),
-        ("POLAR_DB", "SQLite store; reuse it to resume a run (default: $POLAR_STATE_DIR/server.sqlite)"),
+        ("POLAR_DB", "SQLite store; reuse it to resume a run (default: $POLAR_STATE_DIR/server.sqlite); or the "
+                     "postgresql:// URL several server workers share (one job each, with --worker NAME)"),
         _STATE_DOC,
         ("POLAR_ADVERTISE_HOST", "host gateways and trainers use to reach it (default: $(hostname))"),
         _PYTHON_DOC,
@@ -272,7 +273,7 @@ export POLAR_DB
 preflight  # also writes a fresh token to POLAR_ADMIN_TOKEN_FILE if there is none
 read_token
 PORT="${PORT:-8700}"
-POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$POLAR_DB" "$@" &
+POLAR_ADMIN_TOKEN="$TOKEN" "$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" "$@" &  # --db: $POLAR_DB
 child=$!
 forward_signals
 wait_http "http://127.0.0.1:$PORT/health" 120
