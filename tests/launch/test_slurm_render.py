@@ -62,7 +62,10 @@ def test_gateway_golden_details() -> None:
 
 
 def test_server_and_sglang_golden_details() -> None:
-    assert '"$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" --db "$POLAR_DB" "$@" &' in render_server()
+    server = render_server()
+    assert '"$PY" -m polar_gym.server --host 0.0.0.0 --port "$PORT" "$@" &' in server
+    # the store is POLAR_DB, read by the server from its environment: a postgresql:// URL may hold a password
+    assert 'export POLAR_DB' in server and '--db "$POLAR_DB"' not in server
     sglang = render_sglang()
     assert "#SBATCH --gres=gpu:1" in sglang
     assert sglang.index("\npreflight\n") < sglang.rindex("-m sglang.launch_server")
