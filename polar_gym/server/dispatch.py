@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 #: sessions claimed per round, and posts in flight at once (a 1000-session burst would only queue in the HTTP pool)
 BATCH, CONCURRENT_POSTS = 1000, 64
-#: with other workers: seconds a session waits for the worker a fleet-wide plan gave it before any worker takes it
-SHARE_PATIENCE = 5.0
+#: with other workers: seconds a session waits for the worker a fleet-wide plan gave it before any worker takes it,
+#: and the age past which their gateways' loads are read again
+SHARE_PATIENCE, OTHERS_REFRESH = 5.0, 1.0
 
 
 def free_slots(fleet: Fleet) -> int:
@@ -53,6 +54,9 @@ class Dispatcher:
                  watching: Watching) -> None:
         self.store, self.fleet, self.counters, self.ledger = store, fleet, counters, ledger
         self.links, self.watching = links, watching
+        #: the other workers' gateways as last read from the store, and when (fleet_wide)
+        self._others: list[GatewayState] = []
+        self._others_read = -float("inf")
 
     async def loop(self) -> None:
         """Each round claims a batch of waiting sessions in one store transaction and posts them concurrently.
@@ -73,9 +77,11 @@ class Dispatcher:
 
     async def round(self) -> bool:
         """One round; True when a full batch was handled (more may be waiting)."""
+        if not free_slots(self.fleet):
+            return False  # a full fleet reloads nothing
         fleet = await self.fleet_wide() if self.store.shared else self.fleet
-        limit = min(free_slots(fleet), BATCH) if free_slots(self.fleet) else 0
-        waiting = await self.store.undispatched(limit) if limit else []  # a full fleet reloads nothing
+        limit = min(free_slots(fleet), BATCH)
+        waiting = await self.store.undispatched(limit) if limit else []
         quarantined = [r for r in waiting if r.status.terminal]
         for row in quarantined:
             await self.ledger.ended(row.task_id, row.session_id, row.status, row.reason)
@@ -85,14 +91,20 @@ class Dispatcher:
         return bool(await self.batch(dispatchable) or quarantined) and len(waiting) == limit
 
     async def fleet_wide(self) -> Fleet:
-        """This worker's gateways and the other workers' healthy ones, loaded as the store counts their sessions."""
+        """This worker's gateways and the other workers' healthy ones, loaded as the store counted their sessions at
+        most ``OTHERS_REFRESH`` seconds ago (a count per round, at every finished session, was most of the store's
+        work)."""
+        if time.monotonic() - self._others_read > OTHERS_REFRESH:
+            counts, others = await self.store.in_flight_counts(), []
+            for row in await self.store.gateways():
+                if row.gateway_id not in self.fleet.gateways and row.state == HEALTHY:
+                    other = GatewayState(row)
+                    other.sessions = {f"{row.gateway_id}#{i}" for i in range(counts.get(row.gateway_id, 0))}
+                    others.append(other)
+            self._others, self._others_read = others, time.monotonic()
         view = Fleet()
         view.gateways = dict(self.fleet.gateways)
-        counts = await self.store.in_flight_counts()
-        for row in await self.store.gateways():
-            if row.gateway_id not in view.gateways and row.state == HEALTHY:
-                other = view.gateways[row.gateway_id] = GatewayState(row)
-                other.sessions = {f"{row.gateway_id}#{i}" for i in range(counts.get(row.gateway_id, 0))}
+        view.gateways.update((gw.gateway_id, gw) for gw in self._others if gw.gateway_id not in view.gateways)
         return view
 
     def my_share(self, chosen: list[tuple[SessionRow, GatewayState]]) -> list[SessionRow]:

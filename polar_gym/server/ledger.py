@@ -51,7 +51,7 @@ class Ledger:
 
     def heard(self, payload: str) -> None:
         """A change another worker made (polar_gym.server.sql's channel): its events reach this worker's
-        subscribers, and a session it queued or a slot it freed may be this worker's to dispatch."""
+        subscribers, and a session it queued may be this worker's to dispatch."""
         try:
             note = orjson.loads(payload)
             if note["worker"] == self.worker:
@@ -63,7 +63,8 @@ class Ledger:
             self.counters.errors["change_unreadable"] += 1
             return
         self._deliver(event)
-        self.wake.set()
+        if event.get("event") in _QUEUED:
+            self.wake.set()
 
     def _deliver(self, event: dict[str, Any]) -> None:
         for queue in self._subscribers.get(event["task_id"], ()):
@@ -144,6 +145,9 @@ class Ledger:
         self.wake.set()
 
 
+#: another worker's events after which this one may have sessions to dispatch (the others do not change its queue:
+#: waking its dispatch on each of them cost a round of queries per event)
+_QUEUED = frozenset({"submitted", "requeued"})
 #: PostgreSQL's NOTIFY takes at most 8,000 bytes: a larger event goes without its session list, its reason cut
 _MAX_PAYLOAD = 7000
 

@@ -110,8 +110,11 @@ async def test_a_change_one_worker_publishes_reaches_the_others_subscribers(post
             await sender.notify("t", {"event": "finished", "session_id": "s-1", "status": "COMPLETED"})
             event = await asyncio.wait_for(theirs.get(), 10)
             assert (event["task_id"], event["event"], event["session_id"]) == ("t", "finished", "s-1")
-            assert receiver.wake.is_set()
+            assert not receiver.wake.is_set()  # a finish elsewhere does not change this worker's queue
             assert (await mine.get())["session_id"] == "s-1" and mine.empty()  # its own comes once, not echoed
+            await sender.notify("t", {"event": "requeued", "session_id": "s-2", "reason": "its gateway died"})
+            assert (await asyncio.wait_for(theirs.get(), 10))["event"] == "requeued"
+            assert receiver.wake.is_set()  # a session to dispatch, maybe here
             receiver.heard("not json")
             receiver.heard('{"worker": "w1", "event": ["no", "task"]}')
             assert receiver.counters.errors["change_unreadable"] == 2 and theirs.empty()
