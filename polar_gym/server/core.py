@@ -105,6 +105,7 @@ class RolloutServer:
         self.background.spawn(self.watching.monitor_loop())
         if self.store.shared:
             loop = asyncio.get_running_loop()
+
             def heard(note: str) -> None:  # in the listening thread
                 with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped
                     loop.call_soon_threadsafe(self.ledger.heard, note)

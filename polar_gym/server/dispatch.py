@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 BATCH, CONCURRENT_POSTS = 1000, 64
 #: with other workers: seconds a session waits for the worker a fleet-wide plan gave it before any worker takes it,
 #: and the age past which their gateways' loads are read again
-SHARE_PATIENCE, OTHERS_REFRESH = 5.0, 1.0
+SHARE_PATIENCE, OTHERS_REFRESH = 5.0, 0.25
 
 
 def free_slots(fleet: Fleet) -> int:
@@ -57,6 +57,8 @@ class Dispatcher:
         #: the other workers' gateways as last read from the store, and when (fleet_wide)
         self._others: list[GatewayState] = []
         self._others_read = -float("inf")
+        #: the last round left sessions to other workers
+        self._elsewhere = False
 
     async def loop(self) -> None:
         """Each round claims a batch of waiting sessions in one store transaction and posts them concurrently.
@@ -72,11 +74,13 @@ class Dispatcher:
             except Exception:
                 self.counters.errors["dispatch_round_failed"] += 1
                 log.exception("a dispatch round failed; dispatching goes on")
+            # sessions a fleet-wide plan gave another worker's gateways: looked at again once the view may change
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), 1.0)
+                await asyncio.wait_for(wake.wait(), OTHERS_REFRESH if self._elsewhere else 1.0)
 
     async def round(self) -> bool:
         """One round; True when a full batch was handled (more may be waiting)."""
+        self._elsewhere = False
         if not free_slots(self.fleet):
             return False  # a full fleet reloads nothing
         fleet = await self.fleet_wide() if self.store.shared else self.fleet
@@ -112,8 +116,9 @@ class Dispatcher:
         have waited past ``SHARE_PATIENCE`` (that worker may be gone): other workers take the rest. Without it, a
         worker took every session its own gateways had room for, and a small batch ran on one worker's gateways."""
         now = time.time()
-        return [row for row, gw in chosen
-                if gw.gateway_id in self.fleet.gateways or now - row.created > SHARE_PATIENCE]
+        mine = [row for row, gw in chosen if gw.gateway_id in self.fleet.gateways or now - row.created > SHARE_PATIENCE]
+        self._elsewhere = len(mine) < len(chosen)
+        return mine
 
     async def batch(self, waiting: list[SessionRow]) -> int:
         """Pick a gateway of this worker for each waiting session (as many as have a free slot), claim them, post
@@ -192,7 +197,7 @@ class Dispatcher:
             await self.store.refund_attempt(row.session_id)
         else:  # it may have got there: if that attempt runs, it is not the one the server will take
             gw.stale.add(row.session_id)
-        await self.ledger.lost(row, f"dispatch to {gw.gateway_id} failed: {exc}")
+        await self.ledger.lost(row, f"dispatch to {gw.gateway_id} failed: {exc}", gw.gateway_id)
 
     async def _refused(self, row: SessionRow, gw: GatewayState, attempt: int, exc: GatewayRefused) -> None:
         self.counters.errors[f"dispatch_http_{exc.status}"] += 1
@@ -201,4 +206,4 @@ class Dispatcher:
             gw.row.state = DRAINING
             await self.store.save_gateway(gw.row)
         row.attempts = attempt
-        await self.ledger.lost(row, f"{gw.gateway_id} refused the session ({exc.status}): {exc.text}")
+        await self.ledger.lost(row, f"{gw.gateway_id} refused the session ({exc.status}): {exc.text}", gw.gateway_id)

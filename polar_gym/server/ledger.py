@@ -129,9 +129,16 @@ class Ledger:
         if await self.store.unfinished(task_id) == 0:
             await self.callbacks.task_done(task_id)
 
-    async def lost(self, row: SessionRow, why: str) -> None:
-        """Re-queue a session whose gateway lost it, or fail it with the reason after max_attempts; a session of a
-        cancelled task (its gateway left before it confirmed the cancel) ends CANCELLED."""
+    async def lost(self, row: SessionRow, why: str, gateway_id: str | None = None) -> None:
+        """Re-queue a session whose gateway (``gateway_id``, else the row's) lost it, or fail it with the reason
+        after max_attempts; a session of a cancelled task (its gateway left before it confirmed the cancel) ends
+        CANCELLED. Nothing happens to a session the store no longer has on that gateway: another server worker
+        queued it and handed it on meanwhile, and ending or queueing it here would run it twice."""
+        on = gateway_id or row.gateway_id
+        if on is not None:
+            current = await self.store.session(row.session_id)
+            if current is None or current.status.terminal or current.gateway_id != on:
+                return
         task = await self.store.task(row.task_id)
         if task is not None and task.cancelled:
             await self.finish(ended_as(row, S.CANCELLED, f"cancelled through the rollout server ({why})"), None)
@@ -139,8 +146,9 @@ class Ledger:
         if row.attempts >= self.max_attempts:
             await self.finish(ended_as(row, S.ERROR, f"{why}; gave up after {row.attempts} attempts"), None)
             return
+        if not await self.store.requeue(row.session_id, why, on):
+            return
         self.counters.redispatched += 1
-        await self.store.requeue(row.session_id, why)
         await self.notify(row.task_id, {"event": "requeued", "session_id": row.session_id, "reason": why})
         self.wake.set()
 

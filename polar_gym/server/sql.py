@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     created {real} NOT NULL, dispatched {real}, finished {real}, packed {blob}, result_head TEXT);
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions(task_id);
 CREATE INDEX IF NOT EXISTS sessions_status ON sessions(status);
+CREATE INDEX IF NOT EXISTS sessions_open ON sessions(gateway_id) WHERE finished IS NULL;
 CREATE TABLE IF NOT EXISTS gateways (
     gateway_id TEXT PRIMARY KEY, url TEXT NOT NULL UNIQUE, capacity INTEGER NOT NULL, admin_token TEXT,
     state TEXT NOT NULL, owner TEXT);

@@ -287,9 +287,14 @@ class Store:
     async def refund_attempt(self, session_id: str) -> None:
         await self._q(f"UPDATE sessions SET attempts = {_ONE_FEWER} WHERE session_id = ?", session_id)
 
-    async def requeue(self, session_id: str, reason: str) -> None:
-        await self._q("UPDATE sessions SET gateway_id = NULL, status = ?, reason = ? WHERE session_id = ?",
-                      SessionStatus.REGISTERED.value, reason, session_id)
+    async def requeue(self, session_id: str, reason: str, gateway_id: str | None = None) -> bool:
+        """Queue a session again; with ``gateway_id``, only while it is still that gateway's (another server worker
+        may have queued it and handed it on meanwhile). False when nothing changed."""
+        which, args = ("AND gateway_id = ?", (gateway_id,)) if gateway_id is not None else ("", ())
+        changed = await self._q(f"UPDATE sessions SET gateway_id = NULL, status = ?, reason = ? WHERE session_id = ? "
+                                f"{which} RETURNING session_id", SessionStatus.REGISTERED.value, reason, session_id,
+                                *args)
+        return bool(changed)
 
     async def withdraw(self, session_id: str) -> bool:
         """Queue a session again whose attempt never ran (withdrawn before its harness started): the attempt is
@@ -408,9 +413,9 @@ class Store:
 
     async def in_flight_counts(self) -> dict[str, int]:
         """Sessions handed to each gateway and not finished (another worker's gateways, for the fleet's view)."""
-        terminal = [s.value for s in SessionStatus if s.terminal]
-        rows = await self._q(f"SELECT gateway_id, COUNT(*) AS n FROM sessions WHERE gateway_id IS NOT NULL AND "
-                             f"status NOT IN ({','.join('?' * len(terminal))}) GROUP BY gateway_id", *terminal)
+        # a session ends with ``finished`` set (a result, or quarantined): the partial index holds the open ones only
+        rows = await self._q("SELECT gateway_id, COUNT(*) AS n FROM sessions WHERE finished IS NULL AND "
+                             "gateway_id IS NOT NULL GROUP BY gateway_id")
         return {r["gateway_id"]: int(r["n"]) for r in rows}
 
     # -- what the whole fleet shares (its LLM backends, its policy version), and the workers' channel ----------

@@ -5,6 +5,7 @@ retry then give up, the admin fan-out, the typed counters."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -239,3 +240,24 @@ async def test_a_session_being_posted_is_not_polled_before_its_gateway_took_it(
     row = await server.store.session(second.session_id)
     assert row is not None and row.attempts == 1 and row.status is not S.REGISTERED
     assert server.counters.errors["result_http_404"] == 0 and server.counters.redispatched == 0
+
+
+async def test_a_loss_reported_late_leaves_a_session_another_worker_handed_on(
+        make_server: Callable[..., RolloutServer]) -> None:
+    """A gateway's loss reaches the ledger after the session was queued again and given to another gateway (by
+    another server worker on the same store): queueing or ending it here would run it twice, so nothing happens."""
+    server = make_server(lambda request: httpx.Response(500))
+    [row] = await _submitted(server, 1)
+    assert await server.store.assign(row.session_id, "gw-old") == 1
+    assert await server.store.requeue(row.session_id, "its gateway died", "gw-old") is True
+    assert await server.store.assign(row.session_id, "gw-new") == 2
+    assert await server.store.requeue(row.session_id, "late", "gw-old") is False
+    await server.ledger.lost(row, "gw-old stopped answering", "gw-old")
+    await server.ledger.lost(dataclasses.replace(row, attempts=9), "gw-old again", "gw-old")  # not given up either
+    now = await server.store.session(row.session_id)
+    assert now is not None and now.gateway_id == "gw-new" and now.status is S.INITIALIZING and now.attempts == 2
+    assert server.counters.redispatched == 0
+    await server.ledger.lost(now, "gw-new stopped answering")  # its own gateway's loss still counts
+    again = await server.store.session(row.session_id)
+    assert again is not None and again.gateway_id is None and again.status is S.REGISTERED
+    assert server.counters.redispatched == 1
