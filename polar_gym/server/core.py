@@ -83,7 +83,8 @@ class RolloutServer:
         others: set[str] = set()  # live gateways of other workers: theirs to watch
         for gateway in await self.store.gateways():
             if gateway.owner in (None, self.worker):
-                self.fleet.restore(gateway)  # heartbeat clock restarts now: each gets dead_after to answer
+                restored = self.fleet.restore(gateway)  # heartbeat clock restarts now: each gets dead_after to answer
+                restored.stale.update(await self.store.given_up_on(gateway.gateway_id))
             elif gateway.state != DEAD:
                 others.add(gateway.gateway_id)
         await self.recall_fleet()
@@ -251,6 +252,7 @@ class RolloutServer:
             known = await self.store.gateway_by_url(reg.url.rstrip("/"))
             if known is not None:
                 adopted = self.fleet.restore(known)
+                adopted.stale.update(await self.store.given_up_on(known.gateway_id))  # what its last worker gave up
                 if known.state != DEAD:
                     adopted.sessions.update(row.session_id for row in await self.store.in_flight(known.gateway_id))
         gw = self.fleet.register(reg)

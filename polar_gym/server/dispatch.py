@@ -197,7 +197,8 @@ class Dispatcher:
             await self.store.refund_attempt(row.session_id)
         else:  # it may have got there: if that attempt runs, it is not the one the server will take
             gw.stale.add(row.session_id)
-        await self.ledger.lost(row, f"dispatch to {gw.gateway_id} failed: {exc}", gw.gateway_id)
+        await self.ledger.lost(row, f"dispatch to {gw.gateway_id} failed: {exc}", gw.gateway_id,
+                               given_up=not unreached)
 
     async def _refused(self, row: SessionRow, gw: GatewayState, attempt: int, exc: GatewayRefused) -> None:
         self.counters.errors[f"dispatch_http_{exc.status}"] += 1

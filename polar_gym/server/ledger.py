@@ -129,11 +129,12 @@ class Ledger:
         if await self.store.unfinished(task_id) == 0:
             await self.callbacks.task_done(task_id)
 
-    async def lost(self, row: SessionRow, why: str, gateway_id: str | None = None) -> None:
+    async def lost(self, row: SessionRow, why: str, gateway_id: str | None = None, given_up: bool = False) -> None:
         """Re-queue a session whose gateway (``gateway_id``, else the row's) lost it, or fail it with the reason
         after max_attempts; a session of a cancelled task (its gateway left before it confirmed the cancel) ends
         CANCELLED. Nothing happens to a session the store no longer has on that gateway: another server worker
-        queued it and handed it on meanwhile, and ending or queueing it here would run it twice."""
+        queued it and handed it on meanwhile, and ending or queueing it here would run it twice. ``given_up``: the
+        gateway may still hold its attempt (Store.requeue)."""
         on = gateway_id or row.gateway_id
         if on is not None:
             current = await self.store.session(row.session_id)
@@ -146,7 +147,7 @@ class Ledger:
         if row.attempts >= self.max_attempts:
             await self.finish(ended_as(row, S.ERROR, f"{why}; gave up after {row.attempts} attempts"), None)
             return
-        if not await self.store.requeue(row.session_id, why, on):
+        if not await self.store.requeue(row.session_id, why, on, given_up):
             return
         self.counters.redispatched += 1
         await self.notify(row.task_id, {"event": "requeued", "session_id": row.session_id, "reason": why})

@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS gateways (
 CREATE TABLE IF NOT EXISTS fleet (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 #: columns a store of an older version lacks: added on open
-_ADDED_COLUMNS = (("sessions", "packed", "{blob}"), ("sessions", "result_head", "TEXT"), ("gateways", "owner", "TEXT"))
+_ADDED_COLUMNS = (("sessions", "packed", "{blob}"), ("sessions", "result_head", "TEXT"), ("gateways", "owner", "TEXT"),
+                  ("sessions", "given_up_on", "TEXT"))
 #: the channel server workers on one PostgreSQL database tell each other of changes on
 CHANNEL = "polar_gym_changes"
 

@@ -287,14 +287,24 @@ class Store:
     async def refund_attempt(self, session_id: str) -> None:
         await self._q(f"UPDATE sessions SET attempts = {_ONE_FEWER} WHERE session_id = ?", session_id)
 
-    async def requeue(self, session_id: str, reason: str, gateway_id: str | None = None) -> bool:
+    async def requeue(self, session_id: str, reason: str, gateway_id: str | None = None,
+                      given_up: bool = False) -> bool:
         """Queue a session again; with ``gateway_id``, only while it is still that gateway's (another server worker
-        may have queued it and handed it on meanwhile). False when nothing changed."""
+        may have queued it and handed it on meanwhile). ``given_up``: that gateway may still hold an attempt of it,
+        which is never to be adopted nor its result stored (recorded, so whichever worker watches the gateway
+        next, or this one after a restart, knows). False when nothing changed."""
         which, args = ("AND gateway_id = ?", (gateway_id,)) if gateway_id is not None else ("", ())
-        changed = await self._q(f"UPDATE sessions SET gateway_id = NULL, status = ?, reason = ? WHERE session_id = ? "
-                                f"{which} RETURNING session_id", SessionStatus.REGISTERED.value, reason, session_id,
-                                *args)
+        mark = ", given_up_on = ?" if given_up and gateway_id is not None else ""
+        changed = await self._q(f"UPDATE sessions SET gateway_id = NULL, status = ?, reason = ?{mark} "
+                                f"WHERE session_id = ? {which} RETURNING session_id", SessionStatus.REGISTERED.value,
+                                reason, *((gateway_id,) if mark else ()), session_id, *args)
         return bool(changed)
+
+    async def given_up_on(self, gateway_id: str) -> set[str]:
+        """The open sessions given up on ``gateway_id`` and not handed back to it since (its stale attempts)."""
+        rows = await self._q("SELECT session_id FROM sessions WHERE given_up_on = ? AND finished IS NULL AND "
+                             "(gateway_id IS NULL OR gateway_id != ?)", gateway_id, gateway_id)
+        return {r["session_id"] for r in rows}
 
     async def withdraw(self, session_id: str) -> bool:
         """Queue a session again whose attempt never ran (withdrawn before its harness started): the attempt is

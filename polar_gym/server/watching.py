@@ -76,7 +76,8 @@ class Watching:
             row = await self.store.session(session_id)
             if row is not None and not row.status.terminal:
                 await self.ledger.lost(row, f"gateway {gw.gateway_id} ({gw.url}) "
-                                       + ("left the fleet" if left else "stopped answering"), gw.gateway_id)
+                                       + ("left the fleet" if left else "stopped answering"), gw.gateway_id,
+                                       given_up=True)
         self.ledger.wake.set()
 
     # -- results ---------------------------------------------------------------------------------------------
@@ -124,7 +125,8 @@ class Watching:
                 gw.stale.add(result.session_id)
                 row = await self.store.session(result.session_id)
                 if row is not None and not row.status.terminal:
-                    await self.ledger.lost(row, f"{gw.gateway_id} answered with a stale attempt", gw.gateway_id)
+                    await self.ledger.lost(row, f"{gw.gateway_id} answered with a stale attempt", gw.gateway_id,
+                                           given_up=True)
             mine = [r for r in mine if _current_attempt(gw, r)]
             for result in mine:
                 gw.attempts.pop(result.session_id, None)
@@ -168,7 +170,8 @@ class Watching:
             if (expected is not None and attempt not in (None, expected)) or (expected is None
                                                                               and session_id in gw.stale):
                 gw.stale.add(session_id)  # an attempt this server did not hand out, as for a readable one
-                await self.ledger.lost(row, f"{gw.gateway_id} answered with a stale attempt", gw.gateway_id)
+                await self.ledger.lost(row, f"{gw.gateway_id} answered with a stale attempt", gw.gateway_id,
+                                           given_up=True)
                 continue
             reason = f"{UNSTORABLE_RESULT}: the result {gw.gateway_id} sent could not be read: {why}"
             log.error("session %s ends ERROR, its result set aside: %s", session_id, reason)

@@ -261,3 +261,33 @@ async def test_a_loss_reported_late_leaves_a_session_another_worker_handed_on(
     again = await server.store.session(row.session_id)
     assert again is not None and again.gateway_id is None and again.status is S.REGISTERED
     assert server.counters.redispatched == 1
+
+
+async def test_what_one_worker_gave_up_on_a_gateway_the_next_worker_of_it_knows(
+        make_server: Callable[..., RolloutServer]) -> None:
+    """A gateway declared dead by its worker (a partition) comes back and registers with another worker (or the
+    same one, restarted): the attempts given up there are still not adopted, since the store records them."""
+    calls: list[str] = []
+
+    async def gateway(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/sessions/poll":
+            await asyncio.Event().wait()
+        calls.append(request.url.path)
+        if request.url.path.endswith("/cancel"):
+            return httpx.Response(200, json={"session_id": "s", "status": "CANCELLED", "cancelled": True})
+        return httpx.Response(409, json={"error": {"type": "exists", "message": "it runs here"}})
+
+    server = make_server(gateway)
+    back = await server.register(GatewayRegistration(url="http://back", capacity=4))
+    [row] = await _submitted(server, 1)
+    assert await server.store.assign(row.session_id, back.gateway_id) == 1
+    back.sessions.add(row.session_id)
+    await server.watching.declare_dead(back)  # its attempt is given up: recorded in the store
+    server.fleet.release(back)  # the worker that knew it in memory is gone
+    again = await server.register(GatewayRegistration(url="http://back", capacity=4))
+    assert again is not back and again.gateway_id == back.gateway_id and again.stale == {row.session_id}
+    waiting = await server.store.session(row.session_id)
+    assert waiting is not None and await server.dispatcher.batch([waiting]) == 1
+    assert calls == ["/sessions", f"/sessions/{row.session_id}/cancel"]  # 409: the stale attempt, cancelled
+    now = await server.store.session(row.session_id)
+    assert now is not None and now.status is S.REGISTERED and server.counters.errors["dispatch_stale_attempt"] == 1
