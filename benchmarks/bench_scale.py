@@ -350,6 +350,7 @@ async def store_phase(n: int, work: Path) -> dict[str, Any]:
     from benchmarks.bench_server import GW_TOKEN, spawn_gateway
     from polar_gym.schema import GatewayRegistration, SessionStatus
     from polar_gym.server import RolloutServer, Store
+    from polar_gym.server.sql import SqliteDatabase
 
     port = free_port()
     gateway = spawn_gateway(port, 0.0)
@@ -369,9 +370,10 @@ async def store_phase(n: int, work: Path) -> dict[str, Any]:
         elif verb in WRITES and not in_tx[0]:
             statements["(commits)"] += 1
 
-    store._db.set_trace_callback(trace)
     core = RolloutServer(store)
     try:
+        assert isinstance(store.db, SqliteDatabase), "the store phase counts SQLite's statements"
+        store.db.trace(trace)
         await wait_http(f"http://127.0.0.1:{port}/gateway/health", 60.0, proc=gateway)
         await core.start()
         await core.register(GatewayRegistration(url=f"http://127.0.0.1:{port}", capacity=64, admin_token=GW_TOKEN))

@@ -130,6 +130,11 @@ class SqliteDatabase(Database):
             self._db.execute("BEGIN")
             yield
 
+    def trace(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback`` with each SQL statement the connection runs (a benchmark counts them); None stops."""
+        with self.lock:
+            self._db.set_trace_callback(callback)
+
     def json(self, column: str, *path: str) -> str:
         return f"json_extract({column}, '$.{'.'.join(path)}')"
 
