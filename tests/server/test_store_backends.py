@@ -17,6 +17,7 @@ from polar_gym.server.counters import ServerCounters
 from polar_gym.server.ledger import Ledger, _payload
 from polar_gym.server.store import GatewayRow, Store
 from tests._postgres import fresh_database
+from tests._waiting import until
 
 S = SessionStatus
 
@@ -106,7 +107,7 @@ async def test_a_change_one_worker_publishes_reaches_the_others_subscribers(post
     own = here.listen(lambda note: loop.call_soon_threadsafe(sender.heard, note))
     try:
         with receiver.subscribe("t") as theirs, sender.subscribe("t") as mine:
-            await asyncio.sleep(0.5)  # both LISTEN before the first NOTIFY
+            await until_listening(url, 2)  # both LISTEN before the first NOTIFY (a busy machine starts them late)
             await sender.notify("t", {"event": "finished", "session_id": "s-1", "status": "COMPLETED"})
             event = await asyncio.wait_for(theirs.get(), 10)
             assert (event["task_id"], event["event"], event["session_id"]) == ("t", "finished", "s-1")
@@ -123,6 +124,22 @@ async def test_a_change_one_worker_publishes_reaches_the_others_subscribers(post
         own()
         here.close()
         there.close()
+
+
+async def until_listening(url: str, n: int) -> None:
+    """Wait until ``n`` connections of the database at ``url`` have run LISTEN (their last statement)."""
+    import psycopg
+
+    def count() -> int:
+        with psycopg.connect(url) as db:
+            row = db.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND query LIKE 'LISTEN %'").fetchone()
+        return int(row[0]) if row else 0
+
+    async def listening() -> bool:
+        return await asyncio.to_thread(count) >= n
+
+    await until(listening, what=f"{n} connections listening")
 
 
 def test_an_event_too_large_for_one_notification_goes_without_its_session_list() -> None:
