@@ -152,10 +152,15 @@ def _classify_new(rec: CompletionRecord, chains: list[_Chain], forked: bool) -> 
             best, best_chain = shared, chain
     if best_chain is None:
         return "new_context"
-    first_prompt = best_chain.trace.first.prompt_ids
-    if best == len(q) == len(best_chain.trace.last.prompt_ids):
+    first_prompt, last = best_chain.trace.first.prompt_ids, best_chain.trace.last
+    if best == len(q) == len(last.prompt_ids):
         return "fork"
-    if best >= len(first_prompt) // 2 and len(q) < len(best_chain.trace.last.prompt_ids):
+    last_msgs, msgs = _messages(last), _messages(rec)
+    if last_msgs and len(msgs) > len(last_msgs) and _starts_with(msgs, last_msgs):
+        # the harness sent its history on unchanged, the chat template rendered it anew (Qwen3 drops the earlier
+        # turns' thinking, empty with thinking off, at each new user turn): not an edit, not a compaction
+        return "template_rerendered"
+    if best >= len(first_prompt) // 2 and len(q) < len(last.prompt_ids):
         return "compaction"  # same system prompt and tools, a shorter history
     if best >= len(first_prompt) // 2:
         return "history_rewritten"
@@ -247,6 +252,31 @@ def _another_conversation(first: CompletionRecord, later: CompletionRecord,
                                         bisect_left(calls, (sent, float("-inf"), 0))])
 
 
+def _used_attempts(usable: list[CompletionRecord], retried: list[list[CompletionRecord]]) -> set[int]:
+    """The ids of the attempts (of prompts sent more than once) that some later completion goes on from.
+
+    Each completion is asked only about the longest retried prompt its own prompt extends: a shorter one it extends
+    is extended by that prompt's attempts too, with the same tokens and messages in between, and they are asked
+    about it in turn. Found as :class:`_ChainIndex` finds chains (cut at the retried prompts' lengths, longest
+    first), so a session costs about one look-up per completion however many of its turns were retried."""
+    by_key: dict[tuple[int, tuple[int, ...]], list[list[CompletionRecord]]] = {}
+    for attempts in retried:
+        by_key.setdefault(_prompt_key(attempts[0].prompt_ids), []).append(attempts)
+    lengths = sorted({key[0] for key in by_key})
+    used: set[int] = set()
+    for later in usable:
+        q = later.prompt_ids
+        for i in range(bisect_left(lengths, len(q)) - 1, -1, -1):
+            extended = [attempts for attempts in by_key.get(_prompt_key(q, lengths[i]), ())
+                        if _starts_with(q, attempts[0].prompt_ids)]
+            for attempts in extended:
+                if (chosen := _continues(later, attempts)) is not None:
+                    used.add(id(chosen))
+            if extended:
+                break
+    return used
+
+
 def superseded_attempts(usable: list[CompletionRecord],
                         untrainable: Sequence[CompletionRecord] = ()) -> tuple[set[str], set[str]]:
     """The attempts a harness threw away, and the completions that share their prompt with a used one (forks).
@@ -256,8 +286,8 @@ def superseded_attempts(usable: list[CompletionRecord],
     attempt was sent after it (whether the first had come back or was still running: a client timeout), unless its
     answer reached the harness and a whole other call of the session fits before the later one
     (``_another_conversation``); every attempt some later completion goes on from was used, so each is trained in
-    its own chain. The latest attempt of a final turn is kept. Cost: one pass over the prompts' keys,
-    and a scan of the session per repeated prompt.
+    its own chain. The latest attempt of a final turn is kept. Cost: one pass over the prompts' keys, and one
+    look-up per completion (:func:`_used_attempts`).
 
     ``untrainable`` are answered completions no trace may use (no token IDs, no reply tokens): they join the attempts
     of the usable completion sent with the same messages and tools, so the retry that answered a timed-out attempt still
@@ -285,20 +315,18 @@ def superseded_attempts(usable: list[CompletionRecord],
                     break  # the same messages and tools render one prompt: no other group can match
     calls = sorted((rec.started_at, rec.started_at + rec.total_seconds, id(rec)) for rec in [*usable, *untrainable])
     trainable = {id(rec) for rec in usable}
+    retried = [attempts for same in groups.values() for attempts in same if len(attempts) > 1]
+    used = _used_attempts(usable, retried)
     superseded: set[str] = set()
     forks: set[str] = set()
-    for same in groups.values():
-        for attempts in same:
-            if len(attempts) < 2:
-                continue  # a prompt sent once: nothing to supersede
-            used = {id(a) for later in usable if (a := _continues(later, attempts)) is not None}
-            order = sorted(attempts, key=lambda a: (a.started_at, a.index))
-            kept = [a for i, a in enumerate(order)
-                    if id(a) in used or not any(_retries(b, a) and not _another_conversation(a, b, calls, attempts)
-                                                for b in order[i + 1:])]
-            superseded |= {a.completion_id for a in attempts if a not in kept and id(a) in trainable}
-            if len(kept) > 1:
-                forks |= {a.completion_id for a in kept if id(a) in trainable}
+    for attempts in retried:
+        order = sorted(attempts, key=lambda a: (a.started_at, a.index))
+        kept = [a for i, a in enumerate(order)
+                if id(a) in used or not any(_retries(b, a) and not _another_conversation(a, b, calls, attempts)
+                                            for b in order[i + 1:])]
+        superseded |= {a.completion_id for a in attempts if a not in kept and id(a) in trainable}
+        if len(kept) > 1:
+            forks |= {a.completion_id for a in kept if id(a) in trainable}
     return superseded, forks
 
 

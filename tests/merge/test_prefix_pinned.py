@@ -93,6 +93,23 @@ def test_a_new_chain_is_measured_against_the_chain_it_shares_most_with(prompts, 
     assert len(traj.traces) == len(prompts) and causes(traj)[-1] == cause
 
 
+@pytest.mark.parametrize("second", [
+    [1, 2, 3, 10, EOT, 50, 11, EOT, 51],  # thinking off: the empty thinking span (3) dropped, the prompt longer
+    [1, 2, 10, EOT, 51],  # thinking on: a long thinking span dropped, the prompt shorter (not a compaction)
+])
+def test_a_history_sent_on_unchanged_but_rendered_anew_is_template_rerendered(second):
+    """Qwen3's template drops the earlier turns' thinking at a new user turn (an empty span with thinking off): the
+    harness kept its history, so the break is the template's, not a rewritten history or a compaction."""
+    m0 = [user("a"), assistant("reply 0"), {"role": "tool", "content": "r"}]
+    m1 = [*m0, assistant("reply 1"), user("b")]
+    traj = merged(rec(0, [1, 2, 3, 4, 5, 6, 7], [10, EOT], messages=m0), rec(1, second, [12, EOT], messages=m1))
+    assert chains(traj) == [["c0"], ["c1"]] and causes(traj) == ["first", "template_rerendered"]
+    # the same tokens with an edited history are not the template's doing
+    edited = merged(rec(0, [1, 2, 3, 4, 5, 6, 7], [10, EOT], messages=m0),
+                    rec(1, second, [12, EOT], messages=[user("edited"), *m1[1:]]))
+    assert causes(edited)[-1] != "template_rerendered"
+
+
 def test_a_fork_of_a_chain_that_moved_on_is_a_fork_not_a_compaction():
     """Parallel twins sent at once, each gone on from: the second is trained in its own chain, called a fork even
     though the first one's chain already has a longer prompt."""
@@ -252,3 +269,31 @@ def test_an_untrainable_retry_supersedes_the_attempt_of_its_own_sub_agent():
         call(4, [1, 2, 10, EOT, 60], [11, EOT], [*opening, assistant("reply 0"), user("c")], tools_a, started=41))
     assert traj.diagnostics["superseded"] == ["c1"]
     assert ["c0", "c4"] in chains(traj) and ["c1"] not in chains(traj)
+
+
+def test_each_completion_is_asked_about_one_retried_prompt_only(monkeypatch):
+    """Every turn of a 200-turn session retried once: telling the attempts apart asks each completion which attempt
+    it goes on from for the longest retried prompt it extends only (the shorter ones are asked by that prompt's own
+    attempts), so the work is linear in the session, not retries x completions (issue 41: half the build time of
+    a 400-turn retry session)."""
+    import polar_gym.merge.prefix_merging as module
+
+    asked = []
+    original = module._continues
+
+    def counting(later, attempts):
+        asked.append(later.completion_id)
+        return original(later, attempts)
+
+    monkeypatch.setattr(module, "_continues", counting)
+    records, prompt, token = [], [1], 1000
+    for turn in range(200):
+        for attempt in range(2):
+            index = len(records)
+            records.append(rec(index, prompt, [token + attempt, EOT], started=turn * 10.0 + attempt * 2))
+        prompt = [*prompt, token + 1, EOT, token + 2]  # the harness went on from the second attempt
+        token += 3
+    traj = merged(*records)
+    assert traj.diagnostics["superseded"] == [f"c{i}" for i in range(0, 400, 2)]
+    assert chains(traj)[0] == [f"c{i}" for i in range(1, 400, 2)]
+    assert len(asked) <= len(records)
