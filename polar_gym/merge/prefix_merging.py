@@ -23,11 +23,12 @@ superseded, never a new chain (also when the retry's own answer cannot be traine
 is matched to the attempt by its messages). Every used attempt is trained in its own chain (a fork), so a second
 conversation from the first one's prompt never costs the first its answer, and merge mode never splices the two.
 A one-call conversation followed, after its answer, by another from the same prompt (a sub-agent delegated twice)
-is told from a retry by what the harness did meanwhile: the answer reached it (the proxy journals ``delivered``: the
-client was still connected when the answer was ready) and another model call of the session was sent and answered
-before the second one (the parent's turn that delegated again); a harness re-sends an answer it rejects at once, too
-soon for a whole call to fit in between. Without the flag (journals older than it, callers that are not HTTP
-clients), or with no whole call in between, the pair reads as a retry: tokens cannot tell them apart.
+is told from a retry by what the harness did with the first answer: it reached the harness (the proxy journals
+``delivered``: the client was still connected when the answer was ready) and another call answered before the
+second one carries its text (the parent's turn that got the sub-agent's result and delegated again). A harness that
+rejects an answer uses it nowhere, whatever side requests (a title, a next-speaker check) it sends before re-sending
+the prompt. Without the flag (journals older than it, callers that are not HTTP clients), without messages, or with
+no call carrying the answer, the pair reads as a retry: tokens cannot tell them apart.
 
 Cost. Chains are indexed by their last prompt's length and last tokens; a completion looks itself up cut at those
 lengths, longest first, and stops at the first that matches, so the chains a drift leaves behind (shorter prompts)
@@ -237,19 +238,47 @@ def _retries(later: CompletionRecord, first: CompletionRecord) -> bool:
 
 
 def _another_conversation(first: CompletionRecord, later: CompletionRecord,
-                          calls: list[tuple[float, float, int]], attempts: list[CompletionRecord]) -> bool:
+                          calls: list[tuple[float, float, int]], records: dict[int, CompletionRecord]) -> bool:
     """``later`` (same prompt, sent after ``first`` came back) starts a second conversation rather than retrying
-    ``first``: ``first``'s answer reached the harness, and the harness made another call and had its answer before
-    sending ``later`` (the parent agent's turn that delegated again). A harness re-sends an answer it rejects at once
-    (Qwen Code re-sent an unparseable tool-call block within 0.3 s): no whole model call fits in between.
-    ``calls``: (sent, came back, id) of the session's answered calls, by time sent."""
+    ``first``: ``first``'s answer reached the harness, and the harness went on with it before sending ``later``: a
+    call answered in between carries that answer (the parent agent's turn that got the sub-agent's result and
+    delegated again; the sub-agent's own next turn). A harness that rejects an answer re-sends the prompt without
+    using the answer anywhere: at once (Qwen Code re-sent an unparseable tool-call block within 0.3 s), or after
+    side requests of its own (a title, a next-speaker check), which carry the history, never the rejected answer,
+    and are not another conversation's turn anyway (``side_request``). ``calls``: (sent, came back, key) of the
+    session's answered calls, by time sent; ``records``: the calls by key."""
     if not first.delivered:
         return False
+    answer = _said(first.response.get("message"))
+    if answer is None:
+        return False  # nothing another call could show: tokens alone cannot tell the two apart
     came_back, sent = first.started_at + first.total_seconds, later.started_at
-    mine = {id(a) for a in attempts}
-    return any(end < sent and key not in mine
-               for _, end, key in calls[bisect_right(calls, (came_back, float("inf"), 0)):
-                                        bisect_left(calls, (sent, float("-inf"), 0))])
+    for _, end, key in calls[bisect_right(calls, (came_back, float("inf"), 0)):
+                             bisect_left(calls, (sent, float("-inf"), 0))]:
+        between = records[key]
+        if end < sent and not between.side_request and _carries(between, answer):
+            return True
+    return False
+
+
+def _carries(rec: CompletionRecord, answer: tuple[str, tuple[tuple[str, str], ...]]) -> bool:
+    """Whether ``rec``'s messages hold ``answer`` (what :func:`_said` reads from an assistant message): as an
+    assistant turn of its history (the conversation went on with it), or its text in a tool result or user turn
+    (another conversation was given it)."""
+    text = answer[0]
+    for message in _messages(rec):
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "assistant":
+            if _said(message) == answer:
+                return True
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        if text and isinstance(content, str) and text in content:
+            return True
+    return False
 
 
 def _used_attempts(usable: list[CompletionRecord], retried: list[list[CompletionRecord]]) -> set[int]:
@@ -277,6 +306,13 @@ def _used_attempts(usable: list[CompletionRecord], retried: list[list[Completion
     return used
 
 
+def _nearest_before(attempts: list[CompletionRecord], retry: CompletionRecord) -> tuple[bool, float]:
+    """How closely ``retry`` follows ``attempts``: a retry retries the latest attempt sent before it (else it was
+    the first attempt, of the group that began soonest after it)."""
+    before = [a.started_at for a in attempts if a.started_at <= retry.started_at]
+    return (True, max(before)) if before else (False, -min(a.started_at for a in attempts))
+
+
 def superseded_attempts(usable: list[CompletionRecord],
                         untrainable: Sequence[CompletionRecord] = ()) -> tuple[set[str], set[str]]:
     """The attempts a harness threw away, and the completions that share their prompt with a used one (forks).
@@ -284,14 +320,16 @@ def superseded_attempts(usable: list[CompletionRecord],
     Completions sent with one prompt are attempts at one turn, or forks (parallel sub-agents, or two conversations
     that begin alike). An attempt is superseded when no later completion goes on from its answer and another
     attempt was sent after it (whether the first had come back or was still running: a client timeout), unless its
-    answer reached the harness and a whole other call of the session fits before the later one
+    answer reached the harness and another call answered before the later one carries it
     (``_another_conversation``); every attempt some later completion goes on from was used, so each is trained in
     its own chain. The latest attempt of a final turn is kept. Cost: one pass over the prompts' keys, and one
     look-up per completion (:func:`_used_attempts`).
 
     ``untrainable`` are answered completions no trace may use (no token IDs, no reply tokens): they join the attempts
     of the usable completion sent with the same messages and tools, so the retry that answered a timed-out attempt still
-    supersedes it when its own answer cannot be trained (else the abandoned attempt would read as its own turn).
+    supersedes it when its own answer cannot be trained (else the abandoned attempt would read as its own turn). When
+    several prompts were sent with those messages and tools (one request rendered differently: a drifted history),
+    it joins the one whose latest attempt it follows most closely (:func:`_nearest_before`).
     """
     groups: dict[tuple[int, tuple[int, ...]], list[list[CompletionRecord]]] = {}
     for rec in usable:
@@ -309,11 +347,12 @@ def superseded_attempts(usable: list[CompletionRecord],
                 by_length.setdefault(len(_messages(attempts[0])), []).append(attempts)
         for rec in untrainable:
             msgs = _messages(rec)
-            for attempts in by_length.get(len(msgs), []) if msgs else ():
-                if _messages(attempts[0]) == msgs and _prompt_settings(attempts[0]) == _prompt_settings(rec):
-                    attempts.append(rec)
-                    break  # the same messages and tools render one prompt: no other group can match
-    calls = sorted((rec.started_at, rec.started_at + rec.total_seconds, id(rec)) for rec in [*usable, *untrainable])
+            same = [attempts for attempts in by_length.get(len(msgs), []) if msgs
+                    and _messages(attempts[0]) == msgs and _prompt_settings(attempts[0]) == _prompt_settings(rec)]
+            if same:  # several when one request was rendered to different prompts (a drifted history)
+                max(same, key=lambda attempts: _nearest_before(attempts, rec)).append(rec)
+    records = {id(rec): rec for rec in [*usable, *untrainable]}
+    calls = sorted((rec.started_at, rec.started_at + rec.total_seconds, key) for key, rec in records.items())
     trainable = {id(rec) for rec in usable}
     retried = [attempts for same in groups.values() for attempts in same if len(attempts) > 1]
     used = _used_attempts(usable, retried)
@@ -322,7 +361,7 @@ def superseded_attempts(usable: list[CompletionRecord],
     for attempts in retried:
         order = sorted(attempts, key=lambda a: (a.started_at, a.index))
         kept = [a for i, a in enumerate(order)
-                if id(a) in used or not any(_retries(b, a) and not _another_conversation(a, b, calls, attempts)
+                if id(a) in used or not any(_retries(b, a) and not _another_conversation(a, b, calls, records)
                                             for b in order[i + 1:])]
         superseded |= {a.completion_id for a in attempts if a not in kept and id(a) in trainable}
         if len(kept) > 1:

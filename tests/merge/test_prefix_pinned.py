@@ -297,3 +297,51 @@ def test_each_completion_is_asked_about_one_retried_prompt_only(monkeypatch):
     assert traj.diagnostics["superseded"] == [f"c{i}" for i in range(0, 400, 2)]
     assert chains(traj)[0] == [f"c{i}" for i in range(1, 400, 2)]
     assert len(asked) <= len(records)
+
+
+def test_an_untrainable_retry_joins_the_attempt_it_follows_when_one_request_has_two_prompts():
+    """One request (the same messages and tools) rendered to two prompts (a drifted history): the retry whose own
+    answer cannot be trained retries the attempt sent just before it, not the first prompt's: that one was gone on
+    from and stays, the timed-out one is thrown away (issue 41: it joined the first group and left the abandoned
+    attempt to be trained as a turn of its own)."""
+    m = [user("a")]
+    retried = assistant("retried")
+    traj = merged(
+        rec(0, [1, 2, 3], [10, EOT], messages=m, started=0),
+        rec(1, [1, 2, 3, 10, EOT, 50], [11, EOT], messages=[*m, assistant("reply 0"), user("b")], started=10),
+        rec(2, [1, 2, 4], [20, EOT], messages=m, started=100, seconds=30, delivered=False),
+        answering(rec(3, [1, 2, 4], [21, EOT], messages=m, started=105, token_faithful=False), retried),
+        rec(4, [1, 2, 4, 21, EOT, 60], [22, EOT], messages=[*m, retried, user("c")], started=120))
+    assert traj.diagnostics["superseded"] == ["c2"]
+    assert ["c0", "c1"] in chains(traj) and ["c2"] not in chains(traj)
+
+
+# ------------------------------------------------------------------ a rejected answer, a side request, the re-send
+
+SUB = [user("explore the repo")]
+SAID = "Found 3 files: a.py, b.py, c.py"
+HISTORY = [user("fix the bug"), assistant("I will delegate")]
+
+
+@pytest.mark.parametrize(("shape", "between", "superseded"), [
+    # opencode: a title request (another model, its own system prompt) answered before the re-send
+    ("opencode title", dict(messages=[{"role": "system", "content": "You are a title generator."},
+                                      user("fix the bug")], side_request=True), ["c1"]),
+    # Gemini CLI / Qwen Code: a next-speaker check with the session's own model, over the history without the answer
+    ("next-speaker check", dict(messages=[*HISTORY, user("Who should speak next? Answer in JSON.")]), ["c1"]),
+    # Claude Code: a small-model side request (a command's safety check) that quotes the answer: still not a turn
+    ("claude code side request", dict(messages=[user(f"Is this safe? {SAID}")], side_request=True), ["c1"]),
+    # Claude Code's Task tool: the parent's next turn is given the sub-agent's answer and delegates again
+    ("parent given the answer", dict(messages=[*HISTORY, {"role": "tool", "content": f"Result: {SAID}"}]), []),
+    # the sub-agent's own next turn, whose tokens cannot be used (no token IDs), went on with the answer
+    ("its own next turn", dict(messages=[*SUB, assistant(SAID), user("go on")], token_faithful=False), []),
+])
+def test_a_re_sent_prompt_is_a_retry_unless_a_call_in_between_carries_the_answer(shape, between, superseded):
+    """Which calls answered between an answer and the re-send of its prompt tell a second conversation from a
+    retry: only one that carries the answer (a harness that rejected it uses it nowhere); a side request never
+    counts, nor a call that carries the history without it (issue 41: any whole call in between counted)."""
+    traj = merged(rec(0, [1], [10, EOT], messages=[user("fix the bug")], started=0),
+                  answering(rec(1, [5, 6], [20, EOT], messages=SUB, started=10, delivered=True), assistant(SAID)),
+                  rec(2, [7, 8], [30, EOT], started=12, delivered=True, **between),
+                  rec(3, [5, 6], [21, EOT], messages=SUB, started=15, delivered=True))
+    assert traj.diagnostics["superseded"] == superseded, shape

@@ -69,6 +69,7 @@ class AgentPlan:
     start: float
     turns: tuple[TurnPlan, ...]
     side: bool = False
+    reports: int | None = None  # its first call carries this agent's last answer (a parent given a sub-agent's result)
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,6 @@ class Truth:
     rendered: dict[str, list[int]] = field(default_factory=dict)  # kept reply -> how later prompts show it
     discarded: set[str] = field(default_factory=set)  # answers the harness threw away
     detectable: set[str] = field(default_factory=set)  # ... of which a usable or answered same-prompt attempt followed
-    #: a rejected answer reached the harness and a whole other call fits before its retry: the builder
-    #: reads the pair as two conversations (its known limit), so the session has no exact truth to compare with
-    rejected_looks_delegated: bool = False
 
 
 # -- simulation -------------------------------------------------------------------------------------------------
@@ -144,11 +142,14 @@ def _render(reply: list[int], think_len: int, turn: TurnPlan, tok: _Tokens) -> l
 
 
 def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, tok: _Tokens,
-              system: list[int], task: list[int]) -> Iterator[dict[str, Any]]:
-    """Every call agent ``a`` makes, as record fields plus ``_end`` / ``_kind`` / ``_turn``."""
+              system: list[int], task: list[int], answers: dict[int, str]) -> Iterator[dict[str, Any]]:
+    """Every call agent ``a`` makes, as record fields plus ``_end`` / ``_kind`` / ``_turn``; its last answer goes to
+    ``answers``."""
     sys_msg = {"role": "system", "content": f"system {agent.group}"}
     segments, replies = [_header(system, task)], []  # replies: indexes of rendered replies in segments
     msgs: list[Any] = [sys_msg, {"role": "user", "content": f"task {agent.group}"}]
+    if agent.reports is not None:
+        msgs.append({"role": "tool", "content": f"the sub-agent answered: {answers[agent.reports]}."})
     t = agent.start
     for k, turn in enumerate(agent.turns):
         if turn.compact and k:
@@ -198,6 +199,7 @@ def _attempts(plan: SessionPlan, a: int, agent: AgentPlan, rng: random.Random, t
         segments.append(_bridge(tok(rng.randint(1, 6))))
         msgs = [*msgs, {"role": "assistant", "content": f"reply a{a}.{k}.{len(kinds) - 1}"},
                 {"role": "tool", "content": f"result {a}.{k}"}]
+        answers[a] = f"reply a{a}.{k}.{len(kinds) - 1}"
 
 
 def simulate(plan: SessionPlan) -> tuple[CompletionSession, Truth]:
@@ -206,13 +208,14 @@ def simulate(plan: SessionPlan) -> tuple[CompletionSession, Truth]:
     tok = _Tokens(rng, plan.alphabet)
     prompts: dict[int, tuple[list[int], list[int]]] = {}
     calls: list[dict[str, Any]] = []
+    answers: dict[int, str] = {}
     for a, agent in enumerate(plan.agents):
         if agent.group not in prompts:
             system = [AGENT_MARK + agent.group, *tok(rng.randint(2, 8))]
             if plan.shared_system and prompts and not agent.side:
                 system = prompts[plan.agents[0].group][0]
             prompts[agent.group] = (system, tok(rng.randint(1, 4)))
-        calls += _attempts(plan, a, agent, rng, tok, *prompts[agent.group])
+        calls += _attempts(plan, a, agent, rng, tok, *prompts[agent.group], answers)
     calls.sort(key=lambda c: (c["_end"], c["_agent"]))
     truth, records = Truth(), []
     for index, c in enumerate(calls):
@@ -234,14 +237,6 @@ def simulate(plan: SessionPlan) -> tuple[CompletionSession, Truth]:
     for _, group in by_turn:
         attempts = list(group)
         for n, c in enumerate(attempts):
-            # the builder compares a rejected (delivered) answer with the next attempt it can see: when a whole
-            # other call fits in between, that reads as a second conversation
-            visible = [o for o in attempts[n + 1:] if o["_id"] in usable or (plan.messages and o["_kind"] != "error")]
-            if c["_kind"] == "discarded" and plan.delivery and visible and c["_id"] in usable:
-                came_back, retried = c["_end"], visible[0]["_start"]
-                truth.rejected_looks_delegated |= any(
-                    came_back < o["_start"] and o["_end"] < retried and o["_kind"] != "error" and o not in visible
-                    for o in calls)
             if c["_kind"] in ("discarded", "abandoned"):
                 truth.discarded.add(c["_id"])
                 # a later attempt that was answered shows the retry: trainable, or told apart by its messages
@@ -320,10 +315,7 @@ def check_bridges(sess: CompletionSession, traj: Trajectory, truth: Truth) -> No
 
 def unambiguous(plan: SessionPlan, sess: CompletionSession, truth: Truth) -> bool:
     """Whether the ground truth is decidable from tokens and messages: unique content tokens, or colliding ones
-    with messages, no twins, and no identical prompts but a turn's own attempts; and no rejected answer whose retry
-    another conversation's call preceded."""
-    if truth.rejected_looks_delegated:
-        return False
+    with messages, no twins, and no identical prompts but a turn's own attempts."""
     if plan.alphabet is None:
         return True
     groups = [a.group for a in plan.agents]
@@ -392,13 +384,15 @@ def session_plans(draw: st.DrawFn, *, clean: bool = False, rerender: bool = Fals
     turns = turn_plans(clean=clean, rerender=rerender)
     agents = [AgentPlan(0, 0.0, tuple(draw(st.lists(turns, max_size=10))))]
     delivery = draw(st.booleans())
+    messages = draw(_rarely(False, True))
     for group in range(1, draw(st.integers(0, 3)) + 1):
         start = draw(st.integers(0, 30)) / 2
         size = 1 if clean else draw(st.sampled_from([1, 1, 2, 3]))
-        # with delivery known, twins may also start one after another (a sub-agent delegated twice), each after the
-        # previous one's first turn and a call of the parent that delegates again: then one of them may be a single
-        # call, and their first turns may be retried
-        sequential = size > 1 and delivery and draw(st.booleans())
+        # with delivery and messages known, twins may also start one after another (a sub-agent delegated twice),
+        # each after the previous one's answer and a call of the parent that carries it and delegates again: then
+        # one of them may be a single call, and their first turns may be retried
+        sequential = size > 1 and delivery and messages and draw(st.booleans())
+        previous = None
         for twin in range(size):
             first = draw(turns)
             if size > 1 and not sequential:  # parallel twins' first calls are never retried: nothing tells them apart
@@ -406,15 +400,19 @@ def session_plans(draw: st.DrawFn, *, clean: bool = False, rerender: bool = Fals
                 if not draw(_rarely(True, False, 2)):
                     first = replace(first, render="exact", unfaithful="")
             rest = draw(st.lists(turns, max_size=4 if draw(st.booleans()) or not sequential else 0))
+            if sequential:  # a compaction right after the first call hides its answer from everything after it: then
+                rest = [replace(t, compact=False) for t in rest]  # nothing tells a second conversation from a retry
+            twin_index = len(agents)
             agents.append(AgentPlan(group, start + twin * (120.0 if sequential else 0.05), (first, *rest)))
             if sequential and twin:
-                agents.append(AgentPlan(10 + 4 * group + twin, start + twin * 120.0 - 10.0, (TurnPlan(),)))
+                agents.append(AgentPlan(10 + 4 * group + twin, start + twin * 120.0 - 10.0, (TurnPlan(),),
+                                        reports=previous))
+            previous = twin_index
     if draw(_rarely(True, False)):
         agents.append(AgentPlan(9, draw(st.integers(0, 20)) / 2, (TurnPlan(),), side=True))
     alphabet = None if clean else draw(st.sampled_from([None, None, None, 3, 50]))
     shared = False if clean else draw(_rarely(True, False, 3))
-    return SessionPlan(tuple(agents), draw(st.integers(0, 2**16)), alphabet, draw(_rarely(False, True)), shared,
-                       delivery)
+    return SessionPlan(tuple(agents), draw(st.integers(0, 2**16)), alphabet, messages, shared, delivery)
 
 
 EMPTY = SessionPlan(())
@@ -456,12 +454,12 @@ def test_twins_with_a_timeout_retry_keep_one_chain_each(plan: SessionPlan) -> No
 
 
 # A sub-agent delegated twice (Claude Code's Task tool): the second starts from the first one's first prompt after
-# the first one answered and the parent's next call (agent 2 here), and each is one call. Only the journaled delivery
-# and that call in between tell the two conversations from a retry.
+# the first one answered and the parent's next call (agent 2 here), which carries that answer, and each is one call.
+# Only the journaled delivery and that call in between tell the two conversations from a retry.
 SEQUENTIAL_ONE_CALL_TWINS = SessionPlan((
     AgentPlan(0, 0.0, (TurnPlan(), TurnPlan())),
     AgentPlan(1, 1.0, (TurnPlan(),)),
-    AgentPlan(2, 50.0, (TurnPlan(),)),
+    AgentPlan(2, 50.0, (TurnPlan(),), reports=1),
     AgentPlan(1, 61.0, (TurnPlan(),)),
 ), delivery=True)
 
@@ -477,11 +475,14 @@ def test_sequential_one_call_twins_are_two_conversations_when_delivery_is_known(
     # without the flag (an older journal) the same pair reads as a retry: the first answer is superseded
     blind = session(*(r.model_copy(update={"delivered": None}) for r in sess.completions))
     assert prefix_merging(blind, BREAK).diagnostics["superseded"] == [first]
-    # ... and so it does when nothing happened in between: a harness re-sending an answer it rejected
+    # ... and so it does when nothing happened in between (a harness re-sending an answer it rejected), or when the
+    # call in between does not carry the answer (a side request: a title, a next-speaker check)
     at_once = SessionPlan(tuple(a for a in SEQUENTIAL_ONE_CALL_TWINS.agents if a.group != 2), delivery=True)
-    sess, truth = simulate(at_once)
-    first = next(c for c, agent in truth.agent.items() if agent == 1)
-    assert prefix_merging(sess, BREAK).diagnostics["superseded"] == [first]
+    unused = SessionPlan(tuple(replace(a, reports=None) for a in SEQUENTIAL_ONE_CALL_TWINS.agents), delivery=True)
+    for plan in (at_once, unused):
+        sess, truth = simulate(plan)
+        first = next(c for c, agent in truth.agent.items() if agent == 1)
+        assert prefix_merging(sess, BREAK).diagnostics["superseded"] == [first]
 
 
 def test_a_rejected_answer_re_sent_at_once_is_superseded() -> None:
@@ -491,7 +492,7 @@ def test_a_rejected_answer_re_sent_at_once_is_superseded() -> None:
     sess, truth = simulate(plan)
     (rejected,) = truth.discarded
     assert next(r for r in sess.completions if r.completion_id == rejected).delivered
-    assert truth.detectable == {rejected} and not truth.rejected_looks_delegated
+    assert truth.detectable == {rejected}
     check_session(plan)
 
 
