@@ -153,15 +153,15 @@ def _classify_new(rec: CompletionRecord, chains: list[_Chain], forked: bool) -> 
             best, best_chain = shared, chain
     if best_chain is None:
         return "new_context"
-    first_prompt, last = best_chain.trace.first.prompt_ids, best_chain.trace.last
-    if best == len(q) == len(last.prompt_ids):
+    first_prompt, measure = best_chain.trace.first.prompt_ids, best_chain.trace.last
+    if best == len(q) == len(measure.prompt_ids):
         return "fork"
-    last_msgs, msgs = _messages(last), _messages(rec)
+    last_msgs, msgs = _messages(measure), _messages(rec)
     if last_msgs and len(msgs) > len(last_msgs) and _starts_with(msgs, last_msgs):
         # the harness sent its history on unchanged, the chat template rendered it anew (Qwen3 drops the earlier
         # turns' thinking, empty with thinking off, at each new user turn): not an edit, not a compaction
         return "template_rerendered"
-    if best >= len(first_prompt) // 2 and len(q) < len(last.prompt_ids):
+    if best >= len(first_prompt) // 2 and len(q) < len(measure.prompt_ids):
         return "compaction"  # same system prompt and tools, a shorter history
     if best >= len(first_prompt) // 2:
         return "history_rewritten"
