@@ -1,6 +1,12 @@
 """uvicorn embedded in an event loop someone else owns: the launcher, ``python -m polar_gym.env serve``, the
 trainer-side callback receiver and the tests all serve their apps this way, on a port they pick.
 
+The one module that reads or writes objects uvicorn and starlette keep private (for a model call's CPU, issue 18):
+uvicorn's HTTP protocol class and per-request cycle (:class:`CoalescingHttpProtocol`, :func:`caller_gone`) and
+starlette's kept request body (:func:`body_kept`, :func:`keep_body`). ``CHECKED_WITH`` names the versions they were
+checked against; ``tests/unit/test_serving_contract.py`` fails when another version is installed, and pins each
+behaviour relied on.
+
 Ground layer: imports nothing else of ours.
 """
 
@@ -16,7 +22,11 @@ import uvicorn
 from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["CoalescingHttpProtocol", "EmbeddedServer", "caller_gone", "free_port", "serving"]
+__all__ = ["CHECKED_WITH", "CoalescingHttpProtocol", "EmbeddedServer", "body_kept", "caller_gone", "free_port",
+           "keep_body", "serving"]
+
+#: the versions whose private objects this module was checked against (pyproject pins both)
+CHECKED_WITH = {"uvicorn": "0.54.0", "starlette": "1.10.0"}
 
 #: a held response head and a body up to this size go out as one buffer (copied); a larger body as two buffers
 _JOIN_BELOW = 256 * 1024
@@ -101,6 +111,21 @@ def caller_gone(receive: Callable[[], Any]) -> Callable[[], bool] | None:
     if type(cycle) not in _UVICORN_CYCLES:
         return None
     return lambda: bool(cycle.disconnected or cycle.response_complete)
+
+
+def body_kept(request: Any) -> bytes | None:
+    """The body a starlette Request already read and keeps (what ``await request.body()`` gives again), b"" when
+    its stream was consumed without keeping it (starlette then refuses to read it), None when it was not read."""
+    if hasattr(request, "_body"):
+        return bytes(request._body)
+    return b"" if request._stream_consumed else None
+
+
+def keep_body(request: Any, body: bytes) -> None:
+    """Mark ``body``, read from the request's ``receive`` by the caller, as the request's body, as starlette does
+    after ``request.body()``: a later ``request.body()`` (an error handler's) gives it instead of waiting."""
+    request._stream_consumed = True
+    request._body = body
 
 
 class EmbeddedServer(uvicorn.Server):

@@ -12,7 +12,7 @@ from starlette.types import Send
 
 from polar_gym.proxy.errors import PayloadTooLarge
 from polar_gym.proxy.service import ProxyService, Reply
-from polar_gym.serving import caller_gone
+from polar_gym.serving import body_kept, caller_gone, keep_body
 
 __all__ = ["disconnect_check", "is_plain", "proxy_service", "read_body", "send_reply", "to_response"]
 
@@ -52,7 +52,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
-    if hasattr(request, "_body") or request._stream_consumed:
+    if body_kept(request) is not None:
         return await request.body()  # read already: kept (or starlette says it cannot give it again)
     chunks, size = [], 0
     while True:
@@ -65,9 +65,9 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
-            request._stream_consumed = True
-            request._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # kept, as request.body() keeps it
-            return request._body
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            keep_body(request, body)  # kept, as request.body() keeps it
+            return body
 
 
 def disconnect_check(request: Request) -> Callable[[], Awaitable[bool]]:
