@@ -425,7 +425,7 @@ async def run_arm(args: argparse.Namespace, spec: ArmSpec, sft: Path, references
                   engine_pgid: int, out: Path) -> ArmRun:
     """One GRPO arm from the SFT checkpoint (reloaded into the engine as version 0) on a fleet of its own."""
     inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
-                                  max_tokens_cap=args.max_tokens)
+                                  max_tokens_cap=args.max_tokens, prompt_mode="token_in")
     settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=args.steps, learning_rate=args.lr,
                                optimizer=args.optimizer, seed=args.seed, threads=args.threads, kl_coef=args.kl_coef,
                                reference_answers=[str(references)], greedy_samples=args.greedy,

@@ -190,7 +190,7 @@ async def run_arm(args: argparse.Namespace, arm: Arm, sft: Path, references: Pat
                   out: Path) -> tuple[list[dict[str, Any]], dict[int, list[float]]]:
     """One GRPO arm from the SFT checkpoint (reloaded into the engine as version 0) on a fleet of its own."""
     inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
-                                  max_tokens_cap=args.max_tokens)
+                                  max_tokens_cap=args.max_tokens, prompt_mode="token_in")
     settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=args.steps, learning_rate=args.lr,
                                optimizer=args.optimizer,
                                seed=arm.seed, shuffle_rewards=arm.shuffle, threads=args.threads, kl_coef=args.kl_coef,
@@ -262,7 +262,7 @@ async def _run_arm_trl(args: argparse.Namespace, arm: Arm, sft: Path, references
                 rows[int(state.global_step)]["grad_norm"] = float(logs["grad_norm"])
 
     inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
-                                  max_tokens_cap=args.max_tokens)
+                                  max_tokens_cap=args.max_tokens, prompt_mode="token_in")
     config = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=args.samples,
                         num_generations=args.samples, max_steps=args.steps, learning_rate=args.lr,
                         optim="sgd", lr_scheduler_type="constant", max_grad_norm=1.0, beta=args.kl_coef,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +95,39 @@ async def served_gateway(service: ProxyService, workdir: Path, **config: Any) ->
         server.should_exit = True
         await task
         assert node.stages.live_runtimes() == 0
+
+
+@contextlib.contextmanager
+def json_server(answer: Callable[[str, str], tuple[int, Any]]) -> Iterator[str]:
+    """A plain HTTP server on loopback (a stand-in inference server): ``answer(method, path)`` gives each request's
+    status and JSON body; yields its URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, method: str) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            status, body = answer(method, self.path)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._answer("GET")
+
+        def do_POST(self) -> None:
+            self._answer("POST")
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

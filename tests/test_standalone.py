@@ -15,7 +15,7 @@ import pytest
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.journal import read_session
-from tests._serving import free_port
+from tests._serving import free_port, json_server
 from tests._waiting import until_sync
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +64,39 @@ def test_engine_without_upstream_is_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "polar_gym.proxy", "--engine", "vllm"], cwd=ROOT,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and "--upstream: engine 'vllm' needs at least one upstream URL" in out.stderr
+
+
+MODELS = {"object": "list", "data": [{"id": "policy", "object": "model"}]}
+
+
+def _chat_only(method: str, path: str) -> tuple[int, object]:
+    """A server that serves only chat: /v1/models and /v1/chat/completions, no token-prompt route."""
+    return (200, MODELS) if path == "/v1/models" else (404, {"detail": "Not Found"})
+
+
+@pytest.mark.parametrize("module", ["polar_gym.proxy", "polar_gym.gateway"])
+def test_a_token_in_process_says_its_mode_first_and_exits_3_on_a_chat_only_upstream(tmp_path: Path,
+                                                                                   module: str) -> None:
+    """Issue 41: the mode is the first line on stderr, and an upstream that refuses token prompts stops the start
+    (exit 3, before any admin token is written) with a message saying to use prompt_mode chat."""
+    if not (tokenizer_dir() / ".complete").exists():
+        pytest.fail("the Qwen tokenizer asset is missing: run `bash scripts/setup.sh`")
+    with json_server(_chat_only) as url:
+        out = subprocess.run([sys.executable, "-m", module, "--engine", "vllm", "--upstream", url, "--prompt-mode",
+                              "token_in", "--port", str(free_port()), "--capture-dir", str(tmp_path / "cap"),
+                              "--workdir" if module.endswith("gateway") else "--log-level",
+                              str(tmp_path / "gw") if module.endswith("gateway") else "warning"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    role = module.rpartition(".")[2]
+    lines = out.stderr.splitlines()
+    assert out.returncode == 3, out.stderr
+    assert lines[0] == (f"polar_gym {role}: engine vllm, prompt mode token_in (tokenizer {tokenizer_dir()}, parser "
+                        f"qwen3), upstreams {url}"), out.stderr
+    assert lines[-1] == (f"polar_gym {role}: upstream {url} refused a token prompt (POST {url}/v1/completions "
+                         'answered HTTP 404: {"detail": "Not Found"}); this upstream does not take token prompts: use '
+                         "prompt_mode chat (--prompt-mode chat / inference.prompt_mode=chat)"), out.stderr
+    assert "admin token written" not in out.stderr
 
 
 async def test_await_upstreams_starts_an_engine_with_an_empty_pool():

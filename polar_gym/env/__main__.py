@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tokenizer", default=s)
     serve.add_argument("--prompt-mode", choices=["token_in", "chat"], default=s,
                        help="oracle/vllm/sglang: token_in (exact prefix token IDs) or chat (default: token_in "
-                       "with a tokenizer)")
+                       "for oracle, and for vllm/sglang when --tokenizer is set; else chat)")
     serve.add_argument("--parser", default=s,
                        help="token_in: the output parser (default: qwen3 for the Qwen tokenizer)")
     serve.add_argument("--max-tokens-cap", type=int, default=s, help="clamp every call's max_tokens to this")

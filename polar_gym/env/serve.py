@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from polar_gym.fleet import InferenceSettings, UpstreamCheckFailed, ensure_upstreams, local_fleet
+from polar_gym.fleet import InferenceSettings, UpstreamCheckFailed, describe_inference, ensure_upstreams, local_fleet
 from polar_gym.gateway.config import GatewayPools
 from polar_gym.private_files import write_secret
 
@@ -53,6 +53,7 @@ async def serve(out_dir: Path, inference: InferenceSettings, *, info_file: Path 
     """Run the fleet until SIGINT / SIGTERM / parent death; the info file is removed on the way out. Without
     ``await_upstreams``, every inference upstream is probed first: a bad one ends the process (exit code 3) with a
     message naming the URL and what it answered, instead of sessions that fail one by one."""
+    print(describe_inference(inference, "env serve"), file=sys.stderr, flush=True)
     if not inference.await_upstreams:
         try:
             await ensure_upstreams(inference, inference.upstreams, Console(stderr=True))

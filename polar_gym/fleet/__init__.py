@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from polar_gym.fleet.local import local_fleet, rollout_server, write_server_info
 from polar_gym.fleet.server_workers import rollout_servers, server_order
-from polar_gym.fleet.settings import InferenceSettings
+from polar_gym.fleet.settings import InferenceSettings, describe_inference
 from polar_gym.fleet.upstreams import UpstreamCheck, UpstreamCheckFailed, ensure_upstreams, rollout_backends
 
-__all__ = ["InferenceSettings", "UpstreamCheck", "UpstreamCheckFailed", "ensure_upstreams", "local_fleet",
-           "rollout_backends", "rollout_server", "rollout_servers", "server_order", "write_server_info"]
+__all__ = ["InferenceSettings", "UpstreamCheck", "UpstreamCheckFailed", "describe_inference", "ensure_upstreams",
+           "local_fleet", "rollout_backends", "rollout_server", "rollout_servers", "server_order", "write_server_info"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from polar_gym.proxy.settings import EngineSettings
+from polar_gym.proxy.settings import EngineSettings, describe_mode
+from polar_gym.settings import ConfigError
 
-__all__ = ["InferenceSettings"]
+__all__ = ["InferenceSettings", "describe_inference"]
 
 
 class InferenceSettings(EngineSettings):
@@ -22,3 +23,12 @@ class InferenceSettings(EngineSettings):
     upstream_wait_seconds: float = Field(default=600.0, ge=0, description="with await_upstreams: how long the "
                                          "launch waits for its upstreams (or a /backends entry) before the first "
                                          "session")
+
+
+def describe_inference(inference: InferenceSettings, role: str = "launch") -> str:
+    """The one line a launch prints about its inference: engine, prompt mode and why, upstreams (the line the
+    proxy and the gateway node start with); ConfigError naming ``inference.*`` when the mode cannot work."""
+    try:
+        return describe_mode(inference, role)
+    except ConfigError as exc:
+        raise exc.under("inference") from None

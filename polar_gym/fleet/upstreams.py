@@ -2,7 +2,10 @@
 the URL and what it answered, not turn into a run of sessions that look like a model scoring 0 (issue 11, fault 10).
 
 One probe is ``GET {url}/v1/models``, the route every OpenAI-compatible server (vLLM, SGLang) answers without
-sampling; it costs a few milliseconds. :func:`describe` (pure) turns what came back into a verdict.
+sampling; it costs a few milliseconds. :func:`describe` (pure) turns what came back into a verdict. When the
+configured prompt mode is token_in, each upstream then gets one minimal token prompt (one new token, the body real
+calls send: :func:`~polar_gym.proxy.engines.tokenin.token_probe`): a server that serves only chat would refuse every
+call of the run (issue 41), and the message says to use ``prompt_mode chat``.
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ import orjson
 from rich.console import Console
 
 from polar_gym.fleet.settings import InferenceSettings
+from polar_gym.proxy.engines.tokenin import (
+    PROBE_PROMPT_IDS,
+    TOKEN_PROMPT_HINT,
+    served_model,
+    token_probe,
+    token_probe_answer,
+)
+from polar_gym.proxy.settings import TOKEN_IN_ENGINES, configured_prompt_mode
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["UpstreamCheck", "UpstreamCheckFailed", "check_upstreams", "describe", "ensure_upstreams", "failure_message",
-           "probe", "rollout_backends", "summary_line"]
+__all__ = ["UpstreamCheck", "UpstreamCheckFailed", "check_token_prompts", "check_upstreams", "describe",
+           "ensure_upstreams", "failure_message", "probe", "probe_token_prompt", "rollout_backends", "summary_line",
+           "token_failure_message"]
 
 
 class UpstreamCheckFailed(Exception):
@@ -36,6 +48,8 @@ class UpstreamCheck:
     ok: bool
     answer: str
     seconds: float = 0.0
+    #: the first model the server lists (None: none, or it did not answer with a model list)
+    model: str | None = None
 
 
 def describe(status: int, body: bytes, *, model: str | None = None) -> tuple[bool, str]:
@@ -79,7 +93,50 @@ async def probe(client: httpx.AsyncClient, url: str, *, timeout: float, model: s
         ok, answer = False, f"{exc.__class__.__name__}: {exc}"
     else:
         ok, answer = describe(resp.status_code, resp.content, model=model)
+        served = served_model(resp.content) if resp.status_code == 200 else None
+        return UpstreamCheck(base, ok, answer, time.perf_counter() - t0, served)
     return UpstreamCheck(base, ok, answer, time.perf_counter() - t0)
+
+
+async def probe_token_prompt(client: httpx.AsyncClient, engine: str, check: UpstreamCheck, *, timeout: float,
+                             model: str | None = None) -> UpstreamCheck:
+    """POST one minimal token prompt to an upstream that passed :func:`probe` (``model``: the name to send, else
+    the first one it serves); never raises. ``ok`` when it took the prompt, else ``answer`` says what came back."""
+    route, body = token_probe(engine, list(PROBE_PROMPT_IDS), model or check.model)
+    t0 = time.perf_counter()
+    try:
+        resp = await client.post(f"{check.url}{route}", content=orjson.dumps(body),
+                                 headers={"content-type": "application/json"}, timeout=timeout)
+    except httpx.TimeoutException:
+        answer: str | None = f"no answer within {timeout:g} s"
+    except httpx.ConnectError as exc:
+        answer = _connect_failure(exc)
+    except httpx.HTTPError as exc:
+        answer = f"{exc.__class__.__name__}: {exc}"
+    else:
+        answer = token_probe_answer(resp.status_code, resp.content)
+        if answer is not None:
+            answer = f"refused a token prompt (POST {check.url}{route} answered {answer})"
+    if answer is None:
+        return UpstreamCheck(check.url, True, f"{check.answer}, takes token prompts", check.seconds, check.model)
+    if not answer.startswith("refused"):
+        answer = f"did not answer a token prompt (POST {check.url}{route}): {answer}"
+    return UpstreamCheck(check.url, False, answer, time.perf_counter() - t0, check.model)
+
+
+async def check_token_prompts(checks: list[UpstreamCheck], engine: str, *, timeout: float = 10.0,
+                              model: str | None = None,
+                              client: httpx.AsyncClient | None = None) -> list[UpstreamCheck]:
+    """:func:`probe_token_prompt` for every upstream (concurrently); the verdict of each."""
+    own = client is None
+    plain = all(c.url.startswith("http://") for c in checks)
+    http = client or httpx.AsyncClient(trust_env=False, verify=not plain)
+    try:
+        return list(await asyncio.gather(*(probe_token_prompt(http, engine, c, timeout=timeout, model=model)
+                                           for c in checks)))
+    finally:
+        if own:
+            await http.aclose()
 
 
 async def check_upstreams(urls: list[str], *, timeout: float = 10.0, model: str | None = None,
@@ -131,6 +188,18 @@ def failure_message(engine: str, checks: list[UpstreamCheck], *, waited: float =
     return "\n".join(lines)
 
 
+def token_failure_message(engine: str, checks: list[UpstreamCheck]) -> str:
+    """The launch's message for upstreams that do not take the token prompts prompt_mode token_in sends."""
+    bad = [c for c in checks if not c.ok]
+    lines = [f"inference upstream check failed (engine {engine}, prompt mode token_in); no session was started:"]
+    lines += [f"  {c.url}: {c.answer}" for c in bad]
+    if any(c.answer.startswith("refused") for c in bad):
+        lines.append(TOKEN_PROMPT_HINT)
+    else:
+        lines.append("Start the server or fix inference.upstreams; inference.preflight=false skips this check.")
+    return "\n".join(lines)
+
+
 async def rollout_backends(client: RolloutClient) -> list[str]:
     """The inference backends a rollout server lists (``GET /backends``) through a RolloutClient."""
     resp = await client.http.get("/backends")
@@ -178,8 +247,13 @@ async def ensure_upstreams(settings: InferenceSettings, urls: list[str], console
     checks = await check_upstreams(urls, timeout=settings.preflight_timeout, model=settings.upstream_model,
                                    wait_seconds=max(0.0, wait - (time.perf_counter() - t0)) if wait else 0.0,
                                    on_wait=lambda bad: waiting(", ".join(c.url for c in bad) + " to answer"))
-    seconds = time.perf_counter() - t0
     if not all(c.ok for c in checks):
+        seconds = time.perf_counter() - t0
         raise UpstreamCheckFailed(failure_message(settings.engine, checks, waited=seconds if wait else 0.0))
-    console.print(summary_line(checks, seconds))
+    if settings.engine in TOKEN_IN_ENGINES and configured_prompt_mode(settings) == "token_in":
+        checks = await check_token_prompts(checks, settings.engine, timeout=settings.preflight_timeout,
+                                           model=settings.upstream_model)
+        if not all(c.ok for c in checks):
+            raise UpstreamCheckFailed(token_failure_message(settings.engine, checks))
+    console.print(summary_line(checks, time.perf_counter() - t0))
     return checks

@@ -13,6 +13,9 @@ one is written to ``--admin-token-file`` (default ``WORKDIR/admin-token``, mode 
 so the token never lands in a job log other users can read. On SIGINT/SIGTERM the server stops and every live
 session is cancelled and torn down; POST /gateway/drain?wait=true first for a graceful end.
 
+The first line on stderr says the engine, its prompt mode and the upstreams; a token_in node whose upstream refuses
+token prompts exits with code 3 before it registers (see :mod:`polar_gym.proxy.cli`).
+
 With ``--otlp-endpoint`` (default ``$OTEL_EXPORTER_OTLP_ENDPOINT``) or ``--telemetry-file`` every finished session's
 OpenTelemetry spans (session, stages, model calls; :mod:`polar_gym.gateway.telemetry`) are exported in the
 background.
@@ -28,12 +31,21 @@ import asyncio
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from polar_gym.gateway.config import GatewayConfig, GatewayPools
-from polar_gym.proxy.cli import add_proxy_arguments, admin_token_from, config_exit, flag_of, settings_from_args
-from polar_gym.proxy.settings import ProxySettings, build_service, check_engine
+from polar_gym.proxy.cli import (
+    add_proxy_arguments,
+    admin_token_from,
+    config_exit,
+    flag_of,
+    settings_from_args,
+    start_up_probe,
+)
+from polar_gym.proxy.service import ProxyService
+from polar_gym.proxy.settings import build_service, check_engine, describe_mode
 from polar_gym.runtime.base import GatewayEndpoint
 from polar_gym.settings import ConfigError, validate
 from polar_gym.telemetry import TelemetrySettings
@@ -141,7 +153,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                          telemetry=telemetry_from_args(args), **dict(pools))
 
 
-async def serve_gateway(settings: ProxySettings, config: GatewayConfig, args: argparse.Namespace,
+async def serve_gateway(service: ProxyService, config: GatewayConfig, args: argparse.Namespace,
                         admin_token: str) -> None:  # pragma: no cover - process glue
     """Serve the node on ``args.host:args.port`` until stopped; registered with ``args.server_url`` if given."""
     import uvicorn
@@ -151,7 +163,6 @@ async def serve_gateway(settings: ProxySettings, config: GatewayConfig, args: ar
     from polar_gym.proxy.app import tune_gc_for_serving
     from polar_gym.serving import CoalescingHttpProtocol
 
-    service = build_service(settings, allow_adhoc=False)
     node, app = build_gateway(service, config, admin_token)
     tune_gc_for_serving()  # issue 18: the start-up heap out of the cyclic collector's sight
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -185,13 +196,21 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
         settings = settings_from_args(args)
         config = config_from_args(args)
         check_engine(settings)  # before anything is written (the admin token file)
+        print(describe_mode(settings, "gateway"), file=sys.stderr, flush=True)  # the first line: the node's mode
     except ConfigError as exc:
         config_exit(parser, exc)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per heartbeat
+    try:
+        service = build_service(settings, allow_adhoc=False)
+    except ConfigError as exc:
+        config_exit(parser, exc)
+    if code := start_up_probe(service.engine, settings.upstreams, "polar_gym gateway"):
+        service.journal.close()  # before it registers: a server must not dispatch to a node that cannot sample
+        return code
     admin_token = admin_token_from(args, args.workdir)
     try:
-        asyncio.run(serve_gateway(settings, config, args, admin_token))
+        asyncio.run(serve_gateway(service, config, args, admin_token))
     except ConfigError as exc:
         config_exit(parser, exc)
     return 0

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.fleet.settings import InferenceSettings
 from polar_gym.gateway.config import GatewayPools
-from polar_gym.proxy.settings import ENGINES_WITH_TOKENIZER
+from polar_gym.proxy.settings import ENGINES_WITH_TOKENIZER, configured_prompt_mode
 from polar_gym.serving import free_port
 from polar_gym.telemetry import TelemetrySettings
 
@@ -104,10 +104,13 @@ def gateway_argv(inference: InferenceSettings, pools: GatewayJobSettings, upstre
     if inference.parser is not None:
         argv += ["--parser", inference.parser]
     tokenizer = inference.tokenizer
-    if tokenizer is None and inference.engine in ENGINES_WITH_TOKENIZER:
+    if tokenizer is None and (inference.engine in ENGINES_WITH_TOKENIZER
+                              or configured_prompt_mode(inference) == "token_in"):
         from polar_gym.assets import tokenizer_dir
 
-        tokenizer = str(tokenizer_dir())  # the project's built Qwen tokenizer (a path the nodes share)
+        # the project's built Qwen tokenizer (a path the nodes share), named: the node renders with the very
+        # tokenizer the launch resolved, not whatever its own cache holds
+        tokenizer = str(tokenizer_dir())
     if telemetry is not None and telemetry.enabled:
         argv += telemetry_argv(telemetry)
     for flag, value in (("--tokenizer", tokenizer), ("--oracle-script", inference.oracle_script),

@@ -11,7 +11,7 @@ from typing import ClassVar
 from pydantic import Field
 from rich.console import Console
 
-from polar_gym.fleet import ensure_upstreams, local_fleet, rollout_backends
+from polar_gym.fleet import describe_inference, ensure_upstreams, local_fleet, rollout_backends
 from polar_gym.gateway.config import GatewayPools
 from polar_gym.launch.config import LaunchJob
 from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
@@ -62,6 +62,7 @@ class LocalLauncher:
 
     async def _fleet(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
         inference, settings = job.inference, self.settings
+        self.console.print(describe_inference(inference), markup=False, highlight=False, soft_wrap=True)
         if not inference.await_upstreams:  # a wrong URL stops the launch before anything starts
             await ensure_upstreams(inference, inference.upstreams, self.console)
         async with local_fleet(job.out_dir, inference, host=settings.host, gateway_port=settings.port,

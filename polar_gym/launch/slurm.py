@@ -215,7 +215,9 @@ def render_gateway(resources: SbatchResources | None = None) -> str:
                                    "server (default: $POLAR_STATE_DIR/admin-token)"),
         ("POLAR_ENGINE", "vllm, sglang, sglang_generate, openai or oracle (default: sglang)"),
         ("POLAR_UPSTREAM", "space-separated inference base URLs (required except for oracle)"),
-        ("MODEL_PATH", "tokenizer directory for oracle / sglang_generate (default: polar_gym's built one)"),
+        ("MODEL_PATH", "the model's tokenizer directory; set, vllm / sglang send token prompts (token_in; unset: "
+                       "chat, or add --prompt-mode token_in for polar_gym's built Qwen one); oracle / "
+                       "sglang_generate default to polar_gym's built one"),
         ("PORT", "listening port (default: 8100)"),
         ("POLAR_CAPACITY", "concurrent run slots, also the capacity registered (default: 8)"),
         ("POLAR_WORKDIR", "session directories and capture journal, e.g. node-local scratch "

@@ -26,7 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.markup import escape
 
-from polar_gym.fleet import ensure_upstreams, rollout_backends, rollout_servers, server_order, write_server_info
+from polar_gym.fleet import (
+    describe_inference,
+    ensure_upstreams,
+    rollout_backends,
+    rollout_servers,
+    server_order,
+    write_server_info,
+)
 from polar_gym.launch.config import LaunchJob
 from polar_gym.launch.driver import RunDriver, run_job, sigterm_cancels_run
 from polar_gym.launch.jobs import (
@@ -155,6 +162,7 @@ class SlurmLauncher:
     async def _run(self, job: LaunchJob) -> tuple[list[SessionOutcome], float]:
         token = secrets.token_urlsafe(24)
         settings = job.inference
+        self.console.print(describe_inference(settings), markup=False, highlight=False, soft_wrap=True)
         if not settings.await_upstreams:  # a wrong URL stops the launch before any job is submitted
             await ensure_upstreams(settings, settings.upstreams, self.console)
         async with self._server(job, token) as server_url:

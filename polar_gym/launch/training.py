@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, vllm_python
-from polar_gym.fleet import InferenceSettings, UpstreamCheckFailed, ensure_upstreams, local_fleet
+from polar_gym.fleet import InferenceSettings, UpstreamCheckFailed, describe_inference, ensure_upstreams, local_fleet
 from polar_gym.launch.config import LaunchJob
 from polar_gym.launch.driver import fleet_in_flight, outcome_of, sigterm_cancels_run
 from polar_gym.launch.local import LocalLauncher
@@ -166,13 +166,15 @@ def policy_server(job: LaunchJob, port: int | None = None) -> PolicyServer | Non
 
 
 def served_inference(inference: InferenceSettings, server: PolicyServer, policy_version: int) -> InferenceSettings:
-    """``inference`` as a user's ``inference=vllm inference.upstreams=[URL]`` on the policy server: token-in when a
-    tokenizer is known (``inference.tokenizer``, else the cached Qwen one), the served name sent upstream, the
-    starting weights recorded as ``policy_version`` (so step 1's traces carry a version too), no oracle options."""
+    """``inference`` as a user's ``inference=vllm inference.upstreams=[URL]`` on the policy server: token_in (as
+    ``conf/inference/vllm.yaml`` says; ``inference.prompt_mode=chat`` is kept) with ``inference.tokenizer``, else
+    the built Qwen one, the served name sent upstream, the starting weights recorded as ``policy_version`` (so step
+    1's traces carry a version too), no oracle options."""
     data = inference.model_dump()
     data.update(engine="vllm", upstreams=[server.url], await_upstreams=False, upstream_model=TINY_MODEL_NAME,
                 oracle_script=None, drift_every=0, policy_version=policy_version,
-                max_tokens_cap=inference.max_tokens_cap or 4096, preflight=True)
+                max_tokens_cap=inference.max_tokens_cap or 4096, preflight=True,
+                prompt_mode=inference.prompt_mode or "token_in")
     return InferenceSettings.model_validate(data)
 
 
@@ -282,6 +284,7 @@ async def _grpo(job: LaunchJob, launcher: LocalLauncher, console: Console, serve
             await stack.enter_async_context(started_policy_server(server, console,
                                                                   wait_seconds=inference.upstream_wait_seconds))
             inference = served_inference(inference, server, settings.initial_version)
+        console.print(describe_inference(inference), markup=False, highlight=False, soft_wrap=True)
         if not inference.await_upstreams:
             await ensure_upstreams(inference, inference.upstreams, console)
         # a resumed run: the store's queued sessions start at once, and sample only after the trainer's first push

@@ -11,11 +11,17 @@ temporary directory) and that file's path is printed: a token never goes to a lo
 
 Defaults are the settings model's (one source); a setting that cannot work exits like a bad flag (code 2) with the
 flag named. The gateway's command line (``polar_gym.gateway.cli``) takes the same options.
+
+The first line on stderr says the engine, the prompt mode it resolved (and why) and the upstreams. A token_in engine
+then sends each upstream one one-token prompt: an upstream that answers but refuses it (a server that serves only
+chat) stops the process with exit code 3 and a message saying to use ``--prompt-mode chat``; one that does not
+answer yet is only warned about.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -23,15 +29,21 @@ import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
+import httpx
 from pydantic import BaseModel
 
 from polar_gym.private_files import write_secret
+from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.errors import UpstreamError
 from polar_gym.proxy.service import new_admin_token
-from polar_gym.proxy.settings import ProxySettings
+from polar_gym.proxy.settings import ProxySettings, describe_mode
 from polar_gym.settings import ConfigError, validate
 
-__all__ = ["FLAGS", "add_proxy_arguments", "admin_token_from", "build_parser", "config_exit", "main", "parse_args",
-           "settings_from_args"]
+__all__ = ["FLAGS", "UPSTREAM_REFUSED", "add_proxy_arguments", "admin_token_from", "build_parser", "config_exit",
+           "main", "parse_args", "probe_token_upstreams", "settings_from_args", "start_up_probe"]
+
+#: exit code of a process whose upstream refuses the prompts its mode sends (the launch's code for bad upstreams)
+UPSTREAM_REFUSED = 3
 
 #: settings field -> its flag, where the flag is not the field's name with dashes
 FLAGS = {"upstreams": "--upstream", "model_names": "--model-name"}
@@ -111,6 +123,42 @@ def admin_token_from(args: argparse.Namespace, default_dir: Path | None) -> str:
     return token
 
 
+async def probe_token_upstreams(engine: Engine, urls: list[str], *, timeout: float = 30.0,
+                                client: httpx.AsyncClient | None = None) -> tuple[list[str], list[str]]:
+    """Send each upstream of a token-in engine one minimal token prompt: the messages of those that answered but
+    refused it, and one warning per upstream that did not answer (it may start later). Nothing to say for other
+    engines. Through a client of its own (``client``: a given one), not the engine's, which serves later calls."""
+    from polar_gym.proxy.engines.tokenin import TokenInEngine
+
+    if not isinstance(engine, TokenInEngine) or not urls:
+        return [], []
+    http = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False)
+
+    async def one(url: str) -> tuple[str | None, str | None]:
+        try:
+            return await engine.probe_token_prompt(url, client=http), None
+        except UpstreamError as exc:
+            return None, f"{exc.message}; not checked whether it takes token prompts (it may start later)"
+
+    try:
+        results = await asyncio.gather(*(one(url.rstrip("/")) for url in urls))
+    finally:
+        if client is None:
+            await http.aclose()
+    return [r for r, _ in results if r is not None], [w for _, w in results if w is not None]
+
+
+def start_up_probe(engine: Engine, urls: list[str], prog: str) -> int:
+    """:func:`probe_token_upstreams` at a process's start, its lines printed to stderr: :data:`UPSTREAM_REFUSED`
+    when an upstream refused token prompts, else 0."""
+    refused, silent = asyncio.run(probe_token_upstreams(engine, urls))
+    for line in silent:
+        print(f"{prog}: warning: {line}", file=sys.stderr, flush=True)
+    for line in refused:
+        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+    return UPSTREAM_REFUSED if refused else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m polar_gym.proxy", description="polar_gym's token-capturing proxy")
     add_proxy_arguments(p)
@@ -126,17 +174,22 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - process gl
     import uvicorn
 
     from polar_gym.proxy.app import create_app, tune_gc_for_serving
-    from polar_gym.proxy.settings import build_service
+    from polar_gym.proxy.settings import build_service, check_engine
     from polar_gym.serving import CoalescingHttpProtocol
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = settings_from_args(args)
+        check_engine(settings)
+        print(describe_mode(settings, "proxy"), file=sys.stderr, flush=True)  # the first line: the run's mode
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         service = build_service(settings, allow_adhoc=not args.registered_only)
     except ConfigError as exc:
         config_exit(parser, exc)
+    if code := start_up_probe(service.engine, settings.upstreams, "polar_gym proxy"):
+        service.journal.close()
+        return code
     admin_token = admin_token_from(args, settings.capture_dir)
     app = create_app(service, admin_token)
     tune_gc_for_serving()

@@ -20,7 +20,8 @@ from polar_gym.schema import OracleScript
 from polar_gym.settings import ConfigError
 
 __all__ = ["ENGINES_WITH_TOKENIZER", "TOKEN_IN_ENGINES", "EngineSettings", "ProxySettings", "build_engine",
-           "build_service", "check_engine", "check_upstreams_given", "resolve_prompt_mode", "resolve_tokenizer"]
+           "build_service", "check_engine", "check_upstreams_given", "configured_prompt_mode", "describe_mode",
+           "mode_line", "resolve_prompt_mode", "resolve_tokenizer"]
 
 #: engines that render prompts themselves and so need a tokenizer directory
 ENGINES_WITH_TOKENIZER = ("oracle",)
@@ -40,8 +41,9 @@ class EngineSettings(BaseModel):
                                  "not for oracle)")
     await_upstreams: bool = Field(default=False, description="start without upstreams: they arrive later through "
                                   "the rollout server's /backends or /admin/upstreams (a trainer's policy server)")
-    tokenizer: str | None = Field(default=None, description="tokenizer directory for oracle and token_in (null: "
-                                  "the cached Qwen tokenizer built by scripts/setup.sh)")
+    tokenizer: str | None = Field(default=None, description="tokenizer directory for oracle and token_in; set for "
+                                  "vllm or sglang, it makes prompt_mode null mean token_in (null: the oracle and an "
+                                  "explicit token_in use the Qwen tokenizer built by scripts/setup.sh)")
     oracle_script: str | None = Field(default=None, description="oracle only: a JSON file {commands: [...], "
                                       "final_answer: ...} played instead of each task's reference solution")
     upstream_model: str | None = Field(default=None, description="the model name sent upstream (harnesses send "
@@ -54,7 +56,8 @@ class EngineSettings(BaseModel):
     prompt_mode: Literal["token_in", "chat"] | None = Field(
         default=None, description="vllm, sglang and oracle: token_in (the proxy renders prompts and sends the engine "
         "exact prefix token IDs: one contiguous chain per conversation) or chat (the engine renders messages); "
-        "null: token_in whenever a tokenizer is known (always for oracle), else chat")
+        "null: chosen by the config alone, never by what a cache holds: token_in for oracle and sglang_generate, "
+        "for vllm and sglang token_in when a tokenizer directory is set, else chat; openai: chat")
     parser: str | None = Field(default=None, description="token_in only: the output parser turning sampled text "
                                "into reasoning, text and tool calls (qwen3, llama3_json, or pkg.module:Class); "
                                "null: qwen3 for the default Qwen tokenizer and for oracle")
@@ -105,15 +108,42 @@ def resolve_tokenizer(settings: EngineSettings) -> Path | None:
     return default
 
 
-def _default_tokenizer_fits(settings: EngineSettings) -> bool:
-    """The built Qwen tokenizer is the model's when no other model is named (or the one named is a Qwen)."""
+def configured_prompt_mode(settings: EngineSettings) -> str:
+    """The prompt mode the config asks for, read from the config alone (issue 41: a cache that another job fills
+    must not switch a running fleet's mode): the explicit one, else token_in for the oracle and sglang_generate, and
+    for vllm / sglang when a tokenizer directory is set; chat otherwise. Whether it can work is
+    :func:`resolve_prompt_mode`'s question."""
+    if settings.prompt_mode is not None:
+        return settings.prompt_mode
+    if settings.engine in ("oracle", "sglang_generate"):
+        return "token_in"
+    return "token_in" if settings.engine in TOKEN_IN_ENGINES and settings.tokenizer else "chat"
+
+
+_TOKEN_IN_WAYS = ("run `bash scripts/setup.sh`, set a tokenizer directory (--tokenizer DIR / "
+                  "inference.tokenizer=DIR), or use prompt_mode chat (--prompt-mode chat / inference.prompt_mode=chat)")
+
+
+def _built_tokenizer(settings: EngineSettings) -> Path:
+    """The project's built Qwen tokenizer for a token_in engine given no tokenizer: only for a Qwen (or unnamed)
+    model, and only once it is built; ConfigError naming ``tokenizer`` otherwise."""
     model = settings.upstream_model
-    return (model is None or "qwen" in model.lower()) and (tokenizer_dir() / ".complete").exists()
+    if model is not None and "qwen" not in model.lower():
+        raise ConfigError(f"prompt_mode token_in renders prompts in the proxy, and the built Qwen tokenizer does not "
+                          f"fit the model {model!r}: set its tokenizer directory (--tokenizer DIR / "
+                          "inference.tokenizer=DIR), or use prompt_mode chat (--prompt-mode chat / "
+                          "inference.prompt_mode=chat)", key="tokenizer")
+    default = tokenizer_dir()
+    if not (default / ".complete").exists():
+        raise ConfigError(f"prompt_mode token_in renders prompts in the proxy and no tokenizer is set; the built Qwen "
+                          f"tokenizer {default} is not there: {_TOKEN_IN_WAYS}", key="tokenizer")
+    return default
 
 
 def resolve_prompt_mode(settings: EngineSettings) -> tuple[str, Path | None, str | None]:
-    """(prompt mode, tokenizer directory, parser name) for a token-in capable engine; ConfigError naming
-    ``prompt_mode``, ``tokenizer`` or ``parser`` when token_in cannot work."""
+    """(prompt mode, tokenizer directory, parser name) for a token-in capable engine, the mode being
+    :func:`configured_prompt_mode`'s; ConfigError naming ``prompt_mode``, ``tokenizer`` or ``parser`` when token_in
+    cannot work."""
     if settings.engine == "oracle":
         # the oracle always has a tokenizer and writes Qwen-style replies, which the qwen3 parser reads
         if settings.prompt_mode == "chat":
@@ -124,23 +154,17 @@ def resolve_prompt_mode(settings: EngineSettings) -> tuple[str, Path | None, str
             raise ConfigError(f"prompt_mode token_in needs engine {' or '.join(TOKEN_IN_ENGINES)}, not "
                               f"{settings.engine!r}", key="prompt_mode")
         return "chat", None, None
-    if settings.prompt_mode == "chat":
-        if settings.engine == "sglang_generate":
-            raise ConfigError("engine sglang_generate is sglang fed token IDs (token_in); for chat use engine sglang",
-                              key="prompt_mode")
+    if settings.prompt_mode == "chat" and settings.engine == "sglang_generate":
+        raise ConfigError("engine sglang_generate is sglang fed token IDs (token_in); for chat use engine sglang",
+                          key="prompt_mode")
+    if configured_prompt_mode(settings) == "chat":
         return "chat", None, None
-    tokenizer: Path | None = None
     if settings.tokenizer:
         if not Path(settings.tokenizer).is_dir():
             raise ConfigError(f"{settings.tokenizer} is not a directory (a tokenizer's files)", key="tokenizer")
         tokenizer = Path(settings.tokenizer)
-    elif _default_tokenizer_fits(settings):
-        tokenizer = tokenizer_dir()
-    if tokenizer is None:
-        if settings.prompt_mode == "token_in" or settings.engine == "sglang_generate":
-            raise ConfigError("prompt_mode token_in renders prompts in the proxy: set the model's tokenizer "
-                              "directory", key="tokenizer")
-        return "chat", None, None
+    else:
+        tokenizer = _built_tokenizer(settings)
     parser = settings.parser
     if parser is None:
         if settings.tokenizer is None or "qwen" in tokenizer.name.lower():
@@ -149,6 +173,32 @@ def resolve_prompt_mode(settings: EngineSettings) -> tuple[str, Path | None, str
             raise ConfigError(f"no output parser is known for the tokenizer {tokenizer}: set one (qwen3, "
                               "llama3_json, or pkg.module:Class), or use prompt_mode chat", key="parser")
     return "token_in", tokenizer, _checked_parser(parser)
+
+
+def mode_line(role: str, settings: EngineSettings, mode: str, tokenizer: Path | None, parser: str | None) -> str:
+    """A process's first log line: its engine, the prompt mode it resolved and why, and its upstreams (pure; the
+    standalone proxy, the gateway node and the launcher print it so a run's mode is never a guess)."""
+    if mode == "token_in":
+        how = f"tokenizer {tokenizer}, parser {parser}"
+    elif settings.engine == "oracle":
+        how = "whole prompts rendered every call"
+    elif settings.engine in TOKEN_IN_ENGINES:
+        how = ("the engine renders the chat template; set --tokenizer DIR for token_in: exact prefixes across "
+               "turns")
+    else:
+        how = "the engine renders the chat template"
+    if settings.upstreams:
+        where = "upstreams " + ", ".join(settings.upstreams)
+    elif settings.await_upstreams:
+        where = "upstreams to come (await_upstreams)"
+    else:
+        where = "no upstream" if settings.engine == "oracle" else "no upstream yet"
+    return f"polar_gym {role}: engine {settings.engine}, prompt mode {mode} ({how}), {where}"
+
+
+def describe_mode(settings: EngineSettings, role: str = "proxy") -> str:
+    """:func:`mode_line` for ``settings`` as resolved (ConfigError when the mode cannot work)."""
+    return mode_line(role, settings, *resolve_prompt_mode(settings))
 
 
 def _checked_parser(parser: str) -> str:

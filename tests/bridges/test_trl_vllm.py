@@ -68,7 +68,7 @@ async def test_trl_grpo_trains_on_polar_sessions(vllm_train_server: VLLMServer, 
     received = Received()
     engine_url = vllm_train_server.url
     inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
-                                  max_tokens_cap=64)
+                                  max_tokens_cap=64, prompt_mode="token_in")
     try:
         async with local_fleet(tmp_path / "fleet", inference, pools=GatewayPools(run_slots=4)) as (url, token):
             rollout = PolarRollout(tasks, TRLBridgeSettings(server_url=url, admin_token=token, keep_checkpoints=None))

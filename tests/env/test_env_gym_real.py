@@ -173,7 +173,8 @@ def test_the_policy_server_becomes_the_gateways_upstream(tmp_path: Path, vllm_se
     serve_dir = tmp_path / "serve"
     overrides = [f"++policy_base_url={vllm_server.url}/v1", f"{agent}.register_policy_backend=true",
                  f"{agent}.serve_dir={serve_dir}", f"{agent}.session_timeout_seconds=600",
-                 f"{agent}.serve_args=[--engine,vllm,--upstream-model,{vllm_server.model},--max-tokens-cap,24]"]
+                 f"{agent}.serve_args=[--engine,vllm,--prompt-mode,token_in,--upstream-model,{vllm_server.model},"
+                 "--max-tokens-cap,24]"]
     with gym_started(tmp_path, *overrides) as started:
         row = json.dumps({"responses_create_params": {"input": "fix calc.py"}, "polar_task": {"demo": "demo-calc-add"}})
         (line,) = _eval_run(started, [row])
@@ -234,8 +235,8 @@ def test_the_policy_is_registered_with_a_remote_fleet_started_without_one(tmp_pa
     """The NeMo RL arrangement: the Polar fleet runs before the policy exists (vllm engine, no upstream); the agent
     POSTs Gym's policy_base_url to the rollout server's /backends, which every gateway's proxy then samples from."""
     agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
-    with polar_serve(tmp_path / "polar", "--engine", "vllm", "--await-upstreams", "--upstream-model",
-                     vllm_server.model, "--max-tokens-cap", "24") as polar:
+    with polar_serve(tmp_path / "polar", "--engine", "vllm", "--prompt-mode", "token_in", "--await-upstreams",
+                     "--upstream-model", vllm_server.model, "--max-tokens-cap", "24") as polar:
         overrides = [f"++policy_base_url={vllm_server.url}/v1", f"{agent}.polar_server_url={polar['url']}",
                      f"{agent}.polar_admin_token={polar['admin_token']}", f"{agent}.register_policy_backend=true",
                      f"{agent}.session_timeout_seconds=600"]

@@ -110,8 +110,9 @@ def _agent(data: dict[str, Any]) -> dict[str, Any]:
 #: conf file (or glob) -> its model, how its keys map onto the model, and the keys it sets on purpose
 CONF_MODELS: list[tuple[str, type[BaseModel], Any, set[str]]] = [
     ("inference/oracle.yaml", InferenceSettings, None, set()),
-    ("inference/vllm.yaml", InferenceSettings, None, {"engine", "upstreams", "max_tokens_cap"}),
-    ("inference/sglang.yaml", InferenceSettings, None, {"engine", "upstreams", "max_tokens_cap"}),
+    # token_in said outright (issue 41: a launch's mode is its config's, never a cache's)
+    ("inference/vllm.yaml", InferenceSettings, None, {"engine", "upstreams", "max_tokens_cap", "prompt_mode"}),
+    ("inference/sglang.yaml", InferenceSettings, None, {"engine", "upstreams", "max_tokens_cap", "prompt_mode"}),
     ("inference/openai.yaml", InferenceSettings, None, {"engine", "upstreams", "max_tokens_cap"}),
     ("launcher/local.yaml", LocalLauncherSettings, None, set()),
     ("launcher/slurm.yaml", SlurmLauncherSettings, None, set()),

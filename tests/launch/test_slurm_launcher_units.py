@@ -96,6 +96,13 @@ def test_the_oracle_gateway_gets_the_built_tokenizer(tmp_path: Path) -> None:
     argv = gateway_argv(InferenceSettings(), GatewayJobSettings(), [], server_url="http://s:1", workdir=tmp_path,
                         heartbeat=2.0)
     assert _flag(argv, "--tokenizer") == str(tokenizer_dir()) and "--upstream" not in argv
+    # issue 41: a token_in gateway is told its mode and the tokenizer the launch resolved, never left to its cache
+    token_in = gateway_argv(InferenceSettings(engine="vllm", upstreams=["http://a:8000"], prompt_mode="token_in"),
+                            GatewayJobSettings(), [], server_url="http://s:1", workdir=tmp_path, heartbeat=2.0)
+    assert (_flag(token_in, "--prompt-mode"), _flag(token_in, "--tokenizer")) == ("token_in", str(tokenizer_dir()))
+    chat = gateway_argv(InferenceSettings(engine="vllm", upstreams=["http://a:8000"]), GatewayJobSettings(), [],
+                        server_url="http://s:1", workdir=tmp_path, heartbeat=2.0)
+    assert "--tokenizer" not in chat and "--prompt-mode" not in chat  # chat on the node as in the launch
 
 
 def test_inference_commands() -> None:

@@ -57,7 +57,7 @@ async def test_sft_then_grpo_with_weight_reloads_on_vllm_fp32(vllm_train_server:
     engine_url = vllm_train_server.url
     try:
         inference = InferenceSettings(engine="vllm", upstreams=[engine_url], upstream_model=TINY_MODEL_NAME,
-                                      max_tokens_cap=256)
+                                      max_tokens_cap=256, prompt_mode="token_in")
         out = tmp_path / "grpo"
         async with (local_fleet(out, inference, pools=GatewayPools(run_slots=4)) as (url, token),
                     RolloutClient(url, token) as client):

@@ -117,7 +117,7 @@ def test_grpo_on_the_oracle_serves_the_model_being_trained(tmp_path: Path, monke
     inference = served_inference(job.inference, server, job.trainer.initial_version if job.trainer else 0)
     assert (inference.engine, inference.upstreams, inference.upstream_model) == (
         "vllm", ["http://127.0.0.1:43123"], TINY_MODEL_NAME)
-    assert inference.policy_version == 3 and inference.prompt_mode is None  # token_in: the tokenizer is known
+    assert inference.policy_version == 3 and inference.prompt_mode == "token_in"  # said, not left to a cache
     assert inference.tokenizer == job.inference.tokenizer and inference.max_tokens_cap == 4096
     assert policy_server(build_job(composed("+trainer=grpo", "inference=vllm", f"out_dir={out}"))) is None
     assert policy_server(build_job(composed("+trainer=sft", f"out_dir={out}"))) is None

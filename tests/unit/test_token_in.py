@@ -19,7 +19,15 @@ from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.parsers.base import parser_for
 from polar_gym.proxy.prefix import same_message
 from polar_gym.proxy.service import ProxyService, SessionRegistry
-from polar_gym.proxy.settings import EngineSettings, build_engine, check_engine, resolve_prompt_mode
+from polar_gym.proxy.settings import (
+    EngineSettings,
+    build_engine,
+    check_engine,
+    configured_prompt_mode,
+    describe_mode,
+    mode_line,
+    resolve_prompt_mode,
+)
 from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.settings import ConfigError
@@ -178,12 +186,21 @@ def test_assistant_turns_match_tolerating_dropped_thinking_and_whitespace() -> N
 
 
 def test_prompt_mode_defaults_and_refusals(tok: HFChatTokenizer, tmp_path: Path) -> None:
-    assert resolve_prompt_mode(EngineSettings(engine="vllm", upstreams=["http://x"]))[0] == "token_in"
-    assert resolve_prompt_mode(EngineSettings(engine="sglang", upstreams=["http://x"]))[2] == "qwen3"
-    assert resolve_prompt_mode(EngineSettings(engine="vllm", upstreams=["http://x"], prompt_mode="chat"))[0] == "chat"
-    # another model than the default tokenizer's, no tokenizer named: today's chat path
-    assert resolve_prompt_mode(EngineSettings(engine="vllm", upstreams=["http://x"],
-                                              upstream_model="meta-llama/Llama-3.1-8B"))[0] == "chat"
+    vllm = {"engine": "vllm", "upstreams": ["http://x"]}
+    # issue 41: null is token_in for vllm / sglang only when a tokenizer is set; the built one (tok) does not count
+    assert resolve_prompt_mode(EngineSettings(**vllm)) == ("chat", None, None)
+    assert resolve_prompt_mode(EngineSettings(engine="sglang", upstreams=["http://x"]))[0] == "chat"
+    assert resolve_prompt_mode(EngineSettings(**vllm, tokenizer=str(tok.path))) == ("token_in", tok.path, "qwen3")
+    assert resolve_prompt_mode(EngineSettings(engine="sglang", upstreams=["http://x"], tokenizer=str(tok.path)))[2] \
+        == "qwen3"
+    # an explicit token_in without a tokenizer takes the built Qwen one
+    assert resolve_prompt_mode(EngineSettings(**vllm, prompt_mode="token_in")) == ("token_in", tok.path, "qwen3")
+    assert resolve_prompt_mode(EngineSettings(**vllm, tokenizer=str(tok.path), prompt_mode="chat"))[0] == "chat"
+    # ... but not for a model the Qwen tokenizer does not fit
+    with pytest.raises(ConfigError) as err:
+        check_engine(EngineSettings(**vllm, prompt_mode="token_in", upstream_model="meta-llama/Llama-3.1-8B"))
+    assert err.value.problems[0][0] == "tokenizer" and "prompt_mode chat" in str(err.value)
+    assert resolve_prompt_mode(EngineSettings(**vllm, upstream_model="meta-llama/Llama-3.1-8B"))[0] == "chat"
     assert resolve_prompt_mode(EngineSettings(engine="openai", upstreams=["http://x"]))[0] == "chat"
     with pytest.raises(ConfigError) as err:
         check_engine(EngineSettings(engine="openai", upstreams=["http://x"], prompt_mode="token_in"))
@@ -191,14 +208,13 @@ def test_prompt_mode_defaults_and_refusals(tok: HFChatTokenizer, tmp_path: Path)
     other = tmp_path / "mistral-tokenizer"
     other.mkdir()
     with pytest.raises(ConfigError) as err:
-        check_engine(EngineSettings(engine="vllm", upstreams=["http://x"], tokenizer=str(other)))
+        check_engine(EngineSettings(**vllm, tokenizer=str(other)))
     assert err.value.problems[0][0] == "parser"
     with pytest.raises(ConfigError) as err:
-        check_engine(EngineSettings(engine="vllm", upstreams=["http://x"], parser="nope"))
+        check_engine(EngineSettings(**vllm, prompt_mode="token_in", parser="nope"))
     assert err.value.problems[0][0] == "parser"
-    assert isinstance(build_engine(EngineSettings(engine="vllm", upstreams=["http://x"])), VLLMTokenInEngine)
-    chat_engine = build_engine(EngineSettings(engine="vllm", upstreams=["http://x"], prompt_mode="chat"))
-    assert type(chat_engine) is VLLMEngine
+    assert isinstance(build_engine(EngineSettings(**vllm, prompt_mode="token_in")), VLLMTokenInEngine)
+    assert type(build_engine(EngineSettings(**vllm))) is VLLMEngine
     # sglang_generate: the name kept for sglang always fed token IDs
     assert isinstance(build_engine(EngineSettings(engine="sglang_generate", upstreams=["http://x"])),
                       SGLangTokenInEngine)
@@ -206,6 +222,45 @@ def test_prompt_mode_defaults_and_refusals(tok: HFChatTokenizer, tmp_path: Path)
         with pytest.raises(ConfigError) as err:
             check_engine(EngineSettings(engine="sglang_generate", upstreams=["http://x"], **refused))
         assert err.value.problems[0][0] in ("prompt_mode", "tokenizer")
+
+
+def test_a_built_tokenizer_in_the_cache_does_not_choose_the_mode(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: another job building the tokenizer must not switch a fleet to token_in; only the config does."""
+    cache = tmp_path / "tokenizer-qwen3"
+    cache.mkdir()
+    monkeypatch.setattr("polar_gym.proxy.settings.tokenizer_dir", lambda: cache)
+    vllm = {"engine": "vllm", "upstreams": ["http://x"]}
+    with pytest.raises(ConfigError) as err:  # not built: an explicit token_in says the three ways out
+        check_engine(EngineSettings(**vllm, prompt_mode="token_in"))
+    message = str(err.value)
+    assert err.value.problems[0][0] == "tokenizer" and str(cache) in message
+    for way in ("bash scripts/setup.sh", "--tokenizer DIR", "--prompt-mode chat"):
+        assert way in message, message
+    before = resolve_prompt_mode(EngineSettings(**vllm))
+    (cache / ".complete").touch()  # another job built it meanwhile
+    assert before == resolve_prompt_mode(EngineSettings(**vllm)) == ("chat", None, None)
+    assert resolve_prompt_mode(EngineSettings(engine="sglang", upstreams=["http://x"]))[0] == "chat"
+    assert resolve_prompt_mode(EngineSettings(**vllm, prompt_mode="token_in")) == ("token_in", cache, "qwen3")
+    assert configured_prompt_mode(EngineSettings(**vllm)) == "chat"
+    assert configured_prompt_mode(EngineSettings(**vllm, tokenizer="/t")) == "token_in"
+    assert configured_prompt_mode(EngineSettings(engine="sglang_generate")) == "token_in"
+    assert configured_prompt_mode(EngineSettings()) == "token_in"  # the oracle
+    assert configured_prompt_mode(EngineSettings(engine="openai", tokenizer="/t")) == "chat"
+
+
+def test_the_first_log_line_says_the_mode_and_why(tmp_path: Path) -> None:
+    settings = EngineSettings(engine="vllm", upstreams=["http://a:8000", "http://b:8000"], prompt_mode="token_in")
+    line = mode_line("proxy", settings, "token_in", Path("/tok/qwen3"), "qwen3")
+    assert line == ("polar_gym proxy: engine vllm, prompt mode token_in (tokenizer /tok/qwen3, parser qwen3), "
+                    "upstreams http://a:8000, http://b:8000")
+    chat = describe_mode(EngineSettings(engine="vllm", upstreams=["http://a:8000"]), "gateway")
+    assert chat == ("polar_gym gateway: engine vllm, prompt mode chat (the engine renders the chat template; set "
+                    "--tokenizer DIR for token_in: exact prefixes across turns), upstreams http://a:8000")
+    waiting = describe_mode(EngineSettings(engine="openai", await_upstreams=True))
+    assert waiting == ("polar_gym proxy: engine openai, prompt mode chat (the engine renders the chat template), "
+                       "upstreams to come (await_upstreams)")
+    assert "\n" not in line + chat + waiting
 
 
 @pytest.mark.parametrize("short", [True, False])

@@ -4,6 +4,10 @@ The prompt of each call is a chain's exact IDs plus the chat template's renderin
 (:mod:`polar_gym.proxy.prefix`); vLLM gets it on ``/v1/completions`` as a list of token IDs with
 ``return_token_ids``, SGLang on its native ``/generate`` as ``input_ids``. The sampled text is turned into the
 protocol's message (reasoning, text, tool calls) by the configured output parser.
+
+An upstream that serves only chat would refuse every such call (each a 502 to the harness), so processes find out at
+start-up with one one-token call built like the real ones (:meth:`TokenInEngine.probe_token_prompt`; the launch's
+check, without a tokenizer: :func:`token_probe`), whose refusal says to use ``prompt_mode chat``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import httpx
+import orjson
 
 from polar_gym.proxy.chat import ChatRequest, ChatResult, FinishReason, Usage
 from polar_gym.proxy.engines.base import (
@@ -25,6 +30,7 @@ from polar_gym.proxy.engines.base import (
     StreamStart,
     WeightUpdateMode,
     WholeAnswer,
+    upstream_status_error,
 )
 from polar_gym.proxy.engines.openai import token_ids_in
 from polar_gym.proxy.engines.sglang import generate_answer, sampling_params, update_sglang_weights
@@ -36,8 +42,10 @@ from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import Cut, UpstreamPool
 from polar_gym.schema import VersionSpan
 
-__all__ = ["Generation", "SGLangTokenInEngine", "StreamedAnswer", "TokenInEngine", "VLLMTokenInEngine",
-           "completions_body", "keep_token_in_result", "parse_reply", "plan_prompt", "sent_prompt", "token_in_result"]
+__all__ = ["PROBE_PROMPT_IDS", "TOKEN_PROMPT_HINT", "Generation", "SGLangTokenInEngine", "StreamedAnswer",
+           "TokenInEngine", "VLLMTokenInEngine", "completions_body", "generate_body", "keep_token_in_result",
+           "parse_reply", "plan_prompt", "sent_prompt", "served_model", "token_in_result", "token_probe",
+           "token_probe_answer", "token_probe_message"]
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
 
@@ -54,6 +62,70 @@ def completions_body(request: ChatRequest, prompt_ids: list[int], stop_ids: list
     # engine arguments a caller set (e.g. structured_outputs), as the chat path passes them; never over ours
     body.update({k: v for k, v in request.extra.items() if k not in body and k != "chat_template_kwargs"})
     return body
+
+
+def generate_body(request: ChatRequest, prompt_ids: list[int], stop_ids: list[int]) -> dict[str, Any]:
+    """SGLang's ``/generate`` body: the prompt as ``input_ids``, the request's sampling parameters, logprobs back,
+    and a stop at the end-of-turn tokens."""
+    params = sampling_params(request)
+    params["stop_token_ids"] = list(stop_ids)
+    params["skip_special_tokens"] = False
+    return {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True, "stream": False}
+
+
+#: the start-up probe's prompt where no tokenizer is loaded (the launch's check): IDs every vocabulary holds
+PROBE_PROMPT_IDS = (0, 1, 2, 3)
+#: what a probe that an upstream refused ends with
+TOKEN_PROMPT_HINT = ("this upstream does not take token prompts: use prompt_mode chat (--prompt-mode chat / "
+                     "inference.prompt_mode=chat)")
+
+
+def token_probe(engine: str, prompt_ids: list[int], model: str | None,
+                stop_ids: list[int] | None = None) -> tuple[str, dict[str, Any]]:
+    """The route and body of one minimal token prompt (``prompt_ids``, one new token) to a token-in upstream of
+    ``engine`` (vllm: ``/v1/completions``; sglang, sglang_generate: ``/generate``), built by the body builder real
+    calls use, so an upstream that takes it takes them. ``model``: the name sent (vLLM refuses one it does not
+    serve; None: left out, the server's own)."""
+    request = ChatRequest(model=model or "", messages=[], max_tokens=1, temperature=0.0)
+    if engine == "vllm":
+        body = completions_body(request, list(prompt_ids), list(stop_ids or []))
+        if model is None:
+            del body["model"]
+        return VLLMTokenInEngine.path, body
+    return SGLangTokenInEngine.path, generate_body(request, list(prompt_ids), list(stop_ids or []))
+
+
+def served_model(models: bytes) -> str | None:
+    """The first model id of a ``GET /v1/models`` answer (None: none, or not a model list)."""
+    try:
+        data = orjson.loads(models)
+    except orjson.JSONDecodeError:
+        return None
+    cards = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(cards, list):
+        return None
+    ids = [c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)]
+    return ids[0] if ids else None
+
+
+def token_probe_answer(status: int, content: bytes) -> str | None:
+    """None when an answer to :func:`token_probe` shows the prompt was taken (2xx, a JSON object), else what the
+    upstream answered in words (the status and a short excerpt)."""
+    excerpt = " ".join(content[:200].decode(errors="replace").split())
+    if 200 <= status < 300:
+        try:
+            data = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            data = None
+        if isinstance(data, dict):
+            return None
+        return f"HTTP {status} but not a JSON object ({excerpt!r})"
+    return f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
+
+
+def token_probe_message(url: str, route: str, answer: str) -> str:
+    """The message of an upstream that refused the token probe: which one, where, what it answered, what to do."""
+    return f"upstream {url} refused a token prompt (POST {url}{route} answered {answer}); {TOKEN_PROMPT_HINT}"
 
 
 async def plan_prompt(renderer: PrefixRenderer, request: ChatRequest, session_id: str) -> PromptPlan:
@@ -215,8 +287,35 @@ class TokenInEngine(HttpEngine):
     def end_of_turn_ids(self) -> tuple[int, ...]:
         return tuple(self.tokenizer.end_of_turn_ids)
 
-    def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
+    def ids_body(self, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
+        """The upstream body sending ``prompt_ids`` with ``request``'s sampling parameters."""
         raise NotImplementedError
+
+    def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
+        return self.ids_body(request, plan.prompt_ids)
+
+    async def probe_token_prompt(self, server_url: str, *, client: httpx.AsyncClient | None = None) -> str | None:
+        """Send ``server_url`` one minimal token prompt (a few of the tokenizer's IDs, one new token) through the
+        route and body builder real calls use: None when it took it, else a message naming the URL, the route, what
+        it answered and what to do instead. Raises UpstreamUnavailable / UpstreamTimeout when the server did not
+        answer (or was busy): it may start later. ``client``: the one to post with (default: the engine's)."""
+        http = client or self.client
+        request = ChatRequest(model=self.upstream_model or "", messages=[], max_tokens=1, temperature=0.0)
+        body = self.ids_body(request, self.tokenizer.encode("Hi")[:4] or list(PROBE_PROMPT_IDS))
+        with translate_upstream_errors(server_url):
+            if "model" in body and self.upstream_model is None:  # vLLM refuses a name it does not serve
+                served = await http.get(server_url + "/v1/models", timeout=30.0)
+                model = served_model(served.content) if served.status_code == 200 else None
+                if model is not None:
+                    body["model"] = model
+                else:  # the server's own model (vLLM takes a body without one)
+                    del body["model"]
+            resp = await http.post(server_url + self.path, content=orjson.dumps(body),
+                                   headers={"content-type": "application/json"})
+        if resp.status_code in (429, 503):
+            raise upstream_status_error(server_url, resp.status_code, resp.text)
+        answer = token_probe_answer(resp.status_code, resp.content)
+        return None if answer is None else token_probe_message(server_url, self.path, answer)
 
     def read_answer(self, body: dict[str, Any],
                     plan: PromptPlan) -> tuple[list[int], list[int], list[float], str, str, dict[str, Any]]:
@@ -414,8 +513,8 @@ class VLLMTokenInEngine(TokenInEngine):
     async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
         return await reload_vllm_weights(self, server_url, checkpoint, version)
 
-    def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
-        return completions_body(request, plan.prompt_ids, self.tokenizer.end_of_turn_ids)
+    def ids_body(self, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
+        return completions_body(request, prompt_ids, self.tokenizer.end_of_turn_ids)
 
     def continuation_body(self, body: dict[str, Any], prompt_ids: list[int], sampled: int) -> dict[str, Any] | None:
         following = {**body, "prompt": prompt_ids}
@@ -472,11 +571,8 @@ class SGLangTokenInEngine(TokenInEngine):
     async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
         return await update_sglang_weights(self, server_url, checkpoint, version)
 
-    def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
-        params = sampling_params(request)
-        params["stop_token_ids"] = list(self.tokenizer.end_of_turn_ids)
-        params["skip_special_tokens"] = False
-        return {"input_ids": plan.prompt_ids, "sampling_params": params, "return_logprob": True, "stream": False}
+    def ids_body(self, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
+        return generate_body(request, prompt_ids, self.tokenizer.end_of_turn_ids)
 
     def continuation_body(self, body: dict[str, Any], prompt_ids: list[int], sampled: int) -> dict[str, Any] | None:
         params = dict(body["sampling_params"])
