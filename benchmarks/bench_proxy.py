@@ -158,13 +158,13 @@ def as_sent(body: dict) -> bytes:
 
 
 async def run_cell(base: str, path: str, body: dict, concurrency: int, total: int, key: str = "bench") -> dict:
-    """``total`` calls from ``concurrency`` workers, in the session ``key``. The load generator is polar_gym's lean
-    HTTP/1.1 client (one kept-alive connection per worker): httpx at 64 concurrent calls on a shared core spent
-    more than the proxy and stalled calls for seconds, so the cells measured the client."""
-    from polar_gym.proxy.http1 import LeanHttpClient
+    """``total`` calls from ``concurrency`` workers, in the session ``key``. The load generator is the engines'
+    aiohttp client (kept-alive connections): httpx at 64 concurrent calls on a shared core spent more than the proxy
+    and stalled calls for seconds, so the cells measured the client."""
+    from polar_gym.proxy.upstream_http import UpstreamClient
 
     payload = as_sent(body)
-    client = LeanHttpClient(timeout=60, max_idle=concurrency,
+    client = UpstreamClient(timeout=60, max_connections=concurrency,
                             headers={"authorization": f"Bearer {key}", "x-api-key": key})
     latencies: list[float] = []
     errors = 0

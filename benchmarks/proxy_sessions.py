@@ -25,7 +25,7 @@ def bench_growth(quick: bool, turns: int = 120, window: int = 20) -> dict:
     with a prompt of a token per 4 request bytes (its IDs starting as the last answer's). Its first and last
     ``window`` calls, against the same bodies sent each in a session of its own (nothing the proxy keeps per
     session helps them): what a call costs stays near what its new content costs, not its whole conversation."""
-    from polar_gym.proxy.http1 import LeanHttpClient
+    from polar_gym.proxy.upstream_http import UpstreamClient
 
     if quick:
         turns, window = 40, 10
@@ -37,7 +37,7 @@ def bench_growth(quick: bool, turns: int = 120, window: int = 20) -> dict:
 
     async def run(keys: list[str]) -> list[float]:
         spent = []
-        clients = {key: LeanHttpClient(timeout=60, headers={"x-api-key": key}) for key in set(keys)}
+        clients = {key: UpstreamClient(timeout=60, headers={"x-api-key": key}) for key in set(keys)}
         try:
             for key, body in zip(keys, bodies, strict=True):
                 cpu0 = cpu_ns(proxy.pid)

@@ -63,7 +63,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "known_json.py": ("tests/unit/test_known_json.py", "tests/unit/test_known_conversations.py",
                       "tests/unit/test_known_prompt_ids.py"),
     "known_prompt_ids.py": ("tests/unit/test_known_prompt_ids.py",),
-    "proxy/http1.py": ("tests/unit/test_http1.py",),
+    "proxy/upstream_http.py": ("tests/unit/test_upstream_http.py",),
     "launch/slurm.py": ("tests/launch/test_slurm_render.py", "tests/launch/test_token_files.py"),
     "proxy/providers/anthropic/translate.py": ("tests/unit/test_anthropic_translate.py",
                                                "tests/unit/test_anthropic_malformed.py"),

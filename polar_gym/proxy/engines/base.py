@@ -41,7 +41,7 @@ from polar_gym.proxy.errors import (
     WeightUpdateError,
     translate_upstream_errors,
 )
-from polar_gym.proxy.http1 import LeanHttpClient, UpstreamAnswer
+from polar_gym.proxy.upstream_http import UpstreamAnswer, UpstreamClient
 from polar_gym.proxy.upstreams import UpstreamPool
 
 __all__ = ["Engine", "HttpEngine", "StreamDelta", "StreamPiece", "StreamStart", "WeightUpdateMode", "WholeAnswer",
@@ -178,8 +178,8 @@ class HttpEngine(Engine):
         #: which a server started with one ``--served-model-name`` would refuse
         self.upstream_model = upstream_model
         self._own_client = client is None
-        #: the hot call's lean client (an engine given its own httpx client, as tests do, posts through that one)
-        self.fast = LeanHttpClient(timeout=timeout) if client is None else None
+        #: the hot call's client (aiohttp; an engine given its own httpx client, as tests do, posts through that)
+        self.fast = UpstreamClient(timeout=timeout) if client is None else None
         #: each session's last prompt IDs: an answer's are parsed past what they share (an agent's prompt grows)
         self.prompt_ids = KnownPromptIds()
         self.client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0),
@@ -211,7 +211,7 @@ class HttpEngine(Engine):
         with translate_upstream_errors(server_url):
             resp: httpx.Response | UpstreamAnswer
             data = orjson.dumps(KNOWN.as_fragments(body))  # repeated tools: their JSON, not serialized again
-            if self.fast is not None and server_url.startswith("http://"):
+            if self.fast is not None:
                 resp = await self.fast.post(server_url + path, data)
             else:
                 resp = await self.client.post(server_url + path, content=data,
@@ -228,9 +228,9 @@ class HttpEngine(Engine):
         """POST ``body`` and yield None once the server has accepted it (its answer's head), then each JSON object
         of the server-sent-event answer as it arrives (until ``[DONE]``); an answer that is not an event stream is
         yielded whole; an HTTP error answer raises as :meth:`post` does, before anything is yielded. Through the
-        lean client, as :meth:`post` (an engine given its own httpx client, as tests do, streams through that)."""
+        hot client, as :meth:`post` (an engine given its own httpx client, as tests do, streams through that)."""
         payload = orjson.dumps(body)
-        if self.fast is not None and server_url.startswith("http://"):
+        if self.fast is not None:
             async with self.fast.stream(server_url + path, payload) as (head, pieces):
                 async with contextlib.aclosing(self._events(server_url, head.status_code, head.content_type,
                                                             pieces, session_id)) as events:
