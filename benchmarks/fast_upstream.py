@@ -2,7 +2,8 @@
 token IDs, 50 sampled token IDs and their logprobs (a bare ASGI app, so it costs as little as possible).
 A request with ``stream: true`` (``/v1/completions``, or ``/v1/chat/completions`` with ``return_token_ids``) is
 streamed as vLLM 0.32 streams it, one token per chunk ``--token-delay`` seconds apart (a think block, then text),
-so time to first byte means something.
+so time to first byte means something; ``POST /bench/token-delay?seconds=S`` changes that delay (a benchmark's
+phases).
 
     python benchmarks/fast_upstream.py --port 8001 [--prompt-tokens 2000] [--token-delay 0.004]
 
@@ -97,10 +98,17 @@ def chat_chunks(prompt_tokens: int, include_usage: bool) -> list[bytes]:
 def make_app(prompt_tokens: int, token_delay: float = 0.0):
     body = answer_body(prompt_tokens) if prompt_tokens else b""
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    pace = {"token_delay": token_delay}  # POST /bench/token-delay?seconds=S sets it (a benchmark's phases)
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] != "http":
             return
+        if scope["path"] == "/bench/token-delay":
+            pace["token_delay"] = float(scope["query_string"].decode().partition("seconds=")[2] or 0)
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        token_delay = pace["token_delay"]
         more, chunks = True, []
         while more:
             message = await receive()
