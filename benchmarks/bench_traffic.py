@@ -49,6 +49,7 @@ from benchmarks.traffic import HARNESSES, HarnessSession, auth_headers, direct_b
 LITELLM = "1.108.7"
 TOKEN_DELAY = 0.01
 NAN = float("nan")
+LITELLM_KEY = "sk-" + "5eb1c7" * 8
 
 
 # -- the targets ------------------------------------------------------------------------------------------------
@@ -68,6 +69,7 @@ class Target:
     name: str
     url: str
     process: subprocess.Popen | None  # whose CPU is measured (None: direct, nothing in between)
+    key: str | None = None  # the one key every call sends (LiteLLM's master key), else each session's own
 
     def stop(self) -> None:
         if self.process is not None:
@@ -118,7 +120,8 @@ def start_litellm(upstream: str) -> Target:
         "model_list": [{"model_name": name, "litellm_params": {"model": "hosted_vllm/policy",
                                                                "api_base": upstream + "/v1", "api_key": "none"}}
                        for name in ("policy", "policy-side")],
-        "litellm_settings": {"drop_params": True, "telemetry": False}}))
+        "litellm_settings": {"drop_params": True, "telemetry": False},
+        "general_settings": {"master_key": LITELLM_KEY}}))  # it refuses to start without one
     port = free_port()
     env = {**os.environ, "LITELLM_LOG": "ERROR", "DISABLE_SCHEMA_UPDATE": "true", "LITELLM_TELEMETRY": "False",
            "NO_DOCS": "True"}
@@ -126,7 +129,7 @@ def start_litellm(upstream: str) -> Target:
                                    0), env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/health/liveliness", timeout=180)
-    return Target("litellm", url, proc)
+    return Target("litellm", url, proc, LITELLM_KEY)
 
 
 # -- the load ----------------------------------------------------------------------------------------------------
@@ -176,14 +179,14 @@ class Tally:
         self.errors[what] = self.errors.get(what, 0) + 1
 
 
-async def call(http: aiohttp.ClientSession, url: str, session: Plan, n: int, tally: Tally) -> bool:
+async def call(http: aiohttp.ClientSession, target: Target, session: Plan, n: int, tally: Tally) -> bool:
     """Call ``n`` of ``session``, read to its end; whether it was answered 200."""
     path, body = session.calls[n]
+    headers = auth_headers(HARNESSES[session.harness].front_end, target.key or session.key)
     t0 = time.perf_counter()
     first_byte = None
     try:
-        async with http.post(url + path, data=body,
-                             headers=auth_headers(HARNESSES[session.harness].front_end, session.key)) as resp:
+        async with http.post(target.url + path, data=body, headers=headers) as resp:
             async for _ in resp.content.iter_any():
                 if first_byte is None:
                     first_byte = time.perf_counter() - t0
@@ -198,14 +201,14 @@ async def call(http: aiohttp.ClientSession, url: str, session: Plan, n: int, tal
     return True
 
 
-async def run_plans(url: str, plans: list[Plan], tally: Tally, until: float) -> None:
+async def run_plans(target: Target, plans: list[Plan], tally: Tally, until: float) -> None:
     """Sessions one after another (a slot of the saturation phase, or one paced session)."""
     for session in plans:
         started = time.monotonic()
         for n in range(len(session.calls)):
             if time.monotonic() >= until:
                 break
-            await call(_HTTP[0], url, session, n, tally)
+            await call(_HTTP[0], target, session, n, tally)
             if session.waits[n]:
                 await asyncio.sleep(session.waits[n])
         tally.in_flight_seconds += time.monotonic() - started
@@ -227,7 +230,7 @@ async def phase(target: Target, slots: list[list[Plan]], seconds: float) -> tupl
 
         async def slot(plans: list[Plan]) -> None:
             await asyncio.sleep(plans[0].start)
-            await run_plans(target.url, plans, tally, until)
+            await run_plans(target, plans, tally, until)
 
         await asyncio.gather(*(slot(plans) for plans in slots))
         wall = time.monotonic() - t0
@@ -249,7 +252,7 @@ async def per_call_cpu(target: Target, sessions: int = 3, turns: int = 8) -> dic
                 session = plan(target.name, seed, 0.0, turns * MIN_CALL_SECONDS, False)
                 for turn in range(min(turns, len(session.calls))):
                     cpu0 = cpu_ns(pid) if pid else 0
-                    if await call(http, target.url, session, turn, tally) and pid:
+                    if await call(http, target, session, turn, tally) and pid:
                         (first if turn == 0 else later).setdefault(harness, []).append((cpu_ns(pid) - cpu0) / 1e6)
     mean = statistics.fmean
     return {"first_call_cpu_ms": {h: mean(v) for h, v in first.items()},
