@@ -292,16 +292,29 @@ def set_token_delay(upstream: str, seconds: float) -> None:
 
 
 def run_target(target: Target, upstream: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The three phases on one target: per-call CPU, saturation (the upstream answering at once), paced traffic."""
-    pid = target.process.pid if target.process is not None else None
+    """The phases asked for on one target: per-call CPU, saturation (the upstream answering at once), paced."""
     out: dict[str, Any] = {"target": target.name}
     set_token_delay(upstream, 0.0)
-    out["per_call"] = asyncio.run(per_call_cpu(target))
-    pc = out["per_call"]
+    if "per_call" in args.phases:
+        show_per_call(target, out.setdefault("per_call", asyncio.run(per_call_cpu(target))))
+    if "saturated" in args.phases:
+        out["saturated"] = saturated(target, args)
+    if "paced" in args.phases:
+        set_token_delay(upstream, TOKEN_DELAY)
+        out["paced"] = paced(target, args)
+    return out
+
+
+def show_per_call(target: Target, pc: dict[str, Any]) -> None:
     each = "  ".join(f"{h} {pc['first_call_cpu_ms'].get(h, NAN):.1f}/{pc['later_call_cpu_ms'].get(h, NAN):.1f}"
                      for h in sorted(HARNESSES))
     print(f"  {target.name:<8} CPU a call, one at a time: first call of a session {pc['first_call_cpu_ms_all']:6.2f} "
           f"ms, later calls {pc['later_call_cpu_ms_all']:6.2f} ms  ({each}){_errors(pc)}", flush=True)
+
+
+def saturated(target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    """``args.saturate`` sessions at once, each call sent as the last one is answered, the upstream answering at
+    once: the calls a second the target sustains."""
     horizon = args.seconds / 2
     per_slot = int(horizon / 0.01) + 1  # calls a slot can make: at most one per 10 ms at full speed
     slots, seed = [], 2_000_000
@@ -313,28 +326,33 @@ def run_target(target: Target, upstream: str, args: argparse.Namespace) -> dict[
             seed += 1
         slots.append(plans)
     tally, wall, cpu = asyncio.run(phase(target, slots, horizon))
-    out["saturated"] = summarize(target, tally, wall, cpu, sum(len(s) for s in slots), 0.0)
-    row = out["saturated"]
+    row = summarize(target, tally, wall, cpu, sum(len(s) for s in slots), 0.0)
     print(f"  {target.name:<8} saturated ({args.saturate} sessions at once, no wait): {row['calls_per_s']:7.1f} "
           f"calls/s, CPU {row['cpu_ms_per_call']:6.2f} ms a call, end p50 {row['total_p50_ms']:6.1f} ms p99 "
           f"{row['total_p99_ms']:7.1f} ms{_errors(row)}", flush=True)
-    set_token_delay(upstream, TOKEN_DELAY)
+    return row
+
+
+def paced(target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    """Sessions arriving at random, each with a tool's time between its calls, the upstream streaming a token
+    every TOKEN_DELAY: latency, the target's CPU, sessions per core, memory."""
+    pid = target.process.pid if target.process is not None else None
     rng = random.Random(1)
     starts, t = [], 0.0
     while t < args.seconds:
         starts.append(t)
         t += rng.expovariate(args.rate)
-    paced = [[plan(target.name, 1_000_000 + i, start, args.seconds - start, True)] for i, start in enumerate(starts)]
+    sessions = [[plan(target.name, 1_000_000 + i, start, args.seconds - start, True)] for i, start in enumerate(starts)]
     rss0 = rss_mb(pid) if pid else 0.0
-    tally, wall, cpu = asyncio.run(phase(target, paced, args.seconds))
-    out["paced"] = row = summarize(target, tally, wall, cpu, len(paced), rss0)
-    print(f"  {target.name:<8} paced ({len(paced)} sessions arriving {args.rate:g}/s): {row['calls']} calls, "
+    tally, wall, cpu = asyncio.run(phase(target, sessions, args.seconds))
+    row = summarize(target, tally, wall, cpu, len(sessions), rss0)
+    print(f"  {target.name:<8} paced ({len(sessions)} sessions arriving {args.rate:g}/s): {row['calls']} calls, "
           f"first byte p50/p99 {row['ttfb_p50_ms']:.1f}/{row['ttfb_p99_ms']:.1f} ms, end {row['total_p50_ms']:.1f}/"
           f"{row['total_p99_ms']:.1f} ms, CPU {row['cpu_ms_per_call']:.2f} ms a call, "
           f"{row['sessions_in_flight']:.0f} sessions in flight on {100 * row['cpu_share']:.1f} % of a core: "
           f"{row['sessions_per_core']:.0f} sessions per core; RSS {row['rss_mb']:.0f} MB "
           f"(+{row['rss_kb_per_session']:.0f} KB a session){_errors(row)}", flush=True)
-    return out
+    return row
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
@@ -345,7 +363,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2.0, help="sessions arriving a second")
     parser.add_argument("--saturate", type=int, default=32, help="sessions at once in the saturation phase")
     parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (no venv to build)")
-    parser.add_argument("--targets", nargs="*", default=None, help="of polar litellm direct")
+    parser.add_argument("--targets", nargs="*", default=None, help="of polar litellm direct polar@REV, in this order")
+    parser.add_argument("--phases", nargs="*", default=["per_call", "saturated", "paced"],
+                        help="of per_call saturated paced")
     parser.add_argument("--rev", action="append", default=[],
                         help="also run the proxy of this commit (a worktree) as target polar@REV, in the same run")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -354,7 +374,7 @@ def main() -> int:
         args.seconds, args.saturate = 20.0, 16
     names = args.targets or ["direct", "polar", *([] if args.no_litellm else ["litellm"])]
     names += [f"polar@{rev}" for rev in args.rev]
-    trees = {f"polar@{rev}": worktree(rev) for rev in args.rev}
+    trees = {name: worktree(name.partition("@")[2]) for name in dict.fromkeys(names) if name.startswith("polar@")}
     pin_self(1)
     upstream, upstream_url = start_upstream()
     results = []
