@@ -10,8 +10,9 @@ harness sends it (compact JSON), to an upstream that answers instantly with ~2,0
 measured just before in the same run, is the Chat body the proxy sends upstream for that request, posted straight to the
 upstream (streamed, as vLLM streams it, for the streamed cells). At concurrency 1 the two direct, the plain and the
 streamed calls are interleaved one by one, so outside load lands on all four alike. Printed: throughput, p50 / p99
-latency, ratios against direct and the proxy's CPU ms per call (from /proc, all its threads). Targets (issue 18): at
-most +2 ms at p50 at concurrency 1; at concurrency 64 at least 1/4 of direct throughput. Memory: a standalone proxy
+latency, ratios against direct and the proxy's CPU ms per call (from /proc, all its threads). Target (issue 18): at
+most +2 ms at p50 at concurrency 1 (the c=64 ratio against this stub is a record, not a target: issue 41; one identical
+body on one key is a micro-benchmark, benchmarks/bench_traffic.py replays real traffic). Memory: a standalone proxy
 serves 10,000 sessions of two calls each (the Claude Code body), forgetting idle ones; its RSS after 100 and after
 10,000 sessions (target: within 1.2x). Token-in against chat mode: the same growing agent conversations (each call
 echoes the reply and adds a user turn) through a chat-mode and a token-in proxy, at concurrency 1 and 64 (target:
@@ -521,8 +522,9 @@ def main() -> int:
         if c64:
             worst_ratio = min(r["rps_ratio"] for r in c64)
             direct64 = min(r["rps"] for r in rows if r["front_end"] == "direct" and r["concurrency"] == 64)
-            print(f"worst throughput ratio at c=64: {worst_ratio:.3f} of direct (target >= 0.25): "
-                  f"{'MET' if worst_ratio >= 0.25 else 'MISSED'}; the proxy's ceiling on its one core: "
+            print(f"worst throughput ratio at c=64: {worst_ratio:.3f} of direct (a record, no target: issue 41 "
+                  "retired the stub ratio; bench_traffic.py has the real figures); the proxy's ceiling on its one "
+                  "core: "
                   f"{min(r['rps'] for r in c64):.0f}-{max(r['rps'] for r in c64):.0f} req/s (direct is the stub "
                   f"upstream answering from memory: {direct64:.0f}+ req/s)")
             for r in fixed64:
