@@ -40,8 +40,8 @@ run_pytest() {
 }
 run_pytest --dist loadfile --durations=20 -m "not (engine or slurm or slow)" --cov --cov-report= "$@" \
   || failed+=(pytest-quick)
-run_pytest --dist loadgroup --durations=40 -m "$HEAVY" --cov --cov-append --cov-report=term:skip-covered \
-  --cov-report=xml "$@" || failed+=(pytest-heavy)
+run_pytest --dist loadgroup --durations=0 --durations-min=5 -m "$HEAVY" --cov --cov-append \
+  --cov-report=term:skip-covered --cov-report=xml "$@" || failed+=(pytest-heavy)
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

@@ -44,6 +44,7 @@ from polar_gym.schema import (
     SessionStatus,
 )
 from tests._serving import free_port
+from tests.telemetry._readers import tensorboard_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = json.dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]}).encode()
@@ -174,13 +175,15 @@ def test_launch_with_a_dead_upstream_exits_3_naming_the_url_and_starts_no_sessio
 
 @pytest.mark.slow
 def test_sessions_whose_model_calls_never_reach_an_upstream_end_in_error_with_the_cause(tmp_path: Path) -> None:
-    """The check switched off, pi runs against a dead URL: no session COMPLETED with reward 0 silently."""
+    """The check switched off, pi runs against a dead URL: no session COMPLETED with reward 0 silently; the cause is
+    in results.jsonl, summary.md, the console, report.html and the TensorBoard series (with no mean reward: nothing
+    was scored)."""
     if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
         pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "run"
     proc = launch("inference=vllm", f"inference.upstreams=[{dead}]", "inference.preflight=false",
-                  "tasks.ids=[demo-calc-add]", "num_samples=2", out=out)
+                  "tasks.ids=[demo-calc-add]", "num_samples=2", "logging.tensorboard=true", out=out)
     assert proc.returncode == 3, proc.stderr[-3000:]
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(results) == 2 and all(r["status"] == "ERROR" and r["evaluation"] is None for r in results)
@@ -196,6 +199,10 @@ def test_sessions_whose_model_calls_never_reach_an_upstream_end_in_error_with_th
     assert 'data-key="errors by cause"><div class="value">2 upstream_unreachable</div>' in report
     assert '<span class="infra">upstream_unreachable</span></td><td class=num>2</td><td>infrastructure' in report
     assert "Reward distribution (0 scored of 2 sessions)" in report and f"report: {out / 'report.html'}" in proc.stderr
+    scalars = tensorboard_scalars(out / "tensorboard")
+    assert scalars["run/errors_by_cause/upstream_unreachable"] == [(0, 2.0)] and scalars["run/errored"] == [(0, 2.0)]
+    assert scalars["session/errored"] == [(0, 1.0), (1, 1.0)]
+    assert "run/mean_reward" not in scalars  # no session was scored: no mean to log
 
 
 def test_error_causes_of_other_failures() -> None:

@@ -60,20 +60,6 @@ def test_a_launch_writes_its_sessions_and_totals_to_wandb_offline_and_tensorboar
     assert scalars["run/fidelity/trainable_tokens"] == [(0, trainable)]
 
 
-def test_a_launch_with_an_unreachable_upstream_logs_its_errors_by_cause(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    from tests._serving import free_port
-
-    proc = launch("tasks.ids=[demo-calc-add]", "inference=vllm", f"inference.upstreams=[http://127.0.0.1:{free_port()}]",
-                  "inference.preflight=false", "logging.tensorboard=true", out=out)
-    assert proc.returncode == 3, proc.stderr[-4000:]
-    (result,) = results_of(out)
-    scalars = tensorboard_scalars(out / "tensorboard")
-    assert scalars[f"run/errors_by_cause/{result['error_cause']}"] == [(0, 1.0)]
-    assert scalars["run/errored"] == [(0, 1.0)] and scalars["session/errored"] == [(0, 1.0)]
-    assert "run/mean_reward" not in scalars  # no session was scored: no mean to log
-
-
 def test_sft_training_metrics_go_to_wandb_and_tensorboard_row_by_row(tmp_path: Path) -> None:
     data = tmp_path / "sft" / "train.jsonl"
     data.parent.mkdir()
