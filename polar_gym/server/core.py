@@ -74,6 +74,10 @@ class RolloutServer:
                                  heartbeat_interval=heartbeat_interval, dead_after=dead_after,
                                  result_wait=result_wait)
         self.dispatcher = Dispatcher(store, self.fleet, self.counters, self.ledger, self.links, self.watching)
+        #: held while a registration adopts a gateway and while the store's owners are followed: between reading a
+        #: gateway another worker had and storing it as this one's, the store still names that worker, and following
+        #: it then would let go of the gateway being adopted
+        self._gateways_changing = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -124,14 +128,15 @@ class RolloutServer:
         failed over there), and drain one a fleet-wide call drained through another worker."""
         while True:
             try:
-                rows = {row.gateway_id: row for row in await self.store.gateways()}
-                for gw in list(self.fleet.gateways.values()):
-                    row = rows.get(gw.gateway_id)
-                    if row is not None and row.owner not in (None, self.worker):
-                        log.info("gateway %s moved to server worker %s", gw.gateway_id, row.owner)
-                        self.fleet.release(gw)
-                    elif row is not None and row.state == DRAINING and gw.row.state == HEALTHY:
-                        gw.row.state = DRAINING
+                async with self._gateways_changing:
+                    rows = {row.gateway_id: row for row in await self.store.gateways()}
+                    for gw in list(self.fleet.gateways.values()):
+                        row = rows.get(gw.gateway_id)
+                        if row is not None and row.owner not in (None, self.worker):
+                            log.info("gateway %s moved to server worker %s", gw.gateway_id, row.owner)
+                            self.fleet.release(gw)
+                        elif row is not None and row.state == DRAINING and gw.row.state == HEALTHY:
+                            gw.row.state = DRAINING
             except Exception:
                 self.counters.errors["follow_store_failed"] += 1
                 log.exception("reading the other workers' changes failed; trying again")
@@ -248,16 +253,17 @@ class RolloutServer:
         """A gateway joins (or comes back). One this worker does not know, registered before (with another
         worker, which it left), is taken over with the sessions it runs."""
         adopted = None
-        if self.fleet.by_url(reg.url) is None:
-            known = await self.store.gateway_by_url(reg.url.rstrip("/"))
-            if known is not None:
-                adopted = self.fleet.restore(known)
-                adopted.stale.update(await self.store.given_up_on(known.gateway_id))  # what its last worker gave up
-                if known.state != DEAD:
-                    adopted.sessions.update(row.session_id for row in await self.store.in_flight(known.gateway_id))
-        gw = self.fleet.register(reg)
-        gw.row.owner = self.worker
-        await self.store.save_gateway(gw.row)
+        async with self._gateways_changing:
+            if self.fleet.by_url(reg.url) is None:
+                known = await self.store.gateway_by_url(reg.url.rstrip("/"))
+                if known is not None:
+                    adopted = self.fleet.restore(known)
+                    adopted.stale.update(await self.store.given_up_on(known.gateway_id))  # its last worker's
+                    if known.state != DEAD:
+                        adopted.sessions.update(r.session_id for r in await self.store.in_flight(known.gateway_id))
+            gw = self.fleet.register(reg)
+            gw.row.owner = self.worker
+            await self.store.save_gateway(gw.row)
         if adopted is not None and adopted.sessions:
             self.watching.ensure_watcher(adopted)
         if self.store.shared:
