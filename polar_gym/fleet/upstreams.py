@@ -4,8 +4,8 @@ the URL and what it answered, not turn into a run of sessions that look like a m
 One probe is ``GET {url}/v1/models``, the route every OpenAI-compatible server (vLLM, SGLang) answers without
 sampling; it costs a few milliseconds. :func:`describe` (pure) turns what came back into a verdict. When the
 configured prompt mode is token_in, each upstream then gets one minimal token prompt (one new token, the body real
-calls send: :func:`~polar_gym.proxy.engines.tokenin.token_probe`): a server that serves only chat would refuse every
-call of the run (issue 41), and the message says to use ``prompt_mode chat``.
+calls send: :func:`~polar_gym.proxy.engines.token_prompts.token_probe`): a server that serves only chat would refuse
+every call of the run (issue 41), and the message says to use ``prompt_mode chat``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import orjson
 from rich.console import Console
 
 from polar_gym.fleet.settings import InferenceSettings
-from polar_gym.proxy.engines.tokenin import (
+from polar_gym.proxy.engines.token_prompts import (
     PROBE_PROMPT_IDS,
     TOKEN_PROMPT_HINT,
     served_model,

@@ -17,7 +17,7 @@ from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.chat import ChatMessage, ChatRequest
 from polar_gym.proxy.engines.openai import OpenAIEngine
 from polar_gym.proxy.engines.sglang import SGLangEngine, sampling_params
-from polar_gym.proxy.engines.tokenin import completions_body
+from polar_gym.proxy.engines.token_prompts import completions_body
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.errors import SessionMetadataError
 from polar_gym.proxy.service import ProxyService, SessionInfo, SessionRegistry

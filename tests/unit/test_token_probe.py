@@ -15,12 +15,8 @@ from rich.console import Console
 from polar_gym.fleet.settings import InferenceSettings
 from polar_gym.fleet.upstreams import UpstreamCheckFailed, ensure_upstreams
 from polar_gym.proxy.cli import probe_token_upstreams
-from polar_gym.proxy.engines.tokenin import (
-    SGLangTokenInEngine,
-    VLLMTokenInEngine,
-    token_probe,
-    token_probe_answer,
-)
+from polar_gym.proxy.engines.token_prompts import token_probe, token_probe_answer
+from polar_gym.proxy.engines.tokenin import SGLangTokenInEngine, VLLMTokenInEngine
 from polar_gym.proxy.errors import UpstreamUnavailable
 from polar_gym.proxy.parsers.base import parser_for
 from polar_gym.proxy.tokenizer import HFChatTokenizer

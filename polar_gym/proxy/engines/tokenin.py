@@ -6,8 +6,8 @@ The prompt of each call is a chain's exact IDs plus the chat template's renderin
 protocol's message (reasoning, text, tool calls) by the configured output parser.
 
 An upstream that serves only chat would refuse every such call (each a 502 to the harness), so processes find out at
-start-up with one one-token call built like the real ones (:meth:`TokenInEngine.probe_token_prompt`; the launch's
-check, without a tokenizer: :func:`token_probe`), whose refusal says to use ``prompt_mode chat``.
+start-up with one one-token call built like the real ones (:meth:`TokenInEngine.probe_token_prompt`; the bodies and
+the launch's check: :mod:`polar_gym.proxy.engines.token_prompts`), whose refusal says to use ``prompt_mode chat``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,17 @@ from polar_gym.proxy.engines.base import (
     upstream_status_error,
 )
 from polar_gym.proxy.engines.openai import token_ids_in
-from polar_gym.proxy.engines.sglang import generate_answer, sampling_params, update_sglang_weights
+from polar_gym.proxy.engines.sglang import generate_answer, update_sglang_weights
+from polar_gym.proxy.engines.token_prompts import (
+    COMPLETIONS_ROUTE,
+    GENERATE_ROUTE,
+    PROBE_PROMPT_IDS,
+    completions_body,
+    generate_body,
+    served_model,
+    token_probe_answer,
+    token_probe_message,
+)
 from polar_gym.proxy.engines.vllm import reload_vllm_weights
 from polar_gym.proxy.errors import translate_upstream_errors
 from polar_gym.proxy.parsers.base import OutputParser, ParsedReply, call_id, malformed_call_spans
@@ -42,90 +52,10 @@ from polar_gym.proxy.tokenizer import HFChatTokenizer
 from polar_gym.proxy.upstreams import Cut, UpstreamPool
 from polar_gym.schema import VersionSpan
 
-__all__ = ["PROBE_PROMPT_IDS", "TOKEN_PROMPT_HINT", "Generation", "SGLangTokenInEngine", "StreamedAnswer",
-           "TokenInEngine", "VLLMTokenInEngine", "completions_body", "generate_body", "keep_token_in_result",
-           "parse_reply", "plan_prompt", "sent_prompt", "served_model", "token_in_result", "token_probe",
-           "token_probe_answer", "token_probe_message"]
+__all__ = ["Generation", "SGLangTokenInEngine", "StreamedAnswer", "TokenInEngine", "VLLMTokenInEngine",
+           "keep_token_in_result", "parse_reply", "plan_prompt", "sent_prompt", "token_in_result"]
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
-
-
-def completions_body(request: ChatRequest, prompt_ids: list[int], stop_ids: list[int]) -> dict[str, Any]:
-    """vLLM's ``/v1/completions`` body: the prompt as token IDs, the request's sampling parameters, the sampled
-    token IDs and their logprobs back, and a stop at the end-of-turn tokens."""
-    body: dict[str, Any] = {"model": request.model, "prompt": prompt_ids, "stream": False, "return_token_ids": True,
-                            "logprobs": 0, "stop_token_ids": list(stop_ids), "skip_special_tokens": False}
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"):
-        value = getattr(request, name)
-        if value is not None:
-            body[name] = value
-    # engine arguments a caller set (e.g. structured_outputs), as the chat path passes them; never over ours
-    body.update({k: v for k, v in request.extra.items() if k not in body and k != "chat_template_kwargs"})
-    return body
-
-
-def generate_body(request: ChatRequest, prompt_ids: list[int], stop_ids: list[int]) -> dict[str, Any]:
-    """SGLang's ``/generate`` body: the prompt as ``input_ids``, the request's sampling parameters, logprobs back,
-    and a stop at the end-of-turn tokens."""
-    params = sampling_params(request)
-    params["stop_token_ids"] = list(stop_ids)
-    params["skip_special_tokens"] = False
-    return {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True, "stream": False}
-
-
-#: the start-up probe's prompt where no tokenizer is loaded (the launch's check): IDs every vocabulary holds
-PROBE_PROMPT_IDS = (0, 1, 2, 3)
-#: what a probe that an upstream refused ends with
-TOKEN_PROMPT_HINT = ("this upstream does not take token prompts: use prompt_mode chat (--prompt-mode chat / "
-                     "inference.prompt_mode=chat)")
-
-
-def token_probe(engine: str, prompt_ids: list[int], model: str | None,
-                stop_ids: list[int] | None = None) -> tuple[str, dict[str, Any]]:
-    """The route and body of one minimal token prompt (``prompt_ids``, one new token) to a token-in upstream of
-    ``engine`` (vllm: ``/v1/completions``; sglang, sglang_generate: ``/generate``), built by the body builder real
-    calls use, so an upstream that takes it takes them. ``model``: the name sent (vLLM refuses one it does not
-    serve; None: left out, the server's own)."""
-    request = ChatRequest(model=model or "", messages=[], max_tokens=1, temperature=0.0)
-    if engine == "vllm":
-        body = completions_body(request, list(prompt_ids), list(stop_ids or []))
-        if model is None:
-            del body["model"]
-        return VLLMTokenInEngine.path, body
-    return SGLangTokenInEngine.path, generate_body(request, list(prompt_ids), list(stop_ids or []))
-
-
-def served_model(models: bytes) -> str | None:
-    """The first model id of a ``GET /v1/models`` answer (None: none, or not a model list)."""
-    try:
-        data = orjson.loads(models)
-    except orjson.JSONDecodeError:
-        return None
-    cards = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(cards, list):
-        return None
-    ids = [c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)]
-    return ids[0] if ids else None
-
-
-def token_probe_answer(status: int, content: bytes) -> str | None:
-    """None when an answer to :func:`token_probe` shows the prompt was taken (2xx, a JSON object), else what the
-    upstream answered in words (the status and a short excerpt)."""
-    excerpt = " ".join(content[:200].decode(errors="replace").split())
-    if 200 <= status < 300:
-        try:
-            data = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            data = None
-        if isinstance(data, dict):
-            return None
-        return f"HTTP {status} but not a JSON object ({excerpt!r})"
-    return f"HTTP {status}" + (f": {excerpt}" if excerpt else "")
-
-
-def token_probe_message(url: str, route: str, answer: str) -> str:
-    """The message of an upstream that refused the token probe: which one, where, what it answered, what to do."""
-    return f"upstream {url} refused a token prompt (POST {url}{route} answered {answer}); {TOKEN_PROMPT_HINT}"
 
 
 async def plan_prompt(renderer: PrefixRenderer, request: ChatRequest, session_id: str) -> PromptPlan:
@@ -507,7 +437,7 @@ class VLLMTokenInEngine(TokenInEngine):
     """vLLM's ``/v1/completions`` with the prompt as token IDs."""
 
     name = "vllm"
-    path: ClassVar[str] = "/v1/completions"
+    path: ClassVar[str] = COMPLETIONS_ROUTE
     weight_updates: ClassVar[WeightUpdateMode | None] = "reload"
 
     async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
@@ -565,7 +495,7 @@ class SGLangTokenInEngine(TokenInEngine):
     """SGLang's native ``/generate`` with ``input_ids``."""
 
     name = "sglang"
-    path: ClassVar[str] = "/generate"
+    path: ClassVar[str] = GENERATE_ROUTE
     weight_updates: ClassVar[WeightUpdateMode | None] = "reload"
 
     async def update_weights(self, server_url: str, checkpoint: str, version: int | str) -> dict[str, float]:
