@@ -98,15 +98,15 @@ async def served_gateway(service: ProxyService, workdir: Path, **config: Any) ->
 
 
 @contextlib.contextmanager
-def json_server(answer: Callable[[str, str], tuple[int, Any]]) -> Iterator[str]:
+def json_server(answer: Callable[[str, str], tuple[int, Any]], port: int = 0) -> Iterator[str]:
     """A plain HTTP server on loopback (a stand-in inference server): ``answer(method, path)`` gives each request's
-    status and JSON body; yields its URL."""
+    status and body (bytes are sent as they are, anything else as JSON); yields its URL. ``port``: 0 for any."""
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, method: str) -> None:
             self.rfile.read(int(self.headers.get("content-length") or 0))
             status, body = answer(method, self.path)
-            data = json.dumps(body).encode()
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(data)))
@@ -122,7 +122,7 @@ def json_server(answer: Callable[[str, str], tuple[int, Any]]) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             return None
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -12,9 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -43,37 +40,16 @@ from polar_gym.schema import (
     SessionSpec,
     SessionStatus,
 )
-from tests._serving import free_port
+from tests._serving import free_port, json_server
 from tests.telemetry._readers import tensorboard_scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = json.dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]}).encode()
 
 
-@contextlib.contextmanager
-def upstream(status: int = 200, body: bytes = MODELS, port: int = 0) -> Iterator[str]:
-    """A real HTTP server on loopback that answers every GET with ``status`` and ``body``; yields its URL."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+def upstream(status: int = 200, body: bytes = MODELS, port: int = 0) -> contextlib.AbstractContextManager[str]:
+    """A real HTTP server on loopback that answers every request with ``status`` and ``body``; yields its URL."""
+    return json_server(lambda method, path: (status, body), port=port)
 
 
 def launch(*overrides: str, out: Path) -> subprocess.CompletedProcess[str]:
