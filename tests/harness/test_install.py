@@ -240,3 +240,38 @@ def test_package_exports() -> None:
                                        "cli_paths", "ensure_installed", "install_dir"]
     for name in harness.__all__:
         assert getattr(harness, name) is not None
+
+
+def test_python_harnesses_install_two_at_a_time_and_report_in_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fresh machine installs the Python harnesses' venvs two at a time; what it prints keeps the pins' order, and a
+    harness that cannot install is named without stopping the others."""
+    import threading
+
+    from polar_gym.harness import pyinstall
+
+    pins = {name: pyinstall.PyPin(f"pkg-{name}", "1.0", name) for name in ("one", "two", "three", "four")}
+    running, most, lock = 0, 0, threading.Lock()
+    both_running = threading.Barrier(2, timeout=30)
+
+    def fake_install(name: str, pin: pyinstall.PyPin, cache_root: str | None, *, quiet: bool) -> Path:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            if name in ("one", "two"):
+                both_running.wait()  # the first two are installing at once
+            if name == "three":
+                raise pyinstall.HarnessInstallError("needs Python 9.9")
+            return tmp_path / name / "venv" / "bin" / name
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(pyinstall, "ensure_py_installed", fake_install)
+    assert pyinstall.main([], pins=pins) == 0  # the default set: a skipped one is reported, not fatal
+    out, err = capsys.readouterr()
+    assert [line.split("\t")[0] for line in out.splitlines()] == ["one", "two", "four"]
+    assert "skipped three: needs Python 9.9" in err and most == 2
+    assert pyinstall.main(["three"], pins=pins) == 1  # one asked for by name and not installed: exit 1
