@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from polar_gym.keepalive import client_limits
 from polar_gym.schema import GatewayHealth, GatewayRegistration, GatewayView
 
 __all__ = ["ServerLink"]
@@ -41,7 +42,8 @@ class ServerLink:
         self.gateway_url, self.capacity = gateway_url.rstrip("/"), capacity
         self.gateway_token, self.health, self.interval = gateway_token, health, interval
         self.http = httpx.AsyncClient(base_url=self.server_url, headers={"x-admin-token": server_token},
-                                      transport=transport, timeout=httpx.Timeout(30.0, connect=5.0))
+                                      transport=transport, timeout=httpx.Timeout(30.0, connect=5.0),
+                                      limits=client_limits())
         self.gateway_id: str | None = None
         self.registered = asyncio.Event()
         self.registrations = 0

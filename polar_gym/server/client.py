@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import httpx
 
+from polar_gym.keepalive import client_limits
 from polar_gym.result_codec import read_frame, unpack
 from polar_gym.schema import FleetWeightUpdate, SessionResult, SessionStatus, TaskRequest, Trace, WeightUpdateRequest
 from polar_gym.server.receiver import CallbackEvicted, CallbackReceiver
@@ -42,7 +43,8 @@ class RolloutClient:
 
     def __init__(self, url: str, admin_token: str, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.http = httpx.AsyncClient(base_url=url.rstrip("/"), headers={"x-admin-token": admin_token},
-                                      transport=transport, timeout=httpx.Timeout(60.0, connect=10.0))
+                                      transport=transport, timeout=httpx.Timeout(60.0, connect=10.0),
+                                      limits=client_limits())
 
     async def __aenter__(self) -> RolloutClient:
         return self

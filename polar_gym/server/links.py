@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 
 from polar_gym.gateway.client import GatewayClient
+from polar_gym.keepalive import client_limits
 from polar_gym.server.fleet import GatewayState
 
 __all__ = ["Links"]
@@ -19,9 +20,10 @@ class Links:
         self.polls: httpx.AsyncClient | None = None
 
     def open(self) -> None:
-        self.http = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(30.0, connect=5.0))
+        self.http = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(30.0, connect=5.0),
+                                      limits=client_limits())
         self.polls = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(30.0, connect=5.0),
-                                       limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
+                                       limits=client_limits(max_connections=1024, max_keepalive_connections=256))
 
     async def close(self) -> None:
         for client in (self.http, self.polls):

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 import httpx
 import orjson
 
+from polar_gym.keepalive import client_limits
 from polar_gym.known_json import KNOWN
 from polar_gym.known_prompt_ids import KnownPromptIds
 from polar_gym.proxy.chat import ChatRequest, ChatResult
@@ -183,8 +184,8 @@ class HttpEngine(Engine):
         #: each session's last prompt IDs: an answer's are parsed past what they share (an agent's prompt grows)
         self.prompt_ids = KnownPromptIds()
         self.client = client or httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0),
-                                                  limits=httpx.Limits(max_connections=1024,
-                                                                      max_keepalive_connections=256))
+                                                  limits=client_limits(max_connections=1024,
+                                                                       max_keepalive_connections=256))
 
     def close_session(self, session_id: str) -> None:
         self.prompt_ids.forget(session_id)
