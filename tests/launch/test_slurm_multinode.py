@@ -357,14 +357,19 @@ def test_a_node_dying_mid_run_loses_no_session(cluster: dict[str, str], tmp_path
         gateway_nodes = {name: j["node"] for name, j in jobs.items()}
         assert len(set(gateway_nodes.values())) == 2, gateway_nodes  # exclusive: one gateway per node
         dead_node = gateway_nodes["polar-gateway-0"]
+        node_scratch = Path(cluster["SLURM_LOCAL_DIR"]) / "nodes" / dead_node / "scratch"
+
+        def attempts_of_unfinished() -> set[str]:
+            """The attempts the node holds of sessions not finished (a finished one's dir may stay there)."""
+            unfinished = {str(s) for (s,) in _store_rows(out, "SELECT session_id FROM sessions WHERE finished IS NULL")}
+            return {a.name for a in node_scratch.glob("gw-*/demo-*/*") if a.is_dir() and a.parent.name in unfinished}
+
+        # RUNNING in the store means dispatched: on a loaded machine the node may not have started the attempt yet
+        until_sync(lambda: bool(attempts_of_unfinished()), 120, f"an attempt started on {dead_node}'s scratch")
         killed = subprocess.run(["bash", str(SCRIPT), "kill-node", dead_node], env=cluster, capture_output=True,
                                 text=True, timeout=60)
         assert killed.returncode == 0, killed.stderr
-        # the attempts the node held of sessions not finished when it died (a finished one's dir may stay there)
-        unfinished = {str(sid) for (sid,) in _store_rows(out, "SELECT session_id FROM sessions WHERE finished IS NULL")}
-        node_scratch = Path(cluster["SLURM_LOCAL_DIR"]) / "nodes" / dead_node / "scratch"
-        dead_attempts = {a.name for a in node_scratch.glob("gw-*/demo-*/*")
-                         if a.is_dir() and a.parent.name in unfinished}
+        dead_attempts = attempts_of_unfinished()  # what the node held when it died
         assert dead_attempts, f"no attempt of an unfinished session on {dead_node}'s scratch"
         _, stderr = proc.communicate(timeout=900)
     finally:
