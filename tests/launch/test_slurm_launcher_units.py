@@ -117,6 +117,7 @@ def test_inference_commands() -> None:
     tiny, tiny_env = inference_command(InferenceJobSettings(kind="tiny_vllm"), 8001)
     assert _flag(tiny, "--port") == "8001" and _flag(tiny, "--host") == "0.0.0.0"
     assert tiny_env["HF_HUB_OFFLINE"] == "1" and "PYTHONPATH" not in tiny_env
+    assert tiny_env["OMP_WAIT_POLICY"] == "PASSIVE"  # its OpenMP threads do not spin on the node's shared cores
     assert _flag(tiny, "--dtype") == "bfloat16" and "--worker-extension-cls" not in tiny
     assert "VLLM_SERVER_DEV_MODE" not in tiny_env  # its development routes stay closed unless asked for
     train, train_env = inference_command(InferenceJobSettings(kind="tiny_vllm", dtype="float32", weight_updates=True),
