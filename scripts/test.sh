@@ -19,6 +19,10 @@ fi
 # The checks run first (about 40 s); a failed one does not stop the tests, so one CI run reports everything.
 failed=()
 export POLAR_HYPOTHESIS=ci  # property tests draw the same examples every run (tests/conftest.py)
+# Every process of the run shares two cores: torch's OpenMP threads (trainers, TRL, the audit; vLLM sets its own) sleep
+# between parallel regions instead of spinning. The tiny model's training steps beside other work: 26 s of CPU for 15
+# steps passive, 31-58 s spinning.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 .venv/bin/ruff check polar_gym tests benchmarks scripts || failed+=(ruff)
 .venv/bin/lint-imports || failed+=(lint-imports)
 .venv/bin/mypy || failed+=(mypy)
