@@ -26,25 +26,26 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 .venv/bin/ruff check polar_gym tests benchmarks scripts || failed+=(ruff)
 .venv/bin/lint-imports || failed+=(lint-imports)
 .venv/bin/mypy || failed+=(mypy)
-# Two runs, each on two pytest-xdist workers (measured: ~5 min and ~19 min, against ~36 min in one process).
-# - The quick tiers (no real engine, Slurm or slow marker: ~3,200 tests, most CPU-bound in the test process): a test
-#   file per worker at a time, so a file's fixtures are built once.
-# - The heavy tiers (~180 tests): the groups of tests/conftest.py's xdist_group_of: every test of the real engine on
-#   one worker (one vLLM per dtype per session), every test of the local Slurm or the unprivileged user on one worker
-#   (one cluster, one user clone), the rest by file. Their waits (daemons, deadlines, CLIs) overlap the other
-#   worker's work.
+# Two runs on pytest-xdist workers (measured: ~5 min and ~26 min, against over an hour in one process).
+# - The quick tiers (no real engine, Slurm or slow marker: ~3,500 tests): a test file per worker at a time, so a
+#   file's fixtures are built once; three workers, as a third of the time is spent waiting (sandbox and container
+#   deadlines): 229 s against 273 s on two (four: no faster).
+# - The heavy tiers (~220 tests), on two workers: the groups of tests/conftest.py's xdist_group_of: every test of the
+#   real engine on one worker (one vLLM per dtype per session), every test of the local Slurm or the unprivileged
+#   user on one worker (one cluster, one user clone), the rest by file. They are CPU-bound: a third worker made them
+#   no faster, and running both tiers in one run of three workers took as long as the two runs (1,867 s).
 # Exit status 5 (no test selected: a path given to one tier only) is not a failure. Coverage of polar_gym in the test
 # processes (the sandboxes' and subprocesses' own runs are not measured) is combined over both runs; the table lists
 # the files not fully covered, coverage/coverage.xml holds the rest. Each run lists its slowest tests: CI time is
 # everyone's clock.
 run_pytest() {
   local rc=0
-  .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 "$@" || rc=$?
+  .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
   [ "$rc" = 0 ] || [ "$rc" = 5 ]
 }
-run_pytest --dist loadfile --durations=20 -m "not (engine or slurm or slow)" --cov --cov-report= "$@" \
+run_pytest -n 3 --dist loadfile --durations=20 -m "not (engine or slurm or slow)" --cov --cov-report= "$@" \
   || failed+=(pytest-quick)
-run_pytest --dist loadgroup --durations=0 --durations-min=5 -m "$HEAVY" --cov --cov-append \
+run_pytest -n 2 --dist loadgroup --durations=0 --durations-min=5 -m "$HEAVY" --cov --cov-append \
   --cov-report=term:skip-covered --cov-report=xml "$@" || failed+=(pytest-heavy)
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
