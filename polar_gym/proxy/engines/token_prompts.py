@@ -2,9 +2,9 @@
 start-up probe built from them.
 
 An upstream that serves only chat would refuse every token-in call (each a 502 to the harness), so processes find out
-at start-up with one one-token call built like the real ones: :meth:`~polar_gym.proxy.engines.tokenin.TokenInEngine.
-probe_token_prompt` where a tokenizer is loaded, :func:`token_probe` in the launch's check without one. A refusal
-says to use ``prompt_mode chat``.
+at start-up with one one-token call built like the real ones: ``TokenInEngine.probe_token_prompt``
+(:mod:`polar_gym.proxy.engines.tokenin`) where a tokenizer is loaded, :func:`token_probe` in the launch's check
+without one. A refusal says to use ``prompt_mode chat``.
 """
 
 from __future__ import annotations
