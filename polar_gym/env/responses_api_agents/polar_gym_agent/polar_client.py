@@ -29,7 +29,8 @@ class PolarClient:
 
     def __init__(self, url: str, token: str, client: httpx.AsyncClient | None = None) -> None:
         self.url = url.rstrip("/")
-        # idle connections go after 2 s, before the server's 5 s keep-alive closes them under a call (ReadError)
+        # idle connections go after 2 s, before the server's 5 s keep-alive closes them under a call (ReadError);
+        # polar_gym.keepalive's value, stated here as this module runs in NeMo Gym's interpreter
         self.client = client or httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0),
                                                   limits=httpx.Limits(keepalive_expiry=2.0))
         self.headers = {"x-admin-token": token}
