@@ -15,8 +15,8 @@ import functools
 import json
 import os
 import secrets
+import signal
 import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -47,7 +47,7 @@ from polar_gym.launch.jobs import (
     run_inference_job,
     run_server_job,
 )
-from polar_gym.launch.lost_jobs import JobLost, JobWatch, LostJob, lost_outcomes
+from polar_gym.launch.lost_jobs import JobLost, JobWatch, LostJob, lost_outcomes, query_states
 from polar_gym.launch.outputs import SessionOutcome, finish
 from polar_gym.launch.placement import (
     JobKind,
@@ -378,17 +378,24 @@ class SlurmLauncher:
             await asyncio.sleep(1.0)
         return dict(json.loads(await asyncio.to_thread(path.read_text)))
 
+    def _still_live(self, jobs: list[Any]) -> list[Any]:
+        """The jobs not yet gone. On Slurm, asked afresh: a job is gone once squeue no longer lists it (CANCELLED shows
+        in sacct at once, COMPLETING still runs), or by sacct's state when squeue cannot answer. submitit's own state
+        comes from a cache that refreshes every half of the time since the last submission: minutes, late in a run."""
+        if self.cluster != "slurm":
+            return [j for j in jobs if _state(j) not in _ENDED]
+        answers = query_states([j.job_id for j in jobs])
+        return [j for j in jobs if _listed(*answers[j.job_id])]
+
     def _cancel_all(self, out_dir: Path, timeout: float = 120.0) -> None:
         """scancel every job this launcher submitted and wait until Slurm no longer lists them as live."""
         for submitted in self.jobs:
             with contextlib.suppress(Exception):
-                submitted.cancel(check=False)
+                cancel_job(submitted, self.cluster)
         deadline = time.monotonic() + timeout
         live = list(self.jobs)
         while live and time.monotonic() < deadline:
-            queued = _in_squeue([j.job_id for j in live]) if self.cluster == "slurm" else set()
-            # CANCELLED shows in sacct at once; a job is gone only when squeue no longer lists it (COMPLETING)
-            live = [j for j in live if _state(j) not in _ENDED or j.job_id in queued]
+            live = self._still_live(live)
             if live:
                 time.sleep(1.0)
         if live:
@@ -407,14 +414,23 @@ def private_umask() -> Iterator[None]:
         os.umask(old)
 
 
-def _in_squeue(job_ids: list[str]) -> set[str]:
-    """The ids squeue still lists (any state, COMPLETING included); empty if squeue cannot be asked."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True, text=True,
-                             timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    return {line.strip() for line in out.stdout.splitlines() if line.strip()}
+def cancel_job(submitted: Any, cluster: str) -> None:
+    """End a job as scancel does: SIGTERM. On ``cluster=local`` that goes to submitit's controller process (its job id
+    is the controller's pid, our child, unreaped while its state reads RUNNING, so the pid cannot be another
+    process's yet), which passes it to its task. submitit's own local cancel sends SIGINT instead, and a launcher
+    started in the background (bash ignores SIGINT in background jobs) passes the ignore on to every controller:
+    such a job never ended, and the launch waited out the cancel timeout and left it running."""
+    if cluster != "local":
+        submitted.cancel(check=False)
+    elif _state(submitted) == "RUNNING":
+        os.kill(int(submitted.job_id), signal.SIGTERM)
+
+
+def _listed(state: str | None, queued: bool | None) -> bool:
+    """Whether a cancelled Slurm job may still run, from :func:`query_states`' answer for it."""
+    if queued is not None:
+        return queued
+    return state is None or state.split()[0].upper() not in _ENDED
 
 
 def _state(submitted: Any) -> str:

@@ -216,3 +216,47 @@ def test_advertised_hosts_are_each_nodes_name_or_a_pattern_of_it() -> None:
     assert advertised_host(None) == socket.gethostname()
     launcher = _launcher("launcher.advertise_host='{host}-ib'", "launcher.server_host='{host}.cluster'")
     assert (launcher.advertise_host, launcher.server_host) == ("{host}-ib", "{host}.cluster")
+
+
+_BACKGROUND_LOCAL_JOB = """
+import os, signal, sys, time
+import submitit
+from polar_gym.launch.submitit_launcher import _ENDED, _state, cancel_job
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as bash starts a background job: its children inherit the ignore
+executor = submitit.AutoExecutor(folder=sys.argv[1], cluster="local")
+executor.update_parameters(timeout_min=10)  # submitit's own time-out signal must not end the job first
+job = executor.submit(time.sleep, 600)
+ignored = int(open(f"/proc/{job.job_id}/status").read().split("SigIgn:")[1].split()[0], 16)
+print("controller ignores SIGINT:", bool(ignored & 1 << (signal.SIGINT - 1)), flush=True)
+cancel_job(job, "local")
+deadline = time.monotonic() + 120
+while _state(job) not in _ENDED and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("state after cancel:", _state(job), flush=True)
+if _state(job) == "RUNNING":
+    os.kill(int(job.job_id), signal.SIGKILL)
+"""
+
+
+def test_a_local_job_started_by_a_background_launcher_still_ends_on_cancel(tmp_path: Path) -> None:
+    """submitit's local cancel is SIGINT, which a background launcher's controllers ignore; ours is SIGTERM."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _BACKGROUND_LOCAL_JOB, str(tmp_path / "%j")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "controller ignores SIGINT: True" in out.stdout  # the case that hung the launch for the whole timeout
+    assert "state after cancel: RUNNING" not in out.stdout and "state after cancel:" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(("state", "queued", "listed"), [
+    ("RUNNING", True, True), ("CANCELLED by 0", True, True),  # COMPLETING: its processes still run
+    ("RUNNING", False, False),  # squeue has let it go: sacct's word (or submitit's stale cache) is late
+    ("CANCELLED by 0", None, False), ("RUNNING", None, True), (None, None, True),
+])
+def test_a_cancelled_job_is_gone_once_squeue_lets_it_go(state: str | None, queued: bool | None, listed: bool) -> None:
+    from polar_gym.launch.submitit_launcher import _listed
+
+    assert _listed(state, queued) is listed
