@@ -52,7 +52,8 @@ HARNESSES = ["claude_code", "codex", "qwen_code", "gemini_cli", "opencode", "pi"
 
 
 @contextlib.asynccontextmanager
-async def oracle_gateway(tmp_path: Path, **engine_kw: Any) -> AsyncIterator[tuple[GatewayNode, ProxyService]]:
+async def oracle_gateway(tmp_path: Path, *, run_slots: int = 2,
+                         **engine_kw: Any) -> AsyncIterator[tuple[GatewayNode, ProxyService]]:
     from polar_gym.proxy.tokenizer import HFChatTokenizer
 
     if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
@@ -62,7 +63,7 @@ async def oracle_gateway(tmp_path: Path, **engine_kw: Any) -> AsyncIterator[tupl
         pytest.fail(f"harness CLIs not installed ({missing}): run `bash scripts/setup.sh`")
     service = ProxyService(OracleEngine(HFChatTokenizer(tokenizer_dir()), **engine_kw),
                            CaptureJournal(tmp_path / "capture"), SessionRegistry(allow_adhoc=False))
-    async with served_gateway(service, tmp_path / "gateway", init_workers=2, ready_buffer=2, run_slots=2,
+    async with served_gateway(service, tmp_path / "gateway", init_workers=2, ready_buffer=2, run_slots=run_slots,
                               postrun_workers=2) as node:
         yield node, service
     service.journal.close()
@@ -198,7 +199,7 @@ async def test_six_real_harnesses_keep_one_chain_per_conversation_while_the_orac
     async with oracle_gateway(tmp_path, drift_every=2, prompt_mode="token_in") as (node, service):
         # a longer loop than the reference solution alone: read-only looks first, so several calls drift
         commands = ["ls", "cat calc.py", "git status --short", *demo_task("demo-calc-add").solution, "git diff --stat"]
-        specs = [_with_script(session_for(name), commands, timeout=240) for name in HARNESSES]
+        specs = [with_script(session_for(name), commands, timeout=240) for name in HARNESSES]
         results = await asyncio.wait_for(node.run(specs), 900)
         sessions = {}
         for spec, result in zip(specs, results, strict=True):
@@ -240,36 +241,22 @@ async def test_six_real_harnesses_keep_one_chain_per_conversation_while_the_orac
         assert "drift" not in row["breaks"], (harness, row)
 
 
-def _with_script(spec: SessionSpec, commands: list[str], timeout: float) -> SessionSpec:
+def with_script(spec: SessionSpec, commands: list[str], timeout: float) -> SessionSpec:
     metadata = spec.metadata.model_copy(update={"oracle": {"commands": commands, "final_answer": "done"}})
     return spec.model_copy(update={"metadata": metadata, "timeout_seconds": timeout})
 
 
-def _sandbox_processes(marker: str) -> list[int]:
+def sandbox_processes(marker: str) -> list[int]:
     return [int(line.split(":", 1)[0]) for line in processes_with(marker)]
-
-
-async def test_a_real_harness_killed_by_the_deadline_keeps_its_partial_traces(gateway):
-    node, service = gateway
-    marker = "polar-e2e-deadline-marker"
-    # the deadline leaves a loaded machine room to start the harness and make two calls; only it ends the sleep
-    spec = _with_script(session_for("pi"), ["printf hi > first.txt", f"sleep 300 # {marker}"], timeout=60)
-    (result,) = await asyncio.wait_for(node.run([spec]), 300)
-    assert result.status is SessionStatus.TIMEOUT, (result.status, result.reason)
-    records = await service.journal.records(spec.session_id)
-    assert len(records) >= 2  # the first command's call and the call that started the long one
-    assert result.trajectory is not None and result.trajectory.traces
-    check_invariants(CompletionSession(session_id=spec.session_id, completions=records), result.trajectory)
-    await until(lambda: not _sandbox_processes(marker), 30, "the sandbox's processes to go")
 
 
 async def test_a_real_harness_cancelled_while_running_leaves_nothing_behind(gateway):
     node, _ = gateway
     marker = "polar-e2e-cancel-marker"
-    spec = _with_script(session_for("claude_code"), [f"sleep 300 # {marker}"], timeout=300)
+    spec = with_script(session_for("claude_code"), [f"sleep 300 # {marker}"], timeout=300)
     session = node.submit(spec)
-    await until(lambda: _sandbox_processes(marker), 60, "the harness to make its call and start the command")
+    await until(lambda: sandbox_processes(marker), 60, "the harness to make its call and start the command")
     assert node.cancel(spec.session_id)
     result = await asyncio.wait_for(node.wait(spec.session_id), 120)
     assert result.status is SessionStatus.CANCELLED and session.spec.session_id == result.session_id
-    await until(lambda: not _sandbox_processes(marker), 30, "the sandbox's processes to go")
+    await until(lambda: not sandbox_processes(marker), 30, "the sandbox's processes to go")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_python
+from polar_gym.assets import TINY_MODEL_NAME, tokenizer_dir
 from tests._procs import take_ctrl_c
 from tests._vllm import VLLMServer, load_stock_weights
 
@@ -286,38 +286,6 @@ def test_cancelling_the_launch_leaves_no_job_behind(slurm_env: dict[str, str], t
     _assert_no_job_left(slurm_env, list(jobs.values()))
 
 
-def test_inference_job_serves_the_gateways(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    """The SGLang-on-H100 path with vLLM's CPU build and the tiny Qwen3 in its place: the inference job starts,
-    announces its URL, the gateway job uses it as its upstream and the recorded tokens come from it."""
-    if os.environ.get("POLAR_SKIP_ENGINE") == "1":
-        pytest.skip("POLAR_SKIP_ENGINE=1: the real vLLM engine tier is skipped on purpose")
-    if not vllm_python().exists() or not (tiny_model_dir() / ".complete").exists():
-        pytest.fail("vLLM's CPU venv or the tiny model is missing: run `bash scripts/setup.sh --engine`")
-    out = tmp_path / "run"
-    proc = _launch(slurm_env, out, "inference=vllm", "inference.upstreams=[]",
-                   f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=24",
-                   "launcher.inference_jobs.count=1", "launcher.inference_jobs.kind=tiny_vllm",
-                   "launcher.inference_jobs.gpus_per_node=0", "launcher.inference_jobs.cpus_per_task=2",
-                   "launcher.inference_jobs.mem_gb=6", "launcher.inference_jobs.ready_timeout_seconds=600",
-                   "tasks.ids=[demo-calc-add]", "timeout_seconds=300")
-    _, stderr = _finish(proc, 1200)
-    jobs = _job_ids(out)
-    assert sorted(jobs) == ["polar-gateway-0", "polar-inference-0"]
-    url = json.loads((out / "inference-0.json").read_text())["url"]
-    assert url.startswith("http://127.0.0.1:")
-    assert proc.returncode in (0, 1), stderr[-4000:]  # a random model may fail the task; the session must finish
-    results = _results(out)
-    assert len(results) == 1 and results[0]["status"] in ("COMPLETED", "ERROR"), results
-    assert results[0]["completions"] >= 1  # type: ignore[operator]
-    traces = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
-    assert traces and all(t["response_ids"] and len(t["response_logprobs"]) == len(t["response_ids"])
-                          for t in traces)
-    assert all(t["metadata"]["engine"] == "vllm" for t in traces)
-    _wait_for(lambda: set(_sacct_states(slurm_env, list(jobs.values())).values()) == {"CANCELLED"}, 60,
-              "sacct to record every job cancelled")
-    _assert_no_job_left(slurm_env, list(jobs.values()))
-
-
 def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(slurm_env: dict[str, str],
                                                                                 tmp_path: Path) -> None:
     """A launch in a 1-minute Slurm job with relaunch.margin_seconds=40 hands over after ~20 s, twice or more: each
@@ -360,16 +328,17 @@ def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(
     assert sorted(r["session_id"] for r in results) == sorted(s for s, _, _ in stored)  # each once, in the last job
 
 
-def test_a_grpo_run_hands_over_twice_and_trains_every_step_once(slurm_env: dict[str, str], tmp_path: Path,
-                                                                 vllm_train_server: VLLMServer) -> None:
+def test_a_grpo_run_hands_over_and_trains_every_step_once(slurm_env: dict[str, str], tmp_path: Path,
+                                                          vllm_train_server: VLLMServer) -> None:
     """A GRPO run on the real vLLM (fp32, weight reloads) in 1-minute Slurm jobs with relaunch.margin_seconds=40:
-    each job stops at a step boundary and hands over, the successor resumes after the last saved step (weights,
-    optimizer, the feed's groups) and pushes it to the engine first. Steps 1..5 each once, each sampled by the
+    a job stops at a step boundary and hands over, the successor resumes after the last saved step (weights,
+    optimizer, the feed's groups) and pushes it to the engine first. Steps 1..3 each once, each sampled by the
     version of the step before; every session once, in one attempt. The task is a stranger's Harbor task whose
-    verifier takes 8 s (:func:`_slow_task`)."""
+    verifier takes 8 s (:func:`_slow_task`). That a successor hands over again, in a chain, is the plain run's
+    test above: the hand-over is the same code in both."""
     out = tmp_path / "grpo"
     out.mkdir()
-    steps, samples = 5, 2
+    steps, samples = 3, 2
     command = [sys.executable, "-m", "polar_gym.launch", "+trainer=grpo", f"trainer.steps={steps}",
                "trainer.learning_rate=1e-3", "inference=vllm", f"inference.upstreams=[{vllm_train_server.url}]",
                f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=48", "tasks=harbor",
@@ -389,8 +358,9 @@ def test_a_grpo_run_hands_over_twice_and_trains_every_step_once(slurm_env: dict[
         load_stock_weights(vllm_train_server)
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
     rows = [json.loads(line) for line in (out / "relaunches.jsonl").read_text().splitlines()]
-    assert len(rows) >= 2, logs
+    assert len(rows) >= 1, logs
     assert rows[0]["job_id"] == first and [r["job_id"] for r in rows[1:]] == [r["successor"] for r in rows[:-1]]
+    assert all(r["cut_sessions"] == 0 for r in rows), rows  # the hand-over waited for the step's sessions
     states = _sacct_states(slurm_env, [first, *(r["successor"] for r in rows)])
     assert set(states.values()) == {"COMPLETED"}, (states, logs)
     train = [json.loads(line) for line in (out / "trainer" / "train_metrics.jsonl").read_text().splitlines()]
@@ -407,7 +377,7 @@ def test_a_grpo_run_hands_over_twice_and_trains_every_step_once(slurm_env: dict[
 
 def _slow_task(root: Path) -> Path:
     """A Harbor task whose verifier sleeps 8 s: a GRPO step on it takes at least that long, so a job (hand-over
-    about 20 s after its start) begins at most two steps, and five steps take three jobs or more on any machine."""
+    about 20 s after its start) begins at most two steps, and three steps take two jobs or more on any machine."""
     task = root / "tasks" / "slow-check"
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
