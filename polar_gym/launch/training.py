@@ -324,20 +324,25 @@ async def _handing_over(job: LaunchJob, client: RolloutClient, control: RunContr
     assert job.trainer is not None
     if job.relay is None:
         return await training
-    steps = job.trainer.steps
+    steps, relay = job.trainer.steps, job.relay
 
     async def unfinished() -> int:
+        """Steps left for a successor. The last step, once its groups are in, trains, saves and pushes without the
+        fleet: wait for it while the job has time, so a run that ends in this job submits no successor that would
+        only resume after its last step (one more job's start-up for nothing)."""
+        if control.collected_step == steps > control.last_step:
+            await asyncio.wait({work}, timeout=max(0.0, relay.left() - 10.0))
         return steps - control.last_step
 
     work = asyncio.ensure_future(training)
-    watch = asyncio.ensure_future(job.relay.watch(client, functools.partial(fleet_in_flight, client), unfinished))
+    watch = asyncio.ensure_future(relay.watch(client, functools.partial(fleet_in_flight, client), unfinished))
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():
             job.handover = await watch
             if job.handover is not None:
                 control.stop.set()
-                await asyncio.wait({work}, timeout=max(0.0, min(10.0, job.relay.left() - 10.0)))
+                await asyncio.wait({work}, timeout=max(0.0, min(10.0, relay.left() - 10.0)))
                 control.abandon.set()
         return await work
     finally:

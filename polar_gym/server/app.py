@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 import polar_gym
 from polar_gym.httpguard import TokenCheck
@@ -41,6 +42,12 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, ServerError):
         return error_response(exc.status, exc.kind, str(exc))
     return error_response(500, "internal", "internal server error")
+
+
+async def _hung_up(request: Request, exc: Exception) -> JSONResponse:
+    """A client that hung up while sending its body (a gateway stopping mid-heartbeat): nobody reads the answer, and
+    it is no server error to log with a traceback."""
+    return error_response(400, "client_disconnected", "the client hung up while sending its request")
 
 
 def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecycle: bool = True,
@@ -70,4 +77,5 @@ def create_server_app(server: RolloutServer, admin_token: str, *, manage_lifecyc
                 method == "GET" and (path == VIEW_PREFIX or path.startswith(VIEW_PREFIX + "/"))),
             limit=lambda method, path: max_body_bytes)
     app.add_exception_handler(ServerError, _server_error)
+    app.add_exception_handler(ClientDisconnect, _hung_up)
     return app

@@ -76,11 +76,13 @@ class RunControl:
     """Between a GRPO run and the launch around it (a hand-over to the next Slurm job): ``stop`` asks the run to
     start no further step (the step under way finishes, its groups may still come in); ``abandon`` also leaves a
     step still waiting for its groups to the next job (a step training finishes). ``last_step`` is the last step
-    done, ``handed_over`` says the run stopped early."""
+    done, ``handed_over`` says the run stopped early. ``collected_step`` is the last step whose groups all came in:
+    it trains, saves and pushes without the fleet."""
 
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     abandon: asyncio.Event = field(default_factory=asyncio.Event)
     last_step: int = 0
+    collected_step: int = 0
     handed_over: bool = False
 
     def stop_now(self) -> None:
@@ -319,7 +321,7 @@ async def _run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], cli
             if control.stop.is_set():
                 break
             checkpoint = await _grpo_step(step, settings, worker, trainer, feed, scorer, shuffle, log, out_dir,
-                                          weights, echo, sinks, control.abandon)
+                                          weights, echo, sinks, control)
             control.last_step = step
     except _Stopped:
         pass
@@ -344,13 +346,14 @@ async def _run_grpo(settings: TrainerSettings, tasks: Sequence[TaskRequest], cli
 
 async def _grpo_step(step: int, settings: TrainerSettings, worker: TrainerWorker, trainer: Trainer, feed: GroupFeed,
                      scorer: ReferenceScorer | None, shuffle: random.Random | None, log: MetricsLog, out_dir: Path,
-                     weights: WeightSync | None, echo: Any, sinks: MetricSinks | None, abandon: asyncio.Event) -> Path:
-    """One GRPO step: the feed's groups (_Stopped when ``abandon`` is set while waiting for them), the update (or the
+                     weights: WeightSync | None, echo: Any, sinks: MetricSinks | None, control: RunControl) -> Path:
+    """One GRPO step: the feed's groups (_Stopped when ``control.abandon`` is set while waiting), the update (or the
     verdict against it), the evaluation, the checkpoint and its push, the state a resumed run starts from; returns
     the checkpoint."""
     started = time.monotonic()
     trainer_version = settings.initial_version + step - 1
-    batch = await _unless_stopped(abandon, feed.next_batch(step, trainer_version))
+    batch = await _unless_stopped(control.abandon, feed.next_batch(step, trainer_version))
+    control.collected_step = step
     results = batch.results
     _keep_traces(out_dir / "trajectories.jsonl", results, step)
     if results and all(r.status is SessionStatus.ERROR for r in results):

@@ -152,3 +152,33 @@ async def test_a_run_that_finished_while_draining_needs_no_successor(tmp_path: P
     relay = Relay(RelaunchSettings(margin_seconds=30), _job(left=30.0), tmp_path, [], submit=lambda argv: "never")
     assert await relay.watch(fleet, fleet.in_flight, unfinished=_answer(0)) is None
     assert fleet.drained == ["gw-a"] and not (tmp_path / "relaunches.jsonl").exists()
+
+
+@pytest.mark.parametrize(("left", "training_seconds", "successor"), [
+    (30.0, 0.2, False),  # the last step trains, saves and pushes in this job: nothing for a successor to do
+    (10.3, 3.0, True),  # its training would run past the limit's last 10 s: the successor resumes it
+])
+async def test_a_hand_over_during_the_last_steps_training_submits_a_successor_only_if_it_cannot_finish(
+        tmp_path: Path, left: float, training_seconds: float, successor: bool) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from polar_gym.launch.training import _handing_over
+    from polar_gym.trainer.loops import RunControl
+
+    submitted: list[list[str]] = []
+    relay = Relay(RelaunchSettings(margin_seconds=left), _job(left=left), tmp_path, [],
+                  submit=lambda argv: submitted.append(argv) or "43")  # type: ignore[func-returns-value]
+    job: Any = SimpleNamespace(trainer=SimpleNamespace(steps=3), relay=relay, handover=None)
+    control = RunControl(last_step=2)
+
+    async def last_step() -> Path:
+        control.collected_step = 3  # its groups are in when the hand-over time comes
+        await asyncio.sleep(training_seconds)  # a step under way finishes, hand-over or not
+        control.last_step = 3
+        return tmp_path / "step-3"
+
+    fleet = FakeFleet([0])
+    assert await _handing_over(job, fleet, control, last_step()) == tmp_path / "step-3"  # type: ignore[arg-type]
+    assert bool(submitted) is successor and (job.handover is not None) is successor
+    assert control.last_step == 3

@@ -309,3 +309,27 @@ def test_no_input_makes_any_route_fail_with_a_500(tmp_path: Path) -> None:
         loop.run_until_complete(core.stop())
         store.close()
         loop.close()
+
+
+async def test_a_client_that_hangs_up_mid_body_is_no_server_error(tmp_path: Path) -> None:
+    """A gateway that stops while sending a heartbeat: the app answers (to nobody) instead of raising, so the server
+    logs no 'Exception in ASGI application' traceback."""
+    from polar_gym.server import RolloutServer, create_server_app
+
+    app = create_server_app(RolloutServer(Store(tmp_path / "s.sqlite")), SERVER_TOKEN, manage_lifecycle=False)
+    sent: list[dict[str, Any]] = []
+    chunks = [{"type": "http.request", "body": b'{"in_fl', "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/gateways/gw-1/heartbeat", "raw_path": b"/gateways/gw-1/heartbeat", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"x-admin-token", SERVER_TOKEN.encode()), (b"content-type", b"application/json"),
+                         (b"content-length", b"40")]}
+    await app(scope, receive, send)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400
