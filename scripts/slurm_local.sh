@@ -399,13 +399,12 @@ node_slurmd() {  # NODE: the pid of its slurmd, if running (pids wrap quickly on
 
 node_pids() {  # NODE: the processes in its network namespace, and (sandboxes may have a network namespace of their
   # own) those in its time namespace, which nothing below slurmd leaves
-  local node="$1" timens="" f
+  local node="$1" timens=""
   ip netns pids "$node" 2>/dev/null || true
   if [ -s "$DIR/nodes/$node/timens" ]; then  # written only for a node started with a time namespace
-    timens="$(cat "$DIR/nodes/$node/timens")"
-    for f in /proc/[0-9]*/ns/time; do
-      if [ "$(readlink "$f" 2>/dev/null)" = "$timens" ]; then f="${f#/proc/}"; echo "${f%%/*}"; fi
-    done
+    timens="$(cat "$DIR/nodes/$node/timens")"  # time:[INODE]: one stat for every process, not a readlink each
+    stat -L -c '%i %n' /proc/[0-9]*/ns/time 2>/dev/null \
+      | awk -v inode="${timens//[!0-9]/}" '$1 == inode { split($2, path, "/"); print path[3] }' || true
   fi
 }
 

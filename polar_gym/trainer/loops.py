@@ -11,6 +11,7 @@ answering while a step computes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -84,10 +85,24 @@ class RunControl:
     last_step: int = 0
     collected_step: int = 0
     handed_over: bool = False
+    _collecting: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def stop_now(self) -> None:
         self.stop.set()
         self.abandon.set()
+
+    async def groups_in(self, step: int) -> None:
+        """``step``'s groups all came in."""
+        async with self._collecting:
+            self.collected_step = step
+            self._collecting.notify_all()
+
+    async def collected(self, step: int, timeout: float) -> bool:
+        """Whether ``step``'s groups all come in within ``timeout`` seconds (results on their way from the fleet)."""
+        with contextlib.suppress(TimeoutError):
+            async with self._collecting:
+                await asyncio.wait_for(self._collecting.wait_for(lambda: self.collected_step >= step), timeout)
+        return self.collected_step >= step
 
 
 class _Stopped(Exception):
@@ -353,7 +368,7 @@ async def _grpo_step(step: int, settings: TrainerSettings, worker: TrainerWorker
     started = time.monotonic()
     trainer_version = settings.initial_version + step - 1
     batch = await _unless_stopped(control.abandon, feed.next_batch(step, trainer_version))
-    control.collected_step = step
+    await control.groups_in(step)
     results = batch.results
     _keep_traces(out_dir / "trajectories.jsonl", results, step)
     if results and all(r.status is SessionStatus.ERROR for r in results):

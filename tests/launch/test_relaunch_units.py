@@ -154,12 +154,15 @@ async def test_a_run_that_finished_while_draining_needs_no_successor(tmp_path: P
     assert fleet.drained == ["gw-a"] and not (tmp_path / "relaunches.jsonl").exists()
 
 
-@pytest.mark.parametrize(("left", "training_seconds", "successor"), [
-    (30.0, 0.2, False),  # the last step trains, saves and pushes in this job: nothing for a successor to do
-    (10.3, 3.0, True),  # its training would run past the limit's last 10 s: the successor resumes it
+@pytest.mark.parametrize(("left", "results_after", "training_seconds", "successor"), [
+    # the last step's results come in after the fleet is idle, then it trains, saves and pushes in this job:
+    # nothing for a successor to do
+    (30.0, 0.3, 0.2, False),
+    (10.3, 0.0, 3.0, True),  # its training would run past the limit's last 10 s: the successor resumes it
+    (12.0, None, 0.0, True),  # its groups do not come in within the grace (sessions withdrawn by the drain)
 ])
-async def test_a_hand_over_during_the_last_steps_training_submits_a_successor_only_if_it_cannot_finish(
-        tmp_path: Path, left: float, training_seconds: float, successor: bool) -> None:
+async def test_a_hand_over_during_the_last_step_submits_a_successor_only_if_the_step_cannot_finish(
+        tmp_path: Path, left: float, results_after: float | None, training_seconds: float, successor: bool) -> None:
     import asyncio
     from types import SimpleNamespace
 
@@ -173,12 +176,16 @@ async def test_a_hand_over_during_the_last_steps_training_submits_a_successor_on
     control = RunControl(last_step=2)
 
     async def last_step() -> Path:
-        control.collected_step = 3  # its groups are in when the hand-over time comes
+        if results_after is None:
+            await control.abandon.wait()  # left to the successor
+            return tmp_path / "step-2"
+        await asyncio.sleep(results_after)
+        await control.groups_in(3)
         await asyncio.sleep(training_seconds)  # a step under way finishes, hand-over or not
         control.last_step = 3
         return tmp_path / "step-3"
 
     fleet = FakeFleet([0])
-    assert await _handing_over(job, fleet, control, last_step()) == tmp_path / "step-3"  # type: ignore[arg-type]
+    assert await _handing_over(job, fleet, control, last_step()) == tmp_path / (  # type: ignore[arg-type]
+        "step-2" if results_after is None else "step-3")
     assert bool(submitted) is successor and (job.handover is not None) is successor
-    assert control.last_step == 3
