@@ -572,6 +572,17 @@ stop() {
   nodes="$NODES"
   if [ -f "$CONF" ] && alive "$DIR/run/slurmctld.pid"; then
     SLURM_CONF="$CONF" scancel --full --user=root 2>/dev/null || true
+    # slurmctld and every slurmd at once (2.6 s for three nodes, against 11 s one daemon at a time: slurmctld
+    # alone sat 5 s on SIGTERM once its nodes were gone); what is left below is stopped one by one
+    local daemons pid
+    daemons="$(cat "$DIR/run/slurmctld.pid" 2>/dev/null || true)"
+    for node in $(node_names "$nodes"); do daemons="$daemons $(node_slurmd "$node")"; done
+    [ "$nodes" -gt 0 ] || daemons="$daemons $(cat "$DIR/run/slurmd.pid" 2>/dev/null || true)"
+    if SLURM_CONF="$CONF" scontrol shutdown >/dev/null 2>&1; then
+      for pid in $daemons; do
+        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      done
+    fi
   fi
   if [ "$nodes" -gt 0 ]; then
     for node in $(node_names "$nodes"); do stop_node "$node"; done
