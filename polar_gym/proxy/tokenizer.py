@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from polar_gym.merge.exports import template_tool
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, message_text
 
-__all__ = ["ChatTokenizer", "HFChatTokenizer", "template_messages"]
+__all__ = ["ChatTokenizer", "HFChatTokenizer", "load_tokenizer", "template_messages"]
 
 
 @runtime_checkable
@@ -63,14 +63,41 @@ def _template_message(msg: ChatMessage) -> dict[str, Any]:
     return item
 
 
+def load_tokenizer(path: Path) -> Any:
+    """The tokenizer AutoTokenizer loads from ``path``, without AutoTokenizer's import of torch (through the model
+    configs' module: 1.6 s of CPU at the start of every proxy, gateway and launch) where its choice is plain: a
+    tokenizer-only directory (no config.json) whose tokenizer_config.json names a class transformers has and no
+    remote code. Everything else (a model's directory, a Llama class, whose ByteLevel files AutoTokenizer reroutes)
+    goes through AutoTokenizer. tests/unit/test_tokenizer_loading.py pins that both give the same tokenizer."""
+    import transformers
+
+    named = _named_class(path)
+    if named is not None:
+        found = getattr(transformers, named, None) or getattr(transformers, named + "Fast", None)
+        if found is not None:
+            return found.from_pretrained(str(path), local_files_only=True)
+    return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def _named_class(path: Path) -> str | None:
+    """The class tokenizer_config.json names (without ``Fast``) when AutoTokenizer would take it as it is."""
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    if not isinstance(name, str) or "auto_map" in config or (path / "config.json").exists():
+        return None
+    name = name.removesuffix("Fast")
+    return None if name.startswith("Llama") or not name.isidentifier() else name
+
+
 class HFChatTokenizer:
     """A transformers tokenizer plus its chat template, loaded from a local directory (never from a hub)."""
 
     def __init__(self, path: str | Path) -> None:
-        from transformers import AutoTokenizer
-
         self.path = Path(path)
-        self._tok = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+        self._tok = load_tokenizer(self.path)
         ends = [self._tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
         self.end_of_turn_ids = [int(t) for t in ends if isinstance(t, int) and t >= 0]
         if self._tok.eos_token_id is not None and self._tok.eos_token_id not in self.end_of_turn_ids:
