@@ -331,7 +331,7 @@ async def _handing_over(job: LaunchJob, client: RolloutClient, control: RunContr
         way from the drained fleet: a grace as below), trains, saves and pushes without the fleet: wait for it while
         the job has time, so a run that ends in this job submits no successor that would only resume after its last
         step (one more job's start-up for nothing)."""
-        if control.last_step == steps - 1 and await control.collected(steps, min(10.0, relay.left() - 10.0)):
+        if control.last_step == steps - 1 and await control.collected(steps, max(0.0, min(10.0, relay.left() - 10.0))):
             await asyncio.wait({work}, timeout=max(0.0, relay.left() - 10.0))
         return steps - control.last_step
 
