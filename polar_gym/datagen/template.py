@@ -16,7 +16,8 @@ class RunShape(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     num_samples: int = Field(default=1, ge=1, description="sessions per task (TaskRequest.num_samples)")
-    timeout_seconds: float = Field(default=600.0, gt=0, description="each session's deadline, in seconds")
+    timeout_seconds: float = Field(default=600.0, gt=0, description="each session's deadline, in seconds: its "
+                                   "sandbox's set-up and its run (a wait for a gateway's run slot is not counted)")
 
 
 class TaskTemplate(RunShape):

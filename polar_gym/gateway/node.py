@@ -318,6 +318,7 @@ class GatewayNode:
         self._release(self.init_pool, held)
         self._release(self.ready_pool, held)
         s.timings["ready_wait"] = time.monotonic() - t0
+        s.refund(s.timings["ready_wait"])  # bounded by the deadline (above), not charged to it
         self.latency.add("ready_wait", s.timings["ready_wait"])
 
     async def _run(self, s: Session, held: list[Pool]) -> None:

@@ -86,6 +86,12 @@ class Session:
     def start_deadline(self) -> None:
         self.deadline = asyncio.get_running_loop().time() + self.spec.timeout_seconds
 
+    def refund(self, seconds: float) -> None:
+        """Give back ``seconds`` the session waited for the gateway's own run slot: the timeout is the agent's budget
+        (its sandbox's set-up and its run), not the gateway's queue, so a busy gateway does not cut runs short."""
+        if self.deadline is not None:
+            self.deadline += seconds
+
     def remaining(self) -> float:
         """Seconds left of the shared deadline (the full timeout before INIT started); never negative."""
         if self.deadline is None:

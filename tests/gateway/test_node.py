@@ -11,6 +11,7 @@ import pytest
 import polar_gym.gateway as gateway
 from polar_gym.causes import cause_of
 from polar_gym.gateway import DuplicateSession, GatewayClosed, GatewayConfig, GatewayNode, Pool, UtilizationTracker
+from polar_gym.gateway.session import Session
 from polar_gym.runtime.errors import SandboxEnvError
 from polar_gym.schema import AgentSpec, SessionResult, SessionSpec, SessionStatus
 from tests._waiting import BOUND
@@ -119,6 +120,30 @@ async def test_deadline_while_waiting_for_a_run_slot() -> None:
     assert result.status is S.TIMEOUT and "waiting for a run slot" in (result.reason or "")
     stages.gate("hog").set()
     assert (await n.wait(hog.session_id, timeout=BOUND)).status is S.COMPLETED
+
+
+async def test_time_waiting_for_a_run_slot_is_not_taken_from_the_run() -> None:
+    """A warm sandbox waiting for a run slot does not spend its session's timeout: under load, a run that fits its
+    timeout timed out because the gateway's queue had eaten part of it."""
+    stages, at_run = ScriptedStages(), {}
+    n = node(stages, run_slots=1, init_workers=2)
+    original = stages.run
+
+    async def run(session: Session) -> None:
+        at_run[session.session_id] = session.remaining()
+        await original(session)
+
+    stages.run = run  # type: ignore[method-assign]
+    n.submit(spec("hog", hold="run"))
+    await wait_status(n, "hog", S.RUNNING)
+    waiter = n.submit(spec("waiter", timeout=30))
+    await wait_status(n, "waiter", S.READY)
+    await asyncio.sleep(1.0)  # the wait to be refunded: a lower bound however loaded the machine is
+    stages.gate("hog").set()
+    result = await n.wait(waiter.session_id, timeout=BOUND)
+    assert result.status is S.COMPLETED and result.timings["ready_wait"] >= 1.0
+    # without the refund it would be at most 30 - init - ready_wait
+    assert at_run["waiter"] > 30 - result.timings["init"] - result.timings["ready_wait"] / 2
 
 
 @pytest.mark.parametrize("where", ["queued", "init", "ready", "run", "prewarm", "postrun"])
