@@ -326,12 +326,15 @@ async def _handing_over(job: LaunchJob, client: RolloutClient, control: RunContr
         return await training
     steps, relay = job.trainer.steps, job.relay
 
+    def grace() -> float:
+        """How long results on their way from the drained fleet may take: at most 10 s, and 10 s before the limit."""
+        return max(0.0, min(10.0, relay.left() - 10.0))
+
     async def unfinished() -> int:
-        """Steps left for a successor. The last step, once its groups are in (their results may still be on their
-        way from the drained fleet: a grace as below), trains, saves and pushes without the fleet: wait for it while
-        the job has time, so a run that ends in this job submits no successor that would only resume after its last
-        step (one more job's start-up for nothing)."""
-        if control.last_step == steps - 1 and await control.collected(steps, max(0.0, min(10.0, relay.left() - 10.0))):
+        """Steps left for a successor. The last step, once its groups are in (within the grace), trains, saves and
+        pushes without the fleet: wait for it while the job has time, so a run that ends in this job submits no
+        successor that would only resume after its last step (one more job's start-up for nothing)."""
+        if control.last_step == steps - 1 and await control.collected(steps, grace()):
             await asyncio.wait({work}, timeout=max(0.0, relay.left() - 10.0))
         return steps - control.last_step
 
@@ -343,7 +346,7 @@ async def _handing_over(job: LaunchJob, client: RolloutClient, control: RunContr
             job.handover = await watch
             if job.handover is not None:
                 control.stop.set()
-                await asyncio.wait({work}, timeout=max(0.0, min(10.0, relay.left() - 10.0)))
+                await asyncio.wait({work}, timeout=grace())
                 control.abandon.set()
         return await work
     finally:

@@ -66,21 +66,21 @@ def _template_message(msg: ChatMessage) -> dict[str, Any]:
 def load_tokenizer(path: Path) -> Any:
     """The tokenizer AutoTokenizer loads from ``path``, without AutoTokenizer's import of torch (through the model
     configs' module: 1.6 s of CPU at the start of every proxy, gateway and launch) where its choice is plain: a
-    tokenizer-only directory (no config.json) whose tokenizer_config.json names a class transformers has and no
-    remote code. Everything else (a model's directory, a Llama class, whose ByteLevel files AutoTokenizer reroutes)
-    goes through AutoTokenizer. tests/unit/test_tokenizer_loading.py pins that both give the same tokenizer."""
+    tokenizer-only directory (no config.json) whose tokenizer_config.json names a tokenizer class transformers has
+    and no remote code. Everything else (a model's directory, a Llama class, whose ByteLevel files AutoTokenizer
+    reroutes) goes through AutoTokenizer. tests/unit/test_tokenizer_loading.py pins that both give the same one."""
     import transformers
 
     named = _named_class(path)
     if named is not None:
-        found = getattr(transformers, named, None) or getattr(transformers, named + "Fast", None)
-        if found is not None:
-            return found.from_pretrained(str(path), local_files_only=True)
+        return named.from_pretrained(str(path), local_files_only=True)
     return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def _named_class(path: Path) -> str | None:
-    """The class tokenizer_config.json names (without ``Fast``) when AutoTokenizer would take it as it is."""
+def _named_class(path: Path) -> Any:
+    """The tokenizer class tokenizer_config.json names when AutoTokenizer would take it as it is; else None."""
+    import transformers
+
     try:
         config = json.loads((path / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
@@ -89,7 +89,11 @@ def _named_class(path: Path) -> str | None:
     if not isinstance(name, str) or "auto_map" in config or (path / "config.json").exists():
         return None
     name = name.removesuffix("Fast")
-    return None if name.startswith("Llama") or not name.isidentifier() else name
+    if name.startswith("Llama") or not name.isidentifier():
+        return None
+    found = getattr(transformers, name, None) or getattr(transformers, name + "Fast", None)
+    # any other attribute of transformers a config might name (a model, a pipeline) is not ours to load
+    return found if isinstance(found, type) and issubclass(found, transformers.PreTrainedTokenizerBase) else None
 
 
 class HFChatTokenizer:

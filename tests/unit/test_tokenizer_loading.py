@@ -66,13 +66,16 @@ def test_every_other_directory_goes_through_autotokenizer(qwen_dir: Path, tmp_pa
             (folder / "config.json").write_text(json.dumps(model_config))
         return folder
 
-    assert _named_class(qwen_dir) == "Qwen2Tokenizer"
-    assert _named_class(with_config("fast", {**config, "tokenizer_class": "Qwen2TokenizerFast"})) == "Qwen2Tokenizer"
+    assert _named_class(qwen_dir).__name__ == "Qwen2Tokenizer"
+    assert _named_class(with_config("fast", {**config, "tokenizer_class": "Qwen2TokenizerFast"})) \
+        is _named_class(qwen_dir)
     # a model's directory (its config may correct the class), remote code, Llama's rerouting, nonsense: AutoTokenizer
     assert _named_class(with_config("model", config, {"model_type": "qwen3"})) is None
     assert _named_class(with_config("remote", {**config, "auto_map": {"AutoTokenizer": ["x.T", None]}})) is None
     assert _named_class(with_config("llama", {**config, "tokenizer_class": "LlamaTokenizerFast"})) is None
     assert _named_class(with_config("odd", {**config, "tokenizer_class": "os.system"})) is None
+    assert _named_class(with_config("model-class", {**config, "tokenizer_class": "PreTrainedModel"})) is None
+    assert _named_class(with_config("unknown", {**config, "tokenizer_class": "NoSuchTokenizer"})) is None
     assert _named_class(with_config("none", {k: v for k, v in config.items() if k != "tokenizer_class"})) is None
     assert _named_class(tmp_path / "missing") is None
     model = load_tokenizer(with_config("model2", config, {"model_type": "qwen3"}))
