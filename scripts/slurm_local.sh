@@ -553,9 +553,20 @@ kill_node() {  # NODE: a crash: SIGKILL to its slurmd and everything on it; the 
   pids="$(node_pids "$node" | sort -u)"  # slurmd too: it lives in the node's namespaces
   if [ -n "$pids" ]; then log "killing $node: $(echo $pids)"; kill -KILL $pids 2>/dev/null || true; fi
   rm -f "$DIR/run/slurmd-$node.pid"
-  for _ in $(seq 50); do [ -z "$(node_pids "$node")" ] && return 0; sleep 0.1; done
+  for _ in $(seq 50); do [ -z "$(node_pids "$node")" ] && all_exited $pids && return 0; sleep 0.1; done
   log "processes left on $node: $(node_pids "$node" | tr '\n' ' ')"
   return 1
+}
+
+all_exited() {  # PIDS: each gone, or a zombie with no thread left. A killed process leaves its namespaces (so node_pids
+  # no longer lists it) while its other threads still exit and hold its files: its listening sockets accept a moment
+  # longer (a test's connect reached a killed gateway once)
+  local pid
+  for pid in "$@"; do
+    [ -r "/proc/$pid/status" ] || continue
+    awk '/^State:/ { zombie = ($2 == "Z") } /^Threads:/ { threads = $2 } END { exit !(zombie && threads <= 1) }' \
+      "/proc/$pid/status" 2>/dev/null || return 1
+  done
 }
 
 link_node() {  # NODE up|down: its cable (the host end of its veth)

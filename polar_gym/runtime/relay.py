@@ -198,7 +198,9 @@ class GatewayRelay:
         except OSError:
             sock.close()
             raise
-        self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=1024)
+        # held before the first await: a start cancelled while it begins serving leaves stop() a socket to close
+        self._server = await asyncio.start_unix_server(self._handle, sock=sock, backlog=1024, start_serving=False)
+        await self._server.start_serving()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
