@@ -11,6 +11,7 @@ page and line."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,7 +40,30 @@ def _param(block: Block) -> object:
 @pytest.mark.slow
 @pytest.mark.parametrize("block", [_param(block) for block in BLOCKS if _page(block) not in IN_SEQUENCE])
 def test_the_command_shown_runs(block: Block) -> None:
-    run_block(block)
+    output = run_block(block)
+    for (page, piece), check in RESULTS.items():
+        if page == _page(block) and piece in block.code:
+            check(output)
+
+
+def _trl_sessions(output: str) -> None:
+    """One line per session TRL trained on: the oracle solved the task, and the tool output between the turns is
+    context (trained < completion), the model's own tokens are not (trained > 0)."""
+    rows = re.findall(r"^step 1 \S+ reward (\S+) prompt (\d+) completion (\d+) trained (\d+)$", output, re.M)
+    assert len(rows) == 2, output  # --generations 2
+    for reward, prompt, completion, trained in rows:
+        assert float(reward) == 1.0 and int(prompt) > 0 and 0 < int(trained) < int(completion), output
+
+
+#: (page, a piece of the block's code) -> the check of the documented result of a block that runs alone
+RESULTS: dict[tuple[str, str], Callable[[str], None]] = {
+    ("trainers/trl.md", "grpo_polar.py"): _trl_sessions,
+}
+
+
+def test_every_result_check_matches_one_block() -> None:
+    for page, piece in RESULTS:
+        assert len([b for b in BLOCKS if _page(b) == page and piece in b.code]) == 1, (page, piece)
 
 
 # -- the reader's pages, in sequence ------------------------------------------------------------------------------

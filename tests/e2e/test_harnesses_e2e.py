@@ -61,8 +61,9 @@ async def oracle_gateway(tmp_path: Path, *, run_slots: int = 2,
     missing = [name for name, path in cli_paths(install_dir()).items() if not path.exists()]
     if missing:
         pytest.fail(f"harness CLIs not installed ({missing}): run `bash scripts/setup.sh`")
+    # strict: a field a real harness sends that a front end does not know fails its call (the live CLIs' check)
     service = ProxyService(OracleEngine(HFChatTokenizer(tokenizer_dir()), **engine_kw),
-                           CaptureJournal(tmp_path / "capture"), SessionRegistry(allow_adhoc=False))
+                           CaptureJournal(tmp_path / "capture"), SessionRegistry(allow_adhoc=False), strict=True)
     async with served_gateway(service, tmp_path / "gateway", init_workers=2, ready_buffer=2, run_slots=run_slots,
                               postrun_workers=2) as node:
         yield node, service

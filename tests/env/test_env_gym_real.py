@@ -215,25 +215,11 @@ def _session_status(fleet: Path, session_id: str) -> str:
     return str(status)
 
 
-def test_a_configured_remote_rollout_server_runs_the_sessions(tmp_path: Path) -> None:
-    """polar_server_url set: the agent starts nothing and submits to that server."""
-    agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
-    with polar_serve(tmp_path / "polar") as polar, \
-            gym_started(tmp_path / "gym", f"{agent}.polar_server_url={polar['url']}",
-                        f"{agent}.polar_admin_token={polar['admin_token']}") as started:
-        row = json.dumps({"responses_create_params": {"input": "fix it"},
-                          "polar_task": {"task_request": DEMO_TASKS["demo-slugify"].to_request(
-                              harness="pi", model_name="policy").model_dump(mode="json")}})
-        (line,) = _eval_run(started, [row])
-    assert line["reward"] == 1.0 and line["polar"]["status"] == "COMPLETED"
-    # it ran on the configured server, not on a fleet the agent started
-    assert _session_status(tmp_path / "polar" / "fleet", line["polar"]["session_id"]) == "COMPLETED"
-
-
 def test_the_policy_is_registered_with_a_remote_fleet_started_without_one(tmp_path: Path,
                                                                            vllm_server: VLLMServer) -> None:
     """The NeMo RL arrangement: the Polar fleet runs before the policy exists (vllm engine, no upstream); the agent
-    POSTs Gym's policy_base_url to the rollout server's /backends, which every gateway's proxy then samples from."""
+    is configured with that rollout server (polar_server_url: it starts no fleet of its own and submits there) and
+    POSTs Gym's policy_base_url to its /backends, which every gateway's proxy then samples from."""
     agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
     with polar_serve(tmp_path / "polar", "--engine", "vllm", "--prompt-mode", "token_in", "--await-upstreams",
                      "--upstream-model", vllm_server.model, "--max-tokens-cap", "24") as polar:
@@ -246,6 +232,8 @@ def test_the_policy_is_registered_with_a_remote_fleet_started_without_one(tmp_pa
         backends = httpx.get(f"{polar['url']}/backends", headers={"x-admin-token": polar["admin_token"]}).json()
     assert backends["backends"] == [vllm_server.url]
     assert line["polar"]["status"] == "COMPLETED" and line["reward"] == 0.0  # a random model does not fix the bug
+    # it ran on the configured server, not on a fleet the agent started
+    assert _session_status(tmp_path / "polar" / "fleet", line["polar"]["session_id"]) == "COMPLETED"
     calls = [r for journal in find_journals([tmp_path / "polar" / "fleet"]) for r in read_session(journal)]
     assert calls and {(c.engine, c.server) for c in calls} == {("vllm", vllm_server.url)}
     trained = [item for item in line["response"]["output"] if item["type"] == "message"]
