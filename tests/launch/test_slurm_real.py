@@ -289,7 +289,9 @@ def test_cancelling_the_launch_leaves_no_job_behind(slurm_env: dict[str, str], t
 def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(slurm_env: dict[str, str],
                                                                                 tmp_path: Path) -> None:
     """A launch in a 1-minute Slurm job with relaunch.margin_seconds=40 hands over after ~20 s, twice or more: each
-    successor takes the unfinished sessions from the store; every session ends once, COMPLETED, in one attempt."""
+    successor takes the unfinished sessions from the store; every session ends once, COMPLETED, in one attempt. The
+    harness is docs/harnesses/agent.py from a config folder of the user's own (``--config-dir``, which the hand-over
+    passes on): 30 sessions of a harness CLI would cost 30 s of CPU this test is not about."""
     if not (tokenizer_dir() / ".complete").exists():
         pytest.skip(f"the oracle engine's tokenizer {tokenizer_dir()} is not built (bash scripts/setup.sh)")
     out = tmp_path / "run"
@@ -298,10 +300,13 @@ def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(
     # faster machine does not finish it in fewer jobs
     slow = ('forks=[{name: slow, tasks: [demo-calc-add], replace: [{old: "python3 -B -m unittest -q", '
             'new: "sleep 6; python3 -B -m unittest -q"}]}]')
-    sessions = 30  # about 55 s of work at two run slots: three jobs or more, with about 16 s of work in each
-    command = [sys.executable, "-m", "polar_gym.launch", "tasks.ids=[demo-calc-add]", f"num_samples={sessions}",
-               slow, "launcher.run_slots=2", "launcher.progress=false", "timeout_seconds=30",
-               "relaunch.enabled=true", "relaunch.margin_seconds=40", f"out_dir={out}"]
+    # about 60 s of work at two run slots (17 sessions sleep 6 s): three jobs or more, as a job does at most about
+    # 24 s of work (hand-over 20 s in, and the sessions running then end)
+    sessions = 34
+    command = [sys.executable, "-m", "polar_gym.launch", "--config-dir", str(_agent_conf(tmp_path)), "+harness=agent",
+               "tasks.ids=[demo-calc-add]", f"num_samples={sessions}", slow, "launcher.run_slots=2",
+               "launcher.progress=false", "timeout_seconds=30", "relaunch.enabled=true", "relaunch.margin_seconds=40",
+               f"out_dir={out}"]
     first = subprocess.run(["sbatch", "--parsable", "--time=1", "--cpus-per-task=2", "--mem=4G",
                             "--job-name=polar-relay", f"--output={out}/first-%j.log", f"--chdir={ROOT}", "--wrap",
                             shlex.join(command)], env=slurm_env, capture_output=True, text=True, check=True,
@@ -326,19 +331,31 @@ def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(
     assert {a for _, _, a in stored} == {1}, stored  # nothing ran twice
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["session_id"] for r in results) == sorted(s for s, _, _ in stored)  # each once, in the last job
+    assert {r["harness"] for r in results} == {"shell"}
+
+
+def _agent_conf(root: Path) -> Path:
+    """A config folder whose ``harness/agent.yaml`` is the shell harness running docs/harnesses/agent.py (as
+    docs/harnesses/custom.md writes it)."""
+    agent = (ROOT / "docs" / "harnesses" / "agent.py").read_text()
+    (root / "conf" / "harness").mkdir(parents=True)
+    (root / "conf" / "harness" / "agent.yaml").write_text(json.dumps(
+        {"name": "shell", "model_name": "policy",
+         "config": {"command": 'python3 agent.py "$1"', "files": {"agent.py": agent}}}))
+    return root / "conf"
 
 
 def test_a_grpo_run_hands_over_and_trains_every_step_once(slurm_env: dict[str, str], tmp_path: Path,
                                                           vllm_train_server: VLLMServer) -> None:
     """A GRPO run on the real vLLM (fp32, weight reloads) in 1-minute Slurm jobs with relaunch.margin_seconds=40:
     a job stops at a step boundary and hands over, the successor resumes after the last saved step (weights,
-    optimizer, the feed's groups) and pushes it to the engine first. Steps 1..3 each once, each sampled by the
+    optimizer, the feed's groups) and pushes it to the engine first. Steps 1 and 2 each once, each sampled by the
     version of the step before; every session once, in one attempt. The task is a stranger's Harbor task whose
-    verifier takes 8 s (:func:`_slow_task`). That a successor hands over again, in a chain, is the plain run's
+    verifier takes 15 s (:func:`_slow_task`). That a successor hands over again, in a chain, is the plain run's
     test above: the hand-over is the same code in both."""
     out = tmp_path / "grpo"
     out.mkdir()
-    steps, samples = 3, 2
+    steps, samples = 2, 2
     command = [sys.executable, "-m", "polar_gym.launch", "+trainer=grpo", f"trainer.steps={steps}",
                "trainer.learning_rate=1e-3", "inference=vllm", f"inference.upstreams=[{vllm_train_server.url}]",
                f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=48", "tasks=harbor",
@@ -376,8 +393,9 @@ def test_a_grpo_run_hands_over_and_trains_every_step_once(slurm_env: dict[str, s
 
 
 def _slow_task(root: Path) -> Path:
-    """A Harbor task whose verifier sleeps 8 s: a GRPO step on it takes at least that long, so a job (hand-over
-    about 20 s after its start) begins at most two steps, and three steps take two jobs or more on any machine."""
+    """A Harbor task whose verifier sleeps 15 s: a GRPO step on it takes at least that long, so a job that hands
+    over 20 s after its start, waiting up to 10 s for the step under way, cannot end two steps (30 s or more): two
+    steps take two jobs on any machine."""
     task = root / "tasks" / "slow-check"
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -387,7 +405,7 @@ def _slow_task(root: Path) -> Path:
                                     'timeout_sec = 60.0\n')
     (task / "instruction.md").write_text("Write the word lighthouse to /app/answer.txt.\n")
     (task / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
-    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 8\ngrep -qx lighthouse /app/answer.txt && echo 1 "
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 15\ngrep -qx lighthouse /app/answer.txt && echo 1 "
                                            "> /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
     return task.parent
 
