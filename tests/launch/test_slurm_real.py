@@ -347,11 +347,11 @@ def _agent_conf(root: Path) -> Path:
 
 def test_a_grpo_run_hands_over_and_trains_every_step_once(slurm_env: dict[str, str], tmp_path: Path,
                                                           vllm_train_server: VLLMServer) -> None:
-    """A GRPO run on the real vLLM (fp32, weight reloads) in 1-minute Slurm jobs with relaunch.margin_seconds=40:
+    """A GRPO run on the real vLLM (fp32, weight reloads) in 2-minute Slurm jobs with relaunch.margin_seconds=100:
     a job stops at a step boundary and hands over, the successor resumes after the last saved step (weights,
     optimizer, the feed's groups) and pushes it to the engine first. Steps 1 and 2 each once, each sampled by the
     version of the step before; every session once, in one attempt. The task is a stranger's Harbor task whose
-    verifier takes 15 s (:func:`_slow_task`). That a successor hands over again, in a chain, is the plain run's
+    verifier takes 20 s (:func:`_slow_task`). That a successor hands over again, in a chain, is the plain run's
     test above: the hand-over is the same code in both."""
     out = tmp_path / "grpo"
     out.mkdir()
@@ -361,8 +361,8 @@ def test_a_grpo_run_hands_over_and_trains_every_step_once(slurm_env: dict[str, s
                f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=48", "tasks=harbor",
                f"tasks.path={_slow_task(tmp_path)}", f"num_samples={samples}", "launcher.run_slots=2",
                "launcher.progress=false", "timeout_seconds=60", "relaunch.enabled=true",
-               "relaunch.margin_seconds=40", f"out_dir={out}"]
-    first = subprocess.run(["sbatch", "--parsable", "--time=1", "--cpus-per-task=2", "--mem=6G",
+               "relaunch.margin_seconds=100", f"out_dir={out}"]
+    first = subprocess.run(["sbatch", "--parsable", "--time=2", "--cpus-per-task=2", "--mem=6G",
                             "--job-name=polar-grpo-relay", f"--output={out}/first-%j.log", f"--chdir={ROOT}",
                             "--wrap", shlex.join(command)], env=slurm_env, capture_output=True, text=True,
                            check=True, timeout=60).stdout.strip().split(";")[0]
@@ -393,9 +393,10 @@ def test_a_grpo_run_hands_over_and_trains_every_step_once(slurm_env: dict[str, s
 
 
 def _slow_task(root: Path) -> Path:
-    """A Harbor task whose verifier sleeps 15 s: a GRPO step on it takes at least that long, so a job that hands
-    over 20 s after its start, waiting up to 10 s for the step under way, cannot end two steps (30 s or more): two
-    steps take two jobs on any machine."""
+    """A Harbor task whose verifier sleeps 20 s: a GRPO step on it takes at least that long, so the first step is
+    under way when a job hands over (20 s after its start) and the job stops after it: two steps take two jobs on any
+    machine. The 100 s margin lets that step end on a loaded one (a step took 36 s in CI, and a 1-minute job with a
+    40 s margin drains for 25 s only)."""
     task = root / "tasks" / "slow-check"
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -405,7 +406,7 @@ def _slow_task(root: Path) -> Path:
                                     'timeout_sec = 60.0\n')
     (task / "instruction.md").write_text("Write the word lighthouse to /app/answer.txt.\n")
     (task / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
-    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 15\ngrep -qx lighthouse /app/answer.txt && echo 1 "
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 20\ngrep -qx lighthouse /app/answer.txt && echo 1 "
                                            "> /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
     return task.parent
 
