@@ -23,6 +23,10 @@ export POLAR_HYPOTHESIS=ci  # property tests draw the same examples every run (t
 # between parallel regions instead of spinning. The tiny model's training steps beside other work: 26 s of CPU for 15
 # steps passive, 31-58 s spinning.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# Bytecode is written (into this checkout's __pycache__, which git ignores): with PYTHONDONTWRITEBYTECODE set, as some
+# container images set it, every pytest worker rewrote the asserts of all 450 test modules again (17 s of CPU a
+# collection, 9 s cached) and every launch, gateway and server process compiled polar_gym anew.
+unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff check polar_gym tests benchmarks scripts || failed+=(ruff)
 .venv/bin/lint-imports || failed+=(lint-imports)
 .venv/bin/mypy || failed+=(mypy)
