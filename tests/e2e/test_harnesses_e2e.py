@@ -76,10 +76,12 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[GatewayNode, ProxyServi
         yield served
 
 
-def session_for(harness: str, task_id: str = "demo-calc-add") -> SessionSpec:
-    request = demo_task(task_id).to_request(
-        harness=harness, runtime=RuntimeSpec(backend="local", network="gateway", workdir="/workspace"),
-        builder=BuilderSpec(strategy="prefix_merging"), timeout_seconds=240)
+def session_for(harness: str, task_id: str = "demo-calc-add", *, runtime: RuntimeSpec | None = None,
+                timeout: float = 240) -> SessionSpec:
+    """A demo task's session for ``harness``, in the local sandbox unless ``runtime`` says otherwise."""
+    runtime = runtime or RuntimeSpec(backend="local", network="gateway", workdir="/workspace")
+    request = demo_task(task_id).to_request(harness=harness, runtime=runtime,
+                                            builder=BuilderSpec(strategy="prefix_merging"), timeout_seconds=timeout)
     return SessionSpec.from_task(request, 0)
 
 

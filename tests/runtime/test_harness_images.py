@@ -21,9 +21,8 @@ import yaml
 from polar_gym.apptainer.offline import ALL_HARNESSES, OfflineRecipe, default_image
 from polar_gym.assets import tokenizer_dir
 from polar_gym.harness.install import install_dir
-from polar_gym.schema import BuilderSpec, RuntimeSpec, SessionSpec, SessionStatus
-from polar_gym.tasks import demo_task
-from tests.e2e.test_harnesses_e2e import oracle_gateway
+from polar_gym.schema import RuntimeSpec, SessionStatus
+from tests.e2e.test_harnesses_e2e import oracle_gateway, session_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -95,9 +94,7 @@ async def test_every_cli_solves_a_demo_task_in_the_default_image(default_built: 
         monkeypatch.delenv(name, raising=False)
     runtime = RuntimeSpec.model_validate(yaml.safe_load((ROOT / "conf" / "runtime" / "docker.yaml").read_text()))
     assert runtime.image == default_built
-    specs = [SessionSpec.from_task(demo_task("demo-calc-add").to_request(
-        harness=harness, runtime=runtime, builder=BuilderSpec(strategy="prefix_merging"), timeout_seconds=300), 0)
-        for harness in ALL_HARNESSES]
+    specs = [session_for(harness, runtime=runtime, timeout=300) for harness in ALL_HARNESSES]
     async with oracle_gateway(tmp_path, run_slots=3) as (node, _):
         results = await asyncio.wait_for(node.run(specs), 1200)
     assert [r.status for r in results] == [SessionStatus.COMPLETED] * len(specs), \
