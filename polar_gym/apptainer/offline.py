@@ -124,7 +124,8 @@ class OfflineRecipe:
         """Covers the base, the CLI pins and the templates: a harness image with the same key is reused."""
         doc: dict[str, Any] = {"base": self.base_key, "pins": {h: _spec(h) for h in self.harnesses},
                                "path": IMAGE_PATH, "template": _DOCKERFILE, "layout": LAYOUT_VERSION,
-                               "on_path": {h: PY_PINS[h].on_path for h in self.harnesses if h in PY_PINS}}
+                               "on_path": {h: PY_PINS[h].on_path for h in self.harnesses if h in PY_PINS},
+                               "node": {h: PINS[h].node_major for h in self.harnesses if h in PINS}}
         if self.left_out():
             doc["left_out"] = self.left_out()
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

