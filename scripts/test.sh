@@ -40,16 +40,17 @@ unset PYTHONDONTWRITEBYTECODE
 #   no faster, and running both tiers in one run of three workers took as long as the two runs (1,867 s).
 # Exit status 5 (no test selected: a path given to one tier only) is not a failure. Coverage of polar_gym in the test
 # processes (the sandboxes' and subprocesses' own runs are not measured) is combined over both runs; the table lists
-# the files not fully covered, coverage/coverage.xml holds the rest. Each run lists its slowest tests: CI time is
+# the files not fully covered, coverage/coverage.xml holds the rest. Each run lists its slowest tests and those that
+# used the most CPU (tests/_cpu_time.py; on two busy cores a test's CPU is what it costs the others): CI time is
 # everyone's clock.
 run_pytest() {
   local rc=0
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
   [ "$rc" = 0 ] || [ "$rc" = 5 ]
 }
-run_pytest -n 3 --dist loadfile --durations=20 -m "not (engine or slurm or slow)" --cov --cov-report= "$@" \
+run_pytest -n 3 --dist loadfile --durations=20 --cpu-durations=20 -m "not (engine or slurm or slow)" --cov --cov-report= "$@" \
   || failed+=(pytest-quick)
-run_pytest -n 2 --dist loadgroup --durations=0 --durations-min=5 -m "$HEAVY" --cov --cov-append \
+run_pytest -n 2 --dist loadgroup --durations=0 --durations-min=5 --cpu-durations=40 -m "$HEAVY" --cov --cov-append \
   --cov-report=term:skip-covered --cov-report=xml "$@" || failed+=(pytest-heavy)
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2

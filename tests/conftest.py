@@ -12,6 +12,8 @@ from hypothesis import settings
 from tests._serving import RunningProxy, oracle_service, serve
 from tests._vllm import vllm_server, vllm_train_server  # noqa: F401  (one real vLLM each per session, on demand)
 
+pytest_plugins = ["tests._cpu_time"]  # --cpu-durations N: the tests that used the most CPU
+
 # CI (scripts/test.sh sets POLAR_HYPOTHESIS=ci) runs the same examples every time, so its verdict is reproducible;
 # a bare pytest explores new ones, which is where a property finds a new bug (then pinned as an explicit case).
 # scripts/mutate.py runs the tests once per mutant: the same examples every run, fewer of them (a mutant most tests
