@@ -133,12 +133,16 @@ def cli_paths(directory: Path, pins: Mapping[str, Pin] = PINS) -> dict[str, Path
             else directory / "node_modules" / ".bin" / pin.binary for name, pin in pins.items()}
 
 
-def render_wrapper(directory: Path, binary: str, node: Path = BUNDLED_NODE) -> str:
-    """A CLI's wrapper (pure): the install's ``node`` (a path relative to it) first on PATH, then the npm binary."""
-    node_bin = shlex.quote(str(directory / node.parent))
-    target = shlex.quote(str(directory / "node_modules" / ".bin" / binary))
+def render_wrapper(binary: str, node: Path = BUNDLED_NODE) -> str:
+    """A CLI's wrapper in the install's ``bin/`` (pure): the install's ``node`` (a path relative to the install) first
+    on PATH, then the npm binary. Both are found from where the wrapper is, not from where it was written: a sandbox,
+    a container or another user may see the install at another path (a read-only bind of the cache)."""
+    node_bin = shlex.quote(str(node.parent))
+    target = shlex.quote(f"node_modules/.bin/{binary}")
     return (f"#!/bin/sh\n# polar_gym: the pinned CLI run with the Node.js of this install\n"
-            f'PATH={node_bin}:"$PATH"\nexport PATH\nexec {target} "$@"\n')
+            f'case $0 in */*) bin=${{0%/*}} ;; *) bin=. ;; esac\n'
+            f'root=$(CDPATH= cd -- "$bin/.." && pwd) || exit 127\n'
+            f'PATH="$root"/{node_bin}:"$PATH"\nexport PATH\nexec "$root"/{target} "$@"\n')
 
 
 def _installed(directory: Path, pins: Mapping[str, Pin]) -> bool:
@@ -248,7 +252,7 @@ def _write_wrappers(directory: Path, pins: Mapping[str, Pin], *, bundled: bool) 
         if not bundled and pin.node_major is None:
             continue
         wrapper = directory / "bin" / pin.binary
-        text = render_wrapper(directory, pin.binary, pin.node)
+        text = render_wrapper(pin.binary, pin.node)
         if not wrapper.is_file() or wrapper.read_text() != text:
             wrapper.write_text(text)
             wrapper.chmod(0o755)

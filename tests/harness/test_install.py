@@ -154,7 +154,7 @@ def test_without_system_node_the_clis_run_with_the_wheels_node(tmp_path: Path) -
     (directory / "node-seen-by-npm").unlink()
     assert ensure_installed(pins, tmp_path / "cache", node_dir=_wheel_bin(tmp_path)) == paths
     assert not (directory / "node-seen-by-npm").exists()
-    assert paths["qwen_code"].read_text() == render_wrapper(directory, "qwen")
+    assert paths["qwen_code"].read_text() == render_wrapper("qwen")
 
 
 def _wheel_bin(tmp_path: Path) -> Path:
@@ -190,7 +190,7 @@ def test_a_cli_needing_node_24_installs_and_runs_with_its_pinned_wheel(tmp_path:
     assert (directory / "node-seen-by-npm").read_text().strip() == str(wheel24 / "node")
     assert (directory / "node-24" / "bin" / "node").read_text() == (wheel24 / "node").read_text()
     assert paths["openclaw"] == directory / "bin" / "openclaw"
-    assert paths["openclaw"].read_text() == render_wrapper(directory, "openclaw", Path("node-24/bin/node"))
+    assert paths["openclaw"].read_text() == render_wrapper("openclaw", Path("node-24/bin/node"))
     assert paths["qwen_code"] == (directory / "node_modules" / ".bin" / "qwen" if system_node
                                   else directory / "bin" / "qwen")
     run = subprocess.run([str(paths["openclaw"]), "agent"], capture_output=True, text=True, timeout=30,
@@ -198,6 +198,14 @@ def test_a_cli_needing_node_24_installs_and_runs_with_its_pinned_wheel(tmp_path:
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"node24 runs {directory / 'node_modules' / '.bin' / 'openclaw'} agent"
     assert (directory / "bin" / "qwen").exists() is not system_node  # qwen's wrapper: only without a system node
+    # the install seen at another path (a sandbox's or another user's read-only bind of the cache): the wrapper runs
+    # what is beside it, by its full path or from PATH
+    moved = tmp_path / "elsewhere"
+    directory.rename(moved)
+    for argv, path in (([str(moved / "bin" / "openclaw"), "agent"], "/usr/bin:/bin"),
+                       (["openclaw", "agent"], f"{moved / 'bin'}:/usr/bin:/bin")):
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": path, "CDPATH": "/"})
+        assert run.stdout.strip() == f"node24 runs {moved / 'node_modules' / '.bin' / 'openclaw'} agent", run.stderr
 
 
 FAKE_PIP = """#!/bin/sh
