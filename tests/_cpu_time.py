@@ -3,8 +3,9 @@
 The heavy tiers run two tests at a time on two cores and are CPU-bound, so a test's wall time says little about what
 it costs the others: a test that sleeps is long and cheap, one that starts harnesses is short and dear. A test's CPU
 here is its worker's own (``RUSAGE_SELF``) plus that of the processes it started and reaped (``RUSAGE_CHILDREN``:
-launches, harness CLIs, sandboxes), over its setup, call and teardown. Not counted: shared servers reaped at the end
-of the session (vLLM), and what runs outside the worker's process tree (Slurm jobs, containers under conmon)."""
+launches, harness CLIs), over its setup, call and teardown. Not counted: what runs outside the worker's process tree
+(Slurm jobs, containers under conmon) or is never waited for (a sandbox's processes die with its pid namespace). A
+session fixture's server (vLLM) counts for the test after which it is stopped, the last of its worker."""
 
 from __future__ import annotations
 
