@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,6 +44,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _head_port() -> int:
+    """A free port for Gym's head server between Ray's worker ports (10002-19999) and the kernel's ephemeral ones
+    (32768-60999), where Ray's processes, which start between this choice and the head server's bind, take theirs:
+    an ephemeral port free a moment ago was taken by one of them."""
+    for port in random.sample(range(20000, 32768), 200):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    return _free_port()
+
+
 def test_the_agents_own_gym_layout_tests_pass_in_gyms_interpreter() -> None:
     venv = gym_venv_or_skip()
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "unittest", "discover", "-s", "tests", "-t", ".", "-v"],
@@ -72,12 +84,12 @@ def gym_started(tmp_path: Path, *overrides: str) -> Iterator[dict]:
     extra Hydra ``overrides``); yields what `gym eval run` needs; stops everything with SIGINT and checks nothing is
     left (by a marker). Started once more on a fresh head port when the first start does not come up: a port free a
     moment ago may be taken by then (Ray's workers pick ports too)."""
-    for attempt in (1, 2):
+    for attempt in (1, 2, 3):
         with contextlib.ExitStack() as stack:
             try:
                 started = stack.enter_context(_gym_started_once(tmp_path, attempt, *overrides))
             except _NotUp as exc:
-                if attempt == 2:
+                if attempt == 3:
                     pytest.fail(f"gym env start did not come up:\n{exc}")
                 continue
             yield started
@@ -94,7 +106,7 @@ def _gym_started_once(tmp_path: Path, attempt: int, *overrides: str) -> Iterator
     marker = f"polar-gym-env-test-{uuid.uuid4().hex}"
     env = {**os.environ, "POLAR_PYTHON": sys.executable, "POLAR_ENV_TEST_MARKER": marker}
     env.pop("VIRTUAL_ENV", None)
-    port = _free_port()
+    port = _head_port()
     argv = [str(venv / "bin" / "gym"), "env", "start", "--search-dir", str(ENV_DIR), "--config", AGENT_CONFIG,
             "--config", RESOURCES_CONFIG, "+skip_venv_if_present=true", f"+uv_venv_dir={tmp_path / 'venvs'}",
             f"+head_server.port={port}", *overrides]
@@ -104,9 +116,12 @@ def _gym_started_once(tmp_path: Path, attempt: int, *overrides: str) -> Iterator
                                 preexec_fn=take_ctrl_c)
     try:
         deadline = time.monotonic() + 120
-        while "servers ready!" not in log.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise _NotUp(log.read_text(errors="replace")[-4000:])
+        taken = f"error while attempting to bind on address ('127.0.0.1', {port}): address already in use"
+        while "servers ready!" not in (text := log.read_text(errors="replace")):
+            # the head server lost its port to another process: it never comes up, so start again now rather
+            # than at the deadline (120 s lost in a heavy run)
+            if proc.poll() is not None or time.monotonic() > deadline or taken in text:
+                raise _NotUp(text[-4000:])
             time.sleep(0.5)
         yield {"gym": venv / "bin" / "gym", "env": env, "port": port, "cwd": tmp_path, "log": log}
     finally:
