@@ -42,9 +42,9 @@ unset PYTHONDONTWRITEBYTECODE
 # polar_gym in their test processes (sandboxes and subprocesses are not measured); the table lists the files not
 # fully covered, coverage/coverage.xml holds the rest. The heavy tiers run polar_gym mostly in subprocesses, which
 # coverage does not see, and tracing their in-process part cost them about 40 % more CPU there (the gateway and
-# proxy of the e2e tests: 14.4 s against 10.0 s), on a run that is CPU-bound and sets CI's time. Each run lists its slowest tests and those that
-# used the most CPU (tests/_cpu_time.py; on two busy cores a test's CPU is what it costs the others): CI time is
-# everyone's clock.
+# proxy of the e2e tests: 14.4 s against 10.0 s), on a run that is CPU-bound and sets CI's time. Each run lists its
+# slowest tests and those that used the most CPU (tests/_cpu_time.py; on two busy cores a test's CPU is what it costs
+# the others): CI time is everyone's clock.
 run_pytest() {
   local rc=0
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?

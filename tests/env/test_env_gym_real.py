@@ -82,8 +82,8 @@ class _NotUp(Exception):
 def gym_started(tmp_path: Path, *overrides: str) -> Iterator[dict]:
     """`gym env start` of the plugin in tmp_path (venvs are symlinks to the prebuilt one, a pinned head port, any
     extra Hydra ``overrides``); yields what `gym eval run` needs; stops everything with SIGINT and checks nothing is
-    left (by a marker). Started once more on a fresh head port when the first start does not come up: a port free a
-    moment ago may be taken by then (Ray's workers pick ports too)."""
+    left (by a marker). Started again, up to three times, on a fresh head port when a start does not come up: a port
+    free a moment ago may be taken by then (Ray's processes pick ports too, see :func:`_head_port`)."""
     for attempt in (1, 2, 3):
         with contextlib.ExitStack() as stack:
             try:
