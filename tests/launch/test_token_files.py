@@ -1,17 +1,15 @@
 """Issue 11, fault 3 (token files): a file that must hold an admin token is readable by its owner only (mode 600,
-its directory 700 where it holds only secrets) and no token is printed to a log other users may read: the local
-launch's out_dir, the submitit folder, the sbatch scripts and ``python -m polar_gym.gateway`` / ``polar_gym.proxy``
-started without a token. Real processes, real files."""
+its directory 700 where it holds only secrets) and no token is printed to a log other users may read: the submitit
+folder, the sbatch scripts and ``python -m polar_gym.gateway`` / ``polar_gym.proxy`` started without a token (a local
+launch's out_dir: tests/launch/test_launch_outputs.py). Real processes, real files."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -52,32 +50,6 @@ def test_write_secret_makes_an_existing_world_readable_file_private(tmp_path: Pa
     path.chmod(0o644)
     write_secret(path, "new")
     assert path.read_text() == "new" and _private(path) and [p.name for p in tmp_path.iterdir()] == ["server.json"]
-
-
-@pytest.mark.slow
-def test_after_a_local_launch_every_file_holding_an_admin_token_is_private(tmp_path: Path) -> None:
-    _needs_assets()
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "server.json").write_text("{}")  # left over from an earlier run, world-readable
-    (out / "server.json").chmod(0o644)
-    proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "tasks.ids=[demo-calc-add]",
-                           "launcher.progress=false", f"out_dir={out}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    server_token = json.loads((out / "server.json").read_text())["admin_token"]
-    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
-        columns = [row[1] for row in db.execute("PRAGMA table_info(gateways)")]
-        gateway_tokens = [t for (t,) in db.execute("SELECT admin_token FROM gateways")] \
-            if "admin_token" in columns else []
-    holders: set[Path] = set()
-    for token in [server_token, *[t for t in gateway_tokens if t]]:
-        assert token not in proc.stdout + proc.stderr
-        holders.update(_files_containing(out, token))
-    assert out / "server.json" in holders
-    assert [p for p in holders if not _private(p)] == []
-    # the store holds the gateways' tokens (in clear or not): private whatever its content
-    assert all(_private(p) for p in out.glob("server.sqlite*")) and _private(out / "config.yaml")
 
 
 def test_the_submitit_folder_and_what_submitit_writes_into_it_are_private(tmp_path: Path) -> None:

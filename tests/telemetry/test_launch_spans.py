@@ -1,7 +1,8 @@
-"""Issue 15: OpenTelemetry spans of a real launch (pi on the oracle engine), exported by the gateway to a real
-OTLP/HTTP receiver on loopback and to the JSON-lines file exporter: one span per session with a child span per
-stage, one span per model call (as many as results.jsonl counts completions) whose parent is its session's run
-stage span, times nested, attributes right. A collector that is down does not fail the launch."""
+"""Issue 15: OpenTelemetry spans of a real launch (pi on the oracle engine), exported by the gateway to an OTLP/HTTP
+collector and to the JSON-lines file exporter. ``check_spans`` holds what a span tree must be: one span per session
+with a child span per stage, one span per model call (as many as results.jsonl counts completions) whose parent is
+its session's run stage span, times nested, attributes right; tests/launch/test_launch_outputs.py applies it to a
+real receiver's spans. Here: a collector that is down does not fail the launch."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from polar_gym.assets import tokenizer_dir
 from tests._serving import free_port
-from tests.telemetry._readers import SpanRow, file_spans, otlp_receiver
+from tests.telemetry._readers import SpanRow, file_spans
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -78,21 +79,6 @@ def check_spans(spans: list[SpanRow], out: Path) -> None:
             assert a["polar_gym.status"] == "ok" and call.status == "UNSET"
             assert a["polar_gym.route"].startswith("/") and a["polar_gym.provider"]
             assert a["gen_ai.response.finish_reasons"] in (["stop"], ["tool_calls"], ("stop",), ("tool_calls",))
-
-
-def test_spans_reach_a_real_otlp_receiver_and_the_span_file(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    with otlp_receiver() as receiver:
-        proc = launch("num_samples=2", "tasks.ids=[demo-calc-add,demo-slugify]",
-                      f"telemetry.otlp_endpoint={receiver.url}", f"telemetry.file={tmp_path / 'spans.jsonl'}",
-                      out=out)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        received = list(receiver.spans)  # the launch flushed before it exited
-    assert receiver.requests >= 1
-    check_spans(received, out)
-    written = file_spans(tmp_path / "spans.jsonl")
-    check_spans(written, out)
-    assert sorted(s.span_id for s in written) == sorted(s.span_id for s in received)
 
 
 def test_a_collector_that_is_down_does_not_fail_the_launch(tmp_path: Path) -> None:
