@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from polar_gym.apptainer.offline import OfflineRecipe
 from polar_gym.assets import tokenizer_dir
+from tests._offline_images import image_with_pi
 from tests._unprivileged import require_outer_root_run, run_as_nobody
 from tests.e2e._hostile_source import REQUESTS
 from tests.runtime.test_hostile_env import Kit
@@ -195,17 +195,9 @@ def test_hostile_tasks_on_the_local_runtime_are_per_session_errors(tmp_path: Pat
 
 def _docker_base() -> str:
     """The offline image carrying pi the session images are built FROM (skip when podman or it is missing)."""
-    if shutil.which("podman") is None or shutil.which("runc") is None:
-        pytest.skip("podman and runc are needed for runtime=docker (bash scripts/setup.sh installs them)")
     if os.geteuid() != 0:
         pytest.skip("rootless podman as uid 65534 is the tests/unprivileged tier's")
-    for recipe in (OfflineRecipe(harnesses=("pi",)), OfflineRecipe()):
-        found = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", recipe.tag],
-                               capture_output=True, text=True, timeout=60)
-        if found.returncode == 0:
-            return recipe.tag
-    pytest.skip("no offline image with pi: build it with `python -m polar_gym.apptainer build --offline --format "
-                "oci --harness pi` (tests/runtime/test_harness_images.py does)")
+    return image_with_pi()
 
 
 def test_hostile_tasks_on_the_docker_runtime_are_per_session_errors(tmp_path: Path, kit: Kit,

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from polar_gym.apptainer.offline import OfflineRecipe
 from polar_gym.assets import tokenizer_dir
 from polar_gym.datagen.template import TaskTemplate
 from polar_gym.launch import CONF_DIR, ConfigError, build_job
 from polar_gym.launch.tasks import harbor_task_requests
 from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec
+from tests._offline_images import image_with_pi
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "harbor"
@@ -101,12 +101,9 @@ def _podman_image(tag: str) -> str | None:
 
 @pytest.mark.slow
 def test_on_docker_the_dockerfile_becomes_the_session_image(tmp_path) -> None:
-    """The task's Dockerfile, FROM the offline-built pi image (no registry is reachable here), built by podman."""
-    base = OfflineRecipe(harnesses=("pi",)).tag
-    reason = _podman_image(base)
-    if reason is not None:
-        pytest.skip(f"{reason}: build it with `python -m polar_gym.apptainer build --offline --format oci "
-                    "--harness pi` (tests/runtime/test_harness_images.py does)")
+    """The task's Dockerfile, FROM an offline-built image with pi (no registry is reachable here), built by podman.
+    It skipped on a fresh machine while it waited for the pi-only image, which another file's test builds."""
+    base = image_with_pi()
     root = tmp_path / "tasks"
     for name, where in (("fix-median", "tasks"), ("fix-median-wrong-solution", "wrong")):
         shutil.copytree(DATA / where / name, root / name)
