@@ -34,10 +34,10 @@ unset PYTHONDONTWRITEBYTECODE
 # - The quick tiers (no real engine, Slurm or slow marker: ~3,500 tests): a test file per worker at a time, so a
 #   file's fixtures are built once; three workers, as a third of the time is spent waiting (sandbox and container
 #   deadlines): 229 s against 273 s on two (four: no faster).
-# - The heavy tiers (~220 tests), on two workers: the groups of tests/conftest.py's xdist_group_of: every test of the
-#   real engine on one worker (one vLLM per dtype per session), every test of the local Slurm or the unprivileged
-#   user on one worker (one cluster, one user clone), the rest by file. They are CPU-bound: a third worker made them
-#   no faster, and running both tiers in one run of three workers took as long as the two runs (1,867 s).
+# - The heavy tiers (~200 tests), on two workers: the groups of tests/conftest.py's xdist_group_of: every test of the
+#   real engine, the local Slurm or the unprivileged user on one worker (one vLLM per dtype, one cluster, one user
+#   clone, which these tests share), the rest by file on the other. They are CPU-bound: a third worker made them no
+#   faster, and running both tiers in one run of three workers took as long as the two runs (1,867 s).
 # Exit status 5 (no test selected: a path given to one tier only) is not a failure. Coverage is the quick tiers': of
 # polar_gym in their test processes (sandboxes and subprocesses are not measured); the table lists the files not
 # fully covered, coverage/coverage.xml holds the rest. The heavy tiers run polar_gym mostly in subprocesses, which

@@ -26,18 +26,20 @@ if os.environ.get("POLAR_HYPOTHESIS") in ("ci", "mutate"):
 
 #: tests that share one expensive session resource, by the fixtures they use
 _ENGINE_FIXTURES = {"vllm_server", "vllm_train_server"}
+SHARED_GROUP = "engine-slurm-user"
 
 
 def xdist_group_of(item: pytest.Item) -> str:
     """Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh's heavy run), the worker group of a test: every
-    test of the real engine on one worker (one vLLM per dtype per session), every test of the local Slurm or of the
-    unprivileged user on another (one cluster, one user clone; the user's Slurm test needs both), and the rest by
-    file (a file's module fixtures built once)."""
+    test of the real engine, the local Slurm or the unprivileged user on one worker, as they share session resources
+    (one vLLM per dtype, one cluster, one user clone) across those kinds: the Slurm GRPO test trains against the
+    engine tier's vLLM, the user's Slurm test needs both the cluster and the user. Apart, the Slurm worker started a
+    vLLM of its own (49 s of its time) and kept it to the end. The rest goes by file (a file's module fixtures built
+    once); xdist sends the shared group first, as it has the most tests, and the files fill the other worker."""
     path = str(item.path)
-    if item.get_closest_marker("slurm") is not None or f"{os.sep}unprivileged{os.sep}" in path:
-        return "slurm-and-user"
-    if item.get_closest_marker("engine") is not None or _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return "engine"
+    if (item.get_closest_marker("slurm") is not None or item.get_closest_marker("engine") is not None
+            or f"{os.sep}unprivileged{os.sep}" in path or _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))):
+        return SHARED_GROUP
     return item.nodeid.split("::", 1)[0]
 
 

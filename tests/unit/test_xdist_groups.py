@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import xdist_group_of
+from tests.conftest import SHARED_GROUP, xdist_group_of
 
 
 @dataclass
@@ -25,16 +25,14 @@ class FakeItem:
 
 
 @pytest.mark.parametrize(("item", "group"), [
-    (FakeItem("tests/engine/test_x.py::t", ("engine",)), "engine"),
-    (FakeItem("tests/env/test_gym.py::t", ("slow",), ["tmp_path", "vllm_server"]), "engine"),  # by its fixture
-    (FakeItem("tests/trainer/test_y.py::t", ("slow",), ["vllm_train_server"]), "engine"),
-    (FakeItem("tests/launch/test_slurm_real.py::t", ("slurm", "slow")), "slurm-and-user"),
-    (FakeItem("tests/unprivileged/test_user_docker.py::t", ("slow",)), "slurm-and-user"),  # one user clone
+    (FakeItem("tests/engine/test_x.py::t", ("engine",)), SHARED_GROUP),
+    (FakeItem("tests/env/test_gym.py::t", ("slow",), ["tmp_path", "vllm_server"]), SHARED_GROUP),  # by its fixture
+    (FakeItem("tests/trainer/test_y.py::t", ("slow",), ["vllm_train_server"]), SHARED_GROUP),
+    (FakeItem("tests/launch/test_slurm_real.py::t", ("slurm", "slow")), SHARED_GROUP),
+    (FakeItem("tests/launch/t.py::t", ("slurm",), ["vllm_train_server"]), SHARED_GROUP),  # the cluster and the engine
+    (FakeItem("tests/unprivileged/test_user_docker.py::t", ("slow",)), SHARED_GROUP),  # one user clone
     (FakeItem("tests/e2e/test_harnesses_e2e.py::t[pi]", ("slow",)), "tests/e2e/test_harnesses_e2e.py"),
 ])
 def test_each_heavy_test_lands_in_the_group_of_what_it_shares(item: FakeItem, group: str) -> None:
     assert xdist_group_of(item) == group  # type: ignore[arg-type]
 
-
-def test_a_slurm_test_stays_with_the_cluster_even_if_it_used_the_engine() -> None:
-    assert xdist_group_of(FakeItem("tests/launch/t.py::t", ("slurm",), ["vllm_server"])) == "slurm-and-user"  # type: ignore[arg-type]
