@@ -26,6 +26,7 @@ import pytest
 
 from polar_gym.assets import TINY_MODEL_NAME, tiny_model_dir, tokenizer_dir, vllm_python
 from polar_gym.server.postgres_local import PrivatePostgres
+from polar_gym.tasks import demo_task
 from tests._procs import take_ctrl_c
 from tests._waiting import until_sync
 
@@ -304,9 +305,10 @@ def test_a_node_dying_mid_run_loses_no_session(cluster: dict[str, str], tmp_path
     workers = 2
     if not (tokenizer_dir() / ".complete").exists():
         pytest.fail(f"the oracle engine's tokenizer {tokenizer_dir()} is not built (bash scripts/setup.sh)")
-    samples, out = 6, tmp_path / "run"
+    samples, out = 3, tmp_path / "run"  # one in flight on each gateway and one queued: a session takes 10 s or more
     script = tmp_path / "slow.json"  # every session runs a while, so each node has one in flight when it dies
-    script.write_text(json.dumps({"commands": ["sleep 10"], "final_answer": "done"}))
+    solution = demo_task("demo-calc-add").oracle_script()  # then solves the task, for a reward of 1
+    script.write_text(solution.model_copy(update={"commands": ["sleep 10", *solution.commands]}).model_dump_json())
     scratch = Path(cluster["SLURM_LOCAL_DIR"]) / "scratch"  # each node's own directory at this path
     proc = subprocess.Popen([sys.executable, "-m", "polar_gym.launch", *LAUNCH, "launcher.gateways=2",
                              "launcher.gateway.run_slots=1", "+launcher.placement.gateway.exclusive=true",

@@ -205,6 +205,22 @@ def test_the_launch_forks_demo_and_dataset_tasks_from_the_command_line(tmp_path:
     assert dataset_requests(_template(), str(dataset))[0].metadata.oracle_variants is None  # the source is as it was
 
 
+def test_a_configured_oracle_script_is_played_by_every_session_instead_of_the_tasks_own(tmp_path: Path) -> None:
+    """inference.oracle_script is "played instead of each task's reference solution": demo and Harbor tasks carry
+    their own script, which the oracle plays before the one its gateway was started with, so the launch puts the
+    configured one in every request (a fork's variants too)."""
+    script = tmp_path / "slow.json"
+    script.write_text(json.dumps({"commands": ["sleep 12"], "final_answer": "done"}))
+    job = build_job(composed(f"out_dir={tmp_path / 'run'}", "tasks.ids=[demo-calc-add,demo-slugify]", "num_samples=2",
+                             CLI_FORK, f"inference.oracle_script={script}"))
+    assert [_played(r) for r in job.requests] == [[("reference", "sleep 12")] * 2] * 2
+    plain = build_job(composed(f"out_dir={tmp_path / 'run'}", "tasks.ids=[demo-calc-add]"))
+    assert _played(plain.requests[0])[0][1] != "sleep 12"  # without it, the task's own
+    (tmp_path / "bad.json").write_text('{"commands": "sleep 12"}')
+    with pytest.raises(ConfigError, match=r"inference\.oracle_script"):
+        build_job(composed(f"out_dir={tmp_path / 'run'}", f"inference.oracle_script={tmp_path / 'bad.json'}"))
+
+
 def test_a_fork_that_does_not_apply_stops_the_launch_with_exit_2(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
