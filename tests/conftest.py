@@ -10,7 +10,7 @@ import pytest
 from hypothesis import settings
 
 from tests._serving import RunningProxy, oracle_service, serve
-from tests._vllm import vllm_server, vllm_train_server  # noqa: F401  (one real vLLM each per session, on demand)
+from tests._vllm import vllm_server, vllm_train_server, vllm_vlm_server  # noqa: F401  (one each per session, on demand)
 
 pytest_plugins = ["tests._cpu_time"]  # --cpu-durations N: the tests that used the most CPU
 
@@ -27,19 +27,24 @@ if os.environ.get("POLAR_HYPOTHESIS") in ("ci", "mutate"):
 #: tests that share one expensive session resource, by the fixtures they use
 _ENGINE_FIXTURES = {"vllm_server", "vllm_train_server"}
 SHARED_GROUP = "engine-slurm-user"
+VISION_GROUP = "vlm"
 
 
 def xdist_group_of(item: pytest.Item) -> str:
     """Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh's heavy run), the worker group of a test: every
-    test of the real engine, the local Slurm or the unprivileged user on one worker, as they share session resources
-    (one vLLM per dtype, one cluster, one user clone) across those kinds: the Slurm GRPO test trains against the
-    engine tier's vLLM, the user's Slurm test needs both the cluster and the user. Apart, the Slurm worker started a
-    vLLM of its own (49 s of its time) and kept it to the end. The rest goes by file (a file's module fixtures built
-    once); xdist sends the shared group first, as it has the most tests, and the files fill the other worker."""
-    path = str(item.path)
-    if (item.get_closest_marker("slurm") is not None or item.get_closest_marker("engine") is not None
-            or f"{os.sep}unprivileged{os.sep}" in path or _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))):
+    test of the session's Qwen3 vLLMs, the local Slurm or the unprivileged user on one worker, as they share those
+    session resources (one vLLM per dtype, one cluster, one user clone) across kinds: the Slurm GRPO test trains
+    against the engine tier's vLLM, the user's Slurm test needs both the cluster and the user. Apart, the Slurm
+    worker started a vLLM of its own (49 s of its time) and kept it to the end. The tiny VLM's tests share their own
+    vLLM in a group of their own; the rest goes by file (a file's module fixtures built once), an ``engine`` test
+    that starts its own engine too. xdist sends the shared group first, as it has the most tests, and the other
+    groups fill the other worker, then both."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if (item.get_closest_marker("slurm") is not None or f"{os.sep}unprivileged{os.sep}" in str(item.path)
+            or _ENGINE_FIXTURES & fixtures):
         return SHARED_GROUP
+    if "vllm_vlm_server" in fixtures:
+        return VISION_GROUP
     return item.nodeid.split("::", 1)[0]
 
 

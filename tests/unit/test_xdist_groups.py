@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED_GROUP, xdist_group_of
+from tests.conftest import SHARED_GROUP, VISION_GROUP, xdist_group_of
 
 
 @dataclass
@@ -25,7 +25,10 @@ class FakeItem:
 
 
 @pytest.mark.parametrize(("item", "group"), [
-    (FakeItem("tests/engine/test_x.py::t", ("engine",)), SHARED_GROUP),
+    (FakeItem("tests/engine/test_x.py::t", ("engine",), ["vllm_server"]), SHARED_GROUP),
+    (FakeItem("tests/docs/test_doc_commands.py::t[trl.md:64]", ("engine",)), "tests/docs/test_doc_commands.py"),
+    (FakeItem("tests/engine/test_vlm_vllm.py::t", ("engine",), ["vllm_vlm_server"]), VISION_GROUP),
+    (FakeItem("tests/proxy/test_images.py::t", ("slow",), ["tmp_path", "vllm_vlm_server"]), VISION_GROUP),
     (FakeItem("tests/env/test_gym.py::t", ("slow",), ["tmp_path", "vllm_server"]), SHARED_GROUP),  # by its fixture
     (FakeItem("tests/trainer/test_y.py::t", ("slow",), ["vllm_train_server"]), SHARED_GROUP),
     (FakeItem("tests/launch/test_slurm_real.py::t", ("slurm", "slow")), SHARED_GROUP),

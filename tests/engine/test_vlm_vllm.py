@@ -1,0 +1,105 @@
+"""Issue 42, the engine under the multimodal path: vLLM's CPU build serves the tiny Qwen2-VL (polar_gym/tiny_vlm.py,
+with torchvision beside it through polar_gym/vllm_vision), and the prompt ids it samples from are exactly what the
+model's own chat template and image processor make: the rendered prompt tokenized, each image's one
+``<|image_pad|>`` expanded to one per 2x2 merged patch of that image's grid. Through the chat route (the official
+OpenAI SDK) and through the token-in route (``/inference/v1/generate`` with the images as content parts), which is
+how the proxy sends a prompt it rendered itself."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import httpx
+import pytest
+
+from polar_gym.tiny_vlm import IMAGE_PAD_ID
+from tests._vllm import VLLMServer
+
+pytestmark = pytest.mark.engine
+
+SIZES = ((96, 64), (200, 60))  # 4x6 and 4x14 patches once resized to multiples of 28 pixels: 6 and 14 placeholders
+
+
+def _png(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _messages(urls: list[str]) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": "Describe images."},
+            {"role": "user", "content": [{"type": "text", "text": "Compare "},
+                                         {"type": "image_url", "image_url": {"url": urls[0]}},
+                                         {"type": "text", "text": " and "},
+                                         {"type": "image_url", "image_url": {"url": urls[1]}}]}]
+
+
+def _processor_view(server: VLLMServer, messages: list[dict[str, Any]], urls: list[str]) -> tuple[list[int], list[int]]:
+    """(the prompt with one placeholder per image, the same expanded by the image processor's grids), computed with
+    transformers from the model's folder, as a trainer would."""
+    from PIL import Image
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = AutoTokenizer.from_pretrained(str(server.model_dir))
+    processor = Qwen2VLImageProcessorPil.from_pretrained(str(server.model_dir))
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    unexpanded = tokenizer(text)["input_ids"]
+    images = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) for url in urls]
+    grids = processor(images=images)["image_grid_thw"].tolist()
+    counts = iter(t * h * w // processor.merge_size ** 2 for t, h, w in grids)
+    expanded = [i for token in unexpanded for i in ([token] * next(counts) if token == IMAGE_PAD_ID else [token])]
+    return unexpanded, expanded
+
+
+def _pad_runs(ids: list[int]) -> list[tuple[int, int]]:
+    """(offset, length) of each run of image placeholders."""
+    runs: list[tuple[int, int]] = []
+    for i, token in enumerate(ids):
+        if token == IMAGE_PAD_ID:
+            if runs and runs[-1][0] + runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((i, 1))
+    return runs
+
+
+def test_the_chat_route_expands_each_image_as_the_models_processor_does(vllm_vlm_server: VLLMServer) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{vllm_vlm_server.url}/v1", api_key="none")
+    seen = {}
+    for order in ((0, 1), (1, 0)):
+        urls = [_png(SIZES[i], (200, 30 + 100 * i, 30)) for i in order]
+        messages = _messages(urls)
+        reply = client.chat.completions.create(model=vllm_vlm_server.model, messages=messages,  # type: ignore[arg-type]
+                                               max_tokens=4, temperature=0, logprobs=True,
+                                               extra_body={"return_token_ids": True})
+        body = reply.model_dump()
+        prompt_ids = body.get("prompt_token_ids") or body["choices"][0]["prompt_token_ids"]
+        _, expected = _processor_view(vllm_vlm_server, messages, urls)
+        assert prompt_ids == expected
+        seen[order] = [length for _, length in _pad_runs(prompt_ids)]
+        assert len(body["choices"][0]["token_ids"]) == len(body["choices"][0]["logprobs"]["content"]) > 0
+    assert seen == {(0, 1): [6, 14], (1, 0): [14, 6]}  # each image its own grid, in its own place
+
+
+def test_the_token_in_route_takes_one_placeholder_per_image_and_the_images_as_parts(
+        vllm_vlm_server: VLLMServer) -> None:
+    urls = [_png(size, (30, 30, 200)) for size in SIZES]
+    unexpanded, expanded = _processor_view(vllm_vlm_server, _messages(urls), urls)
+    reply = httpx.post(f"{vllm_vlm_server.url}/inference/v1/generate", timeout=120, json={
+        "model": vllm_vlm_server.model, "token_ids": unexpanded, "return_token_ids": True,
+        "content_parts": [{"type": "image_url", "url": url} for url in urls],
+        "sampling_params": {"max_tokens": 4, "temperature": 0, "logprobs": 0}})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["prompt_token_ids"] == expanded
+    placeholders = [(p["offset"], p["length"]) for p in body["mm_placeholders"]["image"]]
+    assert placeholders == _pad_runs(expanded) and [n for _, n in placeholders] == [6, 14]
+    choice = body["choices"][0]
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) > 0
