@@ -91,7 +91,7 @@ def multimodal_template(template: str) -> str:
 def name_vision_tokens(tokenizer: dict[str, Any]) -> dict[str, Any]:
     """``tokenizer.json`` with the vision ids named as Qwen2-VL names them, as special added tokens and in the BPE
     vocabulary (pure: returns a new dict)."""
-    out = json.loads(json.dumps(tokenizer))
+    out: dict[str, Any] = json.loads(json.dumps(tokenizer))
     added = {entry["id"]: entry for entry in out["added_tokens"]}
     vocab: dict[str, int] = out["model"]["vocab"]
     by_id = {token_id: name for name, token_id in vocab.items() if token_id in VISION_TOKENS}
@@ -122,7 +122,7 @@ def build_tiny_vlm(out_dir: Path, tokenizer_dir: Path) -> Path:
     config = Qwen2VLConfig(text_config=TEXT_CONFIG, vision_config=VISION_CONFIG, tie_word_embeddings=True,
                            image_token_id=IMAGE_PAD_ID, vision_start_token_id=151652, vision_end_token_id=151653,
                            video_token_id=151656, dtype="float32")
-    Qwen2VLForConditionalGeneration(config).float().save_pretrained(str(staging), safe_serialization=True)
+    Qwen2VLForConditionalGeneration(config).save_pretrained(str(staging), safe_serialization=True)
     GenerationConfig.from_dict({"bos_token_id": BOS_TOKEN_ID, "eos_token_id": [EOS_TOKEN_ID, BOS_TOKEN_ID],
                                 "pad_token_id": BOS_TOKEN_ID}).save_pretrained(str(staging))
 

@@ -20,9 +20,10 @@ def _declare_torchvision_ops() -> None:
         return
     import torch
 
-    library = torch.library.Library("torchvision", "DEF")  # held below: the schemas live as long as it does
-    library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    # held in a global below: the schemas live as long as the library object does
+    library = torch.library.Library("torchvision", "DEF")  # type: ignore[no-untyped-call]
+    library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")  # type: ignore[no-untyped-call]
+    library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")  # type: ignore[no-untyped-call]
     globals()["_TORCHVISION_LIBRARY"] = library
 
 
