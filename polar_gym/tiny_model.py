@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,16 +79,21 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path) -> Path:
     return out_dir
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polar_gym.tiny_model", description=__doc__,
+def build_main(prog: str, description: str, build: Callable[[Path, Path], Path], argv: list[str] | None) -> int:
+    """The command line of a tiny-model builder: ``OUT_DIR TOKENIZER_DIR``, then the folder and its size."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("tokenizer_dir", type=Path)
     args = parser.parse_args(argv)
-    path = build_tiny_model(args.out_dir, args.tokenizer_dir)
+    path = build(args.out_dir, args.tokenizer_dir)
     size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    print(f"[tiny_model] {path} ({size / 1e6:.1f} MB)", flush=True)
+    print(f"[{prog.rsplit('.', 1)[-1]}] {path} ({size / 1e6:.1f} MB)", flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return build_main("polar_gym.tiny_model", __doc__ or "", build_tiny_model, argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ message's content may be a list of parts, an image part rendered as ``<|vision_s
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -142,15 +141,9 @@ def build_tiny_vlm(out_dir: Path, tokenizer_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polar_gym.tiny_vlm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("tokenizer_dir", type=Path)
-    args = parser.parse_args(argv)
-    path = build_tiny_vlm(args.out_dir, args.tokenizer_dir)
-    size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    print(f"[tiny_vlm] {path} ({size / 1e6:.1f} MB)", flush=True)
-    return 0
+    from polar_gym.tiny_model import build_main
+
+    return build_main("polar_gym.tiny_vlm", __doc__ or "", build_tiny_vlm, argv)
 
 
 if __name__ == "__main__":
