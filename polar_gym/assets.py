@@ -157,6 +157,10 @@ def vllm_server_env(base: dict[str, str] | None = None, *, weight_updates: bool 
     # on this 2-core machine while other work ran: 8.7 s and 10 s of worker CPU, against 12.9-17.5 s and 16-24 s
     # spinning (a caller's own OMP_WAIT_POLICY is kept).
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # The sampler's logprob ranks are a torch.compile'd function, which inductor builds with gcc on first use: 12-20 s
+    # of the first logprobs request of every server whose cache is cold. Inductor keeps its cache under TMPDIR by
+    # default; here it lives in the asset cache, warm across servers, runs and private TMPDIRs (1.7 s warm).
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "torchinductor-vllm"))
     return env
 
 

@@ -8,7 +8,9 @@ how the proxy sends a prompt it rendered itself."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,15 +40,21 @@ def _messages(urls: list[str]) -> list[dict[str, Any]]:
                                          {"type": "image_url", "image_url": {"url": urls[1]}}]}]
 
 
+@functools.cache
+def _processors(model_dir: Path) -> tuple[Any, Any]:
+    """The model's tokenizer and image processor, loaded once (about 3 s each)."""
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return AutoTokenizer.from_pretrained(str(model_dir)), Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
+
+
 def _processor_view(server: VLLMServer, messages: list[dict[str, Any]], urls: list[str]) -> tuple[list[int], list[int]]:
     """(the prompt with one placeholder per image, the same expanded by the image processor's grids), computed with
     transformers from the model's folder, as a trainer would."""
     from PIL import Image
-    from transformers import AutoTokenizer
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    tokenizer = AutoTokenizer.from_pretrained(str(server.model_dir))
-    processor = Qwen2VLImageProcessorPil.from_pretrained(str(server.model_dir))
+    tokenizer, processor = _processors(server.model_dir)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     unexpanded = tokenizer(text)["input_ids"]
     images = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) for url in urls]
