@@ -50,10 +50,7 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path) -> Path:
     out_dir = Path(out_dir)
     if (out_dir / ".complete").exists():
         return out_dir
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-
+    staging = fresh_staging(out_dir)
     torch.manual_seed(SEED)
     config = Qwen3Config(**TINY_CONFIG, dtype="bfloat16")
     model = Qwen3ForCausalLM(config).bfloat16()
@@ -72,7 +69,19 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path) -> Path:
     cfg = json.loads(cfg_path.read_text())
     cfg["torch_dtype"] = "bfloat16"
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return publish(staging, out_dir)
 
+
+def fresh_staging(out_dir: Path) -> Path:
+    """An empty folder beside ``out_dir`` to build it in, then :func:`publish` it."""
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def publish(staging: Path, out_dir: Path) -> Path:
+    """Mark a finished build complete and move it to ``out_dir`` (an interrupted one is never mistaken for it)."""
     (staging / ".complete").touch()
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)

@@ -17,7 +17,6 @@ message's content may be a list of parts, an image part rendered as ``<|vision_s
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +109,12 @@ def build_tiny_vlm(out_dir: Path, tokenizer_dir: Path) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
+    from polar_gym.tiny_model import fresh_staging, publish
+
     out_dir = Path(out_dir)
     if (out_dir / ".complete").exists():
         return out_dir
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-
+    staging = fresh_staging(out_dir)
     torch.manual_seed(SEED)
     config = Qwen2VLConfig(text_config=TEXT_CONFIG, vision_config=VISION_CONFIG, tie_word_embeddings=True,
                            image_token_id=IMAGE_PAD_ID, vision_start_token_id=151652, vision_end_token_id=151653,
@@ -133,11 +131,7 @@ def build_tiny_vlm(out_dir: Path, tokenizer_dir: Path) -> Path:
     template = (tokenizer_dir / "chat_template.jinja").read_text()
     (staging / "chat_template.jinja").write_text(multimodal_template(template))
     (staging / "preprocessor_config.json").write_text(json.dumps(PROCESSOR_CONFIG, indent=2))
-
-    (staging / ".complete").touch()
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
-    return out_dir
+    return publish(staging, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
