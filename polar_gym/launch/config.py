@@ -30,19 +30,11 @@ from polar_gym.launch.checks import (
     target_problems,
 )
 from polar_gym.launch.relaunch import HandOver, RelaunchSettings, Relay
-from polar_gym.proxy.settings import check_upstreams_given
+from polar_gym.proxy.settings import check_upstreams_given, read_oracle_script
 from polar_gym.registry import BUILDERS, ENGINES, EVALUATORS, HARNESSES, RUNTIMES, Registry, RegistryError, load_dotted
-from polar_gym.schema import (
-    AgentSpec,
-    BuilderSpec,
-    EvaluatorSpec,
-    OracleScript,
-    RuntimeSpec,
-    TaskMetadata,
-    TaskRequest,
-)
+from polar_gym.schema import AgentSpec, BuilderSpec, EvaluatorSpec, RuntimeSpec, TaskRequest
 from polar_gym.settings import ConfigError, Problem, validate
-from polar_gym.tasks.forks import TaskFork, fork_requests
+from polar_gym.tasks.forks import TaskFork, fork_requests, played_instead
 from polar_gym.tasks.refused import RefusedTask, TaskSet
 from polar_gym.telemetry import LoggingSettings, TelemetrySettings, missing_packages
 from polar_gym.trainer.settings import TrainerSettings
@@ -216,22 +208,6 @@ def _inference(cfg: DictConfig, problems: list[Problem]) -> InferenceSettings | 
     return inference
 
 
-def _oracle_script(path: str) -> OracleScript:
-    try:
-        return OracleScript.model_validate_json(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}", key="inference.oracle_script") from None
-
-
-def played_instead(requests: list[TaskRequest], script: OracleScript) -> list[TaskRequest]:
-    """Every request with ``script`` as its oracle solution, instead of its task's own and a fork's variants: what
-    ``inference.oracle_script`` promises. The oracle plays a session's own script before the one it was started
-    with, and every demo and Harbor task carries one, so passing the file to the gateways alone was not enough (the
-    Slurm node-failure tests' slow script was never played)."""
-    return [r.model_copy(update={"metadata": TaskMetadata.model_validate(
-        {**r.metadata.model_dump(), "oracle": script.model_dump(), "oracle_variants": None})}) for r in requests]
-
-
 def build_launcher(cfg: DictConfig) -> Launcher:
     """The ``launcher`` group's launcher: its ``_target_`` built from its keys, validated against the target's
     ``settings_model`` (``cls(settings)``) or its signature (``cls(**keys)``)."""
@@ -325,7 +301,8 @@ def build_job(cfg: DictConfig) -> LaunchJob:
         tasks = TaskSet(fork_requests(tasks.requests, run.forks, refused={r.task_id for r in tasks.refused}),
                         tasks.refused)
     if inference.engine == "oracle" and inference.oracle_script:
-        tasks = TaskSet(played_instead(tasks.requests, _oracle_script(inference.oracle_script)), tasks.refused)
+        script = read_oracle_script(inference.oracle_script, key="inference.oracle_script")
+        tasks = TaskSet(played_instead(tasks.requests, script), tasks.refused)
     return LaunchJob(requests=tasks.requests, refused=tasks.refused, inference=inference, out_dir=Path(str(out_dir)),
                      resolved_config=OmegaConf.to_yaml(cfg, resolve=True), datagen=datagen, launcher=launcher,
                      trainer=trainer, logging=logging_settings or LoggingSettings(),

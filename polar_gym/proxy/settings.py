@@ -19,9 +19,22 @@ from polar_gym.registry import ENGINES, PARSERS, RegistryError
 from polar_gym.schema import OracleScript
 from polar_gym.settings import ConfigError
 
-__all__ = ["ENGINES_WITH_TOKENIZER", "TOKEN_IN_ENGINES", "EngineSettings", "ProxySettings", "build_engine",
-           "build_service", "check_engine", "check_upstreams_given", "configured_prompt_mode", "describe_mode",
-           "mode_line", "resolve_prompt_mode", "resolve_tokenizer"]
+__all__ = [
+    "ENGINES_WITH_TOKENIZER",
+    "TOKEN_IN_ENGINES",
+    "EngineSettings",
+    "ProxySettings",
+    "build_engine",
+    "build_service",
+    "check_engine",
+    "check_upstreams_given",
+    "configured_prompt_mode",
+    "describe_mode",
+    "mode_line",
+    "read_oracle_script",
+    "resolve_prompt_mode",
+    "resolve_tokenizer",
+]
 
 #: engines that render prompts themselves and so need a tokenizer directory
 ENGINES_WITH_TOKENIZER = ("oracle",)
@@ -223,6 +236,14 @@ def check_engine(settings: EngineSettings) -> tuple[Any, Path | None]:
     return engine_cls, resolve_tokenizer(settings)
 
 
+def read_oracle_script(path: str, key: str = "oracle_script") -> OracleScript:
+    """The oracle script file ``path`` (ConfigError naming ``key`` when it cannot be read or validated)."""
+    try:
+        return OracleScript.model_validate_json(Path(path).read_text())
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}", key=key) from None
+
+
 def build_engine(settings: EngineSettings) -> Engine:
     """The engine ``settings`` describe (raises ConfigError naming the field that cannot work)."""
     engine_cls, tokenizer = check_engine(settings)
@@ -232,12 +253,7 @@ def build_engine(settings: EngineSettings) -> Engine:
         from polar_gym.proxy.tokenizer import HFChatTokenizer
 
         assert tokenizer is not None  # resolve_tokenizer gives one for the oracle
-        script = None
-        if settings.oracle_script:
-            try:
-                script = OracleScript.model_validate_json(Path(settings.oracle_script).read_text())
-            except (OSError, ValueError, TypeError) as exc:
-                raise ConfigError(f"cannot read {settings.oracle_script}: {exc}", key="oracle_script") from None
+        script = read_oracle_script(settings.oracle_script) if settings.oracle_script else None
         mode, _, parser = resolve_prompt_mode(settings)
         from polar_gym.proxy.parsers.base import parser_for
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from polar_gym.schema import ORACLE_NAME_PATTERN, OracleScript, TaskMetadata, TaskRequest
 from polar_gym.settings import ConfigError, Problem
 
-__all__ = ["REFERENCE", "Replacement", "TaskFork", "fork_requests", "oracle_scripts"]
+__all__ = ["REFERENCE", "Replacement", "TaskFork", "fork_requests", "oracle_scripts", "played_instead"]
 
 #: the name of a task's own oracle script
 REFERENCE = "reference"
@@ -109,6 +109,15 @@ def oracle_scripts(metadata: TaskMetadata) -> list[OracleScript]:
     if raw is None:
         return []
     return [OracleScript.model_validate(raw), *(metadata.oracle_variants or [])]
+
+
+def played_instead(requests: Sequence[TaskRequest], script: OracleScript) -> list[TaskRequest]:
+    """Every request with ``script`` as its oracle solution, instead of its task's own and a fork's variants: what a
+    launch's ``inference.oracle_script`` promises. The oracle plays a session's own script before the one it was
+    started with, and every demo and Harbor task carries one, so passing the file to the gateways alone was not
+    enough (the Slurm node-failure tests' slow script was never played)."""
+    return [r.model_copy(update={"metadata": TaskMetadata.model_validate(
+        {**r.metadata.model_dump(), "oracle": script.model_dump(), "oracle_variants": None})}) for r in requests]
 
 
 def _forked(request: TaskRequest, forks: list[tuple[int, TaskFork]], problems: list[Problem]) -> TaskRequest:

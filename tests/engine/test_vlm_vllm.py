@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import functools
 import io
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +67,12 @@ def _processor_view(server: VLLMServer, messages: list[dict[str, Any]], urls: li
 
 def _pad_runs(ids: list[int]) -> list[tuple[int, int]]:
     """(offset, length) of each run of image placeholders."""
-    runs: list[tuple[int, int]] = []
-    for i, token in enumerate(ids):
+    runs, offset = [], 0
+    for token, group in itertools.groupby(ids):
+        length = len(list(group))
         if token == IMAGE_PAD_ID:
-            if runs and runs[-1][0] + runs[-1][1] == i:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-            else:
-                runs.append((i, 1))
+            runs.append((offset, length))
+        offset += length
     return runs
 
 
