@@ -26,6 +26,7 @@ from typing import Any
 from polar_gym.proxy.chat import ChatResult
 from polar_gym.proxy.engines.base import Engine, StreamDelta, StreamStart
 from polar_gym.proxy.errors import ProxyError, UpstreamError
+from polar_gym.proxy.images import RequestImage, image_refs
 from polar_gym.proxy.providers.anthropic.stream import MessagesStream
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, SSEEvent, encode_sse
 from polar_gym.proxy.providers.google.stream import GenerateContentStream
@@ -50,9 +51,13 @@ def stream_renderer(provider: Provider[Any], inbound: Inbound[Any], ctx: RenderC
     return cls(inbound, ctx) if cls is not None else SynthesizedStream(provider, inbound, ctx)
 
 
-def fill_record(record: CompletionRecord, result: ChatResult, response_id: str) -> None:
-    """What a finished call puts on its record, streamed through or not."""
-    values = {
+def fill_record(record: CompletionRecord, result: ChatResult, response_id: str, images: list[RequestImage],
+                image_token_id: int | None) -> None:
+    """What a finished call puts on its record, streamed through or not; ``images``: the request's, placed in the
+    prompt by the model's ``image_token_id`` when it is known."""
+    refs, note = image_refs(images, result.prompt_ids, image_token_id)
+    notes = [*record.normalizations, note] if note is not None else list(record.normalizations)
+    values: dict[str, Any] = {
         "response": {"id": response_id, "message": result.message.model_dump(exclude_none=True),
                      "usage": result.usage.model_dump()},
         "prompt_ids": result.prompt_ids, "response_ids": result.response_ids,
@@ -63,10 +68,14 @@ def fill_record(record: CompletionRecord, result: ChatResult, response_id: str) 
         "server": result.server, "policy_version": result.policy_version,
         "upstream_seconds": float(result.raw.get("upstream_seconds", 0.0)),
     }
+    if images:
+        values["images"] = refs
     if result.version_spans is not None:  # a generation cut by weight updates, sampled by several versions
         values["version_spans"] = result.version_spans
     if result.raw.get("new_chain"):  # token_in rendered the whole prompt: say why (a new chain starts)
-        values["normalizations"] = [*record.normalizations, f"token_in_new_chain:{result.raw['new_chain']}"]
+        notes.append(f"token_in_new_chain:{result.raw['new_chain']}")
+    if notes != record.normalizations:
+        values["normalizations"] = notes
     record.set_fields(values)
 
 
@@ -150,7 +159,7 @@ class PassthroughCall:
             await self._failed(failure, exc, prompt_ids, sampled, logprobs, t0, "engine_error")
             return
         record = self.record
-        fill_record(record, result, ctx.response_id)
+        fill_record(record, result, ctx.response_id, self.inbound.images, self.engine.image_token_id)
         record.total_seconds = time.perf_counter() - t0
         try:
             events: list[SSEEvent] | None = renderer.finish(result)

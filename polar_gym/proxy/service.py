@@ -36,6 +36,7 @@ from polar_gym.proxy.errors import (
     validation_message,
 )
 from polar_gym.proxy.heap import HeapTrimmer
+from polar_gym.proxy.images import ImageLimits, image_refs, request_images
 from polar_gym.proxy.passthrough import PassthroughCall, fill_record
 from polar_gym.proxy.providers.base import Inbound, Provider, RenderContext, Route, encode_sse
 from polar_gym.registry import PROVIDERS, RegistryError
@@ -280,7 +281,7 @@ class ProxyService:
                  sessions: SessionRegistry | None = None, *, strict: bool = False,
                  max_body_bytes: int = 32 * 1024 * 1024, model_names: list[str] | None = None,
                  keepalive_after: float | None = 5.0, keepalive_interval: float = 10.0,
-                 max_tokens_cap: int | None = None) -> None:
+                 max_tokens_cap: int | None = None, image_limits: ImageLimits | None = None) -> None:
         self.engine = engine
         self.journal = journal if journal is not None else CaptureJournal()
         self.sessions = sessions if sessions is not None else SessionRegistry(allow_adhoc=True)
@@ -288,6 +289,7 @@ class ProxyService:
             self.sessions.on_forget = self.forget
         self.strict = strict
         self.max_body_bytes = max_body_bytes
+        self.image_limits = image_limits if image_limits is not None else ImageLimits()
         self.model_names = model_names or ["policy"]
         #: the most tokens any call may sample, whatever the harness asks (harnesses ask for 32K; rollouts need less)
         self.max_tokens_cap = max_tokens_cap
@@ -351,6 +353,7 @@ class ProxyService:
             if seen not in self._logged_ignored and len(self._logged_ignored) < 1024:
                 self._logged_ignored.add(seen)  # once per combination, not a log line per call
                 log.info("%s request: ignoring unknown fields %s", provider.name, inbound.ignored_fields)
+        inbound.images = request_images(inbound.chat, self.image_limits)
         cap = self.max_tokens_cap
         if cap is not None and (inbound.chat.max_tokens is None or inbound.chat.max_tokens > cap):
             inbound.normalizations.append(f"max_tokens {inbound.chat.max_tokens} capped at {cap}")
@@ -510,7 +513,7 @@ class ProxyService:
             path=route.path + ("?" + "&".join(f"{k}={v}" for k, v in route.query.items()) if route.query else ""),
             request=body, normalized_request=inbound.chat.dump(),
             normalizations=inbound.normalizations, started_at=time.time(),
-            token_faithful=self.engine.token_faithful,
+            token_faithful=self.engine.token_faithful, images=image_refs(inbound.images, [], None)[0],
         )
 
     async def _complete(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
@@ -547,7 +550,7 @@ class ProxyService:
                           {"cache-control": "no-cache"})
         else:
             reply = Reply(200, orjson.dumps(KNOWN.as_fragments(provider.render(result, inbound, ctx))))
-        fill_record(record, result, ctx.response_id)
+        fill_record(record, result, ctx.response_id, inbound.images, self.engine.image_token_id)
         record.total_seconds = time.perf_counter() - t0
         self._timed_call(record.total_seconds)
         if disconnected is not None:  # a harness that hung up (timed out) never reads this answer

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar_gym.assets import tokenizer_dir
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.base import Engine
+from polar_gym.proxy.images import ImageLimits
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.registry import ENGINES, PARSERS, RegistryError
@@ -95,6 +96,11 @@ class ProxySettings(EngineSettings):
     max_adhoc_sessions: int = Field(default=256, ge=1, description="standalone (ad-hoc) sessions: at most this many "
                                     "are kept in memory with their journal files open; the least recently used "
                                     "beyond it is forgotten (its journal is on disk and reopens if it calls again)")
+    max_images: int = Field(default=ImageLimits.max_images, ge=0, description="images one request may carry, its "
+                            "whole conversation's (0: the model takes none); only inline (base64) images are taken, "
+                            "never addresses")
+    max_image_bytes: int = Field(default=ImageLimits.max_image_bytes, ge=1,
+                                 description="bytes of one image, decoded")
 
 
 def check_upstreams_given(settings: EngineSettings, *, more_coming: bool = False) -> None:
@@ -245,7 +251,18 @@ def read_oracle_script(path: str, key: str = "oracle_script") -> OracleScript:
 
 
 def build_engine(settings: EngineSettings) -> Engine:
-    """The engine ``settings`` describe (raises ConfigError naming the field that cannot work)."""
+    """The engine ``settings`` describe (raises ConfigError naming the field that cannot work), told the model's
+    image placeholder token when it has the model's tokenizer."""
+    engine = _build_engine(settings)
+    _, tokenizer = check_engine(settings)
+    if tokenizer is not None:
+        from polar_gym.proxy.tokenizer import image_token_id_in
+
+        engine.image_token_id = image_token_id_in(tokenizer)
+    return engine
+
+
+def _build_engine(settings: EngineSettings) -> Engine:
     engine_cls, tokenizer = check_engine(settings)
     pool = UpstreamPool(list(settings.upstreams), policy_version=settings.policy_version)
     if settings.engine == "oracle":
@@ -291,5 +308,6 @@ def build_service(settings: ProxySettings, *, allow_adhoc: bool) -> ProxyService
     return ProxyService(build_engine(settings), CaptureJournal(settings.capture_dir, fsync=settings.fsync),
                         SessionRegistry(allow_adhoc=allow_adhoc, idle_seconds=settings.session_idle_seconds,
                                         max_adhoc=settings.max_adhoc_sessions),
-                        strict=settings.strict,
+                        strict=settings.strict, image_limits=ImageLimits(max_images=settings.max_images,
+                                                                         max_image_bytes=settings.max_image_bytes),
                         model_names=settings.model_names, max_tokens_cap=settings.max_tokens_cap)

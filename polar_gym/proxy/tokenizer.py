@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from polar_gym.merge.exports import template_tool
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, message_text
+from polar_gym.proxy.images import IMAGE_PLACEHOLDERS
 
 __all__ = ["ChatTokenizer", "HFChatTokenizer", "load_tokenizer", "template_messages"]
 
@@ -140,3 +141,16 @@ class HFChatTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=False))
+
+
+def image_token_id_in(directory: str | Path) -> int | None:
+    """The id of the model's image placeholder token (:data:`polar_gym.proxy.images.IMAGE_PLACEHOLDERS`) among the
+    added tokens of the tokenizer in ``directory``; None for a text model's tokenizer or one without
+    ``tokenizer.json`` (read without loading the tokenizer: a chat-mode proxy need not load one)."""
+    try:
+        added = json.loads((Path(directory) / "tokenizer.json").read_text()).get("added_tokens") or []
+    except (OSError, ValueError):
+        return None
+    ids: dict[str, int] = {entry["content"]: entry["id"] for entry in added if isinstance(entry, dict)
+                           and isinstance(entry.get("id"), int) and isinstance(entry.get("content"), str)}
+    return next((ids[name] for name in IMAGE_PLACEHOLDERS if name in ids), None)

@@ -30,6 +30,7 @@ __all__ = [
     "CompletionSession",
     "EvalResult",
     "EvaluatorSpec",
+    "ImageRef",
     "OracleScript",
     "PrepareAction",
     "ResultHead",
@@ -327,6 +328,17 @@ class TokenSpan(TypedDict):
     end: int
 
 
+class ImageRef(TypedDict):
+    """An image in a completion's prompt: its SHA-256 and type (the pixels are in the normalized request, as a data
+    URL, stored once per journal stream), its decoded size, and ``prompt_ids[start:end]``, the placeholders the
+    model's processor expanded it into (None when the proxy had no tokenizer of the model to tell)."""
+
+    sha256: str
+    media_type: str
+    size: int
+    prompt_span: TokenSpan | None
+
+
 class CompletionRecord(_Model):
     """One model call as the proxy saw it: the contract between capture (I/O) and trajectory building (pure).
 
@@ -374,6 +386,8 @@ class CompletionRecord(_Model):
     #: ``response_ids`` each policy version sampled, in order and covering them all; None when one version sampled
     #: them all (``policy_version``). ``policy_version`` is then the version of the last token.
     version_spans: list[VersionSpan] | None = None
+    #: the images of the prompt, in order (empty: none)
+    images: list[ImageRef] = Field(default_factory=list)
     status: Literal["ok", "error"] = "ok"
     error: str | None = None
     started_at: float = Field(default_factory=time.time)

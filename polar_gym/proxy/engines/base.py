@@ -112,6 +112,9 @@ class Engine(abc.ABC):
     can_stream: ClassVar[bool] = False
     #: pass streams through (set from ``can_stream`` by ``__init__``; off for an engine that never calls it)
     stream_passthrough: bool = False
+    #: the model's image placeholder token, which its processor repeats once per image patch (set from the
+    #: tokenizer, when the proxy has one of the model: records then say where each image sits in the prompt)
+    image_token_id: int | None = None
 
     def __init__(self, pool: UpstreamPool | None = None) -> None:
         self.pool = pool if pool is not None else UpstreamPool()

@@ -30,6 +30,7 @@ from polar_gym.proxy.errors import (
     error_body,
     validation_message,
 )
+from polar_gym.proxy.images import RequestImage
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 T = TypeVar("T")
@@ -72,6 +73,8 @@ class Inbound(Generic[S]):
     ignored_fields: list[str] = field(default_factory=list)
     #: a streamed answer goes out as one JSON array of the chunks instead of SSE (Google without ``alt=sse``)
     stream_json_array: bool = False
+    #: the request's images, checked (:func:`polar_gym.proxy.images.request_images`)
+    images: list[RequestImage] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

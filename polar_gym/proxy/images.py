@@ -1,0 +1,132 @@
+"""Images in a request, checked once after a front end has normalised them (every protocol's image becomes a
+``ContentPart(type="image_url")``), before any engine sees them; and where they sit in the prompt a model saw.
+
+Only inline images are taken (``data:<type>;base64,...``). An address (``https://``, ``file://``, a Google
+``fileUri``) is refused, not fetched: the engine would fetch it from inside the cluster on behalf of whoever wrote
+the request (an agent, a task), which is a request forgery, and the record would hold a pointer instead of the pixels
+a trainer must replay. Types are the four every front end's API documents (PNG, JPEG, GIF, WebP), checked against the
+bytes themselves, with a size and a count limit. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import hashlib
+import itertools
+from dataclasses import dataclass
+
+from polar_gym.proxy.chat import ChatRequest
+from polar_gym.proxy.errors import PayloadTooLarge, RequestError
+from polar_gym.schema import ImageRef, TokenSpan
+
+__all__ = ["IMAGE_PLACEHOLDERS", "ImageLimits", "RequestImage", "image_refs", "placeholder_runs", "request_images"]
+
+#: the image types taken, by the bytes each file starts with (WebP: ``RIFF....WEBP``)
+_MAGIC: dict[str, tuple[bytes, ...]] = {
+    "image/png": (b"\x89PNG\r\n\x1a\n",), "image/jpeg": (b"\xff\xd8\xff",), "image/gif": (b"GIF87a", b"GIF89a"),
+    "image/webp": (b"RIFF",),
+}
+#: the token a vision-language model's processor repeats once per image patch, by family (Qwen2-VL, Qwen2.5-VL,
+#: Qwen3-VL); the first a tokenizer's vocabulary holds is the model's
+IMAGE_PLACEHOLDERS = ("<|image_pad|>",)
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What a request may carry: images in its whole conversation (0: the model takes none) and bytes of one image,
+    decoded (the proxy's ``max_images`` and ``max_image_bytes`` settings)."""
+
+    max_images: int = 32
+    max_image_bytes: int = 10 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RequestImage:
+    """One image of a request, in conversation order: its SHA-256, type, decoded size and where it is
+    (``messages.<i>.content.<j>`` of the normalized request)."""
+
+    sha256: str
+    media_type: str
+    size: int
+    where: str
+
+
+@functools.lru_cache(maxsize=64)
+def _decoded(url: str) -> tuple[str, str, int] | str:
+    """(sha256, media type, size) of a data URL, or why it cannot be taken. Cached by the URL's text: a session
+    sends its earlier images again every turn."""
+    head, comma, payload = url.partition(",")
+    if not url.startswith("data:") or not comma:
+        scheme = url.split(":", 1)[0][:16] if ":" in url else "no scheme"
+        return (f"image addresses are not fetched ({scheme}): send the image inline, as base64 data "
+                "(data:image/png;base64,...)")
+    media_type, _, encoding = head[5:].partition(";")
+    media_type = media_type.strip().lower()
+    if encoding.strip().lower() != "base64":
+        return "an inline image must be base64 data (data:<type>;base64,...)"
+    if media_type not in _MAGIC:
+        return f"image type {media_type or 'none'!r} is not taken (png, jpeg, gif, webp are)"
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return "the image's base64 data does not decode"
+    if not data.startswith(_MAGIC[media_type]) or (media_type == "image/webp" and data[8:12] != b"WEBP"):
+        return f"the image's bytes are not {media_type}"
+    return hashlib.sha256(data).hexdigest(), media_type, len(data)
+
+
+def request_images(request: ChatRequest, limits: ImageLimits) -> list[RequestImage]:
+    """The request's images in order, each checked (RequestError: an address, another type, bytes that are not the
+    type they claim; PayloadTooLarge: over the limits)."""
+    images: list[RequestImage] = []
+    for i, message in enumerate(request.messages):
+        if isinstance(message.content, str) or message.content is None:
+            continue
+        for j, part in enumerate(message.content):
+            if part.type != "image_url":
+                continue
+            where = f"messages.{i}.content.{j}"
+            url = (part.image_url or {}).get("url")
+            decoded = _decoded(url) if isinstance(url, str) else "an image part needs a url"
+            if isinstance(decoded, str):
+                raise RequestError(f"{where}: {decoded}")
+            sha256, media_type, size = decoded
+            if size > limits.max_image_bytes:
+                raise PayloadTooLarge(f"{where}: an image of {size} bytes exceeds the limit of "
+                                      f"{limits.max_image_bytes}")
+            images.append(RequestImage(sha256, media_type, size, where))
+    if len(images) > limits.max_images:
+        raise PayloadTooLarge(f"{len(images)} images in the conversation exceed the limit of {limits.max_images}"
+                              if limits.max_images else "this model takes no images")
+    return images
+
+
+def placeholder_runs(prompt_ids: list[int], token_id: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each run of ``token_id`` in ``prompt_ids``: where an image's patches sit."""
+    runs, offset = [], 0
+    for token, group in itertools.groupby(prompt_ids):
+        length = sum(1 for _ in group)
+        if token == token_id:
+            runs.append((offset, offset + length))
+        offset += length
+    return runs
+
+
+def image_refs(images: list[RequestImage], prompt_ids: list[int], token_id: int | None) -> tuple[list[ImageRef],
+                                                                                                   str | None]:
+    """The record's description of each image, with its placeholder span in ``prompt_ids`` when the model's image
+    token is known, and a note when the spans cannot be told (None: they were, or there is no image)."""
+    runs = placeholder_runs(prompt_ids, token_id) if token_id is not None and images else []
+    note = None
+    if images and token_id is None:
+        note = "image spans unknown: the proxy has no tokenizer of the model (set one to record them)"
+    elif images and len(runs) != len(images):
+        note = f"image spans unknown: {len(images)} images but {len(runs)} placeholder runs in the prompt"
+        runs = []
+    refs: list[ImageRef] = []
+    for k, image in enumerate(images):
+        span = TokenSpan(start=runs[k][0], end=runs[k][1]) if runs else None
+        refs.append(ImageRef(sha256=image.sha256, media_type=image.media_type, size=image.size, prompt_span=span))
+    return refs, note

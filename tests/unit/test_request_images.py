@@ -1,0 +1,170 @@
+"""Issue 42: images in requests, checked once after any front end normalised them. Only inline base64 images of the
+four documented types are taken, checked against their bytes, within a size and a count limit; an address is
+refused (never fetched: an engine would fetch it from inside the cluster for whoever wrote the request), in each
+protocol's own error shape. A taken image reaches the engine as an OpenAI ``image_url`` data URL whatever the front
+end, and its record holds its SHA-256, type, size and placeholder span in the prompt."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.chat import ChatMessage, ChatRequest, ContentPart
+from polar_gym.proxy.engines.vllm import VLLMEngine
+from polar_gym.proxy.errors import PayloadTooLarge, RequestError
+from polar_gym.proxy.images import ImageLimits, image_refs, placeholder_runs, request_images
+from polar_gym.proxy.providers.base import Route
+from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.proxy.tokenizer import image_token_id_in
+from polar_gym.proxy.upstreams import UpstreamPool
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))  # the checks read the signature, not the pixels
+PNG_B64 = base64.b64encode(PNG).decode()
+PNG_URL = f"data:image/png;base64,{PNG_B64}"
+PAD = 151655
+PROMPT = [151644, 872, 198, 151652, PAD, PAD, PAD, PAD, 151653, 3838, 151645]
+
+
+def _request(*urls: str) -> ChatRequest:
+    parts = [ContentPart(type="text", text="what is it?")]
+    parts += [ContentPart(type="image_url", image_url={"url": url}) for url in urls]
+    return ChatRequest(model="m", messages=[ChatMessage(role="system", content="look"),
+                                            ChatMessage(role="user", content=parts)])
+
+
+def test_an_inline_image_is_described_by_its_bytes() -> None:
+    (image,) = request_images(_request(PNG_URL), ImageLimits())
+    assert (image.sha256, image.media_type, image.size) == (hashlib.sha256(PNG).hexdigest(), "image/png", len(PNG))
+    assert image.where == "messages.1.content.1"
+
+
+@pytest.mark.parametrize(("url", "needle"), [
+    ("http://169.254.169.254/latest/meta-data/x.png", "image addresses are not fetched (http)"),
+    ("https://example.com/cat.png", "image addresses are not fetched (https)"),
+    ("file:///etc/passwd", "image addresses are not fetched (file)"),
+    ("gs://bucket/cat.png", "image addresses are not fetched (gs)"),
+    ("/etc/passwd", "image addresses are not fetched (no scheme)"),
+    (f"data:image/png,{PNG_B64}", "must be base64 data"),
+    (f"data:image/svg+xml;base64,{PNG_B64}", "image type 'image/svg+xml' is not taken"),
+    ("data:image/png;base64,not base64!", "does not decode"),
+    (f"data:image/jpeg;base64,{PNG_B64}", "the image's bytes are not image/jpeg"),
+    ("data:image/webp;base64," + base64.b64encode(b"RIFF\0\0\0\0WAVEfmt ").decode(), "are not image/webp"),
+])
+def test_what_cannot_be_taken_is_refused_with_where_and_why(url: str, needle: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        request_images(_request(PNG_URL, url), ImageLimits())
+    assert caught.value.message.startswith("messages.1.content.2: ") and needle in caught.value.message
+
+
+def test_the_limits_hold() -> None:
+    with pytest.raises(PayloadTooLarge, match="an image of 48 bytes exceeds the limit of 47"):
+        request_images(_request(PNG_URL), ImageLimits(max_image_bytes=47))
+    with pytest.raises(PayloadTooLarge, match="3 images in the conversation exceed the limit of 2"):
+        request_images(_request(PNG_URL, PNG_URL, PNG_URL), ImageLimits(max_images=2))
+    with pytest.raises(PayloadTooLarge, match="this model takes no images"):
+        request_images(_request(PNG_URL), ImageLimits(max_images=0))
+    assert request_images(_request(), ImageLimits(max_images=0)) == []
+
+
+def test_spans_are_the_runs_of_the_image_token_one_per_image() -> None:
+    assert placeholder_runs([PAD, 1, PAD, PAD, 2, PAD], PAD) == [(0, 1), (2, 4), (5, 6)]
+    images = request_images(_request(PNG_URL), ImageLimits())
+    refs, note = image_refs(images, PROMPT, PAD)
+    assert note is None and refs[0]["prompt_span"] == {"start": 4, "end": 8}
+    refs, note = image_refs(images, PROMPT, None)
+    assert refs[0]["prompt_span"] is None and note is not None and "no tokenizer" in note
+    refs, note = image_refs(images * 2, PROMPT, PAD)  # two images, one run: which is which is not known
+    assert [r["prompt_span"] for r in refs] == [None, None] and note is not None and "1 placeholder runs" in note
+
+
+def test_the_image_token_is_read_from_the_tokenizers_added_tokens(tmp_path: Any) -> None:
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [
+        {"id": 151643, "content": "<|endoftext|>"}, {"id": PAD, "content": "<|image_pad|>"}]}))
+    assert image_token_id_in(tmp_path) == PAD
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": PAD, "content": "[PAD151655]"}]}))
+    assert image_token_id_in(tmp_path) is None  # a text model's tokenizer names no image token
+    assert image_token_id_in(tmp_path / "missing") is None
+
+
+#: one image through each front end, in its own protocol's form
+CALLS: dict[str, tuple[Route, dict[str, Any]]] = {
+    "openai_chat": (Route("/v1/chat/completions"), {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": PNG_URL}}]}]}),
+    "anthropic": (Route("/v1/messages"), {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64}}]}]}),
+    "openai_responses": (Route("/v1/responses"), {"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what?"}, {"type": "input_image", "image_url": PNG_URL}]}]}),
+    "google": (Route("/v1beta/models/m:generateContent", model="m", action="generateContent"), {"contents": [
+        {"role": "user", "parts": [{"text": "what?"}, {"inline_data": {"mime_type": "image/png", "data": PNG_B64}}]}]}),
+}
+#: each front end's error body, as its SDK reads it
+ERROR_MESSAGE = {
+    "openai_chat": lambda body: body["error"]["message"], "openai_responses": lambda body: body["error"]["message"],
+    "anthropic": lambda body: body["error"]["message"], "google": lambda body: body["error"]["message"],
+}
+
+
+def _answer() -> dict[str, Any]:
+    return {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "prompt_token_ids": PROMPT,
+            "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [9454, 151645],
+                         "message": {"role": "assistant", "content": "A cat."},
+                         "logprobs": {"content": [{"token": "x", "logprob": -0.5}, {"token": "y", "logprob": -0.1}]}}],
+            "usage": {"prompt_tokens": len(PROMPT), "completion_tokens": 2}}
+
+
+def _service(sent: list[dict[str, Any]]) -> ProxyService:
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json=_answer())
+
+    engine = VLLMEngine(UpstreamPool(["http://engine"]), client=httpx.AsyncClient(
+        transport=httpx.MockTransport(upstream)))
+    engine.image_token_id = PAD
+    engine.stream_passthrough = False
+    return ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
+
+
+HEADERS = {"x-api-key": "s1", "x-goog-api-key": "s1", "authorization": "Bearer s1"}
+
+
+@pytest.mark.parametrize("front_end", sorted(CALLS))
+async def test_each_front_end_sends_the_image_as_a_data_url_and_records_it(front_end: str) -> None:
+    sent: list[dict[str, Any]] = []
+    service = _service(sent)
+    route, body = CALLS[front_end]
+    reply = await service.handle(front_end, json.dumps(body).encode(), route, HEADERS)
+    assert reply.status == 200, reply.body
+    (upstream_body,) = sent
+    (user,) = [m for m in upstream_body["messages"] if m["role"] == "user"]
+    assert {"type": "image_url", "image_url": {"url": PNG_URL}} in user["content"]
+    (record,) = await service.completions("s1")
+    assert record.images == [{"sha256": hashlib.sha256(PNG).hexdigest(), "media_type": "image/png",
+                               "size": len(PNG), "prompt_span": {"start": 4, "end": 8}}]
+
+
+@pytest.mark.parametrize("front_end", sorted(CALLS))
+async def test_an_image_address_is_refused_in_each_protocols_shape_and_never_sent(front_end: str) -> None:
+    sent: list[dict[str, Any]] = []
+    service = _service(sent)
+    route, body = CALLS[front_end]
+    text = json.dumps(body)
+    for old in (PNG_URL, PNG_B64):  # Google and Anthropic name an address in their own fields
+        text = text.replace(json.dumps(old)[1:-1], "http://169.254.169.254/latest/meta-data/", 1)
+    hostile = json.loads(text)
+    if front_end == "anthropic":
+        hostile["messages"][0]["content"][1]["source"] = {"type": "url", "url": "http://169.254.169.254/x.png"}
+    if front_end == "google":
+        hostile["contents"][0]["parts"][1] = {"file_data": {"file_uri": "http://169.254.169.254/x.png",
+                                                            "mime_type": "image/png"}}
+    reply = await service.handle(front_end, json.dumps(hostile).encode(), route, HEADERS)
+    assert reply.status == 400, reply.body
+    message = ERROR_MESSAGE[front_end](json.loads(reply.body))
+    assert "image addresses are not fetched (http)" in message and "messages." in message
+    assert sent == [] and await service.completions("s1") == []
