@@ -7,30 +7,17 @@ how the proxy sends a prompt it rendered itself."""
 
 from __future__ import annotations
 
-import base64
-import functools
-import io
-import itertools
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from polar_gym.tiny_vlm import IMAGE_PAD_ID
+from tests._vision import pad_runs, png_url, processor_view
 from tests._vllm import VLLMServer
 
 pytestmark = pytest.mark.engine
 
 SIZES = ((96, 64), (200, 60))  # 4x6 and 4x14 patches once resized to multiples of 28 pixels: 6 and 14 placeholders
-
-
-def _png(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def _messages(urls: list[str]) -> list[dict[str, Any]]:
@@ -41,65 +28,30 @@ def _messages(urls: list[str]) -> list[dict[str, Any]]:
                                          {"type": "image_url", "image_url": {"url": urls[1]}}]}]
 
 
-@functools.cache
-def _processors(model_dir: Path) -> tuple[Any, Any]:
-    """The model's tokenizer and image processor, loaded once (about 3 s each)."""
-    from transformers import AutoTokenizer
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    return AutoTokenizer.from_pretrained(str(model_dir)), Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
-
-
-def _processor_view(server: VLLMServer, messages: list[dict[str, Any]], urls: list[str]) -> tuple[list[int], list[int]]:
-    """(the prompt with one placeholder per image, the same expanded by the image processor's grids), computed with
-    transformers from the model's folder, as a trainer would."""
-    from PIL import Image
-
-    tokenizer, processor = _processors(server.model_dir)
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    unexpanded = tokenizer(text)["input_ids"]
-    images = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) for url in urls]
-    grids = processor(images=images)["image_grid_thw"].tolist()
-    counts = iter(t * h * w // processor.merge_size ** 2 for t, h, w in grids)
-    expanded = [i for token in unexpanded for i in ([token] * next(counts) if token == IMAGE_PAD_ID else [token])]
-    return unexpanded, expanded
-
-
-def _pad_runs(ids: list[int]) -> list[tuple[int, int]]:
-    """(offset, length) of each run of image placeholders."""
-    runs, offset = [], 0
-    for token, group in itertools.groupby(ids):
-        length = len(list(group))
-        if token == IMAGE_PAD_ID:
-            runs.append((offset, length))
-        offset += length
-    return runs
-
-
 def test_the_chat_route_expands_each_image_as_the_models_processor_does(vllm_vlm_server: VLLMServer) -> None:
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{vllm_vlm_server.url}/v1", api_key="none")
     seen = {}
     for order in ((0, 1), (1, 0)):
-        urls = [_png(SIZES[i], (200, 30 + 100 * i, 30)) for i in order]
+        urls = [png_url(SIZES[i], (200, 30 + 100 * i, 30)) for i in order]
         messages = _messages(urls)
         reply = client.chat.completions.create(model=vllm_vlm_server.model, messages=messages,  # type: ignore[arg-type]
                                                max_tokens=4, temperature=0, logprobs=True,
                                                extra_body={"return_token_ids": True})
         body = reply.model_dump()
         prompt_ids = body.get("prompt_token_ids") or body["choices"][0]["prompt_token_ids"]
-        _, expected = _processor_view(vllm_vlm_server, messages, urls)
+        _, expected = processor_view(vllm_vlm_server.model_dir, messages)
         assert prompt_ids == expected
-        seen[order] = [length for _, length in _pad_runs(prompt_ids)]
+        seen[order] = [length for _, length in pad_runs(prompt_ids)]
         assert len(body["choices"][0]["token_ids"]) == len(body["choices"][0]["logprobs"]["content"]) > 0
     assert seen == {(0, 1): [6, 14], (1, 0): [14, 6]}  # each image its own grid, in its own place
 
 
 def test_the_token_in_route_takes_one_placeholder_per_image_and_the_images_as_parts(
         vllm_vlm_server: VLLMServer) -> None:
-    urls = [_png(size, (30, 30, 200)) for size in SIZES]
-    unexpanded, expanded = _processor_view(vllm_vlm_server, _messages(urls), urls)
+    urls = [png_url(size, (30, 30, 200)) for size in SIZES]
+    unexpanded, expanded = processor_view(vllm_vlm_server.model_dir, _messages(urls))
     reply = httpx.post(f"{vllm_vlm_server.url}/inference/v1/generate", timeout=120, json={
         "model": vllm_vlm_server.model, "token_ids": unexpanded, "return_token_ids": True,
         "content_parts": [{"type": "image_url", "url": url} for url in urls],
@@ -108,6 +60,6 @@ def test_the_token_in_route_takes_one_placeholder_per_image_and_the_images_as_pa
     body = reply.json()
     assert body["prompt_token_ids"] == expanded
     placeholders = [(p["offset"], p["length"]) for p in body["mm_placeholders"]["image"]]
-    assert placeholders == _pad_runs(expanded) and [n for _, n in placeholders] == [6, 14]
+    assert placeholders == pad_runs(expanded) and [n for _, n in placeholders] == [6, 14]
     choice = body["choices"][0]
     assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) > 0

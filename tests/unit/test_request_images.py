@@ -21,6 +21,7 @@ from polar_gym.proxy.errors import PayloadTooLarge, RequestError
 from polar_gym.proxy.images import ImageLimits, image_refs, placeholder_runs, request_images
 from polar_gym.proxy.providers.base import Route
 from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.proxy.settings import EngineSettings, build_engine
 from polar_gym.proxy.tokenizer import image_token_id_in
 from polar_gym.proxy.upstreams import UpstreamPool
 
@@ -90,6 +91,13 @@ def test_the_image_token_is_read_from_the_tokenizers_added_tokens(tmp_path: Any)
     (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": PAD, "content": "[PAD151655]"}]}))
     assert image_token_id_in(tmp_path) is None  # a text model's tokenizer names no image token
     assert image_token_id_in(tmp_path / "missing") is None
+
+
+def test_an_engine_built_with_the_models_tokenizer_knows_its_image_token(tmp_path: Any) -> None:
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": PAD, "content": "<|image_pad|>"}]}))
+    settings = {"engine": "vllm", "upstreams": ["http://engine"], "prompt_mode": "chat"}
+    assert build_engine(EngineSettings.model_validate({**settings, "tokenizer": str(tmp_path)})).image_token_id == PAD
+    assert build_engine(EngineSettings.model_validate(settings)).image_token_id is None  # no tokenizer: not known
 
 
 #: one image through each front end, in its own protocol's form
@@ -168,3 +176,21 @@ async def test_an_image_address_is_refused_in_each_protocols_shape_and_never_sen
     message = ERROR_MESSAGE[front_end](json.loads(reply.body))
     assert "image addresses are not fetched (http)" in message and "messages." in message
     assert sent == [] and await service.completions("s1") == []
+
+
+async def test_googles_url_safe_base64_reaches_the_engine_in_the_standard_alphabet() -> None:
+    """The google-genai SDK writes bytes URL-safe (proto3 JSON reads both alphabets): the same image."""
+    png = PNG + b"\xfb\xff\xbf\xfe"  # bytes whose base64 holds both + and /
+    standard = base64.b64encode(png).decode()
+    assert "+" in standard and "/" in standard
+    sent: list[dict[str, Any]] = []
+    service = _service(sent)
+    route, body = CALLS["google"]
+    body = json.loads(json.dumps(body))
+    body["contents"][0]["parts"][1]["inline_data"]["data"] = base64.urlsafe_b64encode(png).decode().rstrip("=")
+    reply = await service.handle("google", json.dumps(body).encode(), route, HEADERS)
+    assert reply.status == 200, reply.body
+    (user,) = sent[0]["messages"]
+    assert user["content"][1]["image_url"]["url"] == f"data:image/png;base64,{standard}"
+    (record,) = await service.completions("s1")
+    assert record.images[0]["sha256"] == hashlib.sha256(png).hexdigest()

@@ -144,7 +144,18 @@ class _Conversation:
         return None
 
 
+#: proto3 JSON writes bytes as base64 and reads both alphabets; the google-genai SDK sends the URL-safe one
+_URL_SAFE_TO_STANDARD = str.maketrans("-_", "+/")
+
+
+def _standard_base64(data: str) -> str:
+    """``data`` in the standard base64 alphabet, padded (what a data URL, and every engine, reads)."""
+    data = data.translate(_URL_SAFE_TO_STANDARD).rstrip("=")
+    return data + "=" * (-len(data) % 4)
+
+
 def _media_part(mime: str, data: str, where: str, conv: _Conversation) -> ContentPart:
+    data = _standard_base64(data)
     if mime.startswith("image/"):
         return ContentPart(type="image_url", image_url={"url": f"data:{mime};base64,{data}"})
     if mime.startswith("text/") or mime in ("application/json", "application/xml"):

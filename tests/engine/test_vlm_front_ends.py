@@ -1,0 +1,149 @@
+"""Issue 42, done-when 1: the official SDKs send an image through each of the four front ends, plain and streamed,
+to vLLM's CPU build serving the tiny Qwen2-VL, and the prompt ids the proxy captured are what the model's own
+template and image processor make of the normalized request (tests/_vision.py); each record names its image by
+SHA-256 and says where its placeholders sit. The proxy runs in chat mode (vLLM renders the prompt) with the model's
+tokenizer, from which it knows the image token. A tool result that carries an image (how pi's ``read`` and Claude
+Code's screenshots send one) reaches the model the same way."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from google import genai
+from google.genai import types
+
+from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.engines.vllm import VLLMEngine
+from polar_gym.proxy.service import ProxyService, SessionRegistry
+from polar_gym.proxy.tokenizer import image_token_id_in
+from polar_gym.proxy.upstreams import UpstreamPool
+from polar_gym.tiny_vlm import IMAGE_PAD_ID
+from tests._serving import RunningProxy, serve
+from tests._vision import pad_runs, png_url, processor_view
+from tests._vllm import VLLMServer
+
+pytestmark = pytest.mark.engine
+
+URL = png_url((150, 90), (40, 160, 220))  # 6x10 patches once resized (84x140 -> 6x10): 15 placeholders
+PNG = base64.b64decode(URL.split(",", 1)[1])
+QUESTION = "What colour is this?"
+
+
+@pytest.fixture(scope="module")
+def vlm_proxy(vllm_vlm_server: VLLMServer) -> Iterator[RunningProxy]:
+    """The proxy in chat mode, told the image token by the model's tokenizer as ``build_engine`` tells it (an httpx
+    client of the test's own: the engine's default client lives on the server thread's loop)."""
+    client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0),
+                               limits=httpx.Limits(max_keepalive_connections=0))  # nothing left open at the end
+    engine = VLLMEngine(UpstreamPool([vllm_vlm_server.url]), client=client, upstream_model=vllm_vlm_server.model)
+    engine.image_token_id = image_token_id_in(vllm_vlm_server.model_dir)
+    assert engine.image_token_id == IMAGE_PAD_ID
+    yield from serve(ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True)))
+
+
+def _records(proxy: RunningProxy, key: str) -> list[dict[str, Any]]:
+    reply = httpx.get(f"{proxy.url}/sessions/{key}/completions", headers={"authorization": f"Bearer {key}"})
+    reply.raise_for_status()
+    return list(reply.json()["completions"])
+
+
+def _openai_chat(proxy: RunningProxy, key: str, stream: bool) -> None:
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0)
+    reply = client.chat.completions.create(model="gpt-x", max_tokens=6, temperature=0, stream=stream, messages=[
+        {"role": "user", "content": [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {
+            "url": URL}}]}])
+    assert list(reply) if stream else reply.choices[0].finish_reason  # type: ignore[union-attr,arg-type]
+
+
+def _openai_responses(proxy: RunningProxy, key: str, stream: bool) -> None:
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0)
+    reply = client.responses.create(model="gpt-x", max_output_tokens=6, temperature=0, stream=stream, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": QUESTION},
+                                     {"type": "input_image", "image_url": URL, "detail": "auto"}]}])
+    assert list(reply) if stream else reply.status in ("completed", "incomplete")  # type: ignore[union-attr,arg-type]
+
+
+def _anthropic(proxy: RunningProxy, key: str, stream: bool) -> None:
+    client = anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
+    content = [{"type": "text", "text": QUESTION}, {"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": base64.b64encode(PNG).decode()}}]
+    if stream:
+        with client.messages.stream(model="claude-x", max_tokens=6,
+                                    messages=[{"role": "user", "content": content}]) as events:  # type: ignore[misc]
+            assert events.get_final_message().stop_reason
+    else:
+        reply = client.messages.create(model="claude-x", max_tokens=6,
+                                       messages=[{"role": "user", "content": content}])  # type: ignore[misc]
+        assert reply.stop_reason
+
+
+def _google(proxy: RunningProxy, key: str, stream: bool) -> None:
+    client = genai.Client(api_key=key, http_options=types.HttpOptions(
+        base_url=proxy.url, retry_options=types.HttpRetryOptions(attempts=1)))
+    contents = [types.Content(role="user", parts=[types.Part(text=QUESTION),
+                                                  types.Part.from_bytes(data=PNG, mime_type="image/png")])]
+    config = types.GenerateContentConfig(max_output_tokens=6, temperature=0)
+    if stream:
+        assert list(client.models.generate_content_stream(model="gemini-x", contents=contents, config=config))
+    else:
+        assert client.models.generate_content(model="gemini-x", contents=contents, config=config).candidates
+    client.close()
+
+
+SDKS = {"openai_chat": _openai_chat, "openai_responses": _openai_responses, "anthropic": _anthropic,
+        "google": _google}
+
+
+def _assert_captured_as_the_processor_makes_it(record: dict[str, Any], model_dir: Any) -> None:
+    messages = record["normalized_request"]["messages"]
+    _, expected = processor_view(model_dir, messages)
+    assert record["prompt_ids"] == expected
+    spans = [(image["prompt_span"]["start"], image["prompt_span"]["end"]) for image in record["images"]]
+    assert [(start, end - start) for start, end in spans] == pad_runs(expected)
+    assert record["images"][0]["sha256"] == hashlib.sha256(PNG).hexdigest()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("front_end", sorted(SDKS))
+def test_an_image_through_each_front_end_is_captured_as_the_models_processor_makes_it(
+        vlm_proxy: RunningProxy, vllm_vlm_server: VLLMServer, front_end: str, stream: bool) -> None:
+    key = f"vlm-{front_end}-{stream}"
+    SDKS[front_end](vlm_proxy, key, stream)
+    (record,) = _records(vlm_proxy, key)
+    assert record["status"] == "ok" and record["stream"] is stream and record["prompt_mode"] == "chat"
+    _assert_captured_as_the_processor_makes_it(record, vllm_vlm_server.model_dir)
+    assert len(record["images"]) == 1 and record["images"][0]["prompt_span"]["end"] - \
+        record["images"][0]["prompt_span"]["start"] == 15
+    assert len(record["response_ids"]) == len(record["response_logprobs"]) > 0
+
+
+def test_an_image_in_a_tool_result_reaches_the_model(vlm_proxy: RunningProxy, vllm_vlm_server: VLLMServer) -> None:
+    """pi's ``read`` of a PNG, as Anthropic's protocol carries it: the tool result holds the image."""
+    key = "vlm-tool-result"
+    client = anthropic.Anthropic(base_url=vlm_proxy.url, api_key=key, max_retries=0)
+    tools = [{"name": "read", "description": "Read a file", "input_schema": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+    client.messages.create(model="claude-x", max_tokens=6, tools=tools, messages=[  # type: ignore[arg-type]
+        {"role": "user", "content": "What colour is in card.png?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read",
+                                           "input": {"path": "card.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "Read image file [image/png]"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(PNG).decode()}}]}]}])
+    (record,) = _records(vlm_proxy, key)
+    tool_message = record["normalized_request"]["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["content"][1]["type"] == "image_url"
+    messages, tools_sent = record["normalized_request"]["messages"], record["normalized_request"]["tools"]
+    # vLLM validates the tools and renders them in its own model's key order (name, description, parameters)
+    tools_rendered = [{"type": "function", "function": {key: tool["function"][key] for key in
+                                                        ("name", "description", "parameters")}} for tool in tools_sent]
+    _, expected = processor_view(vllm_vlm_server.model_dir, messages, tools_rendered)
+    assert record["prompt_ids"] == expected and len(pad_runs(expected)) == 1
