@@ -14,6 +14,10 @@ holds three append-only files:
   of at least ``_BLOB_MIN`` serialized bytes (a body's top-level field, or one element of a conversation tail)
   becomes ``{"$ref": <hash>}``, and the first record that needs it is preceded by a blob line
   ``{"$blob": <hash>, "v": <value>}``. The hash is of the value's serialized bytes (SHA-256, first 128 bits).
+- An image of a record (``CompletionRecord.images``) is stored once per stream, whatever form each body holds it in
+  (a data URL, Anthropic's bare base64): a blob named by the image's SHA-256 (64 hex digits, the record's own
+  name for it), and ``{"$img": sha256, "head": "data:...;base64,"}`` in its place inside the conversation item,
+  which is stored as ``{"$lift": item, "$imgs": [sha256, ...]}``. A trainer finds an image's pixels by its hash.
 - ``$recv`` on a record line says how to rebuild the request body exactly as the harness sent it (byte for byte):
   the name of a serializer that reproduces it from the parsed request, or a ref to the raw body as a blob when
   none does (:func:`read_received`).
@@ -88,6 +92,10 @@ _BLOB_INDEX = 512
 _FRAME_MIN = 64
 _BLOB_PREFIX = b'{"$blob":'
 _REF, _SHARED, _RECV = "$ref", "$shared", "$recv"
+#: a conversation item whose images were lifted out (``{"$lift": item, "$imgs": [sha256, ...]}``; ``"$imgs": null``:
+#: the item is kept verbatim, a harness's value that reads as one), and in it an image's place (``{"$img": sha256,
+#: "head": "data:image/png;base64,"}``; no head: the bare base64, as Anthropic sends it)
+_LIFT, _IMGS, _IMG = "$lift", "$imgs", "$img"
 #: a record's fields a call log leaves out: the bodies and the token arrays (counted instead)
 _HEAVY_FIELDS = frozenset({"request", "normalized_request", "response", "prompt_ids", "response_ids",
                            "response_logprobs"})
@@ -155,7 +163,52 @@ def _known_digest(value: Any) -> bytes:
 def _is_marker(value: Any) -> bool:
     """A dict a decoder would read as a reference: such a value is always stored as a blob, so it reads back as
     itself."""
-    return isinstance(value, dict) and (_REF in value or _SHARED in value)
+    return isinstance(value, dict) and (_REF in value or _SHARED in value or _LIFT in value)
+
+
+def _image_payloads(record: CompletionRecord) -> dict[str, str]:
+    """The base64 text of each image of ``record`` (its normalized request's data URLs, in the order of
+    ``record.images``) -> the image's SHA-256."""
+    if not record.images:
+        return {}
+    urls = [part["image_url"].get("url", "") for message in record.normalized_request.get("messages") or []
+            if isinstance(message, dict) and isinstance(message.get("content"), list)
+            for part in message["content"] if isinstance(part, dict) and part.get("type") == "image_url"
+            and isinstance(part.get("image_url"), dict)]
+    return {url.partition(",")[2]: image["sha256"] for url, image in zip(urls, record.images, strict=False)
+            if isinstance(url, str) and url.startswith("data:")}
+
+
+def _lift_images(value: Any, payloads: dict[str, str], found: list[tuple[str, str]]) -> Any:
+    """``value`` with each string that is (or is a data URL of) an image payload replaced by its place; ``found``
+    gets (sha256, payload) of each. Raises ValueError on a dict that already looks like a place (kept whole)."""
+    if isinstance(value, str):
+        head, comma, tail = value.partition(",")
+        if value in payloads:
+            found.append((payloads[value], value))
+            return {_IMG: payloads[value]}
+        if comma and head.startswith("data:") and tail in payloads:
+            found.append((payloads[tail], tail))
+            return {_IMG: payloads[tail], "head": head + comma}
+        return value
+    if isinstance(value, dict):
+        if _IMG in value:
+            raise ValueError("a value that reads as an image's place")
+        return {k: _lift_images(v, payloads, found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_lift_images(v, payloads, found) for v in value]
+    return value
+
+
+def _place_images(value: Any, blobs: dict[str, Any]) -> Any:
+    """The inverse of :func:`_lift_images`."""
+    if isinstance(value, dict):
+        if _IMG in value and isinstance(value[_IMG], str):
+            return value.get("head", "") + blobs[value[_IMG]]
+        return {k: _place_images(v, blobs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_place_images(v, blobs) for v in value]
+    return value
 
 
 class DigestMemo:
@@ -237,8 +290,9 @@ class SessionStore:
         data["response_logprobs"] = {"off": self.logprob_count, "len": len(logprobs)}
         blobs: list[bytes] = []
         lists: dict[str, list[Any]] = {}
+        payloads = _image_payloads(record)
         for key in ("request", "normalized_request"):
-            data[key], conv = self._encode_body(key, data[key], blobs)
+            data[key], conv = self._encode_body(key, data[key], blobs, payloads)
             if conv is not None:
                 lists[key] = conv
         if received is not None:
@@ -250,11 +304,13 @@ class SessionStore:
         blobs.append(orjson.dumps(data) + b"\n")
         return b"".join(blobs), tail.tobytes() + response.tobytes(), logprobs.tobytes()
 
-    def _encode_body(self, key: str, body: dict[str, Any],
-                     blobs: list[bytes]) -> tuple[dict[str, Any] | list[Any], list[Any] | None]:
+    def _encode_body(self, key: str, body: dict[str, Any], blobs: list[bytes],
+                     payloads: dict[str, str]) -> tuple[dict[str, Any] | list[Any], list[Any] | None]:
         """The body with its conversation list prefix-shared, its large values as blob refs, and the rest (what
         repeats call after call: model, limits, metadata, the refs of tools and system prompt) as one blob, the
-        body's frame: ``[frame hash, conversation field, packed conversation]`` (key order kept)."""
+        body's frame: ``[frame hash, conversation field, packed conversation]`` (key order kept). A new
+        conversation item's images (``payloads``) are stored once per stream, as blobs named by their SHA-256,
+        whichever form the item holds them in."""
         out: dict[str, Any] = {}
         conv: list[Any] | None = None
         conv_name: str | None = None
@@ -272,7 +328,8 @@ class SessionStore:
                         if keep == len(value):
                             break  # the whole list: no record can share more of it
                 out[name] = {_SHARED: {"base": base, "keep": keep},
-                             "tail": [self._blob_ref(item, blobs, repeated=False) for item in value[keep:]]}
+                             "tail": [self._blob_ref(self._lifted(item, payloads, blobs), blobs, repeated=False)
+                                      for item in value[keep:]]}
             else:
                 out[name] = self._blob_ref(value, blobs)
         frame = orjson.dumps({name: None if name == conv_name else value for name, value in out.items()})
@@ -282,6 +339,31 @@ class SessionStore:
         if conv_name is not None:
             framed += [conv_name, out[conv_name]]
         return framed, conv
+
+    def _lifted(self, item: Any, payloads: dict[str, str], blobs: list[bytes]) -> Any:
+        """``item`` itself, or ``{"$lift": item with its images' places}`` when it holds images (each written as a
+        blob the first time)."""
+        if isinstance(item, dict) and _LIFT in item:
+            return {_LIFT: item, _IMGS: None}  # a harness's value that reads as a lifted item: kept verbatim
+        if not payloads:
+            return item
+        found: list[tuple[str, str]] = []
+        try:
+            lifted = _lift_images(item, payloads, found)
+        except ValueError:
+            return item  # it holds a value that reads as a place: its images stay in it
+        if not found:
+            return item
+        for sha256, payload in found:
+            name = bytes.fromhex(sha256)
+            if name in self._blobs:
+                self._blobs.move_to_end(name)
+                continue
+            self._blobs[name] = None
+            if len(self._blobs) > _BLOB_INDEX:
+                self._blobs.popitem(last=False)
+            blobs.append(b'{"$blob":"%s","v":%s}\n' % (sha256.encode(), orjson.dumps(payload)))
+        return {_LIFT: lifted, _IMGS: sorted({sha256 for sha256, _ in found})}
 
     def _blob_ref(self, value: Any, blobs: list[bytes], repeated: bool = True) -> Any:
         """``value`` itself when small, else a ref to its blob (written into ``blobs`` the first time). Not
@@ -335,7 +417,9 @@ class _Decoded:
 
 def _resolve(value: Any, blobs: dict[str, Any]) -> Any:
     if isinstance(value, dict) and len(value) == 1 and isinstance(value.get(_REF), str) and value[_REF] in blobs:
-        return blobs[value[_REF]]
+        value = blobs[value[_REF]]
+    if isinstance(value, dict) and len(value) == 2 and _LIFT in value and _IMGS in value:
+        return value[_LIFT] if value[_IMGS] is None else _place_images(value[_LIFT], blobs)
     return value
 
 

@@ -214,6 +214,8 @@ def _skip_reason(trace: AuditTrace) -> str | None:
         return "no_trainable_tokens"
     if not trace.logprobs:
         return "no_logprobs"
+    if len(trace.image_urls) != len(trace.images) or any(image.get("prompt_span") is None for image in trace.images):
+        return "images_not_carried"  # the pixels or the placeholders' places are not in the trace
     return None
 
 

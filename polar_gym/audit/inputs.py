@@ -18,7 +18,7 @@ from typing import Any
 
 from polar_gym.schema import Trace
 
-__all__ = ["AuditTrace", "Span", "read_traces", "resolve_input", "trace_from_row"]
+__all__ = ["AuditTrace", "Span", "image_urls_of", "read_traces", "resolve_input", "trace_from_row"]
 
 RUN_FILE = "trajectories.jsonl"
 TRACES_FILE = "traces.jsonl"
@@ -45,6 +45,11 @@ class AuditTrace:
     logprobs: list[float]
     spans: list[Span] = field(default_factory=list)
     task_id: str | None = None
+    #: the images of a multimodal trace, in order, as its metadata records them (``ImageRef``: the placeholders'
+    #: ``prompt_span`` in prompt + response positions)
+    images: list[dict[str, Any]] = field(default_factory=list)
+    #: the same images' data URLs, from the trace's messages (what the model saw, pixels included)
+    image_urls: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -93,6 +98,13 @@ def _slime(row: Mapping[str, Any], line: int) -> AuditTrace:
         task_id=meta.get("task_id"))
 
 
+def image_urls_of(messages: list[dict[str, Any]]) -> list[str]:
+    """The image URLs of OpenAI-shaped messages (a trace's, as builders write them), in order."""
+    return [str((part.get("image_url") or {}).get("url")) for message in messages
+            if isinstance(message.get("content"), list) for part in message["content"]
+            if isinstance(part, dict) and part.get("type") == "image_url"]
+
+
 def trace_from_row(row: Mapping[str, Any], line: int = 0) -> AuditTrace:
     """An AuditTrace from one JSON line (a Trace with extra fields, or a Slime sample)."""
     if "tokens" in row and "response_length" in row:
@@ -106,7 +118,8 @@ def trace_from_row(row: Mapping[str, Any], line: int = 0) -> AuditTrace:
         prompt_ids=list(trace.prompt_ids), response_ids=list(trace.response_ids), loss_mask=list(trace.loss_mask),
         logprobs=logprobs,
         spans=_spans(meta.get("spans"), list(trace.loss_mask), list(meta.get("policy_versions") or [])),
-        task_id=row.get("task_id"))
+        task_id=row.get("task_id"), images=list(meta.get("images") or []),
+        image_urls=image_urls_of([*trace.prompt_messages, *trace.response_messages]) if meta.get("images") else [])
 
 
 def resolve_input(path: str | Path) -> Path:

@@ -21,23 +21,64 @@ from typing import Any
 
 from polar_gym.audit.inputs import AuditTrace
 
-__all__ = ["DTYPES", "ModelRecompute", "head_logprobs", "load_model", "token_logprobs"]
+__all__ = ["DTYPES", "ModelRecompute", "head_logprobs", "load_image_processor", "load_model", "token_logprobs",
+           "vision_token_logprobs"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> Any:
-    """A causal LM from a local directory (never the hub), in eval mode, on ``device``."""
+    """A causal LM from a local directory (never the hub), in eval mode, on ``device``; a vision-language model (a
+    config with a ``vision_config``) as the image-text-to-text model it is."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.utils import logging as hf_logging
 
     # the audit prints its own report; no bars in logs (transformers leaves this function unannotated)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True)
+    vision = hasattr(AutoConfig.from_pretrained(str(path), local_files_only=True), "vision_config")
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model: Any = auto.from_pretrained(str(path), dtype=getattr(torch, dtype), local_files_only=True)
     return model.to(device).eval()
+
+
+def load_image_processor(path: str | Path) -> Any:
+    """The image processor of a vision-language model's directory (the PIL one: the main venv has no
+    torchvision)."""
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+        str(path), local_files_only=True, use_fast=False)
+
+
+def vision_token_logprobs(model: Any, processor: Any, input_ids: Sequence[int], image_urls: Sequence[str],
+                          positions: Sequence[int], *, head_rows: int = 256, fp32_head: bool = False) -> list[float]:
+    """:func:`token_logprobs` for a prompt with images: the images (data URLs, in order) through the model's image
+    processor and vision tower, their features in place of the placeholders of ``input_ids`` (one pass, no chunks:
+    the multimodal rotary positions are computed over the whole sequence)."""
+    import base64
+    import io
+
+    import torch
+    from PIL import Image
+
+    if not positions:
+        return []
+    if min(positions) < 1 or max(positions) >= len(input_ids):
+        raise ValueError(f"positions must lie in [1, {len(input_ids) - 1}]")
+    images = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB") for url in image_urls]
+    pixels = processor(images=images, return_tensors="pt")
+    ids = torch.tensor([list(input_ids)], dtype=torch.long, device=next(model.parameters()).device)
+    rows = sorted({t - 1 for t in positions})
+    with torch.inference_mode():
+        out = model.model(input_ids=ids, pixel_values=pixels["pixel_values"].to(model.dtype),
+                          image_grid_thw=pixels["image_grid_thw"])
+        hidden = out.last_hidden_state[0, rows]
+        values = head_logprobs(model, hidden, ids[0, [r + 1 for r in rows]], head_rows, fp32_head=fp32_head).tolist()
+    by_row = dict(zip(rows, values, strict=True))
+    return [float(by_row[t - 1]) for t in positions]
 
 
 def head_logprobs(model: Any, hidden: Any, targets: Any, head_rows: int, *, fp32_head: bool = False) -> Any:
@@ -109,6 +150,7 @@ class ModelRecompute:
         self.fp32_head = fp32_head
         self._path: str | None = None
         self._model: Any = None
+        self._processors: dict[str, Any] = {}
         self.load_seconds: dict[str, float] = {}
 
     def model(self, path: str) -> Any:
@@ -120,8 +162,18 @@ class ModelRecompute:
             self.load_seconds[path] = round(time.monotonic() - started, 3)
         return self._model
 
+    def image_processor(self, path: str) -> Any:
+        if path not in self._processors:
+            self._processors[path] = load_image_processor(path)
+        return self._processors[path]
+
     def __call__(self, path: str, trace: AuditTrace, positions: list[int]) -> list[float]:
         prompt = len(trace.prompt_ids)
+        if trace.images:
+            return vision_token_logprobs(self.model(path), self.image_processor(path),
+                                         [*trace.prompt_ids, *trace.response_ids], trace.image_urls,
+                                         [prompt + i for i in positions], head_rows=self.head_rows,
+                                         fp32_head=self.fp32_head)
         return token_logprobs(self.model(path), [*trace.prompt_ids, *trace.response_ids],
                               [prompt + i for i in positions], chunk_tokens=self.chunk_tokens,
                               head_rows=self.head_rows, fp32_head=self.fp32_head)

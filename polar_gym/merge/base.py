@@ -151,6 +151,9 @@ class TraceBuilder:
             **({"unparseable_tool_calls": unparseable} if unparseable else {}),
             "tool_call_parse": "malformed" if unparseable else "ok",
             **({"malformed_tool_calls": list(self.malformed)} if unparseable else {}),
+            # the last call's prompt holds every image of the chain, its spans in this trace's token positions
+            # (prompt then response: each call's prompt is the chain's tokens so far)
+            **({"images": [dict(image) for image in self.last.images]} if self.last.images else {}),
             **(extra or {}),
         }
         return Trace.model_construct(

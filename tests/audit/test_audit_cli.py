@@ -75,13 +75,16 @@ def test_skipped_and_unaudited_are_counted(tmp_path: Path, model_dir: Path, rows
     no_logprobs = {**rows[0], "session_id": "nolp", "response_logprobs": [],
                    "metadata": {**rows[0]["metadata"], "has_logprobs": False}}
     masked = {**rows[0], "session_id": "masked", "loss_mask": [0] * len(rows[0]["loss_mask"])}
+    pixels_lost = {**rows[1], "session_id": "no-pixels", "metadata": {**rows[1]["metadata"], "images": [
+        {"sha256": "ab" * 32, "media_type": "image/png", "size": 9, "prompt_span": {"start": 2, "end": 6}}]}}
     newer = json.loads(json.dumps(rows[2]))
     newer["session_id"] = "v1"
     newer["metadata"]["spans"][1]["policy_version"] = 1  # one span sampled by a version with no model given
-    run = write_run(tmp_path / "run", [rows[0], no_logprobs, masked, newer])
+    run = write_run(tmp_path / "run", [rows[0], no_logprobs, masked, pixels_lost, newer])
     assert main(["--model", f"0={model_dir}", str(run)]) == 0
     s = summary(run)
-    assert s["skipped"] == {"no_logprobs": 1, "no_trainable_tokens": 1}
+    # a multimodal trace whose messages lost the images (an export without them) cannot be scored as the model saw it
+    assert s["skipped"] == {"no_logprobs": 1, "no_trainable_tokens": 1, "images_not_carried": 1}
     assert s["audited"] == 2 and s["unaudited_tokens"] == 8 and s["metrics"]["audit/tokens"] == 24 + 16
     # giving version 1 its own weights audits every token
     assert main(["--model", f"0={model_dir}", "--model", f"1={model_dir}", str(run)]) == 0

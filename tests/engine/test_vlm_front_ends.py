@@ -3,13 +3,16 @@ to vLLM's CPU build serving the tiny Qwen2-VL, and the prompt ids the proxy capt
 template and image processor make of the normalized request (tests/_vision.py); each record names its image by
 SHA-256 and says where its placeholders sit. The proxy runs in chat mode (vLLM renders the prompt) with the model's
 tokenizer, from which it knows the image token. A tool result that carries an image (how pi's ``read`` and Claude
-Code's screenshots send one) reaches the model the same way."""
+Code's screenshots send one) reaches the model the same way. The audit recomputes a captured multimodal trace
+with transformers."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -19,11 +22,16 @@ import pytest
 from google import genai
 from google.genai import types
 
+from polar_gym.audit.__main__ import main as audit_main
+from polar_gym.merge import MergeConfig
+from polar_gym.merge.exports import trace_lines
+from polar_gym.merge.per_request import per_request
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.tokenizer import image_token_id_in
 from polar_gym.proxy.upstreams import UpstreamPool
+from polar_gym.schema import CompletionSession
 from polar_gym.tiny_vlm import IMAGE_PAD_ID
 from tests._serving import RunningProxy, serve
 from tests._vision import pad_runs, png_url, processor_view
@@ -147,3 +155,38 @@ def test_an_image_in_a_tool_result_reaches_the_model(vlm_proxy: RunningProxy, vl
                                                         ("name", "description", "parameters")}} for tool in tools_sent]
     _, expected = processor_view(vllm_vlm_server.model_dir, messages, tools_rendered)
     assert record["prompt_ids"] == expected and len(pad_runs(expected)) == 1
+
+
+def test_the_audit_recomputes_a_multimodal_trace_and_sees_a_swapped_image(
+        vlm_proxy: RunningProxy, vllm_vlm_server: VLLMServer, tmp_path: Path) -> None:
+    """Done-when 3: transformers' Qwen2-VL, fed the trace's tokens and its images through the model's processor,
+    scores the sampled tokens as vLLM did (float32 both: max |Δ| < 1e-4); with the trace's two images swapped (same
+    size, other colours: the same placeholders) it does not, and the audit fails."""
+    key = "vlm-audit"
+    red, blue = png_url((112, 84), (220, 40, 40)), png_url((112, 84), (40, 40, 220))
+    client = openai.OpenAI(base_url=f"{vlm_proxy.url}/v1", api_key=key, max_retries=0)
+    client.chat.completions.create(model="gpt-x", max_tokens=24, temperature=1.0, seed=3, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Which is warmer, "},
+                                     {"type": "image_url", "image_url": {"url": red}},
+                                     {"type": "text", "text": " or "},
+                                     {"type": "image_url", "image_url": {"url": blue}}]}])
+    records = _records(vlm_proxy, key)
+    trajectory = per_request(CompletionSession.model_validate({"session_id": key, "completions": records}),
+                             MergeConfig())
+    (row,) = [line.model_dump(mode="json") for line in trace_lines(trajectory)]
+    assert [image["prompt_span"] for image in row["metadata"]["images"]] == [
+        {"start": start, "end": start + length} for start, length in pad_runs(row["prompt_ids"])]
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text(json.dumps(row) + "\n")
+    assert audit_main(["--model", str(vllm_vlm_server.model_dir), str(traces)]) == 0
+    summary = json.loads((tmp_path / "audit_summary.json").read_text())
+    assert summary["audited"] == 1 and summary["metrics"]["audit/tokens"] == len(row["response_ids"]) > 0
+    assert summary["metrics"]["audit/logprob_abs_diff_max"] < 1e-4
+
+    swapped = json.loads(json.dumps(row).replace(red, "RED").replace(blue, red).replace("RED", blue))
+    out = tmp_path / "swapped"
+    out.mkdir()
+    (out / "traces.jsonl").write_text(json.dumps(swapped) + "\n")
+    assert audit_main(["--model", str(vllm_vlm_server.model_dir), str(out / "traces.jsonl")]) == 1
+    summary = json.loads((out / "audit_summary.json").read_text())
+    assert not summary["passed"] and summary["metrics"]["audit/logprob_abs_diff_max"] > 1e-3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import subprocess
@@ -478,3 +479,48 @@ def test_a_conversation_is_shared_with_the_record_sharing_most_of_it_not_the_new
     shared = [part[:20] for part in lines[2].splitlines()[-1].split(b'"$shared":')[1:]]
     assert shared == [b'{"base":0,"keep":4},', b'{"base":0,"keep":5},']  # the request's, the normalized one's
     assert decode(lines, tokens, logprobs) == records
+
+
+PNG_B64 = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8).decode()  # 2 KB of "pixels"
+OTHER_B64 = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(255, -1, -1)) * 8).decode()
+
+
+def image_record(index: int, payloads: list[str], extra: list[dict] | None = None) -> CompletionRecord:
+    """An Anthropic call with one image per payload, each in a user turn (the bare base64 in the request, a data URL
+    in the normalized request), as the proxy records it."""
+    request_msgs: list[dict] = [*(extra or [])]
+    normalized_msgs: list[dict] = [*(extra or [])]
+    for n, payload in enumerate(payloads):
+        request_msgs.append({"role": "user", "content": [{"type": "text", "text": f"look {n}"}, {
+            "type": "image", "source": {"type": "base64", "media_type": "image/png", "data": payload}}]})
+        normalized_msgs.append({"role": "user", "content": [{"type": "text", "text": f"look {n}"}, {
+            "type": "image_url", "image_url": {"url": f"data:image/png;base64,{payload}"}}]})
+    images = [{"sha256": hashlib.sha256(base64.b64decode(p)).hexdigest(), "media_type": "image/png",
+               "size": len(base64.b64decode(p)), "prompt_span": None} for p in payloads]
+    return CompletionRecord(completion_id=f"c{index}", session_id="s", index=index, provider="anthropic",
+                            engine="oracle", request={"model": "policy", "messages": request_msgs},
+                            normalized_request={"model": "policy", "messages": normalized_msgs}, images=images,
+                            prompt_ids=[1, 2, index], response_ids=[7], response_logprobs=[-0.5])
+
+
+def test_an_image_is_stored_once_per_stream_named_by_its_sha256():
+    """The request's bare base64 and the normalized data URL are one blob; a later turn that sends the same image
+    again in another message (a screenshot re-attached) refers to it."""
+    first = image_record(0, [PNG_B64])
+    again = image_record(1, [PNG_B64, OTHER_B64, PNG_B64])
+    lines, tokens, logprobs = encoded([first, again])
+    assert decode(lines, tokens, logprobs) == [first, again]
+    stream = b"".join(lines)
+    assert stream.count(PNG_B64.encode()) == 1 and stream.count(OTHER_B64.encode()) == 1
+    blobs = [orjson.loads(x) for x in stream.splitlines() if journal.is_blob_line(x)]
+    images = {b["$blob"]: b["v"] for b in blobs if len(b["$blob"]) == 64}
+    assert images == {first.images[0]["sha256"]: PNG_B64, again.images[1]["sha256"]: OTHER_B64}
+
+
+def test_harness_values_that_read_as_image_places_read_back_as_themselves():
+    hostile = [{"role": "user", "content": [{"$img": first_sha, "head": "x"} for first_sha in ("ab" * 32,)]},
+               {"$lift": {"role": "user", "content": "hi"}, "$imgs": None},
+               {"$lift": {"role": "user", "content": "hi"}, "$imgs": ["ab" * 32]}]
+    rec = image_record(0, [PNG_B64], extra=hostile)
+    lines, tokens, logprobs = encoded([rec])
+    assert decode(lines, tokens, logprobs) == [rec]
