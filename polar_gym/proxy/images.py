@@ -21,7 +21,8 @@ from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.errors import PayloadTooLarge, RequestError
 from polar_gym.schema import ImageRef, TokenSpan
 
-__all__ = ["IMAGE_PLACEHOLDERS", "ImageLimits", "RequestImage", "image_refs", "placeholder_runs", "request_images"]
+__all__ = ["IMAGE_PLACEHOLDERS", "ImageLimits", "RequestImage", "has_images", "image_refs", "placeholder_runs",
+           "request_images"]
 
 #: the image types taken, by the bytes each file starts with (WebP: ``RIFF....WEBP``)
 _MAGIC: dict[str, tuple[bytes, ...]] = {
@@ -101,6 +102,11 @@ def request_images(request: ChatRequest, limits: ImageLimits) -> list[RequestIma
         raise PayloadTooLarge(f"{len(images)} images in the conversation exceed the limit of {limits.max_images}"
                               if limits.max_images else "this model takes no images")
     return images
+
+
+def has_images(request: ChatRequest) -> bool:
+    """Whether any message of ``request`` holds an image part."""
+    return any(isinstance(m.content, list) and any(p.type == "image_url" for p in m.content) for m in request.messages)
 
 
 def placeholder_runs(prompt_ids: list[int], token_id: int) -> list[tuple[int, int]]:

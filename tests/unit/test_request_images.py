@@ -194,3 +194,21 @@ async def test_googles_url_safe_base64_reaches_the_engine_in_the_standard_alphab
     assert user["content"][1]["image_url"]["url"] == f"data:image/png;base64,{standard}"
     (record,) = await service.completions("s1")
     assert record.images[0]["sha256"] == hashlib.sha256(png).hexdigest()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_token_in_engine_refuses_an_image_it_would_lose(tok: Any, stream: bool) -> None:
+    """token_in renders the chat template's text: until it carries images, a call with one is refused (the caller's
+    400, journaled as an error) rather than answered from a prompt without it."""
+    from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
+    from polar_gym.proxy.parsers.base import parser_for
+
+    sent: list[bytes] = []
+    engine = VLLMTokenInEngine(tok, parser_for("qwen3"), UpstreamPool(["http://engine"]), client=httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda r: sent.append(r.content) or httpx.Response(500))))
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
+    route, body = CALLS["openai_chat"]
+    reply = await service.handle("openai_chat", json.dumps({**body, "stream": stream}).encode(), route, HEADERS)
+    assert reply.status == 400 and "prompt_mode chat" in json.loads(reply.body)["error"]["message"]
+    (record,) = await service.completions("s1")
+    assert record.status == "error" and record.images and sent == []

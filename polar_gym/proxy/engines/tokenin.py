@@ -45,7 +45,8 @@ from polar_gym.proxy.engines.token_prompts import (
     token_probe_message,
 )
 from polar_gym.proxy.engines.vllm import reload_vllm_weights
-from polar_gym.proxy.errors import translate_upstream_errors
+from polar_gym.proxy.errors import RequestError, translate_upstream_errors
+from polar_gym.proxy.images import has_images
 from polar_gym.proxy.parsers.base import OutputParser, ParsedReply, call_id, malformed_call_spans
 from polar_gym.proxy.prefix import PrefixRenderer, PromptPlan
 from polar_gym.proxy.tokenizer import HFChatTokenizer
@@ -56,6 +57,11 @@ __all__ = ["Generation", "SGLangTokenInEngine", "StreamedAnswer", "TokenInEngine
            "keep_token_in_result", "parse_reply", "plan_prompt", "sent_prompt", "token_in_result"]
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
+
+
+#: why a token-in engine refuses an image (its prompt would silently lose it)
+IMAGES_NEED_CHAT = ("images reach the model in prompt_mode chat only for now (token_in renders text: the image "
+                    "would be lost); use --prompt-mode chat / inference.prompt_mode=chat")
 
 
 async def plan_prompt(renderer: PrefixRenderer, request: ChatRequest, session_id: str) -> PromptPlan:
@@ -266,6 +272,8 @@ class TokenInEngine(HttpEngine):
         """One call answered whole. With ``cut_non_streamed`` (the default) the upstream answer is read as a stream
         all the same, so a weight update can cut it (see :meth:`generate`); else as one JSON answer, which a
         weight update waits for."""
+        if has_images(request):  # the chat template's text would silently lose them
+            raise RequestError(IMAGES_NEED_CHAT)
         plan = await plan_prompt(self.renderer, request, session_id)
         if self.cut_non_streamed:
             gen = Generation(plan)
@@ -294,6 +302,8 @@ class TokenInEngine(HttpEngine):
         """The same call as :meth:`complete`, streamed: each chunk yields the tokens it added and the text the
         parser can already tell is plain reasoning or content; the last piece is the result :meth:`complete` builds
         from the same tokens. A weight update's cut only pauses the stream (see :meth:`generate`)."""
+        if has_images(request):
+            raise RequestError(IMAGES_NEED_CHAT)
         plan = await plan_prompt(self.renderer, request, session_id)
         gen = Generation(plan)
         reasoning, content = "", ""
