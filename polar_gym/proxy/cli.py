@@ -90,6 +90,8 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=_help(ProxySettings, "stream_passthrough"))
     p.add_argument("--session-idle-seconds", type=float, default=s, help=_help(ProxySettings, "session_idle_seconds"))
     p.add_argument("--max-adhoc-sessions", type=int, default=s, help=_help(ProxySettings, "max_adhoc_sessions"))
+    p.add_argument("--max-images", type=int, default=s, help=_help(ProxySettings, "max_images"))
+    p.add_argument("--max-image-bytes", type=int, default=s, help=_help(ProxySettings, "max_image_bytes"))
     p.add_argument("--log-level", default="info")
     return p
 
