@@ -45,7 +45,9 @@ class Pi(Harness):
         api = self.api(ctx)
         models = {"providers": {_PROVIDER: {"baseUrl": ctx.gateway_url + _BASE_PATH[api], "api": api,
                                             "apiKey": ctx.key,
-                                            "models": [{"id": ctx.model_name, "reasoning": True}]}}}
+                                            # "image": pi's read sends an image file to the model (issue 42)
+                                            "models": [{"id": ctx.model_name, "reasoning": True,
+                                                        "input": ["text", "image"]}]}}}
         return {f"{ctx.home}/.pi/agent/models.json": dump_json(models),
                 f"{ctx.home}/.pi/agent/settings.json": dump_json({"enableInstallTelemetry": False})}
 

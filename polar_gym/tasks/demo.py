@@ -9,9 +9,13 @@ plays them the same way. They become the oracle engine's script (``oracle_script
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import posixpath
 import shlex
+import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +30,7 @@ from polar_gym.schema import (
     TaskRequest,
 )
 
-__all__ = ["DEMO_TASKS", "TEST_COMMAND", "DemoTask", "demo_task", "demo_tasks"]
+__all__ = ["DEMO_TASKS", "TEST_COMMAND", "VISION_TASKS", "DemoTask", "demo_task", "demo_tasks", "solid_png"]
 
 #: -B: no .pyc files, so an edit within the same second as a test run (same size, same mtime) is never masked
 TEST_COMMAND = "python3 -B -m unittest -q"
@@ -64,12 +68,21 @@ class DemoTask:
     test_command: str = TEST_COMMAND
     final_answer: str = "The failing test passes now."
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: binary files (images), written by a prepare step in the sandbox
+    binary_files: dict[str, bytes] = field(default_factory=dict)
+    #: files the reference solution reads through the harness's read tool before its commands
+    reads: list[str] = field(default_factory=list)
 
     def prepare_actions(self, workdir: str = "/workspace") -> list[PrepareAction]:
         """Upload every file into ``workdir`` and commit it as the repository's first commit."""
         files = {".gitignore": _GITIGNORE, **self.files}
         actions = [PrepareAction(type="upload_file", dst=posixpath.join(workdir, path), content=text)
                    for path, text in files.items()]
+        for path, data in self.binary_files.items():  # file contents travel as text: decoded in the sandbox
+            program = (f"import base64; open({json.dumps(path)}, 'wb').write(base64.b64decode("
+                       f"{json.dumps(base64.b64encode(data).decode())}))")
+            actions.append(PrepareAction(type="exec", command=f"cd {shlex.quote(workdir)} && python3 -c "
+                                         f"{shlex.quote(program)}", timeout_seconds=60))
         actions.append(PrepareAction(type="exec", command=f"cd {shlex.quote(workdir)} && {_INIT_REPO}",
                                      timeout_seconds=60))
         return actions
@@ -82,7 +95,7 @@ class DemoTask:
 
     def oracle_script(self) -> OracleScript:
         """The reference solution as the oracle engine's script."""
-        return OracleScript(commands=list(self.solution), final_answer=self.final_answer)
+        return OracleScript(commands=list(self.solution), reads=list(self.reads), final_answer=self.final_answer)
 
     def to_request(self, *, harness: str = "shell", model_name: str = "policy", runtime: RuntimeSpec | None = None,
                    evaluator: EvaluatorSpec | None = None, builder: BuilderSpec | None = None, num_samples: int = 1,
@@ -308,6 +321,48 @@ DEMO_TASKS: dict[str, DemoTask] = {t.task_id: t for t in [
 ]}
 
 
+def solid_png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A PNG of one colour, written with the standard library (the same bytes every time)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b""))
+
+
+_TEST_COLOUR = f'''import hashlib
+import unittest
+
+
+class ColourTest(unittest.TestCase):
+    def test_the_colour_is_named(self):
+        with open("colour.txt") as f:
+            answer = f.read().strip().lower()
+        self.assertEqual(hashlib.sha256(answer.encode()).hexdigest(), "{hashlib.sha256(b"blue").hexdigest()}")
+
+
+if __name__ == "__main__":
+    unittest.main()
+'''
+
+#: tasks the agent must look at an image for (issue 42): kept out of :func:`demo_tasks`, which every harness's
+#: oracle tests run; :func:`demo_task` finds them by id
+VISION_TASKS: dict[str, DemoTask] = {t.task_id: t for t in [
+    DemoTask(
+        task_id="demo-colour-card",
+        instruction=("card.png in this repository is a swatch of one colour. Look at it and write the colour's name "
+                     "(red, green, blue or yellow), lowercase, in colour.txt. Run "
+                     f"`{TEST_COMMAND}` to check."),
+        files={"test_colour.py": _TEST_COLOUR},
+        binary_files={"card.png": solid_png(96, 64, (30, 60, 220))},
+        reads=["card.png"],
+        solution=["echo blue > colour.txt", TEST_COMMAND],
+        final_answer="card.png is blue; colour.txt says so.",
+    ),
+]}
+
+
 def demo_tasks() -> list[DemoTask]:
     """Every demo task, in a stable order."""
     return list(DEMO_TASKS.values())
@@ -315,6 +370,6 @@ def demo_tasks() -> list[DemoTask]:
 
 def demo_task(task_id: str) -> DemoTask:
     try:
-        return DEMO_TASKS[task_id]
+        return DEMO_TASKS.get(task_id) or VISION_TASKS[task_id]
     except KeyError:
-        raise KeyError(f"no demo task {task_id!r}; known: {', '.join(DEMO_TASKS)}") from None
+        raise KeyError(f"no demo task {task_id!r}; known: {', '.join([*DEMO_TASKS, *VISION_TASKS])}") from None

@@ -100,7 +100,7 @@ class TaskFork(BaseModel):
             answer = self.final_answer
         if commands == reference.commands and answer == reference.final_answer:
             raise ValueError(f"task {task_id}: fork {self.name!r} leaves the reference solution unchanged")
-        return OracleScript(commands=commands, final_answer=answer, name=self.name)
+        return OracleScript(commands=commands, reads=list(reference.reads), final_answer=answer, name=self.name)
 
 
 def oracle_scripts(metadata: TaskMetadata) -> list[OracleScript]:

@@ -174,7 +174,8 @@ def test_pi_per_api(api: str, provider: str, base_url: str) -> None:
     assert h.env(ctx) == {"PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0", **NO_PHONE_HOME}
     assert parsed(h.files(ctx)) == {
         "/polar/home/.pi/agent/models.json": {"providers": {"polar": {
-            "baseUrl": base_url, "api": api, "apiKey": "sess-1", "models": [{"id": "policy", "reasoning": True}]}}},
+            "baseUrl": base_url, "api": api, "apiKey": "sess-1",
+            "models": [{"id": "policy", "reasoning": True, "input": ["text", "image"]}]}}},
         "/polar/home/.pi/agent/settings.json": {"enableInstallTelemetry": False}}
     assert h.provider_for(ctx) == provider == API_PROVIDERS[api]
     assert h.log_paths(ctx) == [] and h.side_models(ctx) == [] and h.mcp_servers(ctx, MCP) == {}

@@ -240,3 +240,57 @@ async def test_token_in_without_thinking_writes_no_reasoning(qwen):
     result = await engine.complete(req, "s")
     assert result.message.reasoning_content is None and result.text == "Plain."
     assert "<think>" not in qwen.decode(result.response_ids)
+
+
+#: the file-reading tools of the harnesses that have one (schemas abridged as they send them)
+HARNESS_READ_TOOLS = {
+    "pi": (tool("read", {"path": {"type": "string"}, "offset": {"type": "number"}}, ["path"]), "path"),
+    "claude_code": (tool("Read", {"file_path": {"type": "string"}, "limit": {"type": "number"}}, ["file_path"]),
+                    "file_path"),
+    "gemini_cli": (tool("read_file", {"absolute_path": {"type": "string"}}, ["absolute_path"]), "absolute_path"),
+    "opencode": (tool("read", {"filePath": {"type": "string"}}, ["filePath"]), "filePath"),
+    "codex": (tool("view_image", {"path": {"type": "string"}}, ["path"]), "path"),
+}
+
+
+@pytest.mark.parametrize("harness", sorted(HARNESS_READ_TOOLS))
+async def test_a_script_reads_its_files_through_the_harness_read_tool_then_runs_its_commands(harness):
+    """A task whose answer is in an image: the oracle looks at it as a model would (the harness then sends the image),
+    then runs its commands through the shell tool, numbering its steps across both."""
+    reader, key = HARNESS_READ_TOOLS[harness]
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(reads=["card.png"], commands=["echo blue"]))
+    msgs, calls, thoughts = [ChatMessage(role="user", content="go")], [], []
+    for _ in range(3):
+        result = await engine.complete(request(msgs, [HARNESS_SHELL_TOOLS["pi"], reader]), "s")
+        msgs.append(result.message)
+        thoughts.append(result.message.reasoning_content)
+        for call in result.message.tool_calls or []:
+            calls.append((call.function.name, json.loads(call.function.arguments)))
+            msgs.append(ChatMessage(role="tool", tool_call_id=call.id, content="ok"))
+    assert calls == [(reader.name, {key: "card.png"}), ("bash", {"command": "echo blue"})]
+    assert thoughts[:2] == ["Step 1: read `card.png`.", "Step 2: run `echo blue`."]
+    assert result.finish_reason == "stop"
+
+
+async def test_without_a_read_tool_the_reads_are_skipped():
+    engine = OracleEngine(ByteTokenizer(), default_script=OracleScript(reads=["card.png"], commands=["echo blue"]))
+    result = await engine.complete(request([ChatMessage(role="user", content="go")], [HARNESS_SHELL_TOOLS["pi"]]), "s")
+    (call,) = result.message.tool_calls or []
+    assert json.loads(call.function.arguments) == {"command": "echo blue"}
+
+
+def test_the_colour_card_task_ships_a_real_png_and_reads_it_first():
+    import io
+
+    from PIL import Image
+
+    from polar_gym.tasks import demo_task, demo_tasks
+
+    task = demo_task("demo-colour-card")
+    assert task not in demo_tasks()  # kept out of the set every harness's oracle tests run
+    with Image.open(io.BytesIO(task.binary_files["card.png"])) as image:
+        assert image.size == (96, 64) and image.convert("RGB").getpixel((5, 5)) == (30, 60, 220)
+    script = task.oracle_script()
+    assert script.reads == ["card.png"] and script.commands[0] == "echo blue > colour.txt"
+    (write,) = [a for a in task.prepare_actions() if a.type == "exec" and "card.png" in str(a.command)]
+    assert "base64.b64decode" in str(write.command)

@@ -42,7 +42,7 @@ from polar_gym.proxy.tokenizer import ChatTokenizer, template_messages
 from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.schema import OracleScript
 
-__all__ = ["OracleEngine", "OracleTokenizer", "find_shell_tool", "oracle_script", "shell_arguments"]
+__all__ = ["OracleEngine", "OracleTokenizer", "find_read_tool", "find_shell_tool", "oracle_script", "shell_arguments"]
 
 OraclePromptMode = Literal["token_in", "chat"]
 #: one scripted "sample": the reply, its sampled token IDs, the finish reason, whether it drifted
@@ -53,6 +53,10 @@ SHELL_TOOL_NAMES = ("bash", "Bash", "shell", "run_shell_command", "exec_command"
                     "execute_command", "run_command", "run_commands", "terminal", "execute_bash", "exec", "cmd")
 ORACLE_SERVER = "oracle://local"
 _COMMAND_KEYS = ("command", "cmd", "script", "commands")
+#: tool names harnesses give the tool that reads a file to the model (pi, opencode: read; Claude Code: Read; Gemini
+#: CLI, Qwen Code: read_file; Codex: view_image), and the names of its path parameter
+READ_TOOL_NAMES = ("read", "Read", "read_file", "view_image")
+_PATH_KEYS = ("path", "file_path", "absolute_path", "filePath", "filename")
 
 
 def oracle_script(metadata: Mapping[str, Any]) -> OracleScript | None:
@@ -105,6 +109,27 @@ def find_shell_tool(tools: list[Tool] | None) -> Tool | None:
     return None
 
 
+def find_read_tool(tools: list[Tool] | None) -> tuple[Tool, str] | None:
+    """The harness's file-reading tool and its path parameter, by a known name (None: it has none)."""
+    by_name = {t.name: t for t in tools or []}
+    for name in READ_TOOL_NAMES:
+        tool = by_name.get(name)
+        props = tool.parameters.get("properties") or {} if tool is not None else {}
+        key = next((k for k in _PATH_KEYS if k in props), None)
+        if tool is not None and key is not None:
+            return tool, key
+    return None
+
+
+def _with_required(tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` and every other required parameter of ``tool``, filled with its default."""
+    props: dict[str, Any] = tool.parameters.get("properties") or {}
+    for name in tool.parameters.get("required") or []:
+        if name not in args:
+            args[name] = _default_for(name, props.get(name) or {})
+    return args
+
+
 def _default_for(name: str, schema: dict[str, Any]) -> Any:
     if "default" in schema:
         return schema["default"]
@@ -134,11 +159,7 @@ def shell_arguments(tool: Tool, command: str) -> dict[str, Any]:
     kind = schema.get("type")
     # an array is an argv (codex's ``command``), except a list of command lines (cline's ``commands``)
     value: Any = command if kind != "array" else [command] if key == "commands" else ["bash", "-lc", command]
-    args: dict[str, Any] = {key: value}
-    for name in params.get("required") or []:
-        if name not in args:
-            args[name] = _default_for(name, props.get(name) or {})
-    return args
+    return _with_required(tool, {key: value})
 
 
 def _logprob(seed: str, i: int) -> float:
@@ -206,11 +227,23 @@ class OracleEngine(Engine):
         no shell tool, the commands in one fenced shell block."""
         script = self.scripts.get(session_id, self.default_script)
         submit, fenced = harness_conventions(request)
+        reader = find_read_tool(request.tools) if script.reads else None
+        reads = list(script.reads) if reader is not None else []
         commands = [*script.commands, *submit]
         done = sum(1 for m in request.messages if m.role == "tool")
         tool = find_shell_tool(request.tools)
         step = done + 1
         think = think and self.think
+        if reader is not None and done < len(reads) and request.tool_choice != "none":
+            read_tool, key = reader
+            path = reads[done]
+            call = ToolCall(id=f"call_oracle_{step}_{hashlib.sha1(path.encode()).hexdigest()[:8]}",
+                            function=FunctionCall(name=read_tool.name,
+                                                  arguments=json.dumps(_with_required(read_tool, {key: path}))))
+            quoted = f"Step {step}: read `{path}`." if script.reasoning == "quote" else f"Step {step}."
+            return ChatMessage(role="assistant", content="", reasoning_content=quoted if think else None,
+                               tool_calls=[call])
+        done -= len(reads)
         if not request.tools and fenced and script.commands and not any(
                 m.role == "assistant" and SHELL_FENCE in message_text(m) for m in request.messages):
             block = f"{SHELL_FENCE}\n" + "\n".join(script.commands) + "\n```"
