@@ -72,9 +72,11 @@ def vision_token_logprobs(model: Any, processor: Any, input_ids: Sequence[int], 
     pixels = processor(images=images, return_tensors="pt")
     ids = torch.tensor([list(input_ids)], dtype=torch.long, device=next(model.parameters()).device)
     rows = sorted({t - 1 for t in positions})
+    # which tokens are an image's (1) for the multimodal rotary positions: each run of them takes the next grid
+    image_tokens = (ids == model.config.image_token_id).to(torch.int)
     with torch.inference_mode():
         out = model.model(input_ids=ids, pixel_values=pixels["pixel_values"].to(model.dtype),
-                          image_grid_thw=pixels["image_grid_thw"])
+                          image_grid_thw=pixels["image_grid_thw"], mm_token_type_ids=image_tokens)
         hidden = out.last_hidden_state[0, rows]
         values = head_logprobs(model, hidden, ids[0, [r + 1 for r in rows]], head_rows, fp32_head=fp32_head).tolist()
     by_row = dict(zip(rows, values, strict=True))
