@@ -147,9 +147,9 @@ class OracleScript(_Model):
     ``metadata["oracle_variants"]``, each with its own ``name``."""
 
     commands: list[str] = Field(default_factory=list)
-    #: files to read through the harness's file-reading tool before the commands, as a model looks at a file (an
-    #: image then reaches the model as the harness sends it); skipped with a harness that has no such tool
-    reads: list[str] = Field(default_factory=list)
+    reads: list[str] = Field(default_factory=list, description="files the oracle reads through the harness's own "
+                             "file-reading tool before the commands, as a model looks at a file (an image then "
+                             "reaches the model as the harness sends it); skipped with a harness that has none")
     final_answer: str = "Done."
     name: str = Field(default="reference", pattern=ORACLE_NAME_PATTERN,
                       description="reference, or the name of an alternative (a forked task's variant)")

@@ -94,8 +94,8 @@ def test_several_variants_play_in_order_and_explicit_commands_work() -> None:
     assert [name for name, _ in _played(forked)] == ["reference", "wrong", "noop"] * 2
     assert [s.name for s in oracle_scripts(forked.metadata)] == ["reference", "wrong", "noop"]
     spec = SessionSpec.from_task(forked, 5)
-    assert spec.metadata.model_dump()["oracle"] == {"commands": ["true"], "final_answer": "Nothing.", "name": "noop",
-                                                    "reasoning": "brief"}  # a forked task thinks briefly
+    assert spec.metadata.model_dump()["oracle"] == {"commands": ["true"], "reads": [], "final_answer": "Nothing.",
+                                                    "name": "noop", "reasoning": "brief"}  # thinks briefly
     assert SessionSpec.model_validate_json(spec.model_dump_json()) == spec  # what the server stores reads back
     assert TaskRequest.model_validate_json(forked.model_dump_json()) == forked
 
