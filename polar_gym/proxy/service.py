@@ -388,8 +388,7 @@ class ProxyService:
         except Exception as exc:  # a bug of ours: still answer in the caller's shape, and keep serving
             log.exception("%s request failed inside the proxy", provider_name)
             self.stats["errors"] += 1
-            return self.error_reply(ProxyError(f"internal proxy error: {exc.__class__.__name__}: {exc}"),
-                                    provider_name)
+            return self.error_reply(ProxyError(f"internal proxy error: {exc.__class__.__name__}: {exc}"), provider_name)
 
     def _timed_call(self, seconds: float | None) -> None:
         self.stats["model_calls_timed"] += 1
@@ -517,8 +516,7 @@ class ProxyService:
         )
 
     async def _complete(self, provider: Provider[Any], inbound: Inbound[Any], body: dict[str, Any],
-                        info: SessionInfo, route: Route,
-                        disconnected: Callable[[], Awaitable[bool]] | None = None,
+                        info: SessionInfo, route: Route, disconnected: Callable[[], Awaitable[bool]] | None = None,
                         received: bytes | None = None, received_is_orjson: bool = False) -> Reply:
         t0 = time.perf_counter()
         record = self._new_record(provider, inbound, body, info, route)
@@ -561,8 +559,7 @@ class ProxyService:
         self.stats["response_tokens"] += len(result.response_ids)
         return reply
 
-    async def count_tokens(self, provider_name: str, raw: bytes, route: Route,
-                           headers: Mapping[str, str]) -> Reply:
+    async def count_tokens(self, provider_name: str, raw: bytes, route: Route, headers: Mapping[str, str]) -> Reply:
         try:
             provider = self.provider(provider_name)
             info = self.sessions.resolve(session_key(headers, route.query))
