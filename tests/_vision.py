@@ -10,10 +10,11 @@ import io
 from pathlib import Path
 from typing import Any
 
+from polar_gym.audit.inputs import image_urls_of
 from polar_gym.proxy.images import placeholder_runs
 from polar_gym.tiny_vlm import IMAGE_PAD_ID
 
-__all__ = ["image_urls_in", "pad_runs", "png_url", "processor_view"]
+__all__ = ["pad_runs", "png_url", "processor_view"]
 
 
 def png_url(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
@@ -34,12 +35,6 @@ def _processors(model_dir: Path) -> tuple[Any, Any]:
     return AutoTokenizer.from_pretrained(str(model_dir)), Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
 
 
-def image_urls_in(messages: list[dict[str, Any]]) -> list[str]:
-    """The image URLs of OpenAI-shaped chat messages, in order."""
-    return [part["image_url"]["url"] for message in messages if isinstance(message.get("content"), list)
-            for part in message["content"] if part.get("type") == "image_url"]
-
-
 def processor_view(model_dir: Path, messages: list[dict[str, Any]],
                    tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[int]]:
     """(the prompt with one placeholder per image, the same expanded by the image processor's grids) of OpenAI-shaped
@@ -49,7 +44,7 @@ def processor_view(model_dir: Path, messages: list[dict[str, Any]],
     tokenizer, processor = _processors(model_dir)
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     unexpanded = tokenizer(text)["input_ids"]
-    urls = image_urls_in(messages)
+    urls = image_urls_of(messages)
     if not urls:
         return unexpanded, unexpanded
     images = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) for url in urls]
