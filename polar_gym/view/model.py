@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from polar_gym.audit.inputs import image_urls_of
 from polar_gym.causes import cause_of
 
 __all__ = ["MAX_ROWS", "SESSION_ID", "RowFilter", "SessionData", "call_rows", "error_cause", "filter_rows",
@@ -208,6 +209,24 @@ def trace_prompt(trace: dict[str, Any]) -> dict[str, Any]:
     return {"prompt_messages": trace.get("prompt_messages") or [], "tools": trace.get("tools") or []}
 
 
+def trace_images(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """A multimodal trace's images where their placeholders sit (``start``, ``end`` in prompt + response), each with
+    its SHA-256 and its pixels as the data URL its messages hold (null when they hold none, or not an image's)."""
+    images = [image for image in (trace.get("metadata") or {}).get("images") or [] if isinstance(image, dict)]
+    urls = image_urls_of([m for m in [*(trace.get("prompt_messages") or []), *(trace.get("response_messages") or [])]
+                          if isinstance(m, dict)])
+    if len(urls) != len(images):
+        urls = [""] * len(images)
+    out = []
+    for image, url in zip(images, urls, strict=True):
+        span = image.get("prompt_span") if isinstance(image.get("prompt_span"), dict) else None
+        if span is None:
+            continue
+        out.append({"start": span.get("start"), "end": span.get("end"), "sha256": image.get("sha256"),
+                    "url": url if url.startswith("data:image/") else None})
+    return out
+
+
 def trace_tokens(trace: dict[str, Any], vocab: dict[int, str] | None) -> dict[str, Any]:
     """One trace's token stream: prompt then response ids, the mask over all of them (the prompt is 0), the
     response's logprobs aligned to it (null where absent; the wire's ``{token, token_id, logprob}`` or floats),
@@ -220,7 +239,7 @@ def trace_tokens(trace: dict[str, Any], vocab: dict[int, str] | None) -> dict[st
     out = {"prompt_len": len(prompt), "ids": ids, "mask": [0] * len(prompt) + mask,
            "logprobs": [None] * len(prompt) + [_number(x) for x in logprobs]
            + [None] * max(0, len(response) - len(logprobs)),
-           "spans": _spans(trace), "vocab": None}
+           "spans": _spans(trace), "images": trace_images(trace), "vocab": None}
     if vocab is not None:
         out["vocab"] = {str(i): vocab[i] for i in set(ids) if i in vocab}
     return out

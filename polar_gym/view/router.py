@@ -59,7 +59,8 @@ __all__ = ["PREFIX", "SECURITY_HEADERS", "ViewerAuth", "foreign_origin", "viewer
 PREFIX = "/view"
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-                               "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                               # data: images: a multimodal trace's pictures, as its messages hold them
+                               "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",

@@ -5,7 +5,9 @@ turns, chains and as hostile a content as a test needs. Also: starting ``python 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -22,9 +24,10 @@ from typing import Any
 from polar_gym.journal import CURRENT_ATTEMPT, LOGPROBS_FILE, RECORDS_FILE, TOKENS_FILE, SessionStore
 from polar_gym.schema import CompletionRecord
 from polar_gym.serving import free_port
+from polar_gym.tasks.demo import solid_png
 from tests._waiting import until_sync
 
-__all__ = ["HOSTILE", "FakeSession", "make_session", "running_viewer", "write_run"]
+__all__ = ["HOSTILE", "PNG_URL", "FakeSession", "make_session", "running_viewer", "with_images", "write_run"]
 
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 _ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +114,29 @@ def make_session(session_id: str, task_id: str = "task-a", *, turns: int = 3, ch
               "harness": harness, "traces": chains, "completions": turns, "seconds": 3.7, "error_cause": error_cause,
               "trajectory_diagnostics": diagnostics}
     return FakeSession(result, traces, records)
+
+
+#: a 2x2 PNG as a data URL (the card of the multimodal demo task, smaller)
+PNG_URL = "data:image/png;base64," + base64.b64encode(solid_png(2, 2, (30, 60, 220))).decode()
+_PAD = 151655
+
+
+def with_images(session: FakeSession, urls: list[str], placeholders: int = 6) -> FakeSession:
+    """``session`` with an image part per URL in its first trace's user message, each image's run of placeholder
+    tokens at the head of that trace's prompt and its span in ``metadata.images``, as builders write them."""
+    trace = session.traces[0]
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "look at these"}]
+    images, prompt = [], []
+    for url in urls:
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+        start = len(prompt) + 1
+        prompt += [151652, *([_PAD] * placeholders), 151653]
+        images.append({"sha256": hashlib.sha256(url.encode()).hexdigest(), "media_type": "image/png", "size": 9,
+                       "prompt_span": {"start": start, "end": start + placeholders}})
+    trace["prompt_ids"] = prompt + trace["prompt_ids"]
+    trace["prompt_messages"][1] = {"role": "user", "content": parts}
+    trace["metadata"]["images"] = images
+    return session
 
 
 def write_run(out_dir: Path, sessions: list[FakeSession]) -> Path:

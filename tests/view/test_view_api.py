@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from polar_gym.view import SECURITY_HEADERS, OutDirSource, create_view_app, find_tokenizer
 from polar_gym.view.model import RowFilter, filter_rows, session_row
-from tests.view._view_kit import HOSTILE, make_session, running_viewer, write_run
+from tests.view._view_kit import HOSTILE, PNG_URL, make_session, running_viewer, with_images, write_run
 
 
 @pytest.fixture
@@ -329,3 +329,16 @@ def test_a_second_viewer_picks_a_free_port_and_a_taken_port_is_one_line(run: Pat
         with running_viewer(run, "--no-token", port=0) as (url, _):
             assert urllib.parse.urlsplit(url).port not in (taken, 8765)
             assert _get(_browser(), url + "api/sessions") == 200
+
+
+def test_a_multimodal_trace_gives_its_images_where_their_placeholders_sit(tmp_path: Path) -> None:
+    """The token view of a trace with images: each image's span and its pixels as its messages hold them; a URL
+    that is not an inline image (an address, a script) is never handed to the page as one."""
+    run = write_run(tmp_path / "run", [with_images(make_session("s-img"), [PNG_URL, "javascript:alert(1)"])])
+    client = TestClient(create_view_app(OutDirSource(run, decode=False)), base_url="http://127.0.0.1")
+    tokens = client.get("/view/api/sessions/s-img/traces/0/tokens").json()
+    first, second = tokens["images"]
+    assert (first["start"], first["end"], first["url"]) == (1, 7, PNG_URL)
+    assert (second["start"], second["end"], second["url"]) == (9, 15, None)
+    assert all(tokens["ids"][i] == 151655 for i in range(1, 7))
+

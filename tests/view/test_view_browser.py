@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests._browser import chromium_or_skip, open_page
-from tests.view._view_kit import HOSTILE, make_session, running_viewer, write_run
+from tests.view._view_kit import HOSTILE, PNG_URL, make_session, running_viewer, with_images, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINABLE, MASKED = "rgb(170, 230, 170)", "rgb(226, 226, 236)"
@@ -37,6 +37,29 @@ def test_hostile_content_shows_as_text(tmp_path: Path) -> None:
         shown = page.locator("#traces").inner_text()
         assert HOSTILE in shown  # the markup is on screen, literally
         assert page.locator("#traces img, #traces script, #sessions img").count() == 0
+        assert page.evaluate("window.__pwned") is None
+        assert browser.problems == []
+
+
+def test_a_trace_shows_its_images_beside_their_placeholders(tmp_path: Path) -> None:
+    """Issue 42: the picture in the prompt's message and in the token stream, where its placeholder tokens stand
+    (one element for the run); an image part whose URL is not an inline picture stays text."""
+    chromium_or_skip()
+    hostile = 'javascript:window.__pwned=3'
+    run = write_run(tmp_path / "run", [with_images(make_session("img-0"), [PNG_URL, hostile])])
+    with running_viewer(run, "--ids") as (url, _), open_page(url) as browser:
+        page = browser.page
+        _open_session(page, "img-0")
+        page.wait_for_selector(".trace .tokens img.image")
+        assert page.locator(".trace .tokens img.image").count() == 1
+        assert page.locator(".trace .tokens img.image").first.get_attribute("src") == PNG_URL
+        assert page.locator(".trace .tokens .image-run").count() == 2
+        assert "(6 placeholders)" in (page.locator(".trace .tokens .image-run").first.text_content() or "")
+        assert page.evaluate("document.querySelector('.trace .tokens img.image').naturalWidth") == 2  # it decoded
+        page.click(".trace details.prompt summary")  # the prompt's messages: the picture in its user message
+        page.wait_for_selector(".trace details.prompt img.image")
+        assert page.locator(".trace details.prompt img.image").count() == 1
+        assert "[image javascript:" in page.locator(".trace details.prompt").inner_text()
         assert page.evaluate("window.__pwned") is None
         assert browser.problems == []
 

@@ -122,6 +122,33 @@
     return JSON.stringify(content);
   }
 
+  // An image is shown only as what the proxy takes: a base64 picture of one of four types (an <img> never runs
+  // script, and anything else in a run's files stays text).
+  const IMAGE_URL = /^data:image\/(png|jpeg|gif|webp);base64,[A-Za-z0-9+\/=]+$/;
+
+  function imageOf(url, title) {
+    const img = document.createElement("img");
+    img.className = "image";
+    img.alt = "image";
+    img.title = title;
+    img.src = url;
+    return img;
+  }
+
+  function renderContent(box, content) {
+    if (!Array.isArray(content) || !content.some((part) => part && part.type === "image_url")) {
+      const text = contentText(content);
+      if (text) box.appendChild(el("pre", "content", text));
+      return;
+    }
+    for (const part of content) {
+      const url = part && part.type === "image_url" && part.image_url ? part.image_url.url : undefined;
+      if (typeof url === "string" && IMAGE_URL.test(url)) box.appendChild(imageOf(url, "image"));
+      else if (part && part.type === "image_url") box.appendChild(el("pre", "content", "[image " + String(url) + "]"));
+      else if (contentText([part])) box.appendChild(el("pre", "content", contentText([part])));
+    }
+  }
+
   function renderMessage(msg) {
     const role = typeof msg.role === "string" ? msg.role : "?";
     const box = el("div", "msg role-" + role.replace(/[^a-z_]/gi, ""));
@@ -131,8 +158,7 @@
     box.appendChild(head);
     const reasoning = msg.reasoning_content || msg.reasoning;
     if (reasoning) box.appendChild(el("pre", "reasoning", contentText(reasoning)));
-    const text = contentText(msg.content);
-    if (text) box.appendChild(el("pre", "content", text));
+    renderContent(box, msg.content);
     for (const call of (Array.isArray(msg.tool_calls) ? msg.tool_calls : [])) {
       const fn = (call && call.function) || {};
       const div = el("div", "tool-call");
@@ -159,6 +185,13 @@
     (data.spans || []).forEach((span, i) => {
       if (typeof span.start === "number") marks.set(data.prompt_len + span.start, { i, span });
     });
+    // an image's placeholder tokens show as the image itself, beside the count of tokens it stands for
+    const images = new Map();
+    (data.images || []).forEach((image) => {
+      if (Number.isInteger(image.start) && Number.isInteger(image.end) && image.end > image.start) {
+        images.set(image.start, image);
+      }
+    });
     // Tokens go in blocks of a few hundred, each cut after a token that ends a line (so the text flows as one),
     // and styled content-visibility: auto: the browser lays out and paints only the blocks on screen.
     const frag = document.createDocumentFragment();
@@ -173,6 +206,18 @@
         m.title = "call " + mark.i + " " + (mark.span.completion_id || "") + " engine " + (mark.span.engine || "") +
           " policy " + fmt(mark.span.policy_version) + " tokens " + mark.span.start + "-" + mark.span.end;
         chunk.appendChild(m);
+      }
+      const image = images.get(i);
+      if (image !== undefined) {
+        const run = el("span", "image-run");
+        const about = "image " + String(image.sha256 || "?").slice(0, 12) + ", tokens " + image.start + "-" +
+          image.end + " (" + (image.end - image.start) + " placeholders)";
+        if (typeof image.url === "string" && IMAGE_URL.test(image.url)) run.appendChild(imageOf(image.url, about));
+        run.appendChild(el("span", "muted", "[" + about + "]"));
+        chunk.appendChild(run);
+        inChunk++;
+        i = Math.min(image.end, ids.length) - 1;
+        continue;
       }
       const id = ids[i];
       const span = document.createElement("span");
