@@ -10,7 +10,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from polar_gym.audit.inputs import image_urls_of
+from polar_gym.merge.base import image_urls_of
 from polar_gym.proxy.images import placeholder_runs
 from polar_gym.tiny_vlm import IMAGE_PAD_ID
 

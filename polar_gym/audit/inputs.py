@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polar_gym.merge.base import image_urls_of
 from polar_gym.schema import Trace
 
-__all__ = ["AuditTrace", "Span", "image_urls_of", "read_traces", "resolve_input", "trace_from_row"]
+__all__ = ["AuditTrace", "Span", "read_traces", "resolve_input", "trace_from_row"]
 
 RUN_FILE = "trajectories.jsonl"
 TRACES_FILE = "traces.jsonl"
@@ -96,13 +97,6 @@ def _slime(row: Mapping[str, Any], line: int) -> AuditTrace:
         prompt_ids=tokens[:len(tokens) - n], response_ids=tokens[len(tokens) - n:], loss_mask=mask,
         logprobs=logprobs, spans=_spans(meta.get("spans"), mask, list(row.get("weight_versions") or [])),
         task_id=meta.get("task_id"))
-
-
-def image_urls_of(messages: list[dict[str, Any]]) -> list[str]:
-    """The image URLs of OpenAI-shaped messages (a trace's, as builders write them), in order."""
-    return [str((part.get("image_url") or {}).get("url")) for message in messages
-            if isinstance(message.get("content"), list) for part in message["content"]
-            if isinstance(part, dict) and part.get("type") == "image_url"]
 
 
 def trace_from_row(row: Mapping[str, Any], line: int = 0) -> AuditTrace:

@@ -16,6 +16,7 @@ __all__ = [
     "Builder",
     "MergeConfig",
     "TraceBuilder",
+    "image_urls_of",
     "partition",
     "trajectory",
 ]
@@ -76,6 +77,14 @@ def partition(session: CompletionSession, config: MergeConfig) -> tuple[list[Com
         else:
             usable.append(rec)
     return usable, excluded
+
+
+def image_urls_of(messages: list[dict[str, Any]]) -> list[str]:
+    """The image URLs of OpenAI-shaped messages (a trace's, as builders write them), in order: with a trace's
+    ``metadata.images`` (the placeholders' spans), the pixels a trainer feeds the model."""
+    return [str((part.get("image_url") or {}).get("url")) for message in messages
+            if isinstance(message.get("content"), list) for part in message["content"]
+            if isinstance(part, dict) and part.get("type") == "image_url"]
 
 
 def _messages(rec: CompletionRecord) -> list[dict[str, Any]]:

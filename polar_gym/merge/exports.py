@@ -30,6 +30,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from polar_gym.merge.base import image_urls_of
 from polar_gym.schema import SessionResult, SessionStatus, TaskMetadata, Trace, Trajectory
 
 __all__ = [
@@ -101,6 +102,9 @@ class SlimeSample(_Export):
     weight_versions: list[str] = Field(default_factory=list)
     status: SampleStatus
     metadata: dict[str, Any] = Field(default_factory=dict)
+    #: a multimodal trace's images, as slime's raw multimodal data: ``{"images": [data URL, ...]}`` in the order of
+    #: their placeholders in ``tokens`` (``metadata["images"]`` holds each one's span); None without images
+    multimodal_inputs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> SlimeSample:
@@ -155,7 +159,10 @@ def slime_samples(source: Source, task: TaskMetadata | Mapping[str, Any] | None 
                 "prompt_length": len(trace.prompt_ids),
                 "spans": [{"start": s.start, "end": s.end, "policy_version": s.policy_version,
                            "completion_id": s.completion_id} for s in spans],
-            }))
+                **({"images": meta["images"]} if meta.get("images") else {}),
+            },
+            multimodal_inputs={"images": image_urls_of([*trace.prompt_messages, *trace.response_messages])}
+            if meta.get("images") else None))
     return samples
 
 

@@ -1,0 +1,60 @@
+"""Issue 42: builders and the Slime export carry a multimodal session's images. A prefix-merged trace's
+``metadata.images`` are its last call's (every image of the chain, spans in the trace's own token positions), its
+messages hold the pixels, and a Slime sample puts them in ``multimodal_inputs`` in the order of their placeholders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar_gym.merge import MergeConfig
+from polar_gym.merge.exports import slime_samples
+from polar_gym.merge.prefix_merging import prefix_merging
+from polar_gym.schema import CompletionRecord, CompletionSession
+
+PAD, START, END, EOT = 151655, 151652, 151653, 151645
+RED, BLUE = "data:image/png;base64,UkVE", "data:image/png;base64,QkxVRQ=="
+
+
+def _user(text: str, url: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text},
+                                        {"type": "image_url", "image_url": {"url": url}}]}
+
+
+def _image(sha: str, start: int, n: int) -> dict[str, Any]:
+    return {"sha256": sha * 32, "media_type": "image/png", "size": 3, "prompt_span": {"start": start, "end": start + n}}
+
+
+def test_a_merged_chain_carries_every_image_where_its_placeholders_sit() -> None:
+    first_prompt = [1, START, *[PAD] * 4, END, 2]  # the red card's 4 placeholders at 2..6
+    first_reply = [10, 11, EOT]
+    second_prompt = [*first_prompt, *first_reply, 3, START, *[PAD] * 6, END, 4]  # the blue card's 6 at 13..19
+    messages = [_user("what is this?", RED)]
+    reply = {"role": "assistant", "content": "red"}
+    records = [
+        CompletionRecord(completion_id="c0", session_id="s", index=0, provider="openai_chat", engine="vllm",
+                         normalized_request={"messages": messages}, response={"message": reply},
+                         prompt_ids=first_prompt, response_ids=first_reply, response_logprobs=[-0.1] * 3,
+                         images=[_image("ab", 2, 4)]),
+        CompletionRecord(completion_id="c1", session_id="s", index=1, provider="openai_chat", engine="vllm",
+                         normalized_request={"messages": [*messages, reply, _user("and this?", BLUE)]},
+                         response={"message": {"role": "assistant", "content": "blue"}},
+                         prompt_ids=second_prompt, response_ids=[12, EOT], response_logprobs=[-0.2] * 2,
+                         images=[_image("ab", 2, 4), _image("cd", 13, 6)]),
+    ]
+    trajectory = prefix_merging(CompletionSession(session_id="s", completions=records),
+                                MergeConfig(end_of_turn_ids=(EOT,)))
+    (trace,) = trajectory.traces
+    sequence = [*trace.prompt_ids, *trace.response_ids]
+    spans = [(image["prompt_span"]["start"], image["prompt_span"]["end"]) for image in trace.metadata["images"]]
+    assert spans == [(2, 6), (13, 19)] and all(set(sequence[a:b]) == {PAD} for a, b in spans)
+    (sample,) = slime_samples(trajectory)
+    assert sample.multimodal_inputs == {"images": [RED, BLUE]}  # the order of the placeholders in tokens
+    assert sample.metadata["images"] == trace.metadata["images"] and sample.tokens == sequence
+
+
+def test_a_text_trace_has_no_multimodal_inputs() -> None:
+    record = CompletionRecord(completion_id="c0", session_id="s", index=0, provider="openai_chat", engine="vllm",
+                              normalized_request={"messages": [{"role": "user", "content": "hi"}]},
+                              prompt_ids=[1, 2], response_ids=[3, EOT], response_logprobs=[-0.1, -0.2])
+    (sample,) = slime_samples(prefix_merging(CompletionSession(session_id="s", completions=[record]), MergeConfig()))
+    assert sample.multimodal_inputs is None and "images" not in sample.metadata
