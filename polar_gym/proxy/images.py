@@ -21,7 +21,8 @@ from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.errors import PayloadTooLarge, RequestError
 from polar_gym.schema import ImageRef, TokenSpan
 
-__all__ = ["IMAGE_PLACEHOLDERS", "ImageLimits", "RequestImage", "has_images", "image_refs", "placeholder_runs",
+__all__ = ["IMAGE_PLACEHOLDERS", "ImageGrid", "ImageLimits", "RequestImage", "collapse_placeholders",
+           "expand_placeholders", "has_images", "image_refs", "image_size", "image_urls", "placeholder_runs",
            "request_images"]
 
 #: the image types taken, by the bytes each file starts with (WebP: ``RIFF....WEBP``)
@@ -136,3 +137,70 @@ def image_refs(images: list[RequestImage], prompt_ids: list[int], token_id: int 
         span = TokenSpan(start=runs[k][0], end=runs[k][1]) if runs else None
         refs.append(ImageRef(sha256=image.sha256, media_type=image.media_type, size=image.size, prompt_span=span))
     return refs, note
+
+
+def image_urls(request: ChatRequest) -> list[str]:
+    """The image URLs of ``request``, in order."""
+    return [str((part.image_url or {}).get("url", "")) for message in request.messages
+            if isinstance(message.content, list) for part in message.content if part.type == "image_url"]
+
+
+@functools.lru_cache(maxsize=64)
+def image_size(url: str) -> tuple[int, int]:
+    """(width, height) of a checked data URL's image (its header only; cached by the URL's text)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as image:
+        return image.size
+
+
+@dataclass(frozen=True)
+class ImageGrid:
+    """How a Qwen2-VL-family processor turns an image into placeholders: resized to multiples of ``patch_size`` x
+    ``merge_size`` pixels with its area within ``[min_pixels, max_pixels]``, one placeholder per ``merge_size``
+    squared patches. Read from a model's ``preprocessor_config.json``."""
+
+    patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+
+    @classmethod
+    def from_config(cls, config: dict[str, object]) -> ImageGrid | None:
+        """The grid of a processor config (None: not a Qwen2-VL-family one)."""
+        size = config.get("size")
+        edges: dict[str, object] = size if isinstance(size, dict) else {}  # newer configs: size.shortest_edge, ...
+        values = [config.get("patch_size"), config.get("merge_size"),
+                  config.get("min_pixels", edges.get("shortest_edge")),
+                  config.get("max_pixels", edges.get("longest_edge"))]
+        numbers = [v for v in values if isinstance(v, int) and v > 0]
+        if len(numbers) != 4:
+            return None
+        return cls(*numbers)
+
+    def placeholders(self, width: int, height: int) -> int:
+        """How many placeholders an image of ``width`` x ``height`` pixels becomes (transformers' own resize rule)."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        resized_height, resized_width = smart_resize(height, width, factor=self.patch_size * self.merge_size,
+                                                     min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        return int(resized_height // self.patch_size) * int(resized_width // self.patch_size) // self.merge_size ** 2
+
+
+def expand_placeholders(ids: list[int], token_id: int, counts: list[int]) -> list[int]:
+    """``ids`` with its k-th ``token_id`` repeated ``counts[k]`` times (ValueError: another number of them)."""
+    found = ids.count(token_id)
+    if found != len(counts):
+        raise ValueError(f"the prompt has {found} image placeholders for {len(counts)} images")
+    out: list[int] = []
+    it = iter(counts)
+    for token in ids:
+        out.extend([token] * next(it) if token == token_id else [token])
+    return out
+
+
+def collapse_placeholders(ids: list[int], token_id: int) -> list[int]:
+    """``ids`` with each run of ``token_id`` down to one (what a server that expands images itself is sent)."""
+    return [token for k, token in enumerate(ids) if token != token_id or k == 0 or ids[k - 1] != token_id]

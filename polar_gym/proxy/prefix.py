@@ -204,6 +204,8 @@ class PrefixRenderer:
         self.short_suffix = short_suffix_is_exact(tokenizer) if check_boundary else False
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
+        #: render image parts as the template's placeholders (a vision model's engine; else images are dropped)
+        self.keep_images = False
 
     def plan(self, request: ChatRequest, session_id: str) -> PromptPlan:
         """The prompt IDs for ``request``: a chain's IDs plus the rendered suffix, or a whole new rendering."""
@@ -214,7 +216,7 @@ class PrefixRenderer:
     def plan_cheap(self, request: ChatRequest, session_id: str, *, full: bool = False) -> PromptPlan | None:
         """:meth:`plan`, or None when that needs a whole rendering (CPU-heavy: the caller moves it off the event
         loop) and ``full`` is False. Extending a chain with a short suffix render costs well under a millisecond."""
-        messages, tools = template_messages(request)
+        messages, tools = template_messages(request, images=self.keep_images)
         kwargs = dict(request.extra.get("chat_template_kwargs") or {})
         tools_key = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
         node, cause = self._find(session_id, messages, tools_key)

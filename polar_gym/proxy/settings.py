@@ -286,6 +286,12 @@ def _build_engine(settings: EngineSettings) -> Engine:
 
         assert tokenizer_path is not None and parser is not None  # resolve_prompt_mode gives both for token_in
         token_cls: type[TokenInEngine] = VLLMTokenInEngine if settings.engine == "vllm" else SGLangTokenInEngine
+        if settings.engine == "vllm":
+            from polar_gym.proxy.engines.vision import VLLMVisionTokenInEngine, image_grid_in
+            from polar_gym.proxy.tokenizer import image_token_id_in
+
+            if image_token_id_in(tokenizer_path) is not None and image_grid_in(tokenizer_path) is not None:
+                token_cls = VLLMVisionTokenInEngine  # a vision-language model: calls with images keep exact prefixes
         token_engine = token_cls(HFChatTokenizer(tokenizer_path), parser_for(parser), pool,
                                  timeout=settings.upstream_timeout, upstream_model=settings.upstream_model)
         token_engine.stream_passthrough = settings.stream_passthrough

@@ -30,12 +30,14 @@ class ChatTokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
-def template_messages(request: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def template_messages(request: ChatRequest, *, images: bool = False,
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Messages and tools exactly as vLLM hands them to the chat template, so a prompt we render equals the
     engine's: text content, ``developer`` folded into ``system``, tool-call arguments parsed into objects (anything
     that is not a JSON object becomes ``{}``), and each tool as ``{type, function: {name, description,
-    parameters}}`` in that order with missing fields null."""
-    out = [_template_message(msg) for msg in request.messages]
+    parameters}}`` in that order with missing fields null. ``images``: a message with images keeps its parts, each
+    image as ``{"type": "image"}`` (a vision model's template renders its placeholder; a text model drops them)."""
+    out = [_template_message(msg, images) for msg in request.messages]
     tools = None
     if request.tools:
         tools = [template_tool(t.function) for t in request.tools]
@@ -50,9 +52,13 @@ def _arguments(raw: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _template_message(msg: ChatMessage) -> dict[str, Any]:
+def _template_message(msg: ChatMessage, images: bool = False) -> dict[str, Any]:
     role = "system" if msg.role == "developer" else msg.role
-    item: dict[str, Any] = {"role": role, "content": message_text(msg)}
+    content: Any = message_text(msg)
+    if images and isinstance(msg.content, list) and any(part.type == "image_url" for part in msg.content):
+        content = [{"type": "image"} if part.type == "image_url" else {"type": "text", "text": part.text or ""}
+                   for part in msg.content]
+    item: dict[str, Any] = {"role": role, "content": content}
     if msg.reasoning_content:
         item["reasoning_content"] = msg.reasoning_content
     if msg.tool_calls:

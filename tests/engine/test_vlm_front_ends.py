@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,3 +191,46 @@ def test_the_audit_recomputes_a_multimodal_trace_and_sees_a_swapped_image(
     assert audit_main(["--model", str(vllm_vlm_server.model_dir), str(out / "traces.jsonl")]) == 1
     summary = json.loads((out / "audit_summary.json").read_text())
     assert not summary["passed"] and summary["metrics"]["audit/logprob_abs_diff_max"] > 1e-3
+
+
+def test_a_token_in_session_with_images_is_one_contiguous_chain(vllm_vlm_server: VLLMServer) -> None:
+    """Done-when 2's engine half: in token_in mode each call extends the exact IDs the engine saw, images
+    included. The proxy expands each new image's placeholder by the processor's resize rule and sends vLLM's
+    token-in route the prompt collapsed, with the images; vLLM's expansion must equal ours (else the call fails),
+    and the first prompt equals what transformers makes of the conversation."""
+    from polar_gym.proxy.engines.vision import VLLMVisionTokenInEngine
+    from polar_gym.proxy.parsers.base import parser_for
+    from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+    client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0),
+                               limits=httpx.Limits(max_keepalive_connections=0))
+    engine = VLLMVisionTokenInEngine(HFChatTokenizer(vllm_vlm_server.model_dir), parser_for("qwen3"),
+                                     UpstreamPool([vllm_vlm_server.url]), client=client,
+                                     upstream_model=vllm_vlm_server.model)
+    key = "vlm-token-in"
+    small, wide = png_url((96, 64), (200, 40, 40)), png_url((200, 60), (40, 200, 40))  # 6 and 14 placeholders
+    for running in serve(ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))):
+        sdk = openai.OpenAI(base_url=f"{running.url}/v1", api_key=key, max_retries=0)
+        messages: list[dict[str, Any]] = []
+        for turn, (text, url) in enumerate([("What is this?", small), ("And this one?", wide), ("Compare.", None)]):
+            content: Any = text if url is None else [{"type": "text", "text": text},
+                                                     {"type": "image_url", "image_url": {"url": url}}]
+            messages.append({"role": "user", "content": content})
+            if turn < 2:
+                reply = sdk.chat.completions.create(model="m", max_tokens=8, temperature=1.0, seed=turn,
+                                                    messages=messages)  # type: ignore[arg-type]
+                messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+            else:  # the last turn streamed: the same route, read chunk by chunk
+                assert list(sdk.chat.completions.create(model="m", max_tokens=8, temperature=1.0, seed=turn,
+                                                        messages=messages, stream=True))  # type: ignore[arg-type]
+        records = _records(running, key)
+    assert [r["prompt_mode"] for r in records] == ["token_in"] * 3 and all(r["status"] == "ok" for r in records)
+    for before, after in itertools.pairwise(records):  # one chain: each call extends the IDs of the one before
+        assert after["prompt_ids"][:len(before["prompt_ids"]) + len(before["response_ids"])] == \
+            before["prompt_ids"] + before["response_ids"]
+        assert not any(n.startswith("token_in_new_chain") for n in after["normalizations"])
+    _, expected = processor_view(vllm_vlm_server.model_dir, records[0]["normalized_request"]["messages"])
+    assert records[0]["prompt_ids"] == expected
+    spans = [image["prompt_span"] for image in records[2]["images"]]
+    assert [s["end"] - s["start"] for s in spans] == [6, 14]
+    assert [(s["start"], s["end"] - s["start"]) for s in spans] == pad_runs(records[2]["prompt_ids"])

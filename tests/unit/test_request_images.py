@@ -212,3 +212,69 @@ async def test_a_token_in_engine_refuses_an_image_it_would_lose(tok: Any, stream
     assert reply.status == 400 and "prompt_mode chat" in json.loads(reply.body)["error"]["message"]
     (record,) = await service.completions("s1")
     assert record.status == "error" and record.images and sent == []
+
+
+def test_placeholders_expand_by_the_processors_resize_rule_and_collapse_back() -> None:
+    from polar_gym.proxy.images import ImageGrid, collapse_placeholders, expand_placeholders
+    from polar_gym.tiny_vlm import PROCESSOR_CONFIG
+
+    grid = ImageGrid.from_config(PROCESSOR_CONFIG)
+    assert grid is not None and ImageGrid.from_config({"patch_size": 14}) is None
+    assert [grid.placeholders(w, h) for w, h in [(96, 64), (200, 60), (20, 20), (4000, 3000)]] == [6, 14, 4, 54]
+    ids = [1, PAD, 2, PAD, 3]
+    expanded = expand_placeholders(ids, PAD, [3, 2])
+    assert expanded == [1, PAD, PAD, PAD, 2, PAD, PAD, 3] and collapse_placeholders(expanded, PAD) == ids
+    with pytest.raises(ValueError, match="2 image placeholders for 1 images"):
+        expand_placeholders(ids, PAD, [3])
+
+
+async def test_a_vision_token_in_call_sends_the_collapsed_prompt_and_its_images_to_the_token_in_route(
+        tmp_path: Any) -> None:
+    """The body vLLM's token-in route takes: every run of placeholders collapsed to one, the images as content
+    parts in order; the answer's expanded prompt must be the planned one (here the fake says so)."""
+    import shutil
+
+    from polar_gym.assets import tokenizer_dir
+    from polar_gym.proxy.engines.vision import VISION_ROUTE, VLLMVisionTokenInEngine
+    from polar_gym.proxy.parsers.base import parser_for
+    from polar_gym.proxy.tokenizer import HFChatTokenizer
+    from polar_gym.tasks.demo import solid_png
+    from polar_gym.tiny_vlm import PROCESSOR_CONFIG, multimodal_template, name_vision_tokens
+
+    if not (tokenizer_dir() / ".complete").exists():
+        pytest.skip("the Qwen tokenizer is not built (bash scripts/setup.sh)")
+    model = tmp_path / "vlm"
+    shutil.copytree(tokenizer_dir(), model)
+    (model / "tokenizer.json").write_text(json.dumps(name_vision_tokens(json.loads(
+        (tokenizer_dir() / "tokenizer.json").read_text()))))
+    template = (tokenizer_dir() / "chat_template.jinja").read_text()
+    (model / "chat_template.jinja").write_text(multimodal_template(template))
+    (model / "preprocessor_config.json").write_text(json.dumps(PROCESSOR_CONFIG))
+
+    url = "data:image/png;base64," + base64.b64encode(solid_png(96, 64, (1, 2, 3))).decode()
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append((request.url.path, body))
+        ids = body["token_ids"]
+        at = ids.index(PAD)
+        expanded = ids[:at] + [PAD] * 6 + ids[at + 1:]
+        return httpx.Response(200, json={"output_mode": "text", "prompt_token_ids": expanded, "choices": [{
+            "index": 0, "token_ids": [9454, 151645], "text": "Red.", "finish_reason": "stop",
+            "logprobs": {"content": [{"token": "Red", "logprob": -0.5}, {"token": ".", "logprob": -0.1}]}}]})
+
+    engine = VLLMVisionTokenInEngine(HFChatTokenizer(model), parser_for("qwen3"), UpstreamPool(["http://engine"]),
+                                     client=httpx.AsyncClient(transport=httpx.MockTransport(upstream)))
+    engine.cut_non_streamed = False
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+    reply = await service.handle("openai_chat", json.dumps(body).encode(), Route("/v1/chat/completions"), HEADERS)
+    assert reply.status == 200, reply.body
+    ((path, upstream_body),) = sent
+    assert path == VISION_ROUTE and upstream_body["content_parts"] == [{"type": "image_url", "url": url}]
+    assert upstream_body["token_ids"].count(PAD) == 1 and upstream_body["sampling_params"]["logprobs"] == 0
+    (record,) = await service.completions("s1")
+    assert record.prompt_ids.count(PAD) == 6 and record.images[0]["prompt_span"]["end"] - \
+        record.images[0]["prompt_span"]["start"] == 6

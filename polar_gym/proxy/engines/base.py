@@ -345,6 +345,10 @@ class HttpEngine(Engine):
         root = models[0].get("root") if models else None  # vLLM and SGLang: the path the server started from
         return root if isinstance(root, str) and root else None
 
+    def route_of(self, body: dict[str, Any]) -> str:
+        """Where ``body`` goes on the server (:attr:`path`, unless an engine sends some calls elsewhere)."""
+        return self.path
+
     async def exchange(self, session_id: str, body: dict[str, Any],
                        read: Callable[[dict[str, Any]], ChatResult]) -> ChatResult:
         """Post ``body`` to the session's leased server and ``read`` the answer into a result stamped with the
@@ -353,7 +357,7 @@ class HttpEngine(Engine):
             body["model"] = self.upstream_model
         async with self.pool.lease(session_id) as server:
             started = time.perf_counter()
-            data = await self.post(server.url, self.path, body, session_id)
+            data = await self.post(server.url, self.route_of(body), body, session_id)
             with translate_upstream_errors(server.url):
                 result = read(data)
             result.server = server.url

@@ -60,8 +60,9 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
 
 
 #: why a token-in engine refuses an image (its prompt would silently lose it)
-IMAGES_NEED_CHAT = ("images reach the model in prompt_mode chat only for now (token_in renders text: the image "
-                    "would be lost); use --prompt-mode chat / inference.prompt_mode=chat")
+IMAGES_NEED_CHAT = ("this token_in engine renders text prompts and would lose the image: give vLLM a "
+                    "vision-language model's tokenizer directory (its image token and preprocessor_config.json), or "
+                    "use prompt_mode chat (--prompt-mode chat / inference.prompt_mode=chat)")
 
 
 async def plan_prompt(renderer: PrefixRenderer, request: ChatRequest, session_id: str) -> PromptPlan:
@@ -223,6 +224,14 @@ class TokenInEngine(HttpEngine):
     def end_of_turn_ids(self) -> tuple[int, ...]:
         return tuple(self.tokenizer.end_of_turn_ids)
 
+    async def plan(self, request: ChatRequest, session_id: str) -> PromptPlan:
+        """The call's prompt plan (:func:`plan_prompt`). A request with images is refused: this engine renders
+        text, and the image would be lost silently (:class:`~polar_gym.proxy.engines.vision.VLLMVisionTokenInEngine`
+        takes them)."""
+        if has_images(request):
+            raise RequestError(IMAGES_NEED_CHAT)
+        return await plan_prompt(self.renderer, request, session_id)
+
     def ids_body(self, request: ChatRequest, prompt_ids: list[int]) -> dict[str, Any]:
         """The upstream body sending ``prompt_ids`` with ``request``'s sampling parameters."""
         raise NotImplementedError
@@ -272,9 +281,7 @@ class TokenInEngine(HttpEngine):
         """One call answered whole. With ``cut_non_streamed`` (the default) the upstream answer is read as a stream
         all the same, so a weight update can cut it (see :meth:`generate`); else as one JSON answer, which a
         weight update waits for."""
-        if has_images(request):  # the chat template's text would silently lose them
-            raise RequestError(IMAGES_NEED_CHAT)
-        plan = await plan_prompt(self.renderer, request, session_id)
+        plan = await self.plan(request, session_id)
         if self.cut_non_streamed:
             gen = Generation(plan)
             async with contextlib.aclosing(self.generate(request, session_id, gen)) as pieces:
@@ -302,9 +309,7 @@ class TokenInEngine(HttpEngine):
         """The same call as :meth:`complete`, streamed: each chunk yields the tokens it added and the text the
         parser can already tell is plain reasoning or content; the last piece is the result :meth:`complete` builds
         from the same tokens. A weight update's cut only pauses the stream (see :meth:`generate`)."""
-        if has_images(request):
-            raise RequestError(IMAGES_NEED_CHAT)
-        plan = await plan_prompt(self.renderer, request, session_id)
+        plan = await self.plan(request, session_id)
         gen = Generation(plan)
         reasoning, content = "", ""
         async with contextlib.aclosing(self.generate(request, session_id, gen)) as pieces:
@@ -344,7 +349,7 @@ class TokenInEngine(HttpEngine):
             async with self.pool.lease(session_id, cut) as server:
                 started = time.perf_counter()
                 chunks = 0
-                upstream = self.post_stream(server.url, self.path, sent, session_id)
+                upstream = self.post_stream(server.url, self.route_of(sent), sent, session_id)
                 task = asyncio.current_task()
                 try:
                     while not cut.requested:
