@@ -54,7 +54,7 @@ from polar_gym.proxy.upstreams import Cut, UpstreamPool
 from polar_gym.schema import VersionSpan
 
 __all__ = ["Generation", "SGLangTokenInEngine", "StreamedAnswer", "TokenInEngine", "VLLMTokenInEngine",
-           "keep_token_in_result", "parse_reply", "plan_prompt", "sent_prompt", "token_in_result"]
+           "keep_token_in_result", "parse_reply", "plan_prompt", "sent_prompt", "spend_budgets", "token_in_result"]
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
 
@@ -120,7 +120,7 @@ def token_in_result(engine: str, parser: OutputParser, request: ChatRequest, pla
     return result, parsed
 
 
-def _spend(params: dict[str, Any], budgets: tuple[str, str], sampled: int) -> bool:
+def spend_budgets(params: dict[str, Any], budgets: tuple[str, str], sampled: int) -> bool:
     """Reduce a continuation's token budgets (maximum, minimum) by the ``sampled`` tokens; False when the maximum
     is spent."""
     most, least = budgets
@@ -463,7 +463,7 @@ class VLLMTokenInEngine(TokenInEngine):
 
     def continuation_body(self, body: dict[str, Any], prompt_ids: list[int], sampled: int) -> dict[str, Any] | None:
         following = {**body, "prompt": prompt_ids}
-        return following if _spend(following, ("max_tokens", "min_tokens"), sampled) else None
+        return following if spend_budgets(following, ("max_tokens", "min_tokens"), sampled) else None
 
     def read_answer(self, body: dict[str, Any],
                     plan: PromptPlan) -> tuple[list[int], list[int], list[float], str, str, dict[str, Any]]:
@@ -521,7 +521,7 @@ class SGLangTokenInEngine(TokenInEngine):
 
     def continuation_body(self, body: dict[str, Any], prompt_ids: list[int], sampled: int) -> dict[str, Any] | None:
         params = dict(body["sampling_params"])
-        if not _spend(params, ("max_new_tokens", "min_new_tokens"), sampled):
+        if not spend_budgets(params, ("max_new_tokens", "min_new_tokens"), sampled):
             return None
         return {**body, "input_ids": prompt_ids, "sampling_params": params}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.engines.openai import token_ids_in
-from polar_gym.proxy.engines.tokenin import StreamedAnswer, VLLMTokenInEngine, _spend, plan_prompt
+from polar_gym.proxy.engines.tokenin import StreamedAnswer, VLLMTokenInEngine, plan_prompt, spend_budgets
 from polar_gym.proxy.errors import RequestError
 from polar_gym.proxy.images import (
     ImageGrid,
@@ -103,7 +103,7 @@ class VLLMVisionTokenInEngine(VLLMTokenInEngine):
         if "token_ids" not in body:
             return super().continuation_body(body, prompt_ids, sampled)
         params = dict(body["sampling_params"])
-        if not _spend(params, ("max_tokens", "min_tokens"), sampled):
+        if not spend_budgets(params, ("max_tokens", "min_tokens"), sampled):
             return None
         return {**body, "token_ids": collapse_placeholders(prompt_ids, self.image_token), "sampling_params": params}
 
