@@ -54,7 +54,8 @@ from polar_gym.proxy.upstreams import Cut, UpstreamPool
 from polar_gym.schema import VersionSpan
 
 __all__ = ["Generation", "SGLangTokenInEngine", "StreamedAnswer", "TokenInEngine", "VLLMTokenInEngine",
-           "keep_token_in_result", "parse_reply", "plan_prompt", "sent_prompt", "spend_budgets", "token_in_result"]
+           "keep_token_in_result", "parse_reply", "plan_prompt", "sent_prompt", "spend_budgets", "take_choice",
+           "token_in_result"]
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "stop", "tool_calls": "tool_calls"}
 
@@ -131,6 +132,21 @@ def spend_budgets(params: dict[str, Any], budgets: tuple[str, str], sampled: int
     if isinstance(params.get(least), int):
         params[least] = max(params[least] - sampled, 0)
     return True
+
+
+def take_choice(answer: StreamedAnswer, choice: dict[str, Any], values: list[Any]) -> tuple[list[int], list[float]]:
+    """Add one chunk's choice to ``answer``: its sampled token IDs with their logprobs (``values``, one number per
+    ID), its text and its finish reason; the IDs and logprobs it added."""
+    ids = token_ids_in(choice.get("token_ids") or [])
+    if len(values) != len(ids) or any(not isinstance(v, int | float) for v in values):
+        raise ValueError(f"engine streamed {len(values)} logprobs for {len(ids)} sampled tokens")
+    logprobs = [float(v) for v in values]
+    answer.response_ids += ids
+    answer.logprobs += logprobs
+    answer.text += choice.get("text") or ""
+    if choice.get("finish_reason"):
+        answer.finish = str(choice["finish_reason"])
+    return ids, logprobs
 
 
 @dataclass
@@ -493,17 +509,7 @@ class VLLMTokenInEngine(TokenInEngine):
             if prompt_ids is None:
                 raise ValueError("no prompt_token_ids in the first chunk (is this vLLM >= 0.10.2?)")
             answer.prompt_ids = token_ids_in(prompt_ids)
-        ids = token_ids_in(choice.get("token_ids") or [])
-        values = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        if len(values) != len(ids) or any(v is None for v in values):
-            raise ValueError(f"engine streamed {len(values)} logprobs for {len(ids)} sampled tokens")
-        logprobs = [float(v) for v in values]
-        answer.response_ids += ids
-        answer.logprobs += logprobs
-        answer.text += choice.get("text") or ""
-        if choice.get("finish_reason"):
-            answer.finish = str(choice["finish_reason"])
-        return ids, logprobs
+        return take_choice(answer, choice, (choice.get("logprobs") or {}).get("token_logprobs") or [])
 
 
 class SGLangTokenInEngine(TokenInEngine):

@@ -21,7 +21,13 @@ from typing import Any
 
 from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.engines.openai import token_ids_in
-from polar_gym.proxy.engines.tokenin import StreamedAnswer, VLLMTokenInEngine, plan_prompt, spend_budgets
+from polar_gym.proxy.engines.tokenin import (
+    StreamedAnswer,
+    VLLMTokenInEngine,
+    plan_prompt,
+    spend_budgets,
+    take_choice,
+)
 from polar_gym.proxy.errors import RequestError
 from polar_gym.proxy.images import (
     ImageGrid,
@@ -128,14 +134,5 @@ class VLLMVisionTokenInEngine(VLLMTokenInEngine):
         if not chunk.get("choices"):
             return [], []
         choice = chunk["choices"][0]
-        ids = token_ids_in(choice.get("token_ids") or [])
-        values = [item.get("logprob") for item in (choice.get("logprobs") or {}).get("content") or []]
-        if len(values) != len(ids) or any(not isinstance(v, int | float) for v in values):
-            raise ValueError(f"engine returned {len(values)} logprobs for {len(ids)} sampled tokens")
-        logprobs = [float(v) for v in values]
-        answer.response_ids += ids
-        answer.logprobs += logprobs
-        answer.text += choice.get("text") or ""
-        if choice.get("finish_reason"):
-            answer.finish = str(choice["finish_reason"])
-        return ids, logprobs
+        return take_choice(answer, choice, [item.get("logprob") if isinstance(item, dict) else None
+                                            for item in (choice.get("logprobs") or {}).get("content") or []])
