@@ -74,10 +74,10 @@ class VLLMVisionTokenInEngine(VLLMTokenInEngine):
         """The plan, the placeholders of the images it renders anew expanded (those of the chain it extends are
         expanded already: they are the IDs the engine saw)."""
         plan = await plan_prompt(self.renderer, request, session_id)
-        if not has_images(request) and self.image_token not in plan.prompt_ids:
-            return plan
         new = plan.prompt_ids[plan.reused:]
         fresh = new.count(self.image_token)
+        if not fresh:
+            return plan
         urls = image_urls(request)
         if fresh > len(urls):
             raise RequestError(f"the prompt renders {fresh} image placeholders for {len(urls)} images (the text "
