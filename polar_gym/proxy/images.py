@@ -5,7 +5,8 @@ Only inline images are taken (``data:<type>;base64,...``). An address (``https:/
 ``fileUri``) is refused, not fetched: the engine would fetch it from inside the cluster on behalf of whoever wrote
 the request (an agent, a task), which is a request forgery, and the record would hold a pointer instead of the pixels
 a trainer must replay. Types are the four every front end's API documents (PNG, JPEG, GIF, WebP), checked against the
-bytes themselves, with a size and a count limit. Pure: no I/O.
+bytes themselves, with a size and a count limit. Also how a Qwen2-VL-family processor expands an image into
+placeholder tokens (:class:`ImageGrid`), for token-in prompts. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -55,10 +56,14 @@ class RequestImage:
     where: str
 
 
-@functools.lru_cache(maxsize=64)
+#: images whose checks are remembered, by their URL's text (a session sends its earlier images again every turn); the
+#: cache holds the URLs themselves, so it is small: at the size limit, 16 of them are about 220 MB
+_CACHED_IMAGES = 16
+
+
+@functools.lru_cache(maxsize=_CACHED_IMAGES)
 def _decoded(url: str) -> tuple[str, str, int] | str:
-    """(sha256, media type, size) of a data URL, or why it cannot be taken. Cached by the URL's text: a session
-    sends its earlier images again every turn."""
+    """(sha256, media type, size) of a data URL, or why it cannot be taken (cached)."""
     head, comma, payload = url.partition(",")
     if not url.startswith("data:") or not comma:
         scheme = url.split(":", 1)[0][:16] if ":" in url else "no scheme"
@@ -145,7 +150,7 @@ def image_urls(request: ChatRequest) -> list[str]:
             if isinstance(message.content, list) for part in message.content if part.type == "image_url"]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=_CACHED_IMAGES)
 def image_size(url: str) -> tuple[int, int]:
     """(width, height) of a checked data URL's image (its header only; cached by the URL's text)."""
     import io
