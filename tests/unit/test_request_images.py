@@ -228,17 +228,11 @@ def test_placeholders_expand_by_the_processors_resize_rule_and_collapse_back() -
         expand_placeholders(ids, PAD, [3])
 
 
-async def test_a_vision_token_in_call_sends_the_collapsed_prompt_and_its_images_to_the_token_in_route(
-        tmp_path: Any) -> None:
-    """The body vLLM's token-in route takes: every run of placeholders collapsed to one, the images as content
-    parts in order; the answer's expanded prompt must be the planned one (here the fake says so)."""
+def _vision_model(tmp_path: Any) -> Any:
+    """A vision model's tokenizer folder (the built Qwen tokenizer with the tiny VLM's edits), no weights."""
     import shutil
 
     from polar_gym.assets import tokenizer_dir
-    from polar_gym.proxy.engines.vision import VISION_ROUTE, VLLMVisionTokenInEngine
-    from polar_gym.proxy.parsers.base import parser_for
-    from polar_gym.proxy.tokenizer import HFChatTokenizer
-    from polar_gym.tasks.demo import solid_png
     from polar_gym.tiny_vlm import PROCESSOR_CONFIG, multimodal_template, name_vision_tokens
 
     if not (tokenizer_dir() / ".complete").exists():
@@ -250,7 +244,19 @@ async def test_a_vision_token_in_call_sends_the_collapsed_prompt_and_its_images_
     template = (tokenizer_dir() / "chat_template.jinja").read_text()
     (model / "chat_template.jinja").write_text(multimodal_template(template))
     (model / "preprocessor_config.json").write_text(json.dumps(PROCESSOR_CONFIG))
+    return model
 
+
+async def test_a_vision_token_in_call_sends_the_collapsed_prompt_and_its_images_to_the_token_in_route(
+        tmp_path: Any) -> None:
+    """The body vLLM's token-in route takes: every run of placeholders collapsed to one, the images as content
+    parts in order; the answer's expanded prompt must be the planned one (here the fake says so)."""
+    from polar_gym.proxy.engines.vision import VISION_ROUTE, VLLMVisionTokenInEngine
+    from polar_gym.proxy.parsers.base import parser_for
+    from polar_gym.proxy.tokenizer import HFChatTokenizer
+    from polar_gym.tasks.demo import solid_png
+
+    model = _vision_model(tmp_path)
     url = "data:image/png;base64," + base64.b64encode(solid_png(96, 64, (1, 2, 3))).decode()
     sent: list[tuple[str, dict[str, Any]]] = []
 
@@ -278,3 +284,35 @@ async def test_a_vision_token_in_call_sends_the_collapsed_prompt_and_its_images_
     (record,) = await service.completions("s1")
     assert record.prompt_ids.count(PAD) == 6 and record.images[0]["prompt_span"]["end"] - \
         record.images[0]["prompt_span"]["start"] == 6
+
+
+@pytest.mark.parametrize("header", ["corrupt", "bomb"])
+async def test_a_png_whose_header_lies_is_the_callers_400_in_token_in_mode(tmp_path: Any, header: str) -> None:
+    """A hostile picture that passes the signature check: garbage after the signature, or a header that claims
+    50,000 x 50,000 pixels (a decompression bomb). Placing it is the caller's error, never sent upstream."""
+    import struct
+    import zlib
+
+    from polar_gym.proxy.engines.vision import VLLMVisionTokenInEngine
+    from polar_gym.proxy.parsers.base import parser_for
+    from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+    if header == "corrupt":
+        data = PNG
+    else:
+        ihdr = struct.pack(">IIBBBBB", 50_000, 50_000, 8, 2, 0, 0, 0)
+        data = (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr
+                + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr)))
+    sent: list[bytes] = []
+    engine = VLLMVisionTokenInEngine(HFChatTokenizer(_vision_model(tmp_path)), parser_for("qwen3"),
+                                     UpstreamPool(["http://engine"]), client=httpx.AsyncClient(
+            transport=httpx.MockTransport(lambda r: sent.append(r.content) or httpx.Response(500))))
+    service = ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+    reply = await service.handle("openai_chat", json.dumps(body).encode(), Route("/v1/chat/completions"), HEADERS)
+    assert reply.status == 400, reply.body
+    assert "an image cannot be placed in the prompt" in json.loads(reply.body)["error"]["message"]
+    assert sent == []
+

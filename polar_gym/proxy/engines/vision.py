@@ -82,11 +82,11 @@ class VLLMVisionTokenInEngine(VLLMTokenInEngine):
         if fresh > len(urls):
             raise RequestError(f"the prompt renders {fresh} image placeholders for {len(urls)} images (the text "
                                f"holds the image token itself?)")
-        counts = [self.grid.placeholders(*image_size(url)) for url in urls[len(urls) - fresh:]]
         try:
+            counts = [self.grid.placeholders(*image_size(url)) for url in urls[len(urls) - fresh:]]
             expanded = expand_placeholders(new, self.image_token, counts)
-        except ValueError as exc:
-            raise RequestError(str(exc)) from exc
+        except Exception as exc:  # a header that does not read (or claims a decompression bomb): the caller's error
+            raise RequestError(f"an image cannot be placed in the prompt: {exc.__class__.__name__}: {exc}") from exc
         return replace(plan, prompt_ids=[*plan.prompt_ids[:plan.reused], *expanded])
 
     def token_body(self, request: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
