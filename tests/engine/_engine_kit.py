@@ -20,7 +20,7 @@ from polar_gym.assets import (
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.base import StreamPiece
-from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
+from polar_gym.proxy.engines.tokenin import TokenInEngine, VLLMTokenInEngine
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.proxy.tokenizer import HFChatTokenizer
@@ -181,6 +181,29 @@ def shell_call_regex(tool: Any) -> str:
     head, tail = body.split(marker)
     choice = "(" + "|".join(_regex_literal(c) for c in STEERED_COMMANDS) + ")"
     return _regex_literal("<tool_call>\n" + head) + choice + _regex_literal(tail + "\n</tool_call>")
+
+
+def regex_steered(request: ChatRequest, regex: str, **update: Any) -> ChatRequest:
+    """``request`` asking vLLM for structured output matching ``regex`` (and ``update``'s other fields): the engine
+    still samples every token, the grammar only masks its logits."""
+    steered = request.model_copy(update={"extra": {**request.extra, "structured_outputs": {"regex": regex}},
+                                         **update})
+    steered._dump = None  # the copy must not reuse the original's cached dump
+    return steered
+
+
+class SteeredCalls(TokenInEngine):
+    """A token-in engine whose every call, streamed or not, goes through :meth:`steer` first (mixed in before the
+    engine class: ``class E(SteeredCalls, VLLMTokenInEngine)``)."""
+
+    def steer(self, request: ChatRequest) -> ChatRequest:
+        return request
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        return await super().complete(self.steer(request), session_id)
+
+    def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
+        return super().stream(self.steer(request), session_id)
 
 
 class ToolSteeredEngine(VLLMTokenInEngine):

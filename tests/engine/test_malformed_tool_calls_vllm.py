@@ -8,7 +8,7 @@ mask and flag the policy promises."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -16,8 +16,7 @@ import pytest
 
 from polar_gym.merge import MALFORMED_POLICIES
 from polar_gym.proxy.capture import CaptureJournal
-from polar_gym.proxy.chat import ChatRequest, ChatResult
-from polar_gym.proxy.engines.base import StreamPiece
+from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.engines.tokenin import VLLMTokenInEngine
 from polar_gym.proxy.parsers.base import parser_for
 from polar_gym.proxy.service import ProxyService, SessionRegistry
@@ -26,6 +25,7 @@ from polar_gym.proxy.upstreams import UpstreamPool
 from polar_gym.schema import CompletionRecord, CompletionSession
 from tests._serving import RunningProxy, serve
 from tests._vllm import VLLMServer
+from tests.engine._engine_kit import SteeredCalls, regex_steered
 from tests.merge._malformed import check_policy
 
 pytestmark = pytest.mark.engine
@@ -36,21 +36,12 @@ BASH = {"type": "function", "function": {"name": "bash", "description": "run a s
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
 
 
-class ScriptedReplies(VLLMTokenInEngine):
+class ScriptedReplies(SteeredCalls, VLLMTokenInEngine):
     """Asks vLLM to sample the conversation's N-th reply as ``REPLIES[N]`` (N: tool results so far)."""
 
     def steer(self, request: ChatRequest) -> ChatRequest:
         done = sum(1 for m in request.messages if m.role == "tool")
-        extra = {**request.extra, "structured_outputs": {"regex": re.escape(REPLIES[done])}}
-        steered = request.model_copy(update={"extra": extra})
-        steered._dump = None  # the copy must not reuse the original's cached dump
-        return steered
-
-    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
-        return await super().complete(self.steer(request), session_id)
-
-    def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
-        return super().stream(self.steer(request), session_id)
+        return regex_steered(request, re.escape(REPLIES[done]))
 
 
 REPLIES = [GOOD, BAD]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,7 @@ import pytest
 
 from polar_gym.merge.exports import check_contiguity, nemo_items
 from polar_gym.proxy.capture import CaptureJournal
-from polar_gym.proxy.chat import ChatRequest, ChatResult
-from polar_gym.proxy.engines.base import StreamPiece
+from polar_gym.proxy.chat import ChatRequest
 from polar_gym.proxy.engines.oracle import find_read_tool
 from polar_gym.proxy.engines.vision import VLLMVisionTokenInEngine
 from polar_gym.proxy.parsers.base import parser_for
@@ -31,12 +29,12 @@ from tests._serving import served_gateway
 from tests._vision import pad_runs
 from tests._vllm import VLLMServer
 from tests.e2e.test_harnesses_e2e import session_for
-from tests.engine._engine_kit import _regex_literal
+from tests.engine._engine_kit import SteeredCalls, _regex_literal, regex_steered
 
 pytestmark = [pytest.mark.engine, pytest.mark.harness]
 
 
-class ReadSteeredEngine(VLLMVisionTokenInEngine):
+class ReadSteeredEngine(SteeredCalls, VLLMVisionTokenInEngine):
     """The vision token-in engine, its first call of a conversation with a read tool steered to read the card."""
 
     def steer(self, request: ChatRequest) -> ChatRequest:
@@ -45,17 +43,7 @@ class ReadSteeredEngine(VLLMVisionTokenInEngine):
             return request
         tool, key = found
         block = json.dumps({"name": tool.name, "arguments": {key: "card.png"}})
-        regex = _regex_literal(f"<tool_call>\n{block}\n</tool_call>")
-        extra = {**request.extra, "structured_outputs": {"regex": regex}}
-        steered = request.model_copy(update={"extra": extra, "max_tokens": 160})
-        steered._dump = None  # the copy must not reuse the original's cached dump
-        return steered
-
-    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
-        return await super().complete(self.steer(request), session_id)
-
-    def stream(self, request: ChatRequest, session_id: str) -> AsyncGenerator[StreamPiece, None]:
-        return super().stream(self.steer(request), session_id)
+        return regex_steered(request, _regex_literal(f"<tool_call>\n{block}\n</tool_call>"), max_tokens=160)
 
 
 async def test_pi_on_the_tiny_vlm_in_token_in_mode_sends_the_card_in_one_contiguous_chain(
