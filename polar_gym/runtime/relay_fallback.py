@@ -31,10 +31,19 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 async def _serve(listener: socket.socket, path: str, max_connections: int = 64) -> None:
     slots = asyncio.Semaphore(max_connections)
+    # asyncio's stream protocol holds its reader only weakly, and the loop stops watching a client that has
+    # half-closed: without these references a connection waiting for its answer is garbage collected and closed.
+    live: set[asyncio.Task[None]] = set()
 
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        async with slots:  # at the cap, an accepted connection waits here before it reaches the gateway
-            await _forward(client_r, client_w)
+        task = asyncio.current_task()
+        assert task is not None
+        live.add(task)
+        try:
+            async with slots:  # at the cap, an accepted connection waits here before it reaches the gateway
+                await _forward(client_r, client_w)
+        finally:
+            live.discard(task)
 
     async def _forward(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         for attempt in range(100):

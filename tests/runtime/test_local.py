@@ -202,15 +202,13 @@ def _relay_programs() -> list[str]:
     return programs
 
 
-# The Python fallback (used only where gcc is missing; set-up installs gcc) carries 8 concurrent connections
-# reliably; at 100 simultaneous connections the first one sometimes gets EOF (a race not yet understood).
-_CONCURRENCY = {"relay": 100, "relay_fallback.py": 8}
-
-
 @pytest.mark.parametrize("program", _relay_programs(), ids=lambda p: Path(p).name)
 async def test_relay_many_connections_and_half_close(program: str, tmp_path: Path) -> None:
-    """Many concurrent clients each send 200 KB then half-close; the Unix-side server answers after EOF."""
-    clients = _CONCURRENCY[Path(program).name]
+    """Many concurrent clients each send 200 KB then half-close; the Unix-side server answers after EOF.
+
+    At 100 connections the Python fallback used to lose a few (one run in two on a busy machine): asyncio holds a
+    half-closed client's task only weakly, and a garbage collection closed it before the answer came."""
+    clients = 100
     sock_path = str(tmp_path / "u.sock")
 
     async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
