@@ -21,8 +21,8 @@ from typing import Any
 
 from polar_gym.audit.inputs import AuditTrace
 
-__all__ = ["DTYPES", "ModelRecompute", "head_logprobs", "load_image_processor", "load_model", "token_logprobs",
-           "vision_token_logprobs"]
+__all__ = ["DTYPES", "ModelRecompute", "head_logprobs", "image_pixels", "load_image_processor", "load_model",
+           "token_logprobs", "vision_token_logprobs"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -53,23 +53,30 @@ def load_image_processor(path: str | Path) -> Any:
         str(path), local_files_only=True, use_fast=False)
 
 
+def image_pixels(processor: Any, image_urls: Sequence[str]) -> dict[str, Any]:
+    """What a vision-language model's forward pass takes for ``image_urls`` (base64 data URLs, in the order of
+    their placeholders): the image processor's tensors (Qwen2-VL: ``pixel_values``, ``image_grid_thw``)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    images = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB") for url in image_urls]
+    return dict(processor(images=images, return_tensors="pt"))
+
+
 def vision_token_logprobs(model: Any, processor: Any, input_ids: Sequence[int], image_urls: Sequence[str],
                           positions: Sequence[int], *, head_rows: int = 256, fp32_head: bool = False) -> list[float]:
     """:func:`token_logprobs` for a prompt with images: the images (data URLs, in order) through the model's image
     processor and vision tower, their features in place of the placeholders of ``input_ids`` (one pass, no chunks:
     the multimodal rotary positions are computed over the whole sequence)."""
-    import base64
-    import io
-
     import torch
-    from PIL import Image
 
     if not positions:
         return []
     if min(positions) < 1 or max(positions) >= len(input_ids):
         raise ValueError(f"positions must lie in [1, {len(input_ids) - 1}]")
-    images = [Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB") for url in image_urls]
-    pixels = processor(images=images, return_tensors="pt")
+    pixels = image_pixels(processor, image_urls)
     ids = torch.tensor([list(input_ids)], dtype=torch.long, device=next(model.parameters()).device)
     rows = sorted({t - 1 for t in positions})
     # which tokens are an image's (1) for the multimodal rotary positions: each run of them takes the next grid

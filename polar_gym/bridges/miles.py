@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_gym.bridges.common import run_sync
-from polar_gym.bridges.slime import SlimeBridgeSettings, collect_results, fill_group
+from polar_gym.bridges.slime import SlimeBridgeSettings, collect_results, fill_group, image_pixels_of
 from polar_gym.schema import SessionResult, SessionStatus
 from polar_gym.server.client import RolloutClient
 
@@ -66,7 +66,7 @@ class MilesBridgeSettings(SlimeBridgeSettings):
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, args: Any = None) -> MilesBridgeSettings:
         env = os.environ if environ is None else environ
-        base = SlimeBridgeSettings.from_env(dict(env)).model_dump()
+        base = SlimeBridgeSettings.from_env(dict(env), args).model_dump()
         staleness = env.get("POLAR_MAX_STALENESS") or getattr(args, "max_weight_staleness", None)
         return cls(**base, partial_groups=env.get("POLAR_PARTIAL_GROUPS", "recycle"),
                    min_complete_fraction=float(env.get("POLAR_MIN_COMPLETE_FRACTION", 0.0)),
@@ -97,7 +97,8 @@ def fill_miles_group(group: Sequence[Any], results: Sequence[SessionResult], gro
     """:func:`fill_group`, then Miles's fields: a session that did not complete is a ``remove_sample`` sample, FAILED
     when it errored; one that never reached the model holds a one-token placeholder (Miles packs no empty
     sequence); ``reward`` goes under ``reward_key`` when Miles reads rewards through one."""
-    fill_group(group, results, group_index, settings.extra_chains)
+    fill_group(group, results, group_index, settings.extra_chains,
+               image_pixels_of(settings.hf_checkpoint) if settings.hf_checkpoint else None)
     for sample in group:
         polar = sample.metadata["polar"]
         session = polar.get("session_status")

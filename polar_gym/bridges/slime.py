@@ -18,8 +18,9 @@ has several chains (sub-agents, compaction), the sample takes the main one (the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from polar_gym.bridges.common import BridgeSettings
@@ -27,7 +28,8 @@ from polar_gym.merge.exports import main_chain, slime_samples
 from polar_gym.schema import SessionResult, SessionStatus, TaskRequest
 from polar_gym.server.client import RolloutClient
 
-__all__ = ["SlimeBridgeSettings", "collect_results", "fill_group", "generate_rollout", "group_task", "run_groups"]
+__all__ = ["ImagePixels", "SlimeBridgeSettings", "collect_results", "fill_group", "generate_rollout", "group_task",
+           "image_pixels_of", "run_groups"]
 
 
 class SlimeBridgeSettings(BridgeSettings):
@@ -36,10 +38,26 @@ class SlimeBridgeSettings(BridgeSettings):
     bridge_name: ClassVar[str] = "the Slime and Miles bridges"
 
     task_key: str = "polar_task"
+    #: the model directory whose image processor turns a multimodal session's images into the samples'
+    #: ``multimodal_train_inputs`` (the trainer's ``--hf-checkpoint``)
+    hf_checkpoint: str | None = None
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> SlimeBridgeSettings:
-        return cls(**cls.server_env(environ))
+    def from_env(cls, environ: dict[str, str] | None = None, args: Any = None) -> SlimeBridgeSettings:
+        return cls(**cls.server_env(environ), hf_checkpoint=getattr(args, "hf_checkpoint", None) or None)
+
+
+ImagePixels = Callable[[list[str]], dict[str, Any]]
+
+
+@functools.lru_cache(maxsize=2)
+def image_pixels_of(checkpoint: str) -> ImagePixels:
+    """The pixel inputs a vision-language model's forward pass takes for a sample's images (data URLs), computed
+    by the image processor of ``checkpoint`` (loaded once)."""
+    from polar_gym.audit.recompute import image_pixels, load_image_processor
+
+    processor = load_image_processor(checkpoint)
+    return lambda urls: image_pixels(processor, urls)
 
 
 def group_task(group: Sequence[Any], rollout_id: int, group_index: int, task_key: str = "polar_task",
@@ -63,8 +81,11 @@ def _status(sample: Any, value: str) -> Any:
 
 
 def fill_group(group: Sequence[Any], results: Sequence[SessionResult], group_index: int,
-               extra_chains: Literal["main", "fail"] = "main") -> list[Any]:
-    """Write each session's trace into the group's samples (sample i gets session sample_index i)."""
+               extra_chains: Literal["main", "fail"] = "main", pixels: ImagePixels | None = None) -> list[Any]:
+    """Write each session's trace into the group's samples (sample i gets session sample_index i). A trace with
+    images also fills ``multimodal_inputs`` (``{"images": [data URL, ...]}``, in the order of their placeholders)
+    and ``multimodal_train_inputs`` (``pixels`` of them: what the trainer's forward pass takes); without ``pixels``
+    such a session is refused, since a trainer given the placeholders without the pixels trains on noise."""
     by_index = {int(r.metadata.get("sample_index", i)): r for i, r in enumerate(results)}
     for i, sample in enumerate(group):
         result = by_index.get(i)
@@ -74,6 +95,7 @@ def fill_group(group: Sequence[Any], results: Sequence[SessionResult], group_ind
         if len(chains) > 1 and extra_chains == "fail":
             raise ValueError(f"session {result.session_id} has {len(chains)} chains (extra_chains='fail')")
         meta = dict(getattr(sample, "metadata", None) or {})
+        images: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None)  # the session's, never the prompt's
         if chains:
             main = main_chain(chains)
             sample.tokens, sample.response_length = list(main.tokens), main.response_length
@@ -82,12 +104,18 @@ def fill_group(group: Sequence[Any], results: Sequence[SessionResult], group_ind
             # slime's own field: one policy version per sampled turn (staleness); per-token ranges in
             # metadata["polar"]["spans"], so a trainer can weight each span by the version that sampled it
             sample.weight_versions = list(main.weight_versions)
+            if main.multimodal_inputs:
+                if pixels is None:
+                    raise ValueError(f"session {result.session_id} has images, and no image processor computes "
+                                     "their pixel inputs: set hf_checkpoint (the trainer's --hf-checkpoint)")
+                images = main.multimodal_inputs, pixels(list(main.multimodal_inputs["images"]))
             meta.update(polar=main.metadata, polar_extra_traces=len(chains) - 1)
         else:  # no model call at all (e.g. the sandbox failed to start): nothing to train, kept for the group size
             sample.tokens, sample.response_length, sample.loss_mask, sample.rollout_log_probs = [], 0, [], []
             sample.reward, sample.status = 0.0, _status(sample, "aborted")
             meta.update(polar={"session_id": result.session_id, "session_status": SessionStatus(result.status).value,
                                "reason": result.reason, "masked": True}, polar_extra_traces=0)
+        sample.multimodal_inputs, sample.multimodal_train_inputs = images
         sample.metadata = meta
         sample.group_index = group_index
     return list(group)
@@ -109,7 +137,9 @@ async def run_groups(groups: Sequence[Sequence[Any]], rollout_id: int,
                      settings: SlimeBridgeSettings) -> list[list[Any]]:
     """Submit one task per group, wait for every session, fill the samples in place."""
     results = await collect_results(groups, rollout_id, settings)
-    return [fill_group(g, r, i, settings.extra_chains) for i, (g, r) in enumerate(zip(groups, results, strict=True))]
+    pixels = image_pixels_of(settings.hf_checkpoint) if settings.hf_checkpoint else None
+    return [fill_group(g, r, i, settings.extra_chains, pixels)
+            for i, (g, r) in enumerate(zip(groups, results, strict=True))]
 
 
 def _take_groups(data_source: Any, args: Any) -> list[list[Any]]:
@@ -125,7 +155,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     if evaluation:
         raise NotImplementedError("evaluation rollouts: run them through the rollout server directly")
     groups = _take_groups(data_source, args)
-    filled = asyncio.run(run_groups(groups, rollout_id, SlimeBridgeSettings.from_env()))
+    filled = asyncio.run(run_groups(groups, rollout_id, SlimeBridgeSettings.from_env(args=args)))
     try:
         from slime.rollout.base_types import RolloutFnTrainOutput
     except ImportError:

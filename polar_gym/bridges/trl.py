@@ -91,6 +91,9 @@ class TRLRow(BaseModel):
     #: the policy version of each sampled turn, in order (the fleet's stamps; empty when none was set)
     policy_versions: list[str] = Field(default_factory=list)
     extra_chains: int = 0
+    #: images in the row's prompt: such a row is not trained (TRL's ``rollout_func`` has no way to hand a
+    #: rollout's images to the loss's forward pass, which would see the placeholders without their pixels)
+    images: int = 0
 
     @model_validator(mode="after")
     def _aligned(self) -> TRLRow:
@@ -112,8 +115,9 @@ def prompt_runs(prompts: Sequence[Any]) -> list[tuple[Any, int]]:
 
 
 def session_row(result: SessionResult, end_id: int, extra_chains: Literal["main", "fail"] = "main") -> TRLRow:
-    """A session's main chain as a TRL row. A session that did not complete keeps its tokens with an all-zero mask
-    and no reward; one with no model call at all gives ``[end_id]`` for prompt and completion (TRL needs a row)."""
+    """A session's main chain as a TRL row. A session that did not complete, or whose prompt holds images, keeps
+    its tokens with an all-zero mask and no reward; one with no model call at all gives ``[end_id]`` for prompt and
+    completion (TRL needs a row)."""
     chains = slime_samples(result)
     if len(chains) > 1 and extra_chains == "fail":
         raise ValueError(f"session {result.session_id} has {len(chains)} chains (extra_chains='fail')")
@@ -124,10 +128,12 @@ def session_row(result: SessionResult, end_id: int, extra_chains: Literal["main"
                       session_id=result.session_id, status=status)
     main = main_chain(chains)
     cut = main.metadata["prompt_length"]
-    reward = None if not completed or main.metadata["reward_missing"] else float(main.reward)
-    return TRLRow(prompt_ids=main.tokens[:cut], completion_ids=main.tokens[cut:], env_mask=list(main.loss_mask),
+    images = len((main.multimodal_inputs or {}).get("images") or [])
+    reward = None if not completed or main.metadata["reward_missing"] or images else float(main.reward)
+    mask = [0] * len(main.loss_mask) if images else list(main.loss_mask)
+    return TRLRow(prompt_ids=main.tokens[:cut], completion_ids=main.tokens[cut:], env_mask=mask,
                   logprobs=list(main.rollout_log_probs), reward=reward, session_id=result.session_id, status=status,
-                  policy_versions=list(main.weight_versions), extra_chains=len(chains) - 1)
+                  policy_versions=list(main.weight_versions), extra_chains=len(chains) - 1, images=images)
 
 
 def rollout_output(rows: Sequence[TRLRow]) -> dict[str, list[Any]]:
@@ -194,7 +200,8 @@ class PolarRollout:
         failed = [r for r in rows if r.reward is None]
         if failed:
             log.warning("%d of %d sessions gave no reward (not trained): %s", len(failed), len(rows),
-                        ", ".join(sorted({r.status for r in failed})))
+                        ", ".join(sorted({"images (TRL cannot take a rollout's pixels)" if r.images else r.status
+                                          for r in failed})))
         return rollout_output(rows)
 
     def _request(self, prompt: Any, count: int, step: int, args: Any) -> TaskRequest:

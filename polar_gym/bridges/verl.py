@@ -155,6 +155,8 @@ def verl_row(result: SessionResult, *, prompt_length: int, response_length: int,
         reasons.append(f"session {SessionStatus(result.status).value}: {result.reason or 'no reason given'}")
     if meta["reward_missing"]:
         reasons.append("no reward (the evaluator gave none)")
+    if main.multimodal_inputs:  # verl would run the placeholders through the model without their pixels
+        reasons.append("images in the prompt (the verl bridge carries no pixels yet)")
     if dropped and overflow == "mask":
         reasons.append(f"response of {len(response)} tokens exceeds response_length={response_length}")
     if dropped:

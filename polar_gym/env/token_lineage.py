@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from polar_gym.merge.base import image_data_of
 from polar_gym.schema import CompletionRecord
 
 __all__ = ["CallTokens", "Link", "Resolution", "calls_from_nemo_payload", "calls_from_records", "has_model_history",
@@ -123,12 +124,24 @@ def _conversation(body: Mapping[str, Any]) -> list[Any]:
     return []
 
 
+def _image_extras(images: Sequence[Mapping[str, Any]], data: Mapping[str, str], sent: set[str]) -> dict[str, Any]:
+    """A call's images as extra fields of its entry: ``polar_images`` (each one's SHA-256, type, size and its
+    placeholders' span in the call's prompt) and ``polar_image_data`` (the pixels, by SHA-256, of the images no
+    earlier call of the rollout carried: each is stored once, on the first call that saw it)."""
+    if not images:
+        return {}
+    new = {sha: data[sha] for image in images if (sha := str(image["sha256"])) in data and sha not in sent}
+    sent.update(new)
+    return {"polar_images": [dict(image) for image in images], **({"polar_image_data": new} if new else {})}
+
+
 def calls_from_records(records: Iterable[CompletionRecord]) -> tuple[list[CallTokens], list[str]]:
     """The proxy's journal records as calls, and the ids of calls that cannot become training records (sampled
     tokens the engine did not report faithfully, or without aligned logprobs): a rollout with such a call has a
     hole, and Gym's contract is to mask it. Failed calls sampled nothing and are left out."""
     calls: list[CallTokens] = []
     holes: list[str] = []
+    sent: set[str] = set()
     for record in records:
         if record.status != "ok":
             continue
@@ -140,6 +153,9 @@ def calls_from_records(records: Iterable[CompletionRecord]) -> tuple[list[CallTo
             extras["polar_side_request"] = True
         if record.policy_version is not None:
             extras["polar_policy_version"] = record.policy_version
+        messages = record.normalized_request.get("messages")
+        extras.update(_image_extras(record.images, image_data_of(
+            record.images, messages if isinstance(messages, list) else []), sent))
         calls.append(CallTokens(
             call_id=record.completion_id, prompt=list(record.prompt_ids), generation=list(record.response_ids),
             logprobs=list(record.response_logprobs),
@@ -153,7 +169,10 @@ def calls_from_nemo_payload(payload: Mapping[str, Any]) -> list[CallTokens]:
     the sampled tokens, the assistant turn), each once, ordered so parents come first (a parent's whole sequence is
     shorter than its children's prompts). What the NeMo Gym agent delivers through a token sink."""
     calls: dict[str, CallTokens] = {}
+    seen: dict[str, tuple[list[Mapping[str, Any]], Mapping[str, str]]] = {}  # each call's images and their pixels
     for chain in payload.get("chains") or []:
+        images = [image for image in chain.get("images") or [] if isinstance(image, Mapping)]
+        data = chain.get("image_data") if isinstance(chain.get("image_data"), Mapping) else {}
         for item in chain.get("items") or []:
             if not item.get("generation_token_ids"):
                 continue
@@ -172,4 +191,15 @@ def calls_from_nemo_payload(payload: Mapping[str, Any]) -> list[CallTokens]:
                 response={"message": message} if message else {},
                 extras={"polar_session_id": payload.get("session_id"), "polar_trace_index": chain.get("trace_index"),
                         "polar_chain_cause": chain.get("chain_cause")})
-    return sorted(calls.values(), key=lambda c: len(c.prompt))
+            # the chain's images (spans in its token positions) that lie in this call's prompt
+            seen[call_id] = ([i for i in images if _span_end(i) <= len(calls[call_id].prompt)], data)
+    ordered = sorted(calls.values(), key=lambda c: len(c.prompt))
+    sent: set[str] = set()
+    for call in ordered:
+        call.extras.update(_image_extras(*seen[call.call_id], sent))
+    return ordered
+
+
+def _span_end(image: Mapping[str, Any]) -> float:
+    span = image.get("prompt_span")
+    return float(span["end"]) if isinstance(span, Mapping) and isinstance(span.get("end"), int) else float("inf")

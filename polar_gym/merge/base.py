@@ -4,7 +4,7 @@ token arrays, messages and provenance are assembled. Pure: token data in, traces
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,6 +16,7 @@ __all__ = [
     "Builder",
     "MergeConfig",
     "TraceBuilder",
+    "image_data_of",
     "image_urls_of",
     "partition",
     "trajectory",
@@ -85,6 +86,15 @@ def image_urls_of(messages: list[dict[str, Any]]) -> list[str]:
     return [str((part.get("image_url") or {}).get("url")) for message in messages
             if isinstance(message.get("content"), list) for part in message["content"]
             if isinstance(part, dict) and part.get("type") == "image_url"]
+
+
+def image_data_of(images: Sequence[Mapping[str, Any]], messages: list[dict[str, Any]]) -> dict[str, str]:
+    """Each image's pixels by its SHA-256: ``images`` (a record's or a trace's refs) matched one for one, in order,
+    with the data URLs of ``messages``; empty when they do not line up (the messages lost some pixels)."""
+    urls = image_urls_of(messages)
+    if len(urls) != len(images):
+        return {}
+    return {str(image["sha256"]): url for image, url in zip(images, urls, strict=True)}
 
 
 def _messages(rec: CompletionRecord) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from polar_gym.merge.base import image_data_of
 from polar_gym.merge.exports import check_contiguity, nemo_items
 from polar_gym.schema import SessionResult, SessionStatus, Trace
 
@@ -33,7 +34,9 @@ def _turns(trace: Trace, count: int) -> list[dict[str, Any] | None]:
 def session_nemo_payload(result: SessionResult) -> dict[str, Any]:
     """JSON-ready dict: session status, reward and one chain per trace (``items`` with prompt_token_ids,
     generation_token_ids, generation_log_probs, completion_id and the sampled ``turn``). A chain that breaks NeMo
-    RL's contiguity rule is reported in ``contiguity_error`` instead of being dropped."""
+    RL's contiguity rule is reported in ``contiguity_error`` instead of being dropped. A chain with images has
+    ``images`` (each one's SHA-256 and its placeholders' span in the chain's token positions) and ``image_data``
+    (each one's pixels as a data URL, by SHA-256, once)."""
     traj = result.trajectory
     evaluation = result.evaluation
     chains = []
@@ -45,10 +48,13 @@ def session_nemo_payload(result: SessionResult) -> dict[str, Any]:
         except ValueError as exc:
             error = str(exc)
         turns = _turns(trace, len(items))
+        images = trace.metadata.get("images") or []
         chains.append({
             "trace_index": index, "finish_reason": trace.finish_reason, "reward": trace.reward,
             "chain_cause": trace.metadata.get("chain_cause"), "contiguity_error": error,
-            "items": [{**item.model_dump(), "turn": turn} for item, turn in zip(items, turns, strict=True)]})
+            "items": [{**item.model_dump(), "turn": turn} for item, turn in zip(items, turns, strict=True)],
+            **({"images": images, "image_data": image_data_of(
+                images, [*trace.prompt_messages, *trace.response_messages])} if images else {})})
     return {
         "session_id": result.session_id, "task_id": result.task_id, "status": SessionStatus(result.status).value,
         "reason": result.reason, "builder": traj.builder if traj is not None else None,

@@ -203,7 +203,8 @@ def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = T
     by :func:`~polar_gym.trainer.losses.shuffled_rewards` before advantages, and every trace of a session gets that
     session's permuted reward. ``true_reward`` keeps each trace's real reward either way. With ``mixed_versions``
     "mask" (``trainer.mixed_version_tokens``) the tokens of a trace's older policy versions are not trained
-    (:func:`~polar_gym.trainer.staleness.mixed_version_mask`)."""
+    (:func:`~polar_gym.trainer.staleness.mixed_version_mask`). A trace with images is not trained: this trainer
+    feeds its model token ids only."""
     kept = [(r, r.trajectory.traces) for r in results if r.trajectory is not None and r.trajectory.traces
             and not (completed_only and r.status is not SessionStatus.COMPLETED)]
     true: list[list[float]] = []
@@ -223,6 +224,8 @@ def grpo_sequences(results: Sequence[SessionResult], *, completed_only: bool = T
     for (g, reward, real, t, w), a in zip(rows, advantages, strict=True):
         versions = trace_versions(t)
         mask = mixed_version_mask(versions, t.loss_mask) if mixed_versions == "mask" else t.loss_mask
+        if t.metadata.get("images"):  # a text model's loss would see the placeholders without their pixels
+            mask = [0] * len(t.loss_mask)
         out.append(sequence_of_trace(t.prompt_ids, t.response_ids, mask, t.response_logprobs, reward=reward,
                                      group=g, advantage=a, weight=w, true_reward=real,
                                      versions=[numeric_version(v) for v in versions]))

@@ -47,6 +47,8 @@ class Sample:
     status: Status = Status.PENDING
     weight_versions: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, Any] | None = None
 
 
 class DataSource:
@@ -153,3 +155,39 @@ def test_samples_carry_the_policy_version_of_every_turn() -> None:
     assert [(s["start"], s["end"], s["policy_version"]) for s in sample.metadata["polar"]["spans"]] == [
         (0, 2, 5), (3, 4, 6)]
     assert sample.rollout_log_probs == [-0.5] * 4
+
+
+def test_a_multimodal_session_gives_slime_its_images_and_the_models_pixel_inputs(tmp_path: Path) -> None:
+    """Slime's two multimodal fields: the images as data URLs in the order of their placeholders, and what the
+    model's image processor makes of them, one grid per run of placeholders in ``tokens``."""
+    import json
+
+    from polar_gym.bridges.slime import image_pixels_of
+    from polar_gym.tiny_vlm import IMAGE_PAD_ID, PROCESSOR_CONFIG
+    from tests._vision import image_session, pad_runs
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(PROCESSOR_CONFIG))
+    result, _ = image_session()
+    trace = result.trajectory.traces[0]  # type: ignore[union-attr]
+    [sample] = fill_group([Sample(multimodal_inputs={"images": ["the prompt's own"]})], [result], 0,
+                          pixels=image_pixels_of(str(tmp_path)))
+    assert sample.multimodal_inputs == {"images": [m["content"][1]["image_url"]["url"] for m in
+                                                   [*trace.prompt_messages, *trace.response_messages]
+                                                   if isinstance(m.get("content"), list)]}
+    grids = sample.multimodal_train_inputs["image_grid_thw"].tolist()
+    merge = PROCESSOR_CONFIG["merge_size"] ** 2
+    assert [t * h * w // merge for t, h, w in grids] == [n for _, n in pad_runs(sample.tokens)] == [4, 4]
+    assert sample.multimodal_train_inputs["pixel_values"].shape[0] == sum(t * h * w for t, h, w in grids)
+    assert sample.tokens.count(IMAGE_PAD_ID) == 8
+
+    # the same sample recycled for a text session keeps none of them
+    fill_group([sample], [_result(0, [_trace([1, 2], [3], [1])])], 0)
+    assert sample.multimodal_inputs is None and sample.multimodal_train_inputs is None
+
+
+def test_a_multimodal_session_without_an_image_processor_is_refused() -> None:
+    """Slime's trainer, given the placeholders without their pixels, would train on noise: refuse, say what to set."""
+    from tests._vision import image_session
+
+    with pytest.raises(ValueError, match=r"has images.*hf_checkpoint"):
+        fill_group([Sample()], [image_session()[0]], 0)

@@ -58,3 +58,55 @@ def test_a_text_trace_has_no_multimodal_inputs() -> None:
                               prompt_ids=[1, 2], response_ids=[3, EOT], response_logprobs=[-0.1, -0.2])
     (sample,) = slime_samples(prefix_merging(CompletionSession(session_id="s", completions=[record]), MergeConfig()))
     assert sample.multimodal_inputs is None and "images" not in sample.metadata
+
+
+def test_trainers_that_take_token_ids_only_never_train_a_multimodal_trace() -> None:
+    """TRL's rollout_func, the verl bridge and the reference trainer have no way to feed pixels: each would train
+    the image placeholders as if they were text. Each keeps the row untrained and says why."""
+    from polar_gym.bridges.trl import session_row
+    from polar_gym.bridges.verl import verl_row
+    from polar_gym.trainer import grpo_sequences
+    from tests._vision import image_session
+
+    result, _ = image_session()
+    row = session_row(result, end_id=EOT)
+    assert row.images == 2 and row.reward is None and not any(row.env_mask)
+    assert len(row.prompt_ids) + len(row.completion_ids) == len(result.trajectory.traces[0].prompt_ids) + len(
+        result.trajectory.traces[0].response_ids)  # type: ignore[union-attr]
+    verl = verl_row(result, prompt_length=64, response_length=64, filler_id=EOT)
+    assert not any(verl.response_mask) and "images" in verl.extra_fields["polar_reason"]
+    (sequence,) = grpo_sequences([result])
+    assert not any(sequence.loss_mask)
+    text = result.model_copy(deep=True)
+    text.trajectory.traces[0].metadata.pop("images")  # type: ignore[union-attr]
+    assert any(session_row(text, end_id=EOT).env_mask) and any(grpo_sequences([text])[0].loss_mask)
+
+
+def test_the_nemo_payload_and_its_entries_carry_each_image_once_with_its_span() -> None:
+    """The /nemo payload's chain names its images (spans in its token positions) and holds their pixels once; the
+    entries made of it (and of the journal's records) name the images in each call's prompt, and the first call
+    that saw an image carries its pixels."""
+    from polar_gym.env.token_lineage import calls_from_nemo_payload, calls_from_records
+    from polar_gym.merge.nemo_payload import session_nemo_payload
+    from tests._vision import image_session
+
+    result, records = image_session()
+    payload = session_nemo_payload(result)
+    (chain,) = payload["chains"]
+    red, blue = (image["sha256"] for image in chain["images"])
+    assert set(chain["image_data"]) == {red, blue}
+    assert all(url.startswith("data:image/png;base64,") for url in chain["image_data"].values())
+    for calls in (calls_from_nemo_payload(payload), calls_from_records(records)[0]):
+        first, second = calls
+        assert [i["sha256"] for i in first.extras["polar_images"]] == [red]
+        assert [i["sha256"] for i in second.extras["polar_images"]] == [red, blue]
+        assert first.extras["polar_image_data"] == {red: chain["image_data"][red]}
+        assert second.extras["polar_image_data"] == {blue: chain["image_data"][blue]}  # red's pixels came already
+        for call in calls:
+            for image in call.extras["polar_images"]:
+                span = image["prompt_span"]
+                assert set(call.prompt[span["start"]:span["end"]]) == {PAD} and span["end"] <= len(call.prompt)
+    text = session_nemo_payload(result.model_copy(update={"trajectory": result.trajectory.model_copy(update={
+        "traces": [result.trajectory.traces[0].model_copy(update={"metadata": {}})]})}))  # type: ignore[union-attr]
+    assert "images" not in text["chains"][0] and all("polar_images" not in c.extras
+                                                     for c in calls_from_nemo_payload(text))
