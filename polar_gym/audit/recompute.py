@@ -14,6 +14,7 @@ The logprob is of the raw model distribution (no temperature, no top-p): what vL
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,8 @@ from polar_gym.audit.inputs import AuditTrace
 
 __all__ = ["DTYPES", "ModelRecompute", "head_logprobs", "image_pixels", "load_image_processor", "load_model",
            "token_logprobs", "vision_token_logprobs"]
+
+log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -45,12 +48,20 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
 
 
 def load_image_processor(path: str | Path) -> Any:
-    """The image processor of a vision-language model's directory (the PIL one: the main venv has no
-    torchvision)."""
+    """The image processor of a vision-language model's directory, on vLLM's backend (torchvision) when it is
+    installed. The PIL backend (this project's venv has no torchvision) gives the same grids, so the same token IDs,
+    but pixels up to one 8-bit level apart on a downscaled photo and several on an upscaled one
+    (``benchmarks/bench_image_processors.py``): logprobs recomputed from them differ a little from the engine's."""
+    import importlib.util
+
     from transformers import AutoImageProcessor
 
+    backend = "torchvision" if importlib.util.find_spec("torchvision") is not None else "pil"
+    if backend == "pil":
+        log.warning("torchvision is not installed: images go through the PIL image processor, whose resampling "
+                    "differs slightly from the engine's (vLLM uses torchvision's)")
     return AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
-        str(path), local_files_only=True, use_fast=False)
+        str(path), local_files_only=True, backend=backend)
 
 
 def image_pixels(processor: Any, image_urls: Sequence[str]) -> dict[str, Any]:
