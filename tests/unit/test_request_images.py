@@ -16,6 +16,7 @@ import pytest
 
 from polar_gym.proxy.capture import CaptureJournal
 from polar_gym.proxy.chat import ChatMessage, ChatRequest, ContentPart
+from polar_gym.proxy.engines.sglang import SGLangEngine
 from polar_gym.proxy.engines.vllm import VLLMEngine
 from polar_gym.proxy.errors import PayloadTooLarge, RequestError
 from polar_gym.proxy.images import ImageLimits, image_refs, placeholder_runs, request_images
@@ -127,13 +128,22 @@ def _answer() -> dict[str, Any]:
             "usage": {"prompt_tokens": len(PROMPT), "completion_tokens": 2}}
 
 
-def _service(sent: list[dict[str, Any]]) -> ProxyService:
+def _sglang_answer() -> dict[str, Any]:
+    """SGLang's OpenAI chat answer with return_prompt_token_ids and return_meta_info."""
+    answer = _answer()
+    choice = answer["choices"][0]
+    choice.update(prompt_token_ids=answer.pop("prompt_token_ids"), meta_info={
+        "output_token_logprobs": [[-0.5, 9454, None], [-0.1, 151645, None]]})
+    return answer
+
+
+def _service(sent: list[dict[str, Any]], engine_kind: str = "vllm") -> ProxyService:
     def upstream(request: httpx.Request) -> httpx.Response:
         sent.append(json.loads(request.content))
-        return httpx.Response(200, json=_answer())
+        return httpx.Response(200, json=_answer() if engine_kind == "vllm" else _sglang_answer())
 
-    engine = VLLMEngine(UpstreamPool(["http://engine"]), client=httpx.AsyncClient(
-        transport=httpx.MockTransport(upstream)))
+    kind = VLLMEngine if engine_kind == "vllm" else SGLangEngine
+    engine = kind(UpstreamPool(["http://engine"]), client=httpx.AsyncClient(transport=httpx.MockTransport(upstream)))
     engine.image_token_id = PAD
     engine.stream_passthrough = False
     return ProxyService(engine, CaptureJournal(), SessionRegistry(allow_adhoc=True))
@@ -142,10 +152,12 @@ def _service(sent: list[dict[str, Any]]) -> ProxyService:
 HEADERS = {"x-api-key": "s1", "x-goog-api-key": "s1", "authorization": "Bearer s1"}
 
 
+@pytest.mark.parametrize("engine_kind", ["vllm", "sglang"])
 @pytest.mark.parametrize("front_end", sorted(CALLS))
-async def test_each_front_end_sends_the_image_as_a_data_url_and_records_it(front_end: str) -> None:
+async def test_each_front_end_sends_the_image_as_a_data_url_and_records_it(front_end: str, engine_kind: str) -> None:
+    """Chat mode on either engine: the image reaches its OpenAI server as a data URL, and the record names it."""
     sent: list[dict[str, Any]] = []
-    service = _service(sent)
+    service = _service(sent, engine_kind)
     route, body = CALLS[front_end]
     reply = await service.handle(front_end, json.dumps(body).encode(), route, HEADERS)
     assert reply.status == 200, reply.body
