@@ -298,6 +298,28 @@ async def test_a_vision_token_in_call_sends_the_collapsed_prompt_and_its_images_
         record.images[0]["prompt_span"]["start"] == 6
 
 
+def test_a_cut_image_call_continues_on_the_token_in_route_with_its_images(tmp_path: Any) -> None:
+    """A weight update cuts a call with images: the rest is asked of the same route, from the prompt vLLM expanded
+    and the tokens sampled so far, collapsed again (vLLM expands only an unexpanded prompt), with the same images
+    and what is left of the token budget."""
+    from polar_gym.proxy.engines.vision import VISION_ROUTE, VLLMVisionTokenInEngine
+    from polar_gym.proxy.parsers.base import parser_for
+    from polar_gym.proxy.tokenizer import HFChatTokenizer
+
+    engine = VLLMVisionTokenInEngine(HFChatTokenizer(_vision_model(tmp_path)), parser_for("qwen3"),
+                                     UpstreamPool(["http://engine"]))
+    parts = [{"type": "image_url", "url": PNG_URL}]
+    body = {"model": "m", "token_ids": [1, 151652, PAD, 151653, 2], "content_parts": parts,
+            "sampling_params": {"max_tokens": 10, "temperature": 1.0}, "output_mode": "text", "stream": True}
+    expanded_and_sampled = [1, 151652, *[PAD] * 6, 151653, 2, 40, 41, 42]
+    following = engine.continuation_body(body, expanded_and_sampled, 3)
+    assert following is not None and engine.route_of(following) == VISION_ROUTE
+    assert following["token_ids"] == [1, 151652, PAD, 151653, 2, 40, 41, 42]
+    assert following["content_parts"] == parts and following["sampling_params"] == {"max_tokens": 7,
+                                                                                     "temperature": 1.0}
+    assert engine.continuation_body(body, expanded_and_sampled, 10) is None  # the budget is spent
+
+
 @pytest.mark.parametrize("header", ["corrupt", "bomb"])
 async def test_a_png_whose_header_lies_is_the_callers_400_in_token_in_mode(tmp_path: Any, header: str) -> None:
     """A hostile picture that passes the signature check: garbage after the signature, or a header that claims
