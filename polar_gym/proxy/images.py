@@ -47,8 +47,8 @@ class ImageLimits:
 
 @dataclass(frozen=True)
 class RequestImage:
-    """One image of a request, in conversation order: its SHA-256, type, decoded size and where it is
-    (``messages.<i>.content.<j>`` of the normalized request)."""
+    """One image of a request, in conversation order: its SHA-256, type, decoded size and where it is (``image
+    <n> of the conversation``, counting image parts from the start in any protocol)."""
 
     sha256: str
     media_type: str
@@ -67,8 +67,7 @@ def _decoded(url: str) -> tuple[str, str, int] | str:
     head, comma, payload = url.partition(",")
     if not url.startswith("data:") or not comma:
         scheme = url.split(":", 1)[0][:16] if ":" in url else "no scheme"
-        return (f"image addresses are not fetched ({scheme}): send the image inline, as base64 data "
-                "(data:image/png;base64,...)")
+        return f"image addresses are not fetched ({scheme}): send the image's bytes inline, as base64"
     media_type, _, encoding = head[5:].partition(";")
     media_type = media_type.strip().lower()
     if encoding.strip().lower() != "base64":
@@ -88,13 +87,14 @@ def request_images(request: ChatRequest, limits: ImageLimits) -> list[RequestIma
     """The request's images in order, each checked (RequestError: an address, another type, bytes that are not the
     type they claim; PayloadTooLarge: over the limits)."""
     images: list[RequestImage] = []
-    for i, message in enumerate(request.messages):
+    for message in request.messages:
         if isinstance(message.content, str) or message.content is None:
             continue
-        for j, part in enumerate(message.content):
+        for part in message.content:
             if part.type != "image_url":
                 continue
-            where = f"messages.{i}.content.{j}"
+            # by its rank: every protocol keeps the images' order, but not the messages' and parts' positions
+            where = f"image {len(images) + 1} of the conversation"
             url = (part.image_url or {}).get("url")
             decoded = _decoded(url) if isinstance(url, str) else "an image part needs a url"
             if isinstance(decoded, str):
