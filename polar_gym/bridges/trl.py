@@ -91,9 +91,10 @@ class TRLRow(BaseModel):
     #: the policy version of each sampled turn, in order (the fleet's stamps; empty when none was set)
     policy_versions: list[str] = Field(default_factory=list)
     extra_chains: int = 0
-    #: images in the row's prompt: such a row is not trained (TRL's ``rollout_func`` has no way to hand a
-    #: rollout's images to the loss's forward pass, which would see the placeholders without their pixels)
-    images: int = 0
+    #: the images in the row's prompt (data URLs, in the order of their placeholders; the reward functions get
+    #: them as ``polar_images``). Such a row is not trained: TRL's ``rollout_func`` has no way to hand a rollout's
+    #: images to the loss's forward pass, which would see the placeholders without their pixels
+    images: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _aligned(self) -> TRLRow:
@@ -128,7 +129,7 @@ def session_row(result: SessionResult, end_id: int, extra_chains: Literal["main"
                       session_id=result.session_id, status=status)
     main = main_chain(chains)
     cut = main.metadata["prompt_length"]
-    images = len((main.multimodal_inputs or {}).get("images") or [])
+    images = list((main.multimodal_inputs or {}).get("images") or [])
     reward = None if not completed or main.metadata["reward_missing"] or images else float(main.reward)
     mask = [0] * len(main.loss_mask) if images else list(main.loss_mask)
     return TRLRow(prompt_ids=main.tokens[:cut], completion_ids=main.tokens[cut:], env_mask=mask,
@@ -138,11 +139,12 @@ def session_row(result: SessionResult, end_id: int, extra_chains: Literal["main"
 
 def rollout_output(rows: Sequence[TRLRow]) -> dict[str, list[Any]]:
     """TRL's ``rollout_func`` answer: its three required keys, ``env_mask`` (its tool mask) and the fields the reward
-    functions receive as keyword arguments (``polar_reward``, ``polar_session_id``, ``polar_status``)."""
+    functions receive as keyword arguments (``polar_reward``, ``polar_session_id``, ``polar_status``,
+    ``polar_images``)."""
     return {"prompt_ids": [r.prompt_ids for r in rows], "completion_ids": [r.completion_ids for r in rows],
             "logprobs": [r.logprobs for r in rows], "env_mask": [r.env_mask for r in rows],
             "polar_reward": [r.reward for r in rows], "polar_session_id": [r.session_id for r in rows],
-            "polar_status": [r.status for r in rows]}
+            "polar_status": [r.status for r in rows], "polar_images": [r.images for r in rows]}
 
 
 def polar_reward(completions: Sequence[Any], polar_reward: Sequence[float | None] | None = None,

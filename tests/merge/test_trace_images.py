@@ -63,14 +63,16 @@ def test_a_text_trace_has_no_multimodal_inputs() -> None:
 def test_trainers_that_take_token_ids_only_never_train_a_multimodal_trace() -> None:
     """TRL's rollout_func, the verl bridge and the reference trainer have no way to feed pixels: each would train
     the image placeholders as if they were text. Each keeps the row untrained and says why."""
-    from polar_gym.bridges.trl import session_row
+    from polar_gym.bridges.trl import rollout_output, session_row
     from polar_gym.bridges.verl import verl_row
     from polar_gym.trainer import grpo_sequences
     from tests._vision import image_session
 
     result, _ = image_session()
     row = session_row(result, end_id=EOT)
-    assert row.images == 2 and row.reward is None and not any(row.env_mask)
+    assert row.reward is None and not any(row.env_mask)
+    assert row.images == slime_samples(result)[0].multimodal_inputs["images"] and len(row.images) == 2  # type: ignore[index]
+    assert rollout_output([row])["polar_images"] == [row.images]  # what TRL's reward functions get
     assert len(row.prompt_ids) + len(row.completion_ids) == len(result.trajectory.traces[0].prompt_ids) + len(
         result.trajectory.traces[0].response_ids)  # type: ignore[union-attr]
     verl = verl_row(result, prompt_length=64, response_length=64, filler_id=EOT)
