@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from polar_gym.merge import MergeConfig
-from polar_gym.merge.base import image_urls_of
 from polar_gym.merge.prefix_merging import prefix_merging
 from polar_gym.proxy.images import placeholder_runs
 from polar_gym.schema import CompletionRecord, CompletionSession, EvalResult, SessionResult, SessionStatus
+from polar_gym.schema.images import image_urls_of
 from polar_gym.tiny_vlm import EOS_TOKEN_ID, IMAGE_PAD_ID
 
 __all__ = ["image_session", "pad_runs", "png_url", "processor_view"]

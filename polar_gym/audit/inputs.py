@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polar_gym.merge.base import image_urls_of
 from polar_gym.schema import Trace
+from polar_gym.schema.images import image_urls_of
 
 __all__ = ["AuditTrace", "Span", "read_traces", "resolve_input", "trace_from_row"]
 

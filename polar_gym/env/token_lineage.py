@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from polar_gym.merge.base import image_data_of
 from polar_gym.schema import CompletionRecord
+from polar_gym.schema.images import image_data_of
 
 __all__ = ["CallTokens", "Link", "Resolution", "calls_from_nemo_payload", "calls_from_records", "has_model_history",
            "link_calls"]

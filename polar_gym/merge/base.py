@@ -4,7 +4,7 @@ token arrays, messages and provenance are assembled. Pure: token data in, traces
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,8 +16,6 @@ __all__ = [
     "Builder",
     "MergeConfig",
     "TraceBuilder",
-    "image_data_of",
-    "image_urls_of",
     "partition",
     "trajectory",
 ]
@@ -78,23 +76,6 @@ def partition(session: CompletionSession, config: MergeConfig) -> tuple[list[Com
         else:
             usable.append(rec)
     return usable, excluded
-
-
-def image_urls_of(messages: list[dict[str, Any]]) -> list[str]:
-    """The image URLs of OpenAI-shaped messages (a trace's, as builders write them), in order: with a trace's
-    ``metadata.images`` (the placeholders' spans), the pixels a trainer feeds the model."""
-    return [str((part.get("image_url") or {}).get("url")) for message in messages
-            if isinstance(message.get("content"), list) for part in message["content"]
-            if isinstance(part, dict) and part.get("type") == "image_url"]
-
-
-def image_data_of(images: Sequence[Mapping[str, Any]], messages: list[dict[str, Any]]) -> dict[str, str]:
-    """Each image's pixels by its SHA-256: ``images`` (a record's or a trace's refs) matched one for one, in order,
-    with the data URLs of ``messages``; empty when they do not line up (the messages lost some pixels)."""
-    urls = image_urls_of(messages)
-    if len(urls) != len(images):
-        return {}
-    return {str(image["sha256"]): url for image, url in zip(images, urls, strict=True)}
 
 
 def _messages(rec: CompletionRecord) -> list[dict[str, Any]]:

@@ -30,8 +30,8 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from polar_gym.merge.base import image_urls_of
 from polar_gym.schema import SessionResult, SessionStatus, TaskMetadata, Trace, Trajectory
+from polar_gym.schema.images import image_urls_of
 
 __all__ = [
     "ContiguityError",

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from polar_gym.merge.base import image_data_of
 from polar_gym.merge.exports import check_contiguity, nemo_items
 from polar_gym.schema import SessionResult, SessionStatus, Trace
+from polar_gym.schema.images import image_data_of
 
 __all__ = ["session_nemo_payload"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar_gym.causes import cause_of
-from polar_gym.merge.base import image_urls_of
+from polar_gym.schema.images import image_urls_of
 
 __all__ = ["MAX_ROWS", "SESSION_ID", "RowFilter", "SessionData", "call_rows", "error_cause", "filter_rows",
            "session_payload", "session_row", "trace_prompt", "trace_tokens", "valid_session_id"]
