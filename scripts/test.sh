@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Set up everything, run the checks (ruff, the import-layer contract, mypy --strict) and every test tier (unit, SDK
-# clients, harness replays, real vLLM engine, real Slurm, e2e) with a coverage report.
-#   bash scripts/test.sh           every tier (what CI runs)
-#   bash scripts/test.sh --fast    skip the real-engine tier and its set-up (for the inner loop)
+# clients, harness replays, real vLLM engine, real Slurm, e2e).
+#   bash scripts/test.sh             every tier (what CI runs)
+#   bash scripts/test.sh --fast      skip the real-engine tier and its set-up (for the inner loop)
+#   bash scripts/test.sh --coverage  also measure the quick tiers' coverage (both flags may be given)
 # Extra arguments go to both pytest runs (`bash scripts/test.sh tests/unit -x`). A bare `pytest` runs the quick tiers
 # only, in one process (pyproject's addopts deselect slurm, engine and slow); the -m here replaces that selection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
-[ "${1:-}" = "--fast" ] && { FAST=1; shift; }
+COVERAGE=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --fast) FAST=1; shift ;;
+    --coverage) COVERAGE=(--cov --cov-report=term:skip-covered --cov-report=xml); shift ;;
+    *) break ;;
+  esac
+done
 if [ "$FAST" = 1 ]; then
   bash scripts/setup.sh
   HEAVY="not engine and (slurm or slow)"
@@ -38,11 +46,12 @@ unset PYTHONDONTWRITEBYTECODE
 #   session's vLLMs, the local Slurm or the unprivileged user on one worker (one vLLM per dtype, one cluster, one user
 #   clone, which these tests share), the tiny VLM's tests together, the rest by file. They are CPU-bound: a third
 #   worker made them no faster, and running both tiers in one run of three workers took as long as the two runs.
-# Exit status 5 (no test selected: a path given to one tier only) is not a failure. Coverage is the quick tiers': of
-# polar_gym in their test processes (sandboxes and subprocesses are not measured); the table lists the files not
-# fully covered, coverage/coverage.xml holds the rest. The heavy tiers run polar_gym mostly in subprocesses, which
-# coverage does not see, and tracing their in-process part cost them about 40 % more CPU there (the gateway and
-# proxy of the e2e tests: 14.4 s against 10.0 s), on a run that is CPU-bound and sets CI's time. Each run lists its
+# Exit status 5 (no test selected: a path given to one tier only) is not a failure. Coverage (--coverage) is the
+# quick tiers': of polar_gym in their test processes (sandboxes and subprocesses are not measured); the table lists
+# the files not fully covered, coverage/coverage.xml holds the rest. It is not in CI's run: tracing cost the quick
+# tiers a third more time (424 s against 319 s on three workers, 758 CPU-s against 551), and no check reads it. The
+# heavy tiers run polar_gym mostly in subprocesses, which coverage does not see, and tracing their in-process part
+# cost them about 40 % more CPU there (the gateway and proxy of the e2e tests: 14.4 s against 10.0 s). Each run lists its
 # slowest tests and those that used the most CPU (tests/_cpu_time.py; on two busy cores a test's CPU is what it costs
 # the others): CI time is everyone's clock.
 run_pytest() {
@@ -50,8 +59,8 @@ run_pytest() {
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
   [ "$rc" = 0 ] || [ "$rc" = 5 ]
 }
-run_pytest -n 3 --dist loadfile --durations=20 --cpu-durations=20 -m "not (engine or slurm or slow)" --cov \
-  --cov-report=term:skip-covered --cov-report=xml "$@" || failed+=(pytest-quick)
+run_pytest -n 3 --dist loadfile --durations=20 --cpu-durations=20 -m "not (engine or slurm or slow)" \
+  ${COVERAGE[@]+"${COVERAGE[@]}"} "$@" || failed+=(pytest-quick)
 run_pytest -n 2 --dist loadgroup --durations=0 --durations-min=5 --cpu-durations=40 -m "$HEAVY" "$@" \
   || failed+=(pytest-heavy)
 if [ ${#failed[@]} -gt 0 ]; then
