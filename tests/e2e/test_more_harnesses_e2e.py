@@ -1,5 +1,5 @@
 """The harnesses beyond the six CLIs, unmodified and from their pinned installs (npm or a venv of their own), each on
-two demo tasks and a Harbor test task through the gateway, in the local sandbox with only the gateway reachable:
+a demo task and a Harbor test task through the gateway, in the local sandbox with only the gateway reachable:
 the oracle engine (real Qwen tokenizer, token-in prompts) plays the reference solution the way each harness takes
 commands (its shell tool; aider, which has none, a fenced shell block), and every session must reach reward 1.0 with
 traces that hold the builders' invariants. The oracle plays any Harbor task as one base64 command, so one task per
@@ -41,15 +41,16 @@ RUNTIME = RuntimeSpec(backend="local", network="gateway", workdir="/workspace")
 
 
 HARBOR_TASK = "edit-greeting"  # its 1024 MB limit is where OpenClaw's agent once ran out
-#: the demo tasks whose commands are the hardest to carry through a harness's shell tool: slugify's one printf of a
-#: module holding a regex, inventory's two in-place edits with escaped newlines. calc-add's and stack-module's
-#: commands have the same shapes (one edit; one printf), so they would prove the same thing again, at 12 sessions
-DEMO_TASKS_HERE = ("demo-slugify", "demo-inventory")
+#: the demo task whose commands are the hardest to carry through a harness's shell tool: inventory's two in-place
+#: edits with escaped newlines (backslashes and quotes through each harness's tool-call JSON and shell). The other
+#: demo tasks' commands are one edit or one printf, shapes these carry too, and the Harbor task is one base64
+#: command: each more demo task was six more sessions (about 40 s of CPU) proving the same thing again
+DEMO_TASKS_HERE = ("demo-inventory",)
 DEADLINE_MARKER = "polar-e2e-deadline-marker"
 
 
 def task_requests(harness: str) -> list[TaskRequest]:
-    """Two demo tasks and the Harbor test task, for ``harness``."""
+    """The demo task and the Harbor test task, for ``harness``."""
     builder = BuilderSpec(strategy="prefix_merging")
     demos = [task.to_request(harness=harness, runtime=RUNTIME, builder=builder, timeout_seconds=300)
              for task in demo_tasks() if task.task_id in DEMO_TASKS_HERE]
@@ -95,9 +96,9 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     return asyncio.run(run())
 
 
-def test_each_harness_solves_two_demo_tasks_and_a_harbor_task(batch: Batch) -> None:
+def test_each_harness_solves_a_demo_task_and_a_harbor_task(batch: Batch) -> None:
     specs = [s for s in batch.specs if s.agent.harness in MORE_HARNESSES]
-    assert len(specs) == 3 * len(MORE_HARNESSES)
+    assert len(specs) == (len(DEMO_TASKS_HERE) + 1) * len(MORE_HARNESSES)
     failures = {(s.agent.harness, s.task_id): (r.status, r.reason, r.evaluation.details if r.evaluation else None)
                 for s in specs for r, _ in [batch.of(s)]
                 if r.status is not SessionStatus.COMPLETED or r.evaluation is None or r.evaluation.reward != 1.0}
