@@ -1,7 +1,9 @@
 """Issue 17's third "done when": ``python -m polar_gym.launch tasks=harbor tasks.path=...`` runs Harbor-format tasks
-to reward 1.0 with the oracle playing solution/solve.sh and to reward 0 with a wrong solution (and with none), through
-two real harness CLIs on the local sandbox, and on runtime=docker with the task's Dockerfile built into the session
-image by podman."""
+to reward 1.0 with the oracle playing solution/solve.sh and to reward 0 with a wrong solution, through real harness
+CLIs on the local sandbox, and on runtime=docker with the task's Dockerfile built into the session image by podman.
+pi, the default harness, runs the same tasks solved and with no solution (reward 0) in docs/harbor.md's blocks
+(tests/docs/test_doc_commands.py checks each task's reward): here codex, and opencode, whose config once rejected
+every path outside its workdir (the oracle's /solution) and scored 0."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def _all_tasks(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("harness", ["pi", "codex", "opencode"])
+@pytest.mark.parametrize("harness", ["codex", "opencode"])
 def test_the_oracle_solves_harbor_tasks_and_a_wrong_solution_scores_zero(tmp_path, harness) -> None:
     out = tmp_path / "run"
     done = _launch(f"+harness={harness}", f"tasks.path={_all_tasks(tmp_path)}", out=out)
@@ -66,14 +68,6 @@ def test_the_oracle_solves_harbor_tasks_and_a_wrong_solution_scores_zero(tmp_pat
     # the solution went through the harness's shell tool: the oracle's sampled tool call is in each capture
     records = sorted((out / "capture").glob("*/attempts/*/records.jsonl"))
     assert len(records) == 4 and all("/solution/solve.sh" in r.read_text() for r in records)
-
-
-@pytest.mark.slow
-def test_without_the_solution_every_task_scores_zero(tmp_path) -> None:
-    out = tmp_path / "run"
-    _launch(f"tasks.path={DATA / 'tasks'}", "tasks.solution=none", out=out)
-    assert {task: reward for task, (_, reward, _) in _rewards(out).items()} == {
-        "count-words": 0.0, "edit-greeting": 0.0, "fix-median": 0.0}
 
 
 def _compose(*overrides: str) -> object:
