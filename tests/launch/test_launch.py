@@ -1,6 +1,7 @@
 """The Hydra launch: configs compose with overrides (the design card's `+harness=codex +builder=prefix_merging`
 included), bad configs fail with clear errors, and one real `python -m polar_gym.launch` run of the default harness
-on two demo tasks writes its files with reward 1.0."""
+on two demo tasks writes its files with reward 1.0 (:func:`check_two_demo_run`, called by the token-in launch test,
+which runs that launch)."""
 
 from __future__ import annotations
 
@@ -134,13 +135,9 @@ def test_host_reaching_runtime_options_come_from_the_launcher_not_the_task(tmp_p
 
 
 @pytest.mark.slow
-def test_python_m_polar_gym_launch_runs_two_demo_tasks_to_reward_one(tmp_path):
-    if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
-        pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
-    out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "tasks.ids=[demo-calc-add,demo-slugify]",
-                           f"out_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "160"})
+def check_two_demo_run(out: Path, proc: subprocess.CompletedProcess[str]) -> None:
+    """What one real ``python -m polar_gym.launch tasks.ids=[demo-calc-add,demo-slugify]`` run of the default harness
+    writes (tests/launch/test_launch_token_in.py runs it): reward 1.0, the files, the rollout server's store."""
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in results] == ["demo-calc-add", "demo-slugify"]

@@ -1,5 +1,7 @@
 """The launch default (``python -m polar_gym.launch``: pi on the oracle) runs token_in: with drift on, each session is
-one chain and its records say token_in; ``inference.prompt_mode=chat`` keeps whole renders, where drift breaks."""
+one chain and its records say token_in, and the run writes what tests/launch/test_launch.py's check_two_demo_run
+expects of a launch; ``inference.prompt_mode=chat`` keeps whole renders, where drift breaks, and the breaks show by
+cause in the console, summary.md and report.html."""
 
 from __future__ import annotations
 
@@ -15,15 +17,17 @@ import pytest
 
 from polar_gym.assets import tokenizer_dir
 from polar_gym.journal import read_session
+from tests.launch.test_launch import check_two_demo_run
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def launch(out: Path, *overrides: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(results, capture records) of a launch on two demo tasks with the oracle drifting every second call; its
-    fidelity line (summary.md and the console) says what results.jsonl says."""
+def launch(out: Path, *overrides: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                 subprocess.CompletedProcess[str]]:
+    """(results, capture records, the process) of a launch on two demo tasks with the oracle drifting every second
+    call; its fidelity line (summary.md and the console) says what results.jsonl says."""
     if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
         pytest.fail("bubblewrap and the Qwen tokenizer are needed: run `bash scripts/setup.sh`")
     proc = subprocess.run([sys.executable, "-m", "polar_gym.launch", "tasks.ids=[demo-calc-add,demo-slugify]",
@@ -48,11 +52,12 @@ def launch(out: Path, *overrides: str) -> tuple[list[dict[str, Any]], list[dict[
     summary, console = (out / "summary.md").read_text(), " ".join((proc.stdout + proc.stderr).split())
     for part in expected:
         assert part in summary and part in console, (part, summary, console[-3000:])
-    return results, records
+    return results, records, proc
 
 
 def test_the_launch_default_is_token_in_and_drift_breaks_no_chain(tmp_path):
-    results, records = launch(tmp_path / "run")
+    results, records, proc = launch(tmp_path / "run")
+    check_two_demo_run(tmp_path / "run", proc)
     assert {r["prompt_mode"] for r in records} == {"token_in"}
     assert [r["traces"] for r in results] == [1, 1]
     assert all(r["trajectory_diagnostics"]["breaks"] == {} for r in results)
@@ -60,6 +65,14 @@ def test_the_launch_default_is_token_in_and_drift_breaks_no_chain(tmp_path):
 
 
 def test_prompt_mode_chat_keeps_whole_renders_where_drift_breaks_chains(tmp_path):
-    results, records = launch(tmp_path / "run", "inference.prompt_mode=chat")
+    out = tmp_path / "run"
+    results, records, proc = launch(out, "inference.prompt_mode=chat")
     assert {r["prompt_mode"] for r in records} == {"chat"}
-    assert sum(r["trajectory_diagnostics"]["breaks"].get("drift", 0) for r in results) >= 1
+    drift = sum(r["trajectory_diagnostics"]["breaks"].get("drift", 0) for r in results)
+    assert drift >= 1 and sum(r["traces"] for r in results) > len(results)  # more chains than conversations
+    # the breaks by cause, in the console and summary.md (launch() checks both) and in report.html
+    line = f"new chains by cause: drift {drift};"
+    report = (out / "report.html").read_text()
+    assert line in report and f"<td>drift breaks</td><td class=num>{drift}</td>" in report
+    console = " ".join(proc.stderr.split())
+    assert f"report: {out / 'report.html'}" in console and f"traces: python -m polar_gym.view {out}" in console
