@@ -134,7 +134,6 @@ def test_host_reaching_runtime_options_come_from_the_launcher_not_the_task(tmp_p
     assert config.runtime_options["disk_mb"] == 2048 and config.expose_roots == [tmp_path]
 
 
-@pytest.mark.slow
 def check_two_demo_run(out: Path, proc: subprocess.CompletedProcess[str]) -> None:
     """What one real ``python -m polar_gym.launch tasks.ids=[demo-calc-add,demo-slugify]`` run of the default harness
     writes (tests/launch/test_launch_token_in.py runs it): reward 1.0, the files, the rollout server's store."""
