@@ -166,7 +166,10 @@ def test_an_asynchronous_run_survives_twenty_updates_with_every_token_accounted_
     """Issue 37's "nothing lost": pi sessions on the fp32 vLLM through the whole path (rollout server, gateway,
     token-in proxy), trainer.max_staleness 1, a weight push after each of 20 steps while the next round's sessions
     run (the push cuts their generations and they continue under the new weights). No session errs, every sample is
-    at most one version old, and every sampled token is trained or masked with a reason."""
+    at most one version old, and every sampled token is trained or masked with a reason. Issue 14's closed loop too:
+    after every push the engine's logprobs are the trainer's (fp32 against fp32). The rest of that loop is elsewhere:
+    SFT on a datagen export (docs/trainers.md), GRPO from an SFT checkpoint pushed as version 0
+    (test_fork_learning_vllm.py), the audit command over a run folder, step by step (tests/bridges/test_trl_vllm.py)."""
 
     if shutil.which("bwrap") is None:
         pytest.fail("bubblewrap is needed: run `bash scripts/setup.sh`")
@@ -186,7 +189,9 @@ def test_an_asynchronous_run_survives_twenty_updates_with_every_token_accounted_
     assert all(r["errored"] == 0 and r["sessions"] == 2 for r in rows), [r["errored"] for r in rows]
     assert all(r["staleness/max"] <= 1 and r["staleness/unknown"] == 0 for r in rows)
     assert any(r["staleness/max"] == 1 for r in rows)  # sampled ahead: some samples one version behind
-    assert all(r["audit/logprob_abs_diff_mean"] < 2e-4 for r in rows)  # each token against its version's weights
+    # each token against the weights of the version that sampled it: the fp32 engine serves exactly each push
+    # (measured max 2e-6 a step; the audit's fp32 bound is 1e-4)
+    assert all(r["audit/logprob_abs_diff_max"] < 1e-4 for r in rows), [r["audit/logprob_abs_diff_max"] for r in rows]
     for row in rows:
         masked = sum(v for k, v in row.items() if k.startswith("masked_tokens/"))
         assert row["tokens/sampled"] == row["tokens/trained"] + masked > 0, row
