@@ -38,7 +38,7 @@ from tests._vllm import VLLMServer
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 PROMPT = "calc.py's add(a, b) returns a - b. Reply with the one fixed line of add."
-STEPS = 12
+STEPS = 8
 SAMPLES = 64  # the control's random steps shrink as 1/sqrt(SAMPLES) against the treatment's (token-mean loss)
 
 
@@ -100,7 +100,7 @@ async def _arm(source: EngineSessions, sft: Path, references: Path, out: Path, *
                shuffle: bool) -> list[dict[str, Any]]:
     await source.update_weights(str(sft), 0)
     task = TaskRequest(task_id="fork", instruction=PROMPT, num_samples=SAMPLES, agent=AgentSpec(harness="shell"))
-    settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=STEPS, optimizer="sgd", learning_rate=0.02,
+    settings = TrainerSettings(algorithm="grpo", model=str(sft), steps=STEPS, optimizer="sgd", learning_rate=0.03,
                                seed=0, shuffle_rewards=shuffle, reference_answers=[str(references)],
                                greedy_samples=1, threads=2)
     await run_grpo(settings, [task], source, out, weights=source, echo=lambda _: None, timeout=600)
