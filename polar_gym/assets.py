@@ -120,10 +120,15 @@ def vllm_server_command(port: int, *, model_dir: Path | None = None, served_name
     four images a prompt and no video, its chat template given list contents as they come (the template iterates the
     parts in a macro, which vLLM's guess of the content format does not see), and the token-in route that takes
     images beside token ids (``/inference/v1/generate``, one of what vLLM calls its scale-out endpoints); pair it
-    with ``vllm_server_env(vision=True)``."""
+    with ``vllm_server_env(vision=True)``. Chunked prefill is off (a step takes a whole prompt, up to
+    ``max_model_len`` tokens): the CPU build kills its engine, and every request in flight with it, when a request
+    with a ``seed`` has its prompt split across steps (vLLM rewinds the request's generator by an offset, which only
+    CUDA's generator has: "CPU Generator does not use offset"). One seeded prompt over 2,048 tokens did it, or n=64
+    copies of a 60-token one, or a short one beside long unseeded ones."""
     return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir or tiny_model_dir()), "--served-model-name", served_name,
             "--dtype", dtype, "--enforce-eager", "--max-model-len", str(max_model_len),
+            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len),
             "--host", host, "--port", str(port),
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
             "--structured-outputs-config.enable_in_reasoning", "true",

@@ -116,6 +116,21 @@ def test_openai_chat_plain(engine_proxy, qwen_tokenizer):
     assert rec["response"]["message"].get("content") == message.get("content")
 
 
+def test_a_seeded_call_longer_than_a_prefill_step_is_answered_and_the_engine_lives_on(engine_proxy, qwen_tokenizer):
+    """A harness's ``seed`` reaches vLLM. The CPU build with chunked prefill split a prompt over 2,048 tokens across
+    steps, and for a seeded one its engine died ("CPU Generator does not use offset"), failing every session on it
+    from then on. The servers polar_gym starts take a whole prompt a step (``vllm_server_command``)."""
+    c = chat_client(engine_proxy, "e-seeded")
+    messages = [{"role": "user", "content": " ".join(f"Line {i}: the fox jumps." for i in range(400))}]
+    answers = [c.chat.completions.create(model="policy", max_tokens=4, seed=11, messages=messages) for _ in range(2)]
+    recs = assert_faithful(engine_proxy, "e-seeded", qwen_tokenizer, count=2)
+    assert len(recs[0]["prompt_ids"]) > 2048
+    assert [call.request["seed"] for call in engine_proxy.exchanges] == [11, 11]
+    # the second call, on the same engine, is answered too, and the same seed sampled the same tokens
+    assert recs[0]["response_ids"] == recs[1]["response_ids"]
+    assert answers[0].choices[0].message == answers[1].choices[0].message
+
+
 def test_openai_chat_stream(engine_proxy, qwen_tokenizer):
     c = chat_client(engine_proxy, "e-chat-stream")
     chunks = list(c.chat.completions.create(model="policy", max_tokens=5, stream=True,
