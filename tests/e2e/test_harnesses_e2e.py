@@ -15,7 +15,7 @@ import shutil
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import atif
 import httpx
@@ -29,6 +29,7 @@ from polar_gym.merge import MergeConfig, check_contiguity, nemo_items
 from polar_gym.merge.cli import main as merge_main
 from polar_gym.merge.per_request import per_request
 from polar_gym.proxy.capture import CaptureJournal
+from polar_gym.proxy.chat import ChatRequest, ChatResult
 from polar_gym.proxy.engines.oracle import OracleEngine
 from polar_gym.proxy.service import ProxyService, SessionRegistry
 from polar_gym.schema import (
@@ -46,14 +47,32 @@ from tests._serving import ADMIN, served_gateway
 from tests._waiting import until
 from tests.merge._sessions import check_invariants
 
+if TYPE_CHECKING:
+    from polar_gym.proxy.tokenizer import ChatTokenizer
+
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 HARNESSES = ["claude_code", "codex", "qwen_code", "gemini_cli", "opencode", "pi"]
 
 
+class SlowOracle(OracleEngine):
+    """The oracle, answering each call only after ``delay`` seconds (a long generation on a real engine)."""
+
+    def __init__(self, tokenizer: ChatTokenizer, delay: float, **engine_kw: Any) -> None:
+        super().__init__(tokenizer, **engine_kw)
+        self.delay = delay
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatResult:
+        await asyncio.sleep(self.delay)
+        return await super().complete(request, session_id)
+
+
 @contextlib.asynccontextmanager
-async def oracle_gateway(tmp_path: Path, *, run_slots: int = 2,
+async def oracle_gateway(tmp_path: Path, *, run_slots: int = 2, answer_delay: float = 0.0,
                          **engine_kw: Any) -> AsyncIterator[tuple[GatewayNode, ProxyService]]:
+    """A gateway whose proxy plays the oracle (real Qwen tokenizer) for real harness CLIs. ``answer_delay``: each call
+    is answered after that many seconds, and a streamed answer starts with keepalive bytes after 0.05 s (an engine
+    slower than the proxy's keepalive delay)."""
     from polar_gym.proxy.tokenizer import HFChatTokenizer
 
     if shutil.which("bwrap") is None or not (tokenizer_dir() / ".complete").exists():
@@ -62,8 +81,11 @@ async def oracle_gateway(tmp_path: Path, *, run_slots: int = 2,
     if missing:
         pytest.fail(f"harness CLIs not installed ({missing}): run `bash scripts/setup.sh`")
     # strict: a field a real harness sends that a front end does not know fails its call (the live CLIs' check)
-    service = ProxyService(OracleEngine(HFChatTokenizer(tokenizer_dir()), **engine_kw),
-                           CaptureJournal(tmp_path / "capture"), SessionRegistry(allow_adhoc=False), strict=True)
+    tokenizer = HFChatTokenizer(tokenizer_dir())
+    engine = SlowOracle(tokenizer, answer_delay, **engine_kw) if answer_delay else OracleEngine(tokenizer, **engine_kw)
+    keepalive: dict[str, Any] = {"keepalive_after": 0.05, "keepalive_interval": 0.2} if answer_delay else {}
+    service = ProxyService(engine, CaptureJournal(tmp_path / "capture"), SessionRegistry(allow_adhoc=False),
+                           strict=True, **keepalive)
     async with served_gateway(service, tmp_path / "gateway", init_workers=2, ready_buffer=2, run_slots=run_slots,
                               postrun_workers=2) as node:
         yield node, service
@@ -179,9 +201,17 @@ async def test_six_real_harnesses_solve_a_demo_task_in_one_chain_per_conversatio
     """drift_every=2: every second call samples a non-canonical tokenization. token_in reuses the sampled IDs as they
     are, so each conversation is one contiguous chain (side requests, trained by default, are conversations too).
     The same sessions are the harnesses' end-to-end test: each reaches reward 1.0, merges into fewer traces than
-    per_request, and exports to ATIF (a run without drift proved nothing more, at 20 s of CPU)."""
+    per_request, and exports to ATIF (a run without drift proved nothing more, at 20 s of CPU).
+
+    And a slow engine's: every call takes 0.6 s, longer than the proxy's keepalive delay, so each streamed answer
+    starts with keepalive bytes, and every harness must read through them without sending the call again. Gemini
+    CLI bundles a copy of the google-genai SDK that reads a stream only while its buffer starts with ``data:``
+    (after whitespace): an SSE comment there left every event unread, the call failed ("Incomplete JSON segment at
+    the end") and Gemini CLI sent it again, forever on an engine slower than the keepalive delay (seen on vLLM CPU:
+    identical calls re-sent after each 16-20 s answer)."""
     report = {}
-    async with oracle_gateway(tmp_path, drift_every=2, prompt_mode="token_in") as (node, service):
+    async with oracle_gateway(tmp_path, run_slots=3, answer_delay=0.6, drift_every=2, prompt_mode="token_in") as (
+            node, service):
         # a longer loop than the reference solution alone: read-only looks first, so several calls drift
         commands = ["ls", "cat calc.py", "git status --short", *demo_task("demo-calc-add").solution, "git diff --stat"]
         specs = [with_script(session_for(name), commands, timeout=240) for name in HARNESSES]
@@ -200,6 +230,7 @@ async def test_six_real_harnesses_solve_a_demo_task_in_one_chain_per_conversatio
                 "drifted": sum(service.engine.tokenizer.encode(service.engine.tokenizer.decode(r.response_ids))
                                != r.response_ids for r in records),
                 "conversations": conversations(records), "traces": len(trajectory.traces),
+                "prompts": [len(r.normalized_request.get("messages") or []) for r in records if not r.side_request],
                 "new_chains": dict(causes), "breaks": trajectory.diagnostics["breaks"],
                 "reward": result.evaluation.reward if result.evaluation else None}
         await check_atif_exports(node, service, specs, results, tmp_path)
@@ -225,6 +256,7 @@ async def test_six_real_harnesses_solve_a_demo_task_in_one_chain_per_conversatio
                 assert trace.prompt_ids + trace.response_ids[:span["start"]] == prompt, harness
             check_contiguity(nemo_items(trace))  # NeMo RL's rule
     for harness, row in report.items():
+        assert len(row["prompts"]) == len(set(row["prompts"])), ("a call sent twice", harness, row)
         assert row["drifted"] >= 1, (harness, row)
         assert row["traces"] == row["conversations"] == sum(row["new_chains"].values()), (harness, row)
         assert "drift" not in row["breaks"], (harness, row)
