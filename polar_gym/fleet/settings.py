@@ -20,6 +20,9 @@ class InferenceSettings(EngineSettings):
     preflight: bool = Field(default=True, description="probe every upstream (GET /v1/models) before the first "
                             "session; a bad one stops the launch (exit code 3)")
     preflight_timeout: float = Field(default=10.0, gt=0, description="seconds one probe may take")
+    preflight_token_timeout: float = Field(default=60.0, gt=0, description="token_in: seconds the token-prompt "
+                                           "probe may take (one sampled token, often a new engine's first "
+                                           "forward pass, slow on a busy CPU node)")
     upstream_wait_seconds: float = Field(default=600.0, ge=0, description="with await_upstreams: how long the "
                                          "launch waits for its upstreams (or a /backends entry) before the first "
                                          "session")

@@ -251,7 +251,7 @@ async def ensure_upstreams(settings: InferenceSettings, urls: list[str], console
         seconds = time.perf_counter() - t0
         raise UpstreamCheckFailed(failure_message(settings.engine, checks, waited=seconds if wait else 0.0))
     if settings.engine in TOKEN_IN_ENGINES and configured_prompt_mode(settings) == "token_in":
-        checks = await check_token_prompts(checks, settings.engine, timeout=settings.preflight_timeout,
+        checks = await check_token_prompts(checks, settings.engine, timeout=settings.preflight_token_timeout,
                                            model=settings.upstream_model)
         if not all(c.ok for c in checks):
             raise UpstreamCheckFailed(token_failure_message(settings.engine, checks))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from typing import Any
 
 import httpx
@@ -160,3 +161,24 @@ async def test_the_launch_check_passes_an_upstream_that_takes_token_prompts() ->
     with pytest.raises(UpstreamCheckFailed, match="connection refused"):  # the /v1/models check comes first
         await ensure_upstreams(InferenceSettings(engine="sglang", upstreams=[dead], prompt_mode="token_in"), [dead],
                                console)
+
+
+async def test_a_first_token_slower_than_a_probe_passes_within_the_token_probe_budget() -> None:
+    """A just-started engine's first sampled token (its first forward pass, on a busy CPU node) took longer than
+    the 10 s a GET /v1/models may take, and the launch stopped with exit code 3 on a healthy engine: the token
+    prompt has its own budget, ``inference.preflight_token_timeout``, and its message names the one that ran out."""
+    console = Console(record=True, file=io.StringIO(), width=400)
+    released = threading.Event()
+
+    def slow_first_token(method: str, path: str) -> tuple[int, Any]:
+        if path == "/v1/completions":
+            released.wait(0.5)  # longer than preflight_timeout below, well within preflight_token_timeout
+        return token_server(method, path)
+
+    with json_server(slow_first_token) as url:
+        base = InferenceSettings(engine="vllm", upstreams=[url], prompt_mode="token_in", preflight_timeout=0.2)
+        (check,) = await ensure_upstreams(base, [url], console)
+        with pytest.raises(UpstreamCheckFailed, match=r"no answer within 0\.1 s"):
+            await ensure_upstreams(base.model_copy(update={"preflight_token_timeout": 0.1}), [url], console)
+        released.set()
+    assert check.ok and check.answer.endswith("takes token prompts")
