@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from polar_gym.journal import ATTEMPTS_DIR, read_session
 from polar_gym.merge.cli import find_journals
@@ -79,15 +80,16 @@ class _NotUp(Exception):
 
 
 @contextlib.contextmanager
-def gym_started(tmp_path: Path, *overrides: str) -> Iterator[dict]:
+def gym_started(tmp_path: Path, *overrides: str, configs: tuple[Path, ...] = ()) -> Iterator[dict]:
     """`gym env start` of the plugin in tmp_path (venvs are symlinks to the prebuilt one, a pinned head port, any
-    extra Hydra ``overrides``); yields what `gym eval run` needs; stops everything with SIGINT and checks nothing is
-    left (by a marker). Started again, up to three times, on a fresh head port when a start does not come up: a port
-    free a moment ago may be taken by then (Ray's processes pick ports too, see :func:`_head_port`)."""
+    extra Hydra ``overrides`` and agent ``configs``); yields what `gym eval run` needs; stops everything with SIGINT
+    and checks nothing is left (by a marker). Started again, up to three times, on a fresh head port when a start
+    does not come up: a port free a moment ago may be taken by then (Ray's processes pick ports too, see
+    :func:`_head_port`)."""
     for attempt in (1, 2, 3):
         with contextlib.ExitStack() as stack:
             try:
-                started = stack.enter_context(_gym_started_once(tmp_path, attempt, *overrides))
+                started = stack.enter_context(_gym_started_once(tmp_path, attempt, *overrides, configs=configs))
             except _NotUp as exc:
                 if attempt == 3:
                     pytest.fail(f"gym env start did not come up:\n{exc}")
@@ -97,7 +99,8 @@ def gym_started(tmp_path: Path, *overrides: str) -> Iterator[dict]:
 
 
 @contextlib.contextmanager
-def _gym_started_once(tmp_path: Path, attempt: int, *overrides: str) -> Iterator[dict]:
+def _gym_started_once(tmp_path: Path, attempt: int, *overrides: str, configs: tuple[Path, ...] = ()
+                      ) -> Iterator[dict]:
     venv = gym_venv_or_skip()
     for server in SERVERS:
         (tmp_path / "venvs" / server).mkdir(parents=True, exist_ok=True)
@@ -108,7 +111,8 @@ def _gym_started_once(tmp_path: Path, attempt: int, *overrides: str) -> Iterator
     env.pop("VIRTUAL_ENV", None)
     port = _head_port()
     argv = [str(venv / "bin" / "gym"), "env", "start", "--search-dir", str(ENV_DIR), "--config", AGENT_CONFIG,
-            "--config", RESOURCES_CONFIG, "+skip_venv_if_present=true", f"+uv_venv_dir={tmp_path / 'venvs'}",
+            "--config", RESOURCES_CONFIG, *(arg for config in configs for arg in ("--config", str(config))),
+            "+skip_venv_if_present=true", f"+uv_venv_dir={tmp_path / 'venvs'}",
             f"+head_server.port={port}", *overrides]
     log = tmp_path / f"env_start-{attempt}.log"
     with open(log, "wb") as out:
@@ -144,22 +148,49 @@ def _gym_started_once(tmp_path: Path, attempt: int, *overrides: str) -> Iterator
 
 
 
-@pytest.fixture
-def gym_env(tmp_path: Path) -> Iterator[dict]:
-    with gym_started(tmp_path) as started:
-        yield started
+SINK_AGENT = "polar_gym_agent_sink"
+REMOTE_FLEET_AGENT = "polar_gym_agent_remote"
+AGENT_OVERRIDE = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
 
 
-def _eval_run(gym_env: dict, rows: list[str]) -> list[dict]:
+def second_agent(config_dir: Path, name: str, **settings: object) -> Path:
+    """A config file for a second instance of the polar_gym agent, named ``name``, with its own declared legacy relay:
+    the shipped settings with ``settings`` over them (and no dataset). Two tests' agents then share one `gym env
+    start` (NeMo Gym's five servers and Ray: about 20 s of CPU a start), each test's rows sent to its own agent by
+    `gym eval run --agent`."""
+    shipped = yaml.safe_load((ENV_DIR / AGENT_CONFIG).read_text())
+    agent = shipped["polar_gym_agent"]["responses_api_agents"]["polar_gym_agent"]
+    agent.pop("datasets")
+    relay = shipped["polar_gym_agent_environment_server"]["environment_servers"]["legacy_agent"]
+    relay["agent_server"]["name"] = name
+    path = config_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        name: {"responses_api_agents": {"polar_gym_agent": {**agent, **settings}}},
+        f"{name}_environment_server": {"environment_servers": {"legacy_agent": relay}}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def gym_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """One `gym env start` with two agents: the shipped one (oracle engine, a fleet of its own) and SINK_AGENT,
+    which also delivers every chain through a token sink (its own fleet in ``sink_serve_dir``)."""
+    root = tmp_path_factory.mktemp("gym")
+    sink = second_agent(root, SINK_AGENT, deliver_tokens="token_sink", token_sink_root=str(root / "token-sink"),
+                        serve_dir=str(root / "sink-serve"))
+    with gym_started(root, configs=(sink,)) as started:
+        yield {**started, "sink_root": root / "token-sink", "sink_serve_dir": root / "sink-serve"}
+
+
+def _eval_run(gym_env: dict, rows: list[str], agent: str = "polar_gym_agent") -> list[dict]:
     cwd: Path = gym_env["cwd"]
-    (cwd / "in.jsonl").write_text("\n".join(rows) + "\n")
-    argv = [str(gym_env["gym"]), "eval", "run", "--no-serve", "--agent", "polar_gym_agent", "--input",
-            str(cwd / "in.jsonl"), "--output", str(cwd / "out" / "rollouts.jsonl"),
-            f"+head_server.port={gym_env['port']}"]
+    (cwd / f"{agent}.jsonl").write_text("\n".join(rows) + "\n")
+    out = cwd / "out" / agent / "rollouts.jsonl"
+    argv = [str(gym_env["gym"]), "eval", "run", "--no-serve", "--agent", agent, "--input", str(cwd / f"{agent}.jsonl"),
+            "--output", str(out), f"+head_server.port={gym_env['port']}"]
     done = subprocess.run(argv, cwd=cwd, env=gym_env["env"], capture_output=True, text=True, timeout=600,
                           preexec_fn=take_ctrl_c)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [json.loads(t) for t in (cwd / "out" / "rollouts.jsonl").read_text().splitlines() if t.strip()]
+    return [json.loads(t) for t in out.read_text().splitlines() if t.strip()]
 
 
 def test_eval_run_collects_demo_rollouts_through_polar(gym_env: dict) -> None:
@@ -178,29 +209,6 @@ def test_eval_run_collects_demo_rollouts_through_polar(gym_env: dict) -> None:
             assert len(item["generation_log_probs"]) == len(item["generation_token_ids"])
         nemo_rl_contiguity(output)
     assert "DEPRECATED" not in gym_env["log"].read_text(errors="replace")  # the relay is declared, not generated
-
-
-def test_the_policy_server_becomes_the_gateways_upstream(tmp_path: Path, vllm_server: VLLMServer) -> None:
-    """NeMo RL's policy is a vLLM HTTP server named by Gym's global ``policy_base_url``: with
-    register_policy_backend the agent hands it to the Polar fleet it starts, and the session's tokens are sampled
-    there (the real vLLM CPU server, tiny random Qwen3, in place of NeMo RL's)."""
-    agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
-    serve_dir = tmp_path / "serve"
-    overrides = [f"++policy_base_url={vllm_server.url}/v1", f"{agent}.register_policy_backend=true",
-                 f"{agent}.serve_dir={serve_dir}", f"{agent}.session_timeout_seconds=600",
-                 f"{agent}.serve_args=[--engine,vllm,--prompt-mode,token_in,--upstream-model,{vllm_server.model},"
-                 "--max-tokens-cap,24]"]
-    with gym_started(tmp_path, *overrides) as started:
-        row = json.dumps({"responses_create_params": {"input": "fix calc.py"}, "polar_task": {"demo": "demo-calc-add"}})
-        (line,) = _eval_run(started, [row])
-    # a random tiny model does not fix the bug: the session completes, the evaluator scores it 0 through verify
-    assert line["polar"]["status"] == "COMPLETED" and line["reward"] == 0.0 and not line["mask_sample"], line["polar"]
-    calls = [r for journal in find_journals([serve_dir]) for r in read_session(journal)]
-    assert calls and {(c.engine, c.server) for c in calls} == {("vllm", vllm_server.url)}
-    trained = [item for item in line["response"]["output"] if item["type"] == "message"]
-    sampled = sorted((tuple(c.response_ids) for c in calls if not c.side_request), key=len)
-    assert trained and sorted((tuple(i["generation_token_ids"]) for i in trained), key=len) == sampled
-    nemo_rl_contiguity(line["response"]["output"])
 
 
 @contextlib.contextmanager
@@ -230,26 +238,55 @@ def _session_status(fleet: Path, session_id: str) -> str:
     return str(status)
 
 
-def test_the_policy_is_registered_with_a_remote_fleet_started_without_one(tmp_path: Path,
-                                                                           vllm_server: VLLMServer) -> None:
-    """The NeMo RL arrangement: the Polar fleet runs before the policy exists (vllm engine, no upstream); the agent
-    is configured with that rollout server (polar_server_url: it starts no fleet of its own and submits there) and
-    POSTs Gym's policy_base_url to its /backends, which every gateway's proxy then samples from."""
-    agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
-    with polar_serve(tmp_path / "polar", "--engine", "vllm", "--prompt-mode", "token_in", "--await-upstreams",
+@pytest.fixture(scope="module")
+def gym_with_policy(tmp_path_factory: pytest.TempPathFactory, vllm_server: VLLMServer) -> Iterator[dict]:
+    """NeMo RL's two arrangements in one `gym env start`, Gym's global ``policy_base_url`` the real vLLM CPU server
+    (tiny random Qwen3, in place of NeMo RL's policy): the shipped agent starts a Polar fleet of its own (in
+    ``serve_dir``) and hands it the policy; REMOTE_FLEET_AGENT submits to a fleet started before the policy existed
+    (vllm engine, no upstream; ``polar``) and POSTs the policy to its /backends."""
+    root = tmp_path_factory.mktemp("gym-policy")
+    with polar_serve(root / "polar", "--engine", "vllm", "--prompt-mode", "token_in", "--await-upstreams",
                      "--upstream-model", vllm_server.model, "--max-tokens-cap", "24") as polar:
-        overrides = [f"++policy_base_url={vllm_server.url}/v1", f"{agent}.polar_server_url={polar['url']}",
-                     f"{agent}.polar_admin_token={polar['admin_token']}", f"{agent}.register_policy_backend=true",
-                     f"{agent}.session_timeout_seconds=600"]
-        with gym_started(tmp_path / "gym", *overrides) as started:
-            row = json.dumps({"responses_create_params": {"input": "fix it"}, "polar_task": {"demo": "demo-calc-add"}})
-            (line,) = _eval_run(started, [row])
-        backends = httpx.get(f"{polar['url']}/backends", headers={"x-admin-token": polar["admin_token"]}).json()
+        remote = second_agent(root, REMOTE_FLEET_AGENT, polar_server_url=polar["url"],
+                              polar_admin_token=polar["admin_token"], register_policy_backend=True,
+                              session_timeout_seconds=600)
+        overrides = [f"++policy_base_url={vllm_server.url}/v1", f"{AGENT_OVERRIDE}.register_policy_backend=true",
+                     f"{AGENT_OVERRIDE}.serve_dir={root / 'serve'}", f"{AGENT_OVERRIDE}.session_timeout_seconds=600",
+                     f"{AGENT_OVERRIDE}.serve_args=[--engine,vllm,--prompt-mode,token_in,"
+                     f"--upstream-model,{vllm_server.model},--max-tokens-cap,24]"]
+        with gym_started(root / "gym", *overrides, configs=(remote,)) as started:
+            yield {**started, "serve_dir": root / "serve", "polar": polar, "fleet": root / "polar" / "fleet"}
+
+
+def test_the_policy_server_becomes_the_gateways_upstream(gym_with_policy: dict, vllm_server: VLLMServer) -> None:
+    """With register_policy_backend the agent hands Gym's policy_base_url to the Polar fleet it starts, and the
+    session's tokens are sampled there."""
+    row = json.dumps({"responses_create_params": {"input": "fix calc.py"}, "polar_task": {"demo": "demo-calc-add"}})
+    (line,) = _eval_run(gym_with_policy, [row])
+    # a random tiny model does not fix the bug: the session completes, the evaluator scores it 0 through verify
+    assert line["polar"]["status"] == "COMPLETED" and line["reward"] == 0.0 and not line["mask_sample"], line["polar"]
+    calls = [r for journal in find_journals([gym_with_policy["serve_dir"]]) for r in read_session(journal)]
+    assert calls and {(c.engine, c.server) for c in calls} == {("vllm", vllm_server.url)}
+    trained = [item for item in line["response"]["output"] if item["type"] == "message"]
+    sampled = sorted((tuple(c.response_ids) for c in calls if not c.side_request), key=len)
+    assert trained and sorted((tuple(i["generation_token_ids"]) for i in trained), key=len) == sampled
+    nemo_rl_contiguity(line["response"]["output"])
+
+
+def test_the_policy_is_registered_with_a_remote_fleet_started_without_one(gym_with_policy: dict,
+                                                                           vllm_server: VLLMServer) -> None:
+    """The NeMo RL arrangement: the agent is configured with a rollout server (polar_server_url: it starts no fleet
+    of its own and submits there) and POSTs Gym's policy_base_url to its /backends, which every gateway's proxy then
+    samples from."""
+    polar, fleet = gym_with_policy["polar"], gym_with_policy["fleet"]
+    row = json.dumps({"responses_create_params": {"input": "fix it"}, "polar_task": {"demo": "demo-calc-add"}})
+    (line,) = _eval_run(gym_with_policy, [row], agent=REMOTE_FLEET_AGENT)
+    backends = httpx.get(f"{polar['url']}/backends", headers={"x-admin-token": polar["admin_token"]}).json()
     assert backends["backends"] == [vllm_server.url]
     assert line["polar"]["status"] == "COMPLETED" and line["reward"] == 0.0  # a random model does not fix the bug
     # it ran on the configured server, not on a fleet the agent started
-    assert _session_status(tmp_path / "polar" / "fleet", line["polar"]["session_id"]) == "COMPLETED"
-    calls = [r for journal in find_journals([tmp_path / "polar" / "fleet"]) for r in read_session(journal)]
+    assert _session_status(fleet, line["polar"]["session_id"]) == "COMPLETED"
+    calls = [r for journal in find_journals([fleet]) for r in read_session(journal)]
     assert calls and {(c.engine, c.server) for c in calls} == {("vllm", vllm_server.url)}
     trained = [item for item in line["response"]["output"] if item["type"] == "message"]
     assert [i["generation_token_ids"] for i in trained] == [c.response_ids for c in calls if not c.side_request]
@@ -282,19 +319,15 @@ with open("calc.py", "w") as fh:
 '''
 
 
-def test_a_rollout_with_a_sub_agent_delivers_both_chains_through_the_token_sink(tmp_path: Path) -> None:
+def test_a_rollout_with_a_sub_agent_delivers_both_chains_through_the_token_sink(gym_env: dict) -> None:
     """deliver_tokens: token_sink. The session's main agent and sub-agent are two chains; the agent puts both
     through polar_gym's journal transport under NeMo Gym's rollout id, and a fresh TokenSource freezes both with
     their links, where Gym's own builder on the same snapshot delivers the main chain only."""
-    agent = "++polar_gym_agent.responses_api_agents.polar_gym_agent"
-    sink_root = tmp_path / "token-sink"
+    sink_root, serve_dir = gym_env["sink_root"], gym_env["sink_serve_dir"]
     request = DEMO_TASKS["demo-calc-add"].to_request(harness="shell", model_name="policy").model_dump(mode="json")
     request["agent"]["config"] = {"command": "python3 agent.py", "files": {"agent.py": SUB_AGENT_HARNESS}}
-    serve_dir = tmp_path / "serve"
-    with gym_started(tmp_path / "gym", f"{agent}.deliver_tokens=token_sink", f"{agent}.token_sink_root={sink_root}",
-                     f"{agent}.serve_dir={serve_dir}") as started:
-        row = json.dumps({"responses_create_params": {"input": "fix it"}, "polar_task": {"task_request": request}})
-        (line,) = _eval_run(started, [row])
+    row = json.dumps({"responses_create_params": {"input": "fix it"}, "polar_task": {"task_request": request}})
+    (line,) = _eval_run(gym_env, [row], agent=SINK_AGENT)
     assert line["reward"] == 1.0 and line["polar"]["status"] == "COMPLETED", line.get("failure_reason")
     metadata = line["response"]["metadata"]
     assert (metadata["polar_token_entries"], metadata["polar_token_chains"]) == ("5", "2")
