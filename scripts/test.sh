@@ -3,9 +3,9 @@
 # clients, harness replays, real vLLM engine, real Slurm, e2e).
 #   bash scripts/test.sh             every tier (what CI runs)
 #   bash scripts/test.sh --fast      skip the real-engine tier and its set-up (for the inner loop)
-#   bash scripts/test.sh --coverage  also measure coverage (both flags may be given)
-# Extra arguments go to pytest (`bash scripts/test.sh tests/unit -x`). A bare `pytest` runs the quick tiers only, in
-# one process (pyproject's addopts deselect slurm, engine and slow); the -m here replaces that selection.
+#   bash scripts/test.sh --coverage  also measure the quick tiers' coverage (both flags may be given)
+# Extra arguments go to both pytest runs (`bash scripts/test.sh tests/unit -x`). A bare `pytest` runs the quick tiers
+# only, in one process (pyproject's addopts deselect slurm, engine and slow); the -m here replaces that selection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
@@ -19,10 +19,10 @@ while [ $# -gt 0 ]; do
 done
 if [ "$FAST" = 1 ]; then
   bash scripts/setup.sh
-  SELECTED="not engine"
+  HEAVY="not engine and (slurm or slow)"
 else
   bash scripts/setup.sh --engine
-  SELECTED="engine or slurm or slow or not (engine or slurm or slow)"  # every test: pyproject's addopts select fewer
+  HEAVY="engine or slurm or slow"
 fi
 # The checks run first (about 40 s); a failed one does not stop the tests, so one CI run reports everything.
 failed=()
@@ -38,23 +38,31 @@ unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff check polar_gym tests benchmarks scripts || failed+=(ruff)
 .venv/bin/lint-imports || failed+=(lint-imports)
 .venv/bin/mypy || failed+=(mypy)
-# One run on three pytest-xdist workers, every tier together (scripts/test.sh --fast: all but the real engine), as
-# tests/conftest.py groups and orders them (--dist loadgroup, --no-loadscope-reorder): the tests of the local Slurm
-# and the unprivileged user on one worker (one cluster, one user clone), those of the session's Qwen3 vLLMs on another
-# (one vLLM per dtype), the tiny VLM's together, every other file as one unit; the two long groups go out first and the
-# quick files (~3,500 tests, a third of their time spent waiting on sandbox and container deadlines) last, filling the
-# gaps and the end of the heavy tests (~210, CPU-bound but for their waits on Slurm, engines and harnesses). Measured on
-# this 2-core machine: the quick tiers on three workers then the heavy ones on two, 262 s + 1,808 s, the heavy run
-# ending on its shared group alone with a core idle.
-# Exit status 5 (no test selected) is not a failure. Coverage (--coverage) is of polar_gym in the test processes
-# (sandboxes and subprocesses are not measured); the table lists the files not fully covered, coverage/coverage.xml
-# holds the rest. It is not in CI's run: tracing cost the quick tiers a third more CPU (758 CPU-s against 551) and
-# the heavy tests' in-process part about 40 % more. The run lists the slowest tests and those that used the most CPU
-# (tests/_cpu_time.py; on two busy cores a test's CPU is what it costs the others): CI time is everyone's clock.
-rc=0
-.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup --no-loadscope-reorder --durations=0 \
-  --durations-min=5 --cpu-durations=40 -m "$SELECTED" ${COVERAGE[@]+"${COVERAGE[@]}"} "$@" || rc=$?
-[ "$rc" = 0 ] || [ "$rc" = 5 ] || failed+=(pytest)
+# Two runs on pytest-xdist workers (measured: ~5 min and ~26 min, against over an hour in one process).
+# - The quick tiers (no real engine, Slurm or slow marker: ~3,500 tests): a test file per worker at a time, so a
+#   file's fixtures are built once; three workers, as a third of the time is spent waiting (sandbox and container
+#   deadlines): 229 s against 273 s on two (four: no faster).
+# - The heavy tiers (~200 tests), on two workers: the groups of tests/conftest.py's xdist_group_of: every test of the
+#   session's vLLMs, the local Slurm or the unprivileged user on one worker (one vLLM per dtype, one cluster, one user
+#   clone, which these tests share), the tiny VLM's tests together, the rest by file. They are CPU-bound: a third
+#   worker made them no faster, and running both tiers in one run of three workers took as long as the two runs.
+# Exit status 5 (no test selected: a path given to one tier only) is not a failure. Coverage (--coverage) is the
+# quick tiers': of polar_gym in their test processes (sandboxes and subprocesses are not measured); the table lists
+# the files not fully covered, coverage/coverage.xml holds the rest. It is not in CI's run: tracing cost the quick
+# tiers a third more time (424 s against 319 s on three workers, 758 CPU-s against 551), and no check reads it. The
+# heavy tiers run polar_gym mostly in subprocesses, which coverage does not see, and tracing their in-process part
+# cost them about 40 % more CPU there (the gateway and proxy of the e2e tests: 14.4 s against 10.0 s). Each run lists its
+# slowest tests and those that used the most CPU (tests/_cpu_time.py; on two busy cores a test's CPU is what it costs
+# the others): CI time is everyone's clock.
+run_pytest() {
+  local rc=0
+  .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 5 ]
+}
+run_pytest -n 3 --dist loadfile --durations=20 --cpu-durations=20 -m "not (engine or slurm or slow)" \
+  ${COVERAGE[@]+"${COVERAGE[@]}"} "$@" || failed+=(pytest-quick)
+run_pytest -n 2 --dist loadgroup --durations=0 --durations-min=5 --cpu-durations=40 -m "$HEAVY" "$@" \
+  || failed+=(pytest-heavy)
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

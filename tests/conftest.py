@@ -26,47 +26,33 @@ if os.environ.get("POLAR_HYPOTHESIS") in ("ci", "mutate"):
 
 #: tests that share one expensive session resource, by the fixtures they use
 _ENGINE_FIXTURES = {"vllm_server", "vllm_train_server"}
-ENGINE_GROUP = "engine"
-CLUSTER_GROUP = "slurm-user"
+SHARED_GROUP = "engine-slurm-user"
 VISION_GROUP = "vlm"
-_HEAVY_MARKERS = ("engine", "slurm", "slow")
 
 
 def xdist_group_of(item: pytest.Item) -> str:
-    """Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh), the worker group of a test: every test of the
-    local Slurm or the unprivileged user on one worker (one cluster, whose node-failure tests stop nodes, and one user
-    clone, which the user's Slurm test needs with the cluster); every other test of the session's Qwen3 vLLMs (one
-    per dtype) on one worker; the tiny VLM's tests together; the rest by file (a file's module fixtures built once).
-    The Slurm GRPO test trains against a vLLM of the cluster worker's own (a start of 45 s of CPU): with the engine
-    tests on the same worker, that one group was the run's critical path (22 minutes of 30)."""
+    """Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh's heavy run), the worker group of a test: every
+    test of the session's Qwen3 vLLMs, the local Slurm or the unprivileged user on one worker, as they share those
+    session resources (one vLLM per dtype, one cluster, one user clone) across kinds: the Slurm GRPO test trains
+    against the engine tier's vLLM, the user's Slurm test needs both the cluster and the user. Apart, the Slurm
+    worker started a vLLM of its own (49 s of its time) and kept it to the end. The tiny VLM's tests share their own
+    vLLM in a group of their own; the rest goes by file (a file's module fixtures built once), an ``engine`` test
+    that starts its own engine too. xdist sends the shared group first, as it has the most tests, and the other
+    groups fill the other worker, then both."""
     fixtures = set(getattr(item, "fixturenames", ()))
-    if item.get_closest_marker("slurm") is not None or f"{os.sep}unprivileged{os.sep}" in str(item.path):
-        return CLUSTER_GROUP
-    if _ENGINE_FIXTURES & fixtures:
-        return ENGINE_GROUP
+    if (item.get_closest_marker("slurm") is not None or f"{os.sep}unprivileged{os.sep}" in str(item.path)
+            or _ENGINE_FIXTURES & fixtures):
+        return SHARED_GROUP
     if "vllm_vlm_server" in fixtures:
         return VISION_GROUP
     return item.nodeid.split("::", 1)[0]
 
 
-def schedule_rank(item: pytest.Item, group: str) -> int:
-    """The order in which xdist hands out the groups (scripts/test.sh runs it with ``--no-loadscope-reorder``): the two
-    long shared groups first, each on a worker of its own, then the tiny VLM's, then the files of the other heavy
-    tests, the quick tests' files last: short, they fill the workers' ends instead of a long test starting late."""
-    if group in (CLUSTER_GROUP, ENGINE_GROUP):
-        return 0
-    if group == VISION_GROUP:
-        return 1
-    return 2 if any(item.get_closest_marker(marker) is not None for marker in _HEAVY_MARKERS) else 3
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.pluginmanager.hasplugin("xdist"):
-        groups = {id(item): xdist_group_of(item) for item in items}
         for item in items:
-            item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
-        items.sort(key=lambda item: schedule_rank(item, groups[id(item)]))  # stable: a file keeps its order
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
 
 
 @pytest.fixture

@@ -1,5 +1,4 @@
-"""scripts/test.sh's run keeps tests that share one session resource on one xdist worker and hands out the long
-groups first."""
+"""scripts/test.sh's heavy run keeps tests that share one session resource on one xdist worker."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLUSTER_GROUP, ENGINE_GROUP, VISION_GROUP, schedule_rank, xdist_group_of
+from tests.conftest import SHARED_GROUP, VISION_GROUP, xdist_group_of
 
 
 @dataclass
@@ -26,27 +25,17 @@ class FakeItem:
 
 
 @pytest.mark.parametrize(("item", "group"), [
-    (FakeItem("tests/engine/test_x.py::t", ("engine",), ["vllm_server"]), ENGINE_GROUP),
+    (FakeItem("tests/engine/test_x.py::t", ("engine",), ["vllm_server"]), SHARED_GROUP),
     (FakeItem("tests/docs/test_doc_commands.py::t[trl.md:64]", ("engine",)), "tests/docs/test_doc_commands.py"),
     (FakeItem("tests/engine/test_vlm_vllm.py::t", ("engine",), ["vllm_vlm_server"]), VISION_GROUP),
     (FakeItem("tests/proxy/test_images.py::t", ("slow",), ["tmp_path", "vllm_vlm_server"]), VISION_GROUP),
-    (FakeItem("tests/env/test_gym.py::t", ("slow",), ["tmp_path", "vllm_server"]), ENGINE_GROUP),  # by its fixture
-    (FakeItem("tests/trainer/test_y.py::t", ("slow",), ["vllm_train_server"]), ENGINE_GROUP),
-    (FakeItem("tests/launch/test_slurm_real.py::t", ("slurm", "slow")), CLUSTER_GROUP),
-    (FakeItem("tests/launch/t.py::t", ("slurm",), ["vllm_train_server"]), CLUSTER_GROUP),  # the cluster: its own vLLM
-    (FakeItem("tests/unprivileged/test_user_docker.py::t", ("slow",)), CLUSTER_GROUP),  # one user clone
-    (FakeItem("tests/unprivileged/test_user_slurm.py::t", ("slurm",)), CLUSTER_GROUP),  # the user and the cluster
+    (FakeItem("tests/env/test_gym.py::t", ("slow",), ["tmp_path", "vllm_server"]), SHARED_GROUP),  # by its fixture
+    (FakeItem("tests/trainer/test_y.py::t", ("slow",), ["vllm_train_server"]), SHARED_GROUP),
+    (FakeItem("tests/launch/test_slurm_real.py::t", ("slurm", "slow")), SHARED_GROUP),
+    (FakeItem("tests/launch/t.py::t", ("slurm",), ["vllm_train_server"]), SHARED_GROUP),  # the cluster and the engine
+    (FakeItem("tests/unprivileged/test_user_docker.py::t", ("slow",)), SHARED_GROUP),  # one user clone
     (FakeItem("tests/e2e/test_harnesses_e2e.py::t[pi]", ("slow",)), "tests/e2e/test_harnesses_e2e.py"),
 ])
 def test_each_heavy_test_lands_in_the_group_of_what_it_shares(item: FakeItem, group: str) -> None:
     assert xdist_group_of(item) == group  # type: ignore[arg-type]
 
-
-
-def test_the_long_shared_groups_go_out_first_and_the_quick_files_last() -> None:
-    items = [FakeItem("tests/unit/test_a.py::t"), FakeItem("tests/e2e/test_b.py::t", ("slow",)),
-             FakeItem("tests/engine/test_vlm.py::t", ("engine",), ["vllm_vlm_server"]),
-             FakeItem("tests/launch/test_slurm_real.py::t", ("slurm", "slow")),
-             FakeItem("tests/engine/test_c.py::t", ("engine",), ["vllm_server"])]
-    ranks = [schedule_rank(item, xdist_group_of(item)) for item in items]  # type: ignore[arg-type]
-    assert ranks == [3, 2, 1, 0, 0]
