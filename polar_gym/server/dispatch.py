@@ -56,7 +56,7 @@ class Dispatcher:
         self.links, self.watching = links, watching
         #: the other workers' gateways as last read from the store, and when (fleet_wide)
         self._others: list[GatewayState] = []
-        self._others_read = -float("inf")
+        self._others_read = self._others_wall = -float("inf")
         #: the last round left sessions to other workers
         self._elsewhere = False
 
@@ -91,21 +91,26 @@ class Dispatcher:
             await self.ledger.ended(row.task_id, row.session_id, row.status, row.reason)
         dispatchable = [r for r in waiting if not r.status.terminal]
         if fleet is not self.fleet:
+            if any(row.created > self._others_wall for row in dispatchable):
+                fleet = await self.fleet_wide(refresh=True)
             dispatchable = self.my_share(plan(fleet, dispatchable))
         return bool(await self.batch(dispatchable) or quarantined) and len(waiting) == limit
 
-    async def fleet_wide(self) -> Fleet:
+    async def fleet_wide(self, *, refresh: bool = False) -> Fleet:
         """This worker's gateways and the other workers' healthy ones, loaded as the store counted their sessions at
         most ``OTHERS_REFRESH`` seconds ago (a count per round, at every finished session, was most of the store's
-        work)."""
-        if time.monotonic() - self._others_read > OTHERS_REFRESH:
+        work). ``refresh`` reads them now: :meth:`round` asks for it when a session to plan is newer than the last
+        read, so a gateway that registered with another worker before the session's task was submitted is in its plan
+        (a view read 0.2 s earlier, between two gateways' registrations, sent a new run's three sessions to one of
+        them, queued behind one run slot, and left the other idle)."""
+        if refresh or time.monotonic() - self._others_read > OTHERS_REFRESH:
             counts, others = await self.store.in_flight_counts(), []
             for row in await self.store.gateways():
                 if row.gateway_id not in self.fleet.gateways and row.state == HEALTHY:
                     other = GatewayState(row)
                     other.sessions = {f"{row.gateway_id}#{i}" for i in range(counts.get(row.gateway_id, 0))}
                     others.append(other)
-            self._others, self._others_read = others, time.monotonic()
+            self._others, self._others_read, self._others_wall = others, time.monotonic(), time.time()
         view = Fleet()
         view.gateways = dict(self.fleet.gateways)
         view.gateways.update((gw.gateway_id, gw) for gw in self._others if gw.gateway_id not in view.gateways)

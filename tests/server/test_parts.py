@@ -7,17 +7,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 
 from polar_gym.schema import AgentSpec, GatewayRegistration, SessionSpec, SessionStatus, TaskRequest
-from polar_gym.server import RolloutServer, ServerCounters
+from polar_gym.server import RolloutServer, ServerCounters, dispatch
 from polar_gym.server.core import admin_call
-from polar_gym.server.dispatch import free_slots, plan
-from polar_gym.server.fleet import DRAINING, Fleet
-from polar_gym.server.store import SessionRow
+from polar_gym.server.dispatch import Dispatcher, free_slots, plan
+from polar_gym.server.fleet import DRAINING, HEALTHY, Fleet
+from polar_gym.server.store import GatewayRow, SessionRow
 from tests._waiting import until
 
 S = SessionStatus
@@ -43,6 +46,71 @@ def test_the_plan_fills_free_slots_least_loaded_first_and_leaves_the_fleet_as_it
     assert small.sessions == set() and big.sessions == set() and busy.sessions == {"x", "y"}
     big.suspect, small.row.state = True, DRAINING
     assert free_slots(fleet) == 0 and plan(fleet, rows) == []
+
+
+
+class _SharedStore:
+    """One worker's side of a PostgreSQL store: another worker's gateway shows once it has registered."""
+
+    shared = True
+
+    def __init__(self) -> None:
+        self.others: list[GatewayRow] = []
+        self.waiting: list[SessionRow] = []
+        self.claimed: list[tuple[str, str]] = []
+
+    async def in_flight_counts(self) -> dict[str, int]:
+        return {}
+
+    async def gateways(self) -> list[GatewayRow]:
+        return list(self.others)
+
+    async def undispatched(self, limit: int | None = None) -> list[SessionRow]:
+        return self.waiting[:limit]
+
+    async def assign_many(self, pairs: list[tuple[str, str]]) -> dict[str, int]:
+        self.claimed += pairs
+        self.waiting = [r for r in self.waiting if r.session_id not in dict(pairs)]
+        return {session_id: 1 for session_id, _ in pairs}
+
+
+class _Ledger:
+    def __init__(self) -> None:
+        self.wake = asyncio.Event()
+
+    async def notify(self, task_id: str, event: dict[str, Any]) -> None:
+        pass
+
+
+class _Gateways:
+    def gateway(self, gw: Any) -> _Gateways:
+        return self
+
+    async def start_session(self, spec: SessionSpec) -> Any:
+        return SimpleNamespace(attempt_id="attempt")
+
+    def ensure_watcher(self, gw: Any) -> None:
+        pass
+
+
+async def test_a_plan_for_new_sessions_sees_a_gateway_that_registered_elsewhere_since_the_last_look(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers, a gateway each: the view of the other's gateways is kept for a while between rounds, but a
+    session created after it was read is planned on a fresh one. The other gateway registered between this worker's
+    last look and the task's submission: of two new sessions, this worker takes one, not both."""
+    monkeypatch.setattr(dispatch, "OTHERS_REFRESH", 3600.0)  # only a new session makes the worker look again
+    fleet, store = Fleet(), _SharedStore()
+    own = fleet.register(GatewayRegistration(url="http://own", capacity=4))
+    dispatcher = Dispatcher(store, fleet, ServerCounters(), _Ledger(), _Gateways(), _Gateways())  # type: ignore[arg-type]
+    assert not await dispatcher.round()  # nothing waits; the other workers' gateways are read: none yet
+    store.others = [GatewayRow("gw-other", "http://other", 4, None, HEALTHY, owner="w2")]
+    store.waiting = [dataclasses.replace(row, created=time.time()) for row in _rows(2)]
+    await dispatcher.round()
+    assert [gateway for _, gateway in store.claimed] == [own.gateway_id]
+    assert [row.session_id for row in store.waiting] != []  # the other worker's share, left for it
+    store.claimed.clear()
+    await dispatcher.round()  # no newer session: the kept view, the same share
+    assert store.claimed == []
 
 
 async def _submitted(server: RolloutServer, n: int, callback_url: str | None = None) -> list[SessionRow]:
