@@ -1,4 +1,5 @@
-"""The RolloutServer's collaborators through their seams, without loops or sockets: the dispatch plan by free slots,
+"""The RolloutServer's collaborators through their seams, without loops or sockets: the dispatch plan by free slots
+and the other workers' gateways it sees,
 a post's outcome per gateway answer (httpx.MockTransport as the gateway), re-queue then give up, callbacks that
 retry then give up, the admin fan-out, the typed counters."""
 
@@ -46,7 +47,6 @@ def test_the_plan_fills_free_slots_least_loaded_first_and_leaves_the_fleet_as_it
     assert small.sessions == set() and big.sessions == set() and busy.sessions == {"x", "y"}
     big.suspect, small.row.state = True, DRAINING
     assert free_slots(fleet) == 0 and plan(fleet, rows) == []
-
 
 
 class _SharedStore:
