@@ -1,7 +1,6 @@
 """The RolloutServer's collaborators through their seams, without loops or sockets: the dispatch plan by free slots
-and the other workers' gateways it sees,
-a post's outcome per gateway answer (httpx.MockTransport as the gateway), re-queue then give up, callbacks that
-retry then give up, the admin fan-out, the typed counters."""
+and the other workers' gateways it sees, a post's outcome per gateway answer (httpx.MockTransport as the gateway),
+re-queue then give up, callbacks that retry then give up, the admin fan-out, the typed counters."""
 
 from __future__ import annotations
 
