@@ -82,6 +82,8 @@ class _Ledger:
 
 
 class _Gateways:
+    """The dispatcher's links to the gateways and its watchers at once: every gateway accepts, nothing is watched."""
+
     def gateway(self, gw: Any) -> _Gateways:
         return self
 
