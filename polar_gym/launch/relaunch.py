@@ -17,16 +17,22 @@ A GRPO run (``+trainer=grpo``) hands over at a step boundary, its trainer state 
 (:mod:`polar_gym.trainer.resume`; :func:`polar_gym.launch.training._handing_over`). Every hand-over appends a row to
 ``out_dir/relaunches.jsonl``. Why not ``scontrol requeue``: a requeued job runs
 the same command, and the default ``out_dir`` is a timestamp, so the run would start afresh in a new folder.
+
+``SIGUSR1`` starts the hand-over at once, whatever the time left: Slurm's own notice (``sbatch
+--signal=B:USR1@SECONDS``), a site's preemption warning, or a user's ``scancel --batch --signal=USR1 JOB``. The
+successor's batch script runs the launch with ``exec``, so such a signal reaches it, not a shell that would die of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +47,7 @@ from polar_gym.private_files import open_private
 
 __all__ = [
     "COUNT_ENV",
+    "HAND_OVER_SIGNAL",
     "HandOver",
     "RelaunchSettings",
     "Relay",
@@ -56,6 +63,8 @@ log = logging.getLogger(__name__)
 COUNT_ENV = "POLAR_RELAUNCH_COUNT"
 #: the run's file of hand-overs, one JSON line each
 RELAUNCHES = "relaunches.jsonl"
+#: the signal that starts a hand-over now (what ``sbatch --signal=B:USR1@SECONDS`` sends to the batch script)
+HAND_OVER_SIGNAL = signal.SIGUSR1
 
 
 class RelaunchSettings(BaseModel):
@@ -150,7 +159,8 @@ def successor_argv(argv: Sequence[str], out_dir: Path) -> list[str]:
 def sbatch_argv(job: SlurmJob, command: list[str], out_dir: Path, count: int, workdir: Path) -> list[str]:
     """``sbatch`` for the successor: after this job ends, with its resources (partition, time limit, nodes, CPUs,
     memory, generic resources such as GPUs; the environment is exported, as sbatch does by default, with the
-    hand-over count)."""
+    hand-over count). Its batch script runs the launch with ``exec``, so a signal to the script (``--signal=B:...``,
+    ``scancel --batch``) reaches the launch."""
     argv = ["sbatch", "--parsable", f"--dependency=afterany:{job.job_id}", f"--time={job.time_limit}",
             f"--chdir={workdir}", f"--output={out_dir.resolve() / 'relaunch-%j.log'}",
             f"--export=ALL,{COUNT_ENV}={count}"]
@@ -159,7 +169,7 @@ def sbatch_argv(job: SlurmJob, command: list[str], out_dir: Path, count: int, wo
                         ("--cpus-per-task", os.environ.get("SLURM_CPUS_PER_TASK")), ("--mem", _mem())):
         if value:
             argv.append(f"{flag}={value}")
-    return [*argv, "--wrap", shlex.join(command)]
+    return [*argv, "--wrap", f"exec {shlex.join(command)}"]  # the batch script becomes the launch: signals reach it
 
 
 def _mem() -> str | None:
@@ -191,12 +201,12 @@ class Relay:
 
     async def watch(self, client: Any, in_flight: Callable[[], Any],
                     unfinished: Callable[[], Any] | None = None) -> HandOver | None:
-        """Wait for the hand-over time, drain the fleet, wait for the running sessions (until a few seconds before
-        the limit), submit the successor; the hand-over, or None when the run finished meanwhile (``unfinished``
-        answers 0: nothing is left for a successor)."""
-        await asyncio.sleep(max(0.0, self.handover_at - time.monotonic()))
-        log.warning("relaunch: %.0f s left in job %s: draining the fleet, then handing over", self.left(),
-                    self.job.job_id)
+        """Wait for the hand-over time (or :data:`HAND_OVER_SIGNAL`), drain the fleet, wait for the running sessions
+        (until a few seconds before the limit), submit the successor; the hand-over, or None when the run finished
+        meanwhile (``unfinished`` answers 0: nothing is left for a successor)."""
+        trigger = await self._hand_over_time()
+        log.warning("relaunch: %s, %.0f s left in job %s: draining the fleet, then handing over", trigger,
+                    self.left(), self.job.job_id)
         gateways = await client.gateways()
         for gw in gateways:
             if gw.get("state") == "healthy":
@@ -212,7 +222,7 @@ class Relay:
         successor = await asyncio.to_thread(self.submit, sbatch_argv(self.job, command, self.out_dir,
                                                                      self.count + 1, Path.cwd()))
         row = {"job_id": self.job.job_id, "successor": successor, "relaunch": self.count + 1, "at": time.time(),
-               "seconds_in_job": round(time.monotonic() - self.started, 1), "cut_sessions": running,
+               "seconds_in_job": round(time.monotonic() - self.started, 1), "trigger": trigger, "cut_sessions": running,
                "command": command}
         with open_private(self.out_dir / RELAUNCHES, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -220,6 +230,19 @@ class Relay:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    async def _hand_over_time(self) -> str:
+        """Wait for ``margin_seconds`` before the limit or for :data:`HAND_OVER_SIGNAL`, whichever comes first; what
+        it was. The signal stays caught (and a repeat ignored) while the loop lives: its default action would end the
+        launch in the middle of its hand-over."""
+        now, loop = asyncio.Event(), asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(HAND_OVER_SIGNAL, now.set)
+        except (RuntimeError, ValueError, NotImplementedError) as exc:  # not the main thread's loop
+            log.warning("relaunch: %s will not start a hand-over here (%s)", HAND_OVER_SIGNAL.name, exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(now.wait(), max(0.0, self.handover_at - time.monotonic()))
+        return HAND_OVER_SIGNAL.name if now.is_set() else "the time limit"
 
 
 def _sbatch(argv: list[str]) -> str:

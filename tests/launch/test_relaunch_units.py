@@ -14,6 +14,7 @@ import pytest
 
 from polar_gym.launch.relaunch import (
     COUNT_ENV,
+    HAND_OVER_SIGNAL,
     RelaunchSettings,
     Relay,
     SlurmJob,
@@ -78,7 +79,8 @@ def test_the_successor_is_submitted_after_this_job_with_its_resources(tmp_path: 
     gpus = sbatch_argv(SlurmJob("42", 3600.0, "4:00:00", "gpu", "run", None, None, "gpu:8", "2"), command, tmp_path,
                        1, tmp_path)
     assert "--gres=gpu:8" in gpus and "--nodes=2" in gpus  # the successor gets the GPUs and nodes this job had
-    assert argv[-2] == "--wrap" and shlex.split(argv[-1]) == command  # quoted: the space survives
+    # quoted (the space survives); exec: a signal to the batch script (--signal=B:USR1@N) reaches the launch
+    assert argv[-2] == "--wrap" and shlex.split(argv[-1]) == ["exec", *command]
 
 
 def test_when_a_run_hands_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,6 +140,25 @@ async def test_a_hand_over_drains_waits_for_the_running_sessions_and_records_its
     rows = [json.loads(line) for line in (tmp_path / "relaunches.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["successor"] == "43" and rows[0]["cut_sessions"] == 0
     assert rows[0]["relaunch"] == 2 and rows[0]["command"][-1] == "resume=true"
+    assert rows[0]["trigger"] == "the time limit"
+
+
+async def test_sigusr1_starts_the_hand_over_at_once_and_a_repeat_does_not_end_the_launch(tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    fleet = FakeFleet([1, 0])
+    relay = Relay(RelaunchSettings(margin_seconds=60), _job(left=3600.0), tmp_path, [], submit=lambda argv: "43")
+    watch = asyncio.ensure_future(relay.watch(fleet, fleet.in_flight, unfinished=_answer(5)))
+    await asyncio.sleep(0)  # the watch is listening
+    assert not watch.done() and not fleet.drained
+    os.kill(os.getpid(), HAND_OVER_SIGNAL)  # as `scancel --batch --signal=USR1 JOB` or sbatch --signal=B:USR1@N
+    handover = await asyncio.wait_for(watch, 30)  # not the 3,540 s until the margin
+    assert handover is not None and handover.successor == "43" and fleet.drained == ["gw-a"]
+    os.kill(os.getpid(), HAND_OVER_SIGNAL)  # caught while the loop lives: a second notice is harmless
+    await asyncio.sleep(0.05)
+    (row,) = [json.loads(line) for line in (tmp_path / "relaunches.jsonl").read_text().splitlines()]
+    assert row["trigger"] == "SIGUSR1" and row["seconds_in_job"] < 30
 
 
 def _answer(n: int) -> Any:

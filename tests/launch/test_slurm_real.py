@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -286,52 +287,85 @@ def test_cancelling_the_launch_leaves_no_job_behind(slurm_env: dict[str, str], t
     _assert_no_job_left(slurm_env, list(jobs.values()))
 
 
-def test_a_run_hands_over_before_its_time_limit_and_finishes_every_session_once(slurm_env: dict[str, str],
-                                                                                tmp_path: Path) -> None:
-    """A launch in a 1-minute Slurm job with relaunch.margin_seconds=40 hands over after ~20 s, twice or more: each
-    successor takes the unfinished sessions from the store; every session ends once, COMPLETED, in one attempt. The
-    harness is docs/harnesses/agent.py from a config folder of the user's own (``--config-dir``, which the hand-over
-    passes on): 30 sessions of a harness CLI would cost 30 s of CPU this test is not about."""
+def test_a_run_hands_over_when_told_and_finishes_every_session_once(slurm_env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    """A launch in a Slurm job hands over when its batch script gets SIGUSR1 (what ``sbatch --signal=B:USR1@N`` and
+    ``scancel --batch --signal=USR1`` send), twice, in a chain: each successor takes the unfinished sessions from the
+    store; every session ends once, COMPLETED, in one attempt. Each job is told once it has finished sessions of its
+    own, so the chain does not hang on how fast the machine is. The time-limit trigger is armed from the limit squeue
+    reports (the console line), and fires in tests/launch/test_relaunch_units.py. The harness is
+    docs/harnesses/agent.py from a config folder of the user's own (``--config-dir``, which the hand-over passes on):
+    sessions of a harness CLI would cost CPU this test is not about."""
     if not (tokenizer_dir() / ".complete").exists():
         pytest.skip(f"the oracle engine's tokenizer {tokenizer_dir()} is not built (bash scripts/setup.sh)")
     out = tmp_path / "run"
     out.mkdir()
-    # every other session waits 6 s before its tests (a fork of the reference solution): the work is sleep, so a
-    # faster machine does not finish it in fewer jobs
-    slow = ('forks=[{name: slow, tasks: [demo-calc-add], replace: [{old: "python3 -B -m unittest -q", '
-            'new: "sleep 6; python3 -B -m unittest -q"}]}]')
-    # about 60 s of work at two run slots (17 sessions sleep 6 s): three jobs or more, as a job does at most about
-    # 24 s of work (hand-over 20 s in, and the sessions running then end)
-    sessions = 34
+    sessions = 24
     command = [sys.executable, "-m", "polar_gym.launch", "--config-dir", str(_agent_conf(tmp_path)), "+harness=agent",
-               "tasks.ids=[demo-calc-add]", f"num_samples={sessions}", slow, "launcher.run_slots=2",
-               "launcher.progress=false", "timeout_seconds=30", "relaunch.enabled=true", "relaunch.margin_seconds=40",
+               "tasks.ids=[demo-calc-add]", f"num_samples={sessions}", "launcher.run_slots=2",
+               "launcher.progress=false", "timeout_seconds=30", "relaunch.enabled=true", "relaunch.margin_seconds=60",
                f"out_dir={out}"]
-    first = subprocess.run(["sbatch", "--parsable", "--time=1", "--cpus-per-task=2", "--mem=4G",
-                            "--job-name=polar-relay", f"--output={out}/first-%j.log", f"--chdir={ROOT}", "--wrap",
-                            shlex.join(command)], env=slurm_env, capture_output=True, text=True, check=True,
-                           timeout=60).stdout.strip().split(";")[0]
-
+    first = _sbatch_launch(slurm_env, command, out, "polar-relay", "--time=10", "--cpus-per-task=2", "--mem=4G")
     try:
-        _wait_for(lambda: _chain_done(slurm_env, "polar-relay", out / "summary.md", out), 600,
+        job = first
+        for _ in range(2):  # each job finishes three sessions of its own, then is told to hand over
+            job = _tell_to_hand_over(slurm_env, out, job, sessions_of_its_own=3)
+        _wait_for(lambda: _chain_done(slurm_env, "polar-relay", out / "summary.md", out), 300,
                   "the chain of jobs to finish the run")
     finally:
         subprocess.run(["scancel", "-n", "polar-relay"], env=slurm_env, timeout=30)
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
     rows = [json.loads(line) for line in (out / "relaunches.jsonl").read_text().splitlines()]
-    assert len(rows) >= 2, logs
-    assert rows[0]["job_id"] == first and [r["job_id"] for r in rows[1:]] == [r["successor"] for r in rows[:-1]]
-    assert [r["relaunch"] for r in rows] == list(range(1, len(rows) + 1))
-    assert all(r["cut_sessions"] == 0 for r in rows), rows  # the margin let every running session finish
+    assert len(rows) == 2, logs
+    assert rows[0]["job_id"] == first and rows[1]["job_id"] == rows[0]["successor"]
+    assert [r["relaunch"] for r in rows] == [1, 2] and {r["trigger"] for r in rows} == {"SIGUSR1"}
+    assert all(r["cut_sessions"] == 0 for r in rows), rows  # every running session finished in its job
+    armed = re.search(r"hands over 60 s before its limit \(in (\d+) s\)", (out / f"first-{first}.log").read_text())
+    assert armed is not None and 450 < int(armed[1]) <= 540, logs  # 600 s limit, 60 s margin, the start-up taken
     states = _sacct_states(slurm_env, [first, *(r["successor"] for r in rows)])
-    assert set(states.values()) == {"COMPLETED"}, states  # no job ran into its limit
-    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
-        stored = db.execute("SELECT session_id, status, attempts FROM sessions").fetchall()
+    assert set(states.values()) == {"COMPLETED"}, states
+    stored = _stored_sessions(out)
     assert len(stored) == sessions and {s for _, s, _ in stored} == {"COMPLETED"}, stored
     assert {a for _, _, a in stored} == {1}, stored  # nothing ran twice
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["session_id"] for r in results) == sorted(s for s, _, _ in stored)  # each once, in the last job
     assert {r["harness"] for r in results} == {"shell"}
+
+
+def _sbatch_launch(env: dict[str, str], command: list[str], out: Path, name: str, *resources: str) -> str:
+    """Submit ``command`` as a batch job whose script runs it with ``exec`` (as a hand-over submits the successor), so a
+    signal to the batch script reaches the launch."""
+    return subprocess.run(["sbatch", "--parsable", *resources, f"--job-name={name}", f"--output={out}/first-%j.log",
+                           f"--chdir={ROOT}", "--wrap", f"exec {shlex.join(command)}"], env=env, capture_output=True,
+                          text=True, check=True, timeout=60).stdout.strip().split(";")[0]
+
+
+def _stored_sessions(out: Path) -> list[tuple[str, str, int]]:
+    """(session id, status, attempts) of every session in the run's store; none while it is not created yet."""
+    if not (out / "server.sqlite").exists():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{out / 'server.sqlite'}?mode=ro", uri=True, timeout=30)) as db:
+        try:
+            return db.execute("SELECT session_id, status, attempts FROM sessions").fetchall()
+        except sqlite3.OperationalError:  # the launch has not made its tables yet
+            return []
+
+
+def _tell_to_hand_over(env: dict[str, str], out: Path, job: str, *, sessions_of_its_own: int) -> str:
+    """Once ``job`` is running and has completed ``sessions_of_its_own`` sessions (counted from when its
+    predecessor ended), SIGUSR1 to its batch script; its successor, once it has submitted one and ended."""
+    before = sum(1 for _, status, _ in _stored_sessions(out) if status == "COMPLETED")
+    _wait_for(lambda: sum(1 for _, status, _ in _stored_sessions(out) if status == "COMPLETED")
+              >= before + sessions_of_its_own, 300, f"job {job} to complete {sessions_of_its_own} sessions")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True, timeout=30)
+    relaunches = out / "relaunches.jsonl"
+
+    def successor() -> str | None:
+        rows = [json.loads(line) for line in relaunches.read_text().splitlines()] if relaunches.exists() else []
+        return next((r["successor"] for r in rows if r["job_id"] == job), None)
+
+    _wait_for(lambda: successor() is not None and not _squeue(env, [job]), 300, f"job {job} to hand over and end")
+    return str(successor())
 
 
 def _agent_conf(root: Path) -> Path:
@@ -347,12 +381,12 @@ def _agent_conf(root: Path) -> Path:
 
 def test_a_grpo_run_hands_over_and_trains_every_step_once(slurm_env: dict[str, str], tmp_path: Path,
                                                           vllm_train_server: VLLMServer) -> None:
-    """A GRPO run on the real vLLM (fp32, weight reloads) in 2-minute Slurm jobs with relaunch.margin_seconds=100:
-    a job stops at a step boundary and hands over, the successor resumes after the last saved step (weights,
-    optimizer, the feed's groups) and pushes it to the engine first. Steps 1 and 2 each once, each sampled by the
-    version of the step before; every session once, in one attempt. The task is a stranger's Harbor task whose
-    verifier takes 20 s (:func:`_slow_task`). That a successor hands over again, in a chain, is the plain run's
-    test above: the hand-over is the same code in both."""
+    """A GRPO run on the real vLLM (fp32, weight reloads) in a Slurm job told to hand over (SIGUSR1) while its
+    first step's sessions run: the job finishes that step (trains, saves) and hands over at the step boundary; the
+    successor resumes after the last saved step (weights, optimizer, the feed's groups) and pushes it to the engine
+    first. Steps 1 and 2 each once, each sampled by the version of the step before; every session once, in one
+    attempt. The task is a stranger's Harbor task whose verifier takes 8 s (:func:`_slow_task`). That a successor
+    hands over again, in a chain, is the plain run's test above: the hand-over is the same code in both."""
     out = tmp_path / "grpo"
     out.mkdir()
     steps, samples = 2, 2
@@ -361,42 +395,46 @@ def test_a_grpo_run_hands_over_and_trains_every_step_once(slurm_env: dict[str, s
                f"inference.upstream_model={TINY_MODEL_NAME}", "inference.max_tokens_cap=48", "tasks=harbor",
                f"tasks.path={_slow_task(tmp_path)}", f"num_samples={samples}", "launcher.run_slots=2",
                "launcher.progress=false", "timeout_seconds=60", "relaunch.enabled=true",
-               "relaunch.margin_seconds=100", f"out_dir={out}"]
-    first = subprocess.run(["sbatch", "--parsable", "--time=2", "--cpus-per-task=2", "--mem=6G",
-                            "--job-name=polar-grpo-relay", f"--output={out}/first-%j.log", f"--chdir={ROOT}",
-                            "--wrap", shlex.join(command)], env=slurm_env, capture_output=True, text=True,
-                           check=True, timeout=60).stdout.strip().split(";")[0]
+               "relaunch.margin_seconds=60", f"out_dir={out}"]
+    first = _sbatch_launch(slurm_env, command, out, "polar-grpo-relay", "--time=10", "--cpus-per-task=2",
+                           "--mem=6G")
+    checkpoints = out / "trainer" / "checkpoints"
     try:
-        last = out / "trainer" / "checkpoints" / f"step-{steps}" / "state"
-        _wait_for(lambda: _chain_done(slurm_env, "polar-grpo-relay", last, out), 900,
-                  "the chain of jobs to finish the GRPO run")
+        # step 1's sessions are under way (past what a drain withdraws): the job must finish the step first
+        _wait_for(lambda: len([s for _, s, _ in _stored_sessions(out) if s not in _NOT_STARTED]) >= samples, 300,
+                  "the first step's sessions to run")
+        subprocess.run(["scancel", "--batch", "--signal=USR1", first], env=slurm_env, check=True, timeout=30)
+        _wait_for(lambda: not _squeue(slurm_env, [first]), 300, f"job {first} to hand over and end")
+        assert (checkpoints / "step-1" / "state").is_dir() and not (checkpoints / "step-2").exists()
+        _wait_for(lambda: _chain_done(slurm_env, "polar-grpo-relay", checkpoints / f"step-{steps}" / "state", out),
+                  600, "the chain of jobs to finish the GRPO run")
     finally:
         subprocess.run(["scancel", "-n", "polar-grpo-relay"], env=slurm_env, timeout=30)
         load_stock_weights(vllm_train_server)
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("*.log")))
     rows = [json.loads(line) for line in (out / "relaunches.jsonl").read_text().splitlines()]
-    assert len(rows) >= 1, logs
-    assert rows[0]["job_id"] == first and [r["job_id"] for r in rows[1:]] == [r["successor"] for r in rows[:-1]]
-    assert all(r["cut_sessions"] == 0 for r in rows), rows  # the hand-over waited for the step's sessions
-    states = _sacct_states(slurm_env, [first, *(r["successor"] for r in rows)])
+    assert len(rows) == 1 and rows[0]["job_id"] == first and rows[0]["trigger"] == "SIGUSR1", logs
+    assert rows[0]["cut_sessions"] == 0, rows  # the hand-over waited for the step's sessions
+    states = _sacct_states(slurm_env, [first, rows[0]["successor"]])
     assert set(states.values()) == {"COMPLETED"}, (states, logs)
     train = [json.loads(line) for line in (out / "trainer" / "train_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in train] == list(range(1, steps + 1)), logs  # continuous, each step once
     assert [r["sampled_versions"] for r in train] == [[str(n)] for n in range(steps)], logs
     assert all(r["sessions"] == samples and r["errored"] == 0 for r in train), train
-    with contextlib.closing(sqlite3.connect(out / "server.sqlite")) as db:
-        stored = db.execute("SELECT session_id, status, attempts FROM sessions").fetchall()
+    stored = _stored_sessions(out)
     assert len(stored) == steps * samples and {s for _, s, _ in stored} == {"COMPLETED"}, stored
     assert {a for _, _, a in stored} == {1}, stored  # nothing ran twice
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["session_id"] for r in results) == sorted(s for s, _, _ in stored)  # each once
 
 
+#: the states a drain withdraws to the queue (a session in them has not started running)
+_NOT_STARTED = {"REGISTERED", "INITIALIZING", "READY"}
+
+
 def _slow_task(root: Path) -> Path:
-    """A Harbor task whose verifier sleeps 20 s: a GRPO step on it takes at least that long, so the first step is
-    under way when a job hands over (20 s after its start) and the job stops after it: two steps take two jobs on any
-    machine. The 100 s margin lets that step end on a loaded one (a step took 36 s in CI, and a 1-minute job with a
-    40 s margin drains for 25 s only)."""
+    """A Harbor task whose verifier sleeps 8 s: a GRPO step on it is still under way a few seconds after its
+    sessions start running, when the test tells the job to hand over, so the job stops after that step."""
     task = root / "tasks" / "slow-check"
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -406,7 +444,7 @@ def _slow_task(root: Path) -> Path:
                                     'timeout_sec = 60.0\n')
     (task / "instruction.md").write_text("Write the word lighthouse to /app/answer.txt.\n")
     (task / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
-    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 20\ngrep -qx lighthouse /app/answer.txt && echo 1 "
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 8\ngrep -qx lighthouse /app/answer.txt && echo 1 "
                                            "> /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
     return task.parent
 
