@@ -38,7 +38,7 @@ unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff check polar_gym tests benchmarks scripts || failed+=(ruff)
 .venv/bin/lint-imports || failed+=(lint-imports)
 .venv/bin/mypy || failed+=(mypy)
-# Two runs on pytest-xdist workers (measured: ~5 min and ~26 min, against over an hour in one process).
+# Two runs on pytest-xdist workers (measured: ~4 min and ~18 min, against over an hour in one process).
 # - The quick tiers (no real engine, Slurm or slow marker: ~3,500 tests): a test file per worker at a time, so a
 #   file's fixtures are built once; three workers, as a third of the time is spent waiting (sandbox and container
 #   deadlines): 229 s against 273 s on two (four: no faster).
